@@ -1,0 +1,173 @@
+"""The torch backend: transformers models running through AttnScope's registered attention function.
+
+``register_attention()`` adds ``"attnscope"`` to transformers' ``AttentionInterface``; a model loaded
+with ``attn_implementation="attnscope"`` then calls :func:`attnscope_attention` in every layer
+with post-RoPE queries and the cached keys/values. The function runs the fused kernel
+(:func:`core.attention.sdpa_with_lse`) and records the new query rows and their LSE in the
+layer's :class:`core.capture.TorchTrace`.
+
+Because ``"attnscope"`` is not in transformers' mask interface, the model passes
+``attention_mask=None`` and our function applies the mask itself: causal, bottom-right aligned,
+plus the layer's sliding window (``module.sliding_window``) where it has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from core.attention import sdpa_with_lse
+from core.capture import TorchTrace
+from core.errors import Cancelled, UnsupportedModelError
+
+ATTN_NAME = "attnscope"
+PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
+
+_registered = False
+
+
+def attnscope_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: fused attention + capture.
+
+    Args:
+        module: the attention module (``layer_idx``, ``sliding_window``, ``is_causal``).
+        query: ``(B, n_heads, L, D)`` post-RoPE; key, value: ``(B, n_kv_heads, S, D)`` cached.
+        attention_mask: must be None for batch-1 causal use (padding is not supported).
+
+    Returns:
+        ``(out (B, L, n_heads, D), None)`` as transformers expects.
+
+    Raises:
+        UnsupportedModelError: soft-capping, attention sinks or a padding mask.
+    """
+    if kwargs.get("softcap") is not None:
+        raise UnsupportedModelError("attention logit soft-capping is not supported by AttnScope's attention path")
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise UnsupportedModelError("learned attention sinks are not supported by AttnScope's attention path")
+    if attention_mask is not None:
+        raise UnsupportedModelError("padding masks are not supported (AttnScope runs one sequence at a time)")
+    window = getattr(module, "sliding_window", None)
+    causal = getattr(module, "is_causal", True)
+    capture: TorchTrace | None = getattr(module, "_attnscope_trace", None)
+    overrides = getattr(capture, "overrides", None) if capture is not None else None
+    if overrides is not None:  # experiments (core.experiments) may change mask and scale
+        out, lse = overrides.attend(module, query, key, value, scaling, window)
+    else:
+        out, lse = sdpa_with_lse(query, key, value, scale=scaling, causal=causal, sliding_window=window)
+    if capture is not None:
+        capture.record(module.layer_idx, query, lse, key, scaling if scaling is not None else query.shape[-1] ** -0.5, window)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Register :func:`attnscope_attention` under ``"attnscope"`` (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, attnscope_attention)
+    _registered = True
+
+
+def pick_device(requested: str | None = None) -> str:
+    """``requested`` if given, else ``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
+    if requested:
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TorchBackend:
+    """Owns a transformers model, its KV cache and the Trace. Not thread-safe: one engine thread."""
+
+    name = "torch"
+
+    def __init__(self, model, tokenizer, info, device: str = "cpu"):
+        from transformers import DynamicCache
+
+        self.model, self.tokenizer, self.info, self.device = model, tokenizer, info, device
+        self._DynamicCache = DynamicCache
+        self.trace = TorchTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
+        n = 0
+        for mod in model.modules():
+            if type(mod).__name__.endswith("Attention") and hasattr(mod, "layer_idx"):
+                mod._attnscope_trace = self.trace
+                n += 1
+        if n != info.n_layers:
+            raise UnsupportedModelError(
+                f"found {n} attention modules with a layer index, expected {info.n_layers}: this family's layout is not supported"
+            )
+        self.reset()
+
+    @classmethod
+    def load(cls, model=None, device: str | None = None, dtype: str = "float32", progress=None) -> TorchBackend:
+        from core.models import load_torch
+
+        device = pick_device(device)
+        m, tok, info = load_torch(model, device=device, dtype=dtype, progress=progress or (lambda *_: None))
+        return cls(m, tok, info, device)
+
+    def reset(self) -> None:
+        # A plain DynamicCache (no config) keeps every position in every layer, also for
+        # sliding-window layers: key index == position, and our function applies the window.
+        self.cache = self._DynamicCache()
+        self.trace.reset()
+        self.seq_len = 0
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: list[int],
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        all_logits: bool = False,
+    ) -> np.ndarray:
+        """Feed ``ids`` after the cached positions; return logits, float32.
+
+        Returns ``(vocab,)`` for the last position, or ``(len(ids), vocab)`` with ``all_logits``.
+        Long inputs run in chunks of :data:`PREFILL_CHUNK`; ``progress(done, total)`` is called
+        after each and ``cancelled()`` checked before each (raising :class:`Cancelled`, after
+        rolling the cache back to where it was).
+        """
+        start = self.seq_len
+        outs = []
+        try:
+            for c0 in range(0, len(ids), PREFILL_CHUNK):
+                if cancelled is not None and cancelled():
+                    raise Cancelled("prefill cancelled")
+                chunk = torch.tensor([ids[c0 : c0 + PREFILL_CHUNK]], device=self.device)
+                res = self.model(input_ids=chunk, past_key_values=self.cache, use_cache=True,
+                                 logits_to_keep=0 if all_logits else 1)
+                self.seq_len += chunk.shape[1]
+                outs.append(res.logits[0].float().cpu().numpy())
+                if progress is not None:
+                    progress(min(c0 + PREFILL_CHUNK, len(ids)), len(ids))
+        except BaseException:
+            self.truncate(start)
+            raise
+        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
+
+    def truncate(self, n: int) -> None:
+        """Drop positions ``>= n`` from the KV cache and the Trace (nothing is recomputed)."""
+        if n >= self.seq_len:
+            return
+        if n <= 0:
+            self.reset()
+            return
+        self.cache.crop(n)
+        self.trace.truncate(n)
+        # the trace's key references must follow the cropped cache tensors
+        for layer, rec in enumerate(self.trace.layers):
+            rec.keys = self.cache.layers[layer].keys[0]
+        self.seq_len = n
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache tensors hold now (K and V of every layer)."""
+        total = 0
+        for layer in self.cache.layers:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if t is not None and t.numel():
+                    total += t.numel() * t.element_size()
+        return total

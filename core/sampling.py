@@ -1,0 +1,71 @@
+"""Next-token choice from logits: greedy, temperature, top-k, top-p (nucleus), seeded.
+
+Top-p follows Holtzman et al. 2020 ("The Curious Case of Neural Text Degeneration", §3.1): keep
+the smallest set of most likely tokens whose probability sums to at least ``top_p``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling()
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Float64 softmax of a 1-D logit vector (probabilities sum to 1)."""
+    z = logits.astype(np.float64) - np.max(logits)
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def filtered_probs(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """The distribution a token is drawn from after temperature, top-k and top-p, shape ``(vocab,)``."""
+    if s.greedy:
+        p = np.zeros(logits.shape[-1])
+        p[int(np.argmax(logits))] = 1.0
+        return p
+    p = softmax(logits / s.temperature)
+    if s.top_k:
+        kth = np.partition(p, -s.top_k)[-s.top_k]
+        p = np.where(p >= kth, p, 0.0)
+    if s.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        csum = np.cumsum(p[order])
+        keep = order[: int(np.searchsorted(csum, s.top_p * csum[-1]) + 1)]
+        mask = np.zeros_like(p, dtype=bool)
+        mask[keep] = True
+        p = np.where(mask, p, 0.0)
+    return p / p.sum()
+
+
+def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    """Pick the next token id."""
+    if s.greedy:
+        return int(np.argmax(logits))
+    p = filtered_probs(logits, s)
+    return int(rng.choice(p.shape[0], p=p))

@@ -1,0 +1,231 @@
+"""The headless session API that the GUI and the CLI both drive.
+
+    s = Session.load()                      # embedded SmolLM2-135M-Instruct on CUDA or CPU
+    s.prefill("The cat sat on the mat.")    # tokens, KV cache, Trace filled
+    s.step(3)                               # three decode steps (greedy by default)
+    w = s.weights(layer=3, head=4)          # (seq_len, seq_len) float32, exact
+    s.kv_cache_bytes()                      # 2 × L × n_kv_heads × head_dim × seq_len × bytes
+
+Order of a step (mlx-lm ``generate_step``, gpt-fast ``decode_one_token``): the next token is
+chosen from the last logits, appended, then run through the model, so after prefill + N steps
+the Trace holds ``len(prompt) + N`` rows and every shown token has its own attention row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.errors import SessionError
+from core.kv import kv_cache_bytes as kv_formula
+from core.models import ModelInfo
+from core.sampling import GREEDY, Sampling, choose, softmax
+from core.tokens import Token, display_label
+
+
+@dataclass(frozen=True)
+class TopToken:
+    """One entry of the next-token distribution."""
+
+    id: int
+    text: str
+    prob: float
+
+
+class Session:
+    """A loaded model plus one running sequence. Single-threaded: call it from one thread."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.info: ModelInfo = backend.info
+        self.tokenizer = backend.tokenizer
+        self.trace = backend.trace
+        self.prompt: str | None = None
+        self.chat_template = False
+        self.sampling: Sampling = GREEDY
+        self._ids: list[int] = []
+        self._n_prompt = 0
+        self._logits: np.ndarray | None = None
+        self._logits_history: list[np.ndarray] = []  # logits after each position fed (for step back)
+        self._rng = np.random.default_rng(0)
+
+    # -- loading -----------------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        model: str | os.PathLike | None = None,
+        backend: str = "torch",
+        device: str | None = None,
+        dtype: str = "float32",
+        progress: Callable[[str, float], None] | None = None,
+    ) -> Session:
+        """Load ``model`` (None = embedded default) on ``backend`` ("torch" or "mlx").
+
+        Raises:
+            ModelLoadError: the model reference is unusable (message says why).
+            SessionError: unknown backend.
+        """
+        if backend == "torch":
+            from core.backends.torch_backend import TorchBackend
+
+            return cls(TorchBackend.load(model, device=device, dtype=dtype, progress=progress))
+        if backend == "mlx":
+            from core.backends.mlx_backend import MlxBackend
+
+            return cls(MlxBackend.load(model, dtype=dtype, progress=progress))
+        raise SessionError(f"unknown backend {backend!r}: choose torch or mlx")
+
+    # -- running -----------------------------------------------------------------------------
+    def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
+        """Token ids of ``prompt``, wrapped in the model's chat template when asked and available."""
+        if chat_template and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer.encode(prompt, add_special_tokens=True)]
+
+    def prefill(
+        self,
+        prompt: str,
+        chat_template: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[Token]:
+        """Start a new sequence: tokenize ``prompt`` and run it through the model.
+
+        Raises:
+            SessionError: empty prompt, or longer than the model's context.
+            Cancelled: ``cancelled()`` became true; the previous sequence is gone, the session empty.
+        """
+        if not prompt or not prompt.strip():
+            raise SessionError("the prompt is empty: type some text first")
+        ids = self.encode(prompt, chat_template)
+        if self.info.max_context and len(ids) > self.info.max_context:
+            raise SessionError(f"the prompt has {len(ids)} tokens, more than the model's context of {self.info.max_context}")
+        self.backend.reset()
+        self._ids, self._logits, self._logits_history = [], None, []
+        self.prompt, self.chat_template = prompt, chat_template
+        self._rng = np.random.default_rng(self.sampling.seed)
+        logits = self.backend.forward(ids, progress=progress, cancelled=cancelled)
+        self._ids = list(ids)
+        self._n_prompt = len(ids)
+        self._logits = logits
+        self._logits_history = [logits]
+        return self.tokens
+
+    def step(self, n: int = 1, sampling: Sampling | None = None) -> list[Token]:
+        """Decode ``n`` tokens: choose from the last logits, append, run it. Returns the new tokens.
+
+        Raises:
+            SessionError: no prompt yet, ``n < 1``, or the model's context is full.
+        """
+        if self._logits is None:
+            raise SessionError("run a prompt before stepping")
+        if n < 1:
+            raise SessionError(f"steps must be >= 1, got {n}")
+        if sampling is not None:
+            self.sampling = sampling
+        new = []
+        for _ in range(n):
+            if self.info.max_context and len(self._ids) >= self.info.max_context:
+                raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
+            tid = choose(self._logits, self.sampling, self._rng)
+            self._logits = self.backend.forward([tid])
+            self._ids.append(tid)
+            self._logits_history.append(self._logits)
+            new.append(self._token(len(self._ids) - 1))
+        return new
+
+    def step_back(self, n: int = 1) -> None:
+        """Undo ``n`` decode steps: the KV cache and Trace are truncated, nothing recomputed.
+
+        Raises:
+            SessionError: fewer than ``n`` generated tokens.
+        """
+        if n < 1 or n > self.n_generated:
+            raise SessionError(f"cannot step back {n}: {self.n_generated} generated token(s)")
+        keep = len(self._ids) - n
+        self.backend.truncate(keep)
+        self._ids = self._ids[:keep]
+        self._logits_history = self._logits_history[: len(self._logits_history) - n]
+        self._logits = self._logits_history[-1]
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        """Positions processed (prompt + generated), = rows and columns of a full map."""
+        return len(self._ids)
+
+    @property
+    def n_prompt(self) -> int:
+        return self._n_prompt
+
+    @property
+    def n_generated(self) -> int:
+        return len(self._ids) - self._n_prompt
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self._ids)
+
+    def _token(self, pos: int) -> Token:
+        tid = self._ids[pos]
+        raw = self.tokenizer.convert_ids_to_tokens(tid)
+        raw = raw if isinstance(raw, str) else str(raw)
+        return Token(position=pos, id=tid, raw=raw, text=display_label(raw), generated=pos >= self._n_prompt)
+
+    @property
+    def tokens(self) -> list[Token]:
+        return [self._token(i) for i in range(len(self._ids))]
+
+    def text(self, generated_only: bool = True) -> str:
+        ids = self._ids[self._n_prompt :] if generated_only else self._ids
+        return self.tokenizer.decode(ids)
+
+    def weights(self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
+        """Exact weights of one head, ``(n_query, n_key)`` float32 (rows = queries, cols = keys).
+
+        Raises:
+            IndexError: layer/head out of range. SessionError: nothing run yet.
+        """
+        self._require_run()
+        if not 0 <= layer < self.info.n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{self.info.n_layers - 1}")
+        if not 0 <= head < self.info.n_heads:
+            raise IndexError(f"head {head} out of range 0..{self.info.n_heads - 1}")
+        return self.trace.weights(layer, head, rows, cols)
+
+    def sink_scores(self, key: int = 0) -> np.ndarray:
+        """``(n_layers, n_heads)`` mean weight on key ``key`` over the rows after it."""
+        self._require_run()
+        return self.trace.sink_scores(key)
+
+    def kv_cache_bytes(self, seq_len: int | None = None, dtype: str | None = None) -> int:
+        """KV-cache bytes: 2 × n_layers × n_kv_heads × head_dim × seq_len × bytes per element.
+
+        ``seq_len`` defaults to the current sequence; ``dtype`` to the model's dtype.
+        """
+        return kv_formula(self.info.n_layers, self.info.n_kv_heads, self.info.head_dim,
+                          self.seq_len if seq_len is None else seq_len, dtype or self.info.dtype)
+
+    def next_token_probs(self, k: int = 10) -> list[TopToken]:
+        """Top-``k`` of the model's next-token distribution at the current step (temperature 1)."""
+        self._require_run()
+        p = softmax(self._logits)
+        top = np.argsort(-p)[:k]
+        return [TopToken(int(i), display_label(str(self.tokenizer.convert_ids_to_tokens(int(i)))), float(p[i])) for i in top]
+
+    @property
+    def logits(self) -> np.ndarray:
+        self._require_run()
+        return self._logits
+
+    def _require_run(self) -> None:
+        if self._logits is None:
+            raise SessionError("nothing has run yet: run a prompt first")
