@@ -221,6 +221,14 @@ def converted_dir(gguf: Path) -> Path:
     return cache_root() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' console progress bars and warnings: AttnScope reports its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def convert_gguf(gguf: Path, progress: ProgressFn = _noop) -> Path:
     """Dequantise a GGUF into a cached HF folder (safetensors + tokenizer) once; return the folder.
 
@@ -233,6 +241,7 @@ def convert_gguf(gguf: Path, progress: ProgressFn = _noop) -> Path:
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     progress(f"Converting {gguf.name} (first load only)…", 0.05)
+    quiet_transformers()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -301,6 +310,7 @@ def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str 
 
     from core.backends.torch_backend import ATTN_NAME, register_attention
 
+    quiet_transformers()
     folder, name = resolve(model, progress)
     register_attention()
     progress(f"Loading {name}…", 0.96)

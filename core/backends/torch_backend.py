@@ -13,6 +13,7 @@ plus the layer's sliding window (``module.sliding_window``) where it has one.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import numpy as np
@@ -89,6 +90,9 @@ class TorchBackend:
 
         self.model, self.tokenizer, self.info, self.device = model, tokenizer, info, device
         self._DynamicCache = DynamicCache
+        # transformers renamed past_key_values -> cache (deprecated in 5.2x, removed in 5.40)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.trace = TorchTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
         n = 0
         for mod in model.modules():
@@ -138,7 +142,7 @@ class TorchBackend:
                 if cancelled is not None and cancelled():
                     raise Cancelled("prefill cancelled")
                 chunk = torch.tensor([ids[c0 : c0 + PREFILL_CHUNK]], device=self.device)
-                res = self.model(input_ids=chunk, past_key_values=self.cache, use_cache=True,
+                res = self.model(input_ids=chunk, **{self._cache_kw: self.cache}, use_cache=True,
                                  logits_to_keep=0 if all_logits else 1)
                 self.seq_len += chunk.shape[1]
                 outs.append(res.logits[0].float().cpu().numpy())

@@ -1,0 +1,1 @@
+"""Headless ``attnscope`` subcommands, one module each (see :mod:`core.cli`)."""
