@@ -98,8 +98,10 @@ def sdpa_with_lse(
 
     if q.device.type == "cpu":
         qg, kg, vg = _gqa_views(q, k, v)
+        # the CPU flash kernel takes only an additive mask of q's dtype (not a boolean one)
+        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            qg, kg, vg, 0.0, is_causal, attn_mask=mask, scale=scale
+            qg, kg, vg, 0.0, is_causal, attn_mask=bias, scale=scale
         )
         out = out.reshape(B, H, L, v.shape[-1])
         lse = lse.reshape(B, H, L).float()

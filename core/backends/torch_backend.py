@@ -49,7 +49,8 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
         raise UnsupportedModelError("learned attention sinks are not supported by AttnScope's attention path")
     if attention_mask is not None:
         raise UnsupportedModelError("padding masks are not supported (AttnScope runs one sequence at a time)")
-    window = getattr(module, "sliding_window", None)
+    # Mistral passes its window as a keyword only; Qwen2/Gemma set it per layer on the module too.
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     causal = getattr(module, "is_causal", True)
     capture: TorchTrace | None = getattr(module, "_attnscope_trace", None)
     overrides = getattr(capture, "overrides", None) if capture is not None else None
