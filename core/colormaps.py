@@ -6,7 +6,7 @@ CC0) live in ``assets/colormaps/*.csv`` as 256 RGB rows in [0, 1].
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ COLORMAPS = ("viridis", "magma", "inferno", "plasma", "cividis")
 DEFAULT_COLORMAP = "viridis"
 
 
-@lru_cache(maxsize=None)
+@cache
 def lut(name: str = DEFAULT_COLORMAP) -> np.ndarray:
     """``(256, 3)`` uint8 lookup table of colour map ``name``.
 

@@ -35,6 +35,29 @@ class TopToken:
     prob: float
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Immutable picture of a session after a command, safe to hand to the GUI thread."""
+
+    info: ModelInfo
+    backend: str
+    device: str
+    tokens: tuple[Token, ...]
+    n_prompt: int
+    prompt: str | None
+    chat_template: bool
+    kv_cache_bytes: int
+    top_next: tuple[TopToken, ...]
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
 class Session:
     """A loaded model plus one running sequence. Single-threaded: call it from one thread."""
 
@@ -225,6 +248,16 @@ class Session:
     def logits(self) -> np.ndarray:
         self._require_run()
         return self._logits
+
+    def snapshot(self) -> Snapshot:
+        """A frozen copy of what the GUI shows (tokens, KV bytes, next-token top 10)."""
+        ran = self._logits is not None
+        return Snapshot(
+            info=self.info, backend=self.backend.name, device=str(self.backend.device),
+            tokens=tuple(self.tokens), n_prompt=self._n_prompt, prompt=self.prompt,
+            chat_template=self.chat_template, kv_cache_bytes=self.kv_cache_bytes(),
+            top_next=tuple(self.next_token_probs(10)) if ran else (),
+        )
 
     def _require_run(self) -> None:
         if self._logits is None:

@@ -1,0 +1,209 @@
+"""The engine thread: one long-lived QThread owns the Session (model, KV cache, Trace).
+
+The GUI thread never touches the model. It submits *jobs*, plain functions ``fn(ctx) -> result``
+that run on the engine thread with ``ctx.session`` (the current :class:`core.session.Session`);
+their results (numpy arrays, frozen dataclasses) come back through a queued signal and are handed
+to the job's callback on the GUI thread.
+
+* ``enqueue(...)``: commands (load, prefill, step) run in order, none is dropped.
+* ``submit(channel, ...)``: view requests; a newer request on the same channel replaces one that has
+  not started yet (napari's "a newer request cancels a stale one").
+* ``cancel()``: sets a flag long jobs check between chunks (prefill, batch export).
+
+MLX streams belong to the thread that made them, so the MLX backend is created and used here too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from core.errors import AttnScopeError, Cancelled
+
+
+@dataclass
+class Job:
+    fn: Callable[[JobContext], Any]
+    on_done: Callable[[Any], None] | None
+    on_error: Callable[[str], None] | None
+    channel: str | None
+    label: str
+    id: int = 0
+
+
+@dataclass
+class JobContext:
+    """What a job sees on the engine thread."""
+
+    worker: EngineWorker
+    session: Any = None
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def progress(self, message: str, fraction: float = -1.0) -> None:
+        """Report progress (fraction in [0, 1], or -1 when unknown) to the GUI."""
+        self.worker.progress.emit(message, float(fraction))
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+
+class EngineWorker(QObject):
+    """Lives on the engine thread; runs jobs one at a time."""
+
+    finished = Signal(object, object)  # (job, result)
+    failed = Signal(object, str)  # (job, one-line message)
+    progress = Signal(str, float)
+    busy = Signal(bool, str)
+    _wake = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        self._queue: deque[Job] = deque()
+        self.ctx = JobContext(self)
+        self._wake.connect(self._drain)
+
+    def put(self, job: Job) -> list[Job]:
+        """Queue ``job``; returns the jobs it superseded (dropped unstarted)."""
+        dropped: list[Job] = []
+        with self._lock:
+            if job.channel is not None:
+                dropped = [j for j in self._queue if j.channel == job.channel]
+                self._queue = deque(j for j in self._queue if j.channel != job.channel)
+            self._queue.append(job)
+        self._wake.emit()  # queued: the worker's thread runs _drain
+        return dropped
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    @Slot()
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+            self.busy.emit(True, job.label)
+            try:
+                if job.channel is None:
+                    self.ctx._cancel.clear()
+                result = job.fn(self.ctx)
+            except Cancelled as e:
+                self.failed.emit(job, str(e) or "cancelled")
+            except (AttnScopeError, ValueError, IndexError, OSError) as e:
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                self.failed.emit(job, msg)
+            except Exception as e:  # a bug: keep the app alive, say what happened
+                traceback.print_exc()
+                self.failed.emit(job, f"internal error: {type(e).__name__}: {e}")
+            else:
+                self.finished.emit(job, result)
+            finally:
+                self.busy.emit(False, job.label)
+
+
+class Engine(QObject):
+    """GUI-side handle of the engine thread."""
+
+    progress = Signal(str, float)
+    busy = Signal(bool, str)
+    error = Signal(str)
+    idle = Signal()
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self._ids = itertools.count(1)
+        self._outstanding: set[int] = set()  # submitted, not yet reported back
+        self.thread = QThread()
+        self.thread.setObjectName("attnscope-engine")
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self.thread)
+        self.worker.finished.connect(self._on_finished)
+        self.worker.failed.connect(self._on_failed)
+        self.worker.progress.connect(self.progress)
+        self.worker.busy.connect(self._on_busy)
+        self.thread.start()
+
+    # -- submitting ------------------------------------------------------------------------------
+    def enqueue(self, fn, on_done=None, on_error=None, label: str = "working") -> int:
+        """Run a command in order after everything already queued. Returns the job id."""
+        return self._put(Job(fn, on_done, on_error, None, label))
+
+    def submit(self, channel: str, fn, on_done=None, on_error=None, label: str = "updating") -> int:
+        """Run a view request; replaces a not-yet-started request on the same ``channel``."""
+        return self._put(Job(fn, on_done, on_error, channel, label))
+
+    def _put(self, job: Job) -> int:
+        job.id = next(self._ids)
+        self._outstanding.add(job.id)
+        for old in self.worker.put(job):
+            self._outstanding.discard(old.id)
+        return job.id
+
+    def cancel(self) -> None:
+        """Ask the running command to stop at its next checkpoint."""
+        self.worker.ctx._cancel.set()
+
+    @property
+    def session(self):
+        """The current session object (read-only use from the GUI: info and simple attributes)."""
+        return self.worker.ctx.session
+
+    def is_idle(self) -> bool:
+        """True when every submitted job has reported back to the GUI thread."""
+        return not self._outstanding
+
+    def wait_idle(self, timeout: float = 120.0) -> bool:
+        """Process events until no job is queued or running (for tests and --screenshot)."""
+        from PySide6.QtCore import QCoreApplication
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            QCoreApplication.processEvents()
+            if self.is_idle():
+                return True
+            time.sleep(0.005)
+        return False
+
+    def shutdown(self, timeout_ms: int = 5000) -> None:
+        self.cancel()
+        self.thread.quit()
+        self.thread.wait(timeout_ms)
+
+    # -- results (GUI thread) -------------------------------------------------------------------
+    @Slot(object, object)
+    def _on_finished(self, job: Job, result) -> None:
+        try:
+            if job.on_done is not None:
+                job.on_done(result)
+        finally:
+            self._report(job)
+
+    @Slot(object, str)
+    def _on_failed(self, job: Job, message: str) -> None:
+        try:
+            if job.on_error is not None:
+                job.on_error(message)
+            else:
+                self.error.emit(message)
+        finally:
+            self._report(job)
+
+    def _report(self, job: Job) -> None:
+        self._outstanding.discard(job.id)
+        if not self._outstanding:
+            self.idle.emit()
+
+    @Slot(bool, str)
+    def _on_busy(self, on: bool, label: str) -> None:
+        self.busy.emit(on, label)

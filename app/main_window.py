@@ -1,0 +1,717 @@
+"""AttnScope's main window: prompt, Run / Step, layer and head choice, views, status bar.
+
+The window only paints. Every computation is a job on the engine thread (:mod:`app.engine`) that
+returns numpy arrays or frozen dataclasses (:class:`core.session.Snapshot`).
+
+Views are tabs registered with :meth:`MainWindow.add_view`; a view may implement
+``on_snapshot(snapshot)``, ``on_selection(layer, head)`` and ``refresh()`` (called when it becomes
+visible or the sequence changes) and asks the engine for data with
+``window.engine.submit(channel, fn, on_done)``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QIcon, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTabWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine import Engine
+from app.head_grid import HeadGridView
+from app.heatmap import HeatmapView
+from app.token_strip import TokenStrip
+from core.colormaps import ASSETS
+from core.session import Snapshot
+
+APP_NAME = "AttnScope"
+
+
+def human_bytes(n: int) -> str:
+    """``1428480`` → ``'1.43 MB'`` (decimal units, as the handbook's KV-cache table)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def sample_prompts() -> list[str]:
+    try:
+        lines = (ASSETS / "prompts.txt").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ["The quick brown fox jumps over the lazy dog."]
+    return [ln.replace("\\n", "\n") for ln in lines if ln.strip()]
+
+
+# -- jobs (run on the engine thread; they see ctx.session) ------------------------------------------
+def _load_job(model, backend, device, dtype):
+    def job(ctx):
+        from core.session import Session
+
+        s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=ctx.progress)
+        ctx.session = s  # replaced only on success: a failed load keeps the previous model
+        return s.snapshot()
+
+    return job
+
+
+def _prefill_job(prompt, chat):
+    def job(ctx):
+        s = _require(ctx)
+
+        def prog(done, total):
+            ctx.progress(f"Prefill {done}/{total} tokens", done / max(1, total))
+
+        s.prefill(prompt, chat_template=chat, progress=prog, cancelled=ctx.cancelled)
+        return s.snapshot()
+
+    return job
+
+
+def _step_job(n):
+    def job(ctx):
+        s = _require(ctx)
+        for i in range(n):
+            if ctx.cancelled():
+                break
+            s.step(1)
+            if n > 1:
+                ctx.progress(f"Decode {i + 1}/{n}", (i + 1) / n)
+        return s.snapshot()
+
+    return job
+
+
+def _back_job(n):
+    def job(ctx):
+        s = _require(ctx)
+        s.step_back(n)
+        return s.snapshot()
+
+    return job
+
+
+def _weights_job(layer, head):
+    def job(ctx):
+        s = _require(ctx)
+        return layer, head, s.weights(layer, head)
+
+    return job
+
+
+def _grid_job(size):
+    def job(ctx):
+        from core.pooling import head_thumbnails
+
+        s = _require(ctx)
+        return head_thumbnails(s, size=size, cancelled=ctx.cancelled)
+
+    return job
+
+
+def _require(ctx):
+    from core.errors import SessionError
+
+    if ctx.session is None:
+        raise SessionError("no model loaded")
+    return ctx.session
+
+
+class MainWindow(QMainWindow):
+    """The AttnScope window. ``model=None`` loads the embedded default on start."""
+
+    selectionChanged = Signal(int, int)
+    snapshotChanged = Signal(object)
+
+    def __init__(self, model: str | None = None, backend: str = "torch", device: str | None = None,
+                 dtype: str = "float32", autoload: bool = True):
+        super().__init__()
+        self.setWindowTitle(APP_NAME)
+        icon = ASSETS / "icons" / "attnscope.png"
+        if icon.is_file():
+            self.setWindowIcon(QIcon(str(icon)))
+        self.setAcceptDrops(True)
+        self.engine = Engine(self)
+        self.backend_name, self.device, self.dtype = backend, device, dtype
+        self.snapshot: Snapshot | None = None
+        self.weights: np.ndarray | None = None
+        self.weights_key: tuple[int, int] | None = None
+        self.query_row: int | None = None
+        self.last_error: str | None = None
+        self.views: dict[str, QWidget] = {}
+        self._build_ui()
+        self._build_actions()
+        self.engine.progress.connect(self._on_progress)
+        self.engine.busy.connect(self._on_busy)
+        self.engine.error.connect(self.show_error)
+        self._set_running(False)
+        if autoload:
+            self.load_model(model)
+
+    # -- UI ------------------------------------------------------------------------------------
+    def _build_ui(self) -> None:
+        central = QWidget()
+        outer = QVBoxLayout(central)
+        outer.setContentsMargins(6, 6, 6, 2)
+
+        # prompt row
+        prompt_row = QHBoxLayout()
+        self.prompt_edit = QPlainTextEdit()
+        self.prompt_edit.setPlaceholderText("Type a prompt, then Run (Ctrl+Enter)")
+        self.prompt_edit.setPlainText(sample_prompts()[0])
+        self.prompt_edit.setFixedHeight(58)
+        prompt_row.addWidget(self.prompt_edit, 1)
+        buttons = QVBoxLayout()
+        self.run_button = QPushButton("Run")
+        self.run_button.setToolTip("Prefill the prompt (Ctrl+Enter)")
+        self.chat_check = QCheckBox("Chat template")
+        self.chat_check.setChecked(True)
+        self.chat_check.setToolTip("Wrap the prompt in the model's chat template (instruct models)")
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.chat_check)
+        prompt_row.addLayout(buttons)
+        outer.addLayout(prompt_row)
+
+        # controls row
+        ctl = QHBoxLayout()
+        self.back_button = QPushButton("◀ Back")
+        self.back_button.setToolTip("Undo one decode step: the KV cache is truncated (Shift+F10)")
+        self.step_button = QPushButton("Step ▶")
+        self.step_button.setToolTip("Decode one token (F10)")
+        self.steps_spin = QSpinBox()
+        self.steps_spin.setRange(1, 4096)
+        self.steps_spin.setValue(8)
+        self.steps_spin.setToolTip("Tokens for Step ×N")
+        self.stepn_button = QPushButton("Step ×N")
+        self.stepn_button.setToolTip("Decode N tokens (Ctrl+F10)")
+        for w in (self.back_button, self.step_button, QLabel("N"), self.steps_spin, self.stepn_button):
+            ctl.addWidget(w)
+        ctl.addSpacing(18)
+        ctl.addWidget(QLabel("Layer"))
+        self.layer_spin = QSpinBox()
+        self.layer_spin.setToolTip("Layer, 0-based (Page Up / Page Down)")
+        ctl.addWidget(self.layer_spin)
+        ctl.addWidget(QLabel("Head"))
+        self.head_spin = QSpinBox()
+        self.head_spin.setToolTip("Query head, 0-based ([ and ])")
+        ctl.addWidget(self.head_spin)
+        self.group_label = QLabel("")
+        self.group_label.setStyleSheet("color:#335;")
+        ctl.addWidget(self.group_label)
+        ctl.addStretch(1)
+        ctl.addWidget(QLabel("Colours"))
+        self.cmap_combo = QComboBox()
+        from core.colormaps import COLORMAPS
+
+        self.cmap_combo.addItems(COLORMAPS)
+        ctl.addWidget(self.cmap_combo)
+        outer.addLayout(ctl)
+
+        # views
+        split = QSplitter(Qt.Vertical)
+        self.tabs = QTabWidget()
+        self.heatmap = HeatmapView()
+        self.grid = HeadGridView()
+        self.add_view("heatmap", "Heatmap", self.heatmap)
+        self.add_view("grid", "Head grid", self.grid)
+        split.addWidget(self.tabs)
+        self.token_strip = TokenStrip()
+        split.addWidget(self.token_strip)
+        split.setStretchFactor(0, 4)
+        split.setStretchFactor(1, 1)
+        split.setSizes([700, 150])
+        outer.addWidget(split, 1)
+        self.setCentralWidget(central)
+
+        # status bar
+        sb = self.statusBar()
+        self.model_label = QLabel("No model")
+        self.seq_label = QLabel("seq_len 0")
+        self.kv_label = QLabel("KV cache 0 B")
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(180)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        self.cancel_button = QToolButton()
+        self.cancel_button.setText("Cancel")
+        self.cancel_button.setToolTip("Stop the running prefill or decode (Esc)")
+        self.cancel_button.hide()
+        sb.addWidget(self.model_label)
+        sb.addPermanentWidget(self.progress)
+        sb.addPermanentWidget(self.cancel_button)
+        sb.addPermanentWidget(self.seq_label)
+        sb.addPermanentWidget(self.kv_label)
+
+        # signals
+        self.run_button.clicked.connect(self.run_prompt)
+        self.step_button.clicked.connect(lambda: self.step(1))
+        self.stepn_button.clicked.connect(lambda: self.step(self.steps_spin.value()))
+        self.back_button.clicked.connect(lambda: self.step_back(1))
+        self.cancel_button.clicked.connect(self.engine.cancel)
+        self.layer_spin.valueChanged.connect(self._on_selection_spin)
+        self.head_spin.valueChanged.connect(self._on_selection_spin)
+        self.grid.headClicked.connect(self._on_grid_click)
+        self.tabs.currentChanged.connect(lambda _i: self._refresh_current_view())
+        self.cmap_combo.currentTextChanged.connect(self._on_cmap)
+        self.heatmap.glw.scene().sigMouseClicked.connect(self._on_heatmap_click)
+
+    def _build_actions(self) -> None:
+        mb = self.menuBar()
+        file_menu = mb.addMenu("&File")
+        self.open_action = self._action(file_menu, "&Open model…", self.open_model_dialog, QKeySequence.Open)
+        self._action(file_menu, "Open model &folder…", self.open_folder_dialog)
+        self._action(file_menu, "Load &default model", lambda: self.load_model(None))
+        file_menu.addSeparator()
+        self._action(file_menu, "&Export heatmap image…", self.export_image_dialog, "Ctrl+E")
+        self._action(file_menu, "Export heatmap &data (.npy, .csv)…", self.export_data_dialog, "Ctrl+Shift+E")
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.Quit)
+
+        run_menu = mb.addMenu("&Run")
+        self._action(run_menu, "&Run prompt", self.run_prompt, "Ctrl+Return")
+        self._action(run_menu, "&Step", lambda: self.step(1), "F10")
+        self._action(run_menu, "Step ×&N", lambda: self.step(self.steps_spin.value()), "Ctrl+F10")
+        self._action(run_menu, "Step &back", lambda: self.step_back(1), "Shift+F10")
+        self._action(run_menu, "&Cancel", self.engine.cancel, "Esc")
+
+        view_menu = mb.addMenu("&View")
+        self._action(view_menu, "Next layer", lambda: self.layer_spin.stepBy(1), "PgDown")
+        self._action(view_menu, "Previous layer", lambda: self.layer_spin.stepBy(-1), "PgUp")
+        self._action(view_menu, "Next head", lambda: self.head_spin.stepBy(1), "]")
+        self._action(view_menu, "Previous head", lambda: self.head_spin.stepBy(-1), "[")
+        view_menu.addSeparator()
+        self.view_menu = view_menu
+
+        help_menu = mb.addMenu("&Help")
+        self._action(help_menu, "&About AttnScope", self._about)
+
+    def _action(self, menu, text, slot, shortcut=None) -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+            a.setShortcutContext(Qt.WindowShortcut)
+        a.triggered.connect(slot)
+        menu.addAction(a)
+        self.addAction(a)
+        return a
+
+    def add_view(self, key: str, title: str, widget: QWidget) -> None:
+        """Register a view as a tab. Optional hooks: on_snapshot, on_selection, refresh."""
+        self.views[key] = widget
+        self.tabs.addTab(widget, title)
+        if hasattr(self, "view_menu"):
+            idx = self.tabs.count() - 1
+            self._action(self.view_menu, f"Show {title}", lambda i=idx: self.tabs.setCurrentIndex(i),
+                         f"Ctrl+{idx + 1}" if idx < 9 else None)
+
+    def show_view(self, key: str) -> None:
+        """Bring view ``key`` to front. Raises ValueError for an unknown view."""
+        if key not in self.views:
+            raise ValueError(f"unknown view {key!r}; choose one of {', '.join(self.views)}")
+        self.tabs.setCurrentWidget(self.views[key])
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def layer(self) -> int:
+        return self.layer_spin.value()
+
+    @property
+    def head(self) -> int:
+        return self.head_spin.value()
+
+    def _set_running(self, has_model: bool) -> None:
+        ran = self.snapshot is not None and self.snapshot.seq_len > 0
+        self.run_button.setEnabled(has_model)
+        for w in (self.step_button, self.stepn_button):
+            w.setEnabled(has_model and ran)
+        self.back_button.setEnabled(has_model and ran and self.snapshot.n_generated > 0)
+
+    def select(self, layer: int, head: int) -> None:
+        """Show ``(layer, head)``. Raises IndexError when out of range for the loaded model."""
+        if self.snapshot is not None:
+            info = self.snapshot.info
+            if not 0 <= layer < info.n_layers:
+                raise IndexError(f"layer {layer} out of range 0..{info.n_layers - 1}")
+            if not 0 <= head < info.n_heads:
+                raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
+        for spin, v in ((self.layer_spin, layer), (self.head_spin, head)):
+            spin.blockSignals(True)
+            spin.setValue(v)
+            spin.blockSignals(False)
+        self._on_selection_spin()
+
+    def _on_selection_spin(self, *_):
+        self._update_group_label()
+        self.grid.canvas.set_selected(self.layer, self.head)
+        self.selectionChanged.emit(self.layer, self.head)
+        for view in self.views.values():
+            if hasattr(view, "on_selection"):
+                view.on_selection(self.layer, self.head)
+        self.request_weights()
+
+    def _update_group_label(self) -> None:
+        if self.snapshot is None:
+            return
+        g = self.snapshot.info.group_size
+        kv = self.head // g
+        members = ", ".join(f"q{h}" for h in range(kv * g, (kv + 1) * g))
+        self.group_label.setText(f"reads KV head {kv}  (GQA group: {members})")
+
+    def _on_grid_click(self, layer: int, head: int) -> None:
+        self.select(layer, head)
+        self.show_view("heatmap")
+
+    def _on_cmap(self, name: str) -> None:
+        self.heatmap.set_colormap(name)
+        self.grid.canvas.cmap = name
+        if self.grid.canvas.thumbs is not None:
+            self.grid.canvas.set_thumbnails(self.grid.canvas.thumbs, self.grid.canvas.group_size)
+        self._show_token_strip()
+
+    # -- commands ------------------------------------------------------------------------------
+    def load_model(self, model: str | None) -> None:
+        """Load ``model`` (None = embedded default) on the engine thread; the old one stays on failure."""
+        name = "the default model" if model is None else Path(str(model)).name
+        self.statusBar().showMessage(f"Loading {name}…")
+        self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype),
+                            self._on_loaded, self._on_load_failed, label="loading model")
+
+    def _on_loaded(self, snap: Snapshot) -> None:
+        info = snap.info
+        self.snapshot = snap
+        self.last_error = None
+        self.layer_spin.setRange(0, info.n_layers - 1)
+        self.head_spin.setRange(0, info.n_heads - 1)
+        self.chat_check.setEnabled(info.has_chat_template)
+        self.chat_check.setChecked(info.has_chat_template)
+        self.model_label.setText(
+            f"{info.name} · {info.architecture} · {info.n_layers} layers · {info.n_heads} query heads / "
+            f"{info.n_kv_heads} KV heads · head_dim {info.head_dim} · {snap.backend} {snap.device}"
+        )
+        self.statusBar().showMessage(f"{info.name} ready. Type a prompt and press Run (Ctrl+Enter).", 8000)
+        self.heatmap.clear()
+        self.grid.canvas.thumbs = None
+        self.grid.canvas._image = None
+        self.grid.canvas.update()
+        self.token_strip.clear()
+        self._apply_snapshot(snap)
+        self._set_running(True)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.show_error(f"Could not load the model: {message}")
+        self._set_running(self.snapshot is not None)
+
+    def run_prompt(self) -> None:
+        prompt = self.prompt_edit.toPlainText()
+        if not prompt.strip():
+            self.show_error("The prompt is empty: type some text first.")
+            return
+        self.engine.enqueue(_prefill_job(prompt, self.chat_check.isChecked() and self.chat_check.isEnabled()),
+                            self._on_ran, label="prefill")
+
+    def step(self, n: int = 1) -> None:
+        if self.snapshot is None or self.snapshot.seq_len == 0:
+            self.show_error("Run a prompt before stepping.")
+            return
+        self.engine.enqueue(_step_job(n), self._on_ran, label="decode")
+
+    def step_back(self, n: int = 1) -> None:
+        if self.snapshot is None or self.snapshot.n_generated < n:
+            self.statusBar().showMessage("Nothing to step back: no generated token.", 4000)
+            return
+        self.engine.enqueue(_back_job(n), self._on_ran, label="step back")
+
+    def _on_ran(self, snap: Snapshot) -> None:
+        self.query_row = None
+        self._apply_snapshot(snap)
+        self._set_running(True)
+        self.request_weights()
+        self._refresh_current_view()
+
+    def _apply_snapshot(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+        self._update_group_label()
+        self.seq_label.setText(f"seq_len {snap.seq_len}  ({snap.n_prompt} prompt + {snap.n_generated} generated)")
+        info = snap.info
+        self.kv_label.setText(f"KV cache {human_bytes(snap.kv_cache_bytes)} ({snap.kv_cache_bytes:,} bytes)")
+        self.kv_label.setToolTip(
+            f"2 × {info.n_layers} layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
+            f"{snap.seq_len} tokens × {4 if info.dtype == 'float32' else 2} bytes = {snap.kv_cache_bytes:,} bytes"
+        )
+        self.snapshotChanged.emit(snap)
+        for view in self.views.values():
+            if hasattr(view, "on_snapshot"):
+                view.on_snapshot(snap)
+
+    # -- view requests ---------------------------------------------------------------------------
+    def request_weights(self) -> None:
+        if self.snapshot is None or self.snapshot.seq_len == 0:
+            return
+        self.engine.submit("heatmap", _weights_job(self.layer, self.head), self._on_weights, label="weights")
+
+    def _on_weights(self, result) -> None:
+        layer, head, w = result
+        if self.snapshot is None or w.shape[0] != self.snapshot.seq_len:
+            return  # stale: the sequence changed since the request
+        reset = self.weights is None or self.weights.shape != w.shape
+        self.weights, self.weights_key = w, (layer, head)
+        toks = list(self.snapshot.tokens)
+        kv = head // self.snapshot.info.group_size
+        self.heatmap.set_weights(
+            w, toks, toks, title=f"Layer {layer} · query head {head} (reads KV head {kv}) · seq_len {len(toks)}",
+            reset_view=reset,
+        )
+        self._show_token_strip()
+
+    def _show_token_strip(self) -> None:
+        if self.snapshot is None:
+            return
+        toks = list(self.snapshot.tokens)
+        if self.weights is None or self.weights.shape[0] != len(toks):
+            self.token_strip.show_tokens(toks)
+            return
+        row = len(toks) - 1 if self.query_row is None else self.query_row
+        self.token_strip.show_tokens(toks, self.weights[row], row, self.cmap_combo.currentText())
+
+    def _on_heatmap_click(self, ev) -> None:
+        if self.weights is None:
+            return
+        p = self.heatmap.plot.getViewBox().mapSceneToView(ev.scenePos())
+        row = int(np.floor(p.y()))
+        if 0 <= row < self.weights.shape[0]:
+            self.query_row = row
+            self._show_token_strip()
+
+    def _refresh_current_view(self) -> None:
+        w = self.tabs.currentWidget()
+        if w is self.grid:
+            self.request_grid()
+        elif hasattr(w, "refresh"):
+            w.refresh()
+
+    def request_grid(self) -> None:
+        if self.snapshot is None or self.snapshot.seq_len == 0:
+            return
+        self.engine.submit("grid", _grid_job(40), self._on_grid, label="head grid")
+
+    def _on_grid(self, thumbs) -> None:
+        if self.snapshot is None:
+            return
+        self.grid.canvas.cmap = self.cmap_combo.currentText()
+        self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size)
+        self.grid.canvas.set_selected(self.layer, self.head)
+
+    # -- progress / errors -----------------------------------------------------------------------
+    def _on_progress(self, message: str, fraction: float) -> None:
+        self.statusBar().showMessage(message)
+        if fraction < 0:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(fraction * 1000))
+
+    def _on_busy(self, on: bool, label: str) -> None:
+        long_job = label in ("loading model", "prefill", "decode")
+        self.progress.setVisible(on)
+        self.cancel_button.setVisible(on and label in ("prefill", "decode"))
+        if on:
+            self.progress.setRange(0, 0)
+            if long_job:
+                self.statusBar().showMessage(f"{label.capitalize()}…")
+        elif long_job:
+            self.statusBar().clearMessage()
+
+    def show_error(self, message: str) -> None:
+        """Show ``message`` in the status bar and, when the window is visible, a dialog."""
+        self.last_error = message
+        self.statusBar().showMessage(message, 15000)
+        if self.isVisible() and QApplication.platformName() not in ("offscreen", "minimal"):
+            QMessageBox.warning(self, APP_NAME, message)
+
+    # -- files -------------------------------------------------------------------------------------
+    def open_model_dialog(self) -> None:
+        picker = _model_picker_class()
+        if picker is not None:
+            dlg = picker(self)
+            if dlg.exec() and dlg.selected_path():
+                self.load_model(dlg.selected_path())
+            return
+        path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", str(Path.home()), "GGUF models (*.gguf)")
+        if path:
+            self.load_model(path)
+
+    def open_folder_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open Hugging Face model folder", str(Path.home()))
+        if path:
+            self.load_model(path)
+
+    def export_image_dialog(self) -> None:
+        if self.weights is None:
+            self.show_error("Nothing to export yet: run a prompt first.")
+            return
+        layer, head = self.weights_key
+        path, _ = QFileDialog.getSaveFileName(self, "Export heatmap image", f"attn_L{layer}_H{head}.png", "PNG (*.png)")
+        if path:
+            self.export_heatmap_png(path)
+
+    def export_data_dialog(self) -> None:
+        if self.weights is None:
+            self.show_error("Nothing to export yet: run a prompt first.")
+            return
+        layer, head = self.weights_key
+        path, _ = QFileDialog.getSaveFileName(self, "Export heatmap data", f"attn_L{layer}_H{head}.npy",
+                                              "NumPy (*.npy);;CSV (*.csv)")
+        if path:
+            self.export_heatmap_data(path)
+
+    def export_heatmap_png(self, path: str | os.PathLike) -> Path:
+        """Save the heatmap as shown (labels, colour bar) to a PNG. Raises OSError on failure."""
+        path = Path(path)
+        if not self.heatmap.glw.grab().save(str(path), "PNG"):
+            raise OSError(f"could not write {path}")
+        self.statusBar().showMessage(f"Saved {path}", 5000)
+        return path
+
+    def export_heatmap_data(self, path: str | os.PathLike) -> Path:
+        """Save the current head's weights as .npy or .csv (by suffix)."""
+        from core.commands.export import write_weights
+
+        path = Path(path)
+        try:
+            write_weights(self.weights, path)
+        except (OSError, ValueError) as e:
+            self.show_error(str(e))
+            raise
+        self.statusBar().showMessage(f"Saved {path}", 5000)
+        return path
+
+    # drag and drop a model folder or .gguf
+    def dragEnterEvent(self, e) -> None:
+        urls = e.mimeData().urls() if e.mimeData().hasUrls() else []
+        if len(urls) == 1 and urls[0].isLocalFile():
+            p = Path(urls[0].toLocalFile())
+            if p.is_dir() or p.suffix.lower() == ".gguf":
+                e.acceptProposedAction()
+
+    def dropEvent(self, e) -> None:
+        self.load_model(e.mimeData().urls()[0].toLocalFile())
+
+    def _about(self) -> None:
+        QMessageBox.about(self, f"About {APP_NAME}",
+                          "AttnScope: step through decode and inspect every attention head.\n"
+                          "Weights are exact recomputations from captured queries, cached keys and LSE.")
+
+    def closeEvent(self, e) -> None:
+        self.engine.shutdown()
+        super().closeEvent(e)
+
+
+def _model_picker_class():
+    try:
+        from app.model_picker import ModelPickerDialog
+    except ImportError:
+        return None
+    return ModelPickerDialog
+
+
+# -- entry points -------------------------------------------------------------------------------------
+def _parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--size must look like 1400x900, got {text!r}") from None
+    if w < 200 or h < 200:
+        raise ValueError(f"--size too small: {text}")
+    return w, h
+
+
+def run_gui(args) -> int:
+    """Open the window (or, with ``--screenshot``, render it offscreen to a PNG and exit)."""
+    if args.screenshot:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        out = Path(args.screenshot)
+        if out.suffix.lower() != ".png":
+            raise ValueError(f"--screenshot must name a .png file, got {out.name!r}")
+        if not out.parent.exists():
+            raise FileNotFoundError(f"folder {out.parent} does not exist")
+        if args.prompt is not None and not args.prompt.strip():
+            raise ValueError("the prompt is empty: give some text with --prompt")
+    size = _parse_size(args.size)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName(APP_NAME)
+    app.setOrganizationName(APP_NAME)
+    win = MainWindow(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    win.resize(*size)
+    if args.prompt is not None:
+        win.prompt_edit.setPlainText(args.prompt)
+    if not args.screenshot:
+        win.show()
+        if args.prompt is not None:
+            QTimer.singleShot(0, lambda: _after_load(win, args))
+        return app.exec()
+    return _screenshot(app, win, args)
+
+
+def _after_load(win: MainWindow, args) -> None:
+    win.chat_check.setChecked(args.chat_template and win.chat_check.isEnabled())
+    win.run_prompt()
+    if args.steps:
+        win.step(args.steps)
+
+
+def _screenshot(app, win: MainWindow, args) -> int:
+    win.show()
+
+    def settle(what: str) -> None:
+        if not win.engine.wait_idle(timeout=600):
+            raise RuntimeError(f"timed out while {what}")
+        if win.last_error:
+            raise ValueError(win.last_error)
+
+    try:
+        settle("loading the model")
+        win.chat_check.setChecked(args.chat_template and win.chat_check.isEnabled())
+        if args.prompt is not None:
+            win.run_prompt()
+            settle("running the prompt")
+            if args.steps:
+                win.step(args.steps)
+                settle("decoding")
+        win.select(args.layer if args.layer is not None else win.layer, args.head if args.head is not None else win.head)
+        win.show_view(args.view)
+        win._refresh_current_view()
+        settle("drawing")
+        for _ in range(5):
+            app.processEvents()
+        if not win.grab().save(str(args.screenshot), "PNG"):
+            raise OSError(f"could not write {args.screenshot}")
+        print(f"saved {args.screenshot}")
+        return 0
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    finally:
+        win.close()
+
+
+QSettings.setDefaultFormat(QSettings.IniFormat)

@@ -1,0 +1,55 @@
+"""The sequence as text, each token shaded by the weight the selected query row puts on it."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+from PySide6.QtWidgets import QTextBrowser
+
+from core.colormaps import lut, normalize
+from core.tokens import Token
+
+
+def token_html(tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None,
+               cmap: str = "viridis") -> str:
+    """HTML of ``tokens``; with ``weights`` ``(n_key,)`` each token's background is its weight's colour.
+
+    The query token is outlined; generated tokens are bold. Newlines (shown as ↵ in labels) break lines.
+    """
+    # Text must stay readable: shade from white towards the colour map's top colour, with a
+    # square-root ramp so that small weights (most of a row) are still visible.
+    top = lut(cmap)[-1].astype(float) if cmap != "viridis" else np.array([255.0, 140.0, 0.0])
+    parts = []
+    for i, t in enumerate(tokens):
+        style = ["padding:1px", "margin:0px"]
+        if weights is not None and i < len(weights):
+            x = float(normalize(np.array([weights[i]]), scale="power", gamma=0.5)[0])
+            r, g, b = (int(round(255 + (c - 255) * x)) for c in top)
+            style += [f"background-color: rgb({r},{g},{b})", "color:#000"]
+        elif i % 2:
+            style.append("background-color:#eef1f6")
+        if t.generated:
+            style.append("font-weight:bold")
+        if query is not None and i == query:
+            style.append("border:2px solid #d01c1c; text-decoration: underline")
+        text = html.escape(t.text).replace(" ", "&nbsp;")
+        title = html.escape(f"#{t.position} id {t.id} raw {t.raw!r}" + (f" weight {weights[i]:.4f}" if weights is not None and i < len(weights) else ""))
+        parts.append(f'<span style="{";".join(style)}" title="{title}">{text}</span>')
+        if t.text.endswith("↵"):
+            parts.append("<br>")
+    return "<div style='font-family:monospace; font-size:11pt; line-height:160%'>" + "".join(parts) + "</div>"
+
+
+class TokenStrip(QTextBrowser):
+    """Read-only view of the whole sequence; see :func:`token_html`."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setMinimumHeight(70)
+        self.setPlaceholderText("Tokens appear here after Run.")
+
+    def show_tokens(self, tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None,
+                    cmap: str = "viridis") -> None:
+        self.setHtml(token_html(tokens, weights, query, cmap))

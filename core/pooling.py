@@ -1,0 +1,41 @@
+"""Max-pooling of attention maps for overviews and thumbnails.
+
+A long map (T = 8192 → 67 M cells) cannot be drawn crisply; its overview is the *max* over each
+block of cells, so a single strong weight (a sink column, a previous-token diagonal) stays visible
+instead of being averaged away. Exact tiles are then recomputed on zoom (:meth:`TorchTrace.weights`
+with ``rows``/``cols``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def block_edges(n: int, out: int) -> np.ndarray:
+    """``out + 1`` integer edges splitting ``range(n)`` into ``out`` near-equal blocks (``out <= n``)."""
+    out = max(1, min(out, n))
+    return np.linspace(0, n, out + 1).round().astype(int)
+
+
+def max_pool(w: np.ndarray, out_rows: int, out_cols: int) -> np.ndarray:
+    """Max over near-equal blocks: ``(R, C)`` → ``(min(R, out_rows), min(C, out_cols))`` float32."""
+    w = np.asarray(w, dtype=np.float32)
+    re, ce = block_edges(w.shape[0], out_rows), block_edges(w.shape[1], out_cols)
+    rows = np.maximum.reduceat(w, re[:-1], axis=0)
+    return np.maximum.reduceat(rows, ce[:-1], axis=1)
+
+
+def head_thumbnails(session, size: int = 40, cancelled=None) -> np.ndarray:
+    """Pooled maps of every head, ``(n_layers, n_heads, P, P)`` float32 with ``P = min(seq_len, size)``.
+
+    Computed one head at a time (peak memory one T × T map), checking ``cancelled()`` per layer.
+    """
+    info, T = session.info, session.seq_len
+    P = min(T, size)
+    out = np.zeros((info.n_layers, info.n_heads, P, P), dtype=np.float32)
+    for layer in range(info.n_layers):
+        if cancelled is not None and cancelled():
+            break
+        for head in range(info.n_heads):
+            out[layer, head] = max_pool(session.weights(layer, head), P, P)
+    return out
