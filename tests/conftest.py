@@ -1,0 +1,42 @@
+"""Shared fixtures. Qt runs offscreen; the embedded model is loaded once per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+SMOL_PROMPT = (
+    "The quick brown fox jumps over the lazy dog. Attention lets every token look back at the "
+    "tokens before it, and the quick brown fox"
+)
+
+
+@pytest.fixture(scope="session")
+def smol_session():
+    """A torch Session on the embedded SmolLM2-135M-Instruct (converted and cached on first use).
+
+    Tests that change its sequence must re-run ``prefill`` themselves; tests that only read should use
+    :func:`smol_ran`.
+    """
+    from core.session import Session
+
+    return Session.load()
+
+
+@pytest.fixture()
+def smol_ran(smol_session):
+    """The shared session after prefill of :data:`SMOL_PROMPT` (no chat template, ~27 tokens)."""
+    smol_session.prefill(SMOL_PROMPT, chat_template=False)
+    return smol_session
+
+
+@pytest.fixture(scope="session")
+def smol_folder():
+    """HF folder of the converted default model (config.json, model.safetensors, tokenizer)."""
+    from core.models import resolve
+
+    return resolve(None)[0]
