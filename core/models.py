@@ -34,9 +34,15 @@ SUPPORTED_ARCHITECTURES = {
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "olmo", "olmo2", "granite", "smollm3",
 }
 # Families transformers can run but whose attention needs something our path does not do yet.
+# gemma3_text (Gemma 3 1B, and every Gemma 3 GGUF, which holds only the text backbone) runs unchanged:
+# its alternating local/global layers set ``module.sliding_window`` per layer, and Gemma 3 has
+# no attention soft-capping. Exact against eager, tests/test_families.py.
+SUPPORTED_ARCHITECTURES |= {"gemma3_text"}
 REFUSED_ARCHITECTURES = {
-    "gemma2": "attention logit soft-capping (tanh) is not implemented in AttnScope's attention path yet",
-    "gemma3": "alternating local/global layers with soft-capping are not implemented in AttnScope's attention path yet",
+    "gemma2": "its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
+              "AttnScope's fused attention and exact weight recomputation do not do yet",
+    "gemma3": "this checkpoint has a vision tower (Gemma3ForConditionalGeneration); AttnScope runs "
+              "text-only decoders: the text-only Gemma 3 (model_type gemma3_text, e.g. gemma-3-1b, or a Gemma 3 GGUF) is supported",
     "gpt_oss": "learned attention sinks in the softmax denominator are not implemented in AttnScope's attention path yet",
 }
 
@@ -143,33 +149,143 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 
 # -- validating -----------------------------------------------------------------------------------
-def check_gguf(path: Path) -> None:
-    """Cheap structural check of a GGUF file before transformers touches it.
+def read_gguf(path: Path):
+    """Parse a GGUF file's header and tensor table (no weights): :class:`core.gguf_meta.GGUFHeader`.
 
     Raises:
-        ModelLoadError: not a GGUF file, truncated, or a header that cannot be parsed.
+        ModelLoadError: no such file, not GGUF, unsupported version, truncated or corrupt header.
     """
+    from core.gguf_meta import GGUFFormatError, read_gguf_header
+
+    path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"no such file: {path}")
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if len(head) < 24 or head[:4] != b"GGUF":
-        raise ModelLoadError(f"{path.name} is not a GGUF file (bad magic bytes)")
-    version = struct.unpack("<I", head[4:8])[0]
-    if version not in (2, 3):
-        raise ModelLoadError(f"{path.name}: unsupported GGUF version {version}")
     try:
-        from gguf import GGUFReader
+        return read_gguf_header(path)
+    except GGUFFormatError as e:
+        msg = str(e)
+        raise ModelLoadError(msg if msg.startswith(path.name) else f"{path.name}: {msg}") from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path.name}: {_first_line(e)}") from None
 
-        reader = GGUFReader(str(path))
+
+def gguf_problem(header) -> tuple[type[ModelLoadError], str] | None:
+    """Why a parsed GGUF cannot be converted and run, as ``(error class, one-line message)``; None if it can.
+
+    Checked in this order, all from the header alone: a split file (only whole files load), a
+    tensor running past the end of the file, a tensor whose ggml type transformers cannot
+    dequantise (named with the tensor; see :func:`core.gguf_meta.dequantizable_types`), an
+    architecture transformers cannot convert, an architecture AttnScope refuses.
+    """
+    from core.gguf_meta import (
+        dequantizable_names,
+        model_type_of,
+        transformers_can_convert,
+        transformers_gguf_architectures,
+        unsupported_tensors,
+    )
+
+    name = header.path.name
+    n_split = header.metadata.get("split.count")
+    if isinstance(n_split, int) and n_split > 1:
+        idx = header.metadata.get("split.no", 0)
+        return ModelLoadError, (f"{name} is part {int(idx) + 1} of {n_split} of a split GGUF: transformers loads whole files only "
+                                "(merge the parts with llama.cpp's gguf-split --merge)")
+    t = header.truncated_tensor()
+    if t is not None:
+        return ModelLoadError, f"{name} is truncated: tensor {t.name} runs past the end of the file"
+    bad = unsupported_tensors(header)
+    if bad:
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        return UnsupportedModelError, (
+            f"{name}: tensor {bad[0].name} is stored as {bad[0].type_name}, which transformers cannot dequantise{more}; "
+            f"loadable types: {', '.join(dequantizable_names())}")
+    if not header.architecture:
+        return ModelLoadError, f"{name} has no general.architecture: not a model GGUF"
+    if not transformers_can_convert(header):
+        return UnsupportedModelError, (
+            f"{name}: GGUF architecture {header.architecture!r} cannot be converted by transformers "
+            f"(it converts: {', '.join(sorted(transformers_gguf_architectures()))})")
+    try:
+        check_architecture(model_type_of(header))
+    except UnsupportedModelError as e:
+        return UnsupportedModelError, f"{name}: {e}"
+    return None
+
+
+def check_gguf(path: Path) -> None:
+    """Cheap check of a GGUF file before transformers touches it: header and tensor table only.
+
+    Raises:
+        ModelLoadError: not a GGUF file, unsupported version, truncated, corrupt, or split.
+        UnsupportedModelError: a tensor type transformers cannot dequantise (the message names the
+            type and the tensor), or an architecture that cannot be converted or run.
+    """
+    header = read_gguf(Path(path))
+    problem = gguf_problem(header)
+    if problem is not None:
+        cls, msg = problem
+        raise cls(msg)
+
+
+def check_safetensors(path: Path) -> dict:
+    """Validate one ``.safetensors`` file from its header alone and return the header dict.
+
+    Layout (safetensors spec): ``uint64 n`` little-endian, ``n`` bytes of JSON mapping tensor
+    names to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets after the header).
+
+    Raises:
+        ModelLoadError: unreadable, header not JSON, or data past the end of the file (truncated).
+    """
+    path = Path(path)
+    try:
         size = path.stat().st_size
-        for t in reader.tensors:
-            if t.data_offset + t.n_bytes > size:
-                raise ModelLoadError(f"{path.name} is truncated: tensor {t.name} runs past the end of the file")
-    except ModelLoadError:
-        raise
-    except Exception as e:  # gguf raises ValueError/IndexError/... on truncated headers
-        raise ModelLoadError(f"{path.name} is truncated or corrupt: {_first_line(e)}") from None
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise ModelLoadError(f"{path.name} is truncated: {size} bytes, no safetensors header")
+            n = struct.unpack("<Q", raw)[0]
+            if n > min(size - 8, 100 << 20):
+                raise ModelLoadError(f"{path.name} is truncated or not safetensors: header of {n} bytes in a {size}-byte file")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path.name}: {_first_line(e)}") from None
+    except ValueError as e:
+        raise ModelLoadError(f"{path.name} has a corrupt safetensors header: {_first_line(e)}") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path.name} has a corrupt safetensors header")
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+               and "data_offsets" in v), default=0)
+    if 8 + n + end > size:
+        raise ModelLoadError(f"{path.name} is truncated: its header promises {8 + n + end} bytes, the file has {size}")
+    return header
+
+
+def check_config(cfg: dict) -> None:
+    """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
+
+    Beyond :func:`check_architecture`: attention logit soft-capping (any family that sets
+    ``attn_logit_softcapping``), and a quantised checkpoint (``quantization_config``: AWQ, GPTQ,
+    bitsandbytes...; MLX ``quantization``), which the torch backend does not load.
+
+    Raises:
+        UnsupportedModelError: with the reason.
+    """
+    mt = cfg.get("model_type", "?")
+    cap = cfg.get("attn_logit_softcapping") or (cfg.get("text_config") or {}).get("attn_logit_softcapping")
+    if cap and mt not in REFUSED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{mt} with attn_logit_softcapping={cap} is not supported: soft-capping is not implemented in AttnScope's attention path yet")
+    check_architecture(mt)
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict):
+        method = q.get("quant_method", "unknown")
+        raise UnsupportedModelError(
+            f"{mt} checkpoint quantised with {method}: AttnScope's torch backend loads float weights only "
+            "(use a float checkpoint or a GGUF, which is dequantised)")
+    if isinstance(cfg.get("quantization"), dict):
+        bits = cfg["quantization"].get("bits", "?")
+        raise UnsupportedModelError(f"{mt} checkpoint holds MLX-quantised weights ({bits}-bit): the torch backend cannot load them")
 
 
 def check_hf_folder(folder: Path) -> dict:
@@ -192,11 +308,23 @@ def check_hf_folder(folder: Path) -> dict:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {_first_line(e)}") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise ModelLoadError(f"{cfg_path} has no model_type: not a transformers model config")
-    if not (list(folder.glob("*.safetensors")) or (folder / "pytorch_model.bin").is_file()):
+    shards = sorted(folder.glob("*.safetensors"))
+    if not (shards or (folder / "pytorch_model.bin").is_file()):
         raise ModelLoadError(f"{folder} has no weights (*.safetensors or pytorch_model.bin)")
     if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise ModelLoadError(f"{folder} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
-    check_architecture(cfg["model_type"])
+    check_config(cfg)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wanted = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {_first_line(e)}") from None
+        missing = sorted(w for w in wanted if not (folder / w).is_file())
+        if missing:
+            raise ModelLoadError(f"{folder.name} is incomplete: shard {missing[0]} is missing ({len(missing)} of {len(wanted)})")
+    for shard in shards:
+        check_safetensors(shard)
     return cfg
 
 
@@ -273,6 +401,61 @@ def convert_gguf(gguf: Path, progress: ProgressFn = _noop) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class ConvertedModel:
+    """One entry of the conversion cache (``cache_root()/"converted"``)."""
+
+    path: Path
+    name: str  # folder name: ``<gguf stem>-<first 16 hex of its SHA-256>``
+    source: str  # the GGUF it came from ("" if unknown, e.g. a ``.partial`` leftover)
+    sha256: str
+    size_bytes: int
+    complete: bool  # False for an interrupted conversion (``.partial``)
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def list_converted() -> list[ConvertedModel]:
+    """Every folder in the conversion cache, largest first (sizes in bytes, summed file sizes)."""
+    root = cache_root() / "converted"
+    out = []
+    if root.is_dir():
+        for d in root.iterdir():
+            if not d.is_dir():
+                continue
+            try:
+                meta = json.loads((d / "attnscope_source.json").read_text())
+            except (OSError, ValueError):
+                meta = {}
+            out.append(ConvertedModel(
+                path=d, name=d.name, source=str(meta.get("gguf", "")), sha256=str(meta.get("sha256", "")),
+                size_bytes=_tree_bytes(d),
+                complete=not d.name.endswith(".partial") and (d / "config.json").is_file(),
+            ))
+    return sorted(out, key=lambda c: (-c.size_bytes, c.name))
+
+
+def clear_converted(name: str | None = None) -> int:
+    """Delete one converted model (by folder ``name``) or, with None, the whole conversion cache.
+
+    The next load of the same GGUF converts it again. Returns the bytes freed.
+
+    Raises:
+        ModelLoadError: ``name`` is not in the cache.
+    """
+    root = cache_root() / "converted"
+    targets = list_converted() if name is None else [c for c in list_converted() if c.name == name]
+    if name is not None and not targets:
+        raise ModelLoadError(f"{name} is not in the conversion cache ({root})")
+    freed = 0
+    for c in targets:
+        freed += c.size_bytes
+        shutil.rmtree(c.path, ignore_errors=True)
+    return freed
+
+
 def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tuple[Path, str]:
     """Turn a model reference into a loadable HF folder and a display name.
 
@@ -289,7 +472,10 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tu
     if not path.exists():
         raise ModelLoadError(f"no such file or folder: {path}")
     if path.is_file():
-        if path.suffix.lower() != ".gguf":
+        from core.gguf_meta import is_gguf_file
+
+        # Ollama keeps its GGUF blobs without a suffix (blobs/sha256-<hex>): trust the magic bytes.
+        if path.suffix.lower() != ".gguf" and not is_gguf_file(path):
             raise ModelLoadError(f"{path.name}: expected a .gguf file or a Hugging Face model folder")
         return convert_gguf(path, progress), path.stem
     check_hf_folder(path)
