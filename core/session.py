@@ -237,6 +237,30 @@ class Session:
         return kv_formula(self.info.n_layers, self.info.n_kv_heads, self.info.head_dim,
                           self.seq_len if seq_len is None else seq_len, dtype or self.info.dtype)
 
+    def set_sampling(self, sampling: Sampling) -> None:
+        """Use ``sampling`` for the next steps; a changed seed re-seeds the sampler now."""
+        if not isinstance(sampling, Sampling):
+            raise ValueError(f"expected a core.sampling.Sampling, got {type(sampling).__name__}")
+        if sampling.seed != self.sampling.seed:
+            self._rng = np.random.default_rng(sampling.seed)
+        self.sampling = sampling
+
+    def logits_at(self, step: int | None = None) -> np.ndarray:
+        """Logits the token after ``n_prompt + step`` positions was chosen from, ``(vocab,)`` float32.
+
+        ``step`` is a decode step ``0 .. n_generated`` (None = now, ``n_generated``): step 0 is
+        what prefill predicted. Kept for every step, so step back needs no recompute.
+
+        Raises:
+            SessionError: nothing run yet. IndexError: step out of range.
+        """
+        self._require_run()
+        if step is None:
+            return self._logits
+        if not 0 <= step <= self.n_generated:
+            raise IndexError(f"step {step} out of range 0..{self.n_generated}")
+        return self._logits_history[step]
+
     def next_token_probs(self, k: int = 10) -> list[TopToken]:
         """Top-``k`` of the model's next-token distribution at the current step (temperature 1)."""
         self._require_run()
