@@ -165,6 +165,45 @@ class Session:
             new.append(self._token(len(self._ids) - 1))
         return new
 
+    def feed(
+        self,
+        token_ids: list[int],
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[Token]:
+        """Append given tokens as decode steps, one forward per token (replay, no sampling).
+
+        Used to reopen a saved session: feeding the recorded ids one at a time repeats exactly the
+        forwards :meth:`step` ran, so the KV cache, the Trace and every weight come out identical.
+        ``progress(done, total)`` after each token; ``cancelled()`` is checked before each one (the
+        tokens fed so far stay). The sampling RNG is not advanced.
+
+        Raises:
+            SessionError: no prompt yet, an id outside the vocabulary, or the context is full.
+            Cancelled: ``cancelled()`` became true.
+        """
+        from core.errors import Cancelled
+
+        if self._logits is None:
+            raise SessionError("run a prompt before feeding tokens")
+        ids = [int(t) for t in token_ids]
+        bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise SessionError(f"token id {bad[0]} outside the vocabulary (0..{self.info.vocab_size - 1})")
+        new = []
+        for i, tid in enumerate(ids):
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"stopped after {i} of {len(ids)} tokens")
+            if self.info.max_context and len(self._ids) >= self.info.max_context:
+                raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
+            self._logits = self.backend.forward([tid])
+            self._ids.append(tid)
+            self._logits_history.append(self._logits)
+            new.append(self._token(len(self._ids) - 1))
+            if progress is not None:
+                progress(i + 1, len(ids))
+        return new
+
     def step_back(self, n: int = 1) -> None:
         """Undo ``n`` decode steps: the KV cache and Trace are truncated, nothing recomputed.
 
