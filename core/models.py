@@ -173,9 +173,10 @@ def gguf_problem(header) -> tuple[type[ModelLoadError], str] | None:
     """Why a parsed GGUF cannot be converted and run, as ``(error class, one-line message)``; None if it can.
 
     Checked in this order, all from the header alone: a split file (only whole files load), a
-    tensor running past the end of the file, a tensor whose ggml type transformers cannot
-    dequantise (named with the tensor; see :func:`core.gguf_meta.dequantizable_types`), an
-    architecture transformers cannot convert, an architecture AttnScope refuses.
+    tensor running past the end of the file, an architecture transformers cannot convert, an
+    architecture AttnScope refuses, a tensor whose ggml type transformers cannot dequantise (named
+    with the tensor; see :func:`core.gguf_meta.dequantizable_types`: that set is the one of
+    transformers' gguf-package path, which every architecture AttnScope runs takes).
     """
     from core.gguf_meta import (
         dequantizable_names,
@@ -194,12 +195,6 @@ def gguf_problem(header) -> tuple[type[ModelLoadError], str] | None:
     t = header.truncated_tensor()
     if t is not None:
         return ModelLoadError, f"{name} is truncated: tensor {t.name} runs past the end of the file"
-    bad = unsupported_tensors(header)
-    if bad:
-        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
-        return UnsupportedModelError, (
-            f"{name}: tensor {bad[0].name} is stored as {bad[0].type_name}, which transformers cannot dequantise{more}; "
-            f"loadable types: {', '.join(dequantizable_names())}")
     if not header.architecture:
         return ModelLoadError, f"{name} has no general.architecture: not a model GGUF"
     if not transformers_can_convert(header):
@@ -210,6 +205,12 @@ def gguf_problem(header) -> tuple[type[ModelLoadError], str] | None:
         check_architecture(model_type_of(header))
     except UnsupportedModelError as e:
         return UnsupportedModelError, f"{name}: {e}"
+    bad = unsupported_tensors(header)
+    if bad:
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        return UnsupportedModelError, (
+            f"{name}: tensor {bad[0].name} is stored as {bad[0].type_name}, which transformers cannot dequantise{more}; "
+            f"loadable types: {', '.join(dequantizable_names())}")
     return None
 
 
@@ -477,7 +478,10 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tu
         # Ollama keeps its GGUF blobs without a suffix (blobs/sha256-<hex>): trust the magic bytes.
         if path.suffix.lower() != ".gguf" and not is_gguf_file(path):
             raise ModelLoadError(f"{path.name}: expected a .gguf file or a Hugging Face model folder")
-        return convert_gguf(path, progress), path.stem
+        name = path.stem
+        if path.suffix.lower() != ".gguf":  # a digest-named blob: the file's own name reads better
+            name = str(read_gguf(path).metadata.get("general.name") or name)
+        return convert_gguf(path, progress), name
     check_hf_folder(path)
     return path, path.name
 
