@@ -1,0 +1,240 @@
+"""Tiny random models of each family, and the on-disk layouts users keep them in (test helpers).
+
+* :func:`save_tiny` writes a random decoder (64 hidden, 2-3 layers, 4 query heads / 2 KV heads)
+  with a 262-token byte-level BPE tokenizer into a folder, as transformers' ``save_pretrained`` does.
+* :func:`write_llama_gguf` writes a llama model as a GGUF with ``gguf.GGUFWriter``, tensor names
+  from gguf's own HF→GGUF name map and q/k rows permuted as llama.cpp's converter does (transformers
+  reverses that permutation on load), so a float32 GGUF converts back to the very same weights.
+* :func:`hf_cache_repo`, :func:`lmstudio_file`, :func:`ollama_model` lay files out as the Hugging
+  Face hub cache, LM Studio and Ollama keep them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+COMMON = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+              tie_word_embeddings=False)
+
+# family -> (transformers model_type, config kwargs). Each is the smallest config that exercises what
+# makes the family different: mistral's sliding window (4, far shorter than the test prompts), qwen2's
+# per-layer windows, qwen3's QK-norm and explicit head_dim, gpt2's Conv1D + scale by 1/(layer+1),
+# gemma3's alternating local/global layers and query_pre_attn_scalar scaling.
+FAMILIES = {
+    "llama": ("llama", dict(COMMON)),
+    "mistral": ("mistral", dict(COMMON, sliding_window=4)),
+    "qwen2": ("qwen2", dict(COMMON, num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen3": ("qwen3", dict(COMMON, head_dim=32)),
+    "phi3": ("phi3", dict(COMMON)),
+    "gpt2": ("gpt2", dict(vocab_size=272, n_embd=64, n_layer=3, n_head=4, n_positions=256, bos_token_id=1,
+                          eos_token_id=2, scale_attn_by_inverse_layer_idx=True)),
+    "gemma3_text": ("gemma3_text", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=4,
+                                        query_pre_attn_scalar=24,
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+}
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>"]
+
+
+MERGES = [("Ġ", "t")]  # one merge, so that GGUF readers find a merges list
+
+
+def tokenizer_vocab() -> list[str]:
+    """5 special tokens, the 256 byte-level symbols, then one merged token: 262 tokens."""
+    from tokenizers import pre_tokenizers
+
+    return SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["".join(m) for m in MERGES]
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer (every byte one token, plus " t"), as a fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(tokenizer_vocab())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
+def tiny_config(family: str):
+    from transformers import AutoConfig
+
+    model_type, kw = FAMILIES[family]
+    return AutoConfig.for_model(model_type, **copy.deepcopy(kw))
+
+
+def tiny_model(family: str, seed: int = 0, attn: str = "eager"):
+    """A random model of ``family`` in eval mode, float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation=attn).eval()
+
+
+def save_tiny(family: str, folder: Path, seed: int = 0):
+    """Save a random ``family`` model + tokenizer into ``folder`` (safetensors); return the eager model."""
+    model = tiny_model(family, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return model
+
+
+def eager_reference(model, ids: list[int]):
+    """transformers eager on the whole sequence: ``(logits (T, V), [per layer (H, T, T)])`` as numpy float32."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True)
+    return out.logits[0].float().numpy(), [a[0].float().numpy() for a in out.attentions]
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp ``LlamaModel.permute``: HF's rotate-half q/k rows -> GGML's interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", unknown_type_tensor: str | None = None,
+                     tokenizer: bool = True) -> Path:
+    """Write a llama ``model`` as GGUF at ``path``.
+
+    ``qtype``: a ``gguf.GGMLQuantizationType`` for 2-D weights (default F32; 1-D norms stay F32).
+    ``unknown_type_tensor``: give that tensor the ggml type id 99, which no gguf release defines.
+    """
+    import gguf
+
+    cfg = model.config
+    qtype = gguf.GGMLQuantizationType.F32 if qtype is None else qtype
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == gguf.GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    if tokenizer:
+        toks = tokenizer_vocab() + [f"<extra_{i}>" for i in range(cfg.vocab_size - len(tokenizer_vocab()))]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(toks)
+        w.add_token_types([3 if t in SPECIALS or t.startswith("<extra_") else 1 for t in toks])
+        w.add_token_merges([" ".join(m) for m in MERGES])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(0)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    for hf_name, t in model.state_dict().items():
+        if hf_name.endswith("rotary_emb.inv_freq"):
+            continue
+        arr = t.float().numpy()
+        base = hf_name.removesuffix(".weight").removesuffix(".bias")
+        suffix = hf_name[len(base):]
+        g = names.get_name(base)
+        assert g is not None, hf_name
+        if g.endswith("attn_q"):
+            arr = _permute(arr, cfg.num_attention_heads)
+        elif g.endswith("attn_k"):
+            arr = _permute(arr, cfg.num_key_value_heads)
+        gname = g + suffix
+        if arr.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, gguf.quantize(arr, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if unknown_type_tensor is not None:
+        set_tensor_type(path, unknown_type_tensor, 99)
+    return path
+
+
+def set_tensor_type(path: Path, tensor: str, type_id: int) -> None:
+    """Overwrite one tensor's ggml type id in a GGUF's tensor table, in place."""
+    from core.gguf_meta import read_gguf_header
+
+    h = read_gguf_header(path)
+    raw = bytearray(path.read_bytes())
+    key = tensor.encode()
+    # tensor info: u64 len, name, u32 n_dims, u64 dims[n], u32 type, u64 offset
+    i = raw.index(len(key).to_bytes(8, "little") + key)
+    n_dims = int.from_bytes(raw[i + 8 + len(key): i + 12 + len(key)], "little")
+    pos = i + 12 + len(key) + 8 * n_dims
+    raw[pos: pos + 4] = type_id.to_bytes(4, "little")
+    assert any(t.name == tensor for t in h.tensors)
+    path.write_bytes(bytes(raw))
+
+
+def hf_cache_repo(cache: Path, repo_id: str, src: Path, revision: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """Copy the files of ``src`` into a hub-cache repo laid out as huggingface_hub does; return the snapshot.
+
+    ``models--org--name/blobs/<sha256>`` holds each file once, ``snapshots/<rev>/<file>`` links to
+    it (relative symlink) and ``refs/main`` names the revision.
+    """
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / revision
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if not f.is_file():
+            continue
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            shutil.copyfile(f, blob)
+        (snap / f.name).symlink_to(Path("../../blobs") / digest)
+    (repo / "refs" / "main").write_text(revision)
+    return snap
+
+
+def lmstudio_file(root: Path, publisher: str, repo: str, gguf_file: Path) -> Path:
+    """Place a GGUF as LM Studio does: ``<root>/<publisher>/<repo>/<file>.gguf``."""
+    d = root / publisher / repo
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / gguf_file.name
+    shutil.copyfile(gguf_file, out)
+    return out
+
+
+def ollama_model(root: Path, model: str, tag: str, gguf_file: Path, namespace: str = "library",
+                 host: str = "registry.ollama.ai") -> Path:
+    """Store a GGUF as Ollama does: a manifest whose model layer names ``blobs/sha256-<hex>``; return the blob."""
+    data = gguf_file.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    blob = root / "blobs" / f"sha256-{digest}"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    params = b'{"temperature":0.7}'
+    pdig = hashlib.sha256(params).hexdigest()
+    (root / "blobs" / f"sha256-{pdig}").write_bytes(params)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": "sha256:" + "0" * 64, "size": 2},
+        "layers": [
+            {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)},
+            {"mediaType": "application/vnd.ollama.image.params", "digest": f"sha256:{pdig}", "size": len(params)},
+        ],
+    }
+    m = root / "manifests" / host / namespace / model / tag
+    m.parent.mkdir(parents=True, exist_ok=True)
+    m.write_text(json.dumps(manifest))
+    return blob
