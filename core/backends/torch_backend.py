@@ -161,7 +161,12 @@ class TorchBackend:
         if n <= 0:
             self.reset()
             return
-        self.cache.crop(n)
+        # Crop each layer's tensors ourselves: DynamicCache.crop's argument changed meaning across
+        # transformers 5.x releases (final length vs. tokens to remove).
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys[..., :n, :]
+                layer.values = layer.values[..., :n, :]
         self.trace.truncate(n)
         # the trace's key references must follow the cropped cache tensors
         for layer, rec in enumerate(self.trace.layers):

@@ -1,0 +1,144 @@
+"""Issue 2 GUI: open the window, run a prompt, step, switch head, export; the event loop stays free."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+from PySide6.QtCore import QTimer
+
+from app.main_window import MainWindow
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+@pytest.fixture()
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.resize(1200, 800)
+    win.show()
+    assert win.engine.wait_idle(300), "model did not load"
+    assert win.last_error is None
+    yield win
+    win.close()
+
+
+class GapMeter:
+    """Records the longest interval between ticks of a 10 ms GUI-thread timer."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+        self.worst = 0.0
+        self.ticks = 0
+        self.timer = QTimer()
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(self._tick)
+
+    def _tick(self):
+        now = time.perf_counter()
+        self.worst = max(self.worst, now - self.last)
+        self.last = now
+        self.ticks += 1
+
+    def start(self):
+        self.last = time.perf_counter()
+        self.timer.start()
+
+    def stop(self):
+        self.timer.stop()
+
+
+def test_run_step_switch_export(window, tmp_path):
+    win = window
+    assert win.snapshot.info.n_layers == 30 and win.layer_spin.maximum() == 29 and win.head_spin.maximum() == 8
+    win.prompt_edit.setPlainText(PROMPT)
+    win.chat_check.setChecked(False)
+    meter = GapMeter()
+    meter.start()
+    win.run_prompt()
+    assert win.engine.wait_idle(120)
+    n0 = win.snapshot.seq_len
+    assert win.weights is not None and win.weights.shape == (n0, n0)
+    for i in range(3):
+        win.step_button.click()
+        assert win.engine.wait_idle(60)
+        assert win.snapshot.seq_len == n0 + i + 1
+        assert win.weights.shape == (n0 + i + 1, n0 + i + 1)
+    meter.stop()
+    # the heavy work ran on the engine thread: the GUI thread kept ticking
+    assert meter.ticks > 10
+    assert meter.worst < 0.5, f"event loop blocked for {meter.worst:.3f} s"
+    assert win.snapshot.n_generated == 3
+    # status bar shows seq_len and the exact KV-cache bytes
+    T = win.snapshot.seq_len
+    assert f"seq_len {T}" in win.seq_label.text()
+    assert f"{46_080 * T:,} bytes" in win.kv_label.text()
+
+    # switch head: the heatmap shows that head's exact weights
+    win.head_spin.setValue(5)
+    assert win.engine.wait_idle(30)
+    assert win.weights_key == (win.layer, 5)
+    assert "head 5" in win.heatmap.plot.titleLabel.text and "KV head 1" in win.heatmap.plot.titleLabel.text
+    np.testing.assert_allclose(win.heatmap.image.image, win.weights)
+    assert win.group_label.text().startswith("reads KV head 1")
+
+    png = win.export_heatmap_png(tmp_path / "map.png")
+    img = np.asarray(Image.open(png).convert("RGB"))
+    assert img.shape[0] > 200 and img.shape[1] > 200
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) > 20  # not blank: many colours
+    npy = win.export_heatmap_data(tmp_path / "map.npy")
+    np.testing.assert_array_equal(np.load(npy), win.weights)
+    csv = win.export_heatmap_data(tmp_path / "map.csv")
+    np.testing.assert_allclose(np.loadtxt(csv, delimiter=","), win.weights, atol=1e-7)
+
+
+def test_grid_click_opens_head(window):
+    win = window
+    win.prompt_edit.setPlainText("Hello there, general Kenobi.")
+    win.run_prompt()
+    assert win.engine.wait_idle(60)
+    win.show_view("grid")
+    assert win.engine.wait_idle(60)
+    canvas = win.grid.canvas
+    assert canvas.thumbs is not None and canvas.thumbs.shape[:2] == (30, 9)
+    # GQA grouping: heads of one group sit closer together than across groups
+    assert canvas.head_x(1) - canvas.head_x(0) < canvas.head_x(3) - canvas.head_x(2)
+    canvas.headClicked.emit(7, 4)
+    assert win.engine.wait_idle(30)
+    assert (win.layer, win.head) == (7, 4)
+    assert win.tabs.currentWidget() is win.heatmap
+    assert win.weights_key == (7, 4)
+
+
+def test_hover_readout(window):
+    win = window
+    win.prompt_edit.setPlainText("one two three")
+    win.chat_check.setChecked(False)
+    win.run_prompt()
+    assert win.engine.wait_idle(60)
+    text = win.heatmap.cell_text(2, 1)
+    assert "→" in text and f"{win.weights[2, 1]:.4f}" in text and "two" in text
+
+
+def test_bad_input_keeps_app_alive(window, tmp_path):
+    win = window
+    win.prompt_edit.setPlainText("   ")
+    win.run_prompt()
+    assert "empty" in win.last_error
+    info_before = win.snapshot.info
+    # a folder that is not a model
+    (tmp_path / "notes.txt").write_text("hello")
+    win.last_error = None
+    win.load_model(str(tmp_path))
+    assert win.engine.wait_idle(60)
+    assert "not a model folder" in win.last_error
+    assert win.snapshot.info == info_before
+    # the previous model still works
+    win.last_error = None
+    win.prompt_edit.setPlainText("still alive")
+    win.run_prompt()
+    assert win.engine.wait_idle(60)
+    assert win.last_error is None and win.snapshot.seq_len > 0
