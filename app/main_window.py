@@ -646,10 +646,22 @@ def _parse_size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _quiet_offscreen_warnings() -> None:
+    """Drop the offscreen platform plugin's harmless "does not support propagateSizeHints()" lines."""
+    from PySide6.QtCore import qInstallMessageHandler
+
+    def handler(_mode, _context, message):
+        if "propagateSizeHints" not in message:
+            print(message, file=sys.stderr)
+
+    qInstallMessageHandler(handler)
+
+
 def run_gui(args) -> int:
     """Open the window (or, with ``--screenshot``, render it offscreen to a PNG and exit)."""
     if args.screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        _quiet_offscreen_warnings()
         out = Path(args.screenshot)
         if out.suffix.lower() != ".png":
             raise ValueError(f"--screenshot must name a .png file, got {out.name!r}")
