@@ -12,16 +12,21 @@ The math is softmax attention (Vaswani et al. 2017, eq. 1) computed by a fused F
 kernel (Dao et al. 2022, alg. 1) that also returns ``lse_i = log Σ_j exp(s_ij)`` for each row,
 the quantity :mod:`core.capture` needs to recompute any weight exactly:
 ``p_ij = exp(s_ij − lse_i)``.
+
+:func:`attention` is the contract of :mod:`core.reference` (any mask, optional LSE and weights)
+on torch tensors; :func:`sdpa_with_lse` is the per-layer call the torch backend makes.
+Scores and softmax are float32 in every path (the CPU flash kernel and CUDA kernels accumulate
+in float32), so float16 ``q·k`` beyond 65504 does not overflow; fully masked rows give 0.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from core.masks import causal_allowed
+from core import reference
+from core.masks import Mask, as_mask, causal_allowed, group_heads, to_4d
+from core.reference import AttentionResult, check_qkv, resolve_scale
 
 # Rows per block in the unfused fallback: bounds its scores buffer to H × ROW_BLOCK × S floats.
 ROW_BLOCK = 1024
@@ -54,6 +59,71 @@ def allowed_mask_torch(
     return torch.from_numpy(causal_allowed(np.arange(off, off + L), np.arange(S), sliding_window)).to(device)
 
 
+def _as_torch(a, device) -> torch.Tensor:
+    """A numpy / torch / MLX mask array as a torch tensor on ``device`` (no copy when possible)."""
+    if isinstance(a, torch.Tensor):
+        return a.to(device)
+    return torch.from_numpy(np.asarray(a)).to(device)
+
+
+def mask_bias(
+    L: int,
+    S: int,
+    n_kv_heads: int,
+    *,
+    causal: bool,
+    sliding_window: int | None,
+    array=None,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+) -> torch.Tensor | None:
+    """The whole mask as one additive tensor in grouped layout, or None when nothing is masked.
+
+    Args:
+        L, S: query rows and keys; queries sit at positions ``S - L .. S - 1`` (bottom-right).
+        n_kv_heads: to group a per-head array as ``(b, n_kv_heads, group, L, S)``.
+        causal, sliding_window: the structural part (see :mod:`core.masks`).
+        array: optional boolean (True = attend) or additive array broadcastable to
+            ``(B, n_heads, L, S)`` (numpy, torch or MLX).
+        dtype, device: of the result.
+
+    Returns:
+        ``(b, h1, g1, L', S')`` with ``b`` 1 or B, ``(h1, g1)`` either ``(1, 1)`` or
+        ``(n_kv_heads, group_size)``, ``L'``/``S'`` as given or 1 where the array broadcasts:
+        0 where allowed, ``-inf`` where masked, plus the array's own values if additive.
+    """
+    bias = None
+    if causal:
+        allowed = allowed_mask_torch(L, S, device, sliding_window)
+        bias = torch.zeros((L, S), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+    if array is not None:
+        a = to_4d(_as_torch(array, device))
+        if a.dtype == torch.bool:
+            a = torch.zeros(a.shape, dtype=dtype, device=device).masked_fill(~a, float("-inf"))
+        else:
+            a = a.to(dtype)
+        bias = a if bias is None else a + bias
+    if bias is None:
+        return None
+    return group_heads(to_4d(bias), n_kv_heads)
+
+
+def _kernel_bias(bias5: torch.Tensor, B: int, Hkv: int, G: int) -> torch.Tensor:
+    """Grouped bias ``(b, h1, g1, L, S)`` -> a mask the MHA kernel broadcasts over ``(B*Hkv, G, L, S)``."""
+    b, h1, g1, L, S = bias5.shape
+    if b == 1 and h1 == 1:
+        return bias5[0]  # (1, g1, L, S)
+    return bias5.expand(B, Hkv, g1, L, S).reshape(B * Hkv, g1, L, S)
+
+
+def _empty_rows(bias5: torch.Tensor, B: int, Hkv: int, G: int, L: int) -> torch.Tensor | None:
+    """``(B, n_heads, L)`` bool, True where every key of the row is masked; None if no such row."""
+    empty = torch.isneginf(bias5).all(dim=-1)  # (b, h1, g1, L')
+    if not bool(empty.any()):
+        return None
+    return empty.expand(B, Hkv, G, L).reshape(B, Hkv * G, L)
+
+
 def sdpa_with_lse(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -62,6 +132,7 @@ def sdpa_with_lse(
     scale: float | None = None,
     causal: bool = True,
     sliding_window: int | None = None,
+    mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output and per-row LSE through a fused kernel where one exists.
 
@@ -70,77 +141,90 @@ def sdpa_with_lse(
         k, v: ``(B, n_kv_heads, S, D)``; ``n_heads`` a multiple of ``n_kv_heads``.
         scale: multiplier of ``q·k``; default ``D ** -0.5``.
         causal: bottom-right aligned causal mask (query ``i`` sees keys ``j <= i + S - L``).
-        sliding_window: each query sees at most this many keys (itself included).
+        sliding_window: each query sees at most this many keys (itself included); needs causal.
+        mask: optional extra array, boolean (True = attend) or additive, broadcastable to
+            ``(B, n_heads, L, S)``, combined with the causal/window mask. Additive values are
+            cast to q's dtype for the fused kernels.
 
     Returns:
         ``(out, lse)``: out ``(B, n_heads, L, D)`` in q's dtype; lse ``(B, n_heads, L)`` float32
         in natural-log units of the *scaled* scores. A fully masked row has ``lse = -inf``
-        and output 0.
+        and output 0. Scores and softmax are accumulated in float32 by every path.
 
     Raises:
-        ValueError: on incompatible head counts.
+        ValueError: on incompatible shapes, a window without the causal mask, a bad mask array.
     """
+    g = check_qkv(q.shape, k.shape, v.shape)
     B, H, L, D = q.shape
-    S = k.shape[2]
-    scale = D**-0.5 if scale is None else float(scale)
+    Hkv, S, G = g.n_kv_heads, g.S, g.group_size
+    scale = resolve_scale(scale, D)
+    if sliding_window is not None and not causal:
+        raise ValueError("a sliding window without a causal mask is not supported")
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding window must be positive, got {sliding_window}")
+    if mask is not None:
+        Mask(array=mask).check_shape(B, H, L, S)
     window = sliding_window if (sliding_window is not None and sliding_window < S) else None
-    if not causal and window is None:
-        mask = None
-        is_causal = False
-    elif causal and window is None and (L == 1 or L == S):
+    is_causal = False
+    structural = causal
+    if causal and window is None and mask is None and (L == 1 or L == S):
         # L == 1: a decode row sees every cached key; L == S: top-left == bottom-right.
-        mask, is_causal = None, L == S and L > 1
-    else:
-        mask = allowed_mask_torch(L, S, q.device, window if causal else None) if causal else None
-        if not causal and window is not None:
-            raise ValueError("a sliding window without a causal mask is not supported")
-        is_causal = False
+        structural, is_causal = False, L == S and L > 1
 
     if q.device.type == "cpu":
+        bias5 = mask_bias(L, S, Hkv, causal=structural, sliding_window=window, array=mask,
+                          dtype=q.dtype, device=q.device)
         qg, kg, vg = _gqa_views(q, k, v)
-        # the CPU flash kernel takes only an additive mask of q's dtype (not a boolean one)
-        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            qg, kg, vg, 0.0, is_causal, attn_mask=bias, scale=scale
+            qg, kg, vg, 0.0, is_causal,
+            attn_mask=None if bias5 is None else _kernel_bias(bias5, B, Hkv, G), scale=scale,
         )
         out = out.reshape(B, H, L, v.shape[-1])
         lse = lse.reshape(B, H, L).float()
-        if mask is not None and not bool(mask.any(dim=-1).all()):
-            out, lse = _zero_empty_rows(out, lse, mask)
+        if bias5 is not None:
+            out, lse = _zero_empty_rows(out, lse, _empty_rows(bias5, B, Hkv, G, L))
         return out, lse
     if q.device.type == "cuda":
-        fused = _cuda_fused(q, k, v, scale, is_causal, mask)
+        bias5 = mask_bias(L, S, Hkv, causal=structural, sliding_window=window, array=mask,
+                          dtype=q.dtype, device=q.device)
+        fused = _cuda_fused(q, k, v, scale, is_causal, bias5)
         if fused is not None:
-            return fused
-    return math_with_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window)
+            out, lse = fused
+            if bias5 is not None:
+                out, lse = _zero_empty_rows(out, lse, _empty_rows(bias5, B, Hkv, G, L))
+            return out, lse
+    return math_with_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
 
 
-def _zero_empty_rows(out, lse, mask):
-    empty = ~mask.any(dim=-1)  # (L,)
-    out = out.masked_fill(empty[None, None, :, None], 0.0)
-    lse = lse.masked_fill(empty[None, None, :], float("-inf"))
+def _zero_empty_rows(out, lse, empty):
+    """Output 0 and LSE -inf on fully masked rows (``empty`` (B, H, L) bool or None)."""
+    if empty is None:
+        return out, lse
+    out = out.masked_fill(empty[..., None], 0.0)
+    lse = lse.masked_fill(empty, float("-inf"))
     return out, lse
 
 
-def _cuda_fused(q, k, v, scale, is_causal, mask):
+def _cuda_fused(q, k, v, scale, is_causal, bias5):
     """FlashAttention-2 (fp16/bf16, no explicit mask) or memory-efficient attention on CUDA.
 
     Returns None when neither kernel takes these inputs, so the caller falls back to the
     unfused path. GQA is passed as a stride-0 expanded view, as on the CPU.
     """
     B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
     qg, kg, vg = _gqa_views(q, k, v)
     try:
-        if mask is None and q.dtype in (torch.float16, torch.bfloat16):
+        if bias5 is None and q.dtype in (torch.float16, torch.bfloat16):
             res = torch.ops.aten._scaled_dot_product_flash_attention(
                 qg, kg, vg, 0.0, is_causal, False, scale=scale
             )
             out, lse = res[0], res[1]
         else:
             bias = None
-            if mask is not None:
-                bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
-                bias = bias.expand(qg.shape[0], qg.shape[1], L, k.shape[2])
+            if bias5 is not None:
+                bias = bias5.expand(B, Hkv, G, L, S).reshape(B * Hkv, G, L, S)
             res = torch.ops.aten._scaled_dot_product_efficient_attention(
                 qg, kg, vg, bias, True, 0.0, is_causal, scale=scale
             )
@@ -148,6 +232,13 @@ def _cuda_fused(q, k, v, scale, is_causal, mask):
     except (RuntimeError, NotImplementedError):
         return None
     return out.reshape(B, H, L, v.shape[-1]), lse.reshape(B, H, L).float()
+
+
+def _rows(bias5: torch.Tensor | None, r0: int, r1: int):
+    """Rows ``r0:r1`` of a grouped bias (one broadcast row stays as it is)."""
+    if bias5 is None or bias5.shape[-2] == 1:
+        return bias5
+    return bias5[..., r0:r1, :]
 
 
 def math_with_lse(
@@ -158,16 +249,19 @@ def math_with_lse(
     scale: float | None = None,
     causal: bool = True,
     sliding_window: int | None = None,
+    mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unfused reference-quality attention in float32, blocked over query rows.
 
     Same contract as :func:`sdpa_with_lse`. Memory: ``B × n_heads × ROW_BLOCK × S`` floats at
     a time, never the full ``L × S`` map for long inputs.
     """
+    g = check_qkv(q.shape, k.shape, v.shape)
     B, H, L, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    G = H // Hkv
-    scale = D**-0.5 if scale is None else float(scale)
+    Hkv, S, G = g.n_kv_heads, g.S, g.group_size
+    scale = resolve_scale(scale, D)
+    bias5 = mask_bias(L, S, Hkv, causal=causal, sliding_window=sliding_window, array=mask,
+                      dtype=torch.float32, device=q.device)
     qf = q.float().reshape(B, Hkv, G, L, D)  # (B, Hkv, G, L, D)
     kf = k.float()[:, :, None]  # (B, Hkv, 1, S, D): broadcast over the group
     vf = v.float()[:, :, None]
@@ -175,17 +269,100 @@ def math_with_lse(
     for r0 in range(0, L, ROW_BLOCK):
         r1 = min(L, r0 + ROW_BLOCK)
         s = torch.matmul(qf[..., r0:r1, :], kf.transpose(-1, -2)) * scale  # (B, Hkv, G, r, S)
-        if causal:
-            allowed = allowed_mask_torch(r1 - r0, S, q.device, sliding_window, q_offset=S - L + r0)
-            s = s.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, r)
-        p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+        b = _rows(bias5, r0, r1)
+        if b is not None:
+            s = s + b
+        p, lse = softmax_lse(s)  # (B, Hkv, G, r, S), (B, Hkv, G, r); -inf on fully masked rows
         outs.append(torch.matmul(p, vf))
         lses.append(lse)
     out = torch.cat(outs, dim=-2).reshape(B, H, L, v.shape[-1]).to(q.dtype)
     return out, torch.cat(lses, dim=-1).reshape(B, H, L)
 
 
-def default_scale(head_dim: int) -> float:
-    """``1 / sqrt(head_dim)`` (Vaswani et al. 2017 §3.2.1; seed 002: ≈ 0.088 for d_k = 128)."""
-    return 1.0 / math.sqrt(head_dim)
+def softmax_lse(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the last dim and its LSE, for float32 scores with ``-inf`` for masked keys.
+
+    Normalised as ``exp(s − max) / Σ`` (not ``exp(s − lse)``), exact to float32 rounding even
+    for large scores. A row with every key masked gives weights 0 and LSE ``-inf``, not NaN.
+    """
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    seen = total > 0
+    denom = torch.where(seen, total, torch.ones_like(total))
+    lse = torch.where(seen, m + torch.log(denom), torch.full_like(m, float("-inf")))
+    return e / denom, lse.squeeze(-1)
+
+
+def _safe_lse(lse: torch.Tensor) -> torch.Tensor:
+    """LSE with ``-inf`` (fully masked rows) replaced by ``+inf`` so that ``exp(s - lse)`` is 0."""
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
+def attention_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    scale: float | None = None,
+    mask=None,
+) -> torch.Tensor:
+    """Exact softmax weights from q, k and the rows' LSE: ``exp(q·k·scale + mask − lse)``.
+
+    (FlashAttention-2, Dao 2023, §3.1: the backward pass's ``P = exp(S − L)``.)
+
+    Args:
+        q: ``(B, n_heads, L, D)``; k: ``(B, n_kv_heads, S, D)``; lse: ``(B, n_heads, L)``.
+        mask: anything :func:`core.masks.as_mask` accepts (the mask the LSE was computed with).
+
+    Returns:
+        ``(B, n_heads, L, S)`` float32; fully masked rows are 0.
+    """
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    m = as_mask(mask)
+    scale = resolve_scale(scale, D)
+    s = torch.matmul(q.float().reshape(B, Hkv, G, L, D), k.float()[:, :, None].transpose(-1, -2)) * scale
+    bias5 = mask_bias(L, S, Hkv, causal=m.causal, sliding_window=m.window, array=m.array,
+                      dtype=torch.float32, device=q.device)
+    if bias5 is not None:
+        s = s + bias5
+    w = torch.exp(s - _safe_lse(lse.float().reshape(B, Hkv, G, L))[..., None])
+    return w.reshape(B, H, L, S)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    mask=None,
+    return_lse: bool = False,
+    return_weights: bool = False,
+) -> AttentionResult:
+    """The attention contract (:mod:`core.reference`) on torch tensors, through the fused path.
+
+    Args:
+        q: ``(B, n_heads, L, D)``; k, v: ``(B, n_kv_heads, S, D)``; float32/float16/bfloat16.
+        scale: default ``1/sqrt(D)``.
+        mask: None (default: no mask), ``"causal"``, an int window, an array or a
+            :class:`core.masks.Mask` (see :func:`core.masks.as_mask`).
+        return_lse, return_weights: also return LSE ``(B, n_heads, L)`` / weights
+            ``(B, n_heads, L, S)``, float32 (the weights recomputed from the LSE).
+
+    Returns:
+        :class:`core.reference.AttentionResult` of torch tensors.
+
+    Raises:
+        ValueError: shapes or mask that break the contract.
+    """
+    m = as_mask(mask)
+    out, lse = sdpa_with_lse(q, k, v, scale=scale, causal=m.causal, sliding_window=m.window, mask=m.array)
+    weights = attention_weights(q, k, lse, scale=scale, mask=m) if return_weights else None
+    return AttentionResult(out, lse if return_lse else None, weights)
+
+
+default_scale = reference.default_scale  # 1/sqrt(head_dim): seed 002's ≈ 0.088 for d_k = 128

@@ -90,7 +90,7 @@ def is_float_dtype(dtype) -> bool:
     return "float" in str(dtype)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Mask:
     """One attention mask: structural parts (causal, sliding window) and an optional array.
 
@@ -187,6 +187,9 @@ class Mask:
             kind = "bool" if self.array_is_bool else "additive"
             parts.append(f"+ {kind} {tuple(self.array.shape)}")
         return ", ".join(parts) if parts else "none"
+
+    def __repr__(self) -> str:
+        return f"Mask({self.describe()})"
 
 
 NO_MASK = Mask()
