@@ -187,6 +187,8 @@ class MlxTrace:
         out = []
         for layer in range(self.n_layers):
             rec = self._rec(layer)
+            if not 0 <= key < rec.keys.shape[1]:  # MLX indexing does not bounds-check
+                raise IndexError(f"key {key} out of range 0..{rec.keys.shape[1] - 1}")
             q = rec.q().astype(mx.float32)  # (H, T, D)
             k0 = rec.keys[:, key].astype(mx.float32)  # (Hkv, D)
             k0 = mx.repeat(k0, self.group_size, axis=0)  # (H, D): H vectors of D, tiny

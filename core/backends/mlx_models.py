@@ -14,10 +14,10 @@ Written after mlx-lm's ``models/llama.py`` / ``qwen3.py`` and checked against tr
 * RoPE is the Hugging Face "rotate_half" (non-interleaved) convention:
   ``mx.fast.rope(..., traditional=False)`` with explicit frequencies computed exactly as
   transformers computes ``inv_freq`` (float32), so positions agree to ~1e-6 even at 8k.
-* Attention runs through ``mx.fast.scaled_dot_product_attention`` (GQA native, no K/V copies).
-  The fused op does not return the log-sum-exp (LSE) a Trace needs, so when capture is on the
-  LSE of the new rows is computed alongside from ``q · kᵀ`` (:func:`attention_lse`): O(L × S) per
-  head for the L new rows only (L = 1 in decode).
+* Attention runs through :func:`core.attention_mlx.sdpa_with_lse_mlx`: the output from
+  ``mx.fast.scaled_dot_product_attention`` (GQA native, no K/V copies) and, since the fused op
+  does not return the log-sum-exp (LSE) a Trace needs, the LSE of the new rows computed alongside
+  from ``q · kᵀ`` in float32: O(L × S) per head for the L new rows only (L = 1 in decode).
 * Keys are cached after RoPE (mlx-lm convention): the cache holds exactly what the model attends to.
 
 Shapes: ``x (B, L, hidden)``; ``q (B, n_heads, L, head_dim)``; ``k, v (B, n_kv_heads, S, head_dim)``.
@@ -33,20 +33,21 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from core.attention_mlx import sdpa_with_lse_mlx
 from core.errors import UnsupportedModelError
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 # Defaults of each family's transformers config class (transformers 5), used when config.json
-# omits a key. tests/test_mlx_backend.py checks them against the config classes themselves.
+# omits a key (not always mlx-lm's: Mistral / Qwen default to 8 / 32 KV heads, not n_heads). tests/test_mlx_backend.py checks them against the config classes themselves.
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False},
     "mistral": {"rms_norm_eps": 1e-6, "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False,
-                "sliding_window": 4096},
+                "sliding_window": 4096, "num_key_value_heads": 8},
     "qwen2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "sliding_window": 4096, "max_window_layers": 28},
+              "sliding_window": 4096, "max_window_layers": 28, "num_key_value_heads": 32},
     "qwen3": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "sliding_window": 4096, "max_window_layers": 28, "head_dim": 128},
+              "sliding_window": 4096, "max_window_layers": 28, "head_dim": 128, "num_key_value_heads": 32},
 }
 DEFAULT_ROPE_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -281,44 +282,6 @@ class KVCache:
 
 
 # -- attention ------------------------------------------------------------------------------------
-LSE_BLOCK_ELEMENTS = 1 << 24  # score elements per LSE block (64 MB in float32)
-
-
-def allowed_mask(offset: int, L: int, S: int, window: int | None) -> mx.array:
-    """Boolean ``(L, S)``: query at position ``offset + i`` may attend key ``j``.
-
-    The same rule as :func:`core.masks.causal_allowed` (bottom-right causal, plus the window).
-    """
-    q_pos = mx.arange(offset, offset + L)[:, None]
-    k_pos = mx.arange(S)[None, :]
-    allowed = k_pos <= q_pos
-    if window is not None:
-        allowed = allowed & (k_pos > q_pos - window)
-    return allowed
-
-
-def attention_lse(q: mx.array, k: mx.array, scale: float, allowed: mx.array) -> mx.array:
-    """Row log-sum-exp of the masked scaled scores, ``(B, n_heads, L)`` float32.
-
-    ``lse_i = log Σ_j exp(q_i · k_j · scale)`` over allowed ``j`` (FlashAttention-2, Dao 2023,
-    §3.1, the ``L`` statistic). GQA by broadcasting (seed 000): ``q`` is viewed as
-    ``(B, n_kv_heads, group, L, D)`` and ``k`` as ``(B, n_kv_heads, 1, S, D)``, no copies. Rows are
-    processed in blocks of at most :data:`LSE_BLOCK_ELEMENTS` scores.
-    """
-    B, H, L, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    qg = q.reshape(B, Hkv, H // Hkv, L, D).astype(mx.float32)  # (B, Hkv, G, L, D)
-    kt = k.astype(mx.float32)[:, :, None].swapaxes(-1, -2)  # (B, Hkv, 1, D, S)
-    rows = max(1, LSE_BLOCK_ELEMENTS // max(1, H * S))
-    out = []
-    for r0 in range(0, L, rows):
-        s = (qg[..., r0 : r0 + rows, :] @ kt) * scale  # (B, Hkv, G, l, S)
-        s = mx.where(allowed[r0 : r0 + rows], s, -mx.inf)
-        out.append(mx.logsumexp(s, axis=-1))
-    lse = out[0] if len(out) == 1 else mx.concatenate(out, axis=-1)
-    return lse.reshape(B, H, L)
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_idx: int):
         super().__init__()
@@ -348,16 +311,12 @@ class Attention(nn.Module):
         q = mx.fast.rope(q, self.head_dim, traditional=False, base=None, scale=1.0, offset=offset, freqs=rope_freqs)
         k = mx.fast.rope(k, self.head_dim, traditional=False, base=None, scale=1.0, offset=offset, freqs=rope_freqs)
         keys, values = cache.update_and_fetch(k, v)  # (B, Hkv, S, D), S = offset + L
-        S = keys.shape[2]
-        window = self.sliding_window
-        if window is not None and S > window:  # some key falls outside the window: explicit mask
-            mask = allowed_mask(offset, L, S, window)
-        else:  # plain causal (bottom-right aligned, as mx.fast's "causal"); one query sees every key
-            mask = "causal" if L > 1 else None
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        # causal (bottom-right aligned), or causal + sliding window of W keys (an int mask)
+        mask = "causal" if self.sliding_window is None else self.sliding_window
+        # The LSE is lazy: when the trace is off nothing asks for it and MLX never computes it.
+        out, lse = sdpa_with_lse_mlx(q, keys, values, scale=self.scale, mask=mask)
         if trace is not None and trace.enabled:
-            lse = attention_lse(q, keys, self.scale, allowed_mask(offset, L, S, window))
-            trace.record(self.layer_idx, q, lse, cache, self.scale, window)
+            trace.record(self.layer_idx, q, lse, cache, self.scale, self.sliding_window)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

@@ -1,0 +1,234 @@
+"""The MLX backend: the torch backend's API on MLX (Apple silicon GPU; CPU elsewhere).
+
+The model is one of the small self-contained MLX models in :mod:`core.backends.mlx_models`
+(Llama family incl. SmolLM2 and Mistral, Qwen2, Qwen3), loaded from the same Hugging Face folder
+the torch backend uses (:func:`core.models.resolve`: the default GGUF is converted once into
+safetensors in Hugging Face row order). Attention is fused (``mx.fast.scaled_dot_product_attention``)
+and every layer records its post-RoPE query rows and their LSE in an :class:`core.capture_mlx.MlxTrace`.
+
+Threads: MLX streams belong to the thread that created them, so create the backend and call
+``forward``/``truncate``/``reset`` and the trace from ONE thread (the GUI's engine thread);
+``forward`` raises RuntimeError when called from another thread.
+
+On Linux the ``mlx[cpu]`` build has a reference BLAS and no fused attention kernel: there this
+backend is a correctness path (see tests/test_mlx_backend.py for timings); speed matters on
+Apple silicon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from core.backends.mlx_models import CausalLM, KVCache, ModelArgs
+from core.capture_mlx import MlxTrace
+from core.errors import Cancelled, ModelLoadError
+from core.models import ModelInfo, ProgressFn, _first_line, quiet_transformers, resolve
+
+PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def mlx_device() -> str:
+    """``"mlx:gpu"`` when MLX runs on a GPU (Metal), else ``"mlx:cpu"``."""
+    return "mlx:gpu" if mx.default_device().type == mx.DeviceType.gpu else "mlx:cpu"
+
+
+def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
+    """Read every ``*.safetensors`` of ``folder`` as MLX arrays cast to ``dtype``.
+
+    Drops buffers that are not parameters (``rotary_emb.inv_freq``) and a saved ``lm_head.weight``
+    when embeddings are tied.
+
+    Raises:
+        ModelLoadError: no safetensors (``pytorch_model.bin`` only) or an unreadable file.
+    """
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no *.safetensors weights: the MLX backend cannot read pytorch_model.bin")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as e:
+            raise ModelLoadError(f"cannot read {f.name}: {_first_line(e)}") from None
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    if args.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    return {k: v.astype(dtype) if v.dtype != dtype else v for k, v in weights.items()}
+
+
+def build_model(args: ModelArgs, weights: dict[str, mx.array]) -> CausalLM:
+    """Construct the MLX model and load ``weights`` strictly (every name and shape must match).
+
+    Raises:
+        ModelLoadError: missing, unexpected or mis-shaped tensors (the first few are named).
+    """
+    from mlx.utils import tree_flatten
+
+    model = CausalLM(args)
+    expected = dict(tree_flatten(model.parameters()))
+    missing = sorted(expected.keys() - weights.keys())
+    extra = sorted(weights.keys() - expected.keys())
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensor(s) ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        if extra:
+            parts.append(f"unexpected {len(extra)} tensor(s) ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})")
+        raise ModelLoadError(f"the weights do not match a {args.model_type} model of this config: {'; '.join(parts)}")
+    for k, v in expected.items():
+        if weights[k].shape != v.shape:
+            raise ModelLoadError(f"tensor {k} has shape {tuple(weights[k].shape)}, the config implies {tuple(v.shape)}")
+    model.load_weights(list(weights.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+class MlxBackend:
+    """Owns an MLX model, its per-layer KV caches and the Trace. One thread: see the module docstring."""
+
+    name = "mlx"
+
+    def __init__(self, model: CausalLM, tokenizer, info: ModelInfo):
+        self.model, self.tokenizer, self.info = model, tokenizer, info
+        self.args = model.args
+        self.device = mlx_device()
+        self.trace = MlxTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
+        self._thread = threading.get_ident()
+        self.load_seconds = 0.0
+        self.reset()
+
+    @classmethod
+    def load(cls, model: str | os.PathLike | None = None, dtype: str = "float32",
+             progress: ProgressFn | None = None) -> MlxBackend:
+        """Load ``model`` (None = embedded default, a .gguf file or an HF folder) for MLX.
+
+        Args:
+            dtype: "float32" (default), "bfloat16" or "float16": weights, activations and cache.
+
+        Raises:
+            ValueError: unknown dtype.
+            ModelLoadError: unusable reference or weights; UnsupportedModelError: a family or
+                config setting the MLX models do not implement (message says which).
+        """
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        progress = progress or (lambda *_: None)
+        t0 = time.perf_counter()
+        folder, name = resolve(model, progress)
+        progress(f"Loading {name} for MLX…", 0.96)
+        try:
+            cfg = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_first_line(e)}") from None
+        try:
+            args = ModelArgs.from_dict(cfg)
+        except KeyError as e:
+            raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
+        m = build_model(args, load_weights(folder, args, DTYPES[dtype]))
+        quiet_transformers()
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(folder)
+        except Exception as e:
+            raise ModelLoadError(f"cannot load the tokenizer of {name}: {_first_line(e)}") from None
+        from mlx.utils import tree_flatten
+
+        info = ModelInfo(
+            name=name, source=str(model or folder), architecture=args.model_type, n_layers=args.num_hidden_layers,
+            n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, head_dim=args.head_dim,
+            hidden_size=args.hidden_size, max_context=args.max_position_embeddings, rope_theta=args.rope_theta,
+            sliding_window=args.sliding_window, vocab_size=args.vocab_size, dtype=dtype,
+            n_params=sum(v.size for _, v in tree_flatten(m.parameters())),
+            has_chat_template=bool(getattr(tok, "chat_template", None)),
+        )
+        backend = cls(m, tok, info)
+        backend.load_seconds = time.perf_counter() - t0
+        progress(f"{name} ready (MLX, {backend.device}).", 1.0)
+        return backend
+
+    # -- state --------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Empty KV cache and Trace."""
+        self.caches = [KVCache() for _ in range(self.info.n_layers)]
+        self.trace.reset()
+        self.seq_len = 0
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("the MLX backend must be used from the thread that created it (MLX streams are per thread)")
+
+    def forward(
+        self,
+        ids: list[int],
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        all_logits: bool = False,
+    ) -> np.ndarray:
+        """Feed ``ids`` after the cached positions; return logits, float32.
+
+        Returns ``(vocab,)`` for the last position, or ``(len(ids), vocab)`` with ``all_logits``.
+        Long inputs run in chunks of :data:`PREFILL_CHUNK`; ``progress(done, total)`` is called
+        after each and ``cancelled()`` checked before each.
+
+        Raises:
+            Cancelled: ``cancelled()`` became true (cache and Trace rolled back to where they were).
+            ValueError: no ids, or an id outside ``0 .. vocab_size-1``.
+            RuntimeError: called from another thread than the one that created the backend.
+        """
+        self._check_thread()
+        if len(ids) == 0:
+            raise ValueError("no token ids to feed")
+        arr = np.asarray(ids, dtype=np.int64)
+        if arr.min() < 0 or arr.max() >= self.info.vocab_size:  # MLX gathers do not bounds-check
+            raise ValueError(f"token id out of range 0..{self.info.vocab_size - 1}")
+        start = self.seq_len
+        outs = []
+        try:
+            for c0 in range(0, len(ids), PREFILL_CHUNK):
+                if cancelled is not None and cancelled():
+                    raise Cancelled("prefill cancelled")
+                chunk = mx.array(arr[None, c0 : c0 + PREFILL_CHUNK].astype(np.int32))
+                logits = self.model(chunk, self.caches, self.trace, last_only=not all_logits)
+                logits = logits[0].astype(mx.float32)
+                mx.eval(logits, *self.trace.pending(), *(a for c in self.caches for a in c.state()))
+                self.seq_len += chunk.shape[1]
+                outs.append(np.array(logits))
+                if progress is not None:
+                    progress(min(c0 + PREFILL_CHUNK, len(ids)), len(ids))
+        except BaseException:
+            self._rollback(start)
+            raise
+        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
+
+    def _rollback(self, n: int) -> None:
+        # unlike truncate(), also undoes a chunk that failed half-way (some layers recorded)
+        for c in self.caches:
+            c.truncate(n)
+        self.trace.truncate(n)
+        self.seq_len = n
+        if n == 0:
+            self.reset()
+
+    def truncate(self, n: int) -> None:
+        """Drop positions ``>= n`` from the KV cache and the Trace (nothing is recomputed)."""
+        self._check_thread()
+        if n >= self.seq_len:
+            return
+        if n <= 0:
+            self.reset()
+            return
+        self._rollback(n)
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the cached positions' K and V (all layers); the preallocated tail is not counted."""
+        return sum(c.nbytes() for c in self.caches)
