@@ -1,0 +1,45 @@
+"""``attnscope sinks``: the layers × heads table of attention-sink scores, as JSON.
+
+Sink score of a head (issue "inspector", sinks): the mean, over query rows ``i >= 1``, of the
+weight on key 0 (row 0 can only attend to itself, so it is left out); computed from ``q``,
+``k_0`` and the LSE rows, linear in the sequence (:mod:`core.sinks`). The JSON also holds the
+mass on ``{0} ∪ delimiters`` (``sink_set``), the table after prefill and after each decode step
+(``by_step``) and the heads at or above ``--threshold`` (``sink_heads``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core.cli import add_model_arguments, add_prompt_arguments, open_session
+
+NAME = "sinks"
+HELP = "write the layers × heads attention-sink table (JSON)"
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    add_prompt_arguments(p)
+    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="sink-head threshold on the sink score (default 0.5)")
+
+
+def run(args) -> int:
+    from core.sinks import DEFAULT_THRESHOLD, session_sink_report
+
+    out = Path(args.json)
+    if not out.parent.exists():
+        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"--threshold must be in [0, 1], got {threshold}")
+    s = open_session(args)
+    rep = session_sink_report(s, threshold)
+    data = {"model": s.info.name, "prompt": args.prompt, "chat_template": args.chat_template, **rep.to_json()}
+    out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    heads = rep.sink_heads()
+    print(f"{len(heads)} of {rep.n_layers * rep.n_heads} heads have sink score >= {threshold:g} "
+          f"(seq_len {rep.seq_len}); wrote {out}")
+    return 0
