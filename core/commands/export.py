@@ -1,55 +1,224 @@
-"""``attnscope export``: one head's weights after prefill + N decode steps, as PNG, NPY or CSV.
+"""``attnscope export``: heads' exact attention maps as images or data, headless.
 
-Rows are query positions, columns key positions (0-based), zero above the diagonal, each row
-summing to 1. The tokens are printed, one per line, as ``position<TAB>id<TAB>label``.
+One head (rows = query positions, columns = key positions, zero above the diagonal, rows sum to 1)::
+
+    attnscope export --prompt TEXT [--steps N] --layer L --head H --out map.png|.svg|.pdf|.npy|.csv|.safetensors
+
+Every head of a layer (``--layer L``) or every layer × head (no ``--layer``) into a folder::
+
+    attnscope export --prompt TEXT --all-heads [--layer L] --format svg --out DIR
+
+Every decode step of one head as an animation::
+
+    attnscope export --prompt TEXT --steps 20 --layer L --head H --frames steps.gif|.mp4
+
+From a saved session (model, prompt, replayed tokens and view; ``--layer``/``--head`` default to the
+session's view), and saving one::
+
+    attnscope export --session fox.attnscope --out map.pdf
+    attnscope export --prompt TEXT --steps 5 --save-session fox.attnscope
+
+Data files get a sidecar ``<file>.json`` (model + hash, backend, dtype, device, prompt, tokens, step,
+layer, head, mask, ``exact: true``); batches a ``manifest.json``. ``.png`` is the plain map (one
+colour per cell) unless ``--figure``; ``.svg``/``.pdf`` are labelled figures drawn with Qt's own SVG
+and PDF devices on the offscreen platform (no display needed). For a single head the tokens are
+printed, one per line, as ``position<TAB>id<TAB>label``; progress goes to stderr.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from core.cli import add_model_arguments, add_prompt_arguments, open_session
+from core.cli import add_model_arguments, add_prompt_arguments
 
 NAME = "export"
-HELP = "export one head's attention weights (PNG, NPY or CSV)"
-FORMATS = (".png", ".npy", ".csv")
+HELP = "export attention maps as PNG/SVG/PDF or NPY/CSV/safetensors (+ JSON provenance), batches, animations"
+FORMATS = (".png", ".svg", ".pdf", ".npy", ".csv", ".safetensors")
 
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    add_prompt_arguments(p)
-    p.add_argument("--layer", type=int, required=True, help="layer (0-based)")
-    p.add_argument("--head", type=int, required=True, help="query head (0-based)")
-    p.add_argument("--out", required=True, help="output file: .png, .npy or .csv")
-    p.add_argument("--cmap", default="viridis", help="colour map for PNG")
+    add_prompt_arguments(p, required=False)
+    p.add_argument("--session", metavar="FILE", help="take model, prompt, tokens and view from a saved .attnscope session")
+    p.add_argument("--save-session", metavar="FILE", help="also save the session (model, prompt, tokens, view) to FILE")
+    p.add_argument("--layer", type=int, default=None, help="layer (0-based); with --all-heads: only this layer")
+    p.add_argument("--head", type=int, default=None, help="query head (0-based)")
+    p.add_argument("--out", help="output file (.png .svg .pdf .npy .csv .safetensors), or a folder with --all-heads")
+    p.add_argument("--all-heads", action="store_true", help="every head of --layer, or every layer x head, into --out DIR")
+    p.add_argument("--format", default="png", choices=("png", "svg", "pdf", "npy", "csv", "safetensors"),
+                   help="file format with --all-heads (default png)")
+    p.add_argument("--frames", metavar="FILE", help="every decode step of --layer/--head as an animation (.gif, or .mp4 "
+                   "with imageio-ffmpeg)")
+    p.add_argument("--fps", type=float, default=4.0, help="frames per second for --frames (default 4)")
+    p.add_argument("--figure", action="store_true", help="PNG as a labelled figure (tokens, colour bar) instead of the plain map")
+    p.add_argument("--cmap", default=None, help="colour map: viridis, magma, inferno, plasma, cividis (default viridis)")
+    p.add_argument("--scale", default=None, choices=("linear", "log", "power"), help="colour scale (default linear)")
+    p.add_argument("--dpi", type=float, default=None, help="dots per inch (PNG metadata; figure font and page size)")
+    p.add_argument("--size", default=None, help="image size WxH in pixels (plain PNG: exact size; figures: canvas)")
 
 
 def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
-    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv)."""
-    suffix = out.suffix.lower()
-    if suffix == ".npy":
-        np.save(out, w.astype(np.float32))
-    elif suffix == ".csv":
-        np.savetxt(out, w, delimiter=",", fmt="%.8g")
-    elif suffix == ".png":
-        from core.render import save_heatmap_png
+    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar."""
+    from core.export import DATA_FORMATS, save_map_png, write_data
 
-        save_heatmap_png(w, out, cmap=cmap)
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix in DATA_FORMATS:
+        write_data(w, out)
+    elif suffix == "png":
+        save_map_png(w, out, cmap=cmap)
     else:
-        raise ValueError(f"unsupported output {out.name!r}: use one of {', '.join(FORMATS)}")
+        raise ValueError(f"unsupported output {out.name!r}: use .png, .npy, .csv or .safetensors")
+
+
+def figure_renderer():
+    """The Qt figure renderer (:func:`app.export.save_heatmap_figure`).
+
+    core never imports Qt or app at module level; SVG/PDF figures need Qt's paint devices, so this
+    import happens here, inside the function, only when such a file is asked for (it runs on Qt's
+    offscreen platform: no display needed).
+    """
+    from app.export import save_heatmap_figure
+
+    return save_heatmap_figure
+
+
+def _check_args(args) -> None:
+    from core.colormaps import COLORMAPS
+    from core.errors import SessionError
+    from core.export import ANIMATION_FORMATS, parse_size
+
+    if args.session and args.prompt is not None:
+        raise SessionError("give either --prompt or --session, not both")
+    if not args.session and args.prompt is None:
+        raise SessionError("give a prompt with --prompt TEXT, or a saved session with --session FILE")
+    if args.prompt is not None and not args.prompt.strip():
+        raise SessionError("the prompt is empty: give some text with --prompt")
+    if args.steps < 0:
+        raise SessionError(f"--steps must be >= 0, got {args.steps}")
+    if not (args.out or args.frames or args.save_session):
+        raise SessionError("nothing to write: give --out, --frames or --save-session")
+    if args.cmap is not None and args.cmap not in COLORMAPS:
+        raise ValueError(f"unknown colour map {args.cmap!r}; choose one of {', '.join(COLORMAPS)}")
+    if args.dpi is not None and not 10 <= args.dpi <= 2400:
+        raise ValueError(f"--dpi must be between 10 and 2400, got {args.dpi:g}")
+    if args.fps <= 0:
+        raise ValueError(f"--fps must be > 0, got {args.fps:g}")
+    parse_size(args.size)
+    if args.all_heads:
+        if args.head is not None:
+            raise ValueError("--all-heads exports every head: drop --head (use --layer to limit to one layer)")
+        if args.frames:
+            raise ValueError("--frames animates one head: use it without --all-heads")
+        if not args.out:
+            raise ValueError("--all-heads needs --out DIR")
+        out = Path(args.out)
+        if out.suffix.lower() in FORMATS:
+            raise ValueError(f"--all-heads writes many files: --out must be a folder, not {out.name!r}")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a folder")
+        if not out.parent.exists():
+            raise FileNotFoundError(f"folder {out.parent} does not exist")
+    elif args.out:
+        out = Path(args.out)
+        if out.suffix.lower() not in FORMATS:
+            raise ValueError(f"unsupported output {out.name!r}: use one of {', '.join(FORMATS)}")
+        if not out.parent.exists():
+            raise FileNotFoundError(f"folder {out.parent} does not exist")
+    if args.frames:
+        fr = Path(args.frames)
+        if fr.suffix.lower().lstrip(".") not in ANIMATION_FORMATS:
+            raise ValueError(f"unsupported animation {fr.name!r}: use .gif or .mp4")
+        if not fr.parent.exists():
+            raise FileNotFoundError(f"folder {fr.parent} does not exist")
+    if args.save_session and not Path(args.save_session).parent.exists():
+        raise FileNotFoundError(f"folder {Path(args.save_session).parent} does not exist")
+
+
+def _progress_line(label: str):
+    """``progress(done, total, name)`` printing ``label 12/270 L01_H02.png`` on stderr."""
+    tty = sys.stderr.isatty()
+    t0 = time.monotonic()
+
+    def show(done: int, total: int, name: str) -> None:
+        line = f"{label} {done}/{total} {name} ({time.monotonic() - t0:.1f} s)"
+        if tty:
+            print(f"\r{line}\x1b[K", end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif done == total or done % max(1, total // 10) == 0:
+            print(line, file=sys.stderr, flush=True)
+
+    return show
+
+
+def _open(args):
+    """The Session (prompt run, or saved session replayed) and the view dict to default from."""
+    from core.cli import open_session
+
+    if not args.session:
+        return open_session(args), {}
+    from core import sessionfile
+
+    sf = sessionfile.load(args.session)
+    s, warnings = sessionfile.replay(sf, model=args.model, device=args.device)
+    for w in warnings:
+        print(f"attnscope: warning: {w}", file=sys.stderr)
+    if args.steps:
+        s.step(args.steps)
+    return s, dict(sf.view)
 
 
 def run(args) -> int:
-    out = Path(args.out)
-    if out.suffix.lower() not in FORMATS:
-        raise ValueError(f"unsupported output {out.name!r}: use one of {', '.join(FORMATS)}")
-    if not out.parent.exists():
-        raise FileNotFoundError(f"folder {out.parent} does not exist")
-    s = open_session(args)
-    w = s.weights(args.layer, args.head)
-    write_weights(w, out, args.cmap)
-    for t in s.tokens:
-        print(f"{t.position}\t{t.id}\t{t.text!r}")
+    from core import export as E
+
+    _check_args(args)
+    s, view = _open(args)
+    cmap = args.cmap or view.get("cmap") or "viridis"
+    scale = args.scale or view.get("scale") or "linear"
+    size = E.parse_size(args.size)
+    info = s.info
+    layer = args.layer if args.layer is not None else view.get("layer")
+    head = args.head if args.head is not None else view.get("head")
+
+    if args.save_session:
+        from core import sessionfile
+
+        v = dict(view)
+        v.update({k: val for k, val in (("layer", layer), ("head", head), ("cmap", cmap), ("scale", scale))
+                  if val is not None})
+        path = sessionfile.save(sessionfile.SessionFile.from_session(s, view=v), args.save_session)
+        print(f"saved session {path}", file=sys.stderr)
+
+    if args.all_heads:
+        if args.layer is not None and not 0 <= args.layer < info.n_layers:
+            raise IndexError(f"layer {args.layer} out of range 0..{info.n_layers - 1}")
+        pairs = E.heads_in_scope(info.n_layers, info.n_heads, args.layer)
+        needs_qt = args.format in ("svg", "pdf") or (args.format == "png" and args.figure)
+        t0 = time.monotonic()
+        written = E.export_batch(s, args.out, args.format, pairs, cmap=cmap, scale=scale, size=size, dpi=args.dpi,
+                                 figure=args.figure, renderer=figure_renderer() if needs_qt else None,
+                                 progress=_progress_line("export"))
+        print(f"wrote {len(pairs)} {args.format} files ({len(written)} with sidecars and manifest) to {args.out} "
+              f"in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    elif args.out or args.frames:
+        if layer is None or head is None:
+            raise ValueError("give --layer and --head (or --all-heads)")
+        if not 0 <= layer < info.n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{info.n_layers - 1}")
+        if not 0 <= head < info.n_heads:
+            raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
+        if args.out:
+            out = Path(args.out)
+            fmt = out.suffix.lower().lstrip(".")
+            needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
+            E.export_head(s, layer, head, out, cmap=cmap, scale=scale, size=size, dpi=args.dpi, figure=args.figure,
+                          renderer=figure_renderer() if needs_qt else None)
+        if args.frames:
+            frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale)
+            E.save_animation(frames, args.frames, fps=args.fps)
+            print(f"wrote {len(frames)} frames (decode steps 0..{s.n_generated}) to {args.frames}", file=sys.stderr)
+        for t in s.tokens:
+            print(f"{t.position}\t{t.id}\t{t.text!r}")
     return 0

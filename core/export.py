@@ -1,0 +1,482 @@
+"""Exports with provenance: data files + sidecar JSON, batches of heads, decode-step animations.
+
+Qt-free. What each export holds:
+
+* **Data** (``.npy``, ``.csv``, ``.safetensors``): one head's exact weights, ``(n_query, n_key)``
+  float32, rows = query positions, columns = key positions, each allowed row summing to 1, masked
+  cells 0. Next to each data file a sidecar ``<file>.json`` (:func:`sidecar_path`) says where the
+  numbers come from (:func:`head_metadata`): model name and SHA-256 of its file, backend, dtype,
+  device, prompt, token ids and texts, decode step, layer, head, mask, and ``exact: true`` (the
+  weights are recomputed from the captured post-RoPE queries, the cached keys and the kernel's LSE,
+  ``exp(q·Kᵀ·scale + mask − LSE)``, not read from a second softmax). ``.safetensors`` files carry
+  the same JSON in their header metadata (key ``"attnscope"``). CSV values use ``%.9g``, enough
+  digits for a float32 to read back bit-identical.
+* **Images**: ``.png`` here (Pillow, :mod:`core.render`: one colour-map colour per cell); labelled
+  figures and ``.svg``/``.pdf`` need a *renderer* passed in by the caller (the app's Qt renderer,
+  :func:`app.export.save_heatmap_figure`), since this package never imports Qt.
+* **Batches** (:func:`export_batch`): every head of a layer, or every layer × head, one file each,
+  plus a ``manifest.json`` (shared metadata once, then one entry per file). Progress and cancel
+  through callbacks (engine job: ``ctx.progress``/``ctx.cancelled``; CLI: a stderr line).
+* **Decode-step animations** (:func:`decode_frames`, :func:`save_animation`): one frame per decode
+  step. Because the mask is causal, the map after step ``s`` is exactly the top-left
+  ``(n_prompt + s)²`` block of the final map (rows already computed never see later keys), so
+  frames are crops of one exact map, not a replay. GIF via Pillow; MP4 only when the optional
+  ``imageio-ffmpeg`` package (which ships its own ffmpeg binary) is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from core import __version__
+from core.errors import Cancelled
+
+SCHEMA = "attnscope.export/1"
+DATA_FORMATS = ("npy", "csv", "safetensors")
+IMAGE_FORMATS = ("png", "svg", "pdf")
+BATCH_FORMATS = IMAGE_FORMATS + DATA_FORMATS
+ANIMATION_FORMATS = ("gif", "mp4")
+SAFETENSORS_KEY = "weights"
+EXACT_NOTE = ("recomputed in float32 as exp(q·Kᵀ·scale + mask − LSE) from the captured post-RoPE queries, "
+              "the cached keys and the fused kernel's log-sum-exp; not a second softmax, not pooled")
+
+#: ``renderer(weights, path, *, tokens, q_offset, k_offset, title, cmap, scale, size, dpi, metadata)``
+#: writes one labelled figure (PNG/SVG/PDF by ``path``'s suffix).
+Renderer = Callable[..., Path]
+Progress = Callable[[int, int, str], None]
+
+
+# -- provenance --------------------------------------------------------------------------------------
+def model_sha256(source: str | os.PathLike | None) -> str | None:
+    """SHA-256 identifying a model's weights, or None when ``source`` is not on disk.
+
+    A file (GGUF, safetensors) hashes as itself (:func:`core.models.file_sha256`, memoised). A
+    Hugging Face folder hashes as the SHA-256 of the text ``"<name> <sha256>\\n"`` over its
+    ``config.json`` and weight files (``*.safetensors``, ``*.bin``, ``*.gguf``) in name order.
+    """
+    from core.models import file_sha256
+
+    if not source:
+        return None
+    p = Path(source)
+    if p.is_file():
+        return file_sha256(p)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and (
+            f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".gguf")))
+        if not files:
+            return None
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{f.name} {file_sha256(f)}\n".encode())
+        return h.hexdigest()
+    return None
+
+
+def layer_sliding_window(session, layer: int) -> int | None:
+    """The sliding window the kernel applied in ``layer`` (None = full causal), as captured."""
+    layers = getattr(session.trace, "layers", None)
+    if layers is not None and 0 <= layer < len(layers):
+        return getattr(layers[layer], "sliding_window", None)
+    return session.info.sliding_window
+
+
+def mask_info(session, layer: int) -> dict:
+    """Description of the mask applied in ``layer``: kind, alignment, sliding window, one-line text.
+
+    Convention (DESIGN.md, :mod:`core.masks`): query ``i`` attends key ``j`` iff ``j <= i`` (bottom-right
+    aligned causal, ``tril(k=S-L)``), and with a window ``W`` also ``j > i - W``.
+    """
+    w = layer_sliding_window(session, layer)
+    text = "causal, bottom-right aligned (query i sees keys j <= i)"
+    text += f", sliding window {w} (keys j > i - {w})" if w else ", no sliding window"
+    return {"kind": "causal", "alignment": "bottom-right", "sliding_window": w, "description": text}
+
+
+def session_metadata(session) -> dict:
+    """Metadata shared by every export of the current sequence (no layer/head)."""
+    info = session.info
+    toks = session.tokens
+    sampling = getattr(session, "sampling", None)
+    return {
+        "schema": SCHEMA,
+        "attnscope_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "model": {
+            "name": info.name, "source": info.source, "sha256": model_sha256(info.source),
+            "architecture": info.architecture, "n_layers": info.n_layers, "n_heads": info.n_heads,
+            "n_kv_heads": info.n_kv_heads, "head_dim": info.head_dim, "group_size": info.group_size,
+            "sliding_window": info.sliding_window, "n_params": info.n_params,
+        },
+        "backend": getattr(session.backend, "name", "?"),
+        "dtype": info.dtype,
+        "device": str(getattr(session.backend, "device", "cpu")),
+        "prompt": session.prompt,
+        "chat_template": bool(session.chat_template),
+        "sampling": asdict(sampling) if sampling is not None else None,
+        "n_prompt": session.n_prompt,
+        "step": session.n_generated,
+        "seq_len": session.seq_len,
+        "token_ids": [t.id for t in toks],
+        "token_texts": [t.text for t in toks],
+        "token_raw": [t.raw for t in toks],
+        "exact": True,
+        "exact_note": EXACT_NOTE,
+    }
+
+
+def head_metadata(session, layer: int, head: int, rows: slice | None = None, cols: slice | None = None,
+                  base: dict | None = None) -> dict:
+    """Complete sidecar metadata for one head's map (``base`` = a :func:`session_metadata` to reuse).
+
+    ``rows``/``cols`` give the exported block as ``[start, stop)`` positions (default: the full map).
+    """
+    meta = dict(base if base is not None else session_metadata(session))
+    T = session.seq_len
+    r = rows if rows is not None else slice(0, T)
+    c = cols if cols is not None else slice(0, T)
+    meta.update({
+        "kind": "attention_weights",
+        "layer": int(layer), "head": int(head), "kv_head": int(head) // session.info.group_size,
+        "rows": [r.start or 0, T if r.stop is None else r.stop],
+        "cols": [c.start or 0, T if c.stop is None else c.stop],
+        "axes": ["query position", "key position"],
+        "mask": mask_info(session, layer),
+    })
+    return meta
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """``map.npy`` → ``map.npy.json`` (the full file name is kept, so .npy and .csv never collide)."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def write_json(path: Path, data: dict) -> Path:
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+# -- data files ----------------------------------------------------------------------------------------
+def _format(path: Path, allowed: Sequence[str]) -> str:
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in allowed:
+        raise ValueError(f"unsupported output {path.name!r}: use .{', .'.join(allowed)}")
+    return fmt
+
+
+def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = None) -> list[Path]:
+    """Write a 2-D float32 matrix as .npy/.csv/.safetensors (by suffix), plus its sidecar JSON.
+
+    Returns the paths written (data file first). ``metadata=None`` writes no sidecar.
+
+    Raises:
+        ValueError: unknown suffix or not a 2-D matrix. OSError: the file cannot be written.
+    """
+    path = Path(path)
+    fmt = _format(path, DATA_FORMATS)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"expected a 2-D matrix, got shape {w.shape}")
+    meta = None
+    if metadata is not None:
+        meta = dict(metadata)
+        meta["array"] = {"file": path.name, "format": fmt, "shape": list(w.shape), "dtype": "float32",
+                         **({"tensor": SAFETENSORS_KEY} if fmt == "safetensors" else {})}
+    if fmt == "npy":
+        np.save(path, w)
+    elif fmt == "csv":
+        np.savetxt(path, w, delimiter=",", fmt="%.9g")
+    else:
+        from safetensors.numpy import save_file
+
+        header = {"attnscope": json.dumps(meta, ensure_ascii=False)} if meta is not None else None
+        save_file({SAFETENSORS_KEY: w}, str(path), metadata=header)
+    written = [path]
+    if meta is not None:
+        written.append(write_json(sidecar_path(path), meta))
+    return written
+
+
+def read_data(path: str | os.PathLike) -> np.ndarray:
+    """Read back a matrix written by :func:`write_data` (float32)."""
+    path = Path(path)
+    fmt = _format(path, DATA_FORMATS)
+    if fmt == "npy":
+        return np.load(path)
+    if fmt == "csv":
+        return np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))[SAFETENSORS_KEY]
+
+
+# -- images ---------------------------------------------------------------------------------------------
+def parse_size(text: str | None) -> tuple[int, int] | None:
+    """``"1200x800"`` → ``(1200, 800)``; None passes through. Raises ValueError on anything else."""
+    if text is None:
+        return None
+    try:
+        w, h = (int(x) for x in str(text).lower().split("x"))
+    except ValueError:
+        raise ValueError(f"size must look like 1200x800, got {text!r}") from None
+    if not (16 <= w <= 20000 and 16 <= h <= 20000):
+        raise ValueError(f"size {w}x{h} out of range (16..20000 pixels a side)")
+    return w, h
+
+
+def save_map_png(w: np.ndarray, path: str | os.PathLike, cmap: str = "viridis", scale: str = "linear",
+                 size: tuple[int, int] | None = None, dpi: float | None = None, vmin: float = 0.0,
+                 vmax: float = 1.0, metadata: dict | None = None) -> Path:
+    """A plain map PNG: one colour-map colour per cell, rows = queries, columns = keys.
+
+    ``size`` = exact ``(width, height)`` in pixels (nearest-neighbour, so every pixel still carries its
+    cell's colour); default: square cells, longest side up to 2048 px. ``dpi`` is recorded in the PNG
+    (pHYs). ``metadata`` goes into a PNG text chunk ``"attnscope"`` as JSON.
+    """
+    from PIL import Image, PngImagePlugin
+
+    from core.render import heatmap_image
+
+    path = Path(path)
+    if size is None:
+        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale)
+    else:  # pixel (x, y) shows cell (floor((y + ½)·n_query / height), floor((x + ½)·n_key / width))
+        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale, cell=1).resize(size, Image.NEAREST)
+    kw: dict = {}
+    if dpi:
+        kw["dpi"] = (float(dpi), float(dpi))
+    if metadata is not None:
+        info = PngImagePlugin.PngInfo()
+        info.add_itxt("attnscope", json.dumps(metadata, ensure_ascii=False))
+        kw["pnginfo"] = info
+    img.save(path, format="PNG", **kw)
+    return path
+
+
+def head_title(session, layer: int, head: int) -> str:
+    """Figure title: ``"SmolLM2-135M-Instruct · layer 3 · query head 4 (KV head 1) · step 2 · seq_len 29"``."""
+    return (f"{session.info.name} · layer {layer} · query head {head} (KV head {head // session.info.group_size})"
+            f" · step {session.n_generated} · seq_len {session.seq_len}")
+
+
+def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
+                scale: str = "linear", size: tuple[int, int] | None = None, dpi: float | None = None,
+                figure: bool = False, renderer: Renderer | None = None, base: dict | None = None) -> list[Path]:
+    """Export one head's full map to ``path`` (format by suffix). Returns the files written.
+
+    Data formats get a sidecar; ``.png`` is the plain map unless ``figure`` (labelled, needs
+    ``renderer``); ``.svg``/``.pdf`` always need ``renderer``.
+
+    Raises:
+        ValueError: unknown suffix, or a figure asked for without a renderer. IndexError: layer/head.
+    """
+    path = Path(path)
+    fmt = _format(path, BATCH_FORMATS)
+    w = session.weights(layer, head)
+    meta = head_metadata(session, layer, head, base=base)
+    if fmt in DATA_FORMATS:
+        return write_data(w, path, meta)
+    if fmt == "png" and not figure:
+        return [save_map_png(w, path, cmap=cmap, scale=scale, size=size, dpi=dpi, metadata=meta)]
+    if renderer is None:
+        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (app.export); none was given")
+    return [Path(renderer(w, path, tokens=session.tokens, title=head_title(session, layer, head), cmap=cmap,
+                          scale=scale, size=size, dpi=dpi, metadata=meta))]
+
+
+# -- batches ---------------------------------------------------------------------------------------------
+def heads_in_scope(n_layers: int, n_heads: int, layer: int | None = None) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs: every head of ``layer``, or every layer × head when ``layer`` is None.
+
+    Raises:
+        IndexError: ``layer`` out of range.
+    """
+    if layer is not None:
+        if not 0 <= layer < n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{n_layers - 1}")
+        return [(layer, h) for h in range(n_heads)]
+    return [(ll, h) for ll in range(n_layers) for h in range(n_heads)]
+
+
+def batch_file_name(layer: int, head: int, fmt: str, n_layers: int = 100, n_heads: int = 100) -> str:
+    """``L03_H04.png``: zero-padded so files sort by layer then head."""
+    lw, hw = max(2, len(str(n_layers - 1))), max(2, len(str(n_heads - 1)))
+    return f"L{layer:0{lw}d}_H{head:0{hw}d}.{fmt}"
+
+
+def export_batch(session, out_dir: str | os.PathLike, fmt: str, pairs: Sequence[tuple[int, int]], *,
+                 cmap: str = "viridis", scale: str = "linear", size: tuple[int, int] | None = None,
+                 dpi: float | None = None, figure: bool = False, renderer: Renderer | None = None,
+                 progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> list[Path]:
+    """Export each ``(layer, head)`` of ``pairs`` to ``out_dir/L.._H...<fmt>`` and write ``manifest.json``.
+
+    One head's map is computed at a time (peak memory one ``seq_len²`` float32 map). ``progress(done,
+    total, file_name)`` after each file; ``cancelled()`` before each. The manifest holds the shared
+    metadata once and ``files: [{file, layer, head, kv_head, mask}]``; it is written also when the batch
+    is cancelled (listing what was written).
+
+    Returns every path written (data files, sidecars, images, the manifest last).
+
+    Raises:
+        ValueError: unknown format; SVG/PDF (or a PNG figure) without a renderer.
+        FileNotFoundError: ``out_dir``'s parent does not exist.
+        Cancelled: ``cancelled()`` became true (message says how many files were written).
+    """
+    fmt = fmt.lower().lstrip(".")
+    if fmt not in BATCH_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(BATCH_FORMATS)}")
+    if (fmt in ("svg", "pdf") or (fmt == "png" and figure)) and renderer is None:
+        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (app.export); none was given")
+    out = Path(out_dir)
+    if not out.parent.exists():
+        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    out.mkdir(exist_ok=True)
+    info = session.info
+    base = session_metadata(session)
+    written: list[Path] = []
+    entries: list[dict] = []
+    total = len(pairs)
+    stopped = None
+    for i, (layer, head) in enumerate(pairs):
+        if cancelled is not None and cancelled():
+            stopped = i
+            break
+        name = batch_file_name(layer, head, fmt, info.n_layers, info.n_heads)
+        written += export_head(session, layer, head, out / name, cmap=cmap, scale=scale, size=size, dpi=dpi,
+                               figure=figure, renderer=renderer, base=base)
+        entries.append({"file": name, "layer": layer, "head": head, "kv_head": head // info.group_size,
+                        "mask": mask_info(session, layer)["description"]})
+        if progress is not None:
+            progress(i + 1, total, name)
+    manifest = dict(base)
+    manifest.update({"kind": "batch", "format": fmt, "cmap": cmap, "scale": scale, "files": entries,
+                     "complete": stopped is None})
+    written.append(write_json(out / "manifest.json", manifest))
+    if stopped is not None:
+        raise Cancelled(f"batch export stopped after {stopped} of {total} files")
+    return written
+
+
+# -- decode-step animations ----------------------------------------------------------------------------
+N_FRAME_LEVELS = 254  # palette: 254 colour-map steps, then black (captions) and white (not yet generated)
+BLACK, WHITE = 254, 255
+
+
+def frame_palette(cmap: str = "viridis") -> np.ndarray:
+    """``(256, 3)`` uint8 palette of animation frames: the colour map in 254 steps, black, white."""
+    from core.colormaps import lut
+
+    table = lut(cmap)
+    pal = np.empty((256, 3), dtype=np.uint8)
+    pal[:N_FRAME_LEVELS] = table[np.round(np.linspace(0, 255, N_FRAME_LEVELS)).astype(int)]
+    pal[BLACK] = 0
+    pal[WHITE] = 255
+    return pal
+
+
+def decode_frames(session, layer: int, head: int, *, cmap: str = "viridis", scale: str = "linear",
+                  max_size: int = 640, caption: bool = True, first_step: int = 0,
+                  cancelled: Callable[[], bool] | None = None):
+    """One palette image per decode step of ``(layer, head)``: steps ``first_step .. n_generated``.
+
+    Every frame has the final map's size (``seq_len`` cells a side, ``cell`` pixels each, the largest
+    integer keeping the map within ``max_size``); frame ``s`` shows the exact map after step ``s``
+    (its top-left ``(n_prompt + s)²`` block, see module doc) and white where nothing was generated yet.
+    With ``caption`` a white strip above the map reads ``L3 H4 · step s/N · seq_len T · 'token'``.
+    Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale) through :func:`frame_palette`.
+
+    Returns:
+        list of PIL ``"P"`` images, ``n_generated - first_step + 1`` of them.
+
+    Raises:
+        SessionError: nothing has run. IndexError: layer/head out of range.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    from core.colormaps import normalize
+
+    w = session.weights(layer, head)
+    T, n0 = w.shape[0], session.n_prompt
+    cell = max(1, max_size // T)
+    idx = np.round(normalize(w, scale=scale) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
+    cap_h = 18 if caption else 0
+    font = ImageFont.load_default(size=13) if caption else None
+    pal = frame_palette(cmap).reshape(-1).tolist()
+    toks = session.tokens
+    frames = []
+    for s in range(first_step, session.n_generated + 1):
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"stopped after {len(frames)} frames")
+        n = n0 + s
+        grid = np.full((T, T), WHITE, dtype=np.uint8)
+        grid[:n, :n] = idx[:n, :n]
+        if cell > 1:
+            grid = np.repeat(np.repeat(grid, cell, axis=0), cell, axis=1)
+        frame = np.full((cap_h + grid.shape[0], grid.shape[1]), WHITE, dtype=np.uint8)
+        frame[cap_h:] = grid
+        img = Image.fromarray(frame, mode="P")
+        img.putpalette(pal)
+        if caption:
+            tok = _ascii_label(toks[n - 1].text) if s > 0 else "(prompt)"
+            text = f"L{layer} H{head}  step {s}/{session.n_generated}  seq_len {n}  new token {tok}"
+            ImageDraw.Draw(img).text((3, 2), text, fill=BLACK, font=font)
+        frames.append(img)
+    return frames
+
+
+def _ascii_label(text: str) -> str:
+    """A token label in ASCII (Pillow's default font lacks most symbols): ``'↵'`` → ``'\\n'``, others as ``\\uXXXX``."""
+    text = text.replace("↵", "\n").replace("⇥", "\t").replace("␍", "\r")
+    return repr(text).encode("ascii", "backslashreplace").decode("ascii")
+
+
+def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last: float = 1.5) -> Path:
+    """Write frames as an animated ``.gif`` (Pillow, loops forever) or ``.mp4`` (H.264 via imageio-ffmpeg).
+
+    ``hold_last`` seconds keep the last frame on screen (GIF only).
+
+    Raises:
+        ValueError: no frames, unknown suffix, or MP4 without the optional ``imageio-ffmpeg`` package.
+    """
+    path = Path(path)
+    fmt = _format(path, ANIMATION_FORMATS)
+    if not frames:
+        raise ValueError("no frames to write")
+    if not path.parent.exists():
+        raise FileNotFoundError(f"folder {path.parent} does not exist")
+    if fps <= 0:
+        raise ValueError(f"fps must be > 0, got {fps}")
+    if fmt == "gif":
+        ms = int(round(1000 / fps))
+        durations = [ms] * len(frames)
+        durations[-1] = max(ms, int(hold_last * 1000))
+        frames[0].save(path, format="GIF", save_all=True, append_images=list(frames[1:]), duration=durations,
+                       loop=0, optimize=False, disposal=1)
+        return path
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise ValueError("MP4 needs the optional package imageio-ffmpeg (pip install imageio-ffmpeg); "
+                         "GIF works without it") from None
+    rgb = [np.asarray(f.convert("RGB")) for f in frames]
+    h, w = rgb[0].shape[:2]
+    H, W = math.ceil(h / 16) * 16, math.ceil(w / 16) * 16  # H.264 wants macro-blocks of 16
+    writer = imageio_ffmpeg.write_frames(str(path), (W, H), fps=fps, codec="libx264", pix_fmt_in="rgb24",
+                                         macro_block_size=1, quality=8, ffmpeg_log_level="error")
+    writer.send(None)
+    for a in rgb:
+        padded = np.full((H, W, 3), 255, dtype=np.uint8)
+        padded[:h, :w] = a
+        writer.send(np.ascontiguousarray(padded))
+    writer.close()
+    return path
