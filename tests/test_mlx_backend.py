@@ -234,7 +234,7 @@ def test_session_mlx_equals_torch(tiny_models):
     folder = tiny_models["qwen3_qk_norm"]
     sm, st = Session.load(folder, backend="mlx"), Session.load(folder, backend="torch")
     assert sm.backend.name == "mlx" and sm.backend.device in ("mlx:cpu", "mlx:gpu")
-    for field in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_size", "max_context",
+    for field in ("name", "source", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_size", "max_context",
                   "rope_theta", "sliding_window", "vocab_size", "n_params", "architecture", "group_size"):
         assert getattr(sm.info, field) == getattr(st.info, field), field
     prompt = "t5 t17 t3 t88 t42 t42 t7"
@@ -350,7 +350,8 @@ def test_smollm2_parity_with_torch(smol_mlx, smol_session):
     from conftest import SMOL_PROMPT
 
     sm, st = smol_mlx, smol_session
-    assert sm.info.rope_theta == st.info.rope_theta == 100000.0
+    assert sm.info == st.info  # every ModelInfo field, n_params and source included
+    assert sm.info.rope_theta == 100000.0
     assert (sm.info.n_layers, sm.info.n_heads, sm.info.n_kv_heads, sm.info.head_dim) == (30, 9, 3, 64)
     for s in (sm, st):
         s.prefill(SMOL_PROMPT, chat_template=False)
