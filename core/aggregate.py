@@ -1,0 +1,185 @@
+"""Maps to draw: one head or a mean over heads, cropped to a decode step, exact or max-pooled.
+
+Aggregates (issue 4, "Heatmaps"): the element-wise **mean of exact weights** over a set of query
+heads,
+
+    mean[i, j] = (1 / |H|) · Σ_{(l, h) ∈ H} w_{l,h}[i, j]
+
+with ``H`` one head, the query heads of a GQA group (``h // group_size == kv``), every head of a
+layer, or every head of every layer. Each row of a mean is still a probability distribution
+(a mean of distributions), so the fixed [0, 1] colour range stays meaningful. Heads are
+recomputed one at a time from the Trace (peak memory: one map plus the accumulator).
+
+Long prompts: :func:`pooled_map` builds the overview of an ``n × n`` map as the max over
+near-equal blocks (:mod:`core.pooling`) while computing the exact map in row blocks, so it never
+holds more than ``block_rows × n`` weights per head. Zoomed-in regions are then exact tiles
+(:func:`map_tile`): the stored LSE makes a tile exact without the rest of its row
+(FlashAttention-2 §3.1, ``P = exp(S − L)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.errors import Cancelled
+from core.pooling import block_edges
+
+MODES = ("head", "group", "layer", "all")
+MODE_LABELS = {
+    "head": "Single head",
+    "group": "Mean of KV group",
+    "layer": "Mean of layer",
+    "all": "Mean of all layers",
+}
+LONG_PROMPT = 1024  # above this many tokens the heatmap shows a pooled overview + exact tiles
+OVERVIEW = 1024  # pooled overview size (pixels per side)
+
+
+def heads_in(info, layer: int, head: int, mode: str = "head") -> list[tuple[int, int]]:
+    """The ``(layer, head)`` pairs averaged by ``mode`` for the selection ``(layer, head)``.
+
+    Raises:
+        ValueError: unknown mode. IndexError: layer or head out of range.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown aggregate {mode!r}; choose one of {', '.join(MODES)}")
+    if not 0 <= layer < info.n_layers:
+        raise IndexError(f"layer {layer} out of range 0..{info.n_layers - 1}")
+    if not 0 <= head < info.n_heads:
+        raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
+    g = info.n_heads // info.n_kv_heads
+    if mode == "head":
+        return [(layer, head)]
+    if mode == "group":
+        kv = head // g
+        return [(layer, h) for h in range(kv * g, (kv + 1) * g)]
+    if mode == "layer":
+        return [(layer, h) for h in range(info.n_heads)]
+    return [(lyr, h) for lyr in range(info.n_layers) for h in range(info.n_heads)]
+
+
+def describe(info, layer: int, head: int, mode: str = "head") -> str:
+    """Title text, e.g. ``"Layer 3 · mean of KV group 1 (q3, q4, q5)"``."""
+    g = info.n_heads // info.n_kv_heads
+    kv = head // g
+    if mode == "head":
+        return f"Layer {layer} · query head {head} (reads KV head {kv})"
+    if mode == "group":
+        members = ", ".join(f"q{h}" for h in range(kv * g, (kv + 1) * g))
+        return f"Layer {layer} · mean of KV group {kv} ({members})"
+    if mode == "layer":
+        return f"Layer {layer} · mean of all {info.n_heads} query heads"
+    return f"Mean of all {info.n_layers * info.n_heads} heads of {info.n_layers} layers"
+
+
+def _check_cancel(cancelled: Callable[[], bool] | None) -> None:
+    if cancelled is not None and cancelled():
+        raise Cancelled("cancelled")
+
+
+def map_tile(session, layer: int, head: int, mode: str = "head", rows: slice | None = None,
+             cols: slice | None = None, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    """Exact (mean) weights for ``rows × cols``, ``(n_q, n_k)`` float32.
+
+    ``rows``/``cols`` default to the whole sequence. Raises what ``session.weights`` raises, and
+    :class:`core.errors.Cancelled` when ``cancelled()`` turns true between heads.
+    """
+    pairs = heads_in(session.info, layer, head, mode)
+    acc = None
+    for lyr, h in pairs:
+        _check_cancel(cancelled)
+        w = session.weights(lyr, h, rows, cols)
+        if acc is None:
+            acc = w.astype(np.float32 if len(pairs) == 1 else np.float64)
+        else:
+            acc += w
+    if len(pairs) > 1:
+        acc /= len(pairs)
+    return acc.astype(np.float32, copy=False)
+
+
+def map_at(session, layer: int, head: int, mode: str = "head", n: int | None = None,
+           cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    """Exact (mean) map of the first ``n`` positions, ``(n, n)`` float32 (``n`` = seq_len by default).
+
+    With ``n = n_prompt + t`` this is the map as it was after ``t`` decode steps
+    (:mod:`core.timeline` explains why cropping is exact).
+    """
+    n = session.seq_len if n is None else n
+    if not 1 <= n <= session.seq_len:
+        raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+    return map_tile(session, layer, head, mode, slice(0, n), slice(0, n), cancelled)
+
+
+@dataclass(frozen=True)
+class PooledMap:
+    """Max-pooled overview of an ``n × n`` map.
+
+    Attributes:
+        image: ``(R, C)`` float32; cell ``(a, b)`` is the max of the exact map over rows
+            ``row_edges[a]:row_edges[a+1]`` and cols ``col_edges[b]:col_edges[b+1]``.
+        row_edges, col_edges: int64 block edges, ``R + 1`` and ``C + 1`` values from 0 to ``n``.
+        n: side of the full map.
+    """
+
+    image: np.ndarray
+    row_edges: np.ndarray
+    col_edges: np.ndarray
+    n: int
+
+
+def pooled_map(session, layer: int, head: int, mode: str = "head", n: int | None = None,
+               out: int = OVERVIEW, block_rows: int = 256,
+               cancelled: Callable[[], bool] | None = None) -> PooledMap:
+    """Max-pooled overview (``out × out`` at most) of the exact ``n × n`` (mean) map.
+
+    Computed in bands of about ``block_rows`` rows (whole pooling blocks per band): peak memory
+    about ``block_rows × n`` float64 for the mean plus one head's band, never ``n × n``.
+    Equals ``core.pooling.max_pool(map_at(...), out, out)``.
+    """
+    n = session.seq_len if n is None else n
+    if not 1 <= n <= session.seq_len:
+        raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+    re, ce = block_edges(n, out), block_edges(n, out)
+    image = np.zeros((len(re) - 1, len(ce) - 1), dtype=np.float32)
+    a = 0
+    while a < len(re) - 1:
+        b = a + 1
+        while b < len(re) - 1 and re[b + 1] - re[a] <= block_rows:
+            b += 1
+        band = map_tile(session, layer, head, mode, slice(int(re[a]), int(re[b])), slice(0, n), cancelled)
+        rows = np.maximum.reduceat(band, re[a:b] - re[a], axis=0)
+        image[a:b] = np.maximum.reduceat(rows, ce[:-1], axis=1)
+        a = b
+    return PooledMap(image, re, ce, n)
+
+
+def robust_max(w: np.ndarray, q: float = 99.5) -> float:
+    """Upper colour level for an "auto" range: the ``q``-th percentile of the non-zero weights.
+
+    Not the plain max: every causal map has ``w[0, 0] = 1`` (row 0 sees only key 0), so the max
+    is always 1 and would just repeat the fixed range. Returns 1.0 for an all-zero map; never
+    less than 1e-6.
+    """
+    nz = np.asarray(w)[np.asarray(w) > 0]
+    if nz.size == 0:
+        return 1.0
+    return float(max(np.percentile(nz, q), 1e-6))
+
+
+def layer_robust_max(session, layer: int, n: int | None = None, q: float = 99.5,
+                     cancelled: Callable[[], bool] | None = None, max_rows: int = 512) -> float:
+    """Shared upper level for the heads of ``layer``: the max of :func:`robust_max` over its heads.
+
+    For long sequences only the last ``max_rows`` rows are used (they see the most keys).
+    """
+    n = session.seq_len if n is None else n
+    rows = slice(max(0, n - max_rows), n)
+    best = 1e-6
+    for h in range(session.info.n_heads):
+        _check_cancel(cancelled)
+        best = max(best, robust_max(session.weights(layer, h, rows, slice(0, n)), q))
+    return best
