@@ -1,9 +1,19 @@
-"""One head's attention map: rows = queries (top to bottom), columns = keys (left to right).
+"""One attention map: rows = queries (top to bottom), columns = keys (left to right).
 
 pyqtgraph MatrixDisplay pattern: a row-major ``ImageItem`` in a ``PlotItem`` with ``invertY``, so
 the causal triangle sits below the diagonal with row 0 at the top; token labels as axis ticks,
-thinned to stay readable at any zoom; a ``ColorBarItem`` with explicit levels ([0, 1] for
-probabilities); a hover readout "query → key: weight".
+thinned by their measured width so they stay readable at any zoom; a ``ColorBarItem`` whose tick
+labels are the real weights whatever the colour scale (linear, log, power); a hover readout with
+the raw token, id, position and weight of both ends.
+
+Long maps (more than :data:`core.aggregate.LONG_PROMPT` tokens) arrive as a max-pooled overview
+(:class:`core.aggregate.PooledMap`); when the visible region is small enough the view emits
+``tileWanted(r0, r1, c0, c1)`` and draws the exact tile it gets back (:meth:`set_tile`) over the
+overview, at its position.
+
+The toolbar holds the display options: aggregate (one head, mean of a KV group, of a layer, of
+all layers; computed in :mod:`core.aggregate`), colour scale, gamma, and colour range (fixed
+[0, 1]; auto per map; shared across the heads of the layer).
 """
 
 from __future__ import annotations
@@ -12,18 +22,34 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
+from core.aggregate import MODE_LABELS, MODES
+from core.colormaps import normalize
 from core.tokens import Token
 
 pg.setConfigOptions(imageAxisOrder="row-major", antialias=False)
 
 MAX_LABEL_CHARS = 12
+SCALES = ("linear", "log", "power")
+RANGE_MODES = {
+    "fixed": "Fixed [0, 1]",
+    "auto": "Auto (this map)",
+    "shared": "Shared (heads of layer)",
+}
+TILE_MAX = 768  # exact tiles are requested once the visible region is at most this many rows and cols
+LOG_FLOOR = 1e-6  # lowest weight the log scale shows (core.colormaps.normalize)
 
 
 def short(text: str, n: int = MAX_LABEL_CHARS) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def token_label(t: Token) -> str:
+    """Axis label of a token: its display text, ``␣`` for pure spaces, cut to 12 characters."""
+    return short(t.text.replace(" ", "␣") if t.text.strip() == "" else t.text)
 
 
 def qt_colormap(name: str = "viridis") -> pg.ColorMap:
@@ -34,13 +60,95 @@ def qt_colormap(name: str = "viridis") -> pg.ColorMap:
     return pg.ColorMap(np.linspace(0, 1, len(table)), table, name=name)
 
 
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) < 1e-3:
+        return f"{v:.0e}"
+    return f"{v:.3g}"
+
+
+def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> list[tuple[float, str]]:
+    """Tick positions in the normalised [0, 1] bar and their labels in real weights.
+
+    The image is drawn as ``normalize(w, vmin, vmax, scale, gamma)`` (:mod:`core.colormaps`), so
+    a tick at real value ``v`` sits at ``normalize(v)``: decades for log, nice steps otherwise.
+    """
+    if scale == "log":
+        lo = max(vmin, LOG_FLOOR)
+        vals = [10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(vmax)) + 1)]
+        vals = [v for v in vals if lo <= v <= vmax * 1.0001] + [vmax]
+    else:
+        span = vmax - vmin
+        step = 10 ** math.floor(math.log10(span / 4)) if span > 0 else 1.0
+        for m in (1, 2, 2.5, 5, 10):
+            if span / (step * m) <= 5:
+                step *= m
+                break
+        vals = list(np.arange(math.ceil(vmin / step) * step, vmax + step * 1e-6, step))
+        if scale == "power":  # power compresses the top: add small values where the colours change most
+            vals = sorted(set([round(v, 12) for v in vals] + [vmin + span * f for f in (0.01, 0.05)]))
+    out, seen = [], set()
+    for v in vals:
+        pos = float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
+        key = round(pos, 3)
+        if key not in seen:
+            seen.add(key)
+            out.append((pos, _fmt(v)))
+    return out
+
+
 class HeatmapView(QWidget):
-    """Shows a ``(n_query, n_key)`` matrix with token labels; emits ``hovered(text)``."""
+    """Shows a ``(n_query, n_key)`` matrix with token labels; emits ``hovered(text)``.
+
+    Signals:
+        optionsChanged(): the aggregate or the range mode changed (the data must be re-requested).
+        tileWanted(r0, r1, c0, c1): a long map is zoomed in: the exact tile of rows ``r0:r1`` and
+            cols ``c0:c1`` is wanted (answer with :meth:`set_tile`).
+        rowClicked(row): a query row was clicked.
+    """
 
     hovered = Signal(str)
+    optionsChanged = Signal()
+    tileWanted = Signal(int, int, int, int)
+    rowClicked = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        # -- toolbar
+        bar = QHBoxLayout()
+        bar.setContentsMargins(4, 2, 4, 0)
+        self.aggregate_combo = QComboBox()
+        for m in MODES:
+            self.aggregate_combo.addItem(MODE_LABELS[m], m)
+        self.aggregate_combo.setToolTip("Show one head, or the mean of the exact weights of several heads")
+        self.scale_combo = QComboBox()
+        self.scale_combo.addItems(SCALES)
+        self.scale_combo.setToolTip("Colour scale: linear, log10 (from 1e-6) or power (weight ** gamma)")
+        self.gamma_spin = QDoubleSpinBox()
+        self.gamma_spin.setRange(0.05, 4.0)
+        self.gamma_spin.setSingleStep(0.05)
+        self.gamma_spin.setValue(0.5)
+        self.gamma_spin.setToolTip("Gamma of the power scale: < 1 brightens small weights")
+        self.range_combo = QComboBox()
+        for k, v in RANGE_MODES.items():
+            self.range_combo.addItem(v, k)
+        self.range_combo.setToolTip(
+            "Colour range. Fixed [0, 1]: probabilities as they are. Auto: [0, 99.5th percentile of the "
+            "map's non-zero weights] (the max is always 1: row 0 sees only key 0). Shared: the largest "
+            "auto value over the heads of the layer, so heads compare on one scale."
+        )
+        for label, w in (("Show", self.aggregate_combo), ("Scale", self.scale_combo), ("γ", self.gamma_spin),
+                         ("Range", self.range_combo)):
+            bar.addWidget(QLabel(label))
+            bar.addWidget(w)
+            bar.addSpacing(8)
+        bar.addStretch(1)
+        self.mode_label = QLabel("")
+        self.mode_label.setStyleSheet("color:#555;")
+        bar.addWidget(self.mode_label)
+
+        # -- plot
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
         self.plot = self.glw.addPlot()
@@ -56,91 +164,308 @@ class HeatmapView(QWidget):
             axis.setTextPen("k")
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
+        self.tile_image = pg.ImageItem()
+        self.tile_image.setZValue(5)
+        self.plot.addItem(self.tile_image)
+        self.tile_frame = pg.QtWidgets.QGraphicsRectItem()
+        self.tile_frame.setPen(pg.mkPen((230, 60, 60), width=0))
+        self.tile_frame.setZValue(6)
+        self.tile_frame.hide()
+        self.plot.addItem(self.tile_frame)
         self.levels = (0.0, 1.0)
-        self.colorbar = pg.ColorBarItem(values=self.levels, colorMap=qt_colormap(), interactive=False,
+        self.colorbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=qt_colormap(), interactive=False,
                                         label="attention weight", width=16)
-        self.colorbar.setImageItem(self.image, insert_in=self.plot)
+        self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
         self.readout = QLabel("Run a prompt to see attention.")
         self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(bar)
         lay.addWidget(self.glw, 1)
         lay.addWidget(self.readout)
-        self.weights: np.ndarray | None = None
+
+        # -- state
+        self.weights: np.ndarray | None = None  # exact map (short prompts)
+        self.pooled = None  # core.aggregate.PooledMap (long prompts)
+        self.tile: tuple[np.ndarray, int, int] | None = None  # (exact tile, r0, c0) over the overview
         self.q_tokens: list[Token] = []
         self.k_tokens: list[Token] = []
         self.q_offset = 0
         self.k_offset = 0
-        self.plot.sigRangeChanged.connect(self._update_ticks)
-        self.glw.scene().sigMouseMoved.connect(self._on_mouse)
+        self.auto_max = 1.0
+        self.shared_max: float | None = None
+        self._pending_tile: tuple[int, int, int, int] | None = None
+        self._tile_timer = QTimer(self)
+        self._tile_timer.setSingleShot(True)
+        self._tile_timer.setInterval(150)
+        self._tile_timer.timeout.connect(self._maybe_request_tile)
 
-    # -- data --------------------------------------------------------------------------------
+        self.plot.sigRangeChanged.connect(self._on_range_changed)
+        self.glw.scene().sigMouseMoved.connect(self._on_mouse)
+        self.glw.scene().sigMouseClicked.connect(self._on_click)
+        self.aggregate_combo.currentIndexChanged.connect(lambda _i: self.optionsChanged.emit())
+        self.range_combo.currentIndexChanged.connect(self._on_range_mode)
+        self.scale_combo.currentIndexChanged.connect(self._on_scale)
+        self.gamma_spin.valueChanged.connect(lambda _v: self._redraw())
+        self._on_scale()
+
+    # -- options -----------------------------------------------------------------------------
+    @property
+    def aggregate(self) -> str:
+        return self.aggregate_combo.currentData()
+
+    @property
+    def scale(self) -> str:
+        return self.scale_combo.currentText()
+
+    @property
+    def gamma(self) -> float:
+        return float(self.gamma_spin.value())
+
+    @property
+    def range_mode(self) -> str:
+        return self.range_combo.currentData()
+
+    def set_aggregate(self, mode: str) -> None:
+        self.aggregate_combo.setCurrentIndex(MODES.index(mode))
+
+    def set_scale(self, scale: str, gamma: float | None = None) -> None:
+        if gamma is not None:
+            self.gamma_spin.setValue(gamma)
+        self.scale_combo.setCurrentText(scale)
+
+    def set_range_mode(self, mode: str) -> None:
+        self.range_combo.setCurrentIndex(list(RANGE_MODES).index(mode))
+
+    def _on_scale(self, *_):
+        self.gamma_spin.setEnabled(self.scale == "power")
+        self._redraw()
+
+    def _on_range_mode(self, *_):
+        if self.range_mode == "shared" and self.shared_max is None:
+            self.optionsChanged.emit()  # needs the layer's heads: ask the engine
+        self._redraw()
+
+    def value_range(self) -> tuple[float, float]:
+        """``(vmin, vmax)`` of the colour range now in force."""
+        if self.range_mode == "auto":
+            return 0.0, max(self.auto_max, 1e-6)
+        if self.range_mode == "shared" and self.shared_max is not None:
+            return 0.0, max(self.shared_max, 1e-6)
+        return self.levels
+
     def set_colormap(self, name: str) -> None:
         self.colorbar.setColorMap(qt_colormap(name))
 
     def set_levels(self, lo: float, hi: float) -> None:
+        """Fixed colour range (used by the "Fixed" mode; default [0, 1])."""
         self.levels = (lo, hi)
-        self.colorbar.setLevels((lo, hi))
-        if self.weights is not None:
-            self.image.setLevels(self.levels)
+        self._redraw()
+
+    def _norm(self, data: np.ndarray) -> np.ndarray:
+        vmin, vmax = self.value_range()
+        return normalize(data, vmin, vmax, self.scale, self.gamma).astype(np.float32)
+
+    def _redraw(self) -> None:
+        vmin, vmax = self.value_range()
+        self.colorbar.axis.setTicks([colorbar_ticks(vmin, vmax, self.scale, self.gamma), []])
+        self.colorbar.setLevels((0.0, 1.0))
+        src = self.weights if self.pooled is None else self.pooled.image
+        if src is not None:
+            self.image.setImage(self._norm(src), autoLevels=False, levels=(0.0, 1.0))
+        if self.tile is not None:
+            self.tile_image.setImage(self._norm(self.tile[0]), autoLevels=False, levels=(0.0, 1.0))
+        rng = "fixed" if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None) else self.range_mode
+        self.mode_label.setText(f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
+                                + (f" γ={self.gamma:g}" if self.scale == "power" else ""))
+
+    # -- data --------------------------------------------------------------------------------
+    @property
+    def n_rows(self) -> int:
+        return self.weights.shape[0] if self.pooled is None and self.weights is not None else (
+            self.pooled.n if self.pooled is not None else 0)
+
+    @property
+    def n_cols(self) -> int:
+        return self.weights.shape[1] if self.pooled is None and self.weights is not None else (
+            self.pooled.n if self.pooled is not None else 0)
 
     def set_weights(self, w: np.ndarray, q_tokens: list[Token], k_tokens: list[Token], title: str = "",
-                    q_offset: int = 0, k_offset: int = 0, reset_view: bool = True) -> None:
-        """Show ``w`` ``(len(q_tokens), len(k_tokens))``; offsets are the absolute positions of row/col 0."""
+                    q_offset: int = 0, k_offset: int = 0, reset_view: bool = True,
+                    auto_max: float | None = None, shared_max: float | None = None) -> None:
+        """Show the exact map ``w`` ``(len(q_tokens), len(k_tokens))``.
+
+        ``q_offset``/``k_offset`` are the absolute positions of row/col 0 (the image is placed
+        there); ``auto_max``/``shared_max`` the upper levels of the auto and shared ranges
+        (computed on the engine thread, :func:`core.aggregate.robust_max`).
+        """
         self.weights = np.asarray(w, dtype=np.float32)
+        self.pooled, self.tile = None, None
+        self.tile_image.clear()
+        self.tile_frame.hide()
         self.q_tokens, self.k_tokens = list(q_tokens), list(k_tokens)
         self.q_offset, self.k_offset = q_offset, k_offset
-        self.image.setImage(self.weights, autoLevels=False, levels=self.levels)
-        self.image.setRect(0, 0, self.weights.shape[1], self.weights.shape[0])
+        self.auto_max = 1.0 if auto_max is None else auto_max
+        self.shared_max = shared_max
+        self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
+        self._redraw()
         self.plot.setTitle(title, color="k")
         self.readout.setText("Hover a cell to read query → key: weight. Click a row to shade the text by it.")
         if reset_view:
-            self.plot.setRange(xRange=(0, self.weights.shape[1]), yRange=(0, self.weights.shape[0]), padding=0.02)
+            self.plot.setRange(xRange=(k_offset, k_offset + self.weights.shape[1]),
+                               yRange=(q_offset, q_offset + self.weights.shape[0]), padding=0.02)
         self._update_ticks()
 
+    def set_overview(self, pooled, tokens: list[Token], title: str = "", reset_view: bool = True,
+                     auto_max: float | None = None, shared_max: float | None = None) -> None:
+        """Show a long map as its max-pooled overview (:class:`core.aggregate.PooledMap`)."""
+        self.weights, self.pooled, self.tile = None, pooled, None
+        self.tile_image.clear()
+        self.tile_frame.hide()
+        self.q_tokens = self.k_tokens = list(tokens)
+        self.q_offset = self.k_offset = 0
+        self.auto_max = 1.0 if auto_max is None else auto_max
+        self.shared_max = shared_max
+        self.image.setRect(0, 0, pooled.n, pooled.n)
+        self._redraw()
+        self.plot.setTitle(title, color="k")
+        r, c = pooled.image.shape
+        self.readout.setText(f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "
+                             f"{pooled.n / c:.1f} cells. Zoom in (wheel) for exact weights.")
+        if reset_view:
+            self.plot.setRange(xRange=(0, pooled.n), yRange=(0, pooled.n), padding=0.02)
+        self._update_ticks()
+        self._tile_timer.start()
+
+    def set_tile(self, tile: np.ndarray, r0: int, c0: int) -> None:
+        """Draw the exact tile ``tile`` (rows ``r0..``, cols ``c0..``) over the overview."""
+        if self.pooled is None:
+            return
+        self.tile = (np.asarray(tile, dtype=np.float32), int(r0), int(c0))
+        nr, nc = self.tile[0].shape
+        self.tile_image.setImage(self._norm(self.tile[0]), autoLevels=False, levels=(0.0, 1.0))
+        self.tile_image.setRect(c0, r0, nc, nr)
+        self.tile_frame.setRect(c0, r0, nc, nr)
+        self.tile_frame.show()
+
     def clear(self) -> None:
-        self.weights = None
+        self.weights, self.pooled, self.tile = None, None, None
         self.image.clear()
+        self.tile_image.clear()
+        self.tile_frame.hide()
         self.readout.setText("Run a prompt to see attention.")
 
-    # -- ticks ----------------------------------------------------------------------------------
+    # -- zoom: ticks and tiles -------------------------------------------------------------------
+    def _on_range_changed(self, *_):
+        self._update_ticks()
+        if self.pooled is not None:
+            self._tile_timer.start()
+
+    def visible_cells(self) -> tuple[int, int, int, int]:
+        """``(r0, r1, c0, c1)``: the rows and cols at least partly visible, clipped to the map."""
+        (x0, x1), (y0, y1) = self.plot.getViewBox().viewRange()
+        n_r, n_c = self.n_rows, self.n_cols
+        r0, r1 = max(0, int(math.floor(y0))), min(n_r, int(math.ceil(y1)))
+        c0, c1 = max(0, int(math.floor(x0))), min(n_c, int(math.ceil(x1)))
+        return r0, r1, c0, c1
+
+    def _maybe_request_tile(self) -> None:
+        if self.pooled is None:
+            return
+        r0, r1, c0, c1 = self.visible_cells()
+        if r1 <= r0 or c1 <= c0 or r1 - r0 > TILE_MAX or c1 - c0 > TILE_MAX:
+            return
+        if self.tile is not None:
+            t, tr, tc = self.tile
+            if tr <= r0 and tc <= c0 and r1 <= tr + t.shape[0] and c1 <= tc + t.shape[1]:
+                return  # the tile we have covers the view
+        # ask for a margin around the view so that small pans need no new tile
+        mr, mc = (r1 - r0) // 4, (c1 - c0) // 4
+        want = (max(0, r0 - mr), min(self.n_rows, r1 + mr), max(0, c0 - mc), min(self.n_cols, c1 + mc))
+        self._pending_tile = want
+        self.tileWanted.emit(*want)
+
     def _update_ticks(self, *_):
-        if self.weights is None:
+        if self.n_rows == 0:
             return
         vb = self.plot.getViewBox()
         (x0, x1), (y0, y1) = vb.viewRange()
-        width_px = max(1.0, vb.width())
-        height_px = max(1.0, vb.height())
-        px_per_col = width_px / max(1e-9, x1 - x0)
-        px_per_row = height_px / max(1e-9, y1 - y0)
-        self._set_axis_ticks("bottom", self.k_tokens, x0, x1, px_per_col, 62.0)
-        self._set_axis_ticks("left", self.q_tokens, y0, y1, px_per_row, 15.0)
+        px_per_col = max(1.0, vb.width()) / max(1e-9, x1 - x0)
+        px_per_row = max(1.0, vb.height()) / max(1e-9, y1 - y0)
+        self._set_axis_ticks("bottom", self.k_tokens, self.k_offset, x0, x1, px_per_col, horizontal=True)
+        self._set_axis_ticks("left", self.q_tokens, self.q_offset, y0, y1, px_per_row, horizontal=False)
 
-    def _set_axis_ticks(self, axis: str, tokens: list[Token], lo: float, hi: float, px_per_cell: float,
-                        px_per_label: float) -> None:
+    def _set_axis_ticks(self, axis: str, tokens: list[Token], offset: int, lo: float, hi: float,
+                        px_per_cell: float, horizontal: bool) -> None:
+        """Label every ``stride``-th visible token, ``stride`` from the labels' measured size.
+
+        Bottom labels are side by side, so they need their widest label's width (+ a gap) per
+        label; left labels are stacked and need one line height. Only the visible range is
+        labelled, so a zoom into a 8k-token map costs as little as a short one.
+        """
+        ax = self.plot.getAxis(axis)
         n = len(tokens)
-        stride = max(1, math.ceil(px_per_label / max(px_per_cell, 1e-9)))
-        first = max(0, int(math.floor(lo)))
-        last = min(n, int(math.ceil(hi)) + 1)
+        first = max(0, int(math.floor(lo)) - offset)
+        last = min(n, int(math.ceil(hi)) + 1 - offset)
+        if last <= first:
+            ax.setTicks([[], []])
+            return
+        fm = QFontMetrics(ax.style["tickFont"] or ax.font())
+        if horizontal:
+            sample = range(first, last, max(1, (last - first) // 200))  # bounded work on long maps
+            need = max(fm.horizontalAdvance(token_label(tokens[i])) for i in sample) + 10
+        else:
+            need = fm.height() + 2
+        stride = max(1, math.ceil(need / max(px_per_cell, 1e-9)))
+        if stride > 1:  # round to 1, 2, 5 × 10^k so labels do not jump while panning
+            p = 10 ** math.floor(math.log10(stride))
+            stride = next(m * p for m in (1, 2, 5, 10) if m * p >= stride)
         first -= first % stride
-        ticks = [(i + 0.5, short(tokens[i].text.replace(" ", "␣") if tokens[i].text.strip() == "" else tokens[i].text))
-                 for i in range(first, last, stride)]
-        self.plot.getAxis(axis).setTicks([ticks, []])
+        ticks = [(offset + i + 0.5, token_label(tokens[i])) for i in range(first, last, stride)]
+        ax.setTicks([ticks, []])
 
-    # -- hover -----------------------------------------------------------------------------------
+    # -- hover and click ---------------------------------------------------------------------------
+    def value_at(self, row: int, col: int) -> tuple[float, bool]:
+        """``(weight, exact)`` at absolute ``(row, col)``: exact from the map or a tile, else the pooled max."""
+        if self.weights is not None:
+            return float(self.weights[row - self.q_offset, col - self.k_offset]), True
+        if self.tile is not None:
+            t, r0, c0 = self.tile
+            if r0 <= row < r0 + t.shape[0] and c0 <= col < c0 + t.shape[1]:
+                return float(t[row - r0, col - c0]), True
+        pm = self.pooled
+        a = int(np.searchsorted(pm.row_edges, row, side="right") - 1)
+        b = int(np.searchsorted(pm.col_edges, col, side="right") - 1)
+        return float(pm.image[a, b]), False
+
     def cell_text(self, row: int, col: int) -> str:
-        """Readout of one cell: ``query 'cat' #5 → key 'the' #2: 0.1234``."""
+        """Readout of one cell (``row``/``col`` index the tokens): query and key with raw token,
+        id and position, then the weight (``≤`` when only the pooled max is known)."""
         q, k = self.q_tokens[row], self.k_tokens[col]
-        v = float(self.weights[row, col])
+        v, exact = self.value_at(row + self.q_offset, col + self.k_offset)
+        agg = "" if self.aggregate == "head" else f" ({MODE_LABELS[self.aggregate].lower()})"
+        val = f"{v:.4f}" if exact else f"≤ {v:.4f} (block max; zoom in for the exact weight)"
         return (f"query {q.text!r} #{q.position} (id {q.id}, raw {q.raw!r})  →  key {k.text!r} #{k.position} "
-                f"(id {k.id}, raw {k.raw!r}):  {v:.4f}")
+                f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}")
+
+    def _cell_at(self, scene_pos) -> tuple[int, int] | None:
+        if self.n_rows == 0 or not self.plot.sceneBoundingRect().contains(scene_pos):
+            return None
+        p = self.plot.getViewBox().mapSceneToView(scene_pos)
+        col = int(math.floor(p.x())) - self.k_offset
+        row = int(math.floor(p.y())) - self.q_offset
+        if 0 <= row < len(self.q_tokens) and 0 <= col < len(self.k_tokens):
+            return row, col
+        return None
 
     def _on_mouse(self, pos) -> None:
-        if self.weights is None or not self.plot.sceneBoundingRect().contains(pos):
-            return
-        p = self.plot.getViewBox().mapSceneToView(pos)
-        col, row = int(math.floor(p.x())), int(math.floor(p.y()))
-        if 0 <= row < self.weights.shape[0] and 0 <= col < self.weights.shape[1]:
-            text = self.cell_text(row, col)
+        cell = self._cell_at(pos)
+        if cell is not None:
+            text = self.cell_text(*cell)
             self.readout.setText(text)
             self.hovered.emit(text)
+
+    def _on_click(self, ev) -> None:
+        cell = self._cell_at(ev.scenePos())
+        if cell is not None:
+            self.rowClicked.emit(cell[0] + self.q_offset)

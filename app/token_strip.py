@@ -1,10 +1,16 @@
-"""The sequence as text, each token shaded by the weight the selected query row puts on it."""
+"""The sequence as text, each token shaded by the weight the selected query row puts on it.
+
+This is the current query's attention row shown as the prompt text: the outlined token is the
+query, every other token's background is the weight that query puts on it. Click a token to make
+it the query (``tokenClicked(position)``).
+"""
 
 from __future__ import annotations
 
 import html
 
 import numpy as np
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QTextBrowser
 
 from core.colormaps import lut, normalize
@@ -35,21 +41,30 @@ def token_html(tokens: list[Token], weights: np.ndarray | None = None, query: in
             style.append("border:2px solid #d01c1c; text-decoration: underline")
         text = html.escape(t.text).replace(" ", "&nbsp;")
         title = html.escape(f"#{t.position} id {t.id} raw {t.raw!r}" + (f" weight {weights[i]:.4f}" if weights is not None and i < len(weights) else ""))
-        parts.append(f'<span style="{";".join(style)}" title="{title}">{text}</span>')
+        parts.append(f'<a href="tok:{t.position}" style="text-decoration:none; color:#000">'
+                     f'<span style="{";".join(style)}" title="{title}">{text}</span></a>')
         if t.text.endswith("↵"):
             parts.append("<br>")
     return "<div style='font-family:monospace; font-size:11pt; line-height:160%'>" + "".join(parts) + "</div>"
 
 
 class TokenStrip(QTextBrowser):
-    """Read-only view of the whole sequence; see :func:`token_html`."""
+    """Read-only view of the whole sequence; see :func:`token_html`. Emits ``tokenClicked(position)``."""
+
+    tokenClicked = Signal(int)
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setOpenLinks(False)
+        self.anchorClicked.connect(self._on_anchor)
         self.setMinimumHeight(70)
         self.setPlaceholderText("Tokens appear here after Run.")
 
     def show_tokens(self, tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None,
                     cmap: str = "viridis") -> None:
         self.setHtml(token_html(tokens, weights, query, cmap))
+
+    def _on_anchor(self, url) -> None:
+        text = url.toString()
+        if text.startswith("tok:"):
+            self.tokenClicked.emit(int(text[4:]))

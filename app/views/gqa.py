@@ -1,0 +1,320 @@
+"""GQA panel: the query heads of one KV group side by side, how alike they are, the KV head they read.
+
+For the selected layer and the KV group of the selected head (query head ``h`` reads KV head
+``h // group_size``): each query head's map as a small heatmap (exact, or max-pooled beyond 256
+tokens), the cached keys of the KV head they all read, the Jensen–Shannon distance between each
+pair of heads (mean over query rows, base 2, in [0, 1]; :mod:`core.gqa`), and for the whole
+layer the mean within-group vs across-group distance; a plot repeats the two means for every
+layer. Click a small map to select that head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.heatmap import qt_colormap
+from core.pooling import block_edges
+
+
+def _report_job(layer: int, kv_head: int, n: int, cancelled):
+    def job(ctx):
+        from core.gqa import group_report
+
+        return group_report(ctx.session, layer, kv_head, n, cancelled=cancelled)
+
+    return job
+
+
+def _layers_job(n: int, cancelled):
+    def job(ctx):
+        from core.gqa import layer_table
+
+        return n, layer_table(ctx.session, n, cancelled=cancelled)
+
+    return job
+
+
+def _shade(v: float) -> QColor:
+    """Light background for a distance in [0, 1]: white (alike) → orange (different)."""
+    v = 0.0 if not np.isfinite(v) else float(np.clip(v, 0, 1))
+    return QColor(255, int(255 - 110 * v), int(255 - 200 * v))
+
+
+class GqaView(QWidget):
+    """The GQA tab. ``window`` is the :class:`app.main_window.MainWindow` (selection, engine, step)."""
+
+    def __init__(self, window, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.window = window
+        self.report = None
+        self.layers = None  # (n, (within, across, rows_used))
+        self.cmap = "viridis"
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        top = QHBoxLayout()
+        self.header = QLabel("Run a prompt to compare the query heads of a GQA group.")
+        self.header.setWordWrap(True)
+        top.addWidget(self.header, 1)
+        top.addWidget(QLabel("Range"))
+        self.range_combo = QComboBox()
+        self.range_combo.addItems(["Fixed [0, 1]", "Shared auto (this group)"])
+        self.range_combo.setToolTip("Colour range of the small maps; shared auto = 99.5th percentile of "
+                                    "the group's non-zero weights")
+        self.range_combo.currentIndexChanged.connect(lambda _i: self._draw_maps())
+        top.addWidget(self.range_combo)
+        lay.addLayout(top)
+
+        split = QSplitter(Qt.Vertical)
+        self.glw = pg.GraphicsLayoutWidget()
+        self.glw.setBackground("w")
+        split.addWidget(self.glw)
+        bottom = QWidget()
+        bl = QHBoxLayout(bottom)
+        bl.setContentsMargins(0, 0, 0, 0)
+        left = QVBoxLayout()
+        self.pair_title = QLabel("<b>JS distance between the group's heads</b>")
+        left.addWidget(self.pair_title)
+        self.pair_table = QTableWidget()
+        self.pair_table.setToolTip("Mean over query rows of sqrt(JSD) in bits: 0 = same rows, 1 = disjoint")
+        left.addWidget(self.pair_table)
+        bl.addLayout(left, 3)
+        mid = QVBoxLayout()
+        self.layer_title = QLabel("<b>This layer: within vs across groups</b>")
+        mid.addWidget(self.layer_title)
+        self.layer_table_widget = QTableWidget()
+        mid.addWidget(self.layer_table_widget)
+        bl.addLayout(mid, 3)
+        self.layers_plot = pg.PlotWidget(background="w")
+        self.layers_plot.setMenuEnabled(False)
+        self.layers_plot.hideButtons()
+        self.layers_plot.setLabel("bottom", "layer")
+        self.layers_plot.setLabel("left", "mean JS distance")
+        self.layers_plot.getAxis("left").enableAutoSIPrefix(False)
+        self.layers_plot.showGrid(x=True, y=True, alpha=0.2)
+        for ax in ("left", "bottom"):
+            self.layers_plot.getAxis(ax).setPen("k")
+            self.layers_plot.getAxis(ax).setTextPen("k")
+        bl.addWidget(self.layers_plot, 4)
+        split.addWidget(bottom)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        split.setSizes([380, 250])
+        lay.addWidget(split, 1)
+        self.readout = QLabel("")
+        lay.addWidget(self.readout)
+        self.plots: list[pg.PlotItem] = []
+        self.images: list[pg.ImageItem] = []
+        self.glw.scene().sigMouseClicked.connect(self._on_click)
+        self.glw.scene().sigMouseMoved.connect(self._on_mouse)
+
+    # -- hooks from the main window ------------------------------------------------------------
+    def refresh(self) -> None:
+        w = self.window
+        if w.snapshot is None or w.snapshot.seq_len == 0:
+            return
+        g = w.snapshot.info.group_size
+        n = w.visible_len
+        w.submit_view("gqa", _report_job(w.layer, w.head // g, n, w.cancel_token("gqa")), self._on_report, "GQA group")
+        if self.layers is None or self.layers[0] != n:
+            w.submit_view("gqa-layers", _layers_job(n, w.cancel_token("gqa-layers")), self._on_layers, "GQA layers")
+
+    def on_selection(self, layer: int, head: int) -> None:
+        if self.window.tabs.currentWidget() is self:
+            self.refresh()
+
+    def on_snapshot(self, snap) -> None:
+        self.layers = None
+
+    def set_colormap(self, name: str) -> None:
+        self.cmap = name
+        self._draw_maps()
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def _on_report(self, r) -> None:
+        w = self.window
+        if w.snapshot is None or r.n != w.visible_len:
+            return  # stale
+        self.report = r
+        info = w.snapshot.info
+        members = ", ".join(f"q{h}" for h in r.heads)
+        pooled = f" (max-pooled to {r.maps.shape[-1]}×{r.maps.shape[-1]})" if r.pooled else ""
+        self.header.setText(
+            f"<b>Layer {r.layer} · KV group {r.kv_head}</b>: query heads {members} all read "
+            f"<b>KV head {r.kv_head}</b> (group_size = {info.n_heads} / {info.n_kv_heads} = {info.group_size}) · "
+            f"seq_len {r.n}{pooled}"
+        )
+        self._build_plots(len(r.heads))
+        self._draw_maps()
+        self._fill_pairs(r)
+        self._fill_layer(r, info)
+        self._draw_layers_plot()
+
+    def _on_layers(self, result) -> None:
+        n, table = result
+        if self.window.snapshot is None or n != self.window.visible_len:
+            return
+        self.layers = result
+        self._draw_layers_plot()
+
+    def _build_plots(self, g: int) -> None:
+        if len(self.plots) == g + 1:
+            return
+        self.glw.clear()
+        self.plots, self.images = [], []
+        for i in range(g + 1):
+            p = self.glw.addPlot(row=0, col=i if i < g else g + 1)
+            p.invertY(True)
+            p.setMenuEnabled(False)
+            p.hideButtons()
+            p.setMouseEnabled(x=False, y=False)
+            for ax in ("left", "bottom"):
+                p.getAxis(ax).setPen("k")
+                p.getAxis(ax).setTextPen("k")
+            img = pg.ImageItem()
+            p.addItem(img)
+            self.plots.append(p)
+            self.images.append(img)
+        for p in self.plots[:g]:
+            p.setAspectLocked(True)
+            p.setLabel("bottom", "key")
+        self.plots[0].setLabel("left", "query")
+        self.plots[g].setLabel("bottom", "head_dim channel")
+        self.plots[g].setLabel("left", "position")
+        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=qt_colormap(self.cmap), interactive=False,
+                                        width=12, label="weight")
+        self.colorbar.setImageItem(self.images[:g])
+        self.glw.addItem(self.colorbar, row=0, col=g)
+        for p in self.plots[1:g]:
+            p.setXLink(self.plots[0])
+            p.setYLink(self.plots[0])
+
+    def _draw_maps(self) -> None:
+        r = self.report
+        if r is None or not self.images:
+            return
+        g = len(r.heads)
+        hi = 1.0 if self.range_combo.currentIndex() == 0 else r.auto_max
+        cmap = qt_colormap(self.cmap)
+        self.colorbar.setColorMap(cmap)
+        self.colorbar.setLevels((0.0, hi))
+        P = r.maps.shape[-1]
+        for i, h in enumerate(r.heads):
+            self.images[i].setImage(r.maps[i], autoLevels=False, levels=(0.0, hi))
+            self.images[i].setColorMap(cmap)
+            self.images[i].setRect(0, 0, r.n, r.n)
+            sel = h == self.window.head
+            self.plots[i].setTitle(f"q{h}" + ("  (selected)" if sel else ""), color="#c01818" if sel else "k")
+        self.plots[0].setRange(xRange=(0, r.n), yRange=(0, r.n), padding=0.02)
+        del P
+        k = self.images[g]
+        k.setImage(r.keys, autoLevels=False, levels=(-r.keys_absmax, r.keys_absmax))
+        k.setColorMap(cmap)
+        k.setRect(0, 0, r.keys.shape[1], r.n)
+        self.plots[g].setTitle(f"KV head {r.kv_head}: cached keys (post-RoPE), ±{r.keys_absmax:.2g}", color="k")
+        self.plots[g].setRange(xRange=(0, r.keys.shape[1]), yRange=(0, r.n), padding=0.02)
+
+    def _fill_pairs(self, r) -> None:
+        t = self.pair_table
+        names = [f"q{h}" for h in r.heads]
+        t.setRowCount(len(names))
+        t.setColumnCount(len(names))
+        t.setHorizontalHeaderLabels(names)
+        t.setVerticalHeaderLabels(names)
+        for i, a in enumerate(r.heads):
+            for j, b in enumerate(r.heads):
+                v = float(r.distances[a, b])
+                item = QTableWidgetItem(f"{v:.3f}")
+                item.setTextAlignment(Qt.AlignCenter)
+                item.setBackground(_shade(v))
+                item.setFlags(Qt.ItemIsEnabled)
+                t.setItem(i, j, item)
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        t.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        rows = f"{r.rows_used} query rows" + ("" if r.rows_used == r.n - 1 else f" (sampled of {r.n - 1})")
+        self.pair_title.setText(f"<b>JS distance between the group's heads</b> (base 2, mean over {rows})")
+
+    def _fill_layer(self, r, info) -> None:
+        t = self.layer_table_widget
+        g = info.group_size
+        t.setColumnCount(2)
+        t.setHorizontalHeaderLabels(["heads", "mean JS distance"])
+        rows = []
+        for k in range(info.n_kv_heads):
+            rows.append((f"within KV group {k}", f"q{k * g}–q{(k + 1) * g - 1}", float(r.within[k]), k == r.kv_head))
+        rows.append(("within groups (all)", "", r.within_mean, False))
+        rows.append(("across groups", "", r.across_mean, False))
+        t.setRowCount(len(rows))
+        t.setVerticalHeaderLabels([x[0] for x in rows])
+        for i, (_name, heads, v, sel) in enumerate(rows):
+            a = QTableWidgetItem(heads)
+            b = QTableWidgetItem("—" if not np.isfinite(v) else f"{v:.3f}")
+            b.setTextAlignment(Qt.AlignCenter)
+            b.setBackground(_shade(v))
+            for it in (a, b):
+                it.setFlags(Qt.ItemIsEnabled)
+                if sel:
+                    f = it.font()
+                    f.setBold(True)
+                    it.setFont(f)
+            t.setItem(i, 0, a)
+            t.setItem(i, 1, b)
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        ratio = r.within_mean / r.across_mean if r.across_mean and np.isfinite(r.across_mean) else float("nan")
+        self.layer_title.setText(f"<b>Layer {r.layer}: within vs across groups</b> (within/across = {ratio:.2f})")
+
+    def _draw_layers_plot(self) -> None:
+        p = self.layers_plot
+        p.clear()
+        if self.layers is None:
+            return
+        _n, (within, across, rows_used) = self.layers
+        x = np.arange(len(within))
+        p.plot(x, within, pen=pg.mkPen((59, 82, 139), width=2), symbol="o", symbolSize=5,
+               symbolBrush=(59, 82, 139), name="within a KV group")
+        p.plot(x, across, pen=pg.mkPen((230, 120, 20), width=2), symbol="s", symbolSize=5,
+               symbolBrush=(230, 120, 20), name="across groups")
+        if self.report is not None:
+            p.addItem(pg.InfiniteLine(self.report.layer, angle=90, pen=pg.mkPen((200, 30, 30), style=Qt.DashLine)))
+        p.setTitle(f"every layer ({rows_used} rows each): <span style='color:#3b528b'>● within a KV group</span> "
+                   f"<span style='color:#e67814'>■ across groups</span>", color="k", size="9pt")
+
+    # -- interaction -------------------------------------------------------------------------------
+    def _plot_at(self, pos):
+        for i, p in enumerate(self.plots[:-1]):
+            if p.sceneBoundingRect().contains(pos):
+                return i, p
+        return None, None
+
+    def _on_click(self, ev) -> None:
+        i, _p = self._plot_at(ev.scenePos())
+        if i is not None and self.report is not None:
+            self.window.select(self.report.layer, self.report.heads[i])
+
+    def _on_mouse(self, pos) -> None:
+        i, p = self._plot_at(pos)
+        r = self.report
+        if i is None or r is None:
+            return
+        pt = p.getViewBox().mapSceneToView(pos)
+        q, k = int(np.floor(pt.y())), int(np.floor(pt.x()))
+        if 0 <= q < r.n and 0 <= k < r.n:
+            edges = block_edges(r.n, r.maps.shape[-1])
+            a = int(np.searchsorted(edges, q, side="right") - 1)
+            b = int(np.searchsorted(edges, k, side="right") - 1)
+            v = float(r.maps[i, a, b])
+            what = "block max ≤" if r.pooled else "weight"
+            self.readout.setText(f"q{r.heads[i]}: query #{q} → key #{k}: {what} {v:.4f}   (click to select this head)")

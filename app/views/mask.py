@@ -1,0 +1,252 @@
+"""Mask panel: for the selected layer, head and step, the mask that was applied, the scaled scores
+before softmax, the weights after it, and each row's entropy.
+
+Step 0 is prefill (``L = S = n_prompt``); step ``t`` is decode step ``t`` (``L = 1`` query over
+``S = n_prompt + t`` keys), where the L ≠ S offset of the bottom-right aligned causal mask,
+``tril(ones(L, S), k = S − L)``, is written out with its numbers. Data: :mod:`core.maskview`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from app.heatmap import qt_colormap, token_label
+from core.colormaps import to_rgb
+
+BLOCKED_RGB = (215, 215, 215)
+ALLOWED_RGB = (70, 130, 180)
+
+
+TIPS = (
+    "The boolean mask the attention applied: blue = the query may attend the key, grey = blocked "
+    "(causal tril(k = S − L), plus the sliding window if the model has one)",
+    "Scaled scores q·kᵀ·scale before the softmax; masked cells are −∞ (grey)",
+    "Attention weights after the softmax (exact, from the stored LSE); masked cells are 0 (grey)",
+    "Entropy of each query row, −Σ w ln w in nats; the grey bar is the maximum, ln(number of allowed keys)",
+)
+
+
+def _report_job(layer: int, head: int, step: int):
+    def job(ctx):
+        from core.maskview import mask_report
+
+        return mask_report(ctx.session, layer, head, step)
+
+    return job
+
+
+class MaskView(QWidget):
+    """The Mask tab. ``window`` is the :class:`app.main_window.MainWindow`."""
+
+    def __init__(self, window, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.window = window
+        self.report = None
+        self.cmap = "viridis"
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        self.header = QLabel("Run a prompt to see the masks that were applied.")
+        self.header.setWordWrap(True)
+        self.header.setTextFormat(Qt.RichText)
+        lay.addWidget(self.header)
+        panels = QHBoxLayout()
+        panels.setSpacing(2)
+        lay.addLayout(panels, 1)
+        self.readout = QLabel("Hover a cell to read its mask, score and weight.")
+        self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        lay.addWidget(self.readout)
+
+        titles = ("Mask applied", "Scores before softmax", "Weights after softmax", "Row entropy (nats)")
+        self.glws, self.plots, self.images = [], [], []
+        for i, t in enumerate(titles):
+            glw = pg.GraphicsLayoutWidget()
+            glw.setBackground("w")
+            p = glw.addPlot(row=0, col=0)
+            p.setTitle(t, color="k", size="10pt")
+            self._style(p)
+            p.getAxis("left").enableAutoSIPrefix(False)
+            p.getAxis("bottom").enableAutoSIPrefix(False)
+            glw.setToolTip(TIPS[i])
+            self.glws.append(glw)
+            self.plots.append(p)
+            panels.addWidget(glw, 3 if i < 3 else 2)
+            glw.scene().sigMouseMoved.connect(lambda pos, k=i: self._on_mouse(k, pos))
+        self.ent_plot = self.plots.pop()
+        self.ent_plot.setLabel("bottom", "H = −Σ w ln w")
+        self.images = [pg.ImageItem() for _ in range(3)]
+        self.score_bar = pg.ColorBarItem(values=(0, 1), colorMap=qt_colormap(), interactive=False, width=10,
+                                         orientation="horizontal", label="score (masked = −∞, grey)")
+        self.weight_bar = pg.ColorBarItem(values=(0, 1), colorMap=qt_colormap(), interactive=False, width=10,
+                                          orientation="horizontal", label="weight")
+        self.glws[1].addItem(self.score_bar, row=1, col=0)
+        self.glws[2].addItem(self.weight_bar, row=1, col=0)
+        self.mask_note = pg.TextItem("", color=(20, 20, 20), anchor=(0.5, 0.5))
+
+    @staticmethod
+    def _style(p) -> None:
+        p.setMenuEnabled(False)
+        p.hideButtons()
+        for ax in ("left", "bottom"):
+            p.getAxis(ax).setPen("k")
+            p.getAxis(ax).setTextPen("k")
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        w = self.window
+        if w.snapshot is None or w.snapshot.seq_len == 0:
+            return
+        w.submit_view("mask", _report_job(w.layer, w.head, w.timeline.step), self._on_report, "mask")
+
+    def on_selection(self, layer: int, head: int) -> None:
+        if self.window.tabs.currentWidget() is self:
+            self.refresh()
+
+    def set_colormap(self, name: str) -> None:
+        self.cmap = name
+        if self.report is not None:
+            self._draw()
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def _on_report(self, r) -> None:
+        w = self.window
+        if w.snapshot is None or r.step != w.timeline.step or (r.layer, r.head) != (w.layer, w.head):
+            return  # stale: a newer request follows
+        self.report = r
+        self._draw()
+
+    def _draw(self) -> None:
+        r = self.report
+        info = self.window.snapshot.info
+        n_rows = r.row_stop - r.row_start
+        g = info.group_size
+        if r.kind == "decode":
+            what = (f"<b>decode step {r.step}</b>: L = 1 new query (position {r.row_start}) over S = {r.S} "
+                    f"cached keys (positions 0..{r.S - 1})")
+            why = (f"The offset S − L = {r.offset} shifts the causal diagonal: the single query row i = 0 sees keys "
+                   f"j ≤ 0 + {r.offset}, i.e. every cached key. (tril with k = 0 would let it see key 0 only: the "
+                   f"classic decode bug.)")
+        else:
+            what = f"<b>prefill</b> (step 0): L = {r.L} new queries over S = {r.S} keys"
+            why = "L = S, so the offset is 0: the ordinary lower triangle, query i sees keys 0..i."
+            if n_rows < r.L:
+                why += f" Showing the last {n_rows} of {r.L} rows (they see the most keys)."
+        window = (f"Sliding window: {r.sliding_window} keys (j &gt; i + S − L − W)." if r.sliding_window
+                  else "No sliding window in this model.")
+        self.header.setText(
+            f"Layer {r.layer} · query head {r.head} (reads KV head {r.head // g}) · {what}.<br>"
+            f"<tt>{r.formula.replace('<', '&lt;')}</tt><br>{why} {window} "
+            f"Mask: <span style='color:#4682b4'>■</span> attend, <span style='color:#aaa'>■</span> blocked; "
+            f"scores are q·kᵀ·scale, −∞ where blocked. "
+            f"No padding: a single-sequence session (batch 1) has no pad tokens, so no padding mask. "
+            f"scale = {r.scale:.4g} (1/√{info.head_dim} = {1 / math.sqrt(info.head_dim):.4g})."
+        )
+        toks = list(self.window.snapshot.tokens)
+        decode = n_rows == 1
+        rect = (0, r.row_start, r.S, n_rows)
+        finite = np.isfinite(r.scores)
+        lo = float(r.scores[finite].min()) if finite.any() else 0.0
+        hi = float(r.scores[finite].max()) if finite.any() else 1.0
+        hi = hi if hi > lo else lo + 1.0
+        cmap = qt_colormap(self.cmap)
+        self.score_bar.setColorMap(cmap)
+        self.score_bar.setLevels((lo, hi))
+        self.weight_bar.setColorMap(cmap)
+        self.weight_bar.setLevels((0.0, 1.0))
+        for p in self.plots + [self.ent_plot]:
+            p.clear()
+            p.invertY(not decode)
+            p.setAspectLocked(False)
+        m = np.where(r.allowed[..., None], np.array(ALLOWED_RGB, np.uint8), np.array(BLOCKED_RGB, np.uint8))
+        self.images[0].setImage(m.astype(np.uint8), levels=(0, 255))
+        if decode:
+            # one query row: the mask as a strip, scores and weights as bars coloured like the maps
+            self.plots[0].addItem(self.images[0])
+            self.images[0].setRect(0, 0, r.S, 1)
+            self.plots[0].setRange(xRange=(0, r.S), yRange=(-0.6, 1.6), padding=0.02)
+            n_ok = int(r.allowed.sum())
+            self.mask_note.setText(f"{n_ok} of {r.S} keys allowed\n(j ≤ 0 + {r.offset})")
+            self.mask_note.setPos(r.S / 2, -0.3)
+            self.plots[0].addItem(self.mask_note)
+            x = np.arange(r.S) + 0.5
+            s = np.where(finite[0], r.scores[0], np.nan)
+            sb = to_rgb(np.nan_to_num(s, nan=lo), self.cmap, lo, hi)
+            self.plots[1].addItem(pg.BarGraphItem(x=x[finite[0]], height=s[finite[0]], width=0.85,
+                                                  brushes=[pg.mkBrush(*c) for c in sb[finite[0]]], pen=None))
+            self.plots[1].addItem(pg.InfiniteLine(0, angle=0, pen=pg.mkPen((120, 120, 120))))
+            self.plots[1].setRange(xRange=(0, r.S), yRange=(min(lo, 0), max(hi, 0)), padding=0.05)
+            wb = to_rgb(r.weights[0], self.cmap, 0.0, 1.0)
+            self.plots[2].addItem(pg.BarGraphItem(x=x, height=r.weights[0], width=0.85,
+                                                  brushes=[pg.mkBrush(*c) for c in wb], pen=None))
+            self.plots[2].setRange(xRange=(0, r.S), yRange=(0, max(float(r.weights.max()), 1e-3)), padding=0.05)
+            self.plots[1].setLabel("left", "score")
+            self.plots[2].setLabel("left", "weight")
+        else:
+            self.plots[1].setLabel("left", "")
+            self.plots[2].setLabel("left", "")
+            rgb = to_rgb(np.where(finite, r.scores, lo), self.cmap, lo, hi)
+            rgb[~finite] = BLOCKED_RGB
+            self.images[1].setImage(rgb, levels=(0, 255))
+            wr = to_rgb(r.weights, self.cmap, 0.0, 1.0)
+            wr[~r.allowed] = BLOCKED_RGB
+            self.images[2].setImage(wr, levels=(0, 255))
+            for p, img in zip(self.plots, self.images, strict=True):
+                p.addItem(img)
+                img.setRect(*rect)
+                p.setRange(xRange=(0, r.S), yRange=(r.row_start, r.row_stop), padding=0.02)
+        for p in self.plots:
+            self._ticks(p, toks, r, decode)
+        # entropy bars, one per row, against ln(allowed keys)
+        e = self.ent_plot
+        y = np.arange(r.row_start, r.row_stop) + 0.5 if not decode else np.array([0.5])
+        e.addItem(pg.BarGraphItem(x0=0, y=y, height=0.8, width=r.max_entropy, brush=(225, 228, 235),
+                                  pen=pg.mkPen((170, 170, 180))))
+        e.addItem(pg.BarGraphItem(x0=0, y=y, height=0.8, width=r.entropy, brush=(59, 82, 139), pen=None))
+        e.setXRange(0, max(float(r.max_entropy.max()), 1e-3), padding=0.05)
+        if decode:
+            e.setYRange(-0.6, 1.6, padding=0.02)
+            e.getAxis("left").setTicks([[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []])
+            e.setTitle(f"H = {r.entropy[0]:.3f} / {r.max_entropy[0]:.2f}", color="k", size="9pt")
+        else:
+            e.setYRange(r.row_start, r.row_stop, padding=0.02)
+            e.getAxis("left").setTicks(self._row_ticks(p, toks, r))
+            e.setTitle("Row entropy (nats)", color="k", size="9pt")
+
+    def _ticks(self, p, toks, r, decode: bool) -> None:
+        vb_w = max(200.0, p.getViewBox().width())
+        stride = max(1, math.ceil(r.S * 60 / vb_w))
+        p.getAxis("bottom").setTicks([[(j + 0.5, token_label(toks[j])) for j in range(0, r.S, stride)], []])
+        if decode:
+            left = [[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []] if p is self.plots[0] else None
+            p.getAxis("left").setTicks(left)
+        else:
+            p.getAxis("left").setTicks(self._row_ticks(p, toks, r))
+
+    @staticmethod
+    def _row_ticks(p, toks, r):
+        n_rows = r.row_stop - r.row_start
+        vb_h = max(200.0, p.getViewBox().height())
+        rs = max(1, math.ceil(n_rows * 16 / vb_h))
+        return [[(i + 0.5, f"{i} {token_label(toks[i])}") for i in range(r.row_start, r.row_stop, rs)], []]
+
+    def _on_mouse(self, k: int, pos) -> None:
+        r = self.report
+        if r is None or k >= 3:
+            return
+        p = self.plots[k]
+        pt = p.getViewBox().mapSceneToView(pos)
+        j = int(np.floor(pt.x()))
+        i = r.row_start if r.row_stop - r.row_start == 1 else int(np.floor(pt.y()))
+        if r.row_start <= i < r.row_stop and 0 <= j < r.S:
+            a = i - r.row_start
+            toks = self.window.snapshot.tokens
+            ok = bool(r.allowed[a, j])
+            s = r.scores[a, j]
+            self.readout.setText(
+                f"query {toks[i].text!r} #{i} → key {toks[j].text!r} #{j}: "
+                f"{'attend' if ok else 'blocked'}, score {'−∞' if not np.isfinite(s) else f'{s:.4f}'}, "
+                f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats")

@@ -1,0 +1,199 @@
+"""Decode side panel: sampling settings and the top-10 next-token probabilities at the current step.
+
+The numbers come from :func:`core.timeline.next_tokens` (engine thread): ``p_model`` is the
+model's softmax (temperature 1), ``p_sampled`` the distribution the sampler draws from after
+temperature, top-k and top-p (:func:`core.sampling.filtered_probs`). The panel only draws them.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QPainter
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QSizePolicy,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.sampling import Sampling
+from core.timeline import NextTokenTable
+
+
+class SamplingControls(QGroupBox):
+    """Greedy / sample, temperature, top-k, top-p, seed. Emits ``samplingChanged(Sampling)``."""
+
+    samplingChanged = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Sampling", parent)
+        form = QFormLayout(self)
+        form.setContentsMargins(6, 6, 6, 6)
+        self.mode_combo = QComboBox()
+        self.mode_combo.addItems(["Greedy", "Sample"])
+        self.mode_combo.setToolTip("Greedy takes the most likely token; Sample draws from the filtered distribution")
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.05, 5.0)
+        self.temperature.setSingleStep(0.05)
+        self.temperature.setValue(1.0)
+        self.temperature.setToolTip("Divide the logits by T before the softmax (< 1 sharpens, > 1 flattens)")
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1_000_000)
+        self.top_k.setSpecialValueText("off")
+        self.top_k.setToolTip("Keep only the k most likely tokens (0 = off)")
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.01, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setValue(1.0)
+        self.top_p.setToolTip("Nucleus: keep the smallest set of likely tokens whose mass reaches p (1 = off)")
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2**31 - 1)
+        self.seed.setToolTip("Random seed of the sampler (re-seeds when changed and at each Run)")
+        form.addRow("Mode", self.mode_combo)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-k", self.top_k)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Seed", self.seed)
+        for w in (self.temperature, self.top_p):
+            w.valueChanged.connect(self._changed)
+        for w in (self.top_k, self.seed):
+            w.valueChanged.connect(self._changed)
+        self.mode_combo.currentIndexChanged.connect(self._changed)
+        self._sync_enabled()
+
+    def sampling(self) -> Sampling:
+        """The settings as a :class:`core.sampling.Sampling` (temperature 0 = greedy)."""
+        greedy = self.mode_combo.currentIndex() == 0
+        return Sampling(temperature=0.0 if greedy else float(self.temperature.value()),
+                        top_k=int(self.top_k.value()), top_p=float(self.top_p.value()), seed=int(self.seed.value()))
+
+    def set_sampling(self, s: Sampling) -> None:
+        """Show ``s`` without emitting (e.g. the session's settings after load)."""
+        for w in (self.mode_combo, self.temperature, self.top_k, self.top_p, self.seed):
+            w.blockSignals(True)
+        self.mode_combo.setCurrentIndex(0 if s.greedy else 1)
+        if not s.greedy:
+            self.temperature.setValue(s.temperature)
+        self.top_k.setValue(s.top_k)
+        self.top_p.setValue(s.top_p)
+        self.seed.setValue(s.seed)
+        for w in (self.mode_combo, self.temperature, self.top_k, self.top_p, self.seed):
+            w.blockSignals(False)
+        self._sync_enabled()
+
+    def _sync_enabled(self) -> None:
+        sample = self.mode_combo.currentIndex() == 1
+        for w in (self.temperature, self.top_k, self.top_p, self.seed):
+            w.setEnabled(sample)
+
+    def _changed(self, *_):
+        self._sync_enabled()
+        self.samplingChanged.emit(self.sampling())
+
+
+class TopTokenBars(QWidget):
+    """Horizontal bars: one row per candidate, the model's probability and the sampler's."""
+
+    ROW = 24
+    LABEL_W = 96
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.table: NextTokenTable | None = None
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Minimum)
+        self.setMinimumWidth(230)
+
+    def sizeHint(self) -> QSize:
+        n = len(self.table.rows) if self.table else 10
+        return QSize(260, 8 + n * self.ROW + 26)
+
+    def minimumSizeHint(self) -> QSize:
+        return self.sizeHint()
+
+    def set_table(self, table: NextTokenTable | None) -> None:
+        self.table = table
+        self.updateGeometry()
+        self.update()
+
+    def paintEvent(self, _e) -> None:
+        p = QPainter(self)
+        p.fillRect(self.rect(), Qt.white)
+        if self.table is None or not self.table.rows:
+            p.setPen(Qt.darkGray)
+            p.drawText(self.rect(), Qt.AlignCenter | Qt.TextWordWrap, "Run a prompt to see the next-token distribution.")
+            return
+        t = self.table
+        w = self.width()
+        bar_x, bar_w = self.LABEL_W + 6, max(40, w - self.LABEL_W - 6 - 58)
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.Monospace)
+        small = QFont(self.font())
+        small.setPointSizeF(max(7.0, small.pointSizeF() - 1.5))
+        sampling = not t.sampling.greedy
+        for i, r in enumerate(t.rows):
+            y = 4 + i * self.ROW
+            chosen = t.chosen_id is not None and r.id == t.chosen_id
+            if chosen:
+                p.fillRect(QRect(0, y, w, self.ROW - 2), QColor(255, 243, 205))
+            f = QFont(mono)
+            f.setBold(chosen)
+            p.setFont(f)
+            p.setPen(QColor(20, 20, 20))
+            label = repr(r.text)[1:-1] if r.text.strip() else repr(r.text)
+            label = label if len(label) <= 11 else label[:10] + "…"
+            p.drawText(QRect(2, y, self.LABEL_W, self.ROW - 2), Qt.AlignVCenter | Qt.AlignRight, label)
+            h_main = self.ROW - 10 if sampling else self.ROW - 6
+            p.fillRect(QRect(bar_x, y + 2, bar_w, h_main), QColor(236, 239, 244))
+            p.fillRect(QRect(bar_x, y + 2, max(1, round(bar_w * r.p_model)), h_main), QColor(59, 82, 139))
+            if sampling:
+                p.fillRect(QRect(bar_x, y + 2 + h_main + 1, max(0, round(bar_w * r.p_sampled)), 4),
+                           QColor(230, 120, 20))
+            p.setFont(small)
+            p.drawText(QRect(bar_x + bar_w + 4, y, 56, self.ROW - 2), Qt.AlignVCenter | Qt.AlignLeft,
+                       f"{100 * r.p_model:.1f}%")
+        y = 8 + len(t.rows) * self.ROW
+        p.setFont(small)
+        p.setPen(QColor(90, 90, 90))
+        legend = "blue: model p (T = 1)"
+        if sampling:
+            legend += " · orange: p after T/top-k/top-p"
+        if t.chosen_id is not None:
+            legend += " · highlighted: generated"
+        p.drawText(QRect(4, y, w - 8, 20), Qt.AlignLeft | Qt.AlignVCenter, legend)
+        p.end()
+
+
+class DecodePanel(QWidget):
+    """Sampling controls over the next-token bars (the main window's right-hand side)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 0, 0, 0)
+        self.controls = SamplingControls()
+        self.samplingChanged = self.controls.samplingChanged
+        lay.addWidget(self.controls)
+        box = QGroupBox("Next token")
+        bl = QVBoxLayout(box)
+        bl.setContentsMargins(4, 4, 4, 4)
+        self.header = QLabel("—")
+        self.header.setWordWrap(True)
+        bl.addWidget(self.header)
+        self.bars = TopTokenBars()
+        bl.addWidget(self.bars)
+        lay.addWidget(box)
+        lay.addStretch(1)
+
+    def set_table(self, table: NextTokenTable | None) -> None:
+        self.bars.set_table(table)
+        if table is None:
+            self.header.setText("—")
+            return
+        where = "after prefill" if table.step == 0 else f"after decode step {table.step}"
+        self.header.setText(f"Top {len(table.rows)} at position {table.position} ({where}) · "
+                            f"entropy {table.entropy:.2f} nats")
