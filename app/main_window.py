@@ -41,7 +41,11 @@ from PySide6.QtWidgets import (
 from app.engine import Engine
 from app.head_grid import HeadGridView
 from app.heatmap import HeatmapView
+from app.timeline import TimelineBar
 from app.token_strip import TokenStrip
+from app.views.gqa import GqaView
+from app.views.mask import MaskView
+from app.views.next_token import DecodePanel
 from core.colormaps import ASSETS
 from core.session import Snapshot
 
@@ -112,10 +116,56 @@ def _back_job(n):
     return job
 
 
-def _weights_job(layer, head):
+def _map_job(layer, head, mode, n, shared, cancelled):
+    """The heatmap's data for positions ``0..n-1``: exact map, or pooled overview when long."""
+
     def job(ctx):
+        from core import aggregate as agg
+
         s = _require(ctx)
-        return layer, head, s.weights(layer, head)
+        shared_max = agg.layer_robust_max(s, layer, n, cancelled=cancelled) if shared else None
+        if n > agg.LONG_PROMPT:
+            pm = agg.pooled_map(s, layer, head, mode, n, cancelled=cancelled)
+            return (layer, head, mode, n), None, pm, agg.robust_max(pm.image), shared_max
+        w = agg.map_at(s, layer, head, mode, n, cancelled=cancelled)
+        return (layer, head, mode, n), w, None, agg.robust_max(w), shared_max
+
+    return job
+
+
+def _tile_job(key, rows, cols, cancelled):
+    def job(ctx):
+        from core.aggregate import map_tile
+
+        layer, head, mode, _n = key
+        return key, rows.start, cols.start, map_tile(_require(ctx), layer, head, mode, rows, cols, cancelled)
+
+    return job
+
+
+def _row_job(key, row):
+    def job(ctx):
+        from core.aggregate import map_tile
+
+        layer, head, mode, n = key
+        return key, row, map_tile(_require(ctx), layer, head, mode, slice(row, row + 1), slice(0, n))[0]
+
+    return job
+
+
+def _next_job(step):
+    def job(ctx):
+        from core.timeline import next_tokens
+
+        return next_tokens(_require(ctx), step, k=10)
+
+    return job
+
+
+def _sampling_job(sampling):
+    def job(ctx):
+        _require(ctx).set_sampling(sampling)
+        return sampling
 
     return job
 
@@ -157,7 +207,9 @@ class MainWindow(QMainWindow):
         self.snapshot: Snapshot | None = None
         self.weights: np.ndarray | None = None
         self.weights_key: tuple[int, int] | None = None
+        self.map_key: tuple[int, int, str, int] | None = None  # (layer, head, aggregate, n) shown now
         self.query_row: int | None = None
+        self._generations: dict[str, int] = {}
         self.last_error: str | None = None
         self.views: dict[str, QWidget] = {}
         self._build_ui()
@@ -227,6 +279,8 @@ class MainWindow(QMainWindow):
         self.cmap_combo.addItems(COLORMAPS)
         ctl.addWidget(self.cmap_combo)
         outer.addLayout(ctl)
+        self.timeline = TimelineBar()
+        outer.addWidget(self.timeline)
 
         # views
         split = QSplitter(Qt.Vertical)
@@ -235,7 +289,16 @@ class MainWindow(QMainWindow):
         self.grid = HeadGridView()
         self.add_view("heatmap", "Heatmap", self.heatmap)
         self.add_view("grid", "Head grid", self.grid)
-        split.addWidget(self.tabs)
+        self.add_view("gqa", "GQA groups", GqaView(self))
+        self.add_view("mask", "Mask", MaskView(self))
+        self.decode_panel = DecodePanel()
+        hsplit = QSplitter(Qt.Horizontal)
+        hsplit.addWidget(self.tabs)
+        hsplit.addWidget(self.decode_panel)
+        hsplit.setStretchFactor(0, 5)
+        hsplit.setStretchFactor(1, 1)
+        hsplit.setSizes([1100, 270])
+        split.addWidget(hsplit)
         self.token_strip = TokenStrip()
         split.addWidget(self.token_strip)
         split.setStretchFactor(0, 4)
@@ -274,7 +337,12 @@ class MainWindow(QMainWindow):
         self.grid.headClicked.connect(self._on_grid_click)
         self.tabs.currentChanged.connect(lambda _i: self._refresh_current_view())
         self.cmap_combo.currentTextChanged.connect(self._on_cmap)
-        self.heatmap.glw.scene().sigMouseClicked.connect(self._on_heatmap_click)
+        self.heatmap.rowClicked.connect(self._on_heatmap_row)
+        self.heatmap.optionsChanged.connect(self.request_weights)
+        self.heatmap.tileWanted.connect(self._request_tile)
+        self.token_strip.tokenClicked.connect(self._on_heatmap_row)
+        self.timeline.stepChanged.connect(self._on_step_changed)
+        self.decode_panel.samplingChanged.connect(self._on_sampling)
 
     def _build_actions(self) -> None:
         mb = self.menuBar()
@@ -340,6 +408,21 @@ class MainWindow(QMainWindow):
     def head(self) -> int:
         return self.head_spin.value()
 
+    @property
+    def visible_len(self) -> int:
+        """Positions shown at the timeline's step: ``n_prompt + step`` (:mod:`core.timeline`)."""
+        return self.timeline.visible_len
+
+    def submit_view(self, channel: str, fn, on_done, label: str = "updating") -> int:
+        """Submit a view request; a newer one on ``channel`` replaces it (and stops it, see cancel_token)."""
+        return self.engine.submit(channel, fn, on_done, label=label)
+
+    def cancel_token(self, channel: str):
+        """A ``cancelled()`` callable for a view job: true once a newer request on ``channel`` exists."""
+        gen = self._generations.get(channel, 0) + 1
+        self._generations[channel] = gen
+        return lambda: self._generations.get(channel) != gen
+
     def _set_running(self, has_model: bool) -> None:
         ran = self.snapshot is not None and self.snapshot.seq_len > 0
         self.run_button.setEnabled(has_model)
@@ -384,6 +467,9 @@ class MainWindow(QMainWindow):
 
     def _on_cmap(self, name: str) -> None:
         self.heatmap.set_colormap(name)
+        for view in self.views.values():
+            if view is not self.heatmap and hasattr(view, "set_colormap"):
+                view.set_colormap(name)
         self.grid.canvas.cmap = name
         if self.grid.canvas.thumbs is not None:
             self.grid.canvas.set_thumbnails(self.grid.canvas.thumbs, self.grid.canvas.group_size)
@@ -415,6 +501,7 @@ class MainWindow(QMainWindow):
         self.grid.canvas._image = None
         self.grid.canvas.update()
         self.token_strip.clear()
+        self.decode_panel.set_table(None)
         self._apply_snapshot(snap)
         self._set_running(True)
 
@@ -447,7 +534,28 @@ class MainWindow(QMainWindow):
         self._apply_snapshot(snap)
         self._set_running(True)
         self.request_weights()
+        self.request_next_tokens()
         self._refresh_current_view()
+
+    def _on_step_changed(self, _step: int) -> None:
+        """Timeline moved: crop every view to the positions of that step (no recompute of the model)."""
+        if self.query_row is not None and self.query_row >= self.visible_len:
+            self.query_row = None
+        self.request_weights()
+        self.request_next_tokens()
+        self._refresh_current_view()
+
+    def _on_sampling(self, sampling) -> None:
+        self.engine.enqueue(_sampling_job(sampling), lambda _s: self.request_next_tokens(), label="sampling")
+
+    def request_next_tokens(self) -> None:
+        if self.snapshot is None or self.snapshot.seq_len == 0:
+            return
+        self.submit_view("next", _next_job(self.timeline.step), self._on_next, label="next token")
+
+    def _on_next(self, table) -> None:
+        if table.step == self.timeline.step:
+            self.decode_panel.set_table(table)
 
     def _apply_snapshot(self, snap: Snapshot) -> None:
         self.snapshot = snap
@@ -459,6 +567,7 @@ class MainWindow(QMainWindow):
             f"2 × {info.n_layers} layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
             f"{snap.seq_len} tokens × {4 if info.dtype == 'float32' else 2} bytes = {snap.kv_cache_bytes:,} bytes"
         )
+        self.timeline.set_range(snap.n_prompt, snap.n_generated)
         self.snapshotChanged.emit(snap)
         for view in self.views.values():
             if hasattr(view, "on_snapshot"):
@@ -468,38 +577,73 @@ class MainWindow(QMainWindow):
     def request_weights(self) -> None:
         if self.snapshot is None or self.snapshot.seq_len == 0:
             return
-        self.engine.submit("heatmap", _weights_job(self.layer, self.head), self._on_weights, label="weights")
+        hm = self.heatmap
+        job = _map_job(self.layer, self.head, hm.aggregate, self.visible_len, hm.range_mode == "shared",
+                       self.cancel_token("heatmap"))
+        self.submit_view("heatmap", job, self._on_weights, label="weights")
+
+    def _wanted_key(self) -> tuple[int, int, str, int]:
+        return self.layer, self.head, self.heatmap.aggregate, self.visible_len
 
     def _on_weights(self, result) -> None:
-        layer, head, w = result
-        if self.snapshot is None or w.shape[0] != self.snapshot.seq_len:
-            return  # stale: the sequence changed since the request
-        reset = self.weights is None or self.weights.shape != w.shape
-        self.weights, self.weights_key = w, (layer, head)
-        toks = list(self.snapshot.tokens)
-        kv = head // self.snapshot.info.group_size
-        self.heatmap.set_weights(
-            w, toks, toks, title=f"Layer {layer} · query head {head} (reads KV head {kv}) · seq_len {len(toks)}",
-            reset_view=reset,
-        )
+        key, w, pooled, auto_max, shared_max = result
+        if self.snapshot is None or key != self._wanted_key():
+            return  # stale: the selection or the sequence changed since the request
+        from core.aggregate import describe
+
+        layer, head, mode, n = key
+        prev = self.map_key
+        reset = prev is None or prev[3] != n
+        self.map_key = key
+        self.weights_key = (layer, head)
+        toks = list(self.snapshot.tokens)[:n]
+        step = self.timeline.step
+        when = "" if self.timeline.at_latest else f" · step {step} of {self.snapshot.n_generated}"
+        title = f"{describe(self.snapshot.info, layer, head, mode)} · seq_len {n}{when}"
+        if pooled is None:
+            self.weights = w
+            self.heatmap.set_weights(w, toks, toks, title=title, reset_view=reset, auto_max=auto_max,
+                                     shared_max=shared_max)
+        else:
+            self.weights = None  # long map: never held whole on the GUI side
+            self.heatmap.set_overview(pooled, toks, title=title + " · overview: max-pooled", reset_view=reset,
+                                      auto_max=auto_max, shared_max=shared_max)
         self._show_token_strip()
+
+    def _request_tile(self, r0: int, r1: int, c0: int, c1: int) -> None:
+        if self.map_key is None:
+            return
+        job = _tile_job(self.map_key, slice(r0, r1), slice(c0, c1), self.cancel_token("heatmap-tile"))
+        self.submit_view("heatmap-tile", job, self._on_tile, label="exact tile")
+
+    def _on_tile(self, result) -> None:
+        key, r0, c0, tile = result
+        if key == self.map_key and self.heatmap.pooled is not None:
+            self.heatmap.set_tile(tile, r0, c0)
 
     def _show_token_strip(self) -> None:
         if self.snapshot is None:
             return
-        toks = list(self.snapshot.tokens)
-        if self.weights is None or self.weights.shape[0] != len(toks):
+        n = self.visible_len
+        toks = list(self.snapshot.tokens)[:n]
+        row = n - 1 if self.query_row is None else self.query_row
+        if self.weights is not None and self.weights.shape[0] == n:
+            self.token_strip.show_tokens(toks, self.weights[row], row, self.cmap_combo.currentText())
+        elif self.heatmap.pooled is not None and self.map_key is not None:
+            self.token_strip.show_tokens(toks, None, row)
+            self.submit_view("strip-row", _row_job(self.map_key, row), self._on_strip_row, label="query row")
+        else:
             self.token_strip.show_tokens(toks)
-            return
-        row = len(toks) - 1 if self.query_row is None else self.query_row
-        self.token_strip.show_tokens(toks, self.weights[row], row, self.cmap_combo.currentText())
 
-    def _on_heatmap_click(self, ev) -> None:
-        if self.weights is None:
+    def _on_strip_row(self, result) -> None:
+        key, row, w = result
+        if key != self.map_key:
             return
-        p = self.heatmap.plot.getViewBox().mapSceneToView(ev.scenePos())
-        row = int(np.floor(p.y()))
-        if 0 <= row < self.weights.shape[0]:
+        toks = list(self.snapshot.tokens)[: key[3]]
+        self.token_strip.show_tokens(toks, w, row, self.cmap_combo.currentText())
+
+    def _on_heatmap_row(self, row: int) -> None:
+        if 0 <= row < self.visible_len:
             self.query_row = row
             self._show_token_strip()
 
