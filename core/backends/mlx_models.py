@@ -124,8 +124,9 @@ class ModelArgs:
                     for i in range(self.num_hidden_layers)
                 ]
         elif self.model_type == "mistral":
-            if self.layer_types is None:  # every layer uses config.sliding_window (may be None)
-                self.layer_types = ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_hidden_layers
+            # transformers' MistralAttention passes config.sliding_window (may be None) in every
+            # layer and ignores layer_types (alternating layers are the Ministral class)
+            self.layer_types = ["sliding_attention" if self.sliding_window else "full_attention"] * self.num_hidden_layers
         else:  # llama: no sliding window
             self.sliding_window = None
             self.layer_types = ["full_attention"] * self.num_hidden_layers
