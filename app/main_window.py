@@ -214,6 +214,7 @@ class MainWindow(QMainWindow):
         self.views: dict[str, QWidget] = {}
         self._build_ui()
         self._build_actions()
+        self._install_inspector_views()
         self.engine.progress.connect(self._on_progress)
         self.engine.busy.connect(self._on_busy)
         self.engine.error.connect(self.show_error)
@@ -343,6 +344,13 @@ class MainWindow(QMainWindow):
         self.token_strip.tokenClicked.connect(self._on_heatmap_row)
         self.timeline.stepChanged.connect(self._on_step_changed)
         self.decode_panel.samplingChanged.connect(self._on_sampling)
+
+    def _install_inspector_views(self) -> None:
+        """Sinks, KV cache, head roles and experiments tabs (issue 4 part B): each module's install_view."""
+        from app.views import experiments, kv, roles, sinks
+
+        for mod in (sinks, kv, roles, experiments):
+            mod.install_view(self)
 
     def _build_actions(self) -> None:
         mb = self.menuBar()

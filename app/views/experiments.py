@@ -1,0 +1,307 @@
+"""Experiments panel: change the attention of every layer, compare with the unmodified run.
+
+The runs are :func:`core.experiments.run_experiments` jobs on the engine thread, in a separate KV
+cache (the session's own sequence is untouched); each result row shows the effect on the
+next-token distribution (KL(base ‖ exp) in nats, top-1 token before → after) and on the prompt's
+perplexity. The plot shows, for the selected row, each position's negative log-likelihood of the
+actual next token in both runs. Definitions: :mod:`core.experiments`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.views.sinks import style_plot
+from core.experiments import KINDS, Experiment, ExperimentResult, default_experiments
+
+COLUMNS = ("Experiment", "Parameters", "T", "KL(base‖exp)\nnext token", "Top-1 next token\nbase → experiment",
+           "p_exp of\nbase top-1", "Prompt perplexity\nbase → experiment", "Top-1 agreement\n(all positions)")
+SHORT = {
+    "evict_first": "Evict first k",
+    "sinks_window": "Sinks + window",
+    "no_causal_prefill": "No causal mask (prefill)",
+    "decode_top_left": "Top-left mask (decode bug)",
+    "no_scale": "No 1/√d scaling",
+}
+AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequences up to this long
+
+
+def _experiments_job(experiments: list[Experiment] | None):
+    def job(ctx):
+        from core.errors import SessionError
+        from core.experiments import run_experiments
+
+        if ctx.session is None:
+            raise SessionError("no model loaded")
+        exps = experiments if experiments is not None else default_experiments(ctx.session.seq_len)
+        return run_experiments(ctx.session, exps, progress=ctx.progress, cancelled=ctx.cancelled)
+
+    return job
+
+
+def _item(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
+    it = QTableWidgetItem(text)
+    it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+    it.setTextAlignment(align)
+    return it
+
+
+def _tok(t: tuple[int, str, float]) -> str:
+    text = t[1].replace(" ", "␣") if t[1].strip() == "" else t[1]
+    return f"{text!r} {t[2]:.2f}"
+
+
+class ExperimentsView(QWidget):
+    """The Experiments tab."""
+
+    def __init__(self, main, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.main = main
+        self.results: list[ExperimentResult] = []
+        self._run_key = None
+        self._auto_done_for = None
+        self._running = False
+
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Experiment"))
+        self.kind_combo = QComboBox()
+        for key, title in KINDS.items():
+            self.kind_combo.addItem(title, key)
+        top.addWidget(self.kind_combo)
+        self.k_label = QLabel("k")
+        self.k_spin = QSpinBox()
+        self.k_spin.setRange(0, 1_000_000)
+        self.k_spin.setValue(4)
+        self.window_label = QLabel("window")
+        self.window_spin = QSpinBox()
+        self.window_spin.setRange(1, 1_000_000)
+        self.window_spin.setValue(16)
+        self.window_spin.setToolTip("Most recent tokens kept in the cache (the row's own token included)")
+        self.from_spin = QSpinBox()
+        self.from_spin.setRange(0, 1_000_000)
+        self.from_spin.setSpecialValueText("auto")
+        self.from_spin.setToolTip("Positions from here on are fed one token at a time through the KV cache (decode); "
+                                  "auto = the prompt length, at most seq_len − 1, so the next token always comes "
+                                  "from a decode step")
+        for w in (self.k_label, self.k_spin, self.window_label, self.window_spin, QLabel("decode from"), self.from_spin):
+            top.addWidget(w)
+        self.run_button = QPushButton("Run")
+        self.run_button.setToolTip("Run the chosen experiment against the unmodified run of this sequence")
+        self.run_all_button = QPushButton("Run all")
+        self.run_all_button.setToolTip("Run one of each experiment with default parameters")
+        self.clear_button = QPushButton("Clear")
+        for w in (self.run_button, self.run_all_button, self.clear_button):
+            top.addWidget(w)
+        top.addStretch(1)
+
+        self.help = QLabel("")
+        self.help.setWordWrap(True)
+        self.help.setStyleSheet("color:#335;")
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.verticalHeader().hide()
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeToContents)
+        hh.setSectionResizeMode(1, QHeaderView.Stretch)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.horizontalHeaderItem(3).setToolTip("Σ p_base · (log p_base − log p_exp) over the vocabulary, nats")
+        self.table.horizontalHeaderItem(2).setToolTip("seq_len: tokens in the sequence (prompt + generated)")
+        self.table.horizontalHeaderItem(6).setToolTip("exp(mean −log p(x_i | x_<i)) over the prompt's tokens 1..P−1")
+
+        self.plot = pg.PlotWidget(background="w")
+        style_plot(self.plot)
+        pi = self.plot.getPlotItem()
+        pi.setLabel("bottom", "position of the predicted token")
+        pi.setLabel("left", "−log p(actual token)  (nats)")
+        pi.showGrid(x=True, y=True, alpha=0.25)
+        pi.addLegend(offset=(60, 10), labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 200))
+        self.base_curve = pi.plot([], [], pen=pg.mkPen("#555", width=1.5), symbol="o", symbolSize=4,
+                                  symbolBrush="#555", symbolPen=None, name="unmodified")
+        self.exp_curve = pi.plot([], [], pen=pg.mkPen("#c0392b", width=1.5), symbol="o", symbolSize=4,
+                                 symbolBrush="#c0392b", symbolPen=None, name="experiment")
+        self.decode_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#888", style=Qt.DotLine),
+                                           label="decode rows →", labelOpts={"position": 0.95, "color": "#555"})
+        pi.addItem(self.decode_line)
+        self.decode_line.hide()
+
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(self.table)
+        split.addWidget(self.plot)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([260, 300])
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addWidget(self.help)
+        lay.addWidget(split, 1)
+
+        self.kind_combo.currentIndexChanged.connect(lambda _i: self._sync_params())
+        self.run_button.clicked.connect(self.run_selected)
+        self.run_all_button.clicked.connect(lambda: self.run(None))
+        self.clear_button.clicked.connect(self.clear)
+        self.table.currentCellChanged.connect(lambda row, *_: self._show_result(row))
+        self._sync_params()
+
+    # -- parameters ---------------------------------------------------------------------------------------
+    def _sync_params(self) -> None:
+        kind = self.kind_combo.currentData()
+        self.k_label.setText("sink tokens k" if kind == "sinks_window" else "evict first k")
+        for w in (self.k_label, self.k_spin):
+            w.setVisible(kind in ("evict_first", "sinks_window"))
+        for w in (self.window_label, self.window_spin):
+            w.setVisible(kind == "sinks_window")
+        texts = {
+            "evict_first": "Each row at position i ≥ k sees keys k..i: the first k tokens are gone from the KV cache "
+                           "(keys keep their positions). Token 0 is the attention sink: watch the perplexity.",
+            "sinks_window": "StreamingLLM's cache: the row at i sees the first k tokens and the last `window` ones. "
+                            "k = 0 is plain window attention.",
+            "no_causal_prefill": "Prefill without the causal mask: every prompt row also sees the future, so it can "
+                                 "read the token it should predict (perplexity collapses).",
+            "decode_top_left": "is_causal=True with a KV cache: the mask is aligned top-left, so a decode row "
+                               "(1 query, S keys) sees only token 0. Prefill (L = S) is unaffected.",
+            "no_scale": "Scores q·k without 1/√head_dim: softmax saturates towards one-hot.",
+        }
+        self.help.setText(texts[kind] + "  Every run uses a separate KV cache: your sequence is not changed.")
+
+    def experiment(self) -> Experiment:
+        """The experiment described by the controls."""
+        f = self.from_spin.value()
+        return Experiment(self.kind_combo.currentData(), k=self.k_spin.value(), window=self.window_spin.value(),
+                          decode_from=f if f > 0 else None)
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    def on_snapshot(self, snap) -> None:
+        key = (snap.info.name, snap.prompt, snap.chat_template, snap.n_prompt)
+        if key != self._run_key:
+            self._run_key = key
+            self.clear()
+        enabled = snap.seq_len >= 2
+        for b in (self.run_button, self.run_all_button):
+            b.setEnabled(enabled)
+
+    def refresh(self) -> None:
+        snap = self.main.snapshot
+        if snap is None or snap.seq_len < 2 or self._running:
+            return
+        key = (self._run_key, snap.seq_len)
+        if self._auto_done_for != key and snap.seq_len <= AUTO_RUN_MAX_TOKENS and not self._has_results_for(snap.seq_len):
+            self._auto_done_for = key
+            self.run(None)
+
+    def _has_results_for(self, seq_len: int) -> bool:
+        return any(r.seq_len == seq_len for r in self.results)
+
+    # -- running -------------------------------------------------------------------------------------------
+    def run_selected(self) -> None:
+        try:
+            ex = self.experiment()
+        except ValueError as e:
+            self.main.show_error(str(e))
+            return
+        self.run([ex])
+
+    def run(self, experiments: list[Experiment] | None) -> None:
+        """Queue ``experiments`` (None: one of each kind with defaults) on the engine."""
+        if self.main.snapshot is None or self.main.snapshot.seq_len < 2:
+            self.main.show_error("Run a prompt of at least 2 tokens before an experiment.")
+            return
+        self._running = True
+        self.run_button.setEnabled(False)
+        self.run_all_button.setEnabled(False)
+        self.main.engine.enqueue(_experiments_job(experiments), self.add_results, self._on_error, label="experiment")
+
+    def _on_error(self, message: str) -> None:
+        self._done()
+        self.main.show_error(f"Experiment failed: {message}")
+
+    def _done(self) -> None:
+        self._running = False
+        ok = self.main.snapshot is not None and self.main.snapshot.seq_len >= 2
+        self.run_button.setEnabled(ok)
+        self.run_all_button.setEnabled(ok)
+
+    def clear(self) -> None:
+        self.results = []
+        self.table.setRowCount(0)
+        self.base_curve.setData([], [])
+        self.exp_curve.setData([], [])
+        self.decode_line.hide()
+
+    # -- results ---------------------------------------------------------------------------------------------
+    def add_results(self, results: list[ExperimentResult]) -> None:
+        """Append result rows (GUI thread) and show the first new one in the plot."""
+        self._done()
+        self.main.statusBar().showMessage(f"{len(results)} experiment(s) done", 4000)
+        first = len(self.results)
+        self.results.extend(results)
+        self.table.setRowCount(len(self.results))
+        for i, r in enumerate(results, start=first):
+            ex = r.experiment
+            changed = r.top1_changed
+            cells = [
+                _item(SHORT[ex.kind], Qt.AlignLeft | Qt.AlignVCenter),
+                _item(", ".join(p for p in (ex.params, f"decode from {ex.decode_from}") if p), Qt.AlignLeft | Qt.AlignVCenter),
+                _item(str(r.seq_len)),
+                _item(f"{r.kl_next:.4f}"),
+                _item(f"{_tok(r.top1_base)} → {_tok(r.top1_exp)}" + ("  changed" if changed else "  same"),
+                      Qt.AlignLeft | Qt.AlignVCenter),
+                _item(f"{r.p_exp_of_base_top1:.3f}"),
+                _item(f"{r.ppl_base:.2f} → {r.ppl_exp:.2f}" + (f"  (×{r.ppl_exp / r.ppl_base:.2g})"
+                                                                if np.isfinite(r.ppl_base) and r.ppl_base > 0 else "")),
+                _item(f"{100 * r.top1_agreement:.0f}%"),
+            ]
+            cells[0].setToolTip(ex.title)
+            for c, it in enumerate(cells):
+                if changed and c == 4:
+                    it.setForeground(QBrush(QColor("#b02a2a")))
+                self.table.setItem(i, c, it)
+        if results:
+            self.table.setCurrentCell(first, 0)
+            self._show_result(first)
+
+    def _show_result(self, row: int) -> None:
+        if not 0 <= row < len(self.results):
+            return
+        r = self.results[row]
+        x = np.arange(1, len(r.nll_base) + 1)
+        self.base_curve.setData(x, r.nll_base)
+        self.exp_curve.setData(x, r.nll_exp)
+        self.exp_curve.opts["name"] = r.experiment.title
+        pi = self.plot.getPlotItem()
+        pi.legend.clear()
+        pi.legend.addItem(self.base_curve, "unmodified")
+        pi.legend.addItem(self.exp_curve, r.experiment.title + (f" ({r.experiment.params})" if r.experiment.params else ""))
+        pi.setTitle(f"{r.experiment.title}: −log p of each actual next token (prompt = positions 1..{r.n_prompt - 1})",
+                    color="#222", size="10pt")
+        self.decode_line.setValue(r.experiment.decode_from + 0.5)  # predicted by decode rows to the right
+        self.decode_line.show()
+        pi.enableAutoRange()
+
+
+def install_view(window) -> ExperimentsView:
+    """Create the Experiments tab and register it with ``window.add_view("experiments", ...)``."""
+    view = ExperimentsView(window)
+    window.add_view("experiments", "Experiments", view)
+    return view

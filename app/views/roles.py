@@ -1,0 +1,277 @@
+"""Head roles panel: every head's role scores and automatic label, in a sortable table.
+
+Scores and labels are :class:`core.roles.RoleTable` (engine thread; definitions in
+:mod:`core.roles`): previous-token, sink/delimiter and positional/local on the session's
+sequence, induction on a repeated random-token probe run in a separate KV cache (computed once
+per model). Click a header to sort; click a row to select the head, double-click (or Enter) to
+open it in the heatmap. The label threshold re-labels at once; the local window recomputes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
+
+COLUMNS = ("Layer", "Head", "KV head", "Label", *(ROLE_TITLES[r] for r in ROLES))
+ROLE_COLOURS = {
+    "previous_token": "#d6eaf8",
+    "induction": "#fdebd0",
+    "sink": "#e5e7e9",
+    "local": "#d5f5e3",
+    "mixed": "#ffffff",
+}
+SCORE_TIPS = {
+    "previous_token": "mean over rows i ≥ 2 of the weight on key i−1 (this sequence)",
+    "induction": "repeated random tokens [bos] r r: mean over the second copy's rows of the weight on "
+                 "key i−R+1, the token after the previous occurrence (Olsson et al. 2022)",
+    "sink": "mean over rows i ≥ 1 of the weight on token 0 and delimiter/special tokens (this sequence)",
+    "local": "mean over rows i ≥ 1 of the weight on the `window` most recent keys, without i−1 and token 0",
+}
+
+
+def _roles_job(window: int):
+    def job(ctx):
+        from core.errors import SessionError
+        from core.roles import role_table
+
+        if ctx.session is None:
+            raise SessionError("no model loaded")
+        return role_table(ctx.session, window=window, cancelled=ctx.cancelled, progress=ctx.progress)
+
+    return job
+
+
+class _Item(QTableWidgetItem):
+    """A cell that sorts by its numeric value (``Qt.UserRole``), not its text."""
+
+    def __lt__(self, other):
+        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return (-1 if np.isnan(a) else a) < (-1 if np.isnan(b) else b)
+        return super().__lt__(other)
+
+
+def _score_colour(v: float) -> QColor:
+    """White → blue as the score goes 0 → 1 (readable black text throughout)."""
+    if np.isnan(v):
+        return QColor("#f4f4f4")
+    t = float(np.clip(v, 0, 1))
+    return QColor(int(255 - 120 * t), int(255 - 80 * t), 255)
+
+
+class RolesView(QWidget):
+    """The Head roles tab."""
+
+    def __init__(self, main, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.main = main
+        self.table_data: RoleTable | None = None
+        self._stale = True
+        self._seq_key = None
+
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Label threshold"))
+        self.threshold_spin = QDoubleSpinBox()
+        self.threshold_spin.setRange(0.0, 1.0)
+        self.threshold_spin.setSingleStep(0.05)
+        self.threshold_spin.setValue(DEFAULT_THRESHOLD)
+        self.threshold_spin.setToolTip("A head gets the best of previous-token / induction / local at or above "
+                                       "this score; else sink/delimiter if that reaches it; else mixed")
+        top.addWidget(self.threshold_spin)
+        top.addSpacing(10)
+        top.addWidget(QLabel("Local window"))
+        self.window_spin = QSpinBox()
+        self.window_spin.setRange(2, 64)
+        self.window_spin.setValue(DEFAULT_WINDOW)
+        self.window_spin.setToolTip("Keys counted by the positional/local score: the w most recent (recomputes)")
+        top.addWidget(self.window_spin)
+        top.addSpacing(10)
+        top.addWidget(QLabel("Show"))
+        self.filter_combo = QComboBox()
+        self.filter_combo.addItem("all heads", None)
+        for r in (*ROLES, "mixed"):
+            self.filter_combo.addItem(ROLE_TITLES[r], r)
+        top.addWidget(self.filter_combo)
+        top.addSpacing(10)
+        self.summary = QLabel("Run a prompt to label the heads.")
+        self.summary.setStyleSheet("color:#335;")
+        self.summary.setWordWrap(True)
+        top.addWidget(self.summary, 1)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        for i, r in enumerate(ROLES):
+            self.table.horizontalHeaderItem(4 + i).setToolTip(SCORE_TIPS[r])
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(0, Qt.AscendingOrder)
+        self.table.setToolTip("Click a header to sort · click: select the head · double-click: open it in the heatmap")
+
+        self.note = QLabel(
+            "Scores are mean attention weights in [0, 1]. Previous-token, sink/delimiter and local are measured on "
+            "this sequence; induction on repeated random tokens (computed once per model). Hover a header for its "
+            "definition.")
+        self.note.setWordWrap(True)
+        self.note.setStyleSheet("color:#555;")
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.note)
+
+        self.threshold_spin.valueChanged.connect(self._on_threshold)
+        self.window_spin.valueChanged.connect(lambda _v: self._request())
+        self.filter_combo.currentIndexChanged.connect(lambda _i: self._apply_filter())
+        self.table.cellClicked.connect(self._on_clicked)
+        self.table.cellDoubleClicked.connect(self._on_activated)
+        self.table.cellActivated.connect(self._on_activated)
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def on_snapshot(self, snap) -> None:
+        key = (snap.info.name, snap.prompt, snap.chat_template, snap.seq_len)
+        if key != self._seq_key:
+            self._seq_key = key
+            self._stale = True
+
+    def on_selection(self, layer: int, head: int) -> None:
+        """Highlight the main window's head in the table (without re-selecting it)."""
+        row = self.row_of(layer, head)
+        if row is None or self.table.currentRow() == row:
+            return
+        self.table.blockSignals(True)
+        self.table.setCurrentCell(row, 0)
+        self.table.blockSignals(False)
+        self.table.scrollToItem(self.table.item(row, 0), QAbstractItemView.PositionAtCenter)
+
+    def row_of(self, layer: int, head: int) -> int | None:
+        """Table row showing ``(layer, head)`` (after sorting), or None."""
+        for row in range(self.table.rowCount()):
+            if self.head_at(row) == (layer, head):
+                return row
+        return None
+
+    def refresh(self) -> None:
+        if self._stale or self.table_data is None:
+            self._request()
+
+    def _request(self) -> None:
+        snap = self.main.snapshot
+        if snap is None or snap.seq_len == 0:
+            return
+        self.summary.setText("Computing role scores (the induction probe runs once per model)…")
+        self.main.engine.submit("roles", _roles_job(self.window_spin.value()), self.set_table, label="head roles")
+
+    # -- drawing -----------------------------------------------------------------------------------------
+    def set_table(self, table: RoleTable) -> None:
+        """Show ``table`` (GUI thread), labelled with the threshold shown."""
+        self._stale = False
+        self.main.statusBar().showMessage("Head roles ready", 3000)
+        if abs(table.threshold - self.threshold_spin.value()) > 1e-9:
+            table = table.relabel(self.threshold_spin.value())
+        self.table_data = table
+        self._fill()
+
+    def _on_threshold(self, value: float) -> None:
+        if self.table_data is not None:
+            self.table_data = self.table_data.relabel(value)
+            self._fill()
+
+    def _fill(self) -> None:
+        t = self.table_data
+        sort_col = self.table.horizontalHeader().sortIndicatorSection()
+        sort_order = self.table.horizontalHeader().sortIndicatorOrder()
+        self.table.setSortingEnabled(False)
+        self.table.setRowCount(t.n_layers * t.n_heads)
+        row = 0
+        for layer in range(t.n_layers):
+            for head in range(t.n_heads):
+                label = str(t.labels[layer, head])
+                bg = QBrush(QColor(ROLE_COLOURS.get(label, "#ffffff")))
+                cells = [(str(layer), layer), (str(head), head), (str(head // t.group_size), head // t.group_size),
+                         (ROLE_TITLES[label], None)]
+                for c, (text, val) in enumerate(cells):
+                    it = _Item(text)
+                    it.setData(Qt.UserRole, val if val is not None else text)
+                    it.setData(Qt.UserRole + 1, (layer, head))
+                    it.setTextAlignment(Qt.AlignCenter)
+                    it.setBackground(bg)
+                    self.table.setItem(row, c, it)
+                for i, r in enumerate(ROLES):
+                    v = float(t.scores[r][layer, head])
+                    it = _Item("—" if np.isnan(v) else f"{v:.3f}")
+                    it.setData(Qt.UserRole, v)
+                    it.setData(Qt.UserRole + 1, (layer, head))
+                    it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                    it.setBackground(QBrush(_score_colour(v)))
+                    if label == r:
+                        f = it.font()
+                        f.setBold(True)
+                        it.setFont(f)
+                    self.table.setItem(row, 4 + i, it)
+                row += 1
+        self.table.setSortingEnabled(True)
+        if sort_col >= 0:
+            self.table.sortItems(sort_col, sort_order)
+        self.on_selection(self.main.layer, self.main.head)
+        counts = Counter(str(x) for x in t.labels.ravel())
+        parts = [f"{ROLE_TITLES[k]} {counts[k]}" for k in (*ROLES, "mixed") if counts[k]]
+        ind = t.heads_with("induction")[:4]
+        ind_text = ("; induction heads: " + ", ".join(f"L{a}H{b} ({t.scores['induction'][a, b]:.2f})" for a, b in ind)
+                    ) if ind else ""
+        self.summary.setText(f"{t.n_layers * t.n_heads} heads at threshold {t.threshold:.2f}: " + ", ".join(parts)
+                             + ind_text + f" · local window {t.window} · seq_len {t.seq_len}")
+        self._apply_filter()
+
+    def _apply_filter(self) -> None:
+        want = self.filter_combo.currentData()
+        for row in range(self.table.rowCount()):
+            it = self.table.item(row, 3)
+            label = it.data(Qt.UserRole) if it is not None else None
+            self.table.setRowHidden(row, want is not None and label != ROLE_TITLES[want])
+
+    def head_at(self, row: int) -> tuple[int, int] | None:
+        """``(layer, head)`` shown in table row ``row`` (after sorting)."""
+        it = self.table.item(row, 0)
+        return None if it is None else tuple(it.data(Qt.UserRole + 1))
+
+    def _on_clicked(self, row: int, _col: int) -> None:
+        h = self.head_at(row)
+        if h is not None:
+            self.main.select(*h)
+
+    def _on_activated(self, row: int, _col: int) -> None:
+        h = self.head_at(row)
+        if h is not None:
+            self.main.select(*h)
+            self.main.show_view("heatmap")
+
+
+def install_view(window) -> RolesView:
+    """Create the Head roles tab and register it with ``window.add_view("roles", ...)``."""
+    view = RolesView(window)
+    window.add_view("roles", "Head roles", view)
+    return view

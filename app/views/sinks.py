@@ -1,0 +1,297 @@
+"""Sinks panel: a layers × heads table of attention-sink scores, and one head's sink mass over time.
+
+The numbers are :class:`core.sinks.SinkReport` (engine thread): the sink score of a head is the
+mean over query rows ``i >= 1`` of its weight on token 0, computed for every head from ``q``,
+``k_0`` and the LSE rows (linear in the sequence). The panel only draws: cells coloured by score,
+sink heads (score >= the threshold shown) flagged with ●, the table at any earlier step of the
+decode (the "at seq_len" box), and, for the selected head, the weight each query row puts on
+token 0 with its running mean. Double-click (or Enter on) a cell opens that head in the heatmap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core.colormaps import to_rgb
+from core.sinks import DEFAULT_THRESHOLD, SinkReport
+
+METRICS = {
+    "sink": "Token 0 (sink score)",
+    "sink_set": "Token 0 + delimiters / special tokens",
+}
+FLAG = "●"
+
+
+def _report_job(ctx):
+    from core.errors import SessionError
+    from core.sinks import session_sink_report
+
+    if ctx.session is None:
+        raise SessionError("no model loaded")
+    return session_sink_report(ctx.session)
+
+
+def style_plot(pw: pg.PlotWidget) -> None:
+    """Dark axes, ticks and title on a white plot (pyqtgraph's defaults are for a black background)."""
+    pi = pw.getPlotItem()
+    for name in ("left", "bottom", "right", "top"):
+        ax = pi.getAxis(name)
+        ax.setPen(pg.mkPen("#444"))
+        ax.setTextPen(pg.mkPen("#222"))
+    pi.titleLabel.item.setDefaultTextColor(pg.mkColor("#222"))
+
+
+def cell_colours(values: np.ndarray, cmap: str = "viridis") -> tuple[np.ndarray, np.ndarray]:
+    """Background RGB ``(..., 3)`` uint8 for scores in [0, 1], and a bool "use white text" mask."""
+    rgb = to_rgb(np.atleast_2d(values), cmap)
+    lum = 0.2126 * rgb[..., 0] + 0.7152 * rgb[..., 1] + 0.0722 * rgb[..., 2]
+    return rgb, lum < 140
+
+
+def fill_score_table(table: QTableWidget, values: np.ndarray, flags: np.ndarray | None, group_size: int,
+                     cmap: str = "viridis") -> None:
+    """Fill a layers × heads ``QTableWidget`` with scores, coloured cells and flagged heads."""
+    L, H = values.shape
+    table.setRowCount(L)
+    table.setColumnCount(H)
+    table.setHorizontalHeaderLabels([f"q{h}\nKV {h // group_size}" for h in range(H)])
+    table.setVerticalHeaderLabels([f"L{layer}" for layer in range(L)])
+    rgb, white = cell_colours(values, cmap)
+    bold = QFont()
+    bold.setBold(True)
+    for layer in range(L):
+        for head in range(H):
+            v = float(values[layer, head])
+            flagged = flags is not None and bool(flags[layer, head])
+            it = table.item(layer, head)
+            if it is None:
+                it = QTableWidgetItem()
+                it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+                it.setTextAlignment(Qt.AlignCenter)
+                table.setItem(layer, head, it)
+            it.setText(("nan" if np.isnan(v) else f"{v:.2f}") + (f" {FLAG}" if flagged else ""))
+            it.setFont(bold if flagged else QFont())
+            r, g, b = (int(x) for x in rgb[layer, head])
+            it.setBackground(QBrush(QColor(r, g, b)))
+            it.setForeground(QBrush(QColor("white" if white[layer, head] else "black")))
+            it.setData(Qt.UserRole, v)
+
+
+class SinksView(QWidget):
+    """The Sinks tab. ``window`` is the :class:`app.main_window.MainWindow` it belongs to."""
+
+    def __init__(self, main, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.main = main
+        self.report: SinkReport | None = None
+        self._stale = True
+        self._seq_key = None
+
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Score"))
+        self.metric_combo = QComboBox()
+        for key, text in METRICS.items():
+            self.metric_combo.addItem(text, key)
+        self.metric_combo.setToolTip(
+            "Token 0: mean over query rows i ≥ 1 of the weight on token 0.\n"
+            "Token 0 + delimiters: the same for the total weight on token 0, special tokens "
+            "(BOS, <|im_start|>…), punctuation and newlines.")
+        top.addWidget(self.metric_combo)
+        top.addSpacing(12)
+        top.addWidget(QLabel("Sink threshold"))
+        self.threshold_spin = QDoubleSpinBox()
+        self.threshold_spin.setRange(0.0, 1.0)
+        self.threshold_spin.setSingleStep(0.05)
+        self.threshold_spin.setDecimals(2)
+        self.threshold_spin.setValue(DEFAULT_THRESHOLD)
+        self.threshold_spin.setToolTip(f"Heads whose score is at or above this are flagged {FLAG}")
+        top.addWidget(self.threshold_spin)
+        top.addSpacing(12)
+        top.addWidget(QLabel("Table at seq_len"))
+        self.step_spin = QSpinBox()
+        self.step_spin.setToolTip("Show the table as it was after this many tokens (prefill, then each decode step)")
+        top.addWidget(self.step_spin)
+        top.addSpacing(12)
+        self.summary = QLabel("Run a prompt to see the sink table.")
+        self.summary.setStyleSheet("color:#335;")
+        top.addWidget(self.summary, 1)
+
+        self.table = QTableWidget()
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.setToolTip("Click: select the head · double-click: open it in the heatmap")
+        # keep the score colour of the selected cell visible: a frame, not a fill
+        self.table.setStyleSheet("QTableWidget::item:selected { border: 3px solid #e0301e; color: black; "
+                                 "background: transparent; }")
+
+        self.plot = pg.PlotWidget(background="w")
+        self.plot.setMinimumHeight(150)
+        style_plot(self.plot)
+        pi = self.plot.getPlotItem()
+        pi.setLabel("bottom", "query position (row)")
+        pi.setLabel("left", "weight on token 0")
+        pi.setYRange(0, 1.02, padding=0)
+        pi.showGrid(x=True, y=True, alpha=0.25)
+        self.row_curve = pi.plot([], [], pen=pg.mkPen("#3b6fb6", width=1.5), symbol="o", symbolSize=5,
+                                 symbolBrush="#3b6fb6", symbolPen=None)
+        self.mean_curve = pi.plot([], [], pen=pg.mkPen("#d0702a", width=2.5))
+        self.threshold_line = pg.InfiniteLine(angle=0, pos=DEFAULT_THRESHOLD,
+                                              pen=pg.mkPen("#b02a2a", width=1, style=Qt.DashLine),
+                                              label="threshold {value:.2f}",
+                                              labelOpts={"position": 0.05, "color": "#b02a2a"})
+        self.decode_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#666", width=1, style=Qt.DotLine),
+                                           label="decode →", labelOpts={"position": 0.06, "color": "#444"})
+        pi.addItem(self.threshold_line)
+        pi.addItem(self.decode_line)
+        self.decode_line.hide()
+
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(self.table)
+        split.addWidget(self.plot)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
+        split.setSizes([430, 260])
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addWidget(split, 1)
+
+        self.metric_combo.currentIndexChanged.connect(lambda _i: self._redraw())
+        self.threshold_spin.valueChanged.connect(lambda _v: self._redraw())
+        self.step_spin.valueChanged.connect(lambda _v: self._redraw())
+        self.table.cellClicked.connect(self._on_cell_clicked)
+        self.table.cellActivated.connect(self._on_cell_activated)
+        self.table.cellDoubleClicked.connect(self._on_cell_activated)
+
+    # -- main-window hooks ---------------------------------------------------------------------
+    def on_snapshot(self, snap) -> None:
+        key = (snap.prompt, snap.chat_template, snap.seq_len, tuple(t.id for t in snap.tokens[-4:]))
+        if key != self._seq_key:
+            self._seq_key = key
+            self._stale = True
+
+    def on_selection(self, layer: int, head: int) -> None:
+        self._draw_head(layer, head)
+
+    def refresh(self) -> None:
+        snap = self.main.snapshot
+        if snap is None or snap.seq_len == 0:
+            return
+        if self._stale or self.report is None:
+            self.summary.setText("Computing sink scores…")
+            self.main.engine.submit("sinks", _report_job, self.set_report, label="sink scores")
+
+    # -- drawing ---------------------------------------------------------------------------------
+    @property
+    def metric(self) -> str:
+        return self.metric_combo.currentData()
+
+    @property
+    def threshold(self) -> float:
+        return float(self.threshold_spin.value())
+
+    def set_report(self, report: SinkReport) -> None:
+        """Show ``report`` (GUI thread)."""
+        self.report = report
+        self._stale = False
+        T = report.seq_len
+        self.step_spin.blockSignals(True)
+        self.step_spin.setRange(min(T, 2), max(T, 2))
+        self.step_spin.setValue(T)
+        self.step_spin.setEnabled(T > 2)
+        self.step_spin.blockSignals(False)
+        self._redraw()
+
+    def table_values(self) -> np.ndarray | None:
+        """The ``(n_layers, n_heads)`` scores shown (metric and seq_len as chosen)."""
+        r = self.report
+        if r is None:
+            return None
+        n = self.step_spin.value()
+        if r.seq_len < 2:
+            return getattr(r, self.metric)
+        running = r.running if self.metric == "sink" else r.running_set
+        return running[..., n - 1]
+
+    def _redraw(self) -> None:
+        r = self.report
+        if r is None:
+            return
+        vals = self.table_values()
+        flags = vals >= self.threshold
+        snap = self.main.snapshot
+        g = snap.info.group_size if snap is not None else 1
+        fill_score_table(self.table, vals, flags, g, self.main.cmap_combo.currentText())
+        n = self.step_spin.value()
+        when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
+        what = "token 0" if self.metric == "sink" else f"token 0 + {len(r.delimiters)} delimiter/special tokens"
+        self.summary.setText(
+            f"{int(flags.sum())} of {flags.size} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
+            f"mean {np.nanmean(vals):.2f}")
+        self.threshold_line.setValue(self.threshold)
+        self._draw_head(self.main.layer, self.main.head)
+
+    def _draw_head(self, layer: int, head: int) -> None:
+        r = self.report
+        if r is None or layer >= r.n_layers or head >= r.n_heads:
+            return
+        per_row = r.per_row if self.metric == "sink" else r.per_row_set
+        running = r.running if self.metric == "sink" else r.running_set
+        x = np.arange(r.seq_len, dtype=float)
+        self.row_curve.setData(x[1:], per_row[layer, head, 1:])
+        self.mean_curve.setData(x[1:], running[layer, head, 1:])
+        pi = self.plot.getPlotItem()
+        target = "token 0" if self.metric == "sink" else "token 0 + delimiters"
+        pi.setLabel("left", f"weight on {target}")
+        g = self.main.snapshot.info.group_size if self.main.snapshot is not None else 1
+        pi.setTitle(f"Layer {layer} · query head {head} (KV head {head // g}) · "
+                    f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
+                    f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
+                    f"{running[layer, head, -1]:.3f}</span>", color="#222", size="10pt")
+        if r.n_prompt < r.seq_len:
+            self.decode_line.setValue(r.n_prompt - 0.5)
+            self.decode_line.show()
+        else:
+            self.decode_line.hide()
+        pi.setXRange(0, max(1, r.seq_len - 1), padding=0.02)
+        if self.table.currentRow() != layer or self.table.currentColumn() != head:
+            self.table.blockSignals(True)
+            self.table.setCurrentCell(layer, head)
+            self.table.blockSignals(False)
+        it = self.table.item(layer, head)
+        if it is not None:
+            self.table.scrollToItem(it, QAbstractItemView.PositionAtCenter)
+
+    # -- clicks -----------------------------------------------------------------------------------
+    def _on_cell_clicked(self, layer: int, head: int) -> None:
+        self.main.select(layer, head)
+
+    def _on_cell_activated(self, layer: int, head: int) -> None:
+        self.main.select(layer, head)
+        self.main.show_view("heatmap")
+
+
+def install_view(window) -> SinksView:
+    """Create the Sinks tab and register it with ``window.add_view("sinks", ...)``."""
+    view = SinksView(window)
+    window.add_view("sinks", "Sinks", view)
+    return view
