@@ -193,6 +193,11 @@ def test_tiny_model_matches_eager(tiny_models, case):
         for head in range(b.info.n_heads):
             w = b.trace.weights(layer, head)
             np.testing.assert_allclose(w, ref_w[layer][head], atol=1e-5, err_msg=f"{case} layer {layer} head {head}")
+    cfg = json.loads((folder / "config.json").read_text())  # fields too small to show in logits
+    layer0 = b.model.model.layers[0]
+    assert b.model.model.norm.eps == layer0.input_layernorm.eps == cfg["rms_norm_eps"]
+    assert ("q_norm" in layer0.self_attn) == (cfg["model_type"] == "qwen3")
+    assert ("lm_head" in b.model) != cfg["tie_word_embeddings"]
     # the maps are far from uniform (1/14 on the last row), so a wrong RoPE or mask could not hide
     assert max(ref_w[-1][h][-1].max() for h in range(b.info.n_heads)) > 3 / len(IDS)
 
