@@ -132,6 +132,7 @@ class Engine(QObject):
         self.worker.failed.connect(self._on_failed)
         self.worker.progress.connect(self.progress)
         self.worker.busy.connect(self._on_busy)
+        self.thread.finished.connect(self.worker.deleteLater)  # the standard QThread worker teardown
         self.thread.start()
 
     # -- submitting ------------------------------------------------------------------------------
@@ -176,6 +177,9 @@ class Engine(QObject):
         return False
 
     def shutdown(self, timeout_ms: int = 5000) -> None:
+        """Stop the engine thread (after the running job, which is asked to cancel). Idempotent."""
+        if not self.thread.isRunning():
+            return
         self.cancel()
         self.thread.quit()
         self.thread.wait(timeout_ms)

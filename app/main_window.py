@@ -876,6 +876,16 @@ def _screenshot(app, win: MainWindow, args) -> int:
         raise ValueError(str(e)) from None
     finally:
         win.close()
+        _dispose(app, win)
+
+
+def _dispose(app, win: MainWindow) -> None:
+    """Delete the window while the QApplication still exists (avoids a crash at interpreter exit)."""
+    from PySide6.QtCore import QEvent
+
+    win.deleteLater()
+    app.sendPostedEvents(None, QEvent.DeferredDelete)
+    app.processEvents()
 
 
 QSettings.setDefaultFormat(QSettings.IniFormat)
