@@ -71,9 +71,18 @@ def sample_prompts() -> list[str]:
 # -- jobs (run on the engine thread; they see ctx.session) ------------------------------------------
 def _load_job(model, backend, device, dtype):
     def job(ctx):
+        from core.errors import Cancelled
         from core.session import Session
 
-        s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=ctx.progress)
+        def progress(message, fraction):
+            # Loading is not chunked: cancel takes effect at the next stage (read, convert, save, load).
+            if ctx.cancelled():
+                raise Cancelled("loading cancelled; the previous model is still loaded")
+            ctx.progress(message, fraction)
+
+        s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=progress)
+        if ctx.cancelled():
+            raise Cancelled("loading cancelled; the previous model is still loaded")
         ctx.session = s  # replaced only on success: a failed load keeps the previous model
         return s.snapshot()
 
