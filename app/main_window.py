@@ -368,10 +368,19 @@ class MainWindow(QMainWindow):
         self._action(file_menu, "Open model &folder…", self.open_folder_dialog)
         self._action(file_menu, "Load &default model", lambda: self.load_model(None))
         file_menu.addSeparator()
-        self._action(file_menu, "&Export heatmap image…", self.export_image_dialog, "Ctrl+E")
-        self._action(file_menu, "Export heatmap &data (.npy, .csv)…", self.export_data_dialog, "Ctrl+Shift+E")
+        from app.export import ExportController
+
+        self.exports = ExportController(self)
+        self._action(file_menu, "&Save session…", self.exports.save_session_dialog, "Ctrl+S")
+        self._action(file_menu, "Open s&ession…", self.exports.open_session_dialog, "Ctrl+Shift+O")
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.Quit)
+
+        export_menu = mb.addMenu("&Export")
+        self._action(export_menu, "Export &view as PNG/SVG/PDF…", self.exports.export_view_dialog, "Ctrl+E")
+        self._action(export_menu, "Export &data (.npy, .csv, .safetensors + JSON)…", self.exports.export_data_dialog,
+                     "Ctrl+Shift+E")
+        self._action(export_menu, "&Batch export…", self.exports.batch_export_dialog, "Ctrl+Shift+B")
 
         run_menu = mb.addMenu("&Run")
         self._action(run_menu, "&Run prompt", self.run_prompt, "Ctrl+Return")
@@ -693,9 +702,9 @@ class MainWindow(QMainWindow):
             self.progress.setValue(int(fraction * 1000))
 
     def _on_busy(self, on: bool, label: str) -> None:
-        long_job = label in ("loading model", "prefill", "decode")
+        long_job = label in ("loading model", "prefill", "decode", "open session", "batch export")
         self.progress.setVisible(on)
-        self.cancel_button.setVisible(on and label in ("prefill", "decode"))
+        self.cancel_button.setVisible(on and label in ("prefill", "decode", "open session", "batch export"))
         if on:
             self.progress.setRange(0, 0)
             if long_job:
