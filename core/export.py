@@ -134,24 +134,37 @@ def session_metadata(session) -> dict:
     }
 
 
-def head_metadata(session, layer: int, head: int, rows: slice | None = None, cols: slice | None = None,
+def head_metadata(session, layer: int, head: int, n: int | None = None, mode: str = "head",
                   base: dict | None = None) -> dict:
     """Complete sidecar metadata for one head's map (``base`` = a :func:`session_metadata` to reuse).
 
-    ``rows``/``cols`` give the exported block as ``[start, stop)`` positions (default: the full map).
+    ``n``: the map covers positions ``0 .. n-1`` (the view at decode step ``n - n_prompt``; default the
+    whole sequence): ``step``, ``seq_len`` and the token lists then describe that step. ``mode``: an
+    aggregate of :mod:`core.aggregate` ("group", "layer", "all": the mean of exact weights over the heads
+    listed in ``aggregate_heads``) instead of the single head.
     """
     meta = dict(base if base is not None else session_metadata(session))
     T = session.seq_len
-    r = rows if rows is not None else slice(0, T)
-    c = cols if cols is not None else slice(0, T)
+    n = T if n is None else int(n)
+    if not 1 <= n <= T:
+        raise IndexError(f"n={n} out of range 1..{T}")
+    if n < T:
+        meta.update({"step": n - session.n_prompt, "seq_len": n, "token_ids": meta["token_ids"][:n],
+                     "token_texts": meta["token_texts"][:n], "token_raw": meta["token_raw"][:n],
+                     "session_seq_len": T})
     meta.update({
         "kind": "attention_weights",
         "layer": int(layer), "head": int(head), "kv_head": int(head) // session.info.group_size,
-        "rows": [r.start or 0, T if r.stop is None else r.stop],
-        "cols": [c.start or 0, T if c.stop is None else c.stop],
+        "aggregate": mode,
+        "rows": [0, n], "cols": [0, n],
         "axes": ["query position", "key position"],
         "mask": mask_info(session, layer),
     })
+    if mode != "head":
+        from core import aggregate
+
+        meta["aggregate_heads"] = [list(p) for p in aggregate.heads_in(session.info, layer, head, mode)]
+        meta["aggregate_description"] = aggregate.describe(session.info, layer, head, mode)
     return meta
 
 
@@ -245,13 +258,17 @@ def save_map_png(w: np.ndarray, path: str | os.PathLike, cmap: str = "viridis", 
     """
     from PIL import Image, PngImagePlugin
 
+    from core.colormaps import to_rgb
     from core.render import heatmap_image
 
     path = Path(path)
     if size is None:
         img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale)
-    else:  # pixel (x, y) shows cell (floor((y + ½)·n_query / height), floor((x + ½)·n_key / width))
-        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale, cell=1).resize(size, Image.NEAREST)
+    else:  # nearest, in integers: pixel (x, y) shows cell (⌊(2y+1)·n_query / 2·height⌋, ⌊(2x+1)·n_key / 2·width⌋)
+        rgb = to_rgb(np.asarray(w), cmap, vmin, vmax, scale)
+        ys = (2 * np.arange(size[1]) + 1) * rgb.shape[0] // (2 * size[1])
+        xs = (2 * np.arange(size[0]) + 1) * rgb.shape[1] // (2 * size[0])
+        img = Image.fromarray(np.ascontiguousarray(rgb[ys][:, xs]), mode="RGB")
     kw: dict = {}
     if dpi:
         kw["dpi"] = (float(dpi), float(dpi))
@@ -263,35 +280,53 @@ def save_map_png(w: np.ndarray, path: str | os.PathLike, cmap: str = "viridis", 
     return path
 
 
-def head_title(session, layer: int, head: int) -> str:
-    """Figure title: ``"SmolLM2-135M-Instruct · layer 3 · query head 4 (KV head 1) · step 2 · seq_len 29"``."""
-    return (f"{session.info.name} · layer {layer} · query head {head} (KV head {head // session.info.group_size})"
-            f" · step {session.n_generated} · seq_len {session.seq_len}")
+def head_title(session, layer: int, head: int, n: int | None = None, mode: str = "head") -> str:
+    """Figure title: ``"SmolLM2-135M-Instruct · Layer 3 · query head 4 (reads KV head 1) · step 2 · seq_len 29"``."""
+    from core import aggregate
+
+    n = session.seq_len if n is None else n
+    return (f"{session.info.name} · {aggregate.describe(session.info, layer, head, mode)}"
+            f" · step {n - session.n_prompt} · seq_len {n}")
+
+
+def head_map(session, layer: int, head: int, n: int | None = None, mode: str = "head") -> np.ndarray:
+    """The exact map an export writes: ``(n, n)`` float32 of one head (or a ``mode`` mean, :mod:`core.aggregate`)."""
+    if mode == "head":
+        sel = None if n is None else slice(0, int(n))
+        if n is not None and not 1 <= n <= session.seq_len:
+            raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+        return session.weights(layer, head, sel, sel)
+    from core import aggregate
+
+    return aggregate.map_at(session, layer, head, mode, n)
 
 
 def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
                 scale: str = "linear", size: tuple[int, int] | None = None, dpi: float | None = None,
-                figure: bool = False, renderer: Renderer | None = None, base: dict | None = None) -> list[Path]:
-    """Export one head's full map to ``path`` (format by suffix). Returns the files written.
+                figure: bool = False, renderer: Renderer | None = None, base: dict | None = None,
+                n: int | None = None, mode: str = "head") -> list[Path]:
+    """Export one head's map to ``path`` (format by suffix). Returns the files written.
 
-    Data formats get a sidecar; ``.png`` is the plain map unless ``figure`` (labelled, needs
-    ``renderer``); ``.svg``/``.pdf`` always need ``renderer``.
+    ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
+    formats get a sidecar; ``.png`` is the plain map unless ``figure`` (labelled, needs ``renderer``);
+    ``.svg``/``.pdf`` always need ``renderer``.
 
     Raises:
-        ValueError: unknown suffix, or a figure asked for without a renderer. IndexError: layer/head.
+        ValueError: unknown suffix or aggregate, a figure without a renderer. IndexError: layer/head/n.
     """
     path = Path(path)
     fmt = _format(path, BATCH_FORMATS)
-    w = session.weights(layer, head)
-    meta = head_metadata(session, layer, head, base=base)
+    meta = head_metadata(session, layer, head, n=n, mode=mode, base=base)
+    w = head_map(session, layer, head, n, mode)
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
     if fmt == "png" and not figure:
         return [save_map_png(w, path, cmap=cmap, scale=scale, size=size, dpi=dpi, metadata=meta)]
     if renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (app.export); none was given")
-    return [Path(renderer(w, path, tokens=session.tokens, title=head_title(session, layer, head), cmap=cmap,
-                          scale=scale, size=size, dpi=dpi, metadata=meta))]
+    title = head_title(session, layer, head, w.shape[0], mode)
+    return [Path(renderer(w, path, tokens=session.tokens[: w.shape[0]], title=title, cmap=cmap, scale=scale,
+                          size=size, dpi=dpi, metadata=meta))]
 
 
 # -- batches ---------------------------------------------------------------------------------------------
