@@ -7,6 +7,7 @@ values, so differences measure the implementation, not the input rounding.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +18,16 @@ from core.masks import Mask
 # Error allowed relative to the magnitude of the expected values (max(1, max|expected|)).
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 DTYPES = tuple(TOL)
-# Unit roundoff: kernels that round the *scores* to the input dtype (mx.fast on the CPU) err by
-# about EPS·|s| on top of TOL; tests of such kernels pass score_max.
+# Unit roundoff. Scores formed in float32 carry ~EPS["float32"]·|s| of rounding into the LSE and
+# into weights exp(s − lse); kernels that round the scores to the input dtype (mx.fast on the
+# CPU) carry EPS[dtype]·|s| into everything. Tests pass score_max (and score_dtype) for these.
+# Factors measured over 3000 drawn cases: float32 LSE/weights err up to 9·EPS·|s| (fused CPU
+# kernel), mx.fast bf16/fp16 outputs up to 1.1·EPS[dtype]·|s|.
+SCORE_FACTOR = {"float32": 16.0, "float16": 2.0, "bfloat16": 2.0}
 EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+# Examples per property test: modest for CI (2 cores); raise it locally for a deeper search.
+EXAMPLES = int(os.environ.get("ATTNSCOPE_PROPERTY_EXAMPLES", "50"))
 
 MASK_KINDS = ("none", "causal", "window", "bool", "additive", "causal+bool", "window+additive")
 ARRAY_SHAPES = ("LS", "11LS", "B1LS", "1HLS", "BHLS", "1S")
@@ -37,7 +45,14 @@ class Case:
 
     def __repr__(self) -> str:  # what hypothesis prints for a failing example
         return (f"Case(q={self.q.shape}, k={self.k.shape}, mask={self.kind} "
-                f"{getattr(self.mask, 'describe', lambda: self.mask)()}, scale={self.scale})")
+                f"{self.mask.describe() if isinstance(self.mask, Mask) else _short(self.mask)}, scale={self.scale})")
+
+    def _repr_pretty_(self, p, cycle) -> None:  # hypothesis' printer: shapes, not the arrays
+        p.text(repr(self))
+
+
+def _short(mask) -> str:
+    return f"array {mask.dtype} {mask.shape}" if hasattr(mask, "shape") else repr(mask)
 
 
 def make_array(rng, kind_shape: str, B: int, H: int, L: int, S: int, additive: bool, density: float):
@@ -88,10 +103,12 @@ def score_max(q: np.ndarray, k: np.ndarray, scale: float | None) -> float:
     return float(np.abs(np.einsum("bhld,bhsd->bhls", q, kk)).max() * abs(scale))
 
 
-def assert_close(actual, expected, dtype: str, what: str, rows=None, score_max: float | None = None):
+def assert_close(actual, expected, dtype: str, what: str, rows=None, score_max: float | None = None,
+                 score_dtype: str = "float32"):
     """``|actual − expected| <= TOL[dtype] · max(1, max|expected|)``, optionally on ``rows`` only.
 
-    With ``score_max`` the bound grows by ``2·EPS[dtype]·score_max`` (scores rounded to dtype).
+    With ``score_max`` the bound grows by ``SCORE_FACTOR·EPS[score_dtype]·score_max`` (scores
+    formed in ``score_dtype``).
     Infinite entries (a fully masked row's LSE) must match exactly.
     """
     actual = np.asarray(actual, dtype=np.float64)
@@ -108,6 +125,6 @@ def assert_close(actual, expected, dtype: str, what: str, rows=None, score_max: 
         return
     assert np.isfinite(actual[fin]).all(), f"{what}: non-finite values"
     err = np.abs(actual[fin] - expected[fin]).max()
-    tol = TOL[dtype] + (2 * EPS[dtype] * score_max if score_max is not None else 0.0)
+    tol = TOL[dtype] + (SCORE_FACTOR[score_dtype] * EPS[score_dtype] * score_max if score_max is not None else 0.0)
     bound = tol * max(1.0, np.abs(expected[fin]).max())
     assert err <= bound, f"{what} ({dtype}): max error {err:.3g} > {bound:.3g}"
