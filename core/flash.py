@@ -45,6 +45,17 @@ def _tile(bias5: torch.Tensor | None, r0: int, r1: int, c0: int, c1: int):
     return bias5[..., rs, cs]
 
 
+def _tile_allowed(L: int, S: int, window: int | None, r0: int, r1: int, c0: int, c1: int, device) -> torch.Tensor:
+    """Causal / window ``(r, c)`` boolean tile: query row ``i`` (position ``i + S − L``) sees key ``j``
+    iff ``j <= pos`` and, with a window ``W``, ``j > pos − W`` (:mod:`core.masks`)."""
+    pos = torch.arange(r0, r1, device=device)[:, None] + (S - L)
+    j = torch.arange(c0, c1, device=device)[None, :]
+    allowed = j <= pos
+    if window is not None:
+        allowed &= j > pos - window
+    return allowed
+
+
 def _block_is_masked(L: int, S: int, causal: bool, window: int | None, r0: int, r1: int, c0: int, c1: int) -> bool:
     """True when the causal / window mask forbids every (query, key) pair of the tile.
 
@@ -99,7 +110,9 @@ def flash_attention(
     m.check_shape(g.B, g.n_heads, g.L, g.S)
     scale = resolve_scale(scale, g.D)
     B, Hkv, G, L, S, D, Dv = g.B, g.n_kv_heads, g.group_size, g.L, g.S, g.D, g.Dv
-    bias5 = mask_bias(L, S, Hkv, causal=m.causal, sliding_window=m.window, array=m.array,
+    # An array mask is the caller's (b, h, L, S) already; the causal / window part is built per
+    # tile from positions, so no L × S tensor is made for it.
+    bias5 = mask_bias(L, S, Hkv, causal=False, sliding_window=None, array=m.array,
                       dtype=torch.float32, device=q.device)
 
     qg = q.reshape(B, Hkv, G, L, D)  # (B, Hkv, G, L, D)
@@ -123,6 +136,8 @@ def flash_attention(
             b = _tile(bias5, r0, r1, c0, c1)
             if b is not None:
                 s_ij = s_ij + b
+            if m.causal:
+                s_ij = s_ij.masked_fill(~_tile_allowed(L, S, m.window, r0, r1, c0, c1, q.device), float("-inf"))
             m_new = torch.maximum(m_i, s_ij.amax(dim=-1))
             m_ref = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)  # no -inf - -inf
             p_ij = torch.exp(s_ij - m_ref[..., None])
