@@ -10,9 +10,10 @@ Threads: MLX streams belong to the thread that created them, so create the backe
 ``forward``/``truncate``/``reset`` and the trace from ONE thread (the GUI's engine thread);
 ``forward`` raises RuntimeError when called from another thread.
 
-On Linux the ``mlx[cpu]`` build has a reference BLAS and no fused attention kernel: there this
-backend is a correctness path (see tests/test_mlx_backend.py for timings); speed matters on
-Apple silicon.
+On Linux the ``mlx[cpu]`` wheel links the reference (netlib) BLAS and has no fused attention
+kernel: there this backend is a correctness path, several times slower than torch on the same CPU
+(SmolLM2-135M, 2 cores: a 19-token prefill ≈ 1.0 s vs 0.12 s, a decode step ≈ 80 ms vs 40 ms);
+speed matters on Apple silicon.
 """
 
 from __future__ import annotations
