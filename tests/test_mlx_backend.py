@@ -130,6 +130,26 @@ def test_config_defaults_match_transformers(family):
     assert [args.layer_window(i) for i in range(3)] == windows
 
 
+@pytest.mark.parametrize("family, cfg", [
+    ("mistral", {"sliding_window": None}),  # Mistral v0.3: explicit null = full attention, not the 4096 default
+    ("mistral", {"sliding_window": 7}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1}),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 7}),
+    ("llama", {"num_key_value_heads": None}),
+    ("qwen3", {"num_key_value_heads": None, "head_dim": 16}),
+])
+def test_config_fields_read_as_transformers_reads_them(family, cfg):
+    from transformers import AutoConfig
+
+    args = ModelArgs.from_dict({"model_type": family} | MINIMAL | cfg)
+    ref = AutoConfig.for_model(family, **(MINIMAL | cfg))
+    assert args.n_kv_heads == ref.num_key_value_heads
+    assert args.head_dim == (getattr(ref, "head_dim", None) or 8)
+    types = getattr(ref, "layer_types", None) or ["sliding_attention"] * 3
+    windows = [getattr(ref, "sliding_window", None) if t == "sliding_attention" else None for t in types]
+    assert [args.layer_window(i) for i in range(3)] == windows
+
+
 @pytest.mark.parametrize("cfg, theta", [
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}, 100000.0),  # transformers 5
     ({"rope_theta": 123456.0}, 123456.0),  # older configs: top level

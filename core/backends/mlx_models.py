@@ -156,7 +156,10 @@ class ModelArgs:
                 raise UnsupportedModelError(f"config sets {key}={cfg[key]!r}, which the MLX backend does not implement")
         d = dict(_FAMILY_DEFAULTS[model_type])
         known = cls.__dataclass_fields__.keys() - {"rope_theta", "rope_type", "rope_parameters"}
-        d.update({k: v for k, v in cfg.items() if k in known and v is not None})
+        # an explicit null means "none" for these (Mistral v0.3: "sliding_window": null = full
+        # attention) and "use the default" for every other key, as in transformers
+        nullable = {"sliding_window", "num_key_value_heads", "head_dim", "layer_types", "max_window_layers"}
+        d.update({k: v for k, v in cfg.items() if k in known and (v is not None or k in nullable)})
         # RoPE: transformers 5 keeps everything in rope_parameters; older configs use a top-level
         # rope_theta plus rope_scaling ({"type"/"rope_type": ..., "factor": ...}) or null.
         rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
