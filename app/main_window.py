@@ -440,8 +440,25 @@ class MainWindow(QMainWindow):
         return self.timeline.visible_len
 
     def submit_view(self, channel: str, fn, on_done, label: str = "updating") -> int:
-        """Submit a view request; a newer one on ``channel`` replaces it (and stops it, see cancel_token)."""
-        return self.engine.submit(channel, fn, on_done, label=label)
+        """Submit a view request; a newer one on ``channel`` replaces it (and stops it, see cancel_token).
+
+        A request stopped because a newer one superseded it reports nothing (no error, no callback).
+        """
+        from core.errors import Cancelled
+
+        superseded = object()
+
+        def run(ctx):
+            try:
+                return fn(ctx)
+            except Cancelled:
+                return superseded
+
+        def done(result):
+            if result is not superseded:
+                on_done(result)
+
+        return self.engine.submit(channel, run, done, label=label)
 
     def cancel_token(self, channel: str):
         """A ``cancelled()`` callable for a view job: true once a newer request on ``channel`` exists."""
