@@ -347,6 +347,8 @@ class HeatmapView(QWidget):
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
+        self.readout.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (red frame), "
+                             "recomputed from the session. Hover a cell for its weight.")
 
     def clear(self) -> None:
         self.weights, self.pooled, self.tile = None, None, None
@@ -413,7 +415,7 @@ class HeatmapView(QWidget):
         fm = QFontMetrics(ax.style["tickFont"] or ax.font())
         if horizontal:
             sample = range(first, last, max(1, (last - first) // 200))  # bounded work on long maps
-            need = max(fm.horizontalAdvance(token_label(tokens[i])) for i in sample) + 10
+            need = float(np.percentile([fm.horizontalAdvance(token_label(tokens[i])) for i in sample], 75)) + 10
         else:
             need = fm.height() + 2
         stride = max(1, math.ceil(need / max(px_per_cell, 1e-9)))
@@ -421,7 +423,16 @@ class HeatmapView(QWidget):
             p = 10 ** math.floor(math.log10(stride))
             stride = next(m * p for m in (1, 2, 5, 10) if m * p >= stride)
         first -= first % stride
-        ticks = [(offset + i + 0.5, token_label(tokens[i])) for i in range(first, last, stride)]
+        ticks, right = [], -math.inf
+        for i in range(first, last, stride):
+            label = token_label(tokens[i])
+            if horizontal:  # a longer-than-typical label skips its neighbours instead of overlapping them
+                centre = (i + 0.5) * px_per_cell
+                half = fm.horizontalAdvance(label) / 2
+                if centre - half < right + 6:
+                    continue
+                right = centre + half
+            ticks.append((offset + i + 0.5, label))
         ax.setTicks([ticks, []])
 
     # -- hover and click ---------------------------------------------------------------------------

@@ -86,6 +86,8 @@ class MaskView(QWidget):
         self.glws[1].addItem(self.score_bar, row=1, col=0)
         self.glws[2].addItem(self.weight_bar, row=1, col=0)
         self.mask_note = pg.TextItem("", color=(20, 20, 20), anchor=(0.5, 0.5))
+        for p in self.plots + [self.ent_plot]:  # labels are thinned by pixel size: redo on resize
+            p.getViewBox().sigResized.connect(self._update_ticks)
 
     @staticmethod
     def _style(p) -> None:
@@ -145,7 +147,6 @@ class MaskView(QWidget):
             f"No padding: a single-sequence session (batch 1) has no pad tokens, so no padding mask. "
             f"scale = {r.scale:.4g} (1/√{info.head_dim} = {1 / math.sqrt(info.head_dim):.4g})."
         )
-        toks = list(self.window.snapshot.tokens)
         decode = n_rows == 1
         rect = (0, r.row_start, r.S, n_rows)
         finite = np.isfinite(r.scores)
@@ -198,8 +199,7 @@ class MaskView(QWidget):
                 p.addItem(img)
                 img.setRect(*rect)
                 p.setRange(xRange=(0, r.S), yRange=(r.row_start, r.row_stop), padding=0.02)
-        for p in self.plots:
-            self._ticks(p, toks, r, decode)
+        self._update_ticks()
         # entropy bars, one per row, against ln(allowed keys)
         e = self.ent_plot
         y = np.arange(r.row_start, r.row_stop) + 0.5 if not decode else np.array([0.5])
@@ -209,12 +209,24 @@ class MaskView(QWidget):
         e.setXRange(0, max(float(r.max_entropy.max()), 1e-3), padding=0.05)
         if decode:
             e.setYRange(-0.6, 1.6, padding=0.02)
-            e.getAxis("left").setTicks([[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []])
             e.setTitle(f"H = {r.entropy[0]:.3f} / {r.max_entropy[0]:.2f}", color="k", size="9pt")
         else:
             e.setYRange(r.row_start, r.row_stop, padding=0.02)
-            e.getAxis("left").setTicks(self._row_ticks(p, toks, r))
             e.setTitle("Row entropy (nats)", color="k", size="9pt")
+
+    def _update_ticks(self, *_):
+        r = self.report
+        if r is None or self.window.snapshot is None:
+            return
+        toks = list(self.window.snapshot.tokens)
+        decode = r.row_stop - r.row_start == 1
+        for p in self.plots:
+            self._ticks(p, toks, r, decode)
+        e = self.ent_plot.getAxis("left")
+        if decode:
+            e.setTicks([[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []])
+        else:
+            e.setTicks(self._row_ticks(self.ent_plot, toks, r))
 
     def _ticks(self, p, toks, r, decode: bool) -> None:
         vb_w = max(200.0, p.getViewBox().width())

@@ -110,7 +110,8 @@ class TopTokenBars(QWidget):
 
     def sizeHint(self) -> QSize:
         n = len(self.table.rows) if self.table else 10
-        return QSize(260, 8 + n * self.ROW + 26)
+        legend = len(self._legend(self.table)) if self.table else 1
+        return QSize(260, 10 + n * self.ROW + 16 * legend)
 
     def minimumSizeHint(self) -> QSize:
         return self.sizeHint()
@@ -156,16 +157,22 @@ class TopTokenBars(QWidget):
             p.setFont(small)
             p.drawText(QRect(bar_x + bar_w + 4, y, 56, self.ROW - 2), Qt.AlignVCenter | Qt.AlignLeft,
                        f"{100 * r.p_model:.1f}%")
-        y = 8 + len(t.rows) * self.ROW
+        y = 6 + len(t.rows) * self.ROW
         p.setFont(small)
         p.setPen(QColor(90, 90, 90))
-        legend = "blue: model p (T = 1)"
-        if sampling:
-            legend += " · orange: p after T/top-k/top-p"
-        if t.chosen_id is not None:
-            legend += " · highlighted: generated"
-        p.drawText(QRect(4, y, w - 8, 20), Qt.AlignLeft | Qt.AlignVCenter, legend)
+        for line in self._legend(t):
+            p.drawText(QRect(4, y, w - 8, 16), Qt.AlignLeft | Qt.AlignVCenter, line)
+            y += 16
         p.end()
+
+    @staticmethod
+    def _legend(t: NextTokenTable) -> list[str]:
+        lines = ["blue: the model's p (temperature 1)"]
+        if not t.sampling.greedy:
+            lines.append("orange: p after temperature, top-k, top-p")
+        if t.chosen_id is not None:
+            lines.append("yellow row: the token generated here")
+        return lines
 
 
 class DecodePanel(QWidget):
