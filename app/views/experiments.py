@@ -84,6 +84,8 @@ class ExperimentsView(QWidget):
         self.kind_combo = QComboBox()
         for key, title in KINDS.items():
             self.kind_combo.addItem(title, key)
+        self.kind_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.kind_combo.setMinimumContentsLength(22)
         top.addWidget(self.kind_combo)
         self.k_label = QLabel("k")
         self.k_spin = QSpinBox()
@@ -107,13 +109,16 @@ class ExperimentsView(QWidget):
         self.run_all_button = QPushButton("Run all")
         self.run_all_button.setToolTip("Run one of each experiment with default parameters")
         self.clear_button = QPushButton("Clear")
-        for w in (self.run_button, self.run_all_button, self.clear_button):
-            top.addWidget(w)
         top.addStretch(1)
 
         self.help = QLabel("")
         self.help.setWordWrap(True)
         self.help.setStyleSheet("color:#335;")
+        self.help.setMinimumWidth(200)
+        second = QHBoxLayout()
+        second.addWidget(self.help, 1)
+        for w in (self.run_button, self.run_all_button, self.clear_button):
+            second.addWidget(w)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
@@ -154,7 +159,7 @@ class ExperimentsView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
-        lay.addWidget(self.help)
+        lay.addLayout(second)
         lay.addWidget(split, 1)
 
         self.kind_combo.currentIndexChanged.connect(lambda _i: self._sync_params())

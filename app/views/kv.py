@@ -170,10 +170,13 @@ class KVView(QWidget):
         self.scheme_table.verticalHeader().hide()
 
         # calculator
-        calc = QGroupBox("Calculator: 2 × layers × KV heads × head_dim × tokens × batch × bytes")
+        calc = QGroupBox("Calculator")
+        calc.setToolTip("KV cache = 2 × layers × KV heads × head_dim × tokens × batch × bytes per element")
         cl = QVBoxLayout(calc)
         form = QFormLayout()
         self.preset_combo = QComboBox()
+        self.preset_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.preset_combo.setMinimumContentsLength(20)
         self.preset_combo.addItem("This model", None)
         for name in PRESETS:
             self.preset_combo.addItem(name, name)
@@ -191,13 +194,14 @@ class KVView(QWidget):
                  ("head_dim", self.calc_dim), ("Tokens", self.calc_tokens), ("Batch", self.calc_batch),
                  ("dtype", self.calc_dtype)]
         for i, (text, w) in enumerate(pairs):
-            grid.addWidget(QLabel(text), i // 4, 2 * (i % 4), Qt.AlignRight)
-            grid.addWidget(w, i // 4, 2 * (i % 4) + 1)
+            grid.addWidget(QLabel(text), i // 3, 2 * (i % 3), Qt.AlignRight)
+            grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
         cl.addLayout(form)
         cl.addLayout(grid)
         self.calc_result = QLabel("")
         self.calc_result.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.calc_result.setStyleSheet("font-weight:bold;")
+        self.calc_result.setWordWrap(True)
         cl.addWidget(self.calc_result)
         self.calc_table = QTableWidget()
         self.calc_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
@@ -208,10 +212,11 @@ class KVView(QWidget):
         plots.addWidget(live_box, 2)
         plots.addWidget(self.growth_plot, 3)
         plots.addWidget(self.proj_plot, 3)
-        schemes = QGroupBox("This model under MHA / GQA / MQA (layers, query heads, head_dim, dtype kept)")
+        schemes = QGroupBox("This model under MHA / GQA / MQA")
         sl = QVBoxLayout(schemes)
         sl.addWidget(self.scheme_table)
-        note = QLabel("Live: the bytes of the K and V tensors the session's cache holds now. For a plain cache they "
+        note = QLabel("Layers, query heads, head_dim and dtype kept; only the KV heads change. "
+                      "Live: the bytes of the K and V tensors the session's cache holds now. For a plain cache they "
                       "equal 2 × layers × KV heads × head_dim × seq_len × bytes per element. The cache grows "
                       "linearly with the context: the projection is that line up to the model's maximum context. "
                       "Hover a size for its exact bytes.")

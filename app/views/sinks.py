@@ -113,6 +113,8 @@ class SinksView(QWidget):
             "Token 0: mean over query rows i ≥ 1 of the weight on token 0.\n"
             "Token 0 + delimiters: the same for the total weight on token 0, special tokens "
             "(BOS, <|im_start|>…), punctuation and newlines.")
+        self.metric_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.metric_combo.setMinimumContentsLength(18)
         top.addWidget(self.metric_combo)
         top.addSpacing(12)
         top.addWidget(QLabel("Sink threshold"))
@@ -131,6 +133,8 @@ class SinksView(QWidget):
         top.addSpacing(12)
         self.summary = QLabel("Run a prompt to see the sink table.")
         self.summary.setStyleSheet("color:#335;")
+        self.summary.setWordWrap(True)
+        self.summary.setMinimumWidth(120)
         top.addWidget(self.summary, 1)
 
         self.table = QTableWidget()
