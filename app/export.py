@@ -39,6 +39,7 @@ from PySide6.QtGui import (
     QPen,
 )
 from PySide6.QtWidgets import (
+    QApplication,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -92,7 +93,8 @@ def ensure_gui() -> None:
     """Make sure a Qt GUI application exists (headless: the offscreen platform when none is set)."""
     if QGuiApplication.instance() is None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-        ensure_gui.app = QGuiApplication(["attnscope"])  # keep a reference for the process' life
+        # a QApplication (not just a QGuiApplication), so widgets can still be made in this process
+        ensure_gui.app = QApplication(["attnscope"])  # keep a reference for the process' life
 
 
 def _fmt(path: Path) -> str:
