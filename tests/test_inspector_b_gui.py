@@ -72,6 +72,13 @@ def test_sinks_panel(win):
     view.step_spin.setValue(s.n_prompt)
     np.testing.assert_allclose(view.table_values(), rep.at_seq_len(s.n_prompt))
     assert "after" in view.summary.text()
+    # the main timeline moves it too
+    win.timeline.set_step(1)
+    assert win.engine.wait_idle(60)
+    assert view.step_spin.value() == s.n_prompt + 1
+    np.testing.assert_allclose(view.table_values(), rep.at_seq_len(s.n_prompt + 1))
+    win.timeline.set_step(3)
+    assert win.engine.wait_idle(60)
     # the selected head's per-row curve is its weight on token 0
     view.table.cellClicked.emit(1, 3)
     assert (win.layer, win.head) == (1, 3)

@@ -83,9 +83,9 @@ def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context:
     Each size column is printed in one decimal unit chosen by its largest entry, 3 significant
     digits (the handbook's "21.5 GB · 2.68 GB · 0.336 GB"); the exact bytes are the tooltip.
     """
-    heads = ["Scheme", "KV heads", f"at {rows_now[0].seq_len:,} tokens"]
+    heads = ["Scheme", "KV heads", f"{rows_now[0].seq_len:,} tokens"]
     if rows_max is not None:
-        heads.append(f"at max {max_context:,}")
+        heads.append(f"max {max_context:,}")
     heads.append("vs MHA")
     table.clear()
     table.setColumnCount(len(heads))
@@ -105,8 +105,8 @@ def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context:
         table.setItem(i, 1, _item(str(r.config.n_kv_heads)))
         table.setItem(i, len(heads) - 1, _item("1×" if r.vs_mha == 1 else f"{r.vs_mha:.3g}× smaller"))
     header = table.horizontalHeader()
-    header.setSectionResizeMode(QHeaderView.Stretch)
-    header.setSectionResizeMode(0, QHeaderView.ResizeToContents)
+    header.setSectionResizeMode(QHeaderView.ResizeToContents)
+    header.setStretchLastSection(True)
     table.verticalHeader().setDefaultSectionSize(22)
     table.setFixedHeight(26 + 22 * len(rows_now) + 4)
 
@@ -225,8 +225,8 @@ class KVView(QWidget):
         sl.addWidget(note)
         sl.addStretch(1)
         bottom = QHBoxLayout()
-        bottom.addWidget(schemes, 2)
-        bottom.addWidget(calc, 3)
+        bottom.addWidget(schemes, 1)
+        bottom.addWidget(calc, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(plots, 1)

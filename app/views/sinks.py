@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -23,6 +23,9 @@ from PySide6.QtWidgets import (
     QLabel,
     QSpinBox,
     QSplitter,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -63,6 +66,21 @@ def cell_colours(values: np.ndarray, cmap: str = "viridis") -> tuple[np.ndarray,
     rgb = to_rgb(np.atleast_2d(values), cmap)
     lum = 0.2126 * rgb[..., 0] + 0.7152 * rgb[..., 1] + 0.0722 * rgb[..., 2]
     return rgb, lum < 140
+
+
+class FramedSelectionDelegate(QStyledItemDelegate):
+    """Paints cells with their own colour also when selected, and frames the selected cell in red."""
+
+    def paint(self, painter, option, index) -> None:
+        selected = bool(option.state & QStyle.State_Selected)
+        opt = QStyleOptionViewItem(option)
+        opt.state &= ~(QStyle.State_Selected | QStyle.State_HasFocus)
+        super().paint(painter, opt, index)
+        if selected:
+            painter.save()
+            painter.setPen(QPen(QColor("#e0301e"), 3))
+            painter.drawRect(option.rect.adjusted(1, 1, -2, -2))
+            painter.restore()
 
 
 def fill_score_table(table: QTableWidget, values: np.ndarray, flags: np.ndarray | None, group_size: int,
@@ -144,8 +162,7 @@ class SinksView(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.setToolTip("Click: select the head · double-click: open it in the heatmap")
         # keep the score colour of the selected cell visible: a frame, not a fill
-        self.table.setStyleSheet("QTableWidget::item:selected { border: 3px solid #e0301e; color: black; "
-                                 "background: transparent; }")
+        self.table.setItemDelegate(FramedSelectionDelegate(self.table))
 
         self.plot = pg.PlotWidget(background="w")
         self.plot.setMinimumHeight(150)
@@ -285,6 +302,11 @@ class SinksView(QWidget):
         if it is not None:
             self.table.scrollToItem(it, QAbstractItemView.PositionAtCenter)
 
+    def follow_timeline(self, visible_len: int) -> None:
+        """Show the table as it was with ``visible_len`` tokens (the main window's timeline step)."""
+        if self.report is not None and 2 <= visible_len <= self.report.seq_len:
+            self.step_spin.setValue(visible_len)
+
     # -- clicks -----------------------------------------------------------------------------------
     def _on_cell_clicked(self, layer: int, head: int) -> None:
         self.main.select(layer, head)
@@ -298,4 +320,7 @@ def install_view(window) -> SinksView:
     """Create the Sinks tab and register it with ``window.add_view("sinks", ...)``."""
     view = SinksView(window)
     window.add_view("sinks", "Sinks", view)
+    timeline = getattr(window, "timeline", None)
+    if timeline is not None:  # the main timeline's step picks the table's seq_len too
+        timeline.stepChanged.connect(lambda _step: view.follow_timeline(window.visible_len))
     return view
