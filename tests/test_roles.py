@@ -184,3 +184,33 @@ def test_cli_roles_json(tiny, tmp_path, capsys):
         assert h["label"] in (*roles.ROLES, "mixed")
     assert "heads:" in capsys.readouterr().out
     assert main(["roles", "--model", str(folder), "--prompt", "x", "--json", str(out), "--window", "1"]) == 1
+
+
+def test_mlx_backend_sinks_roles_and_kv(tiny):
+    """The MLX session gives the same sink table and role scores (its Trace has no torch internals:
+    the generic paths), and its own cache is measured."""
+    pytest.importorskip("mlx.core")
+    from core.kv_live import kv_live
+    from core.session import Session
+    from core.sinks import session_sink_report
+
+    folder, eager = tiny["llama"]
+    s = Session.load(str(folder), backend="mlx")
+    s.prefill(PROMPT, chat_template=False)
+    s.step(1)
+    ids = s.ids
+    _, att = eager_reference(eager, ids)
+    A = np.stack(att)
+    np.testing.assert_allclose(session_sink_report(s).sink, A[:, :, 1:, 0].mean(-1), atol=1e-5)
+    table = roles.role_table(s, probe_len=8, n_probes=1)
+    ref = reference_scores(A, delimiter_positions(s.tokens), roles.DEFAULT_WINDOW)
+    for k in ref:
+        np.testing.assert_allclose(table.scores[k], ref[k], atol=1e-5, err_msg=k)
+    probe, off = roles.probe_ids(s.tokenizer, 262, 8, 0)
+    _, patt = eager_reference(eager, probe)
+    P = np.stack(patt)
+    np.testing.assert_allclose(table.scores["induction"],
+                               np.mean([P[:, :, i, i - 7] for i in range(off + 8, off + 16)], axis=0), atol=1e-5)
+    assert s.ids == ids  # the probe ran in its own caches
+    live = kv_live(s)
+    assert live.total_bytes == live.formula_bytes == s.kv_cache_bytes()

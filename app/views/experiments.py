@@ -202,13 +202,20 @@ class ExperimentsView(QWidget):
         if key != self._run_key:
             self._run_key = key
             self.clear()
-        enabled = snap.seq_len >= 2
+        enabled = snap.seq_len >= 2 and self._torch(snap)
         for b in (self.run_button, self.run_all_button):
             b.setEnabled(enabled)
+        if not self._torch(snap):
+            self.help.setText(f"Experiments change the attention function of the torch backend; this session runs "
+                              f"on {snap.backend}. Reload the model with the torch backend to run them.")
+
+    @staticmethod
+    def _torch(snap) -> bool:
+        return snap.backend == "torch"
 
     def refresh(self) -> None:
         snap = self.main.snapshot
-        if snap is None or snap.seq_len < 2 or self._running:
+        if snap is None or snap.seq_len < 2 or self._running or not self._torch(snap):
             return
         key = (self._run_key, snap.seq_len)
         if self._auto_done_for != key and snap.seq_len <= AUTO_RUN_MAX_TOKENS and not self._has_results_for(snap.seq_len):
@@ -243,7 +250,8 @@ class ExperimentsView(QWidget):
 
     def _done(self) -> None:
         self._running = False
-        ok = self.main.snapshot is not None and self.main.snapshot.seq_len >= 2
+        snap = self.main.snapshot
+        ok = snap is not None and snap.seq_len >= 2 and self._torch(snap)
         self.run_button.setEnabled(ok)
         self.run_all_button.setEnabled(ok)
 
