@@ -103,6 +103,7 @@ def test_figure_svg_parses_and_every_cell_has_its_colour(tmp_path):
     texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
     assert "T itle" in texts and " cat" in texts and "↵" in texts and "␣" in texts
     assert "attention weight" in texts and "1.00" in texts and "0.00" in texts
+    assert len(list(root.iter(SVG + "image"))) == 1  # only the colour bar: cells are vector rectangles
 
 
 def test_figure_pdf_parses(tmp_path):
@@ -121,8 +122,8 @@ def test_large_maps_are_images_and_pooling_keeps_spikes(tmp_path):
     w = _map(300)
     x, y, cw, _ = _paint(tmp_path / "big.svg", w, size=(1000, 1000), dpi=100)
     root = ET.parse(tmp_path / "big.svg").getroot()
-    assert len(list(root.iter(SVG + "image"))) == 1
-    assert len(list(root.iter(SVG + "rect"))) < 400  # colour bar and frames, not 45 000 cells
+    assert len(list(root.iter(SVG + "image"))) == 2  # the map and the colour bar
+    assert len(list(root.iter(SVG + "rect"))) < 10  # frames, not 45 000 cells
     # more cells than pixels: max-pooled, so one strong weight stays visible
     w = np.zeros((3000, 3000), dtype=np.float32)
     w[1234, 17] = 1.0
