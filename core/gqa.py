@@ -110,10 +110,12 @@ def group_summary(dist: np.ndarray, group_size: int) -> tuple[np.ndarray, float,
 
 
 def sample_rows(n: int, max_rows: int) -> np.ndarray:
-    """Rows ``1 .. n-1``, or ``max_rows`` of them evenly spaced when there are more."""
-    if n - 1 <= max_rows:
-        return np.arange(1, n)
-    return np.unique(np.linspace(1, n - 1, max_rows).round().astype(np.int64))
+    """Query rows the distances average over: ``1 .. n-1``, or the last ``max_rows`` of them.
+
+    The last rows are taken (one contiguous band, so one exact tile per head): they see the most
+    keys, and they are the rows a decode step adds.
+    """
+    return np.arange(max(1, n - max_rows), n)
 
 
 def cached_keys(session, layer: int, kv_head: int, n: int | None = None) -> np.ndarray:
@@ -146,9 +148,9 @@ class GroupReport:
         keys: ``(n_k, head_dim)`` float32 cached keys of ``kv_head`` (max-|k| pooled rows if long).
         distances: ``(n_heads, n_heads)`` mean JS distance of the whole layer (base 2).
         within: ``(n_kv_heads,)`` mean within-group distance per group; within_mean, across_mean.
-        rows_used: how many query rows the distances average over (all rows 1..n-1, or a sample).
+        rows_used: how many query rows the distances average over (all rows 1..n-1, or the last ones).
         layers_within, layers_across: ``(n_layers,)`` the same two means for every layer (on a
-            row sample of at most ``layer_rows`` rows), or None when not asked for.
+            the last ``layer_rows`` rows at most), or None when not asked for.
         auto_max: shared upper colour level of the group's maps (max of
             :func:`core.aggregate.robust_max` over them); keys_absmax: ``max |keys|``.
     """
@@ -178,8 +180,8 @@ def group_report(session, layer: int, kv_head: int, n: int | None = None, size: 
     """Everything the GQA panel shows for ``(layer, kv_head)`` over the first ``n`` positions.
 
     Maps larger than ``size`` are max-pooled to ``size × size``; distances use every row
-    ``1 .. n-1`` up to ``max_rows`` rows, an even sample beyond; the per-layer table uses at most
-    ``layer_rows`` rows per layer.
+    ``1 .. n-1`` up to ``max_rows`` rows, the last ``max_rows`` beyond (:func:`sample_rows`); the
+    per-layer table uses at most the last ``layer_rows`` rows per layer.
 
     Raises:
         IndexError: layer or KV head out of range, ``n`` out of range.
@@ -222,7 +224,7 @@ def layer_table(session, n: int | None = None, max_rows: int = 32,
     """Mean within-group and across-group JS distance for every layer.
 
     Returns ``(within, across, rows_used)``, two ``(n_layers,)`` float64 arrays averaged over
-    ``rows_used`` query rows (all rows ``1 .. n-1``, or ``max_rows`` evenly spaced ones).
+    ``rows_used`` query rows (all rows ``1 .. n-1``, or the last ``max_rows``).
     """
     info = session.info
     n = session.seq_len if n is None else n

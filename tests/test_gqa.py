@@ -41,8 +41,7 @@ def test_group_summary_by_hand():
 
 def test_sample_rows():
     np.testing.assert_array_equal(gqa.sample_rows(5, 10), [1, 2, 3, 4])
-    r = gqa.sample_rows(1000, 10)
-    assert r[0] == 1 and r[-1] == 999 and len(r) == 10
+    np.testing.assert_array_equal(gqa.sample_rows(1000, 10), np.arange(990, 1000))  # the last rows, one band
 
 
 @pytest.fixture(scope="module")

@@ -91,13 +91,13 @@ class GqaView(QWidget):
         self.pair_table = QTableWidget()
         self.pair_table.setToolTip("Mean over query rows of sqrt(JSD) in bits: 0 = same rows, 1 = disjoint")
         left.addWidget(self.pair_table)
-        bl.addLayout(left, 3)
+        bl.addLayout(left, 2)
         mid = QVBoxLayout()
         self.layer_title = QLabel("<b>This layer: within vs across groups</b>")
         mid.addWidget(self.layer_title)
         self.layer_table_widget = QTableWidget()
         mid.addWidget(self.layer_table_widget)
-        bl.addLayout(mid, 3)
+        bl.addLayout(mid, 2)
         self.layers_plot = pg.PlotWidget(background="w")
         self.layers_plot.setMenuEnabled(False)
         self.layers_plot.hideButtons()
@@ -108,7 +108,12 @@ class GqaView(QWidget):
         for ax in ("left", "bottom"):
             self.layers_plot.getAxis(ax).setPen("k")
             self.layers_plot.getAxis(ax).setTextPen("k")
-        bl.addWidget(self.layers_plot, 4)
+        right = QVBoxLayout()
+        self.layers_title = QLabel("<b>Every layer</b>")
+        self.layers_title.setWordWrap(True)
+        right.addWidget(self.layers_title)
+        right.addWidget(self.layers_plot, 1)
+        bl.addLayout(right, 4)
         split.addWidget(bottom)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
@@ -189,7 +194,6 @@ class GqaView(QWidget):
             self.plots.append(p)
             self.images.append(img)
         for p in self.plots[:g]:
-            p.setAspectLocked(True)
             p.setLabel("bottom", "key")
         self.plots[0].setLabel("left", "query")
         self.plots[g].setLabel("bottom", "head_dim channel")
@@ -224,7 +228,8 @@ class GqaView(QWidget):
         k.setImage(r.keys, autoLevels=False, levels=(-r.keys_absmax, r.keys_absmax))
         k.setColorMap(cmap)
         k.setRect(0, 0, r.keys.shape[1], r.n)
-        self.plots[g].setTitle(f"KV head {r.kv_head}: cached keys (post-RoPE), ±{r.keys_absmax:.2g}", color="k")
+        self.plots[g].setTitle(f"KV head {r.kv_head}: cached keys (post-RoPE), colours −{r.keys_absmax:.2g} … "
+                               f"+{r.keys_absmax:.2g}", color="k", size="10pt")
         self.plots[g].setRange(xRange=(0, r.keys.shape[1]), yRange=(0, r.n), padding=0.02)
 
     def _fill_pairs(self, r) -> None:
@@ -244,7 +249,8 @@ class GqaView(QWidget):
                 t.setItem(i, j, item)
         t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
         t.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        rows = f"{r.rows_used} query rows" + ("" if r.rows_used == r.n - 1 else f" (sampled of {r.n - 1})")
+        rows = (f"all {r.rows_used} query rows after row 0" if r.rows_used == r.n - 1
+                else f"the last {r.rows_used} of {r.n - 1} query rows")
         self.pair_title.setText(f"<b>JS distance between the group's heads</b> (base 2, mean over {rows})")
 
     def _fill_layer(self, r, info) -> None:
@@ -289,8 +295,9 @@ class GqaView(QWidget):
                symbolBrush=(230, 120, 20), name="across groups")
         if self.report is not None:
             p.addItem(pg.InfiniteLine(self.report.layer, angle=90, pen=pg.mkPen((200, 30, 30), style=Qt.DashLine)))
-        p.setTitle(f"every layer ({rows_used} rows each): <span style='color:#3b528b'>● within a KV group</span> "
-                   f"<span style='color:#e67814'>■ across groups</span>", color="k", size="9pt")
+        self.layers_title.setText(
+            f"<b>Every layer</b> (mean JS over {rows_used} rows each): <span style='color:#3b528b'>● within a KV "
+            f"group</span> vs <span style='color:#e67814'>■ across groups</span>; dashed: this layer")
 
     # -- interaction -------------------------------------------------------------------------------
     def _plot_at(self, pos):
