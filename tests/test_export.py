@@ -249,3 +249,10 @@ def test_cli_all_heads_session_and_frames(tmp_path, smol_session):
     root = ET.parse(tmp_path / "f.svg").getroot()
     assert root.tag.endswith("svg") and json.loads(root.find("{http://www.w3.org/2000/svg}desc").text)["head"] == 7
     assert Image.open(tmp_path / "f.gif").n_frames == 3
+
+
+def test_core_export_modules_stay_qt_free():
+    code = ("import sys, core.export, core.sessionfile, core.commands.export; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'app')]; print(bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
