@@ -21,7 +21,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -45,14 +45,16 @@ class JobContext:
 
     worker: EngineWorker
     session: Any = None
-    _cancel: threading.Event = field(default_factory=threading.Event)
+    job_id: int = 0  # the job running now
+    cancel_upto: int = 0  # every job with an id <= this was cancelled (set from the GUI thread)
 
     def progress(self, message: str, fraction: float = -1.0) -> None:
         """Report progress (fraction in [0, 1], or -1 when unknown) to the GUI."""
         self.worker.progress.emit(message, float(fraction))
 
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        """True once the user cancelled this job (while it ran or while it waited in the queue)."""
+        return self.job_id <= self.cancel_upto
 
 
 class EngineWorker(QObject):
@@ -95,8 +97,7 @@ class EngineWorker(QObject):
                 job = self._queue.popleft()
             self.busy.emit(True, job.label)
             try:
-                if job.channel is None:
-                    self.ctx._cancel.clear()
+                self.ctx.job_id = job.id
                 result = job.fn(self.ctx)
             except Cancelled as e:
                 self.failed.emit(job, str(e) or "cancelled")
@@ -124,6 +125,7 @@ class Engine(QObject):
         super().__init__(parent)
         self._ids = itertools.count(1)
         self._outstanding: set[int] = set()  # submitted, not yet reported back
+        self._last_id = 0
         self.thread = QThread()
         self.thread.setObjectName("attnscope-engine")
         self.worker = EngineWorker()
@@ -145,7 +147,7 @@ class Engine(QObject):
         return self._put(Job(fn, on_done, on_error, channel, label))
 
     def _put(self, job: Job) -> int:
-        job.id = next(self._ids)
+        job.id = self._last_id = next(self._ids)
         self._outstanding.add(job.id)
         for old in self.worker.put(job):
             self._outstanding.discard(old.id)
@@ -153,7 +155,8 @@ class Engine(QObject):
 
     def cancel(self) -> None:
         """Ask the running command to stop at its next checkpoint."""
-        self.worker.ctx._cancel.set()
+        # Cancels the running job and every job queued so far; jobs submitted later run normally.
+        self.worker.ctx.cancel_upto = self._last_id
 
     @property
     def session(self):

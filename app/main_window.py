@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QIcon, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QCheckBox,
@@ -213,6 +213,7 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.engine = Engine(self)
         self.backend_name, self.device, self.dtype = backend, device, dtype
+        self.model_ref: str | None = model
         self.snapshot: Snapshot | None = None
         self.weights: np.ndarray | None = None
         self.weights_key: tuple[int, int] | None = None
@@ -397,6 +398,19 @@ class MainWindow(QMainWindow):
         view_menu.addSeparator()
         self.view_menu = view_menu
 
+        backend_menu = mb.addMenu("&Backend")
+        group = QActionGroup(self)
+        group.setExclusive(True)
+        self.backend_actions: dict[str, QAction] = {}
+        for name, label in (("torch", "&torch (CUDA when available, else CPU)"),
+                            ("mlx", "&MLX (Apple silicon; slow CPU build on Linux)")):
+            a = QAction(label, self, checkable=True)
+            a.setChecked(name == self.backend_name)
+            a.triggered.connect(lambda _checked=False, n=name: self.set_backend(n))
+            group.addAction(a)
+            backend_menu.addAction(a)
+            self.backend_actions[name] = a
+
         help_menu = mb.addMenu("&Help")
         self._action(help_menu, "&About AttnScope", self._about)
 
@@ -519,8 +533,22 @@ class MainWindow(QMainWindow):
         self._show_token_strip()
 
     # -- commands ------------------------------------------------------------------------------
+    def set_backend(self, name: str) -> None:
+        """Switch the compute backend ("torch" or "mlx") and reload the current model on it."""
+        import importlib.util
+
+        if name == self.backend_name:
+            return
+        if name == "mlx" and importlib.util.find_spec("mlx") is None:
+            self.show_error("MLX is not installed: pip install 'attnscope[mlx]' (mlx[cpu] on Linux).")
+            self.backend_actions[self.backend_name].setChecked(True)
+            return
+        self.backend_name = name
+        self.load_model(self.model_ref)
+
     def load_model(self, model: str | None) -> None:
         """Load ``model`` (None = embedded default) on the engine thread; the old one stays on failure."""
+        self.model_ref = model
         name = "the default model" if model is None else Path(str(model)).name
         self.statusBar().showMessage(f"Loading {name}…")
         self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype),
@@ -549,6 +577,9 @@ class MainWindow(QMainWindow):
         self._set_running(True)
 
     def _on_load_failed(self, message: str) -> None:
+        if self.snapshot is not None:  # the previous model (and its backend) stays
+            self.backend_name = self.snapshot.backend
+            self.backend_actions[self.backend_name].setChecked(True)
         self.show_error(f"Could not load the model: {message}")
         self._set_running(self.snapshot is not None)
 
@@ -721,7 +752,7 @@ class MainWindow(QMainWindow):
     def _on_busy(self, on: bool, label: str) -> None:
         long_job = label in ("loading model", "prefill", "decode", "open session", "batch export")
         self.progress.setVisible(on)
-        self.cancel_button.setVisible(on and label in ("prefill", "decode", "open session", "batch export"))
+        self.cancel_button.setVisible(on and label in ("loading model", "prefill", "decode", "open session", "batch export"))
         if on:
             self.progress.setRange(0, 0)
             if long_job:
@@ -740,8 +771,12 @@ class MainWindow(QMainWindow):
     def open_model_dialog(self) -> None:
         picker = _model_picker_class()
         if picker is not None:
-            dlg = picker(self)
+            dlg = picker(self, backend=self.backend_name, device=self.device, dtype=self.dtype)
             if dlg.exec() and dlg.selected_path():
+                self.backend_name = dlg.backend.currentText()
+                self.device = dlg.device.currentText()
+                self.dtype = dlg.dtype.currentText()
+                self.backend_actions[self.backend_name].setChecked(True)
                 self.load_model(dlg.selected_path())
             return
         path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", str(Path.home()), "GGUF models (*.gguf)")

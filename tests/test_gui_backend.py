@@ -1,0 +1,60 @@
+"""The Backend menu reloads the model on MLX and back; a failed or cancelled load keeps the old model."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from app.main_window import MainWindow
+
+PROMPT = "The cat sat on the mat."
+
+
+@pytest.fixture()
+def window(qtbot):
+    win = MainWindow()
+    qtbot.addWidget(win)
+    assert win.engine.wait_idle(300)
+    yield win
+    win.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx not installed")
+def test_switch_to_mlx_and_back(window):
+    win = window
+    win.prompt_edit.setPlainText(PROMPT)
+    win.run_prompt()
+    assert win.engine.wait_idle(120)
+    torch_w = win.weights.copy()
+    win.backend_actions["mlx"].trigger()
+    assert win.engine.wait_idle(600)
+    assert win.last_error is None
+    assert win.snapshot.backend == "mlx" and win.backend_actions["mlx"].isChecked()
+    win.run_prompt()
+    assert win.engine.wait_idle(600)
+    np.testing.assert_allclose(win.weights, torch_w, atol=1e-4)
+    win.backend_actions["torch"].trigger()
+    assert win.engine.wait_idle(120)
+    assert win.snapshot.backend == "torch"
+
+
+def test_failed_load_keeps_backend_and_model(window, tmp_path):
+    win = window
+    win.load_model(str(tmp_path))  # empty folder: not a model
+    assert win.engine.wait_idle(60)
+    assert "not a model folder" in win.last_error
+    assert win.backend_name == "torch" and win.backend_actions["torch"].isChecked()
+    assert win.snapshot.info.name == "SmolLM2-135M-Instruct"
+
+
+def test_cancelled_load_keeps_model(window):
+    win = window
+    before = win.snapshot.info
+    win.load_model(None)
+    win.engine.cancel()  # set before the job's first stage: it stops at its first checkpoint
+    assert win.engine.wait_idle(120)
+    assert win.snapshot.info == before
+    assert "cancelled" in win.last_error  # the load really stopped at its first checkpoint
