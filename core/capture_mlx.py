@@ -81,6 +81,13 @@ class MlxTrace:
         self.enabled = True
         self.layers = [MlxLayerRecord() for _ in range(n_layers)]
 
+    def reserve(self, n_rows: int, dtype=None, device=None) -> None:
+        """Accepted for API parity with :meth:`core.capture.TorchTrace.reserve`; nothing to do here.
+
+        MLX arrays are immutable values: rows arrive as one array per chunk and are concatenated
+        (once) when a view reads them, so there is no buffer to grow in advance.
+        """
+
     # -- recording (called from the attention module, inside the forward) -----------------------
     def record(self, layer: int, query: mx.array, lse: mx.array, cache, scale: float,
                sliding_window: int | None) -> None:
