@@ -419,10 +419,7 @@ class HeatmapView(QWidget):
         else:
             need = fm.height() + 2
         stride = max(1, math.ceil(need / max(px_per_cell, 1e-9)))
-        if stride > 1:  # round to 1, 2, 5 × 10^k so labels do not jump while panning
-            p = 10 ** math.floor(math.log10(stride))
-            stride = next(m * p for m in (1, 2, 5, 10) if m * p >= stride)
-        first -= first % stride
+        first -= first % stride  # labels sit on multiples of the stride: they stay put while panning
         ticks, right = [], -math.inf
         for i in range(first, last, stride):
             label = token_label(tokens[i])

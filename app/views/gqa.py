@@ -87,15 +87,20 @@ class GqaView(QWidget):
         bl.setContentsMargins(0, 0, 0, 0)
         left = QVBoxLayout()
         self.pair_title = QLabel("<b>JS distance between the group's heads</b>")
+        self.pair_title.setWordWrap(True)
         left.addWidget(self.pair_title)
         self.pair_table = QTableWidget()
         self.pair_table.setToolTip("Mean over query rows of sqrt(JSD) in bits: 0 = same rows, 1 = disjoint")
+        self.pair_table.setMaximumWidth(340)
         left.addWidget(self.pair_table)
         bl.addLayout(left, 2)
         mid = QVBoxLayout()
         self.layer_title = QLabel("<b>This layer: within vs across groups</b>")
+        self.layer_title.setWordWrap(True)
         mid.addWidget(self.layer_title)
         self.layer_table_widget = QTableWidget()
+        self.layer_table_widget.setMaximumWidth(380)
+        self.layer_table_widget.setMinimumWidth(330)
         mid.addWidget(self.layer_table_widget)
         bl.addLayout(mid, 2)
         self.layers_plot = pg.PlotWidget(background="w")
@@ -257,7 +262,7 @@ class GqaView(QWidget):
         t = self.layer_table_widget
         g = info.group_size
         t.setColumnCount(2)
-        t.setHorizontalHeaderLabels(["heads", "mean JS distance"])
+        t.setHorizontalHeaderLabels(["heads", "mean JS"])
         rows = []
         for k in range(info.n_kv_heads):
             rows.append((f"within KV group {k}", f"q{k * g}–q{(k + 1) * g - 1}", float(r.within[k]), k == r.kv_head))
