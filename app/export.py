@@ -21,7 +21,6 @@ import importlib.util
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -57,30 +56,6 @@ from PySide6.QtWidgets import (
 from core import __version__
 from core.colormaps import normalize, to_rgb
 from core.pooling import max_pool
-
-
-def immortalize_none() -> None:
-    """Work around a PySide6 6.12 refcount bug on CPython < 3.12: make ``None`` effectively immortal.
-
-    PySide6 6.12.0 (abi3 wheels) returns ``None`` from every void method (``QPainter.fillRect``,
-    ``QLabel.setText``...) without a new reference, as if ``None`` were immortal (it is from Python 3.12
-    on). On 3.11 each such call takes one reference away from ``None``; after some 50 000 calls (the
-    references a process with torch loaded holds) Python aborts with "Fatal Python error: none_dealloc".
-    A batch export of 270 SVG figures makes ~150 000 such calls. Measured here: 1000 calls of
-    ``QRectF.setWidth`` lower ``sys.getrefcount(None)`` by exactly 1000. Adding 2**40 references (what
-    3.12's immortal objects do by design) keeps ``None`` alive for a trillion calls. Remove when the
-    venv's PySide6 no longer loses references (check: the refcount of None is unchanged by void calls).
-    """
-    if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
-        return
-    import ctypes
-
-    refcnt = ctypes.c_ssize_t.from_address(id(None))  # ob_refcnt is PyObject's first field
-    if refcnt.value < 1 << 39:
-        refcnt.value += 1 << 40
-
-
-immortalize_none()
 
 VECTOR_MAX_CELLS = 65536  # up to 256 × 256 tokens the cells are rectangles; beyond, one image
 FIGURE_SIZE_IN = (8.0, 7.0)  # default figure size in inches
