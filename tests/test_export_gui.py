@@ -42,7 +42,7 @@ def _paint(path, w, size=(900, 800), dpi=120.0, **kw):
     return r.x(), r.y(), r.width(), r.height()
 
 
-def test_void_qt_calls_keep_none_alive():
+def test_void_qt_calls_keep_none_alive(qapp):
     """PySide6 6.12.0 took a reference from None on every void call (Python aborted with
     'Fatal Python error: none_dealloc' after ~50 000 calls); pyproject pins a release without the bug."""
     from PySide6.QtCore import QRectF
