@@ -100,3 +100,13 @@ def test_cancel_between_heads(tiny):
     s, _ = tiny
     with pytest.raises(Cancelled):
         aggregate.map_at(s, 0, 0, "all", cancelled=lambda: True)
+
+
+def test_thumbnails_at_a_step(tiny):
+    s, att = tiny
+    T = s.seq_len
+    th = aggregate.thumbnails(s, n=T - 1, size=6)
+    assert th.shape == (2, 4, 6, 6)
+    for layer in range(2):
+        for head in range(4):
+            np.testing.assert_allclose(th[layer, head], max_pool(att[layer, head, : T - 1, : T - 1], 6, 6), atol=2e-6)

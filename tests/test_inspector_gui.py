@@ -283,3 +283,16 @@ def test_long_prompt_overview_and_exact_tiles(qtbot):
     qtbot.waitUntil(lambda: "background-color" in w.token_strip.toHtml(), timeout=30_000)
     w.grab().save("/tmp/a4_test_long_zoom.png")
     w.close()
+
+
+def test_grid_follows_timeline(win):
+    s = _session(win)
+    n0 = win.snapshot.n_prompt
+    win.show_view("grid")
+    assert win.engine.wait_idle(120)
+    assert win.grid.canvas.thumbs.shape == (30, 9, n0 + 3, n0 + 3)
+    win.timeline.set_step(0)
+    assert win.engine.wait_idle(120)
+    th = win.grid.canvas.thumbs
+    assert th.shape == (30, 9, n0, n0)
+    np.testing.assert_allclose(th[5, 2], s.weights(5, 2)[:n0, :n0], atol=1e-7)  # n0 < 40: unpooled
