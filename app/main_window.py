@@ -179,12 +179,13 @@ def _sampling_job(sampling):
     return job
 
 
-def _grid_job(size):
-    def job(ctx):
-        from core.pooling import head_thumbnails
+def _grid_job(size, n, cancelled):
+    """Every head's max-pooled map over the first ``n`` positions (the timeline's step)."""
 
-        s = _require(ctx)
-        return head_thumbnails(s, size=size, cancelled=ctx.cancelled)
+    def job(ctx):
+        from core.aggregate import thumbnails
+
+        return n, thumbnails(_require(ctx), n, size=size, cancelled=cancelled)
 
     return job
 
@@ -731,11 +732,13 @@ class MainWindow(QMainWindow):
     def request_grid(self) -> None:
         if self.snapshot is None or self.snapshot.seq_len == 0:
             return
-        self.engine.submit("grid", _grid_job(40), self._on_grid, label="head grid")
+        self.submit_view("grid", _grid_job(40, self.visible_len, self.cancel_token("grid")), self._on_grid,
+                         label="head grid")
 
-    def _on_grid(self, thumbs) -> None:
-        if self.snapshot is None:
-            return
+    def _on_grid(self, result) -> None:
+        n, thumbs = result
+        if self.snapshot is None or n != self.visible_len:
+            return  # stale: the step changed since the request
         self.grid.canvas.cmap = self.cmap_combo.currentText()
         self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size)
         self.grid.canvas.set_selected(self.layer, self.head)
