@@ -56,9 +56,15 @@ def mask_bias_mlx(m: Mask, L: int, S: int, n_kv_heads: int, dtype=mx.float32) ->
     :func:`core.attention.mask_bias`, the torch twin).
     """
     bias = None
-    if m.causal:
-        allowed = causal_allowed(np.arange(S - L, S), np.arange(S), m.window)
-        bias = mx.array(np.where(allowed, 0.0, -np.inf).astype(np.float32)).astype(dtype)
+    if m.causal and not (L == 1 and (m.window is None or m.window >= S)):  # a decode row sees all
+        # Built with MLX ops on the device (no numpy L × S round trip per layer); same rule as
+        # core.masks.causal_allowed: key j <= query position i + S - L, and j > that - window.
+        q_pos = mx.arange(S - L, S)[:, None]
+        k_pos = mx.arange(S)[None, :]
+        allowed = k_pos <= q_pos
+        if m.window is not None:
+            allowed = mx.logical_and(allowed, k_pos > q_pos - m.window)
+        bias = mx.where(allowed, mx.array(0.0, dtype=dtype), mx.array(-np.inf, dtype=dtype))
     if m.array is not None:
         a = to_4d(_as_mx(m.array))
         if a.dtype == mx.bool_:
