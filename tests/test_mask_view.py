@@ -121,3 +121,27 @@ def test_bad_selection(llama):
         mask_report(s, 0, 4, 0)
     with pytest.raises(IndexError):
         mask_report(s, 0, 0, 4)
+
+
+def test_smollm2_mask_and_aggregates_against_eager(smol_session, smol_folder):
+    """SmolLM2: the decode-step row, prefill rows, entropies and a KV-group mean vs transformers eager."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from core.aggregate import map_at
+
+    s = smol_session
+    s.prefill("Grouped-query attention lets nine query heads share three KV heads.", chat_template=False)
+    s.step(2)
+    model = AutoModelForCausalLM.from_pretrained(smol_folder, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        att = [a[0].float().numpy() for a in model(torch.tensor([s.ids]), output_attentions=True).attentions]
+    n0, T = s.n_prompt, s.seq_len
+    d = mask_report(s, 11, 5, 2)
+    assert (d.L, d.S, d.offset) == (1, T, T - 1) and d.allowed.all()
+    np.testing.assert_allclose(d.weights[0], att[11][5, T - 1], atol=1e-5)
+    np.testing.assert_allclose(d.entropy, entropy_nats(att[11][5, T - 1 :]), atol=1e-4)
+    p = mask_report(s, 11, 5, 0)
+    np.testing.assert_allclose(p.weights, att[11][5, :n0, :n0], atol=1e-5)
+    np.testing.assert_allclose(p.entropy, entropy_nats(att[11][5, :n0, :n0]), atol=1e-4)
+    np.testing.assert_allclose(map_at(s, 11, 5, "group", n=n0 + 1), att[11][3:6, : n0 + 1, : n0 + 1].mean(0), atol=1e-5)
