@@ -461,12 +461,17 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tu
     """Turn a model reference into a loadable HF folder and a display name.
 
     ``None`` or ``"default"`` is the embedded default; a ``.gguf`` file is converted (cached);
-    a folder is validated.
+    a folder is validated. Where the environment variable ``ATTNSCOPE_DEFAULT_MODEL`` names a
+    folder (or .gguf), that is the embedded default already converted: packaged apps convert it
+    once at install time and set the variable (packaging/entry.py), so no first-start conversion.
 
     Raises:
         ModelLoadError: anything that makes the reference unusable, with the reason.
     """
     if model is None or str(model) in ("", "default"):
+        preconverted = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+        if preconverted not in ("", "default"):
+            return resolve(preconverted, progress)[0], DEFAULT_MODEL_NAME
         gguf = default_gguf_path()
         return convert_gguf(gguf, progress), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
