@@ -15,7 +15,7 @@ handbook §4 "Attention sinks") is ``exp(q_i · k_0 · scale − lse_i)``, linea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,32 +32,64 @@ def _as_slice(sel: slice | None, n: int) -> slice:
     return slice(start, stop)
 
 
+# Rows of spare room a growing trace adds beyond what is asked (decode steps append one row each).
+HEADROOM_ROWS = 256
+
+
+class _RowStore:
+    """Query rows and LSE of every layer in two preallocated tensors, grown geometrically.
+
+    ``q`` is ``(n_layers, n_heads, capacity, D)`` in the model's dtype, ``lse`` ``(n_layers,
+    n_heads, capacity)`` float32. One allocation per prefill (not one per layer and chunk) keeps
+    the capture out of the C heap's fragmentation: the measured peak RSS growth of a 2048-token
+    prefill on SmolLM2 was 270-560 MB with per-chunk tensors for 236 MB of q + KV data.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, head_dim: int):
+        self.shape = (n_layers, n_heads, head_dim)
+        self.q: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.q is None else self.q.shape[2]
+
+    def ensure(self, n_rows: int, keep: int, dtype: torch.dtype, device) -> None:
+        """Room for ``n_rows`` rows; the first ``keep`` rows of every layer survive a regrowth."""
+        if (self.q is not None and n_rows <= self.capacity and self.q.dtype == dtype
+                and self.q.device.type == device.type and device.index in (None, self.q.device.index)):
+            return
+        L, H, D = self.shape
+        cap = max(n_rows + HEADROOM_ROWS, self.capacity + self.capacity // 4)
+        q = torch.empty((L, H, cap, D), dtype=dtype, device=device)
+        lse = torch.empty((L, H, cap), dtype=torch.float32, device=device)
+        if self.q is not None and keep:
+            q[:, :, :keep] = self.q[:, :, :keep]
+            lse[:, :, :keep] = self.lse[:, :, :keep]
+        self.q, self.lse = q, lse
+
+
 @dataclass
 class LayerRecord:
-    """What one attention layer recorded. Tensors are views of the model's own buffers."""
+    """What one attention layer recorded: its rows of the trace's q/LSE store, the cache's keys."""
 
-    q_chunks: list[torch.Tensor] = field(default_factory=list)  # each (n_heads, L_i, D)
-    lse_chunks: list[torch.Tensor] = field(default_factory=list)  # each (n_heads, L_i) float32
     keys: torch.Tensor | None = None  # (n_kv_heads, S, D), the cache's tensor
     scale: float = 1.0
     sliding_window: int | None = None
-    _q: torch.Tensor | None = None
-    _lse: torch.Tensor | None = None
+    rows: int = 0
+    layer: int = 0
+    store: _RowStore | None = None
 
     def q(self) -> torch.Tensor:
-        if self._q is None or self._q.shape[1] != sum(c.shape[1] for c in self.q_chunks):
-            self._q = torch.cat(self.q_chunks, dim=1) if len(self.q_chunks) > 1 else self.q_chunks[0]
-            self.q_chunks = [self._q]
-        return self._q
+        """``(n_heads, rows, D)`` post-RoPE queries (a view of the store: read it, don't keep it)."""
+        return self.store.q[self.layer, :, : self.rows]
 
     def lse(self) -> torch.Tensor:
-        if self._lse is None or self._lse.shape[1] != sum(c.shape[1] for c in self.lse_chunks):
-            self._lse = torch.cat(self.lse_chunks, dim=1) if len(self.lse_chunks) > 1 else self.lse_chunks[0]
-            self.lse_chunks = [self._lse]
-        return self._lse
+        """``(n_heads, rows)`` float32 LSE (a view of the store)."""
+        return self.store.lse[self.layer, :, : self.rows]
 
     def n_rows(self) -> int:
-        return sum(c.shape[1] for c in self.q_chunks)
+        return self.rows
 
 
 class TorchTrace:
@@ -75,7 +107,12 @@ class TorchTrace:
         self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
         self.group_size = n_heads // n_kv_heads
         self.enabled = True
-        self.layers = [LayerRecord() for _ in range(n_layers)]
+        self.reset()
+
+    def reserve(self, n_rows: int, dtype: torch.dtype, device) -> None:
+        """Make room for ``n_rows`` rows per layer in one allocation (the backend calls this before
+        a forward, with the sequence length it will reach). Optional: :meth:`record` grows too."""
+        self._store.ensure(n_rows, max(r.rows for r in self.layers), dtype, torch.device(device))
 
     # -- recording (called from the attention function, inside the model's forward) -----------
     def record(
@@ -97,22 +134,24 @@ class TorchTrace:
         if not self.enabled:
             return
         rec = self.layers[layer]
-        rec.q_chunks.append(query[0].detach())
-        rec.lse_chunks.append(lse[0].detach())
+        n, L = rec.rows, query.shape[2]
+        self._store.ensure(n + L, max(r.rows for r in self.layers), query.dtype, query.device)
+        self._store.q[layer, :, n : n + L] = query[0].detach()
+        self._store.lse[layer, :, n : n + L] = lse[0].detach()
+        rec.rows = n + L
         rec.keys = key[0].detach()
         rec.scale = float(scale)
         rec.sliding_window = sliding_window
 
     def reset(self) -> None:
-        self.layers = [LayerRecord() for _ in range(self.n_layers)]
+        self._store = _RowStore(self.n_layers, self.n_heads, self.head_dim)
+        self.layers = [LayerRecord(layer=i, store=self._store) for i in range(self.n_layers)]
 
     def truncate(self, n: int) -> None:
         """Forget every row at position ``>= n`` (step back); keys are cropped by the cache."""
         for rec in self.layers:
             if rec.n_rows() > n:
-                q, lse = rec.q()[:, :n], rec.lse()[:, :n]
-                rec.q_chunks, rec.lse_chunks = [q], [lse]
-                rec._q, rec._lse = q, lse
+                rec.rows = n
                 if rec.keys is not None:
                     rec.keys = rec.keys[:, :n]
 
@@ -131,7 +170,7 @@ class TorchTrace:
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"layer {layer} out of range 0..{self.n_layers - 1}")
         rec = self.layers[layer]
-        if not rec.q_chunks or rec.keys is None:
+        if not rec.rows or rec.keys is None:
             raise RuntimeError("nothing captured yet: run a prompt first")
         return rec
 

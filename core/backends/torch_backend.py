@@ -138,6 +138,8 @@ class TorchBackend:
         """
         start = self.seq_len
         outs = []
+        if self.trace.enabled:  # one allocation for the whole capture (see core.capture._RowStore)
+            self.trace.reserve(start + len(ids), dtype=self.model.dtype, device=self.device)
         try:
             for c0 in range(0, len(ids), PREFILL_CHUNK):
                 if cancelled is not None and cancelled():
