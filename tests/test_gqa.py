@@ -128,3 +128,22 @@ def test_group_report_smollm2_against_eager(smol_ran, smol_folder):
         np.testing.assert_allclose(r.within, within, atol=1e-4)
         assert r.across_mean == pytest.approx(am, abs=1e-4)
         assert 0 < r.distances[6, 7] < 1
+
+
+def test_group_report_and_mask_on_mlx(tmp_path):
+    """The same panels' data from the MLX backend (keys read from MLX's cache) equal eager."""
+    pytest.importorskip("mlx.core")
+    from core.maskview import mask_report
+    from core.session import Session
+
+    model = save_tiny("llama", tmp_path, seed=2)
+    s = Session.load(str(tmp_path), backend="mlx")
+    s.prefill("hello mlx world", chat_template=False)
+    s.step(2)
+    _, att = eager_reference(model, s.ids)
+    r = gqa.group_report(s, 1, 1)
+    np.testing.assert_allclose(r.maps, att[1][2:4], atol=2e-6)
+    assert r.keys.shape == (s.seq_len, 16) and r.keys.dtype == np.float32
+    np.testing.assert_allclose(r.distances, _brute(att[1], np.arange(1, s.seq_len)), atol=1e-5)
+    m = mask_report(s, 1, 3, 2)
+    np.testing.assert_allclose(m.weights[0], att[1][3, -1], atol=2e-6)
