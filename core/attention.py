@@ -172,8 +172,7 @@ def sdpa_with_lse(
         structural, is_causal = False, L == S and L > 1
 
     if q.device.type == "cpu":
-        bias5 = mask_bias(L, S, Hkv, causal=structural, sliding_window=window, array=mask,
-                          dtype=q.dtype, device=q.device)
+        bias5, empty = _bias_and_empty(L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device)
         qg, kg, vg = _gqa_views(q, k, v)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             qg, kg, vg, 0.0, is_causal,
@@ -181,19 +180,34 @@ def sdpa_with_lse(
         )
         out = out.reshape(B, H, L, v.shape[-1])
         lse = lse.reshape(B, H, L).float()
-        if bias5 is not None:
-            out, lse = _zero_empty_rows(out, lse, _empty_rows(bias5, B, Hkv, G, L))
-        return out, lse
+        return _zero_empty_rows(out, lse, empty)
     if q.device.type == "cuda":
-        bias5 = mask_bias(L, S, Hkv, causal=structural, sliding_window=window, array=mask,
-                          dtype=q.dtype, device=q.device)
+        bias5, empty = _bias_and_empty(L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device)
         fused = _cuda_fused(q, k, v, scale, is_causal, bias5)
         if fused is not None:
             out, lse = fused
-            if bias5 is not None:
-                out, lse = _zero_empty_rows(out, lse, _empty_rows(bias5, B, Hkv, G, L))
-            return out, lse
+            return _zero_empty_rows(out, lse, empty)
     return math_with_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+
+
+# The structural mask (causal + window, no extra array) of the last call: every layer of one
+# forward chunk has the same (L, S, window), so it is built once per chunk, not once per layer
+# (saves ~3 % of a chunked 2048-token prefill on the CPU, and the per-layer allocations).
+_last_structural: list = [None]  # [(key, (bias5, empty))]: one slot, replaced whole (thread-safe read)
+
+
+def _bias_and_empty(L, S, B, Hkv, G, causal, window, mask, dtype, device):
+    """``(bias5, empty)``: :func:`mask_bias` and :func:`_empty_rows` of one call (None, None if unmasked)."""
+    cacheable = mask is None
+    key = (L, S, B, Hkv, G, causal, window, dtype, str(device))
+    last = _last_structural[0]
+    if cacheable and last is not None and last[0] == key:
+        return last[1]
+    bias5 = mask_bias(L, S, Hkv, causal=causal, sliding_window=window, array=mask, dtype=dtype, device=device)
+    hit = (bias5, None if bias5 is None else _empty_rows(bias5, B, Hkv, G, L))
+    if cacheable:
+        _last_structural[0] = (key, hit)
+    return hit
 
 
 def _zero_empty_rows(out, lse, empty):
