@@ -92,12 +92,14 @@ DROP = [
     r"(^|/)lib(cuda|cudart|cudnn|cublas|cublasLt|cufft|curand|cusolver|cusparse|nccl|nvrtc|nvToolsExt|nvJitLink"
     r"|cupti|cusparseLt|cufile)[^/]*$",
     r"(^|/)nvidia/", r"(^|/)triton/", r"(^|/)lib(amdhip|rocm|hip|MIOpen)[^/]*$",
-    # Qt: translations, QML, tools, and plugins of modules the app does not use
-    r"PySide6/Qt/translations/", r"PySide6/Qt/qml/",
-    r"(^|/)libQt6(Quick|Qml|Pdf|Designer|Network|Sql|VirtualKeyboard|EglFSDeviceIntegration|EglFsKmsSupport)\w*\.",
-    r"PySide6/Qt/plugins/(qmltooling|sqldrivers|networkinformation|tls|designer|virtualkeyboard|position"
+    # Qt: translations, QML, tools, and plugins of modules the app does not use. Qt's layout differs:
+    # Linux PySide6/Qt/lib/libQt6X.so.6, Windows PySide6/Qt6X.dll, macOS PySide6/Qt/lib/QtX.framework/
+    r"PySide6/(Qt/)?translations/", r"PySide6/(Qt/)?qml/",
+    r"(^|/)(lib)?Qt6?(Quick|Qml|Pdf|Designer|Network|Sql|VirtualKeyboard|EglFSDeviceIntegration|EglFsKmsSupport)\w*"
+    r"(\.so[.0-9]*$|\.dll$|\.framework/)",
+    r"PySide6/(Qt/)?plugins/(qmltooling|sqldrivers|networkinformation|tls|designer|virtualkeyboard|position"
     r"|multimedia)/",
-    r"PySide6/Qt/plugins/platforminputcontexts/libqtvirtualkeyboard",
+    r"PySide6/(Qt/)?plugins/platforminputcontexts/libqtvirtualkeyboard",
     # embedded-device platforms (framebuffer, EGLFS, VNC, evdev input) and the GTK theme plugin, with
     # what only the GTK plugin links: the app runs on X11 (xcb) and Wayland desktops
     r"PySide6/Qt/plugins/platforms/libq(eglfs|linuxfb|minimalegl|vkkhrdisplay|vnc)\.",

