@@ -24,7 +24,15 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 from core.aggregate import MODE_LABELS, MODES
 from core.colormaps import normalize
@@ -143,10 +151,13 @@ class HeatmapView(QWidget):
             bar.addWidget(QLabel(label))
             bar.addWidget(w)
             bar.addSpacing(8)
-        bar.addStretch(1)
         self.mode_label = QLabel("")
         self.mode_label.setStyleSheet("color:#555;")
-        bar.addWidget(self.mode_label)
+        self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
+        for combo in (self.aggregate_combo, self.range_combo):
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(10)
+        bar.addWidget(self.mode_label, 1)
 
         # -- plot
         self.glw = pg.GraphicsLayoutWidget()

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QLabel,
+    QScrollArea,
     QSizePolicy,
     QSpinBox,
     QVBoxLayout,
@@ -114,7 +115,7 @@ class TopTokenBars(QWidget):
         return QSize(260, 10 + n * self.ROW + 16 * legend)
 
     def minimumSizeHint(self) -> QSize:
-        return self.sizeHint()
+        return QSize(200, 120)
 
     def set_table(self, table: NextTokenTable | None) -> None:
         self.table = table
@@ -175,12 +176,19 @@ class TopTokenBars(QWidget):
         return lines
 
 
-class DecodePanel(QWidget):
-    """Sampling controls over the next-token bars (the main window's right-hand side)."""
+class DecodePanel(QScrollArea):
+    """Sampling controls over the next-token bars (the main window's right-hand side); scrolls
+    rather than imposing its height on the window."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QScrollArea.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        inner = QWidget()
+        self.setWidget(inner)
+        self.setMinimumWidth(215)
+        lay = QVBoxLayout(inner)
         lay.setContentsMargins(4, 0, 0, 0)
         self.controls = SamplingControls()
         self.samplingChanged = self.controls.samplingChanged
