@@ -142,7 +142,13 @@ class CatalogModel(QAbstractTableModel):
             return self._cell(e, f, col)[0]
         if role == SORT_ROLE:
             key = self._cell(e, f, col)[1]
-            return str(key) if isinstance(key, tuple) else key
+            # Qt compares sort keys as QVariants: pass numbers as floats (a Python int above 2**31, such as
+            # 70e9 parameters, is not a comparable QVariant in PySide6 6.11) and tuples as one number.
+            if isinstance(key, tuple):
+                return float(key[0] or 0) * 1e6 + float(key[1] or 0)
+            if isinstance(key, bool) or key is None:
+                return -1.0 if key is None else float(key)
+            return float(key) if isinstance(key, int | float) else key
         if role == Qt.ForegroundRole and not e.supported:
             return QBrush(GREY)
         if role == Qt.BackgroundRole and col == FIT_COLUMN and e.supported and f is not None and f.verdict in FIT_COLOURS:
