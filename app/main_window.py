@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTabWidget,
@@ -198,6 +200,38 @@ def _require(ctx):
     return ctx.session
 
 
+class _ViewPage(QScrollArea):
+    """A tab page that scrolls its view when the window is smaller than the view's minimum size."""
+
+
+class ViewTabs(QTabWidget):
+    """Tabs whose pages scroll, so that no panel forces a large minimum window size.
+
+    ``currentWidget()`` / ``setCurrentWidget()`` speak of the views themselves, not their pages.
+    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas) are added as they are.
+    """
+
+    def addTab(self, widget: QWidget, title: str) -> int:
+        page = widget
+        if not isinstance(widget, (QScrollArea, HeatmapView)):
+            page = _ViewPage()
+            page.setWidgetResizable(True)
+            page.setFrameShape(QFrame.NoFrame)
+            page.setWidget(widget)
+        return super().addTab(page, title)
+
+    def currentWidget(self) -> QWidget:
+        w = super().currentWidget()
+        return w.widget() if isinstance(w, _ViewPage) else w
+
+    def setCurrentWidget(self, widget: QWidget) -> None:
+        for i in range(self.count()):
+            page = self.widget(i)
+            if page is widget or (isinstance(page, _ViewPage) and page.widget() is widget):
+                self.setCurrentIndex(i)
+                return
+
+
 class MainWindow(QMainWindow):
     """The AttnScope window. ``model=None`` loads the embedded default on start."""
 
@@ -296,7 +330,7 @@ class MainWindow(QMainWindow):
 
         # views
         split = QSplitter(Qt.Vertical)
-        self.tabs = QTabWidget()
+        self.tabs = ViewTabs()
         self.heatmap = HeatmapView()
         self.grid = HeadGridView()
         self.add_view("heatmap", "Heatmap", self.heatmap)
