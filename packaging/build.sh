@@ -86,6 +86,7 @@ if [ "$DO_TAR" = 1 ]; then
   GZ=gzip; command -v pigz >/dev/null && GZ=pigz
   tar -C build/tar --owner=0 --group=0 -cf - "attnscope-${VERSION}" | "$GZ" -6 > "$TARBALL"
   TAR_BYTES=$(stat -c %s "$TARBALL")
+  rm -rf build/tar  # a second copy of the bundle
 fi
 T_TAR=$(since "$T")
 
@@ -121,6 +122,7 @@ if [ "$DO_DEB" = 1 ]; then
   LEVEL="${ATTNSCOPE_DEB_LEVEL:-$([ "$COMP" = zstd ] && echo 9 || echo 6)}"
   dpkg-deb --root-owner-group --threads-max="$(nproc)" -Z"$COMP" -z"$LEVEL" --build "$STAGE" "$DEB" >/dev/null
   DEB_BYTES=$(stat -c %s "$DEB")
+  cp "$STAGE/DEBIAN/control" build/deb/control && rm -rf "$STAGE"  # keep the control file to read
 fi
 T_DEB=$(since "$T")
 

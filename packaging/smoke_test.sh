@@ -12,7 +12,7 @@
 #   5. `attnscope --screenshot X.png --prompt "The cat sat" --steps 2`: exit 0, and the PNG
 #      is a real window (not blank: many colours, heatmap cells present)
 #   6. `attnscope export ...` (a headless subcommand) writes a PNG
-#   7. dpkg -r: /opt/attnscope, /usr/bin/attnscope and /var/opt/attnscope are gone
+#   7. dpkg -r: /opt/attnscope, /usr/bin/attnscope, /var/opt/attnscope... are gone; dpkg --purge
 # The run happens with HOME and the cache in a temporary folder, offscreen (no display needed),
 # with no network. Results: $SMOKE_OUT (default build/smoke/) holds the screenshots and
 # smoke.json (times in seconds). Needs python3 with Pillow (PYTHON=..., default python3) for
@@ -25,14 +25,14 @@ DEB="${1:-$(ls -t "$ROOT"/dist/attnscope_*.deb 2>/dev/null | head -n1)}"
 OUT="${SMOKE_OUT:-$ROOT/build/smoke}"
 [ -f "$DEB" ] || { echo "smoke_test: no .deb given and none in dist/ (run packaging/build.sh)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "smoke_test: must run as root (dpkg -i)" >&2; exit 2; }
-if dpkg -s attnscope >/dev/null 2>&1; then
+if [ "$(dpkg-query -W -f='${Status}' attnscope 2>/dev/null)" = "install ok installed" ]; then
   echo "smoke_test: attnscope is already installed; remove it first (dpkg -r attnscope)" >&2; exit 2
 fi
 rm -rf "$OUT" && mkdir -p "$OUT"
 SANDBOX="$(mktemp -d)"
 installed=0
 cleanup() {
-  if [ "$installed" = 1 ]; then dpkg -r attnscope >/dev/null 2>&1 || true; fi
+  if [ "$installed" = 1 ]; then dpkg --purge attnscope >/dev/null 2>&1 || true; fi
   rm -rf "$SANDBOX"
 }
 trap cleanup EXIT
@@ -103,12 +103,16 @@ run_app attnscope export --prompt "The cat sat" --layer 0 --head 0 --out "$OUT/e
   || { cat "$OUT/export.log"; fail "export"; }
 [ -s "$OUT/export.png" ] || fail "export wrote nothing"
 
-echo "== 7. dpkg -r"
+echo "== 7. dpkg -r, dpkg --purge"
 dpkg -r attnscope > "$OUT/dpkg-remove.log" 2>&1 || { cat "$OUT/dpkg-remove.log"; fail "dpkg -r"; }
-installed=0
-for p in /opt/attnscope /usr/bin/attnscope /var/opt/attnscope /usr/share/applications/attnscope.desktop; do
+for p in /opt/attnscope /usr/bin/attnscope /var/opt/attnscope /usr/share/applications/attnscope.desktop \
+         /usr/share/icons/hicolor/256x256/apps/attnscope.png; do
   [ ! -e "$p" ] || fail "$p left behind after dpkg -r"
 done
+# a package with maintainer scripts stays known to dpkg ("config-files") until purged
+dpkg --purge attnscope >> "$OUT/dpkg-remove.log" 2>&1 || { cat "$OUT/dpkg-remove.log"; fail "dpkg --purge"; }
+installed=0
+[ -z "$(dpkg-query -W -f='${Status}' attnscope 2>/dev/null | grep -v not-installed)" ] || fail "still known to dpkg after purge"
 
 cat > "$OUT/smoke.json" <<EOF
 {"deb": "$(basename "$DEB")", "deb_bytes": $(stat -c %s "$DEB"), "install_seconds": $T_INSTALL,
