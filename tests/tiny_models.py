@@ -35,6 +35,11 @@ FAMILIES = {
     "phi3": ("phi3", dict(COMMON)),
     "gpt2": ("gpt2", dict(vocab_size=272, n_embd=64, n_layer=3, n_head=4, n_positions=256, bos_token_id=1,
                           eos_token_id=2, scale_attn_by_inverse_layer_idx=True)),
+    "olmo": ("olmo", dict(COMMON)),
+    "olmo2": ("olmo2", dict(COMMON)),  # QK-norm over the whole projection, before the head split
+    "granite": ("granite", dict(COMMON, attention_multiplier=0.3, embedding_multiplier=2.0,
+                                residual_multiplier=0.5, logits_scaling=4.0)),  # scale != 1/sqrt(d)
+    "smollm3": ("smollm3", dict(COMMON, num_hidden_layers=4, no_rope_layer_interval=2)),  # NoPE layers
     "gemma3_text": ("gemma3_text", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=4,
                                         query_pre_attn_scalar=24,
                                         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
