@@ -135,7 +135,9 @@ class TorchTrace:
             return
         rec = self.layers[layer]
         n, L = rec.rows, query.shape[2]
-        self._store.ensure(n + L, max(r.rows for r in self.layers), query.dtype, query.device)
+        st = self._store
+        if st.q is None or n + L > st.capacity or st.q.dtype != query.dtype:  # else: reserved already
+            st.ensure(n + L, max(r.rows for r in self.layers), query.dtype, query.device)
         self._store.q[layer, :, n : n + L] = query[0].detach()
         self._store.lse[layer, :, n : n + L] = lse[0].detach()
         rec.rows = n + L
