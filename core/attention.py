@@ -172,6 +172,10 @@ def sdpa_with_lse(
         structural, is_causal = False, L == S and L > 1
 
     if q.device.type == "cpu":
+        if structural and window is None and mask is None and L < S and q.dtype == torch.float32:
+            split = _prefix_then_diagonal(q, k, v, scale)  # a prefill chunk after cached keys
+            if split is not None:
+                return split
         bias5, empty = _bias_and_empty(L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device)
         qg, kg, vg = _gqa_views(q, k, v)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -188,6 +192,42 @@ def sdpa_with_lse(
             out, lse = fused
             return _zero_empty_rows(out, lse, empty)
     return math_with_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+
+
+# Above this |LSE| the merge of two partial softmaxes loses precision (fp32 LSE's ulp at 32 is
+# 3.8e-6, which becomes the relative error of the merge weights): use the masked call instead.
+SPLIT_MAX_LSE = 32.0
+
+
+def _cpu_flash(q, k, v, scale, is_causal):
+    """The CPU flash kernel without a mask: ``(out (B, H, L, D), lse (B, H, L) float32)``."""
+    B, H, L, _ = q.shape
+    qg, kg, vg = _gqa_views(q, k, v)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kg, vg, 0.0, is_causal, scale=scale)
+    return out.reshape(B, H, L, v.shape[-1]), lse.reshape(B, H, L).float()
+
+
+def _prefix_then_diagonal(q, k, v, scale):
+    """Causal attention of ``1 < L < S`` float32 rows after ``P = S − L`` cached keys, or None.
+
+    Every new row sees all ``P`` cached keys, and the last ``L`` keys form an ``L × L`` causal
+    block (top-left aligned there). Two unmasked fused calls, merged by their LSEs
+    (FlashAttention's combination of partial softmaxes, Dao et al. 2022, alg. 1 lines 10-12)::
+
+        lse = logaddexp(lse_1, lse_2),   out = exp(lse_1 − lse)·out_1 + exp(lse_2 − lse)·out_2
+
+    Equal to one call with an ``L × S`` additive mask, without the mask and without the kernel's
+    work on the masked half of the last block. Returns None (caller takes the masked call) when
+    any ``|lse| > SPLIT_MAX_LSE``, where the merge would lose precision.
+    """
+    P = k.shape[2] - q.shape[2]
+    out1, lse1 = _cpu_flash(q, k[:, :, :P], v[:, :, :P], scale, False)  # (B, H, L, D), (B, H, L)
+    out2, lse2 = _cpu_flash(q, k[:, :, P:], v[:, :, P:], scale, True)
+    lse = torch.logaddexp(lse1, lse2)
+    if float(torch.maximum(lse1.abs().max(), lse2.abs().max())) > SPLIT_MAX_LSE:
+        return None
+    out = out1.mul_(torch.exp(lse1 - lse)[..., None]).add_(out2.mul_(torch.exp(lse2 - lse)[..., None]))
+    return out, lse
 
 
 # The structural mask (causal + window, no extra array) of the last call: every layer of one
