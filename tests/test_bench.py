@@ -114,6 +114,7 @@ def test_quick_bench_json(tmp_path):
     for c in ("sdpa", "scope", "eager"):
         d = e["configs"][c]
         assert len(d["prefill_s"]) == 1 and d["prefill_median_s"] == statistics.median(d["prefill_s"]) > 0
+        assert d["prefill_min_s"] == min(d["prefill_s"])
         assert d["decode_steps"] == 4 and d["decode_step_median_s"] > 0
         assert d["prefill_flops"] == flops
         assert d["achieved_flops"] == pytest.approx(flops / d["prefill_median_s"])
@@ -130,6 +131,7 @@ def test_quick_bench_json(tmp_path):
     cfg = e["configs"]
     assert r_["prefill_scope_over_sdpa"] == pytest.approx(cfg["scope"]["prefill_median_s"] / cfg["sdpa"]["prefill_median_s"])
     assert r_["prefill_eager_over_sdpa"] == pytest.approx(cfg["eager"]["prefill_median_s"] / cfg["sdpa"]["prefill_median_s"])
+    assert r_["prefill_scope_over_sdpa_min"] == pytest.approx(cfg["scope"]["prefill_min_s"] / cfg["sdpa"]["prefill_min_s"])
     assert r_["decode_scope_over_sdpa"] == pytest.approx(
         cfg["scope"]["decode_step_median_s"] / cfg["sdpa"]["decode_step_median_s"])
     assert r_["memory_scope_over_eager"] == pytest.approx(
