@@ -94,3 +94,21 @@ def test_step_back_truncates_and_matches(smol_session):
     assert s.seq_len == before.shape[0]
     np.testing.assert_allclose(s.weights(4, 4), before, atol=1e-6)
     assert s.backend.kv_cache_bytes() == s.kv_cache_bytes()
+
+
+@pytest.mark.slow
+def test_chunked_prefill_equals_eager(smol_session, reference_models):
+    """A prompt longer than one prefill chunk: later chunks attend to cached keys (L < S)."""
+    from core.backends.torch_backend import PREFILL_CHUNK
+
+    eager, sdpa = reference_models
+    s = smol_session
+    prompt = " ".join([PROMPT_40] * 18)
+    s.prefill(prompt, chat_template=False)
+    assert s.seq_len > PREFILL_CHUNK + 50
+    with torch.no_grad():
+        ref = eager(torch.tensor([s.ids]), output_attentions=True)
+    for layer in (0, 14, 29):
+        for head in range(s.info.n_heads):
+            np.testing.assert_allclose(s.weights(layer, head), ref.attentions[layer][0, head].numpy(), atol=1e-5)
+    np.testing.assert_allclose(s.logits, ref.logits[0, -1].numpy(), atol=1e-4)
