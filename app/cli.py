@@ -11,9 +11,17 @@ def _gui(args) -> int:
     return run_gui(args)
 
 
+def _figure_renderer():
+    from app.export import save_heatmap_figure  # Qt, imported only when a figure is asked for
+
+    return save_heatmap_figure
+
+
 def main(argv=None) -> int:
+    import core.commands.export as export_command
     from core.cli import main as core_main
 
+    export_command.FIGURE_RENDERER = _figure_renderer
     return core_main(sys.argv[1:] if argv is None else argv, gui=_gui)
 
 

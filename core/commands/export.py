@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -74,16 +75,20 @@ def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
         raise ValueError(f"unsupported output {out.name!r}: use .png, .npy, .csv or .safetensors")
 
 
-def figure_renderer():
-    """The Qt figure renderer (:func:`app.export.save_heatmap_figure`).
+# SVG/PDF figures (and labelled PNG figures) are drawn with Qt's paint devices. core never imports
+# Qt or app, so the entry point that has them (app.cli) installs a loader here at start-up.
+FIGURE_RENDERER: Callable[[], Callable] | None = None
 
-    core never imports Qt or app at module level; SVG/PDF figures need Qt's paint devices, so this
-    import happens here, inside the function, only when such a file is asked for (it runs on Qt's
-    offscreen platform: no display needed).
+
+def figure_renderer() -> Callable:
+    """The figure renderer installed by the entry point (``app.export.save_heatmap_figure``).
+
+    Raises:
+        ValueError: no renderer installed (core used without the app package).
     """
-    from app.export import save_heatmap_figure
-
-    return save_heatmap_figure
+    if FIGURE_RENDERER is None:
+        raise ValueError("SVG/PDF and labelled figures need the app package: run them through `attnscope export`")
+    return FIGURE_RENDERER()
 
 
 def _check_args(args) -> None:
