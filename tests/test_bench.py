@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from core import bench
 
@@ -88,7 +89,10 @@ def test_ratios_and_targets_from_raw_figures():
 
 
 def test_bad_options_exit_with_one_line():
-    for args in (["--sizes", "1"], ["--sizes", "a,b"], ["--repeats", "0"], ["--decode-steps", "0"]):
+    bad = [["--sizes", "1"], ["--sizes", "a,b"], ["--repeats", "0"], ["--decode-steps", "0"]]
+    if not torch.cuda.is_available():
+        bad.append(["--device", "cuda"])
+    for args in bad:
         r = attnscope("bench", *args, timeout=120)
         assert r.returncode == 1, (args, r.stdout, r.stderr)
         assert r.stderr.strip().startswith("attnscope: error:") and len(r.stderr.strip().splitlines()) == 1

@@ -58,6 +58,11 @@ def options_from_args(args):
     kw["configs"] = ("sdpa", "scope", "eager") if args.eager else ("sdpa", "scope")
     opts = BenchOptions(model=args.model, device=args.device, **kw)
     opts.check()
+    if (args.device or "").startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: this machine has no CUDA device torch can use")
     return opts
 
 
