@@ -113,6 +113,27 @@ class EngineWorker(QObject):
                 self.busy.emit(False, job.label)
 
 
+_GC_GUARD = None
+
+
+def collect_garbage_on_gui_thread():
+    """Run Python's cyclic garbage collector only on the GUI thread, from a timer.
+
+    With automatic collection on, a collection can start on the engine thread in the middle of a
+    job and free a Qt object (an old window, a closed dialog) there; its destructor then takes Qt's
+    signal lock and waits for the GIL while the GUI thread, holding the GIL, waits for that lock:
+    a deadlock (seen in the test suite). pyqtgraph's ``GarbageCollector`` disables automatic
+    collection and collects by generation thresholds from a 0.5 s timer on the calling (GUI) thread.
+    Idempotent; returns the collector (its ``check()`` collects what is due now).
+    """
+    global _GC_GUARD
+    if _GC_GUARD is None and threading.current_thread() is threading.main_thread():
+        from pyqtgraph.util.garbage_collector import GarbageCollector
+
+        _GC_GUARD = GarbageCollector(interval=0.5)
+    return _GC_GUARD
+
+
 class Engine(QObject):
     """GUI-side handle of the engine thread."""
 
@@ -123,6 +144,7 @@ class Engine(QObject):
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
+        collect_garbage_on_gui_thread()
         self._ids = itertools.count(1)
         self._outstanding: set[int] = set()  # submitted, not yet reported back
         self._last_id = 0

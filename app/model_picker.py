@@ -275,6 +275,9 @@ class ModelPickerDialog(QDialog):
                  context: int = 4096, backend: str = "torch", device: str | None = None, dtype: str = "float32",
                  scan_now: bool = True):
         super().__init__(parent)
+        from app.engine import collect_garbage_on_gui_thread
+
+        collect_garbage_on_gui_thread()  # the scan runs Python on a QThread
         self.setWindowTitle("Open model")
         self.setAcceptDrops(True)
         self.resize(1320, 560)

@@ -15,6 +15,19 @@ SMOL_PROMPT = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _collect_garbage_on_main_thread():
+    """Once a GUI test has put the GC on a GUI-thread timer (app.engine), collect what is due after
+    every test, on this (the main) thread, so windows of earlier tests are freed here and memory stays flat."""
+    yield
+    import sys
+
+    engine = sys.modules.get("app.engine")
+    guard = getattr(engine, "_GC_GUARD", None)
+    if guard is not None:
+        guard.check()
+
+
 @pytest.fixture(scope="session")
 def smol_session():
     """A torch Session on the embedded SmolLM2-135M-Instruct (converted and cached on first use).

@@ -246,6 +246,7 @@ MODE = os.environ.get("ATTNSCOPE_TEST_PACKAGING", "")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3000)
 @pytest.mark.skipif(MODE not in ("1", "smoke"), reason="set ATTNSCOPE_TEST_PACKAGING=1 (build + smoke) or =smoke")
 @pytest.mark.skipif(sys.platform != "linux" or not shutil.which("dpkg"), reason="Debian/Ubuntu only")
 def test_build_install_run_remove():
