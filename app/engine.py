@@ -21,7 +21,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -147,6 +147,7 @@ class Engine(QObject):
         collect_garbage_on_gui_thread()
         self._ids = itertools.count(1)
         self._outstanding: set[int] = set()  # submitted, not yet reported back
+        self._callbacks: dict[int, tuple] = {}  # job id -> (on_done, on_error), GUI thread only
         self._last_id = 0
         self.thread = QThread()
         self.thread.setObjectName("attnscope-engine")
@@ -171,8 +172,12 @@ class Engine(QObject):
     def _put(self, job: Job) -> int:
         job.id = self._last_id = next(self._ids)
         self._outstanding.add(job.id)
-        for old in self.worker.put(job):
+        # The callbacks stay on this (GUI) thread: they often hold widgets, and the engine thread must
+        # never drop the last reference to a Qt object (its destructor would run there).
+        self._callbacks[job.id] = (job.on_done, job.on_error)
+        for old in self.worker.put(replace(job, on_done=None, on_error=None)):
             self._outstanding.discard(old.id)
+            self._callbacks.pop(old.id, None)
         return job.id
 
     def cancel(self) -> None:
@@ -212,17 +217,19 @@ class Engine(QObject):
     # -- results (GUI thread) -------------------------------------------------------------------
     @Slot(object, object)
     def _on_finished(self, job: Job, result) -> None:
+        on_done, _ = self._callbacks.pop(job.id, (None, None))
         try:
-            if job.on_done is not None:
-                job.on_done(result)
+            if on_done is not None:
+                on_done(result)
         finally:
             self._report(job)
 
     @Slot(object, str)
     def _on_failed(self, job: Job, message: str) -> None:
+        _, on_error = self._callbacks.pop(job.id, (None, None))
         try:
-            if job.on_error is not None:
-                job.on_error(message)
+            if on_error is not None:
+                on_error(message)
             else:
                 self.error.emit(message)
         finally:
@@ -230,6 +237,7 @@ class Engine(QObject):
 
     def _report(self, job: Job) -> None:
         self._outstanding.discard(job.id)
+        self._callbacks.pop(job.id, None)
         if not self._outstanding:
             self.idle.emit()
 

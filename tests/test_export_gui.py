@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -192,7 +193,7 @@ def ran_window(qtbot):
 
 
 @pytest.mark.slow
-def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path):
+def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkeypatch):
     win = ran_window
     s = win.engine.session
     ex = win.exports
@@ -236,15 +237,30 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path):
     for h in range(9):
         np.testing.assert_array_equal(np.load(tmp_path / "layer3" / f"L03_H{h:02d}.npy"), s.weights(3, h))
     # every layer × head as SVG figures, cancelled after a few files
+    # (the 5th figure waits on the engine thread until Cancel was pressed: 270 small SVGs can take
+    # under a second, so cancelling "a bit later" would race the end of the job)
+    written, reached, released = [], threading.Event(), threading.Event()
+    render = AE.save_heatmap_figure
+
+    def held_renderer(*args, **kwargs):
+        written.append(render(*args, **kwargs))
+        if len(written) == 5:
+            reached.set()
+            released.wait(60)
+        return written[-1]
+
+    monkeypatch.setattr(AE, "save_heatmap_figure", held_renderer)
     d.set_scope("all")
     d.set_format("svg", True)
     d.path_edit.setText(str(tmp_path / "all"))
     d.start()
-    qtbot.waitUntil(lambda: d.progress_bar.value() > 0, timeout=60_000)
+    qtbot.waitUntil(reached.is_set, timeout=60_000)
     d.cancel()
+    released.set()
     assert win.engine.wait_idle(120)
+    monkeypatch.undo()
     m = re.fullmatch(r"Stopped: batch export stopped after (\d+) of 270 files", d.message)
-    assert m and 0 < int(m.group(1)) < 270, d.message
+    assert m and int(m.group(1)) == 5, d.message
     assert len(list((tmp_path / "all").glob("*.svg"))) == int(m.group(1))
     assert json.loads((tmp_path / "all" / "manifest.json").read_text())["complete"] is False
     # every decode step as a GIF
