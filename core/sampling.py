@@ -63,9 +63,21 @@ def filtered_probs(logits: np.ndarray, s: Sampling) -> np.ndarray:
     return p / p.sum()
 
 
-def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
-    """Pick the next token id."""
+def step_rng(seed: int, position: int) -> np.random.Generator:
+    """The generator that draws the token at sequence ``position`` under ``seed``.
+
+    Counter-based (numpy's SeedSequence over the pair ``(seed, position)``), so a draw depends only
+    on the seed and the position, never on what was drawn before: stepping back and forward again,
+    replaying a saved session, or continuing it in another process gives the same token.
+    """
+    return np.random.default_rng((int(seed), int(position)))
+
+
+def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator | None = None, *, position: int = 0) -> int:
+    """Pick the next token id from ``logits`` ``(vocab,)``: argmax when greedy, else one draw from
+    :func:`filtered_probs` with ``rng`` (default :func:`step_rng` of ``s.seed`` and ``position``)."""
     if s.greedy:
         return int(np.argmax(logits))
     p = filtered_probs(logits, s)
+    rng = step_rng(s.seed, position) if rng is None else rng
     return int(rng.choice(p.shape[0], p=p))

@@ -73,7 +73,6 @@ class Session:
         self._n_prompt = 0
         self._logits: np.ndarray | None = None
         self._logits_history: list[np.ndarray] = []  # logits after each position fed (for step back)
-        self._rng = np.random.default_rng(0)
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -134,7 +133,6 @@ class Session:
         self.backend.reset()
         self._ids, self._logits, self._logits_history = [], None, []
         self.prompt, self.chat_template = prompt, chat_template
-        self._rng = np.random.default_rng(self.sampling.seed)
         logits = self.backend.forward(ids, progress=progress, cancelled=cancelled)
         self._ids = list(ids)
         self._n_prompt = len(ids)
@@ -158,7 +156,7 @@ class Session:
         for _ in range(n):
             if self.info.max_context and len(self._ids) >= self.info.max_context:
                 raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
-            tid = choose(self._logits, self.sampling, self._rng)
+            tid = choose(self._logits, self.sampling, position=len(self._ids))
             self._logits = self.backend.forward([tid])
             self._ids.append(tid)
             self._logits_history.append(self._logits)
@@ -176,7 +174,8 @@ class Session:
         Used to reopen a saved session: feeding the recorded ids one at a time repeats exactly the
         forwards :meth:`step` ran, so the KV cache, the Trace and every weight come out identical.
         ``progress(done, total)`` after each token; ``cancelled()`` is checked before each one (the
-        tokens fed so far stay). The sampling RNG is not advanced.
+        tokens fed so far stay). No sampling here; draws are counter-based (seed, position), so a
+        later :meth:`step` samples what the original run would have sampled next.
 
         Raises:
             SessionError: no prompt yet, an id outside the vocabulary, or the context is full.
@@ -277,11 +276,11 @@ class Session:
                           self.seq_len if seq_len is None else seq_len, dtype or self.info.dtype)
 
     def set_sampling(self, sampling: Sampling) -> None:
-        """Use ``sampling`` for the next steps; a changed seed re-seeds the sampler now."""
+        """Use ``sampling`` for the next steps. A sampled token depends only on the logits, the settings
+        and its position (:func:`core.sampling.step_rng`), so stepping back and forward again with the
+        same settings gives the same token, and a reopened session continues as the original would."""
         if not isinstance(sampling, Sampling):
             raise ValueError(f"expected a core.sampling.Sampling, got {type(sampling).__name__}")
-        if sampling.seed != self.sampling.seed:
-            self._rng = np.random.default_rng(sampling.seed)
         self.sampling = sampling
 
     def logits_at(self, step: int | None = None) -> np.ndarray:

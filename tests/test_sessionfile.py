@@ -60,6 +60,19 @@ def test_reopen_replays_tokens_and_gives_identical_weights(sampled, tmp_path):
     np.testing.assert_array_equal(s.logits, logits)
 
 
+def test_reopened_session_continues_like_the_original(sampled, tmp_path):
+    """Sampling after a reopen draws what the original session would have drawn next."""
+    s = sampled
+    path = SF.save(SF.SessionFile.from_session(s), tmp_path / "c.attnscope")
+    s.step(3)
+    original = s.ids
+    s.set_sampling(Sampling())
+    s.prefill("Something else entirely.", chat_template=False)
+    SF.replay(SF.load(path), session=s)
+    s.step(3)
+    assert s.ids == original
+
+
 @pytest.mark.slow
 def test_reopen_in_a_fresh_session(sampled, tmp_path):
     """A colleague's fresh process: a newly loaded model gives the same tokens and bit-identical weights."""

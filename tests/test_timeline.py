@@ -7,7 +7,7 @@ import pytest
 from tiny_models import eager_reference, save_tiny
 
 from core import aggregate, timeline
-from core.sampling import Sampling, softmax
+from core.sampling import Sampling, choose, filtered_probs, softmax, step_rng
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -122,3 +122,25 @@ def test_set_sampling_reseeds(tiny):
     assert s.ids != runs[0]
     with pytest.raises(ValueError):
         s.set_sampling("greedy")
+
+
+def test_sampled_token_depends_on_seed_and_position_only(tiny):
+    """Counter-based draws: stepping back and forward again, or changing settings in between and
+    back, gives the same sampled tokens; the draw at a position does not depend on earlier draws."""
+    s, _ = tiny
+    hot = Sampling(temperature=1.5, seed=11)
+    s.set_sampling(hot)
+    s.prefill("hello world", chat_template=False)
+    s.step(8)
+    ids = s.ids
+    assert len(set(ids[-8:])) > 1  # really sampled
+    s.step_back(5)
+    s.set_sampling(Sampling(temperature=1.5, seed=99))  # another seed for a while...
+    s.set_sampling(hot)  # ...and back: nothing was consumed
+    s.step(5)
+    assert s.ids == ids
+    # the same draw by hand: filtered probabilities, one draw from step_rng(seed, position)
+    s.step_back(1)
+    pos = len(s.ids)
+    p = filtered_probs(s.logits_at(), hot)
+    assert choose(s.logits_at(), hot, position=pos) == int(step_rng(11, pos).choice(p.shape[0], p=p)) == ids[pos]

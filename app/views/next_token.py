@@ -54,7 +54,8 @@ class SamplingControls(QGroupBox):
         self.top_p.setToolTip("Nucleus: keep the smallest set of likely tokens whose mass reaches p (1 = off)")
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
-        self.seed.setToolTip("Random seed of the sampler (re-seeds when changed and at each Run)")
+        self.seed.setToolTip("Random seed of the sampler. A sampled token depends only on the seed and its\n"
+                             "position: stepping back and again, or a reopened session, draws the same token.")
         form.addRow("Mode", self.mode_combo)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-k", self.top_k)
