@@ -308,8 +308,9 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
     """Export one head's map to ``path`` (format by suffix). Returns the files written.
 
     ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
-    formats get a sidecar; ``.png`` is the plain map unless ``figure`` (labelled, needs ``renderer``);
-    ``.svg``/``.pdf`` always need ``renderer``.
+    formats and PDFs get a sidecar ``<file>.json`` (PNG and SVG carry the metadata inside); ``.png``
+    is the plain map unless ``figure`` (labelled, needs ``renderer``); ``.svg``/``.pdf`` always need
+    ``renderer``.
 
     Raises:
         ValueError: unknown suffix or aggregate, a figure without a renderer. IndexError: layer/head/n.
@@ -325,8 +326,11 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
     if renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (app.export); none was given")
     title = head_title(session, layer, head, w.shape[0], mode)
-    return [Path(renderer(w, path, tokens=session.tokens[: w.shape[0]], title=title, cmap=cmap, scale=scale,
-                          size=size, dpi=dpi, metadata=meta))]
+    out = Path(renderer(w, path, tokens=session.tokens[: w.shape[0]], title=title, cmap=cmap, scale=scale,
+                        size=size, dpi=dpi, metadata=meta))
+    if fmt == "pdf":  # PNG keeps the metadata in a text chunk, SVG in <desc>; a PDF gets it beside it
+        return [out, write_json(sidecar_path(out), meta)]
+    return [out]
 
 
 # -- batches ---------------------------------------------------------------------------------------------

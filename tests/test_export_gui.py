@@ -107,6 +107,18 @@ def test_figure_svg_parses_and_every_cell_has_its_colour(tmp_path):
     assert len(list(root.iter(SVG + "image"))) == 1  # only the colour bar: cells are vector rectangles
 
 
+def test_single_pdf_gets_a_sidecar(smol_ran, tmp_path):
+    """A PDF cannot carry the JSON metadata (PNG has a text chunk, SVG a <desc>): it goes beside it."""
+    from core import export as E
+
+    files = E.export_head(smol_ran, 4, 7, tmp_path / "f.pdf", renderer=AE.save_heatmap_figure)
+    assert files == [tmp_path / "f.pdf", tmp_path / "f.pdf.json"]
+    assert (tmp_path / "f.pdf").read_bytes().startswith(b"%PDF-")
+    meta = json.loads((tmp_path / "f.pdf.json").read_text())
+    assert (meta["layer"], meta["head"], meta["token_ids"]) == (4, 7, smol_ran.ids)
+    assert meta["exact"] is True
+
+
 def test_figure_pdf_parses(tmp_path):
     w = _map(10)
     _paint(tmp_path / "f.pdf", w, size=(900, 800), dpi=150)
