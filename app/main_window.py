@@ -127,6 +127,22 @@ def _back_job(n):
     return job
 
 
+LONG_JOBS = ("loading model", "prefill", "decode", "open session", "batch export")  # get Cancel + status text
+
+
+def _percent_progress(ctx, what: str):
+    """A ``progress(done, total)`` that reports to the status bar at most once per whole percent."""
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:
+        pct = 100 * done // max(total, 1)
+        if pct != last[0]:
+            last[0] = pct
+            ctx.progress(f"{what}: {done}/{total}", done / max(total, 1))
+
+    return progress
+
+
 def _map_job(layer, head, mode, n, shared, cancelled):
     """The heatmap's data for positions ``0..n-1``: exact map, or pooled overview when long."""
 
@@ -135,10 +151,11 @@ def _map_job(layer, head, mode, n, shared, cancelled):
 
         s = _require(ctx)
         shared_max = agg.layer_robust_max(s, layer, n, cancelled=cancelled) if shared else None
+        progress = _percent_progress(ctx, "Averaging heads") if mode in ("layer", "all") else None
         if n > agg.LONG_PROMPT:
-            pm = agg.pooled_map(s, layer, head, mode, n, cancelled=cancelled)
+            pm = agg.pooled_map(s, layer, head, mode, n, cancelled=cancelled, progress=progress)
             return (layer, head, mode, n), None, pm, agg.robust_max(pm.image), shared_max
-        w = agg.map_at(s, layer, head, mode, n, cancelled=cancelled)
+        w = agg.map_at(s, layer, head, mode, n, cancelled=cancelled, progress=progress)
         return (layer, head, mode, n), w, None, agg.robust_max(w), shared_max
 
     return job
@@ -779,6 +796,7 @@ class MainWindow(QMainWindow):
 
     # -- progress / errors -----------------------------------------------------------------------
     def _on_progress(self, message: str, fraction: float) -> None:
+        self._busy_message = message
         self.statusBar().showMessage(message)
         if fraction < 0:
             self.progress.setRange(0, 0)
@@ -787,15 +805,19 @@ class MainWindow(QMainWindow):
             self.progress.setValue(int(fraction * 1000))
 
     def _on_busy(self, on: bool, label: str) -> None:
-        long_job = label in ("loading model", "prefill", "decode", "open session", "batch export")
+        long_job = label in LONG_JOBS
         self.progress.setVisible(on)
-        self.cancel_button.setVisible(on and label in ("loading model", "prefill", "decode", "open session", "batch export"))
+        self.cancel_button.setVisible(on and long_job)
         if on:
             self.progress.setRange(0, 0)
             if long_job:
-                self.statusBar().showMessage(f"{label.capitalize()}…")
-        elif long_job:
-            self.statusBar().clearMessage()
+                self._busy_message = f"{label.capitalize()}…"
+                self.statusBar().showMessage(self._busy_message)
+        else:
+            # clear our own progress text, never an error or result message shown since
+            if self.statusBar().currentMessage() == getattr(self, "_busy_message", None):
+                self.statusBar().clearMessage()
+            self._busy_message = None
 
     def show_error(self, message: str) -> None:
         """Show ``message`` in the status bar and, when the window is visible, a dialog."""

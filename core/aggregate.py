@@ -81,37 +81,42 @@ def _check_cancel(cancelled: Callable[[], bool] | None) -> None:
 
 
 def map_tile(session, layer: int, head: int, mode: str = "head", rows: slice | None = None,
-             cols: slice | None = None, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+             cols: slice | None = None, cancelled: Callable[[], bool] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """Exact (mean) weights for ``rows × cols``, ``(n_q, n_k)`` float32.
 
-    ``rows``/``cols`` default to the whole sequence. Raises what ``session.weights`` raises, and
-    :class:`core.errors.Cancelled` when ``cancelled()`` turns true between heads.
+    ``rows``/``cols`` default to the whole sequence. ``progress(heads_done, n_heads_in_mean)`` after
+    each head. Raises what ``session.weights`` raises, and :class:`core.errors.Cancelled` when
+    ``cancelled()`` turns true between heads.
     """
     pairs = heads_in(session.info, layer, head, mode)
     acc = None
-    for lyr, h in pairs:
+    for i, (lyr, h) in enumerate(pairs):
         _check_cancel(cancelled)
         w = session.weights(lyr, h, rows, cols)
         if acc is None:
             acc = w.astype(np.float32 if len(pairs) == 1 else np.float64)
         else:
             acc += w
+        if progress is not None:
+            progress(i + 1, len(pairs))
     if len(pairs) > 1:
         acc /= len(pairs)
     return acc.astype(np.float32, copy=False)
 
 
 def map_at(session, layer: int, head: int, mode: str = "head", n: int | None = None,
-           cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+           cancelled: Callable[[], bool] | None = None,
+           progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """Exact (mean) map of the first ``n`` positions, ``(n, n)`` float32 (``n`` = seq_len by default).
 
     With ``n = n_prompt + t`` this is the map as it was after ``t`` decode steps
-    (:mod:`core.timeline` explains why cropping is exact).
+    (:mod:`core.timeline` explains why cropping is exact). ``progress`` as in :func:`map_tile`.
     """
     n = session.seq_len if n is None else n
     if not 1 <= n <= session.seq_len:
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
-    return map_tile(session, layer, head, mode, slice(0, n), slice(0, n), cancelled)
+    return map_tile(session, layer, head, mode, slice(0, n), slice(0, n), cancelled, progress)
 
 
 @dataclass(frozen=True)
@@ -133,27 +138,36 @@ class PooledMap:
 
 def pooled_map(session, layer: int, head: int, mode: str = "head", n: int | None = None,
                out: int = OVERVIEW, block_rows: int = 256,
-               cancelled: Callable[[], bool] | None = None) -> PooledMap:
+               cancelled: Callable[[], bool] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> PooledMap:
     """Max-pooled overview (``out × out`` at most) of the exact ``n × n`` (mean) map.
 
     Computed in bands of about ``block_rows`` rows (whole pooling blocks per band): peak memory
     about ``block_rows × n`` float64 for the mean plus one head's band, never ``n × n``.
-    Equals ``core.pooling.max_pool(map_at(...), out, out)``.
+    Equals ``core.pooling.max_pool(map_at(...), out, out)``. ``progress(done, total)`` after each
+    head of each band (``total`` = bands × heads in the mean).
     """
     n = session.seq_len if n is None else n
     if not 1 <= n <= session.seq_len:
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
     re, ce = block_edges(n, out), block_edges(n, out)
     image = np.zeros((len(re) - 1, len(ce) - 1), dtype=np.float32)
-    a = 0
+    bands, a = [], 0
     while a < len(re) - 1:
         b = a + 1
         while b < len(re) - 1 and re[b + 1] - re[a] <= block_rows:
             b += 1
-        band = map_tile(session, layer, head, mode, slice(int(re[a]), int(re[b])), slice(0, n), cancelled)
+        bands.append((a, b))
+        a = b
+    for k, (a, b) in enumerate(bands):
+        band_progress = None
+        if progress is not None:
+            def band_progress(done, per_band, k=k):
+                progress(k * per_band + done, len(bands) * per_band)
+        band = map_tile(session, layer, head, mode, slice(int(re[a]), int(re[b])), slice(0, n), cancelled,
+                        band_progress)
         rows = np.maximum.reduceat(band, re[a:b] - re[a], axis=0)
         image[a:b] = np.maximum.reduceat(rows, ce[:-1], axis=1)
-        a = b
     return PooledMap(image, re, ce, n)
 
 

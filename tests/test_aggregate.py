@@ -102,6 +102,21 @@ def test_cancel_between_heads(tiny):
         aggregate.map_at(s, 0, 0, "all", cancelled=lambda: True)
 
 
+def test_progress_counts_heads_and_bands(tiny):
+    s, att = tiny
+    calls = []
+    w = aggregate.map_at(s, 0, 0, "all", progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(i, 8) for i in range(1, 9)]
+    np.testing.assert_allclose(w, att.mean(axis=(0, 1)), atol=1e-6)
+    T = s.seq_len
+    calls.clear()
+    pm = aggregate.pooled_map(s, 1, 2, "group", out=4, block_rows=4, progress=lambda d, t: calls.append((d, t)))
+    n_bands = len(calls) // 2
+    assert n_bands >= 2 and calls == [(i, 2 * n_bands) for i in range(1, 2 * n_bands + 1)]
+    np.testing.assert_allclose(pm.image, max_pool(att[1, 2:4].mean(axis=0), 4, 4), atol=1e-6)
+    assert pm.n == T
+
+
 def test_thumbnails_at_a_step(tiny):
     s, att = tiny
     T = s.seq_len
