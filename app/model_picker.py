@@ -23,6 +23,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyMod
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QApplication,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -577,7 +578,6 @@ class ModelPickerDialog(QDialog):
 
     def _warn(self, message: str) -> None:
         self.status.setText(message)
-        from PySide6.QtWidgets import QApplication
 
         if QApplication.platformName() not in ("offscreen", "minimal"):
             QMessageBox.warning(self, "Open model", message)
@@ -605,8 +605,14 @@ class ModelPickerDialog(QDialog):
 
     # -- closing -----------------------------------------------------------------------------------------
     def done(self, result: int) -> None:
-        if self._thread is not None:
-            self._thread.wait()
+        t = self._thread
+        if t is not None and t.isRunning():
+            # Close now; the scan finishes in the background and its result is dropped. The
+            # application owns the thread until then (a QThread deleted while running aborts).
+            t.done.disconnect(self._on_scanned)
+            t.setParent(QApplication.instance())
+            t.finished.connect(t.deleteLater)
+            self._thread = None
         super().done(result)
 
 

@@ -170,6 +170,31 @@ def test_scan_failure_is_shown(qtbot):
     assert dlg.status.text() == "Scanning failed: disk on fire" and dlg.proxy.rowCount() == 0
 
 
+def test_closing_during_a_slow_scan_does_not_wait_for_it(qtbot):
+    import threading
+    import time
+
+    release, started = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(30)
+        return demo_entries()
+
+    dlg = ModelPickerDialog(None, scanner=slow, free_memory_fn=lambda b, d: (FREE, "RAM"), scan_now=False)
+    dlg.rescan()
+    assert started.wait(10)
+    thread = dlg._thread
+    t0 = time.monotonic()
+    dlg.reject()
+    assert time.monotonic() - t0 < 1.0  # the dialog closed at once
+    assert thread.isRunning() and thread.parent() is not dlg
+    dlg.deleteLater()
+    qtbot.wait(50)  # the dialog is gone; the scan still runs, owned by the application
+    release.set()
+    assert thread.wait(10_000)
+
+
 def test_converted_cache_lists_and_clears(qtbot, tmp_path):
     conv = tmp_path / "cache" / "converted"
     for name, size in (("a-0123456789abcdef", 3000), ("b-fedcba9876543210", 1000)):
