@@ -156,7 +156,7 @@ class HeatmapView(QWidget):
         self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
         for combo in (self.aggregate_combo, self.range_combo):
             combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
-            combo.setMinimumContentsLength(10)
+            combo.setMinimumContentsLength(max(len(combo.itemText(i)) for i in range(combo.count())))
         bar.addWidget(self.mode_label, 1)
 
         # -- plot
