@@ -21,16 +21,7 @@ import numpy as np
 import torch
 
 from core.masks import causal_allowed
-
-
-def _as_slice(sel: slice | None, n: int) -> slice:
-    if sel is None:
-        return slice(0, n)
-    start, stop, step = sel.indices(n)
-    if step != 1:
-        raise ValueError("row/column selections must be contiguous slices")
-    return slice(start, stop)
-
+from core.trace_base import TraceGeometry, as_slice
 
 # Rows of spare room a growing trace adds beyond what is asked (decode steps append one row each).
 HEADROOM_ROWS = 256
@@ -92,7 +83,7 @@ class LayerRecord:
         return self.rows
 
 
-class TorchTrace:
+class TorchTrace(TraceGeometry):
     """Captured queries + LSE for every layer of a torch model, weights on demand.
 
     Args:
@@ -157,37 +148,12 @@ class TorchTrace:
                 if rec.keys is not None:
                     rec.keys = rec.keys[:, :n]
 
-    # -- queries ------------------------------------------------------------------------------
-    @property
-    def seq_len(self) -> int:
-        return self.layers[0].n_rows() if self.layers else 0
-
-    def kv_head(self, head: int) -> int:
-        """The KV head query head ``head`` reads: ``head // group_size`` (transformers' repeat_kv)."""
-        if not 0 <= head < self.n_heads:
-            raise IndexError(f"head {head} out of range 0..{self.n_heads - 1}")
-        return head // self.group_size
-
-    def _rec(self, layer: int) -> LayerRecord:
-        if not 0 <= layer < self.n_layers:
-            raise IndexError(f"layer {layer} out of range 0..{self.n_layers - 1}")
-        rec = self.layers[layer]
-        if not rec.rows or rec.keys is None:
-            raise RuntimeError("nothing captured yet: run a prompt first")
-        return rec
-
-    def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
-        """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape (n_q, n_k)."""
-        rec = self._rec(layer)
-        T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = _as_slice(rows, T), _as_slice(cols, S)
-        return causal_allowed(np.arange(r.start, r.stop), np.arange(c.start, c.stop), rec.sliding_window)
-
+    # -- queries (seq_len, kv_head, allowed: core.trace_base.TraceGeometry) ----------------------
     def _scores_t(self, layer: int, head: int, rows, cols) -> tuple[torch.Tensor, torch.Tensor, LayerRecord, slice]:
         rec = self._rec(layer)
         kv = self.kv_head(head)
         T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = _as_slice(rows, T), _as_slice(cols, S)
+        r, c = as_slice(rows, T), as_slice(cols, S)
         q = rec.q()[head, r].float()  # (n_q, D)
         k = rec.keys[kv, c].float()  # (n_k, D)
         s = (q @ k.T) * rec.scale  # (n_q, n_k) scaled scores
@@ -211,7 +177,7 @@ class TorchTrace:
         rec = self._rec(layer)
         kv = self.kv_head(head)
         T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = _as_slice(rows, T), _as_slice(cols, S)
+        r, c = as_slice(rows, T), as_slice(cols, S)
         q = rec.q()[head, r].float()  # (n_q, D)
         k = rec.keys[kv, c].float()  # (n_k, D)
         w = torch.matmul(q, k.T).mul_(rec.scale)  # (n_q, n_k) scaled scores

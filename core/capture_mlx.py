@@ -22,16 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from core.masks import causal_allowed
-
-
-def _as_slice(sel: slice | None, n: int) -> slice:
-    # same rule as core.capture._as_slice (kept here so that MLX use does not import torch)
-    if sel is None:
-        return slice(0, n)
-    start, stop, step = sel.indices(n)
-    if step != 1:
-        raise ValueError("row/column selections must be contiguous slices")
-    return slice(start, stop)
+from core.trace_base import TraceGeometry, as_slice
 
 
 @dataclass
@@ -63,7 +54,7 @@ class MlxLayerRecord:
         return None if self.cache is None or self.cache.keys is None else self.cache.fetch_keys()
 
 
-class MlxTrace:
+class MlxTrace(TraceGeometry):
     """Captured queries + LSE for every layer of an MLX model, weights on demand.
 
     Args:
@@ -125,38 +116,13 @@ class MlxTrace:
             if rec.n_rows() > n:
                 rec.q_chunks, rec.lse_chunks = [rec.q()[:, :n]], [rec.lse()[:, :n]]
 
-    # -- queries ------------------------------------------------------------------------------
-    @property
-    def seq_len(self) -> int:
-        return self.layers[0].n_rows() if self.layers else 0
-
-    def kv_head(self, head: int) -> int:
-        """The KV head query head ``head`` reads: ``head // group_size`` (transformers' repeat_kv)."""
-        if not 0 <= head < self.n_heads:
-            raise IndexError(f"head {head} out of range 0..{self.n_heads - 1}")
-        return head // self.group_size
-
-    def _rec(self, layer: int) -> MlxLayerRecord:
-        if not 0 <= layer < self.n_layers:
-            raise IndexError(f"layer {layer} out of range 0..{self.n_layers - 1}")
-        rec = self.layers[layer]
-        if not rec.q_chunks or rec.keys is None:
-            raise RuntimeError("nothing captured yet: run a prompt first")
-        return rec
-
-    def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
-        """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape (n_q, n_k)."""
-        rec = self._rec(layer)
-        T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = _as_slice(rows, T), _as_slice(cols, S)
-        return causal_allowed(np.arange(r.start, r.stop), np.arange(c.start, c.stop), rec.sliding_window)
-
+    # -- queries (seq_len, kv_head, allowed: core.trace_base.TraceGeometry) ----------------------
     def _scores(self, layer: int, head: int, rows, cols):
         rec = self._rec(layer)
         kv = self.kv_head(head)
         keys = rec.keys
         T, S = rec.n_rows(), keys.shape[1]
-        r, c = _as_slice(rows, T), _as_slice(cols, S)
+        r, c = as_slice(rows, T), as_slice(cols, S)
         q = rec.q()[head, r.start : r.stop].astype(mx.float32)  # (n_q, D)
         k = keys[kv, c.start : c.stop].astype(mx.float32)  # (n_k, D)
         s = (q @ k.T) * rec.scale  # (n_q, n_k) scaled scores
