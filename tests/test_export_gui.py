@@ -282,10 +282,20 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     assert win.engine.wait_idle(60)
     assert Image.open(tmp_path / "steps.gif").n_frames == 3
 
-    # save, wander off, reopen: same tokens, same weights, same view
+    # save, wander off, reopen: same tokens, same weights, same view (the tabs' own controls too)
     win.cmap_combo.setCurrentText("cividis")
+    sinks, kv, exp = win.views["sinks"], win.views["kv"], win.views["experiments"]
+    sinks.threshold_spin.setValue(0.35)
+    kv.calc_tokens.setValue(123_456)
+    exp.kind_combo.setCurrentIndex(exp.kind_combo.count() - 1)
+    exp_kind = exp.kind_combo.currentText()
     ex.save_session(tmp_path / "s.attnscope")
     assert win.engine.wait_idle(60)
+    saved_views = json.loads((tmp_path / "s.attnscope").read_text())["view"]["views"]
+    assert saved_views["sinks"]["threshold_spin"] == 0.35 and saved_views["kv"]["calc_tokens"] == 123_456
+    sinks.threshold_spin.setValue(0.8)
+    kv.calc_tokens.setValue(1)
+    exp.kind_combo.setCurrentIndex(0)
     ids, w = list(s.ids), win.weights.copy()
     win.prompt_edit.setPlainText("Something else entirely.")
     win.cmap_combo.setCurrentText("viridis")
@@ -303,6 +313,11 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     assert win.tabs.currentWidget() is win.views["heatmap"]
     assert win.prompt_edit.toPlainText() == "The quick brown fox jumps over the lazy dog."
     np.testing.assert_array_equal(win.weights, w)
+    assert sinks.threshold_spin.value() == 0.35 and kv.calc_tokens.value() == 123_456
+    assert exp.kind_combo.currentText() == exp_kind
+    # a hand-edited session with nonsense in the views' state still opens
+    sinks.restore_view_state({"threshold_spin": "lots", "metric_combo": "no such metric", "unknown": 1})
+    assert sinks.threshold_spin.value() == 0.35
 
 
 def test_open_bad_session_shows_one_line(ran_window, tmp_path):

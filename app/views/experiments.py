@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.views.sinks import style_plot
+from app.views.state import SavedControls
 from core.experiments import KINDS, Experiment, ExperimentResult, default_experiments
 
 COLUMNS = ("Experiment", "Parameters", "T", "KL(base‖exp)\nnext token", "Top-1 next token\nbase → experiment",
@@ -68,8 +69,10 @@ def _tok(t: tuple[int, str, float]) -> str:
     return f"{text!r} {t[2]:.2f}"
 
 
-class ExperimentsView(QWidget):
+class ExperimentsView(QWidget, SavedControls):
     """The Experiments tab."""
+
+    STATE_CONTROLS = ("kind_combo", "k_spin", "window_spin", "from_spin")  # saved in session files
 
     def __init__(self, main, parent: QWidget | None = None):
         super().__init__(parent)

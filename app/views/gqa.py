@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.heatmap import qt_colormap
+from app.views.state import SavedControls
 from core.pooling import block_edges
 
 
@@ -54,8 +55,10 @@ def _shade(v: float) -> QColor:
     return QColor(255, int(255 - 110 * v), int(255 - 200 * v))
 
 
-class GqaView(QWidget):
+class GqaView(QWidget, SavedControls):
     """The GQA tab. ``window`` is the :class:`app.main_window.MainWindow` (selection, engine, step)."""
+
+    STATE_CONTROLS = ("range_combo",)  # saved in session files
 
     def __init__(self, window, parent: QWidget | None = None):
         super().__init__(parent)

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.views.sinks import style_plot
+from app.views.state import SavedControls
 from core.kv import KVConfig, compare_schemes, format_bytes
 from core.kv_live import KVLive
 
@@ -111,8 +112,11 @@ def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context:
     table.setFixedHeight(26 + 22 * len(rows_now) + 4)
 
 
-class KVView(QWidget):
+class KVView(QWidget, SavedControls):
     """The KV cache tab."""
+
+    STATE_CONTROLS = ("preset_combo", "calc_layers", "calc_heads", "calc_kv", "calc_dim", "calc_tokens",
+                      "calc_batch", "calc_dtype")  # saved in session files
 
     def __init__(self, main, parent: QWidget | None = None):
         super().__init__(parent)

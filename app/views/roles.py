@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.state import SavedControls
 from core.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
 
 COLUMNS = ("Layer", "Head", "KV head", "Label", *(ROLE_TITLES[r] for r in ROLES))
@@ -77,8 +78,10 @@ def _score_colour(v: float) -> QColor:
     return QColor(int(255 - 120 * t), int(255 - 80 * t), 255)
 
 
-class RolesView(QWidget):
+class RolesView(QWidget, SavedControls):
     """The Head roles tab."""
+
+    STATE_CONTROLS = ("threshold_spin", "window_spin", "filter_combo")  # saved in session files
 
     def __init__(self, main, parent: QWidget | None = None):
         super().__init__(parent)

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.state import SavedControls
 from core.colormaps import to_rgb
 from core.sinks import DEFAULT_THRESHOLD, SinkReport
 
@@ -112,8 +113,10 @@ def fill_score_table(table: QTableWidget, values: np.ndarray, flags: np.ndarray 
             it.setData(Qt.UserRole, v)
 
 
-class SinksView(QWidget):
+class SinksView(QWidget, SavedControls):
     """The Sinks tab. ``window`` is the :class:`app.main_window.MainWindow` it belongs to."""
+
+    STATE_CONTROLS = ("metric_combo", "threshold_spin", "step_spin")  # saved in session files
 
     def __init__(self, main, parent: QWidget | None = None):
         super().__init__(parent)
