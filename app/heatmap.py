@@ -318,8 +318,9 @@ class HeatmapView(QWidget):
         self.q_offset, self.k_offset = q_offset, k_offset
         self.auto_max = 1.0 if auto_max is None else auto_max
         self.shared_max = shared_max
-        self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self._redraw()
+        # after setImage: ImageItem.setRect scales by the image's current shape
+        self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.plot.setTitle(title, color="k")
         self.readout.setText("Hover a cell to read query → key: weight. Click a row to shade the text by it.")
         if reset_view:
@@ -337,8 +338,8 @@ class HeatmapView(QWidget):
         self.q_offset = self.k_offset = 0
         self.auto_max = 1.0 if auto_max is None else auto_max
         self.shared_max = shared_max
-        self.image.setRect(0, 0, pooled.n, pooled.n)
         self._redraw()
+        self.image.setRect(0, 0, pooled.n, pooled.n)  # after setImage (see set_weights)
         self.plot.setTitle(title, color="k")
         r, c = pooled.image.shape
         self.readout.setText(f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "

@@ -449,6 +449,8 @@ class MainWindow(QMainWindow):
         self._action(view_menu, "Previous head", lambda: self.head_spin.stepBy(-1), "[")
         view_menu.addSeparator()
         self.view_menu = view_menu
+        for i, key in enumerate(self.views):  # tabs registered before the menu existed
+            self._add_view_action(key, self.tabs.tabText(i))
 
         backend_menu = mb.addMenu("&Backend")
         group = QActionGroup(self)
@@ -481,9 +483,14 @@ class MainWindow(QMainWindow):
         self.views[key] = widget
         self.tabs.addTab(widget, title)
         if hasattr(self, "view_menu"):
-            idx = self.tabs.count() - 1
-            self._action(self.view_menu, f"Show {title}", lambda i=idx: self.tabs.setCurrentIndex(i),
-                         f"Ctrl+{idx + 1}" if idx < 9 else None)
+            self._add_view_action(key, title)
+
+    def _add_view_action(self, key: str, title: str) -> None:
+        """View → Show <title>, with Ctrl+1…Ctrl+9 for the first nine tabs."""
+        idx = list(self.views).index(key)
+        # (QAction.triggered passes `checked`: the lambda takes it first, or it would become the key)
+        self._action(self.view_menu, f"Show {title}", lambda _checked=False, k=key: self.show_view(k),
+                     f"Ctrl+{idx + 1}" if idx < 9 else None)
 
     def show_view(self, key: str) -> None:
         """Bring view ``key`` to front. Raises ValueError for an unknown view."""

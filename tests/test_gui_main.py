@@ -142,3 +142,53 @@ def test_bad_input_keeps_app_alive(window, tmp_path):
     win.run_prompt()
     assert win.engine.wait_idle(60)
     assert win.last_error is None and win.snapshot.seq_len > 0
+
+
+def test_keyboard_shortcuts_switch_tabs_and_step(window, qtbot):
+    """Ctrl+1…Ctrl+8 show the tabs in order (all eight listed in the View menu), F10 / Ctrl+F10 /
+    Shift+F10 step, from the prompt box's focus as a user would press them."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    win = window
+    win.activateWindow()
+    shown = {a.shortcut().toString(): a.text() for a in win.view_menu.actions() if a.text().startswith("Show ")}
+    assert [shown[f"Ctrl+{i}"] for i in range(1, 9)] == [
+        "Show Heatmap", "Show Head grid", "Show GQA groups", "Show Mask", "Show Sinks", "Show KV cache",
+        "Show Head roles", "Show Experiments"]
+    win.prompt_edit.setPlainText("The quick brown fox")
+    win.chat_check.setChecked(False)
+    QTest.keyClick(win.prompt_edit, Qt.Key_Return, Qt.ControlModifier)
+    assert win.engine.wait_idle(120) and win.snapshot.seq_len > 0
+    for i in (5, 2, 8, 3, 1):
+        QTest.keyClick(win.prompt_edit, getattr(Qt, f"Key_{i}"), Qt.ControlModifier)
+        assert win.tabs.currentIndex() == i - 1
+    n0 = win.snapshot.n_generated
+    QTest.keyClick(win.prompt_edit, Qt.Key_F10)
+    assert win.engine.wait_idle(60) and win.snapshot.n_generated == n0 + 1
+    win.steps_spin.setValue(3)
+    QTest.keyClick(win.prompt_edit, Qt.Key_F10, Qt.ControlModifier)
+    assert win.engine.wait_idle(60) and win.snapshot.n_generated == n0 + 4
+    QTest.keyClick(win.prompt_edit, Qt.Key_F10, Qt.ShiftModifier)
+    assert win.engine.wait_idle(60) and win.snapshot.n_generated == n0 + 3
+
+
+def test_image_fills_its_cells_whatever_came_before(qtbot):
+    """The map's image covers exactly columns × rows in plot coordinates after every change of shape
+    (ImageItem.setRect scales by the image it holds: set before the new image, the first map was
+    drawn from a 1×1 scale, stretched ~40×)."""
+    from app.heatmap import HeatmapView
+    from core.tokens import Token
+
+    hm = HeatmapView()
+    qtbot.addWidget(hm)
+
+    def toks(n, start=0):
+        return [Token(position=start + i, id=i, text=f"t{i}", raw=f"t{i}") for i in range(n)]
+
+    for n_q, n_k, q0, k0 in ((39, 39, 0, 0), (48, 48, 0, 0), (12, 12, 0, 0), (1, 30, 29, 0), (5, 9, 4, 0)):
+        w = np.tril(np.ones((n_q, n_k), dtype=np.float32), k=n_k - n_q)
+        w /= w.sum(axis=1, keepdims=True)
+        hm.set_weights(w, toks(n_q, q0), toks(n_k, k0), q_offset=q0, k_offset=k0)
+        r = hm.image.mapRectToParent(hm.image.boundingRect())
+        assert (r.left(), r.top(), r.width(), r.height()) == pytest.approx((k0, q0, n_k, n_q)), (n_q, n_k)
