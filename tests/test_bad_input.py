@@ -80,3 +80,20 @@ def test_cli_bad_arguments_one_line(tmp_path):
     r = _cli("export", "--prompt", "hi", "--model", str(tmp_path), "--layer", "0", "--head", "0",
              "--out", str(tmp_path / "x.npy"))
     assert r.returncode != 0 and "not a model folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unusable_device_is_one_line():
+    import torch
+
+    from core.backends.torch_backend import pick_device
+    from core.errors import ModelLoadError
+
+    assert pick_device("cpu") == "cpu"
+    assert pick_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ModelLoadError, match=r"^unknown device 'bogus': use cpu, cuda, cuda:N or mps$"):
+        pick_device("bogus")
+    with pytest.raises(ModelLoadError, match="'cuda:99' is not available"):
+        pick_device("cuda:99")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match=r"^device 'cuda' is not available: .*; use --device cpu$"):
+            pick_device("cuda")

@@ -21,7 +21,7 @@ import torch
 
 from core.attention import sdpa_with_lse
 from core.capture import TorchTrace
-from core.errors import Cancelled, UnsupportedModelError
+from core.errors import Cancelled, ModelLoadError, UnsupportedModelError
 
 ATTN_NAME = "attnscope"
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
@@ -75,10 +75,30 @@ def register_attention() -> None:
 
 
 def pick_device(requested: str | None = None) -> str:
-    """``requested`` if given, else ``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
-    if requested:
-        return requested
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """``requested`` if given and usable, else ``"cuda"`` when torch sees a GPU, else ``"cpu"``.
+
+    Raises:
+        ModelLoadError: ``requested`` is not a torch device string (``cpu``, ``cuda``, ``cuda:N``,
+            ``mps``…), or names a device this machine or this torch build does not have.
+    """
+    if not requested:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"unknown device {requested!r}: use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
+            raise ModelLoadError(f"device {requested!r} is not available: {why}; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {requested!r} is not available: "
+                                 f"torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {requested!r} is not available on this machine; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ModelLoadError(f"device {requested!r} is not supported: use cpu, cuda, cuda:N or mps")
+    return requested
 
 
 class TorchBackend:
