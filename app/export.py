@@ -218,8 +218,9 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
         scale = dpi / SCREEN_DPI if fmt == "png" else 1.0
 
         def paint(p: QPainter) -> None:
-            target.render(p, QPoint(0, 0), QRect(0, 0, cur.width(), cur.height()),
-                          QWidget.RenderFlag.DrawWindowBackground | QWidget.RenderFlag.DrawChildren)
+            # QWidget's render, also for a QGraphicsView (whose own render() has another signature)
+            QWidget.render(target, p, QPoint(0, 0), QRect(0, 0, cur.width(), cur.height()),
+                           QWidget.RenderFlag.DrawWindowBackground | QWidget.RenderFlag.DrawChildren)
 
         return paint_to_file(path, (cur.width(), cur.height()), paint, dpi=dpi if fmt == "png" else SCREEN_DPI,
                              title=title, metadata=metadata, scale=scale)

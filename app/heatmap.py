@@ -257,6 +257,11 @@ class HeatmapView(QWidget):
             self.optionsChanged.emit()  # needs the layer's heads: ask the engine
         self._redraw()
 
+    def export_widget(self):
+        """What Export → view renders: the plot (title, axes, map, colour bar), not the option bar
+        above it or the hint line below (:func:`app.export.export_target`)."""
+        return self.glw
+
     def value_range(self) -> tuple[float, float]:
         """``(vmin, vmax)`` of the colour range now in force."""
         if self.range_mode == "auto":

@@ -224,8 +224,9 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     assert side["view"] == "heatmap" and side["token_ids"] == s.ids and side["view_state"]["layer"] == 3
     win.show_view("heatmap")
     img = Image.open(tmp_path / "heatmap.png")
-    tab = win.views["heatmap"].size()
-    assert img.size == (round(tab.width() * 1.5), round(tab.height() * 1.5))
+    plot = win.heatmap.glw.size()  # the plot only: not the option bar or the hint line
+    assert img.size == (round(plot.width() * 1.5), round(plot.height() * 1.5))
+    assert plot.height() < win.views["heatmap"].height()
     ET.parse(tmp_path / "grid.svg")  # a scroll area: its whole canvas
     assert Image.open(tmp_path / "grid.png").size[1] >= win.grid.canvas.height() * 1.5 - 1
 
