@@ -334,6 +334,9 @@ class HFRunner:
         import torch
         from transformers import AutoModelForCausalLM, DynamicCache
 
+        from core.models import quiet_transformers
+
+        quiet_transformers()  # no "Loading weights" bar in the bench's own output
         self.model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch.float32, attn_implementation=attn_implementation
         ).to(device).eval()
@@ -684,7 +687,7 @@ def evaluate_targets(result: dict) -> list[dict]:
     def add(name, T, value, limit, unit, note=""):
         met = None if value is None else bool(value <= limit)
         if value is None and not note:
-            note = f"not measured (T={T} not in this run)" if _size(result, T) is None else "not measured"
+            note = f"T={T} not in this run" if _size(result, T) is None else ""
         targets.append({"name": name, "T": T, "value": value, "limit": limit, "unit": unit, "met": met, "note": note})
 
     e = _size(result, TARGET_T)
