@@ -173,6 +173,12 @@ class HeatmapView(QWidget):
             axis = self.plot.getAxis(ax)
             axis.setPen("k")
             axis.setTextPen("k")
+            axis.enableAutoSIPrefix(False)
+            axis.setTicks([[], []])  # token labels once there is a map (_update_ticks)
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120), anchor=(0.5, 0.5))
+        self.placeholder.setPos(0.5, 0.5)
+        self.plot.addItem(self.placeholder)
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
         self.tile_image = pg.ImageItem()
@@ -316,6 +322,7 @@ class HeatmapView(QWidget):
         (computed on the engine thread, :func:`core.aggregate.robust_max`).
         """
         self.weights = np.asarray(w, dtype=np.float32)
+        self.placeholder.hide()
         self.pooled, self.tile = None, None
         self.tile_image.clear()
         self.tile_frame.hide()
@@ -337,6 +344,7 @@ class HeatmapView(QWidget):
                      auto_max: float | None = None, shared_max: float | None = None) -> None:
         """Show a long map as its max-pooled overview (:class:`core.aggregate.PooledMap`)."""
         self.weights, self.pooled, self.tile = None, pooled, None
+        self.placeholder.hide()
         self.tile_image.clear()
         self.tile_frame.hide()
         self.q_tokens = self.k_tokens = list(tokens)
@@ -372,6 +380,11 @@ class HeatmapView(QWidget):
         self.image.clear()
         self.tile_image.clear()
         self.tile_frame.hide()
+        for ax in ("left", "bottom"):
+            self.plot.getAxis(ax).setTicks([[], []])
+        self.plot.setTitle("")
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        self.placeholder.show()
         self.readout.setText("Run a prompt to see attention.")
 
     # -- zoom: ticks and tiles -------------------------------------------------------------------

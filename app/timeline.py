@@ -83,5 +83,8 @@ class TimelineBar(QWidget):
     def _update_label(self) -> None:
         t, N = self.step, self.slider.maximum()
         what = "after prefill" if t == 0 else f"after {t} decode step{'s' if t > 1 else ''}"
-        self.label.setText(f"step {t} / {N} · {what} · positions 0..{self.n_prompt + t - 1}")
+        if self.n_prompt + t == 0:
+            self.label.setText("no sequence yet: run a prompt")
+        else:
+            self.label.setText(f"step {t} / {N} · {what} · positions 0..{self.n_prompt + t - 1}")
         self.latest_button.setEnabled(t != N)

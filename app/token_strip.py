@@ -41,6 +41,8 @@ def token_html(tokens: list[Token], weights: np.ndarray | None = None, query: in
             style.append("border:2px solid #d01c1c; text-decoration: underline")
         text = html.escape(t.text).replace(" ", "&nbsp;")
         title = html.escape(f"#{t.position} id {t.id} raw {t.raw!r}" + (f" weight {weights[i]:.4f}" if weights is not None and i < len(weights) else ""))
+        if query is not None and i == query:
+            parts.append('<a name="query"></a>')  # TokenStrip scrolls here
         parts.append(f'<a href="tok:{t.position}" style="text-decoration:none; color:#000">'
                      f'<span style="{";".join(style)}" title="{title}">{text}</span></a>')
         if t.text.endswith("↵"):
@@ -63,6 +65,11 @@ class TokenStrip(QTextBrowser):
     def show_tokens(self, tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None,
                     cmap: str = "viridis") -> None:
         self.setHtml(token_html(tokens, weights, query, cmap))
+        # keep the query token (by default the newest) in sight: long chat prompts fill the pane
+        if query is not None:
+            self.scrollToAnchor("query")
+        else:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def _on_anchor(self, url) -> None:
         text = url.toString()

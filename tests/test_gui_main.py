@@ -192,3 +192,21 @@ def test_image_fills_its_cells_whatever_came_before(qtbot):
         hm.set_weights(w, toks(n_q, q0), toks(n_k, k0), q_offset=q0, k_offset=k0)
         r = hm.image.mapRectToParent(hm.image.boundingRect())
         assert (r.left(), r.top(), r.width(), r.height()) == pytest.approx((k0, q0, n_k, n_q)), (n_q, n_k)
+
+
+def test_token_strip_keeps_the_query_token_in_sight(qtbot):
+    from app.token_strip import TokenStrip
+    from core.tokens import Token
+
+    strip = TokenStrip()
+    qtbot.addWidget(strip)
+    strip.resize(500, 90)
+    strip.show()
+    toks = [Token(position=i, id=i, text=f"w{i}↵" if i % 3 == 0 else f"w{i}", raw=f"w{i}") for i in range(300)]
+    strip.show_tokens(toks, None, 299)
+    bar = strip.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()  # the newest token, at the end
+    strip.show_tokens(toks, None, 0)
+    assert bar.value() < 20  # the first line (within the document margin)
+    strip.show_tokens(toks)  # no query: the end
+    assert bar.value() == bar.maximum()
