@@ -88,7 +88,7 @@ class ExperimentsView(QWidget, SavedControls):
         for key, title in KINDS.items():
             self.kind_combo.addItem(title, key)
         self.kind_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
-        self.kind_combo.setMinimumContentsLength(22)
+        self.kind_combo.setMinimumContentsLength(max(len(t) for t in KINDS.values()))
         top.addWidget(self.kind_combo)
         self.k_label = QLabel("k")
         self.k_spin = QSpinBox()
