@@ -65,9 +65,16 @@ def _commands() -> dict:
     return mods
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``attnscope export: error: … (see … --help)``), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
     commands = _commands() if commands is None else commands
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="attnscope",
         description="AttnScope: step through decode and inspect every attention head. "
         "Without a command, opens the window.",

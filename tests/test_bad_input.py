@@ -82,6 +82,16 @@ def test_cli_bad_arguments_one_line(tmp_path):
     assert r.returncode != 0 and "not a model folder" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_usage_errors_are_one_line():
+    for args, want in ((("export", "--layer", "abc"), "attnscope export: error: argument --layer: invalid int value: 'abc'"),
+                       (("kv",), "attnscope kv: error: the following arguments are required: --n-layers"),
+                       (("--bogus",), "attnscope: error: unrecognized arguments: --bogus")):
+        r = _cli(*args)
+        assert r.returncode == 2
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(want) and lines[0].endswith("--help')"), r.stderr
+
+
 def test_unusable_device_is_one_line():
     import torch
 
