@@ -218,8 +218,9 @@ def run(args) -> int:
             out = Path(args.out)
             fmt = out.suffix.lower().lstrip(".")
             needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
-            E.export_head(s, layer, head, out, cmap=cmap, scale=scale, size=size, dpi=args.dpi, figure=args.figure,
-                          renderer=figure_renderer() if needs_qt else None)
+            files = E.export_head(s, layer, head, out, cmap=cmap, scale=scale, size=size, dpi=args.dpi,
+                                  figure=args.figure, renderer=figure_renderer() if needs_qt else None)
+            print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
             frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale)
             E.save_animation(frames, args.frames, fps=args.fps)
