@@ -175,6 +175,9 @@ class HeatmapView(QWidget):
             axis.setTextPen("k")
             axis.enableAutoSIPrefix(False)
             axis.setTicks([[], []])  # token labels once there is a map (_update_ticks)
+        # one line of token labels under the map, whatever was (not) drawn before: a fixed text height
+        bottom = self.plot.getAxis("bottom")
+        bottom.setStyle(autoExpandTextSpace=False, tickTextHeight=QFontMetrics(bottom.font()).height() + 6)
         self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120), anchor=(0.5, 0.5))
         self.placeholder.setPos(0.5, 0.5)
