@@ -90,11 +90,13 @@ def token_label(text: str, n: int = MAX_LABEL_CHARS) -> str:
 
 # -- paint devices -----------------------------------------------------------------------------------
 def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: float = SCREEN_DPI,
-                  title: str = "", metadata: dict | None = None, scale: float = 1.0) -> Path:
+                  title: str = "", metadata: dict | None = None, scale: float = 1.0,
+                  crisp_svg: bool = False) -> Path:
     """Open the device for ``path`` (by suffix), call ``paint(painter)`` in a ``size`` coordinate box, close.
 
     ``size``: logical ``(width, height)``; PNG pixels are ``size × scale``, the physical size of SVG
-    and PDF is ``size / dpi`` inches. ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
+    and PDF is ``size / dpi`` inches. ``crisp_svg`` marks the SVG ``shape-rendering="crispEdges"``:
+    viewers then draw abutting cells without anti-aliased hairline seams between them. ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
     or the SVG ``<desc>``; the PDF gets ``title`` and AttnScope as creator.
 
     Raises:
@@ -140,6 +142,9 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
             paint(p)
         finally:
             p.end()
+        if crisp_svg:
+            svg = path.read_text(encoding="utf-8")
+            path.write_text(svg.replace("<svg ", '<svg shape-rendering="crispEdges" ', 1), encoding="utf-8")
         return path
     writer = QPdfWriter(str(path))
     writer.setResolution(round(dpi))
@@ -407,7 +412,7 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
     return paint_to_file(path, size, lambda p: paint_heatmap(p, size, w, q_labels, k_labels, title=title, cmap=cmap,
                                                              scale=scale, vmin=vmin, vmax=vmax, dpi=dpi),
-                         dpi=dpi, title=title, metadata=metadata)
+                         dpi=dpi, title=title, metadata=metadata, crisp_svg=True)
 
 
 # -- the window's export and session commands ---------------------------------------------------------------

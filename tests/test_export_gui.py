@@ -81,6 +81,7 @@ def test_figure_svg_parses_and_every_cell_has_its_colour(tmp_path):
     assert root.get("viewBox") == "0 0 900 800"
     assert float(root.get("width").rstrip("m")) == pytest.approx(900 / 120 * 25.4, abs=0.01)  # mm
     assert json.loads(root.find(SVG + "desc").text) == {"layer": 3}
+    assert root.get("shape-rendering") == "crispEdges"  # no anti-aliased seams between cells in viewers
     # painter's order: the last rectangle covering a cell's centre gives its colour
     cell = cw / 12
     want = to_rgb(w)
