@@ -247,6 +247,7 @@ def test_cli_all_heads_session_and_frames(tmp_path, smol_session):
     import xml.etree.ElementTree as ET
 
     root = ET.parse(tmp_path / "f.svg").getroot()
+    assert root.get("shape-rendering") == "crispEdges"  # abutting cells, no seams in other viewers
     assert root.tag.endswith("svg") and json.loads(root.find("{http://www.w3.org/2000/svg}desc").text)["head"] == 7
     assert Image.open(tmp_path / "f.gif").n_frames == 3
 

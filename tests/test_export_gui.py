@@ -38,7 +38,7 @@ def _paint(path, w, size=(900, 800), dpi=120.0, **kw):
     labels = [t.text for t in _tokens(w.shape[0])]
     AE.paint_to_file(path, size, lambda p: rects.append(AE.paint_heatmap(p, size, w, labels, labels, title="T itle",
                                                                          dpi=dpi, **kw)), dpi=dpi, title="T itle",
-                     metadata={"layer": 3})
+                     metadata={"layer": 3}, crisp_svg=True)
     r = rects[0]
     return r.x(), r.y(), r.width(), r.height()
 
