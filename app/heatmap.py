@@ -188,7 +188,7 @@ class HeatmapView(QWidget):
         self.tile_image.setZValue(5)
         self.plot.addItem(self.tile_image)
         self.tile_frame = pg.QtWidgets.QGraphicsRectItem()
-        self.tile_frame.setPen(pg.mkPen((230, 60, 60), width=0))
+        self.tile_frame.setPen(pg.mkPen((230, 60, 60), width=2, cosmetic=True))
         self.tile_frame.setZValue(6)
         self.tile_frame.hide()
         self.plot.addItem(self.tile_frame)
@@ -205,6 +205,8 @@ class HeatmapView(QWidget):
         lay.addWidget(self.readout)
 
         # -- state
+        self._reset_pending = True
+        self._overview_title = ""
         self.weights: np.ndarray | None = None  # exact map (short prompts)
         self.pooled = None  # core.aggregate.PooledMap (long prompts)
         self.tile: tuple[np.ndarray, int, int] | None = None  # (exact tile, r0, c0) over the overview
@@ -326,6 +328,8 @@ class HeatmapView(QWidget):
         """
         self.weights = np.asarray(w, dtype=np.float32)
         self.placeholder.hide()
+        reset_view = reset_view or self._reset_pending
+        self._reset_pending = False
         self.pooled, self.tile = None, None
         self.tile_image.clear()
         self.tile_frame.hide()
@@ -348,6 +352,8 @@ class HeatmapView(QWidget):
         """Show a long map as its max-pooled overview (:class:`core.aggregate.PooledMap`)."""
         self.weights, self.pooled, self.tile = None, pooled, None
         self.placeholder.hide()
+        reset_view = reset_view or self._reset_pending
+        self._reset_pending = False
         self.tile_image.clear()
         self.tile_frame.hide()
         self.q_tokens = self.k_tokens = list(tokens)
@@ -356,6 +362,7 @@ class HeatmapView(QWidget):
         self.shared_max = shared_max
         self._redraw()
         self.image.setRect(0, 0, pooled.n, pooled.n)  # after setImage (see set_weights)
+        self._overview_title = title
         self.plot.setTitle(title, color="k")
         r, c = pooled.image.shape
         self.readout.setText(f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "
@@ -375,8 +382,10 @@ class HeatmapView(QWidget):
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
-        self.readout.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (red frame), "
-                             "recomputed from the session. Hover a cell for its weight.")
+        self.plot.setTitle(self._overview_title.replace("overview: max-pooled", "exact tile in view, max-pooled around it"),
+                           color="k")
+        self.readout.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
+                             "frame), recomputed from the session. Hover a cell for its weight.")
 
     def clear(self) -> None:
         self.weights, self.pooled, self.tile = None, None, None
@@ -388,6 +397,7 @@ class HeatmapView(QWidget):
         self.plot.setTitle("")
         self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.placeholder.show()
+        self._reset_pending = True  # the next map is shown whole, whatever zoom was kept before
         self.readout.setText("Run a prompt to see attention.")
 
     # -- zoom: ticks and tiles -------------------------------------------------------------------

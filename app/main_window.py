@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -221,6 +221,29 @@ class _ViewPage(QScrollArea):
     """A tab page that scrolls its view when the window is smaller than the view's minimum size."""
 
 
+class _EmptyOverlay(QLabel):
+    """Covers a tab page while there is no sequence (a new model, nothing run yet), so that a panel
+    never shows the previous model's or prompt's results as if they were current."""
+
+    def __init__(self, page: QWidget):
+        super().__init__("Run a prompt to see this panel.", page)
+        self.setAlignment(Qt.AlignCenter)
+        self.setStyleSheet("background: rgba(255, 255, 255, 240); color: #666; font-size: 13pt;")
+        page.installEventFilter(self)
+        self.hide()
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() == QEvent.Resize:
+            self.setGeometry(obj.rect())
+        return False
+
+    def set_shown(self, on: bool) -> None:
+        if on:
+            self.setGeometry(self.parentWidget().rect())
+            self.raise_()
+        self.setVisible(on)
+
+
 class ViewTabs(QTabWidget):
     """Tabs whose pages scroll, so that no panel forces a large minimum window size.
 
@@ -242,11 +265,17 @@ class ViewTabs(QTabWidget):
         return w.widget() if isinstance(w, _ViewPage) else w
 
     def setCurrentWidget(self, widget: QWidget) -> None:
+        page = self.page_of(widget)
+        if page is not None:
+            self.setCurrentIndex(self.indexOf(page))
+
+    def page_of(self, widget: QWidget) -> QWidget | None:
+        """The tab page holding view ``widget`` (the view itself, or its scrolling page)."""
         for i in range(self.count()):
             page = self.widget(i)
             if page is widget or (isinstance(page, _ViewPage) and page.widget() is widget):
-                self.setCurrentIndex(i)
-                return
+                return page
+        return None
 
 
 class MainWindow(QMainWindow):
@@ -274,6 +303,7 @@ class MainWindow(QMainWindow):
         self._generations: dict[str, int] = {}
         self.last_error: str | None = None
         self.views: dict[str, QWidget] = {}
+        self._empty_overlays: dict[str, _EmptyOverlay] = {}
         self._build_ui()
         self._build_actions()
         self._install_inspector_views()
@@ -627,6 +657,11 @@ class MainWindow(QMainWindow):
         )
         self.statusBar().showMessage(f"{info.name} ready. Type a prompt and press Run (Ctrl+Enter).", 8000)
         self.heatmap.clear()
+        for view in self.views.values():
+            if hasattr(view, "on_model_loaded"):
+                view.on_model_loaded()
+        self.map_key = self.weights_key = None
+        self.weights = None
         self.grid.canvas.thumbs = None
         self.grid.canvas._image = None
         self.grid.canvas.update()
@@ -705,6 +740,18 @@ class MainWindow(QMainWindow):
         for view in self.views.values():
             if hasattr(view, "on_snapshot"):
                 view.on_snapshot(snap)
+        # panels that need a sequence are covered until there is one (the heatmap has its own
+        # placeholder; the KV calculator works without a run)
+        for key, view in self.views.items():
+            if key in ("heatmap", "kv"):
+                continue
+            overlay = self._empty_overlays.get(key)
+            if overlay is None:
+                page = self.tabs.page_of(view)
+                if page is None:
+                    continue
+                overlay = self._empty_overlays[key] = _EmptyOverlay(page)
+            overlay.set_shown(snap.seq_len == 0)
 
     # -- view requests ---------------------------------------------------------------------------
     def request_weights(self) -> None:

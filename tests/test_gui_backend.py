@@ -58,3 +58,32 @@ def test_cancelled_load_keeps_model(window):
     assert win.engine.wait_idle(120)
     assert win.snapshot.info == before
     assert "cancelled" in win.last_error  # the load really stopped at its first checkpoint
+
+
+def test_after_a_reload_the_first_map_is_whole_and_old_panels_are_covered(window, qtbot):
+    """Reloading the model (same prompt, so the same map size as before) shows the whole new map,
+    not the placeholder's zoom; until the next Run every panel that needs a sequence is covered
+    instead of showing the previous model's results."""
+    win = window
+    win.resize(1300, 850)
+    win.show()
+    win.prompt_edit.setPlainText(PROMPT)
+    win.chat_check.setChecked(False)
+    win.run_prompt()
+    assert win.engine.wait_idle(120)
+    win.show_view("sinks")
+    assert win.engine.wait_idle(120) and win.views["sinks"].report is not None
+    overlays = win._empty_overlays
+    assert set(overlays) == {"grid", "gqa", "mask", "sinks", "roles", "experiments"}
+    assert not any(o.isVisible() for o in overlays.values())
+    win.load_model(None)  # the same model again: a fresh session, nothing run
+    assert win.engine.wait_idle(300) and win.snapshot.seq_len == 0
+    assert overlays["sinks"].isVisible() and overlays["sinks"].geometry() == win.tabs.page_of(
+        win.views["sinks"]).rect()
+    win.show_view("heatmap")
+    win.run_prompt()
+    assert win.engine.wait_idle(120)
+    n = win.snapshot.seq_len
+    (x0, x1), (y0, y1) = win.heatmap.plot.getViewBox().viewRange()
+    assert x0 <= 0 and x1 >= n and y0 <= 0 and y1 >= n  # the whole map, not cell (0, 0)
+    assert not overlays["sinks"].isVisible()

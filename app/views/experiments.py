@@ -191,7 +191,8 @@ class ExperimentsView(QWidget, SavedControls):
                                "(1 query, S keys) sees only token 0. Prefill (L = S) is unaffected.",
             "no_scale": "Scores q·k without 1/√head_dim: softmax saturates towards one-hot.",
         }
-        self.help.setText(texts[kind] + "  Every run uses a separate KV cache: your sequence is not changed.")
+        self.help.setText(texts[kind] + "  Every run uses a separate KV cache: your sequence is not changed. "
+                          f"Opening this tab runs all five on sequences up to {AUTO_RUN_MAX_TOKENS} tokens.")
 
     def experiment(self) -> Experiment:
         """The experiment described by the controls."""
@@ -257,6 +258,10 @@ class ExperimentsView(QWidget, SavedControls):
         ok = snap is not None and snap.seq_len >= 2 and self._torch(snap)
         self.run_button.setEnabled(ok)
         self.run_all_button.setEnabled(ok)
+
+    def on_model_loaded(self) -> None:
+        """A new model (or backend): results of the previous one no longer apply."""
+        self.clear()
 
     def clear(self) -> None:
         self.results = []

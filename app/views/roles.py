@@ -155,7 +155,7 @@ class RolesView(QWidget, SavedControls):
 
     # -- hooks -------------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
-        key = (snap.info.name, snap.prompt, snap.chat_template, snap.seq_len)
+        key = (snap.info.name, snap.backend, snap.prompt, snap.chat_template, snap.seq_len)
         if key != self._seq_key:
             self._seq_key = key
             self._stale = True

@@ -208,7 +208,8 @@ class SinksView(QWidget, SavedControls):
 
     # -- main-window hooks ---------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
-        key = (snap.prompt, snap.chat_template, snap.seq_len, tuple(t.id for t in snap.tokens[-4:]))
+        key = (snap.info.name, snap.backend, snap.prompt, snap.chat_template, snap.seq_len,
+               tuple(t.id for t in snap.tokens[-4:]))
         if key != self._seq_key:
             self._seq_key = key
             self._stale = True
