@@ -29,6 +29,11 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from core.errors import AttnScopeError, Cancelled
 
 
+class CancelledMessage(str):
+    """The message of a job that stopped because the user cancelled it: worth a status line, not a
+    warning dialog (:meth:`app.main_window.MainWindow.show_error`)."""
+
+
 @dataclass
 class Job:
     fn: Callable[[JobContext], Any]
@@ -61,7 +66,7 @@ class EngineWorker(QObject):
     """Lives on the engine thread; runs jobs one at a time."""
 
     finished = Signal(object, object)  # (job, result)
-    failed = Signal(object, str)  # (job, one-line message)
+    failed = Signal(object, object)  # (job, one-line message: str, or CancelledMessage)
     progress = Signal(str, float)
     busy = Signal(bool, str)
     _wake = Signal()
@@ -100,7 +105,7 @@ class EngineWorker(QObject):
                 self.ctx.job_id = job.id
                 result = job.fn(self.ctx)
             except Cancelled as e:
-                self.failed.emit(job, str(e) or "cancelled")
+                self.failed.emit(job, CancelledMessage(str(e) or "cancelled"))
             except (AttnScopeError, ValueError, IndexError, OSError) as e:
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 self.failed.emit(job, msg)
@@ -224,7 +229,7 @@ class Engine(QObject):
         finally:
             self._report(job)
 
-    @Slot(object, str)
+    @Slot(object, object)
     def _on_failed(self, job: Job, message: str) -> None:
         _, on_error = self._callbacks.pop(job.id, (None, None))
         try:

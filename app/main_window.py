@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine import Engine
+from app.engine import CancelledMessage, Engine
 from app.head_grid import HeadGridView
 from app.heatmap import HeatmapView
 from app.timeline import TimelineBar
@@ -674,7 +674,10 @@ class MainWindow(QMainWindow):
         if self.snapshot is not None:  # the previous model (and its backend) stays
             self.backend_name = self.snapshot.backend
             self.backend_actions[self.backend_name].setChecked(True)
-        self.show_error(f"Could not load the model: {message}")
+        if isinstance(message, CancelledMessage):
+            self.show_error(message)  # "loading cancelled; the previous model is still loaded"
+        else:
+            self.show_error(f"Could not load the model: {message}")
         self._set_running(self.snapshot is not None)
 
     def run_prompt(self) -> None:
@@ -877,6 +880,8 @@ class MainWindow(QMainWindow):
         """Show ``message`` in the status bar and, when the window is visible, a dialog."""
         self.last_error = message
         self.statusBar().showMessage(message, 15000)
+        if isinstance(message, CancelledMessage):
+            return  # the user asked for it: the status line says what stopped, no dialog
         if self.isVisible() and QApplication.platformName() not in ("offscreen", "minimal"):
             QMessageBox.warning(self, APP_NAME, message)
 

@@ -58,6 +58,23 @@ def test_cancelled_load_keeps_model(window):
     assert win.engine.wait_idle(120)
     assert win.snapshot.info == before
     assert "cancelled" in win.last_error  # the load really stopped at its first checkpoint
+    from app.engine import CancelledMessage
+
+    assert isinstance(win.last_error, CancelledMessage)  # a status line, not a warning dialog
+
+
+def test_a_cancel_is_a_status_line_an_error_a_dialog(window, monkeypatch):
+    import app.main_window as MW
+    from app.engine import CancelledMessage
+
+    shown = []
+    monkeypatch.setattr(MW.QMessageBox, "warning", lambda *a: shown.append(a[-1]))
+    monkeypatch.setattr(MW.QApplication, "platformName", staticmethod(lambda: "xcb"))
+    window.show()
+    window.show_error(CancelledMessage("prefill cancelled"))
+    assert shown == [] and window.statusBar().currentMessage() == "prefill cancelled"
+    window.show_error("the prompt has 9000 tokens, more than the model's context of 8192")
+    assert shown == ["the prompt has 9000 tokens, more than the model's context of 8192"]
 
 
 def test_after_a_reload_the_first_map_is_whole_and_old_panels_are_covered(window, qtbot):
