@@ -95,9 +95,10 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
     """Open the device for ``path`` (by suffix), call ``paint(painter)`` in a ``size`` coordinate box, close.
 
     ``size``: logical ``(width, height)``; PNG pixels are ``size × scale``, the physical size of SVG
-    and PDF is ``size / dpi`` inches. ``crisp_svg`` marks the SVG ``shape-rendering="crispEdges"``:
-    viewers then draw abutting cells without anti-aliased hairline seams between them. ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
-    or the SVG ``<desc>``; the PDF gets ``title`` and AttnScope as creator.
+    and PDF is ``size / dpi`` inches. ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
+    or the SVG ``<desc>``; the PDF gets ``title`` and AttnScope as creator. ``crisp_svg`` marks the
+    SVG ``shape-rendering="crispEdges"``: viewers then draw abutting cells without anti-aliased
+    hairline seams between them.
 
     Raises:
         ValueError: unknown suffix. FileNotFoundError: missing folder. OSError: could not write.

@@ -179,7 +179,8 @@ class HeatmapView(QWidget):
         bottom = self.plot.getAxis("bottom")
         bottom.setStyle(autoExpandTextSpace=False, tickTextHeight=QFontMetrics(bottom.font()).height() + 6)
         self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
-        self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120), anchor=(0.5, 0.5))
+        self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120),
+                                       anchor=(0.5, 0.5))
         self.placeholder.setPos(0.5, 0.5)
         self.plot.addItem(self.placeholder)
         self.image = pg.ImageItem()
@@ -382,8 +383,8 @@ class HeatmapView(QWidget):
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
-        self.plot.setTitle(self._overview_title.replace("overview: max-pooled", "exact tile in view, max-pooled around it"),
-                           color="k")
+        self.plot.setTitle(self._overview_title.replace("overview: max-pooled",
+                                                        "exact tile in view, max-pooled around it"), color="k")
         self.readout.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
                              "frame), recomputed from the session. Hover a cell for its weight.")
 

@@ -34,7 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--decode-steps", type=int, default=None, help="decode steps after each prefill (default 64)")
     p.add_argument("--head-repeats", type=int, default=None, help="one-head map timings per repeat (default 3)")
     p.add_argument("--memory-limit-gb", type=float, default=24.0,
-                   help="memory budget in GB; eager+output_attentions is skipped where it would not fit (default 24)")
+                   help="memory budget in GB; eager+output_attentions is skipped where it would not fit "
+                        "(default 24)")
     p.add_argument("--no-memory", dest="memory", action="store_false",
                    help="skip the peak-RSS runs (each configuration in a fresh process)")
     p.add_argument("--no-eager", dest="eager", action="store_false", help="leave out eager+output_attentions")

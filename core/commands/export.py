@@ -18,8 +18,8 @@ session's view), and saving one::
     attnscope export --session fox.attnscope --out map.pdf
     attnscope export --prompt TEXT --steps 5 --save-session fox.attnscope
 
-Data files and PDFs get a sidecar ``<file>.json`` (model + hash, backend, dtype, device, prompt, tokens, step,
-layer, head, mask, ``exact: true``); batches a ``manifest.json``. ``.png`` is the plain map (one
+Data files and PDFs get a sidecar ``<file>.json`` (model + hash, backend, dtype, device, prompt,
+tokens, step, layer, head, mask, ``exact: true``); batches a ``manifest.json``. ``.png`` is the plain map (one
 colour per cell) unless ``--figure``; ``.svg``/``.pdf`` are labelled figures drawn with Qt's own SVG
 and PDF devices on the offscreen platform (no display needed). For a single head the tokens are
 printed, one per line, as ``position<TAB>id<TAB>label``; progress goes to stderr.
