@@ -274,7 +274,7 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
                   k_labels: list[str], *, title: str = "", cmap: str = "viridis", scale: str = "linear",
                   vmin: float = 0.0, vmax: float = 1.0, dpi: float = FIGURE_DPI,
                   colorbar_label: str = "attention weight", q_axis: str = "query position",
-                  k_axis: str = "key position") -> QRectF:
+                  k_axis: str = "key position", gamma: float = 0.5) -> QRectF:
     """Paint a labelled map (rows = queries top to bottom, columns = keys) into ``size``; returns the map's rect.
 
     Cell colours are :func:`core.colormaps.to_rgb` of the values: exactly the colours of the plain PNG.
@@ -304,7 +304,7 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
                tfm.elidedText(title, Qt.ElideRight, size[0] - 16 * f))
 
     # cells
-    rgb = to_rgb(w, cmap, vmin, vmax, scale)
+    rgb = to_rgb(w, cmap, vmin, vmax, scale, gamma)
     if n_rows * n_cols <= VECTOR_MAX_CELLS and cell >= 1:
         ov = min(0.5, cell / 4)
         for i in range(n_rows):
@@ -324,7 +324,7 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
         img_rgb = rgb
         if cell < 1:  # more cells than pixels: keep the strongest weight of each block visible
             pooled = max_pool(w, max(1, int(rect.height())), max(1, int(rect.width())))
-            img_rgb = to_rgb(pooled, cmap, vmin, vmax, scale)
+            img_rgb = to_rgb(pooled, cmap, vmin, vmax, scale, gamma)
         data = np.ascontiguousarray(img_rgb, dtype=np.uint8)
         img = QImage(data.data, data.shape[1], data.shape[0], data.shape[1] * 3, QImage.Format_RGB888).copy()
         p.drawImage(rect, img)
@@ -375,7 +375,7 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
     p.drawRect(bar)
     p.setPen(QColor(20, 20, 20))
     for v in _ticks(vmin, vmax, scale):
-        y = bar.bottom() - bar.height() * float(normalize(np.array([v]), vmin, vmax, scale)[0])
+        y = bar.bottom() - bar.height() * float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
         p.drawLine(QPointF(bar.right(), y), QPointF(bar.right() + tick, y))
         p.drawText(QRectF(bar.right() + tick + f, y - label_h / 2, 4 * label_h, label_h),
                    Qt.AlignLeft | Qt.AlignVCenter, _tick_text(v, scale))
@@ -391,7 +391,8 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
 def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=None, q_tokens=None,
                         k_tokens=None, title: str = "", cmap: str = "viridis", scale: str = "linear",
                         size: tuple[int, int] | None = None, dpi: float | None = None,
-                        metadata: dict | None = None, vmin: float = 0.0, vmax: float = 1.0) -> Path:
+                        metadata: dict | None = None, vmin: float = 0.0, vmax: float = 1.0,
+                        gamma: float = 0.5) -> Path:
     """Write the labelled figure of ``weights`` ``(n_query, n_key)`` to PNG/SVG/PDF (by suffix).
 
     ``tokens`` (core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
@@ -412,7 +413,8 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
     q_labels = [t.text for t in qt][: w.shape[0]] if qt is not None else [str(i) for i in range(w.shape[0])]
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
     return paint_to_file(path, size, lambda p: paint_heatmap(p, size, w, q_labels, k_labels, title=title, cmap=cmap,
-                                                             scale=scale, vmin=vmin, vmax=vmax, dpi=dpi),
+                                                             scale=scale, vmin=vmin, vmax=vmax, dpi=dpi,
+                                                             gamma=gamma),
                          dpi=dpi, title=title, metadata=metadata, crisp_svg=True)
 
 
@@ -846,7 +848,10 @@ class BatchExportDialog(QDialog):
         scope, out = self.scope, Path(self.path_edit.text()).expanduser()
         layer, head = self.win.layer, self.win.head
         cmap = self.win.cmap_combo.currentText()
-        scale = getattr(self.win.heatmap, "scale", "linear") or "linear"
+        hm = self.win.heatmap
+        scale = getattr(hm, "scale", "linear") or "linear"
+        gamma = float(getattr(hm, "gamma", 0.5) or 0.5)
+        range_mode = getattr(hm, "range_mode", "fixed") or "fixed"  # as on screen
         dpi = self.dpi_spin.value()
 
         def job(ctx):
@@ -859,12 +864,14 @@ class BatchExportDialog(QDialog):
 
             if scope == "steps":
                 ctx.progress("Rendering frames…", -1.0)
-                frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale, cancelled=ctx.cancelled)
+                frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale, gamma=gamma,
+                                         range_mode=range_mode, cancelled=ctx.cancelled)
                 return [E.save_animation(frames, out)]
             pairs = E.heads_in_scope(s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None)
             renderer = save_heatmap_figure if figure or fmt in ("svg", "pdf") else None
             return E.export_batch(s, out, fmt, pairs, cmap=cmap, scale=scale, dpi=dpi, figure=figure,
-                                  renderer=renderer, progress=progress, cancelled=ctx.cancelled)
+                                  renderer=renderer, progress=progress, cancelled=ctx.cancelled, gamma=gamma,
+                                  range_mode=range_mode)
 
         self.running = True
         self.written = []

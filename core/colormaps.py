@@ -57,7 +57,7 @@ def normalize(values: np.ndarray, vmin: float = 0.0, vmax: float = 1.0, scale: s
 
 
 def to_rgb(values: np.ndarray, cmap: str = DEFAULT_COLORMAP, vmin: float = 0.0, vmax: float = 1.0,
-           scale: str = "linear") -> np.ndarray:
-    """Colour a 2-D array: ``(H, W)`` values → ``(H, W, 3)`` uint8 RGB."""
-    idx = np.round(normalize(values, vmin, vmax, scale) * 255).astype(np.intp)
+           scale: str = "linear", gamma: float = 0.5) -> np.ndarray:
+    """Colour a 2-D array: ``(H, W)`` values → ``(H, W, 3)`` uint8 RGB (:func:`normalize`, then the LUT)."""
+    idx = np.round(normalize(values, vmin, vmax, scale, gamma) * 255).astype(np.intp)
     return lut(cmap)[idx]

@@ -249,7 +249,7 @@ def parse_size(text: str | None) -> tuple[int, int] | None:
 
 def save_map_png(w: np.ndarray, path: str | os.PathLike, cmap: str = "viridis", scale: str = "linear",
                  size: tuple[int, int] | None = None, dpi: float | None = None, vmin: float = 0.0,
-                 vmax: float = 1.0, metadata: dict | None = None) -> Path:
+                 vmax: float = 1.0, metadata: dict | None = None, gamma: float = 0.5) -> Path:
     """A plain map PNG: one colour-map colour per cell, rows = queries, columns = keys.
 
     ``size`` = exact ``(width, height)`` in pixels (nearest-neighbour, so every pixel still carries its
@@ -263,9 +263,9 @@ def save_map_png(w: np.ndarray, path: str | os.PathLike, cmap: str = "viridis", 
 
     path = Path(path)
     if size is None:
-        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale)
+        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale, gamma=gamma)
     else:  # nearest, in integers: pixel (x, y) shows cell (⌊(2y+1)·n_query / 2·height⌋, ⌊(2x+1)·n_key / 2·width⌋)
-        rgb = to_rgb(np.asarray(w), cmap, vmin, vmax, scale)
+        rgb = to_rgb(np.asarray(w), cmap, vmin, vmax, scale, gamma)
         ys = (2 * np.arange(size[1]) + 1) * rgb.shape[0] // (2 * size[1])
         xs = (2 * np.arange(size[0]) + 1) * rgb.shape[1] // (2 * size[0])
         img = Image.fromarray(np.ascontiguousarray(rgb[ys][:, xs]), mode="RGB")
@@ -301,19 +301,48 @@ def head_map(session, layer: int, head: int, n: int | None = None, mode: str = "
     return aggregate.map_at(session, layer, head, mode, n)
 
 
+RANGE_MODES = ("fixed", "auto", "shared")
+
+
+def colour_range(session, layer: int, w: np.ndarray, range_mode: str = "fixed",
+                 n: int | None = None) -> tuple[float, float]:
+    """``(vmin, vmax)`` of the colour scale, as the heatmap's Range control computes it.
+
+    ``"fixed"``: ``[0, 1]`` (probabilities); ``"auto"``: ``[0, robust_max(w)]`` (99.5th percentile of
+    the non-zero weights of this map); ``"shared"``: ``[0, layer_robust_max]`` over the heads of
+    ``layer`` (first ``n`` positions), so a layer's maps are comparable (:mod:`core.aggregate`).
+
+    Raises:
+        ValueError: unknown ``range_mode``.
+    """
+    from core import aggregate
+
+    if range_mode == "fixed":
+        return 0.0, 1.0
+    if range_mode == "auto":
+        return 0.0, aggregate.robust_max(w)
+    if range_mode == "shared":
+        return 0.0, aggregate.layer_robust_max(session, layer, n)
+    raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
+
+
 def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
                 scale: str = "linear", size: tuple[int, int] | None = None, dpi: float | None = None,
                 figure: bool = False, renderer: Renderer | None = None, base: dict | None = None,
-                n: int | None = None, mode: str = "head") -> list[Path]:
+                n: int | None = None, mode: str = "head", gamma: float = 0.5,
+                range_mode: str = "fixed") -> list[Path]:
     """Export one head's map to ``path`` (format by suffix). Returns the files written.
 
     ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
     formats and PDFs get a sidecar ``<file>.json`` (PNG and SVG carry the metadata inside); ``.png``
     is the plain map unless ``figure`` (labelled, needs ``renderer``); ``.svg``/``.pdf`` always need
-    ``renderer``.
+    ``renderer``. Images are coloured as the heatmap shows them: ``cmap``, ``scale`` (``gamma`` for
+    the power scale) and ``range_mode`` (:func:`colour_range`); the metadata records them under
+    ``"colour"``.
 
     Raises:
-        ValueError: unknown suffix or aggregate, a figure without a renderer. IndexError: layer/head/n.
+        ValueError: unknown suffix, aggregate or range, a figure without a renderer.
+        IndexError: layer/head/n.
     """
     path = Path(path)
     fmt = _format(path, BATCH_FORMATS)
@@ -321,13 +350,17 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
     w = head_map(session, layer, head, n, mode)
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
+    vmin, vmax = colour_range(session, layer, w, range_mode, n)
+    meta["colour"] = {"cmap": cmap, "scale": scale, "gamma": gamma if scale == "power" else None,
+                      "range": range_mode, "vmin": vmin, "vmax": vmax}
     if fmt == "png" and not figure:
-        return [save_map_png(w, path, cmap=cmap, scale=scale, size=size, dpi=dpi, metadata=meta)]
+        return [save_map_png(w, path, cmap=cmap, scale=scale, size=size, dpi=dpi, metadata=meta, gamma=gamma,
+                             vmin=vmin, vmax=vmax)]
     if renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (app.export); none was given")
     title = head_title(session, layer, head, w.shape[0], mode)
     out = Path(renderer(w, path, tokens=session.tokens[: w.shape[0]], title=title, cmap=cmap, scale=scale,
-                        size=size, dpi=dpi, metadata=meta))
+                        size=size, dpi=dpi, metadata=meta, gamma=gamma, vmin=vmin, vmax=vmax))
     if fmt == "pdf":  # PNG keeps the metadata in a text chunk, SVG in <desc>; a PDF gets it beside it
         return [out, write_json(sidecar_path(out), meta)]
     return [out]
@@ -356,8 +389,11 @@ def batch_file_name(layer: int, head: int, fmt: str, n_layers: int = 100, n_head
 def export_batch(session, out_dir: str | os.PathLike, fmt: str, pairs: Sequence[tuple[int, int]], *,
                  cmap: str = "viridis", scale: str = "linear", size: tuple[int, int] | None = None,
                  dpi: float | None = None, figure: bool = False, renderer: Renderer | None = None,
-                 progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> list[Path]:
+                 progress: Progress | None = None, cancelled: Callable[[], bool] | None = None,
+                 gamma: float = 0.5, range_mode: str = "fixed") -> list[Path]:
     """Export each ``(layer, head)`` of ``pairs`` to ``out_dir/L.._H...<fmt>`` and write ``manifest.json``.
+
+    Colours as :func:`export_head` (``cmap``, ``scale``, ``gamma``, ``range_mode``).
 
     One head's map is computed at a time (peak memory one ``seq_len²`` float32 map). ``progress(done,
     total, file_name)`` after each file; ``cancelled()`` before each. The manifest holds the shared
@@ -376,6 +412,8 @@ def export_batch(session, out_dir: str | os.PathLike, fmt: str, pairs: Sequence[
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(BATCH_FORMATS)}")
     if (fmt in ("svg", "pdf") or (fmt == "png" and figure)) and renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (app.export); none was given")
+    if range_mode not in RANGE_MODES:
+        raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
     out = Path(out_dir)
     if not out.parent.exists():
         raise FileNotFoundError(f"folder {out.parent} does not exist")
@@ -392,13 +430,14 @@ def export_batch(session, out_dir: str | os.PathLike, fmt: str, pairs: Sequence[
             break
         name = batch_file_name(layer, head, fmt, info.n_layers, info.n_heads)
         written += export_head(session, layer, head, out / name, cmap=cmap, scale=scale, size=size, dpi=dpi,
-                               figure=figure, renderer=renderer, base=base)
+                               figure=figure, renderer=renderer, base=base, gamma=gamma, range_mode=range_mode)
         entries.append({"file": name, "layer": layer, "head": head, "kv_head": head // info.group_size,
                         "mask": mask_info(session, layer)["description"]})
         if progress is not None:
             progress(i + 1, total, name)
     manifest = dict(base)
-    manifest.update({"kind": "batch", "format": fmt, "cmap": cmap, "scale": scale, "files": entries,
+    manifest.update({"kind": "batch", "format": fmt, "cmap": cmap, "scale": scale,
+                     "gamma": gamma if scale == "power" else None, "range": range_mode, "files": entries,
                      "complete": stopped is None})
     written.append(write_json(out / "manifest.json", manifest))
     if stopped is not None:
@@ -425,14 +464,16 @@ def frame_palette(cmap: str = "viridis") -> np.ndarray:
 
 def decode_frames(session, layer: int, head: int, *, cmap: str = "viridis", scale: str = "linear",
                   max_size: int = 640, caption: bool = True, first_step: int = 0,
-                  cancelled: Callable[[], bool] | None = None):
+                  cancelled: Callable[[], bool] | None = None, gamma: float = 0.5, range_mode: str = "fixed"):
     """One palette image per decode step of ``(layer, head)``: steps ``first_step .. n_generated``.
 
     Every frame has the final map's size (``seq_len`` cells a side, ``cell`` pixels each, the largest
     integer keeping the map within ``max_size``); frame ``s`` shows the exact map after step ``s``
     (its top-left ``(n_prompt + s)²`` block, see module doc) and white where nothing was generated yet.
     With ``caption`` a white strip above the map reads ``L3 H4 · step s/N · seq_len T · 'token'``.
-    Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale) through :func:`frame_palette`.
+    Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale, fixed range) through
+    :func:`frame_palette`; ``scale``/``gamma``/``range_mode`` colour as :func:`export_head` does (the
+    range from the final map, so every frame shares one scale).
 
     Returns:
         list of PIL ``"P"`` images, ``n_generated - first_step + 1`` of them.
@@ -447,7 +488,8 @@ def decode_frames(session, layer: int, head: int, *, cmap: str = "viridis", scal
     w = session.weights(layer, head)
     T, n0 = w.shape[0], session.n_prompt
     cell = max(1, max_size // T)
-    idx = np.round(normalize(w, scale=scale) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
+    vmin, vmax = colour_range(session, layer, w, range_mode)
+    idx = np.round(normalize(w, vmin, vmax, scale, gamma) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
     cap_h = 18 if caption else 0
     font = ImageFont.load_default(size=13) if caption else None
     pal = frame_palette(cmap).reshape(-1).tolist()

@@ -15,7 +15,8 @@ from core.colormaps import to_rgb
 
 
 def heatmap_image(weights: np.ndarray, cmap: str = "viridis", vmin: float = 0.0, vmax: float = 1.0,
-                  scale: str = "linear", cell: int | None = None, max_size: int = 2048) -> Image.Image:
+                  scale: str = "linear", cell: int | None = None, max_size: int = 2048,
+                  gamma: float = 0.5) -> Image.Image:
     """An RGB image of a ``(n_query, n_key)`` matrix, each cell ``cell × cell`` pixels (nearest).
 
     ``cell`` defaults to the largest integer keeping the image within ``max_size`` pixels (≥ 1).
@@ -25,7 +26,7 @@ def heatmap_image(weights: np.ndarray, cmap: str = "viridis", vmin: float = 0.0,
         raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
     if cell is None:
         cell = max(1, max_size // max(w.shape))
-    img = Image.fromarray(to_rgb(w, cmap, vmin, vmax, scale), mode="RGB")
+    img = Image.fromarray(to_rgb(w, cmap, vmin, vmax, scale, gamma), mode="RGB")
     if cell > 1:
         img = img.resize((w.shape[1] * cell, w.shape[0] * cell), Image.NEAREST)
     return img

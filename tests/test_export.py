@@ -106,6 +106,44 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
     np.testing.assert_array_equal(b, to_rgb(w, scale="log")[ys][:, xs])
 
 
+def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
+    """Power γ and the auto/shared ranges reach every exported image, and the metadata says so."""
+    from core import aggregate
+
+    s = stepped
+    out = tmp_path / "pw"
+    E.export_batch(s, out, "png", E.heads_in_scope(30, 9, layer=4), cmap="plasma", scale="power", gamma=0.25,
+                   range_mode="shared")
+    top = aggregate.layer_robust_max(s, 4)
+    assert top < 1.0
+    for h in (0, 7):
+        img = Image.open(out / f"L04_H{h:02d}.png")
+        colour = json.loads(img.text["attnscope"])["colour"]
+        assert colour == {"cmap": "plasma", "scale": "power", "gamma": 0.25, "range": "shared", "vmin": 0.0,
+                          "vmax": pytest.approx(top)}
+        w = s.weights(4, h)
+        cell = 2048 // s.seq_len
+        a = np.asarray(img.convert("RGB"))[::cell, ::cell]
+        np.testing.assert_array_equal(a, to_rgb(w, "plasma", 0.0, top, "power", 0.25))
+        assert not np.array_equal(a, to_rgb(w, "plasma", 0.0, 1.0, "power", 0.5))  # not the defaults
+    man = json.loads((out / "manifest.json").read_text())
+    assert (man["scale"], man["gamma"], man["range"]) == ("power", 0.25, "shared")
+    # auto: each map's own robust max; fixed stays [0, 1]
+    E.export_head(s, 4, 2, tmp_path / "auto.png", range_mode="auto")
+    w = s.weights(4, 2)
+    a = np.asarray(Image.open(tmp_path / "auto.png").convert("RGB"))[:: 2048 // s.seq_len, :: 2048 // s.seq_len]
+    np.testing.assert_array_equal(a, to_rgb(w, vmax=aggregate.robust_max(w)))
+    with pytest.raises(ValueError, match="unknown colour range"):
+        E.export_batch(s, out, "png", [(0, 0)], range_mode="widest")
+    # decode frames share the same colouring
+    frames = E.decode_frames(s, 4, 2, scale="power", gamma=0.25, range_mode="auto", caption=False)
+    idx = np.asarray(frames[-1])[:: 640 // s.seq_len, :: 640 // s.seq_len]
+    from core.colormaps import normalize
+
+    want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 253).astype(np.uint8)
+    np.testing.assert_array_equal(idx, want)
+
+
 def test_batch_one_layer_every_head(stepped, tmp_path):
     s = stepped
     seen = []

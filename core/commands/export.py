@@ -58,6 +58,10 @@ def add_arguments(p) -> None:
     p.add_argument("--figure", action="store_true", help="PNG as a labelled figure (tokens, colour bar) instead of the plain map")
     p.add_argument("--cmap", default=None, help="colour map: viridis, magma, inferno, plasma, cividis (default viridis)")
     p.add_argument("--scale", default=None, choices=("linear", "log", "power"), help="colour scale (default linear)")
+    p.add_argument("--gamma", type=float, default=None, help="exponent of the power scale (default 0.5)")
+    p.add_argument("--range", dest="range_mode", default=None, choices=("fixed", "auto", "shared"),
+                   help="colour range: fixed [0, 1], auto (this map's 99.5th percentile) or shared (the "
+                        "layer's); default fixed")
     p.add_argument("--dpi", type=float, default=None, help="dots per inch (PNG metadata; figure font and page size)")
     p.add_argument("--size", default=None, help="image size WxH in pixels (plain PNG: exact size; figures: canvas)")
 
@@ -182,6 +186,10 @@ def run(args) -> int:
     s, view = _open(args)
     cmap = args.cmap or view.get("cmap") or "viridis"
     scale = args.scale or view.get("scale") or "linear"
+    gamma = args.gamma if args.gamma is not None else float(view.get("gamma") or 0.5)
+    if not gamma > 0:
+        raise ValueError(f"--gamma must be > 0, got {gamma}")
+    range_mode = args.range_mode or view.get("range_mode") or "fixed"
     size = E.parse_size(args.size)
     info = s.info
     layer = args.layer if args.layer is not None else view.get("layer")
@@ -191,8 +199,8 @@ def run(args) -> int:
         from core import sessionfile
 
         v = dict(view)
-        v.update({k: val for k, val in (("layer", layer), ("head", head), ("cmap", cmap), ("scale", scale))
-                  if val is not None})
+        v.update({k: val for k, val in (("layer", layer), ("head", head), ("cmap", cmap), ("scale", scale),
+                                        ("gamma", gamma), ("range_mode", range_mode)) if val is not None})
         path = sessionfile.save(sessionfile.SessionFile.from_session(s, view=v), args.save_session)
         print(f"saved session {path}", file=sys.stderr)
 
@@ -204,7 +212,7 @@ def run(args) -> int:
         t0 = time.monotonic()
         written = E.export_batch(s, args.out, args.format, pairs, cmap=cmap, scale=scale, size=size, dpi=args.dpi,
                                  figure=args.figure, renderer=figure_renderer() if needs_qt else None,
-                                 progress=_progress_line("export"))
+                                 progress=_progress_line("export"), gamma=gamma, range_mode=range_mode)
         print(f"wrote {len(pairs)} {args.format} files ({len(written)} with sidecars and manifest) to {args.out} "
               f"in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     elif args.out or args.frames:
@@ -219,10 +227,11 @@ def run(args) -> int:
             fmt = out.suffix.lower().lstrip(".")
             needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
             files = E.export_head(s, layer, head, out, cmap=cmap, scale=scale, size=size, dpi=args.dpi,
-                                  figure=args.figure, renderer=figure_renderer() if needs_qt else None)
+                                  figure=args.figure, renderer=figure_renderer() if needs_qt else None,
+                                  gamma=gamma, range_mode=range_mode)
             print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
-            frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale)
+            frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale, gamma=gamma, range_mode=range_mode)
             E.save_animation(frames, args.frames, fps=args.fps)
             print(f"wrote {len(frames)} frames (decode steps 0..{s.n_generated}) to {args.frames}", file=sys.stderr)
         for t in s.tokens:
