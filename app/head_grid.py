@@ -25,6 +25,8 @@ class HeadGridCanvas(QWidget):
     LEFT = 64
     TOP = 46
 
+    PLACEHOLDER = "Run a prompt to see every head."
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.thumbs: np.ndarray | None = None  # (L, H, P, P)
@@ -32,6 +34,7 @@ class HeadGridCanvas(QWidget):
         self.selected: tuple[int, int] | None = None
         self.cmap = "viridis"
         self._image: QImage | None = None
+        self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self.setMouseTracking(True)
 
@@ -91,12 +94,18 @@ class HeadGridCanvas(QWidget):
         self._canvas = np.ascontiguousarray(canvas)
         return QImage(self._canvas.data, canvas.shape[1], canvas.shape[0], canvas.shape[1] * 3, QImage.Format_RGB888)
 
+    def set_placeholder(self, text: str) -> None:
+        """What the canvas says while it has no thumbnails (nothing run yet, or computing them)."""
+        self.placeholder = text
+        if self._image is None:
+            self.update()
+
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
         p.fillRect(self.rect(), Qt.white)
         if self._image is None:
             p.setPen(Qt.darkGray)
-            p.drawText(self.rect(), Qt.AlignCenter, "Run a prompt to see every head.")
+            p.drawText(self.rect(), Qt.AlignCenter, self.placeholder)
             return
         p.drawImage(0, 0, self._image)
         L, H = self.thumbs.shape[:2]

@@ -305,7 +305,8 @@ class HeatmapView(QWidget):
             self.tile_image.setImage(self._norm(self.tile[0]), autoLevels=False, levels=(0.0, 1.0))
         rng = "fixed" if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None) else self.range_mode
         self.mode_label.setText(f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
-                                + (f" γ={self.gamma:g}" if self.scale == "power" else ""))
+                                + (f" γ={self.gamma:g}" if self.scale == "power" else "")
+                                + (" · weights above the range show its top colour" if vmax < 1.0 else ""))
 
     # -- data --------------------------------------------------------------------------------
     @property

@@ -41,7 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine import CancelledMessage, Engine
-from app.head_grid import HeadGridView
+from app.head_grid import HeadGridCanvas, HeadGridView
 from app.heatmap import HeatmapView
 from app.timeline import TimelineBar
 from app.token_strip import TokenStrip
@@ -204,7 +204,8 @@ def _grid_job(size, n, cancelled):
     def job(ctx):
         from core.aggregate import thumbnails
 
-        return n, thumbnails(_require(ctx), n, size=size, cancelled=cancelled)
+        return n, thumbnails(_require(ctx), n, size=size, cancelled=cancelled,
+                             progress=_percent_progress(ctx, "Head grid thumbnails"))
 
     return job
 
@@ -664,7 +665,7 @@ class MainWindow(QMainWindow):
         self.weights = None
         self.grid.canvas.thumbs = None
         self.grid.canvas._image = None
-        self.grid.canvas.update()
+        self.grid.canvas.set_placeholder(HeadGridCanvas.PLACEHOLDER)
         self.token_strip.clear()
         self.decode_panel.set_table(None)
         self._apply_snapshot(snap)
@@ -840,6 +841,7 @@ class MainWindow(QMainWindow):
     def request_grid(self) -> None:
         if self.snapshot is None or self.snapshot.seq_len == 0:
             return
+        self.grid.canvas.set_placeholder("Computing every head's thumbnail…")
         self.submit_view("grid", _grid_job(40, self.visible_len, self.cancel_token("grid")), self._on_grid,
                          label="head grid")
 

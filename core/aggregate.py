@@ -200,18 +200,23 @@ def layer_robust_max(session, layer: int, n: int | None = None, q: float = 99.5,
 
 
 def thumbnails(session, n: int | None = None, size: int = 40,
-               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+               cancelled: Callable[[], bool] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """Max-pooled maps of every head over the first ``n`` positions (a decode step, see
     :mod:`core.timeline`), ``(n_layers, n_heads, P, P)`` float32 with ``P = min(n, size)``.
 
     One head at a time, in bands (:func:`pooled_map`): peak memory ``256 × n`` weights.
-    Raises :class:`core.errors.Cancelled` when ``cancelled()`` turns true (checked per head).
+    ``progress(heads_done, n_layers × n_heads)`` after each head. Raises
+    :class:`core.errors.Cancelled` when ``cancelled()`` turns true (checked per head).
     """
     info = session.info
     n = session.seq_len if n is None else n
     P = min(n, size)
     out = np.zeros((info.n_layers, info.n_heads, P, P), dtype=np.float32)
+    total = info.n_layers * info.n_heads
     for layer in range(info.n_layers):
         for head in range(info.n_heads):
             out[layer, head] = pooled_map(session, layer, head, "head", n, out=size, cancelled=cancelled).image
+            if progress is not None:
+                progress(layer * info.n_heads + head + 1, total)
     return out

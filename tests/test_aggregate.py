@@ -115,6 +115,9 @@ def test_progress_counts_heads_and_bands(tiny):
     assert n_bands >= 2 and calls == [(i, 2 * n_bands) for i in range(1, 2 * n_bands + 1)]
     np.testing.assert_allclose(pm.image, max_pool(att[1, 2:4].mean(axis=0), 4, 4), atol=1e-6)
     assert pm.n == T
+    calls.clear()
+    aggregate.thumbnails(s, size=4, progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(i, 8) for i in range(1, 9)]
 
 
 def test_thumbnails_at_a_step(tiny):
