@@ -176,6 +176,40 @@ def export_target(widget):
     return widget
 
 
+def _resizing_scroll_area(widget):
+    """The QScrollArea that holds ``widget`` with ``widgetResizable`` on (it would undo a resize), or None."""
+    from PySide6.QtWidgets import QScrollArea
+
+    viewport = widget.parentWidget()
+    area = viewport.parentWidget() if viewport is not None else None
+    if isinstance(area, QScrollArea) and area.widget() is widget and area.widgetResizable():
+        return area
+    return None
+
+
+def _size_showing_tables(widget, rounds: int = 12) -> QSize | None:
+    """A size of ``widget`` at which every table inside it shows all its rows and columns (the view is
+    laid out at growing sizes until none scrolls), or None when no table inside it scrolls. The
+    widget is put back to its size before returning."""
+    from PySide6.QtWidgets import QTableView
+
+    tables = [t for t in widget.findChildren(QTableView) if t.isVisibleTo(widget)]
+    old = widget.size()
+    size = QSize(old)
+    try:
+        for _ in range(rounds):
+            dw = max((t.horizontalHeader().length() - t.viewport().width() for t in tables), default=0)
+            dh = max((t.verticalHeader().length() - t.viewport().height() for t in tables), default=0)
+            if dw <= 0 and dh <= 0:
+                break
+            # a splitter or layout gives the table only part of what the view grows: grow again
+            size = QSize(size.width() + max(0, dw + 2 if dw > 0 else 0), size.height() + max(0, dh + 2 if dh > 0 else 0))
+            widget.resize(size)
+    finally:
+        widget.resize(old)
+    return None if size == old else size
+
+
 def _full_size(widget) -> QSize | None:
     """Size showing every row and column of a table/tree view (no scroll bars needed), else None."""
     from PySide6.QtWidgets import QAbstractItemView, QTableView
@@ -209,8 +243,21 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
     from PySide6.QtWidgets import QAbstractScrollArea, QWidget
 
     target = export_target(widget)
+    # a view inside a resizable scroll area (a tab page) is held at the page's size: let go for the render
+    holder = _resizing_scroll_area(target)
+    if holder is not None:
+        holder.setWidgetResizable(False)
     old = target.size()
-    want = QSize(*size) if size is not None else _full_size(target)
+    want = QSize(*size) if size is not None else (_full_size(target) or _size_showing_tables(target))
+    # tables inside the view: no scroll bars in the picture (at the default size they show everything)
+    from PySide6.QtWidgets import QTableView
+
+    inner = [t for t in target.findChildren(QTableView) if t is not target]
+    inner_policies = [(t.horizontalScrollBarPolicy(), t.verticalScrollBarPolicy()) for t in inner]
+    if size is None:
+        for t in inner:
+            t.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+            t.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
     policies = None
     if want is not None and want != old:
         if isinstance(target, QAbstractScrollArea):
@@ -236,6 +283,11 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
             if policies is not None:
                 target.setHorizontalScrollBarPolicy(policies[0])
                 target.setVerticalScrollBarPolicy(policies[1])
+        for t, (hp, vp) in zip(inner, inner_policies, strict=True):
+            t.setHorizontalScrollBarPolicy(hp)
+            t.setVerticalScrollBarPolicy(vp)
+        if holder is not None:
+            holder.setWidgetResizable(True)
 
 
 # -- heatmap figure ----------------------------------------------------------------------------------------

@@ -155,8 +155,7 @@ class HeatmapView(QWidget):
         self.mode_label.setStyleSheet("color:#555;")
         self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
         for combo in (self.aggregate_combo, self.range_combo):
-            combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
-            combo.setMinimumContentsLength(max(len(combo.itemText(i)) for i in range(combo.count())))
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # as wide as the longest item, no wider
         bar.addWidget(self.mode_label, 1)
 
         # -- plot
@@ -307,6 +306,7 @@ class HeatmapView(QWidget):
         self.mode_label.setText(f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
                                 + (f" γ={self.gamma:g}" if self.scale == "power" else "")
                                 + (" · weights above the range show its top colour" if vmax < 1.0 else ""))
+        self.mode_label.setToolTip(self.mode_label.text())  # the label may be cut in a narrow window
 
     # -- data --------------------------------------------------------------------------------
     @property

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 from PIL import Image
+from PySide6.QtCore import Qt
 
 from app import export as AE
 from core.colormaps import to_rgb
@@ -327,3 +328,23 @@ def test_open_bad_session_shows_one_line(ran_window, tmp_path):
     p.write_text("{}")
     assert ran_window.exports.open_session(p) is None
     assert ran_window.last_error.startswith("Could not open the session: not an AttnScope session file")
+
+
+def test_export_view_shows_every_row_of_a_tab_table(ran_window, tmp_path):
+    """Export → view of the Sinks tab: the picture holds all 30 layer rows, not the scrolled part
+    on screen; the tab is put back as it was."""
+    win = ran_window
+    win.show_view("sinks")
+    win._refresh_current_view()
+    assert win.engine.wait_idle(120)
+    view, page = win.views["sinks"], win.tabs.page_of(win.views["sinks"])
+    before = view.size()
+    t = view.table
+    hidden = t.verticalHeader().length() - t.viewport().height()
+    assert t.rowCount() == 30 and hidden > 0  # on screen the table scrolls
+    out = win.exports.export_view(tmp_path / "sinks.png", dpi=96)[0]
+    assert win.engine.wait_idle(60)
+    img = Image.open(out)
+    assert img.size[0] == before.width() and img.size[1] >= before.height() + hidden
+    assert view.size() == before and page.widgetResizable()
+    assert t.verticalScrollBarPolicy() == Qt.ScrollBarAsNeeded

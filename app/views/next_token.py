@@ -204,6 +204,8 @@ class DecodePanel(QScrollArea):
         bl.addWidget(self.bars)
         lay.addWidget(box)
         lay.addStretch(1)
+        # never narrower than its content (no horizontal scroll bar: it would clip the numbers)
+        self.setMinimumWidth(max(215, inner.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width()))
 
     def set_table(self, table: NextTokenTable | None) -> None:
         self.bars.set_table(table)
