@@ -916,9 +916,8 @@ class BatchExportDialog(QDialog):
 
             if scope == "steps":
                 ctx.progress("Rendering frames…", -1.0)
-                frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale, gamma=gamma,
-                                         range_mode=range_mode, cancelled=ctx.cancelled)
-                return [E.save_animation(frames, out)]
+                return E.export_animation(s, layer, head, out, cmap=cmap, scale=scale, gamma=gamma,
+                                          range_mode=range_mode, cancelled=ctx.cancelled)
             pairs = E.heads_in_scope(s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None)
             renderer = save_heatmap_figure if figure or fmt in ("svg", "pdf") else None
             return E.export_batch(s, out, fmt, pairs, cmap=cmap, scale=scale, dpi=dpi, figure=figure,

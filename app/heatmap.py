@@ -192,6 +192,11 @@ class HeatmapView(QWidget):
         self.tile_frame.setZValue(6)
         self.tile_frame.hide()
         self.plot.addItem(self.tile_frame)
+        self.row_frame = pg.QtWidgets.QGraphicsRectItem()  # the clicked query row (mark_row)
+        self.row_frame.setPen(pg.mkPen((255, 255, 255), width=1.5, cosmetic=True, style=Qt.DashLine))
+        self.row_frame.setZValue(7)
+        self.row_frame.hide()
+        self.plot.addItem(self.row_frame)
         self.levels = (0.0, 1.0)
         self.colorbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=qt_colormap(), interactive=False,
                                         label="attention weight", width=16)
@@ -498,6 +503,8 @@ class HeatmapView(QWidget):
         v, exact = self.value_at(row + self.q_offset, col + self.k_offset)
         agg = "" if self.aggregate == "head" else f" ({MODE_LABELS[self.aggregate].lower()})"
         val = f"{v:.4f}" if exact else f"≤ {v:.4f} (block max; zoom in for the exact weight)"
+        if k.position > q.position:
+            val = "0 (masked: a later key, the causal mask hides it)"
         return (f"query {q.text!r} #{q.position} (id {q.id}, raw {q.raw!r})  →  key {k.text!r} #{k.position} "
                 f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}")
 
@@ -521,4 +528,13 @@ class HeatmapView(QWidget):
     def _on_click(self, ev) -> None:
         cell = self._cell_at(ev.scenePos())
         if cell is not None:
+            self.mark_row(cell[0] + self.q_offset)
             self.rowClicked.emit(cell[0] + self.q_offset)
+
+    def mark_row(self, row: int | None) -> None:
+        """Outline query row ``row`` (absolute position) across the map, or remove the outline (None)."""
+        if row is None or self.n_cols == 0:
+            self.row_frame.hide()
+            return
+        self.row_frame.setRect(self.k_offset, row, self.n_cols, 1)
+        self.row_frame.show()

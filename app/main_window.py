@@ -811,6 +811,7 @@ class MainWindow(QMainWindow):
         n = self.visible_len
         toks = list(self.snapshot.tokens)[:n]
         row = n - 1 if self.query_row is None else self.query_row
+        self.heatmap.mark_row(self.query_row)  # outlined only once the user picked a row
         if self.weights is not None and self.weights.shape[0] == n:
             self.token_strip.show_tokens(toks, self.weights[row], row, self.cmap_combo.currentText())
         elif self.heatmap.pooled is not None and self.map_key is not None:

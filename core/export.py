@@ -521,6 +521,27 @@ def _ascii_label(text: str) -> str:
     return repr(text).encode("ascii", "backslashreplace").decode("ascii")
 
 
+def export_animation(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
+                     scale: str = "linear", gamma: float = 0.5, range_mode: str = "fixed", fps: float = 4.0,
+                     cancelled: Callable[[], bool] | None = None) -> list[Path]:
+    """Every decode step of ``(layer, head)`` as an animation (:func:`decode_frames`,
+    :func:`save_animation`) plus its sidecar ``<file>.json``: the head's metadata for the whole
+    sequence, the frames (step ``i`` shows positions ``0 .. n_prompt + i − 1``), fps and colours.
+
+    Returns ``[animation, sidecar]``. Raises what those two raise.
+    """
+    frames = decode_frames(session, layer, head, cmap=cmap, scale=scale, gamma=gamma, range_mode=range_mode,
+                           cancelled=cancelled)
+    out = save_animation(frames, path, fps=fps)
+    meta = head_metadata(session, layer, head)
+    vmin, vmax = colour_range(session, layer, session.weights(layer, head), range_mode)
+    meta.update({"kind": "animation", "frames": len(frames), "fps": fps,
+                 "frame_steps": list(range(session.n_generated + 1)),
+                 "colour": {"cmap": cmap, "scale": scale, "gamma": gamma if scale == "power" else None,
+                            "range": range_mode, "vmin": vmin, "vmax": vmax}})
+    return [out, write_json(sidecar_path(out), meta)]
+
+
 def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last: float = 1.5) -> Path:
     """Write frames as an animated ``.gif`` (Pillow, loops forever) or ``.mp4`` (H.264 via imageio-ffmpeg).
 

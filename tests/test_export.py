@@ -142,6 +142,12 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
 
     want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 253).astype(np.uint8)
     np.testing.assert_array_equal(idx, want)
+    # an animation gets its provenance sidecar like any other export
+    gif, side = E.export_animation(s, 4, 2, tmp_path / "steps.gif", scale="power", gamma=0.25, range_mode="auto")
+    meta = json.loads(side.read_text())
+    assert side == tmp_path / "steps.gif.json" and Image.open(gif).n_frames == s.n_generated + 1
+    assert (meta["kind"], meta["layer"], meta["head"], meta["frames"]) == ("animation", 4, 2, s.n_generated + 1)
+    assert meta["token_ids"] == s.ids and meta["colour"]["range"] == "auto"
 
 
 def test_batch_one_layer_every_head(stepped, tmp_path):

@@ -183,11 +183,15 @@ def test_hover_readout_and_row_click(win):
     text = hm.cell_text(12, 3)
     assert f"#{toks[12].position}" in text and f"id {toks[3].id}" in text and repr(toks[3].raw) in text
     assert f"{win.weights[12, 3]:.4f}" in text
+    assert "masked" in hm.cell_text(3, 12) and "masked" not in text  # a later key: the causal mask
+    assert not hm.row_frame.isVisible()
     hm.rowClicked.emit(5)
     assert win.query_row == 5
     assert 'border:2px solid' in win.token_strip.toHtml() or "border" in win.token_strip.toHtml()
+    r = hm.row_frame.rect()  # the clicked row is outlined across the map
+    assert hm.row_frame.isVisible() and (r.top(), r.height(), r.width()) == (5, 1, win.snapshot.seq_len)
     win.token_strip.tokenClicked.emit(7)
-    assert win.query_row == 7
+    assert win.query_row == 7 and hm.row_frame.rect().top() == 7
 
 
 def test_gqa_panel(win):

@@ -231,9 +231,10 @@ def run(args) -> int:
                                   gamma=gamma, range_mode=range_mode)
             print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
-            frames = E.decode_frames(s, layer, head, cmap=cmap, scale=scale, gamma=gamma, range_mode=range_mode)
-            E.save_animation(frames, args.frames, fps=args.fps)
-            print(f"wrote {len(frames)} frames (decode steps 0..{s.n_generated}) to {args.frames}", file=sys.stderr)
+            files = E.export_animation(s, layer, head, args.frames, cmap=cmap, scale=scale, gamma=gamma,
+                                       range_mode=range_mode, fps=args.fps)
+            print(f"wrote {s.n_generated + 1} frames (decode steps 0..{s.n_generated}) to "
+                  + ", ".join(str(f) for f in files), file=sys.stderr)
         for t in s.tokens:
             print(f"{t.position}\t{t.id}\t{t.text!r}")
     return 0
