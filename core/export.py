@@ -464,7 +464,8 @@ def frame_palette(cmap: str = "viridis") -> np.ndarray:
 
 def decode_frames(session, layer: int, head: int, *, cmap: str = "viridis", scale: str = "linear",
                   max_size: int = 640, caption: bool = True, first_step: int = 0,
-                  cancelled: Callable[[], bool] | None = None, gamma: float = 0.5, range_mode: str = "fixed"):
+                  cancelled: Callable[[], bool] | None = None, gamma: float = 0.5, range_mode: str = "fixed",
+                  levels: tuple[float, float] | None = None):
     """One palette image per decode step of ``(layer, head)``: steps ``first_step .. n_generated``.
 
     Every frame has the final map's size (``seq_len`` cells a side, ``cell`` pixels each, the largest
@@ -473,7 +474,8 @@ def decode_frames(session, layer: int, head: int, *, cmap: str = "viridis", scal
     With ``caption`` a white strip above the map reads ``L3 H4 · step s/N · seq_len T · 'token'``.
     Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale, fixed range) through
     :func:`frame_palette`; ``scale``/``gamma``/``range_mode`` colour as :func:`export_head` does (the
-    range from the final map, so every frame shares one scale).
+    range from the final map, so every frame shares one scale; ``levels = (vmin, vmax)`` gives it
+    precomputed).
 
     Returns:
         list of PIL ``"P"`` images, ``n_generated - first_step + 1`` of them.
@@ -488,7 +490,7 @@ def decode_frames(session, layer: int, head: int, *, cmap: str = "viridis", scal
     w = session.weights(layer, head)
     T, n0 = w.shape[0], session.n_prompt
     cell = max(1, max_size // T)
-    vmin, vmax = colour_range(session, layer, w, range_mode)
+    vmin, vmax = levels or colour_range(session, layer, w, range_mode)
     idx = np.round(normalize(w, vmin, vmax, scale, gamma) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
     cap_h = 18 if caption else 0
     font = ImageFont.load_default(size=13) if caption else None
@@ -530,11 +532,11 @@ def export_animation(session, layer: int, head: int, path: str | os.PathLike, *,
 
     Returns ``[animation, sidecar]``. Raises what those two raise.
     """
-    frames = decode_frames(session, layer, head, cmap=cmap, scale=scale, gamma=gamma, range_mode=range_mode,
-                           cancelled=cancelled)
+    vmin, vmax = colour_range(session, layer, session.weights(layer, head), range_mode)
+    frames = decode_frames(session, layer, head, cmap=cmap, scale=scale, gamma=gamma, cancelled=cancelled,
+                           levels=(vmin, vmax))
     out = save_animation(frames, path, fps=fps)
     meta = head_metadata(session, layer, head)
-    vmin, vmax = colour_range(session, layer, session.weights(layer, head), range_mode)
     meta.update({"kind": "animation", "frames": len(frames), "fps": fps,
                  "frame_steps": list(range(session.n_generated + 1)),
                  "colour": {"cmap": cmap, "scale": scale, "gamma": gamma if scale == "power" else None,
