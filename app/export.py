@@ -203,7 +203,7 @@ def _size_showing_tables(widget, rounds: int = 12) -> QSize | None:
             if dw <= 0 and dh <= 0:
                 break
             # a splitter or layout gives the table only part of what the view grows: grow again
-            size = QSize(size.width() + max(0, dw + 2 if dw > 0 else 0), size.height() + max(0, dh + 2 if dh > 0 else 0))
+            size = QSize(size.width() + (dw + 2 if dw > 0 else 0), size.height() + (dh + 2 if dh > 0 else 0))
             widget.resize(size)
     finally:
         widget.resize(old)

@@ -173,11 +173,9 @@ class HeatmapView(QWidget):
             axis.setPen("k")
             axis.setTextPen("k")
             axis.enableAutoSIPrefix(False)
-            axis.setTicks([[], []])  # token labels once there is a map (_update_ticks)
         # one line of token labels under the map, whatever was (not) drawn before: a fixed text height
         bottom = self.plot.getAxis("bottom")
         bottom.setStyle(autoExpandTextSpace=False, tickTextHeight=QFontMetrics(bottom.font()).height() + 6)
-        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120),
                                        anchor=(0.5, 0.5))
         self.placeholder.setPos(0.5, 0.5)
@@ -201,7 +199,7 @@ class HeatmapView(QWidget):
         self.colorbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=qt_colormap(), interactive=False,
                                         label="attention weight", width=16)
         self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
-        self.readout = QLabel("Run a prompt to see attention.")
+        self.readout = QLabel()
         self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -209,12 +207,12 @@ class HeatmapView(QWidget):
         lay.addWidget(self.glw, 1)
         lay.addWidget(self.readout)
 
-        # -- state
-        self._reset_pending = True
+        # -- state (clear() sets the empty state: no map, placeholder, no ticks)
         self._overview_title = ""
         self.weights: np.ndarray | None = None  # exact map (short prompts)
         self.pooled = None  # core.aggregate.PooledMap (long prompts)
         self.tile: tuple[np.ndarray, int, int] | None = None  # (exact tile, r0, c0) over the overview
+        self.clear()
         self.q_tokens: list[Token] = []
         self.k_tokens: list[Token] = []
         self.q_offset = 0
@@ -399,8 +397,9 @@ class HeatmapView(QWidget):
         self.image.clear()
         self.tile_image.clear()
         self.tile_frame.hide()
+        self.row_frame.hide()
         for ax in ("left", "bottom"):
-            self.plot.getAxis(ax).setTicks([[], []])
+            self.plot.getAxis(ax).setTicks([[], []])  # token labels once there is a map (_update_ticks)
         self.plot.setTitle("")
         self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.placeholder.show()

@@ -326,6 +326,12 @@ def colour_range(session, layer: int, w: np.ndarray, range_mode: str = "fixed",
     raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
 
 
+def _colour_meta(cmap: str, scale: str, gamma: float, range_mode: str, vmin: float, vmax: float) -> dict:
+    """How an image was coloured, as recorded in its metadata (``gamma`` only for the power scale)."""
+    return {"cmap": cmap, "scale": scale, "gamma": gamma if scale == "power" else None, "range": range_mode,
+            "vmin": vmin, "vmax": vmax}
+
+
 def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
                 scale: str = "linear", size: tuple[int, int] | None = None, dpi: float | None = None,
                 figure: bool = False, renderer: Renderer | None = None, base: dict | None = None,
@@ -351,8 +357,7 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
     vmin, vmax = colour_range(session, layer, w, range_mode, n)
-    meta["colour"] = {"cmap": cmap, "scale": scale, "gamma": gamma if scale == "power" else None,
-                      "range": range_mode, "vmin": vmin, "vmax": vmax}
+    meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
     if fmt == "png" and not figure:
         return [save_map_png(w, path, cmap=cmap, scale=scale, size=size, dpi=dpi, metadata=meta, gamma=gamma,
                              vmin=vmin, vmax=vmax)]
@@ -539,8 +544,7 @@ def export_animation(session, layer: int, head: int, path: str | os.PathLike, *,
     meta = head_metadata(session, layer, head)
     meta.update({"kind": "animation", "frames": len(frames), "fps": fps,
                  "frame_steps": list(range(session.n_generated + 1)),
-                 "colour": {"cmap": cmap, "scale": scale, "gamma": gamma if scale == "power" else None,
-                            "range": range_mode, "vmin": vmin, "vmax": vmax}})
+                 "colour": _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)})
     return [out, write_json(sidecar_path(out), meta)]
 
 
