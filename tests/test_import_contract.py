@@ -1,0 +1,64 @@
+"""The import contract: every module under core/ imports with Qt, pyqtgraph and app/ made unimportable.
+
+core/ is the headless engine the CLI, notebooks and a future remote server drive; it must never pull
+in the GUI (DESIGN.md, "Layout"). The check runs in a fresh interpreter in which a meta-path finder
+refuses PySide6, pyqtgraph, superqt and app, and walks the whole core package, so a new module is
+covered the day it is added.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = r"""
+import importlib, pkgutil, sys
+
+BLOCKED = ("PySide6", "pyqtgraph", "superqt", "shiboken6", "app")
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"core must not import {name}")
+        return None
+
+sys.meta_path.insert(0, Block())
+import core
+
+failed = []
+names = ["core"] + [m.name for m in pkgutil.walk_packages(core.__path__, "core.")]
+for name in names:
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        if "core must not import" in str(e) or "No module named" not in str(e):
+            failed.append(f"{name}: {e}")
+        else:  # an optional framework missing on this machine (e.g. mlx on Windows) is not a violation
+            print(f"optional: {name}: {e}")
+print(f"checked {len(names)} modules")
+for f in failed:
+    print("VIOLATION", f)
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_core_module_imports_without_qt_or_app():
+    r = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n = int(r.stdout.split("checked ")[1].split()[0])
+    n_files = sum(1 for p in (ROOT / "core").rglob("*.py"))
+    assert n == n_files, f"walked {n} modules, core/ has {n_files} .py files"
+
+
+def test_the_probe_catches_a_violation(tmp_path):
+    """The blocker must really refuse: a fake core module that imports PySide6 is reported."""
+    pkg = tmp_path / "core"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bad.py").write_text("import PySide6.QtCore\n")
+    r = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1 and "VIOLATION core.bad" in r.stdout, r.stdout + r.stderr
