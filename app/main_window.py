@@ -55,11 +55,19 @@ APP_NAME = "AttnScope"
 
 
 def human_bytes(n: int) -> str:
-    """``1428480`` → ``'1.43 MB'`` (decimal units, as the handbook's KV-cache table)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
+    """``1428480`` → ``'1.43 MB'`` (decimal units, as the handbook's KV-cache table; :func:`core.units.format_bytes`)."""
+    from core.units import format_bytes
+
+    return format_bytes(n)
+
+
+def window_wording(message: str) -> str:
+    """A core message in the window's words: command-line advice (``use --backend torch``) becomes
+    the menu that does it."""
+    for flag, menu in (("use --backend torch", "choose Backend → torch"), ("use --backend mlx", "choose Backend → MLX"),
+                       ("--no-chat-template", "the Chat template box")):
+        message = message.replace(flag, menu)
+    return message
 
 
 def sample_prompts() -> list[str]:
@@ -71,7 +79,10 @@ def sample_prompts() -> list[str]:
 
 
 # -- jobs (run on the engine thread; they see ctx.session) ------------------------------------------
-def _load_job(model, backend, device, dtype):
+def _load_job(model, backend, device, dtype, sampling=None):
+    """Load a model; the new session samples with ``sampling`` (the panel's settings), so the
+    controls on screen are what runs from the first step."""
+
     def job(ctx):
         from core.errors import Cancelled
         from core.session import Session
@@ -85,6 +96,8 @@ def _load_job(model, backend, device, dtype):
         s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=progress)
         if ctx.cancelled():
             raise Cancelled("loading cancelled; the previous model is still loaded")
+        if sampling is not None:
+            s.set_sampling(sampling)
         ctx.session = s  # replaced only on success: a failed load keeps the previous model
         return s.snapshot()
 
@@ -118,6 +131,43 @@ def _step_job(n):
     return job
 
 
+def _sync_job(ctx):
+    """The session's snapshot as it is now (None without a model): what the window shows after a
+    command failed or was cancelled, so every control agrees with what the engine holds."""
+    return None if ctx.session is None else ctx.session.snapshot()
+
+
+def _switch_backend_job(backend, device, dtype, view):
+    """Reload the running model on ``backend`` and replay the current sequence there (prompt, then
+    the generated ids fed one by one, as a reopened session is: :func:`core.sessionfile.replay`).
+    Returns ``(snapshot, warnings)``; the old session stays when anything fails or is cancelled."""
+
+    def job(ctx):
+        from dataclasses import replace
+
+        from core import sessionfile
+        from core.errors import Cancelled
+
+        old = _require(ctx)
+        if old.seq_len == 0:
+            raise ValueError("nothing to replay")  # the caller only queues this job after a run
+        sf = replace(sessionfile.SessionFile.from_session(old, view=view), backend=backend, dtype=dtype)
+
+        def progress(message, fraction):
+            if ctx.cancelled():
+                raise Cancelled("switching backend cancelled; the previous backend and run stay")
+            ctx.progress(message, fraction)
+
+        s, warnings = sessionfile.replay(sf, session=None, device=device, progress=progress,
+                                         cancelled=ctx.cancelled)
+        if ctx.cancelled():
+            raise Cancelled("switching backend cancelled; the previous backend and run stay")
+        ctx.session = s
+        return s.snapshot(), [w for w in warnings if "saved on" not in w and "running on" not in w]
+
+    return job
+
+
 def _back_job(n):
     def job(ctx):
         s = _require(ctx)
@@ -127,7 +177,7 @@ def _back_job(n):
     return job
 
 
-LONG_JOBS = ("loading model", "prefill", "decode", "open session", "batch export")  # get Cancel + status text
+LONG_JOBS = ("loading model", "prefill", "decode", "open session", "batch export", "switch backend")  # get Cancel + status text
 
 
 def _percent_progress(ctx, what: str):
@@ -551,8 +601,14 @@ class MainWindow(QMainWindow):
         from core.errors import Cancelled
 
         superseded = object()
+        # the sequence this request was made for; if the engine holds another one when it runs (a
+        # prefill was cancelled, a step ran in between), it is stale: dropped, the newer state asks again
+        expected = None if self.snapshot is None else tuple(t.id for t in self.snapshot.tokens)
 
         def run(ctx):
+            s = ctx.session
+            if expected is not None and s is not None and tuple(getattr(s, "ids", expected)) != expected:
+                return superseded
             try:
                 return fn(ctx)
             except Cancelled:
@@ -634,20 +690,53 @@ class MainWindow(QMainWindow):
             self.backend_actions[self.backend_name].setChecked(True)
             return
         self.backend_name = name
-        self.load_model(self.model_ref)
+        if self.snapshot is None or self.snapshot.seq_len == 0:
+            self.load_model(self.model_ref)
+            return
+        # keep the run: reload the model on the new backend and replay the prompt and every generated
+        # token there (the old backend and run stay if that fails or is cancelled)
+        snap = self.snapshot
+        self.statusBar().showMessage(f"Switching to {name}: reloading the model and replaying "
+                                     f"{snap.n_prompt} prompt + {snap.n_generated} generated tokens…")
+        self.engine.enqueue(_switch_backend_job(name, self.device, self.dtype, self.exports.view_state()),
+                            self._on_backend_switched, self._on_backend_switch_failed, label="switch backend")
+
+    def _on_backend_switched(self, result) -> None:
+        snap, warnings = result
+        view = self.exports.view_state()
+        sampling = self.decode_panel.sampling()
+        self._on_loaded(snap)
+        self.prompt_edit.setPlainText(snap.prompt or self.prompt_edit.toPlainText())
+        self.chat_check.setChecked(snap.chat_template)
+        self.decode_panel.set_sampling(sampling)  # the replayed session kept these settings
+        self._on_ran(snap)
+        self.exports.restore_view(view)
+        msg = f"Now on {snap.backend}: replayed {snap.n_prompt} prompt + {snap.n_generated} generated tokens."
+        self.statusBar().showMessage(msg + (" · " + " · ".join(warnings) if warnings else ""), 12000)
+
+    def _on_backend_switch_failed(self, message: str) -> None:
+        self._on_load_failed(message)
 
     def load_model(self, model: str | None) -> None:
-        """Load ``model`` (None = embedded default) on the engine thread; the old one stays on failure."""
-        self.model_ref = model
-        name = "the default model" if model is None else Path(str(model)).name
+        """Load ``model`` (None = embedded default) on the engine thread; the old one stays on failure.
+
+        :attr:`model_ref` changes only once the model is loaded (:meth:`_on_loaded`), from the path
+        the loaded model records (:func:`core.models.model_source`), so a failed or cancelled load
+        leaves every control on the model that runs."""
+        name = "the default model" if model is None or str(model) == "default" else Path(str(model)).name
         self.statusBar().showMessage(f"Loading {name}…")
-        self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype),
+        self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype, self.decode_panel.sampling()),
                             self._on_loaded, self._on_load_failed, label="loading model")
 
     def _on_loaded(self, snap: Snapshot) -> None:
+        from core.models import is_default_source
+
         info = snap.info
         self.snapshot = snap
         self.last_error = None
+        self.model_ref = None if is_default_source(info.source) else info.source
+        self.backend_name = snap.backend
+        self.backend_actions[self.backend_name].setChecked(True)
         self.layer_spin.setRange(0, info.n_layers - 1)
         self.head_spin.setRange(0, info.n_heads - 1)
         self.chat_check.setEnabled(info.has_chat_template)
@@ -657,10 +746,18 @@ class MainWindow(QMainWindow):
             f"{info.n_kv_heads} KV heads · head_dim {info.head_dim} · {snap.backend} {snap.device}"
         )
         self.statusBar().showMessage(f"{info.name} ready. Type a prompt and press Run (Ctrl+Enter).", 8000)
-        self.heatmap.clear()
         for view in self.views.values():
             if hasattr(view, "on_model_loaded"):
                 view.on_model_loaded()
+        self._show_empty(snap)
+
+    def _show_empty(self, snap: Snapshot, why: str = "") -> None:
+        """The clear empty state (a new model, or a cancelled prefill): no map, no tokens, no next-token
+        table, the timeline at 0 / 0, Step and Back off, the panels covered until Run."""
+        self.query_row = None
+        self.heatmap.clear()
+        if why:
+            self.heatmap.plot.setTitle(why)
         self.map_key = self.weights_key = None
         self.weights = None
         self.grid.canvas.thumbs = None
@@ -672,13 +769,14 @@ class MainWindow(QMainWindow):
         self._set_running(True)
 
     def _on_load_failed(self, message: str) -> None:
-        if self.snapshot is not None:  # the previous model (and its backend) stays
+        if self.snapshot is not None:  # the previous model (its backend, device and dtype) stays
             self.backend_name = self.snapshot.backend
+            self.device, self.dtype = self.snapshot.device, self.snapshot.info.dtype
             self.backend_actions[self.backend_name].setChecked(True)
         if isinstance(message, CancelledMessage):
             self.show_error(message)  # "loading cancelled; the previous model is still loaded"
         else:
-            self.show_error(f"Could not load the model: {message}")
+            self.show_error(f"Could not load the model: {window_wording(message)}")
         self._set_running(self.snapshot is not None)
 
     def run_prompt(self) -> None:
@@ -687,19 +785,47 @@ class MainWindow(QMainWindow):
             self.show_error("The prompt is empty: type some text first.")
             return
         self.engine.enqueue(_prefill_job(prompt, self.chat_check.isChecked() and self.chat_check.isEnabled()),
-                            self._on_ran, label="prefill")
+                            self._on_ran, self._on_command_failed, label="prefill")
 
     def step(self, n: int = 1) -> None:
         if self.snapshot is None or self.snapshot.seq_len == 0:
             self.show_error("Run a prompt before stepping.")
             return
-        self.engine.enqueue(_step_job(n), self._on_ran, label="decode")
+        want = self.snapshot.n_generated + n
+
+        def done(snap: Snapshot) -> None:
+            self._on_ran(snap)
+            if snap.n_generated < want and snap.seq_len:  # cancelled part-way: the tokens made so far stay
+                self.show_error(CancelledMessage(f"decode cancelled after {n - (want - snap.n_generated)} of {n} "
+                                                 "tokens; the tokens made so far stay"))
+
+        self.engine.enqueue(_step_job(n), done, self._on_command_failed, label="decode")
 
     def step_back(self, n: int = 1) -> None:
         if self.snapshot is None or self.snapshot.n_generated < n:
             self.statusBar().showMessage("Nothing to step back: no generated token.", 4000)
             return
-        self.engine.enqueue(_back_job(n), self._on_ran, label="step back")
+        self.engine.enqueue(_back_job(n), self._on_ran, self._on_command_failed, label="step back")
+
+    def _on_command_failed(self, message: str) -> None:
+        """A prefill, decode or replay failed or was cancelled: say so, then show what the engine holds
+        now (a cancelled prefill leaves the session empty: the clear empty state, never the old map
+        with controls that no longer match it)."""
+        self.show_error(message)
+        self.engine.enqueue(_sync_job, lambda snap: self._on_synced(snap, message), label="sync")
+
+    def _on_synced(self, snap: Snapshot | None, why: str = "") -> None:
+        if snap is None:
+            return
+        if snap.seq_len == 0:
+            cancelled = isinstance(why, CancelledMessage)
+            self._show_empty(snap, "Cancelled: no sequence now. Press Run (Ctrl+Enter) to start again." if cancelled
+                             else "No sequence now: press Run (Ctrl+Enter).")
+            if why:
+                self.statusBar().showMessage(f"{why[:1].upper()}{why[1:]}: no sequence now; press Run (Ctrl+Enter).",
+                                             15000)
+        else:
+            self._on_ran(snap)
 
     def _on_ran(self, snap: Snapshot) -> None:
         self.query_row = None
@@ -730,6 +856,8 @@ class MainWindow(QMainWindow):
             self.decode_panel.set_table(table)
 
     def _apply_snapshot(self, snap: Snapshot) -> None:
+        from core.kv import dtype_bytes  # the KV view then shows what the model needs (sliding windows)
+
         self.snapshot = snap
         self._update_group_label()
         self.seq_label.setText(f"seq_len {snap.seq_len}  ({snap.n_prompt} prompt + {snap.n_generated} generated)")
@@ -737,7 +865,7 @@ class MainWindow(QMainWindow):
         self.kv_label.setText(f"KV cache {human_bytes(snap.kv_cache_bytes)} ({snap.kv_cache_bytes:,} bytes)")
         self.kv_label.setToolTip(
             f"2 × {info.n_layers} layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
-            f"{snap.seq_len} tokens × {4 if info.dtype == 'float32' else 2} bytes = {snap.kv_cache_bytes:,} bytes"
+            f"{snap.seq_len} tokens × {dtype_bytes(info.dtype)} bytes = {snap.kv_cache_bytes:,} bytes"
         )
         self.timeline.set_range(snap.n_prompt, snap.n_generated)
         self.snapshotChanged.emit(snap)
@@ -960,10 +1088,23 @@ class MainWindow(QMainWindow):
     def dropEvent(self, e) -> None:
         self.load_model(e.mimeData().urls()[0].toLocalFile())
 
+    def about_text(self) -> str:
+        """Help → About: the version, the model that runs (name, source) and the backend, device, dtype."""
+        from core import __version__
+
+        lines = [f"{APP_NAME} {__version__}",
+                 "Step through decode and inspect every attention head.",
+                 "Weights are exact recomputations from captured queries, cached keys and LSE."]
+        snap = self.snapshot
+        if snap is None:
+            lines.append("Model: none loaded yet")
+        else:
+            lines.append(f"Model: {snap.info.name} ({snap.info.architecture}) from {snap.info.source}")
+            lines.append(f"Backend: {snap.backend} on {snap.device}, {snap.info.dtype}")
+        return "\n".join(lines)
+
     def _about(self) -> None:
-        QMessageBox.about(self, f"About {APP_NAME}",
-                          "AttnScope: step through decode and inspect every attention head.\n"
-                          "Weights are exact recomputations from captured queries, cached keys and LSE.")
+        QMessageBox.about(self, f"About {APP_NAME}", self.about_text())
 
     def closeEvent(self, e) -> None:
         self.engine.shutdown()

@@ -239,8 +239,8 @@ def eager_fit(geom: dict, T: int, limit: int, device: str = "cpu") -> tuple[bool
     if need <= budget:
         return True, ""
     return False, (
-        f"skipped: needs ~{need / GB:.1f} GB ({geom['n_layers']}×{geom['n_heads']}×{T}²×4 B of attentions "
-        f"= {eager_attention_bytes(geom, T) / GB:.1f} GB) > {budget / GB:.1f} GB "
+        f"skipped: needs ~{_fmt_b(need)} ({geom['n_layers']}×{geom['n_heads']}×{T}²×4 B of attentions "
+        f"= {_fmt_b(eager_attention_bytes(geom, T))}) > {_fmt_b(budget)} "
         f"({'limit' if budget == limit else 'available'})"
     )
 
@@ -736,9 +736,10 @@ def _fmt_s(x: float | None) -> str:
 
 
 def _fmt_b(x: int | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x / 1e9:.2f} GB" if abs(x) >= 1e9 else f"{x / 1e6:.0f} MB"
+    """Bytes in decimal units, 3 significant digits (:func:`core.units.format_bytes`); None → ``—``."""
+    from core.units import format_bytes
+
+    return format_bytes(x, none="—")
 
 
 def _fmt_r(x: float | None) -> str:

@@ -56,13 +56,11 @@ class FitEstimate:
 
 
 def human_bytes(n: int | None) -> str:
-    """``1.2 GB`` style (decimal units, as file managers show sizes)."""
-    if n is None:
-        return "?"
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+    """``1.23 GB`` style (decimal units, as file managers show sizes; None → ``?``): 3 significant
+    digits through :func:`core.units.format_bytes`, so 999,999 B is ``1.00 MB``, never ``1000.0 kB``."""
+    from core.units import format_bytes
+
+    return format_bytes(n)
 
 
 def capture_bytes(n_layers: int, n_heads: int, head_dim: int, seq_len: int, dtype: str = "float32") -> int:

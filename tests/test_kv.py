@@ -128,7 +128,7 @@ def test_bad_sizes_raise_value_errors(call, message):
 def test_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(2_684_354_560) == "2.68 GB"
-    assert format_bytes(2_684_354_560, binary=True) == "2.5 GiB"
+    assert format_bytes(2_684_354_560, binary=True) == "2.50 GiB"  # 3 significant digits
     assert format_bytes(335_544_320, digits=2) == "340 MB"
 
 
