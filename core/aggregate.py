@@ -90,6 +90,21 @@ def map_tile(session, layer: int, head: int, mode: str = "head", rows: slice | N
     ``cancelled()`` turns true between heads.
     """
     pairs = heads_in(session.info, layer, head, mode)
+    if len(pairs) > 1:  # one batched block per layer (core.blocked), float64 accumulator
+        from core.blocked import mean_band
+        from core.trace_base import as_slice
+
+        session.weights(layer, head, slice(0, 1), slice(0, 1))  # the session's own checks (ran, range)
+        r, c = as_slice(rows, session.seq_len), as_slice(cols, session.seq_len)
+        last = [0]
+
+        def each_head(done):
+            if progress is not None:
+                for i in range(last[0] + 1, done + 1):
+                    progress(i, len(pairs))
+            last[0] = done
+
+        return mean_band(session.trace, pairs, r, c, cancelled=cancelled, progress=each_head).cpu().numpy()
     acc = None
     for i, (lyr, h) in enumerate(pairs):
         _check_cancel(cancelled)
@@ -128,47 +143,62 @@ class PooledMap:
             ``row_edges[a]:row_edges[a+1]`` and cols ``col_edges[b]:col_edges[b+1]``.
         row_edges, col_edges: int64 block edges, ``R + 1`` and ``C + 1`` values from 0 to ``n``.
         n: side of the full map.
+        pooling: ``"max"`` (the default: one-cell features such as a sink column survive) or
+            ``"mean"`` (block mean, masked cells as 0).
+        done: fraction of the row bands computed, 1.0 for a finished overview; a partial one
+            (progressive display, :mod:`core.blocked`) has the missing rows filled from the
+            nearest computed ones.
     """
 
     image: np.ndarray
     row_edges: np.ndarray
     col_edges: np.ndarray
     n: int
+    pooling: str = "max"
+    done: float = 1.0
+
+    @property
+    def partial(self) -> bool:
+        return self.done < 1.0
 
 
 def pooled_map(session, layer: int, head: int, mode: str = "head", n: int | None = None,
-               out: int = OVERVIEW, block_rows: int = 256,
+               out: int = OVERVIEW, block_rows: int | None = None,
                cancelled: Callable[[], bool] | None = None,
-               progress: Callable[[int, int], None] | None = None) -> PooledMap:
-    """Max-pooled overview (``out × out`` at most) of the exact ``n × n`` (mean) map.
+               progress: Callable[[int, int], None] | None = None, *, pooling: str = "max",
+               out_cols: int | None = None,
+               partial: Callable[[PooledMap], None] | None = None) -> PooledMap:
+    """Pooled overview (``out × out_cols`` at most, ``out_cols`` = ``out`` by default) of the exact
+    ``n × n`` (mean) map.
 
-    Computed in bands of about ``block_rows`` rows (whole pooling blocks per band): peak memory
-    about ``block_rows × n`` float64 for the mean plus one head's band, never ``n × n``.
-    Equals ``core.pooling.max_pool(map_at(...), out, out)``. ``progress(done, total)`` after each
-    head of each band (``total`` = bands × heads in the mean).
+    Computed in row bands by :mod:`core.blocked` (``block_rows`` rows, or as many as its memory
+    budget allows), all the heads of a layer per batched block: peak memory a few tens of MB, never
+    ``n × n``. Equals ``core.pooling.max_pool(map_at(...), out, out)`` (``mean_pool`` for
+    ``pooling="mean"``). ``progress(done, total)`` after each head of each band (``total`` = bands
+    × heads in the mean); ``partial(PooledMap)`` with a coarse-to-fine display copy after each
+    band but the last (``done`` < 1).
     """
+    from core import blocked
+
     n = session.seq_len if n is None else n
     if not 1 <= n <= session.seq_len:
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
-    re, ce = block_edges(n, out), block_edges(n, out)
-    image = np.zeros((len(re) - 1, len(ce) - 1), dtype=np.float32)
-    bands, a = [], 0
-    while a < len(re) - 1:
-        b = a + 1
-        while b < len(re) - 1 and re[b + 1] - re[a] <= block_rows:
-            b += 1
-        bands.append((a, b))
-        a = b
-    for k, (a, b) in enumerate(bands):
-        band_progress = None
-        if progress is not None:
-            def band_progress(done, per_band, k=k):
-                progress(k * per_band + done, len(bands) * per_band)
-        band = map_tile(session, layer, head, mode, slice(int(re[a]), int(re[b])), slice(0, n), cancelled,
-                        band_progress)
-        rows = np.maximum.reduceat(band, re[a:b] - re[a], axis=0)
-        image[a:b] = np.maximum.reduceat(rows, ce[:-1], axis=1)
-    return PooledMap(image, re, ce, n)
+    pairs = heads_in(session.info, layer, head, mode)
+    session.weights(layer, head, slice(0, 1), slice(0, 1))  # the session's own checks (ran, range)
+    re, ce = block_edges(n, out), block_edges(n, out if out_cols is None else out_cols)
+    if partial is not None:
+        def on_partial(img, frac):
+            partial(PooledMap(img, re, ce, n, pooling, frac))
+    else:
+        on_partial = None
+    if len(pairs) == 1:
+        image = blocked.pooled_heads(session.trace, layer, [head], n, out, out_cols, pooling,
+                                     block_rows=block_rows, cancelled=cancelled, progress=progress,
+                                     partial=None if on_partial is None else lambda img, f: on_partial(img[0], f))[0]
+    else:
+        image, re, ce = blocked.pooled_mean(session.trace, pairs, n, out, out_cols, pooling, block_rows=block_rows,
+                                            cancelled=cancelled, progress=progress, partial=on_partial)
+    return PooledMap(image, re, ce, n, pooling)
 
 
 def robust_max(w: np.ndarray, q: float = 99.5) -> float:
@@ -201,22 +231,21 @@ def layer_robust_max(session, layer: int, n: int | None = None, q: float = 99.5,
 
 def thumbnails(session, n: int | None = None, size: int = 40,
                cancelled: Callable[[], bool] | None = None,
-               progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+               progress: Callable[[int, int], None] | None = None, *, pooling: str = "max",
+               partial: Callable[[np.ndarray, float], None] | None = None) -> np.ndarray:
     """Max-pooled maps of every head over the first ``n`` positions (a decode step, see
     :mod:`core.timeline`), ``(n_layers, n_heads, P, P)`` float32 with ``P = min(n, size)``.
 
-    One head at a time, in bands (:func:`pooled_map`): peak memory ``256 × n`` weights.
-    ``progress(heads_done, n_layers × n_heads)`` after each head. Raises
-    :class:`core.errors.Cancelled` when ``cancelled()`` turns true (checked per head).
+    One layer at a time, all its heads per batched block (:func:`core.blocked.thumbnails`): peak
+    memory a few tens of MB. ``progress(heads_done, n_layers × n_heads)`` once per head as each
+    layer completes; ``partial(thumbs, fraction)`` after each layer but the last. Raises
+    :class:`core.errors.Cancelled` when ``cancelled()`` turns true (checked per block).
     """
-    info = session.info
+    from core import blocked
+
     n = session.seq_len if n is None else n
-    P = min(n, size)
-    out = np.zeros((info.n_layers, info.n_heads, P, P), dtype=np.float32)
-    total = info.n_layers * info.n_heads
-    for layer in range(info.n_layers):
-        for head in range(info.n_heads):
-            out[layer, head] = pooled_map(session, layer, head, "head", n, out=size, cancelled=cancelled).image
-            if progress is not None:
-                progress(layer * info.n_heads + head + 1, total)
-    return out
+    if not 1 <= n <= session.seq_len:
+        raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+    session.weights(0, 0, slice(0, 1), slice(0, 1))  # the session's own checks (ran)
+    return blocked.thumbnails(session.trace, n, size, pooling, cancelled=cancelled, progress=progress,
+                              partial=partial)

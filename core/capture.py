@@ -31,7 +31,9 @@ class _RowStore:
     """Query rows and LSE of every layer in two preallocated tensors, grown geometrically.
 
     ``q`` is ``(n_layers, n_heads, capacity, D)`` in the model's dtype, ``lse`` ``(n_layers,
-    n_heads, capacity)`` float32. One allocation per prefill (not one per layer and chunk) keeps
+    n_heads, capacity)`` float64 (:func:`core.attention.exact_lse`: a float32 LSE at ``|lse| ≈ 3·10⁴``
+    is off by 0.001, which every weight of its row inherits; float64 costs ``8 / (D × bytes of q)``
+    of the q store, 1/32 for float32 q with D = 64). One allocation per prefill (not one per layer and chunk) keeps
     the capture out of the C heap's fragmentation: the measured peak RSS growth of a 2048-token
     prefill on SmolLM2 was 270-560 MB with per-chunk tensors for 236 MB of q + KV data.
     """
@@ -53,7 +55,7 @@ class _RowStore:
         L, H, D = self.shape
         cap = max(n_rows + HEADROOM_ROWS, self.capacity + self.capacity // 4)
         q = torch.empty((L, H, cap, D), dtype=dtype, device=device)
-        lse = torch.empty((L, H, cap), dtype=torch.float32, device=device)
+        lse = torch.empty((L, H, cap), dtype=torch.float64, device=device)
         if self.q is not None and keep:
             q[:, :, :keep] = self.q[:, :, :keep]
             lse[:, :, :keep] = self.lse[:, :, :keep]
@@ -76,11 +78,18 @@ class LayerRecord:
         return self.store.q[self.layer, :, : self.rows]
 
     def lse(self) -> torch.Tensor:
-        """``(n_heads, rows)`` float32 LSE (a view of the store)."""
+        """``(n_heads, rows)`` float64 LSE (a view of the store)."""
         return self.store.lse[self.layer, :, : self.rows]
 
     def n_rows(self) -> int:
         return self.rows
+
+
+def _wide(lse: torch.Tensor) -> bool:
+    """True when some finite LSE exceeds :data:`core.attention.LSE_FP32_EXACT` in magnitude."""
+    from core.attention import LSE_FP32_EXACT
+
+    return bool(torch.nan_to_num(lse.abs(), posinf=0.0).amax() > LSE_FP32_EXACT) if lse.numel() else False
 
 
 class TorchTrace(TraceGeometry):
@@ -119,7 +128,8 @@ class TorchTrace(TraceGeometry):
 
         Args:
             query: ``(1, n_heads, L, D)`` post-RoPE queries of the new rows.
-            lse: ``(1, n_heads, L)`` float32 LSE of those rows.
+            lse: ``(1, n_heads, L)`` LSE of those rows, float64 from
+                :func:`core.attention.exact_lse` (a float32 one is stored as it is, widened).
             key: ``(1, n_kv_heads, S, D)`` all cached keys, positions ``0 .. S-1``.
         """
         if not self.enabled:
@@ -178,10 +188,14 @@ class TorchTrace(TraceGeometry):
         kv = self.kv_head(head)
         T, S = rec.n_rows(), rec.keys.shape[1]
         r, c = as_slice(rows, T), as_slice(cols, S)
-        q = rec.q()[head, r].float()  # (n_q, D)
-        k = rec.keys[kv, c].float()  # (n_k, D)
+        lse = rec.lse()[head, r]  # (n_q,) float64
+        # Large scores (|lse| > 16) are formed in float64: their float32 rounding would be > 1e-6
+        # of every weight of the row (core.attention.LSE_FP32_EXACT, README "What 'exact' means").
+        dt = torch.float64 if _wide(lse) else torch.float32
+        q = rec.q()[head, r].to(dt)  # (n_q, D)
+        k = rec.keys[kv, c].to(dt)  # (n_k, D)
         w = torch.matmul(q, k.T).mul_(rec.scale)  # (n_q, n_k) scaled scores
-        w.sub_(rec.lse()[head, r].float()[:, None]).exp_()
+        w.sub_(lse.to(dt)[:, None]).exp_()
         # Causal (+ window) mask in place, as bands of the tile: query position r.start + i sees
         # key c.start + j iff j - i <= r.start - c.start (and > that - window). Same mask as
         # causal_allowed, without building an (n_q, n_k) boolean array (2048² here: ~4 ms).
@@ -189,11 +203,58 @@ class TorchTrace(TraceGeometry):
         w.tril_(diag)
         if rec.sliding_window is not None:
             w.triu_(diag - rec.sliding_window + 1)
-        return w.cpu().numpy()
+        return w.float().cpu().numpy()
+
+    def weights_block(self, layer: int, heads, rows: slice | None = None, cols: slice | None = None, *,
+                      log: bool = False, fast: bool = False) -> torch.Tensor:
+        """Weights of several query heads of ``layer`` at once: ``(len(heads), n_q, n_k)`` float32 torch
+        tensor on the trace's device (the blocked path of :mod:`core.blocked`).
+
+        One batched matmul over the heads (each reads its KV head ``h // group_size``; the keys
+        are gathered, ``n_k × D`` per head, never ``n_q × n_k`` extra). ``log=True`` returns the
+        log-weights ``q·k·scale − lse`` with ``-inf`` where masked (no exponential: a max over a
+        block of log-weights, exponentiated once, is the max of the weights). ``fast=True`` runs
+        the matmul in the model's dtype when that is bfloat16 (scores then carry bf16 rounding,
+        ~3 significant digits: for overviews, never for exact tiles or exports); float32
+        otherwise. Same mask as :meth:`weights`.
+
+        Raises:
+            IndexError: layer or a head out of range. RuntimeError: nothing captured yet.
+        """
+        rec = self._rec(layer)
+        heads = list(range(self.n_heads)) if heads is None else [int(h) for h in heads]
+        kvs = [self.kv_head(h) for h in heads]
+        T, S = rec.n_rows(), rec.keys.shape[1]
+        r, c = as_slice(rows, T), as_slice(cols, S)
+        q_all, keys = rec.q(), rec.keys
+        dt = q_all.dtype if fast and q_all.dtype == torch.bfloat16 else torch.float32
+        if not heads:
+            raise IndexError("no heads selected")
+        if heads == list(range(heads[0], heads[0] + len(heads))):
+            q = q_all[heads[0] : heads[0] + len(heads), r]  # (h, n_q, D) view
+        else:
+            q = q_all[heads][:, r]  # (h, n_q, D)
+        kv_idx = torch.tensor(kvs, device=keys.device)
+        k = keys[:, c].index_select(0, kv_idx)  # (h, n_k, D)
+        w = torch.bmm(q.to(dt), k.to(dt).transpose(1, 2)).float().mul_(rec.scale)  # (h, n_q, n_k)
+        lse = rec.lse()[heads][:, r].float()  # (h, n_q)
+        w.sub_(lse[:, :, None])
+        diag = r.start - c.start  # query position r.start + i sees key c.start + j iff j - i <= diag
+        if log:
+            i = torch.arange(w.shape[1], device=w.device)[:, None]
+            j = torch.arange(w.shape[2], device=w.device)[None, :]
+            masked = (j - i) > diag
+            if rec.sliding_window is not None:
+                masked |= (j - i) <= diag - rec.sliding_window
+            return w.masked_fill_(masked, float("-inf"))
+        w.exp_().tril_(diag)
+        if rec.sliding_window is not None:
+            w.triu_(diag - rec.sliding_window + 1)
+        return w
 
     def lse(self, layer: int) -> np.ndarray:
-        """LSE rows of ``layer``, ``(n_heads, T)`` float32."""
-        return self._rec(layer).lse().float().cpu().numpy()
+        """LSE rows of ``layer``, ``(n_heads, T)`` float64."""
+        return self._rec(layer).lse().double().cpu().numpy()
 
     def weight_on_key(self, key: int = 0) -> np.ndarray:
         """Weight every query row of every head puts on key position ``key``.
@@ -204,11 +265,12 @@ class TorchTrace(TraceGeometry):
         out = []
         for layer in range(self.n_layers):
             rec = self._rec(layer)
-            q = rec.q().float()  # (H, T, D)
-            k0 = rec.keys[:, key].float()  # (Hkv, D)
+            dt = torch.float64 if _wide(rec.lse()) else torch.float32
+            q = rec.q().to(dt)  # (H, T, D)
+            k0 = rec.keys[:, key].to(dt)  # (Hkv, D)
             k0 = k0.repeat_interleave(self.group_size, dim=0)  # (H, D): H vectors of D, tiny
             s = torch.einsum("htd,hd->ht", q, k0) * rec.scale
-            w = torch.exp(s - rec.lse().float())
+            w = torch.exp(s - rec.lse().to(dt)).float()
             vis = torch.from_numpy(causal_allowed(np.arange(q.shape[1]), np.array([key]), rec.sliding_window)[:, 0])
             out.append(w.masked_fill(~vis.to(w.device)[None, :], 0.0))
         return torch.stack(out).cpu().numpy()

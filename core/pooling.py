@@ -39,3 +39,14 @@ def head_thumbnails(session, size: int = 40, cancelled=None) -> np.ndarray:
         for head in range(info.n_heads):
             out[layer, head] = max_pool(session.weights(layer, head), P, P)
     return out
+
+
+def mean_pool(w: np.ndarray, out_rows: int, out_cols: int) -> np.ndarray:
+    """Mean over the same near-equal blocks as :func:`max_pool` (masked cells count as 0): float32.
+
+    Blurs one-cell features (a sink column, a diagonal) by the block size; :func:`max_pool` keeps them.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    re, ce = block_edges(w.shape[0], out_rows), block_edges(w.shape[1], out_cols)
+    sums = np.add.reduceat(np.add.reduceat(w, re[:-1], axis=0), ce[:-1], axis=1)
+    return (sums / (np.diff(re)[:, None] * np.diff(ce)[None, :])).astype(np.float32)
