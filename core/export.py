@@ -333,10 +333,10 @@ def _colour_meta(cmap: str, scale: str, gamma: float, range_mode: str, vmin: flo
 
 
 def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
-                scale: str = "linear", size: tuple[int, int] | None = None, dpi: float | None = None,
+                scale: str | None = None, size: tuple[int, int] | None = None, dpi: float | None = None,
                 figure: bool = False, renderer: Renderer | None = None, base: dict | None = None,
                 n: int | None = None, mode: str = "head", gamma: float = 0.5,
-                range_mode: str = "fixed") -> list[Path]:
+                range_mode: str = "fixed", full_size: bool = False) -> list[Path]:
     """Export one head's map to ``path`` (format by suffix). Returns the files written.
 
     ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
@@ -344,20 +344,38 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
     is the plain map unless ``figure`` (labelled, needs ``renderer``); ``.svg``/``.pdf`` always need
     ``renderer``. Images are coloured as the heatmap shows them: ``cmap``, ``scale`` (``gamma`` for
     the power scale) and ``range_mode`` (:func:`colour_range`); the metadata records them under
-    ``"colour"``.
+    ``"colour"``. ``scale=None`` picks it by length (:func:`core.export_long.default_scale`: log
+    from 2,048 tokens; recorded as ``"scale_chosen": "by length"``). A long map's bare PNG
+    (from :data:`core.export_long.LONG_MAP` tokens) streams and is a max-pooled overview unless
+    ``full_size`` (:func:`core.export_long.export_long_png`; the pooling is in the metadata).
 
     Raises:
-        ValueError: unknown suffix, aggregate or range, a figure without a renderer.
+        ValueError: unknown suffix, aggregate or range, a figure without a renderer, a full-size
+            long PNG above the size limit without ``full_size``.
         IndexError: layer/head/n.
     """
+    from core import export_long
+
     path = Path(path)
     fmt = _format(path, BATCH_FORMATS)
     meta = head_metadata(session, layer, head, n=n, mode=mode, base=base)
+    n_map = session.seq_len if n is None else int(n)
+    by_length = scale is None
+    scale = export_long.default_scale(n_map) if by_length else scale
+    if fmt == "png" and not figure and n_map >= export_long.LONG_MAP:
+        vmin, vmax = export_long.long_colour_range(session, layer, head, n_map, mode, range_mode)
+        meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
+        meta["colour"]["scale_chosen"] = "by length" if by_length else "by the user"
+        return [export_long.export_long_png(session, layer, head, path, n=n_map, mode=mode, size=size,
+                                            full_size=full_size, cmap=cmap, scale=scale, gamma=gamma, vmin=vmin,
+                                            vmax=vmax, metadata=meta, dpi=dpi)]
     w = head_map(session, layer, head, n, mode)
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
     vmin, vmax = colour_range(session, layer, w, range_mode, n)
     meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
+    if by_length:
+        meta["colour"]["scale_chosen"] = "by length"
     if fmt == "png" and not figure:
         return [save_map_png(w, path, cmap=cmap, scale=scale, size=size, dpi=dpi, metadata=meta, gamma=gamma,
                              vmin=vmin, vmax=vmax)]

@@ -41,9 +41,19 @@ HELP = "export attention maps as PNG/SVG/PDF or NPY/CSV/safetensors (+ JSON prov
 FORMATS = (".png", ".svg", ".pdf", ".npy", ".csv", ".safetensors")
 
 
+#: flags a saved session also sets: (dest, the session file's field). Given explicitly next to --session,
+#: the flag wins (what ran goes into every sidecar); --no-chat-template would change the tokens: a conflict.
+SESSION_FLAGS = (("backend", "backend"), ("device", "device"), ("dtype", "dtype"))
+_DEFAULTS: dict = {}
+
+
 def add_arguments(p) -> None:
     add_model_arguments(p)
     add_prompt_arguments(p, required=False)
+    # None = "not given", so an explicit flag can be told from the default next to --session
+    for dest in (*(d for d, _ in SESSION_FLAGS), "chat_template"):
+        _DEFAULTS[dest] = p.get_default(dest)
+        p.set_defaults(**{dest: None})
     p.add_argument("--session", metavar="FILE", help="take model, prompt, tokens and view from a saved .attnscope session")
     p.add_argument("--save-session", metavar="FILE", help="also save the session (model, prompt, tokens, view) to FILE")
     p.add_argument("--layer", type=int, default=None, help="layer (0-based); with --all-heads: only this layer")
@@ -57,13 +67,17 @@ def add_arguments(p) -> None:
     p.add_argument("--fps", type=float, default=4.0, help="frames per second for --frames (default 4)")
     p.add_argument("--figure", action="store_true", help="PNG as a labelled figure (tokens, colour bar) instead of the plain map")
     p.add_argument("--cmap", default=None, help="colour map: viridis, magma, inferno, plasma, cividis (default viridis)")
-    p.add_argument("--scale", default=None, choices=("linear", "log", "power"), help="colour scale (default linear)")
+    p.add_argument("--scale", default=None, choices=("linear", "log", "power"), help="colour scale (default: linear below 2,048 tokens, log from there; said in the metadata)")
     p.add_argument("--gamma", type=float, default=None, help="exponent of the power scale (default 0.5)")
     p.add_argument("--range", dest="range_mode", default=None, choices=("fixed", "auto", "shared"),
                    help="colour range: fixed [0, 1], auto (this map's 99.5th percentile) or shared (the "
                         "layer's); default fixed")
     p.add_argument("--dpi", type=float, default=None, help="dots per inch (PNG metadata; figure font and page size)")
-    p.add_argument("--size", default=None, help="image size WxH in pixels (plain PNG: exact size; figures: canvas)")
+    p.add_argument("--size", default=None, help="image size WxH in pixels (plain PNG: exact size; figures: canvas; "
+                   "a long map's plain PNG: a max-pooled overview of that size)")
+    p.add_argument("--full-size", action="store_true",
+                   help="a long map's plain PNG at one pixel per cell (streamed; needed above 4096 tokens; "
+                        "default for maps from 2,048 tokens: a 2048x2048 max-pooled overview)")
 
 
 def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
@@ -102,6 +116,10 @@ def _check_args(args) -> None:
 
     if args.session and args.prompt is not None:
         raise SessionError("give either --prompt or --session, not both")
+    if not args.session:  # flags not given take the usual defaults
+        for dest, default in _DEFAULTS.items():
+            if getattr(args, dest, None) is None:
+                setattr(args, dest, default)
     if not args.session and args.prompt is None:
         raise SessionError("give a prompt with --prompt TEXT, or a saved session with --session FILE")
     if args.prompt is not None and not args.prompt.strip():
@@ -171,6 +189,7 @@ def _open(args):
     from core import sessionfile
 
     sf = sessionfile.load(args.session)
+    sf = _session_overrides(sf, args)
     s, warnings = sessionfile.replay(sf, model=args.model, device=args.device)
     for w in warnings:
         print(f"attnscope: warning: {w}", file=sys.stderr)
@@ -179,13 +198,43 @@ def _open(args):
     return s, dict(sf.view)
 
 
+def _session_overrides(sf, args):
+    """The session file with the explicitly given --backend/--dtype in place of its own (a note on
+    stderr for each); --device and --model go to the replay.
+
+    Raises:
+        SessionError: --no-chat-template next to a session saved with the chat template (another
+        token sequence: use --prompt instead).
+    """
+    import dataclasses
+
+    from core.errors import SessionError
+
+    if args.chat_template is False and sf.chat_template:
+        raise SessionError(f"--no-chat-template conflicts with {Path(args.session).name}, saved with the chat "
+                           "template: drop the flag, or give the prompt with --prompt")
+    changes = {}
+    for dest, field in SESSION_FLAGS:
+        given, saved = getattr(args, dest, None), getattr(sf, field)
+        if given is not None and str(given) != str(saved):
+            print(f"attnscope: note: --{dest} {given} overrides the session's {field} {saved}", file=sys.stderr)
+            if field != "device":  # the device goes to replay(device=...)
+                changes[field] = given
+    if args.model is not None and args.model != sf.model:
+        print(f"attnscope: note: --model {args.model} overrides the session's model {sf.model}", file=sys.stderr)
+    return dataclasses.replace(sf, **changes) if changes else sf
+
+
 def run(args) -> int:
     from core import export as E
 
     _check_args(args)
     s, view = _open(args)
     cmap = args.cmap or view.get("cmap") or "viridis"
-    scale = args.scale or view.get("scale") or "linear"
+    from core.export_long import default_scale
+
+    scale_choice = args.scale or view.get("scale")  # None: by the map's length (log from 2,048 tokens)
+    scale = scale_choice or default_scale(s.seq_len)
     gamma = args.gamma if args.gamma is not None else float(view.get("gamma") or 0.5)
     if not gamma > 0:
         raise ValueError(f"--gamma must be > 0, got {gamma}")
@@ -226,9 +275,9 @@ def run(args) -> int:
             out = Path(args.out)
             fmt = out.suffix.lower().lstrip(".")
             needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
-            files = E.export_head(s, layer, head, out, cmap=cmap, scale=scale, size=size, dpi=args.dpi,
+            files = E.export_head(s, layer, head, out, cmap=cmap, scale=scale_choice, size=size, dpi=args.dpi,
                                   figure=args.figure, renderer=figure_renderer() if needs_qt else None,
-                                  gamma=gamma, range_mode=range_mode)
+                                  gamma=gamma, range_mode=range_mode, full_size=args.full_size)
             print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
             files = E.export_animation(s, layer, head, args.frames, cmap=cmap, scale=scale, gamma=gamma,

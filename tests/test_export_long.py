@@ -1,0 +1,115 @@
+"""Long-map exports: the streamed PNG equals the in-memory one; pooled overviews record their pooling;
+full size above the limit needs a flag; colours by length."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_models import save_tiny
+
+from core import aggregate, export as E, export_long as XL
+from core.colormaps import to_rgb
+from core.pooling import max_pool
+
+
+@pytest.fixture(scope="module")
+def sess(tmp_path_factory):
+    from core.session import Session
+
+    folder = tmp_path_factory.mktemp("xl_tiny")
+    save_tiny("llama", folder, seed=7)
+    s = Session.load(str(folder))
+    s.prefill("a long map is a short map seen from far away, they say, and so it is", chat_template=False)
+    return s
+
+
+def _pixels(path):
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB")), dict(im.info)
+
+
+def test_streamed_png_equals_pillow(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.random((37, 53)).astype(np.float32) ** 4
+    E.save_map_png(w, tmp_path / "pil.png", cmap="magma", scale="log", vmax=0.8, size=(53, 37))
+    bands = [to_rgb(w[a : a + 5], "magma", 0.0, 0.8, "log") for a in range(0, 37, 5)]  # 8 bands, last of 2 rows
+    XL.write_png_rows(tmp_path / "stream.png", 53, 37, bands, metadata={"a": 1, "é": "ü"}, dpi=300)
+    a, _ = _pixels(tmp_path / "pil.png")
+    b, info = _pixels(tmp_path / "stream.png")
+    np.testing.assert_array_equal(a, b)
+    assert json.loads(info["attnscope"]) == {"a": 1, "é": "ü"}
+    assert round(info["dpi"][0]) == 300
+
+
+def test_bands_must_add_up(tmp_path):
+    with pytest.raises(ValueError, match="rows"):
+        XL.write_png_rows(tmp_path / "x.png", 4, 5, [np.zeros((3, 4, 3), np.uint8)])
+    with pytest.raises(ValueError, match="band of shape"):
+        XL.write_png_rows(tmp_path / "x.png", 4, 3, [np.zeros((3, 5, 3), np.uint8)])
+    assert not (tmp_path / "x.png").exists() and not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("mode", ["head", "all"])
+def test_full_size_stream_equals_the_in_memory_map(sess, tmp_path, mode):
+    s = sess
+    n = s.seq_len
+    w = aggregate.map_at(s, 1, 1, mode)
+    E.save_map_png(w, tmp_path / "mem.png", scale="log", size=(n, n))
+    XL.export_long_png(s, 1, 1, tmp_path / "st.png", n=n, mode=mode, full_size=True, scale="log")
+    a, _ = _pixels(tmp_path / "mem.png")
+    b, info = _pixels(tmp_path / "st.png")
+    assert a.shape == (n, n, 3)
+    np.testing.assert_array_equal(a, b)
+    assert json.loads(info["attnscope"])["pooling"] is None
+
+
+def test_overview_is_max_pooled_and_says_so(sess, tmp_path):
+    s = sess
+    n = s.seq_len
+    XL.export_long_png(s, 0, 2, tmp_path / "ov.png", n=n, size=(9, 6), scale="linear", metadata={"x": 1})
+    img, info = _pixels(tmp_path / "ov.png")
+    assert img.shape == (6, 9, 3)
+    np.testing.assert_array_equal(img, to_rgb(max_pool(s.weights(0, 2), 6, 9), "viridis"))
+    meta = json.loads(info["attnscope"])
+    assert meta["x"] == 1 and meta["pooling"]["kind"] == "max" and meta["pooling"]["image_size"] == [9, 6]
+    assert meta["pooling"]["map_size"] == [n, n]
+    with pytest.raises(ValueError, match="larger than"):
+        XL.export_long_png(s, 0, 2, tmp_path / "big.png", n=n, size=(n + 1, 4))
+
+
+def test_full_size_above_the_limit_needs_the_flag(sess, tmp_path, monkeypatch):
+    s = sess
+    n = s.seq_len
+    monkeypatch.setattr(XL, "FULL_SIZE_LIMIT", n - 1)
+    with pytest.raises(ValueError, match="--full-size"):
+        XL.export_long_png(s, 0, 0, tmp_path / "f.png", n=n, size=(n, n))
+    XL.export_long_png(s, 0, 0, tmp_path / "f.png", n=n, full_size=True)
+    assert _pixels(tmp_path / "f.png")[0].shape == (n, n, 3)
+
+
+def test_colours_by_length():
+    assert XL.default_scale(2047) == "linear" and XL.default_scale(2048) == "log"
+    assert XL.scale_note(4096, "log", True) == "log colours (chosen for 4,096 tokens)"
+
+
+def test_export_head_routes_long_maps(sess, tmp_path, monkeypatch):
+    """A bare PNG from LONG_MAP tokens: overview by default, log colours chosen by length, all recorded."""
+    s = sess
+    n = s.seq_len
+    monkeypatch.setattr(XL, "LONG_MAP", 8)
+    monkeypatch.setattr(XL, "OVERVIEW_SIDE", 8)
+    (out,) = E.export_head(s, 1, 0, tmp_path / "long.png")
+    img, info = _pixels(out)
+    meta = json.loads(info["attnscope"])
+    assert img.shape == (8, 8, 3)
+    assert meta["colour"]["scale"] == "log" and meta["colour"]["scale_chosen"] == "by length"
+    assert meta["pooling"]["kind"] == "max"
+    np.testing.assert_array_equal(img, to_rgb(max_pool(s.weights(1, 0), 8, 8), "viridis", scale="log"))
+    # the user's choice wins and is said
+    (out,) = E.export_head(s, 1, 0, tmp_path / "lin.png", scale="linear", full_size=True)
+    img, info = _pixels(out)
+    assert img.shape == (n, n, 3)
+    assert json.loads(info["attnscope"])["colour"]["scale_chosen"] == "by the user"
