@@ -118,8 +118,12 @@ class Session:
         chat_template: bool = True,
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        all_logits: bool = False,
     ) -> list[Token]:
         """Start a new sequence: tokenize ``prompt`` and run it through the model.
+
+        With ``all_logits`` every prompt position's logits are kept too (``n_prompt × vocab``
+        float32, for :meth:`position_logits`; Compare needs them).
 
         Raises:
             SessionError: empty prompt, or longer than the model's context.
@@ -133,7 +137,9 @@ class Session:
         self.backend.reset()
         self._ids, self._logits, self._logits_history = [], None, []
         self.prompt, self.chat_template = prompt, chat_template
-        logits = self.backend.forward(ids, progress=progress, cancelled=cancelled)
+        logits = self.backend.forward(ids, progress=progress, cancelled=cancelled, all_logits=all_logits)
+        self._prompt_logits = logits if all_logits else None
+        logits = logits[-1] if all_logits else logits
         self._ids = list(ids)
         self._n_prompt = len(ids)
         self._logits = logits
@@ -298,6 +304,18 @@ class Session:
         if not 0 <= step <= self.n_generated:
             raise IndexError(f"step {step} out of range 0..{self.n_generated}")
         return self._logits_history[step]
+
+    def position_logits(self) -> np.ndarray:
+        """Logits after every position, ``(seq_len, vocab)`` float32: row ``i`` predicts token ``i + 1``.
+
+        Raises:
+            SessionError: nothing run yet, or the prompt was not prefilled with ``all_logits=True``.
+        """
+        self._require_run()
+        prompt = getattr(self, "_prompt_logits", None)
+        if prompt is None or len(prompt) != self._n_prompt:
+            raise SessionError("the prompt's per-position logits were not kept: prefill with all_logits=True")
+        return np.concatenate([prompt, np.stack(self._logits_history[1:])]) if self.n_generated else prompt
 
     def next_token_probs(self, k: int = 10) -> list[TopToken]:
         """Top-``k`` of the model's next-token distribution at the current step (temperature 1)."""

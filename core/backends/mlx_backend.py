@@ -230,6 +230,27 @@ class MlxBackend:
             return
         self._rollback(n)
 
+    def value_norms(self, layer: int) -> np.ndarray:
+        """``‖v_j W_O^h‖`` for every query head ``h`` and cached key ``j`` of ``layer``: ``(n_heads, seq_len)``
+        float32 (see :mod:`core.value_weighted`; Kobayashi et al. 2020), from the cached values and
+        ``o_proj``, in float32.
+
+        Raises:
+            IndexError: ``layer`` out of range. RuntimeError: nothing cached yet, or another thread.
+        """
+        self._check_thread()
+        if not 0 <= layer < self.info.n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{self.info.n_layers - 1}")
+        cache = self.caches[layer]
+        if cache.values is None or cache.offset == 0:
+            raise RuntimeError("nothing cached yet: run a prompt first")
+        values = cache.values[0, :, : cache.offset, :].astype(mx.float32)  # (n_kv_heads, S, D)
+        w = self.model.model.layers[layer].self_attn.o_proj.weight.astype(mx.float32)  # (hidden, H*D)
+        H, D = self.info.n_heads, values.shape[-1]
+        g = H // values.shape[0]
+        out = mx.stack([mx.linalg.norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, axis=-1) for h in range(H)])
+        return np.array(out, dtype=np.float32)  # (n_heads, S)
+
     def kv_cache_bytes(self) -> int:
         """Bytes of the cached positions' K and V (all layers); the preallocated tail is not counted."""
         return sum(c.nbytes() for c in self.caches)

@@ -195,6 +195,38 @@ class TorchBackend:
             rec.keys = self.cache.layers[layer].keys[0]
         self.seq_len = n
 
+    @torch.inference_mode()
+    def value_norms(self, layer: int) -> np.ndarray:
+        """``‖v_j W_O^h‖`` for every query head ``h`` and cached key ``j`` of ``layer``: ``(n_heads, seq_len)``
+        float32 (see :mod:`core.value_weighted`; Kobayashi et al. 2020). From the KV cache's values and
+        the layer's output projection, in float32.
+
+        Raises:
+            IndexError: ``layer`` out of range. RuntimeError: nothing cached yet.
+            UnsupportedModelError: the attention module has no ``o_proj``/``c_proj``/``dense``.
+        """
+        if not 0 <= layer < self.info.n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{self.info.n_layers - 1}")
+        if self.seq_len == 0 or len(self.cache.layers) <= layer:
+            raise RuntimeError("nothing cached yet: run a prompt first")
+        mod = next(m for m in self.model.modules() if getattr(m, "_attnscope_trace", None) is self.trace
+                   and getattr(m, "layer_idx", None) == layer)
+        values = self.cache.layers[layer].values[0, :, : self.seq_len].float()  # (n_kv_heads, S, D)
+        proj = next((getattr(mod, n) for n in ("o_proj", "c_proj", "dense") if hasattr(mod, n)), None)
+        if proj is None:
+            raise UnsupportedModelError(f"{type(mod).__name__} has no output projection AttnScope knows")
+        w = proj.weight
+        if type(w) in (torch.Tensor, torch.nn.Parameter):
+            w = w.float().T if type(proj).__name__ == "Conv1D" else w.float()  # GPT-2's Conv1D: (in, out)
+        else:  # a quantised weight (torchao tensor subclass): read W back through the layer itself
+            eye = torch.eye(proj.in_features, dtype=self.model.dtype, device=values.device)
+            w = (proj(eye) - proj(torch.zeros_like(eye[:1]))).float().T  # (hidden, H*D), bias removed
+        H, D = self.info.n_heads, values.shape[-1]
+        g = H // values.shape[0]
+        # v_j W_O^h = W_O[:, hD:(h+1)D] v_j: (S, D) @ (D, hidden) per head, one head at a time
+        out = [torch.linalg.vector_norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, dim=-1) for h in range(H)]
+        return torch.stack(out).cpu().numpy().astype(np.float32)  # (n_heads, S)
+
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache tensors hold now (K and V of every layer)."""
         total = 0

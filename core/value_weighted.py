@@ -1,0 +1,134 @@
+"""The value-weighted scale: attention weighed by the size of what it moves.
+
+Kobayashi, Kuribayashi, Yokoi & Inui, EMNLP 2020, "Attention is Not Only a Weight: Analyzing
+Transformers with Vector Norms", eq. (5)-(6): head ``h``'s output at query ``i`` is
+``Σ_j α_ij · f_h(x_j)`` with ``f_h(x_j) = v_j W_O^h`` (key ``j``'s value through head ``h``'s
+slice of the output projection, ``W_O^h = o_proj.weight[:, h·D:(h+1)·D]ᵀ``). The size of key
+``j``'s contribution is therefore::
+
+    vw[i, j] = α_ij · ‖v_j W_O^h‖                       (float32, same units as the residual)
+
+and, row-normalised (``normalise=True``), ``vw[i, j] / Σ_j' vw[i, j']``: the *share* of the
+head's output norm budget that key ``j`` gets (a distribution again, so it can be compared with
+Jensen–Shannon like the weights). A sink can take 90 % of a row's weight while its value is
+almost zero: its value-weighted share is then small.
+
+Cost: the norms are one number per (head, key), ``O(T · D · hidden)`` per head from the KV cache's
+values and ``o_proj`` (the backends' ``value_norms(layer)``), so the scale costs ``O(T)`` on top of
+a map. Biases of ``o_proj`` are shared by every key and left out (as in the paper); the values
+already contain ``v_proj``'s bias.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from core.aggregate import _check_cancel
+from core.errors import SessionError
+
+ATTENTION = "attention"
+VALUE_WEIGHTED = "value-weighted"
+WEIGHTINGS = (ATTENTION, VALUE_WEIGHTED)
+
+
+def check_weighting(weighting: str) -> str:
+    """``weighting`` if it is ``"attention"`` or ``"value-weighted"``.
+
+    Raises:
+        ValueError: anything else (one line naming the choices).
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"unknown weighting {weighting!r}: choose attention or value-weighted")
+    return weighting
+
+
+def value_norms(session, layer: int) -> np.ndarray:
+    """``‖v_j W_O^h‖`` for every query head ``h`` and key ``j`` of ``layer``: ``(n_heads, seq_len)`` float32.
+
+    Raises:
+        SessionError: nothing run yet, or the backend cannot compute them.
+        IndexError: ``layer`` out of range.
+    """
+    session._require_run()
+    fn = getattr(session.backend, "value_norms", None)
+    if fn is None:
+        raise SessionError(f"the {session.backend.name} backend has no value norms")
+    try:
+        return np.asarray(fn(layer), dtype=np.float32)
+    except RuntimeError as e:
+        raise SessionError(str(e)) from None
+
+
+def apply_norms(w: np.ndarray, norms: np.ndarray, normalise: bool = False,
+                row_totals: np.ndarray | None = None) -> np.ndarray:
+    """Value-weighted map from weights ``w (n_q, n_k)`` and the keys' norms ``norms (n_k,)``; float32.
+
+    ``normalise`` divides each row by its total ``Σ_j α_ij ‖v_j W_O^h‖``: by ``row_totals (n_q,)``
+    when given (a tile of columns needs the totals of whole rows), else by the row sums of the
+    result. Rows whose total is 0 (fully masked) stay 0, never NaN.
+    """
+    out = np.asarray(w, dtype=np.float32) * np.asarray(norms, dtype=np.float32)[None, :]
+    if not normalise:
+        return out
+    tot = out.sum(axis=1, dtype=np.float64) if row_totals is None else np.asarray(row_totals, np.float64)
+    safe = np.where(tot > 0, tot, 1.0)
+    return np.where(tot[:, None] > 0, out / safe[:, None], 0.0).astype(np.float32)
+
+
+def value_weighted(session, layer: int, head: int, rows: slice | None = None, cols: slice | None = None,
+                   normalise: bool = False, norms: np.ndarray | None = None) -> np.ndarray:
+    """One head's value-weighted map ``(n_q, n_k)`` float32 for ``rows × cols`` (module docstring).
+
+    ``norms`` (the layer's :func:`value_norms`) may be passed to reuse them. With ``normalise`` and a
+    column tile, the row totals come from the whole rows (exact, one extra row band product).
+
+    Raises:
+        SessionError, IndexError: as :meth:`core.session.Session.weights`.
+    """
+    norms = value_norms(session, layer) if norms is None else norms
+    n_k = norms.shape[1]
+    c = slice(0, n_k) if cols is None else slice(*cols.indices(n_k)[:2])
+    w = session.weights(layer, head, rows, c)
+    totals = None
+    if normalise and (c.start, c.stop) != (0, n_k):
+        full = session.weights(layer, head, rows, None)
+        totals = full.astype(np.float64) @ norms[head].astype(np.float64)
+    return apply_norms(w, norms[head, c], normalise, totals)
+
+
+def value_weighted_sink_scores(session, key: int = 0, normalise: bool = True, block_rows: int = 256,
+                               progress: Callable[[int, int], None] | None = None,
+                               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    """Value-weighted sink mass ``(n_layers, n_heads)`` float64: mean over rows ``i > key`` of key ``key``'s
+    share ``α_i,key ‖v_key W_O^h‖ / Σ_j α_ij ‖v_j W_O^h‖`` (``normalise``) or of ``α_i,key ‖v_key W_O^h‖``.
+
+    The row totals need whole rows: ``O(T²)`` per head, computed in bands of ``block_rows`` rows
+    (peak ``block_rows × T`` float32), never a ``T × T`` map. ``progress(done, n_layers × n_heads)``
+    after each head; ``cancelled()`` checked between heads.
+
+    Raises:
+        SessionError: nothing run yet. Cancelled: ``cancelled()`` became true.
+    """
+    L, H, T = session.info.n_layers, session.info.n_heads, session.seq_len
+    out = np.zeros((L, H), dtype=np.float64)
+    if T <= key + 1:
+        return out
+    for layer in range(L):
+        norms = value_norms(session, layer).astype(np.float64)  # (H, T)
+        for h in range(H):
+            _check_cancel(cancelled)
+            acc = 0.0
+            for r0 in range(key + 1, T, block_rows):
+                r = slice(r0, min(r0 + block_rows, T))
+                w = session.weights(layer, h, r, None).astype(np.float64)  # (band, T)
+                num = w[:, key] * norms[h, key]
+                if normalise:
+                    tot = w @ norms[h]
+                    num = np.where(tot > 0, num / np.where(tot > 0, tot, 1.0), 0.0)
+                acc += num.sum()
+            out[layer, h] = acc / (T - key - 1)
+            if progress is not None:
+                progress(layer * H + h + 1, L * H)
+    return out
