@@ -345,9 +345,23 @@ def _first_line(e: BaseException) -> str:
 
 
 # -- converting -------------------------------------------------------------------------------------
-def converted_dir(gguf: Path) -> Path:
-    """Cache folder holding the safetensors conversion of ``gguf`` (keyed by its SHA-256)."""
-    return cache_root() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+def converted_dir(gguf: Path, dtype: str = "float32") -> Path:
+    """Cache folder holding the safetensors conversion of ``gguf`` at ``dtype`` (keyed by its
+    SHA-256 and the dtype: ``<stem>-<16 hex>-<dtype>``)."""
+    return cache_root() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}-{dtype}"
+
+
+def _is_converted(folder: Path) -> bool:
+    """A finished conversion: config.json plus one safetensors file or a complete shard index."""
+    if not (folder / "config.json").is_file():
+        return False
+    if (folder / "model.safetensors").is_file():
+        return True
+    index = folder / "model.safetensors.index.json"
+    try:
+        return index.is_file() and all((folder / f).is_file() for f in set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def quiet_transformers() -> None:
@@ -357,47 +371,42 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
+def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32") -> Path:
+    """Convert a GGUF once into a cached HF folder (safetensors at ``dtype`` + tokenizer); return it.
 
-def convert_gguf(gguf: Path, progress: ProgressFn = _noop) -> Path:
-    """Dequantise a GGUF into a cached HF folder (safetensors + tokenizer) once; return the folder.
+    Streamed tensor by tensor (:mod:`core.gguf_convert`): peak memory is about one 2 GB shard,
+    not the float32 state dict transformers' loader builds. ``progress`` is called per tensor
+    and may raise :class:`core.errors.Cancelled`; a cancelled or failed conversion leaves no
+    cache entry. The cache holds one copy per (file hash, dtype).
 
     Raises:
         ModelLoadError: broken file, or a quantisation transformers cannot dequantise.
+        Cancelled: raised by ``progress``.
     """
+    from core import gguf_convert
+    from core.errors import Cancelled
+
     gguf = Path(gguf)
     check_gguf(gguf)
-    out = converted_dir(gguf)
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    out = converted_dir(gguf, dtype)
+    if _is_converted(out):
         return out
-    progress(f"Converting {gguf.name} (first load only)…", 0.05)
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover
+    progress(f"Converting {gguf.name} to {dtype} (first load only)…", 0.02)
     quiet_transformers()
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    def per_tensor(msg: str, frac: float) -> None:
+        progress(f"Converting {gguf.name} to {dtype}: {msg}", min(0.95, 0.05 + 0.9 * frac))
 
     try:
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        check_architecture(config.model_type)
-        progress("Reading tokenizer…", 0.1)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        progress("Dequantising weights to float32…", 0.2)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-    except UnsupportedModelError:
+        gguf_convert.convert(gguf, out, dtype, per_tensor,
+                             source={"gguf": str(gguf), "sha256": file_sha256(gguf), "dtype": dtype})
+    except (UnsupportedModelError, Cancelled):
         raise
+    except MemoryError:
+        raise ModelLoadError(f"cannot convert {gguf.name}: out of memory") from None
     except Exception as e:
         raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
-    progress("Saving converted model to the cache…", 0.85)
-    # A dequantised GGUF model still carries its quantization config; transformers refuses to
-    # save it unless both the quantizer and the config entry are dropped.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "attnscope_source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": file_sha256(gguf)}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
     progress("Converted.", 0.95)
     return out
 
@@ -411,7 +420,7 @@ class ConvertedModel:
     source: str  # the GGUF it came from ("" if unknown, e.g. a ``.partial`` leftover)
     sha256: str
     size_bytes: int
-    complete: bool  # False for an interrupted conversion (``.partial``)
+    complete: bool  # False for an interrupted conversion (``.partial-<pid>``)
 
 
 def _tree_bytes(folder: Path) -> int:
@@ -433,7 +442,7 @@ def list_converted() -> list[ConvertedModel]:
             out.append(ConvertedModel(
                 path=d, name=d.name, source=str(meta.get("gguf", "")), sha256=str(meta.get("sha256", "")),
                 size_bytes=_tree_bytes(d),
-                complete=not d.name.endswith(".partial") and (d / "config.json").is_file(),
+                complete=".partial" not in d.name and _is_converted(d),
             ))
     return sorted(out, key=lambda c: (-c.size_bytes, c.name))
 
