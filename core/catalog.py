@@ -194,12 +194,68 @@ def _int(v) -> int:
         return 0
 
 
+_config_memo: dict[str, object] = {}
+
+
+def transformers_config(cfg: dict):
+    """transformers' own config object for a parsed ``config.json`` (its class fills every field the file
+    omits with the default the model will run with), the text config of a multimodal one; None when
+    ``model_type`` is missing or unknown to the installed transformers, or the config is refused.
+
+    Built with ``AutoConfig.for_model(**cfg)``; memoised by the file's content. The first call imports
+    transformers (a few seconds).
+    """
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return None
+    try:
+        key = json.dumps(cfg, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return None
+    if key not in _config_memo:
+        try:
+            import logging
+
+            from transformers import AutoConfig
+
+            logging.getLogger("transformers").setLevel(logging.ERROR)
+            conf = AutoConfig.for_model(**cfg)
+            conf = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
+        except Exception:  # unknown model type, a value the class refuses, transformers missing
+            conf = None
+        _config_memo[key] = conf
+    return _config_memo[key]
+
+
 def config_geometry(cfg: dict) -> dict:
     """Attention geometry from a parsed ``config.json`` (any decoder family, nested ``text_config`` too).
 
     Returns a dict with ``n_layers, n_heads, n_kv_heads, head_dim, max_context, sliding_window``
-    (0 / None where absent). Mirrors :func:`core.models.info_from_config` without transformers.
+    (0 / None where absent). Fields the file omits take transformers' defaults for its model type
+    (:func:`transformers_config`): a Qwen2 config without ``use_sliding_window`` uses no window, a
+    Gemma 3 one without ``head_dim`` has 256, a Mistral one without ``sliding_window`` 4096, as the
+    loaded model will (:func:`core.models.info_from_config` reads the same object). The window is None
+    when no layer of ``layer_types`` is a sliding one. Configs transformers cannot build are read as
+    they are (``use_sliding_window`` then defaults to false, as in transformers' Qwen2 family).
     """
+    conf = transformers_config(cfg)
+    if conf is not None:
+        try:
+            n_heads = _int(getattr(conf, "num_attention_heads", 0))
+            hidden = _int(getattr(conf, "hidden_size", 0))
+            types = getattr(conf, "layer_types", None)
+            window = getattr(conf, "sliding_window", None)
+            if window is not None and getattr(conf, "use_sliding_window", True) is False:
+                window = None
+            if types and not any("sliding" in str(t) for t in types):
+                window = None
+            return dict(n_layers=_int(getattr(conf, "num_hidden_layers", 0)), n_heads=n_heads,
+                        n_kv_heads=_int(getattr(conf, "num_key_value_heads", None)) or n_heads,
+                        head_dim=_int(getattr(conf, "head_dim", None)) or (hidden // n_heads if n_heads else 0),
+                        max_context=_int(getattr(conf, "max_position_embeddings", 0)),
+                        sliding_window=_int(window) or None)
+        except (TypeError, ValueError, AttributeError):
+            pass
     c = cfg
     if isinstance(cfg.get("text_config"), dict) and not (cfg.get("num_hidden_layers") or cfg.get("n_layer")):
         c = {**cfg, **cfg["text_config"]}
@@ -210,7 +266,7 @@ def config_geometry(cfg: dict) -> dict:
     head_dim = _int(c.get("head_dim")) or (hidden // n_heads if n_heads else 0)
     max_ctx = _int(c.get("max_position_embeddings") or c.get("n_positions") or c.get("max_sequence_length")
                    or c.get("seq_length"))
-    window = c.get("sliding_window") if c.get("use_sliding_window", True) else None
+    window = c.get("sliding_window") if c.get("use_sliding_window", "max_window_layers" not in c) else None
     return dict(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, max_context=max_ctx,
                 sliding_window=_int(window) or None)
 

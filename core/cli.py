@@ -49,6 +49,8 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
     s = Session.load(args.model, backend=args.backend, device=args.device, dtype=args.dtype, progress=progress)
     if getattr(args, "prompt", None) is not None:
         s.prefill(args.prompt, chat_template=args.chat_template)
+        if s.notice:
+            print(f"attnscope: note: {s.notice}", file=sys.stderr)
         if args.steps:
             s.step(args.steps)
     return s

@@ -350,11 +350,11 @@ def _ppl(logprob: np.ndarray, n_prompt: int) -> float:
 
 
 def _top1(session, logits: np.ndarray) -> tuple[int, str, float]:
-    from core.tokens import display_label
+    from core.tokens import token_text
 
     p = np.exp(log_softmax(logits))
     i = int(np.argmax(p))
-    return i, display_label(str(session.tokenizer.convert_ids_to_tokens(i))), float(p[i])
+    return i, token_text(session.tokenizer, i)[1], float(p[i])
 
 
 def run_experiments(session, experiments: list[Experiment], progress: Callable[[str, float], None] | None = None,

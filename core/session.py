@@ -23,7 +23,7 @@ from core.errors import SessionError
 from core.kv import kv_cache_bytes as kv_formula
 from core.models import ModelInfo
 from core.sampling import GREEDY, Sampling, choose, softmax
-from core.tokens import Token, display_label
+from core.tokens import NO_TOKENS, Token, roundtrip_notice, token_text
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ class Snapshot:
 
 class Session:
     """A loaded model plus one running sequence. Single-threaded: call it from one thread."""
+
+    #: after :meth:`prefill`: one line when the tokenizer drops or replaces characters of the prompt
+    #: (:func:`core.tokens.roundtrip_notice`), else None
+    notice: str | None = None
 
     def __init__(self, backend):
         self.backend = backend
@@ -132,6 +136,9 @@ class Session:
         if not prompt or not prompt.strip():
             raise SessionError("the prompt is empty: type some text first")
         ids = self.encode(prompt, chat_template)
+        if not ids:
+            raise SessionError(NO_TOKENS)
+        self.notice = roundtrip_notice(self.tokenizer, prompt)  # None, or how the tokenizer changed the text
         if self.info.max_context and len(ids) > self.info.max_context:
             raise SessionError(f"the prompt has {len(ids)} tokens, more than the model's context of {self.info.max_context}")
         self.backend.reset()
@@ -243,9 +250,8 @@ class Session:
 
     def _token(self, pos: int) -> Token:
         tid = self._ids[pos]
-        raw = self.tokenizer.convert_ids_to_tokens(tid)
-        raw = raw if isinstance(raw, str) else str(raw)
-        return Token(position=pos, id=tid, raw=raw, text=display_label(raw), generated=pos >= self._n_prompt)
+        raw, text = token_text(self.tokenizer, tid)
+        return Token(position=pos, id=tid, raw=raw, text=text, generated=pos >= self._n_prompt)
 
     @property
     def tokens(self) -> list[Token]:
@@ -322,7 +328,7 @@ class Session:
         self._require_run()
         p = softmax(self._logits)
         top = np.argsort(-p)[:k]
-        return [TopToken(int(i), display_label(str(self.tokenizer.convert_ids_to_tokens(int(i)))), float(p[i])) for i in top]
+        return [TopToken(int(i), token_text(self.tokenizer, int(i))[1], float(p[i])) for i in top]
 
     @property
     def logits(self) -> np.ndarray:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.sampling import GREEDY, Sampling, filtered_probs, softmax
-from core.tokens import display_label
+from core.tokens import token_text
 
 
 def visible_len(n_prompt: int, n_generated: int, step: int | None) -> int:
@@ -98,9 +98,8 @@ def next_tokens(session, step: int | None = None, k: int = 10, sampling: Samplin
     top = np.argsort(-p, kind="stable")[:k]
     rows = []
     for i in top:
-        raw = session.tokenizer.convert_ids_to_tokens(int(i))
-        raw = raw if isinstance(raw, str) else str(raw)
-        rows.append(NextTokenRow(int(i), display_label(raw), raw, float(p[i]), float(ps[i])))
+        raw, label = token_text(session.tokenizer, int(i))
+        rows.append(NextTokenRow(int(i), label, raw, float(p[i]), float(ps[i])))
     pos = session.n_prompt + step
     chosen = session.ids[pos] if step < session.n_generated else None
     nz = p[p > 0]
