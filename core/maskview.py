@@ -50,6 +50,8 @@ class MaskReport:
         weights: ``(n_rows, S)`` float32 weights after softmax (rows sum to 1).
         entropy: ``(n_rows,)`` float32 row entropy, nats; max_entropy: ``ln(allowed keys)``.
         scale: the softmax scale used (``1/sqrt(head_dim)`` unless the model says otherwise).
+        layer_windows: every layer's window as captured (None = global), to say how this layer
+            relates to the others (:attr:`window_note`); empty when unknown.
     """
 
     layer: int
@@ -68,6 +70,33 @@ class MaskReport:
     entropy: np.ndarray
     max_entropy: np.ndarray
     scale: float
+    layer_windows: tuple[int | None, ...] = ()
+
+    @property
+    def window_note(self) -> str:
+        """One sentence on the window: this layer's, or that this layer is global while others slide.
+
+        E.g. ``"This layer is global (full causal mask); layers 0–4, 6–10, 12–16 use a 512-key
+        window."`` (Gemma 3 layer 5), ``"No sliding window in this model."``.
+        """
+        from core.kv import format_ranges
+
+        by_w: dict[int, list[int]] = {}
+        for i, w in enumerate(self.layer_windows):
+            if w is not None:
+                by_w.setdefault(w, []).append(i)
+        others = "; ".join(f"layer{'s' if len(ls) > 1 else ''} {format_ranges(ls)} use a {w:,}-key window"
+                           for w, ls in sorted(by_w.items()))
+        if self.sliding_window is not None:
+            text = (f"Sliding window: {self.sliding_window:,} keys (j > i + S − L − W): a query sees itself and "
+                    f"the {self.sliding_window - 1:,} keys before it.")
+            glob = [i for i, w in enumerate(self.layer_windows) if w is None]
+            if glob:
+                text += f" Layer{'s' if len(glob) > 1 else ''} {format_ranges(glob)} {'are' if len(glob) > 1 else 'is'} global."
+            return text
+        if others:
+            return f"This layer is global (full causal mask); {others}."
+        return "No sliding window in this model."
 
     @property
     def formula(self) -> str:
@@ -126,4 +155,4 @@ def mask_report(session, layer: int, head: int, step: int | None = None, max_row
         max_h = np.log(np.maximum(n_allowed, 1)).astype(np.float32)
     return MaskReport(layer, head, step, kind, L, S, S - L, row_start, row_stop, window, allowed,
                       scores.astype(np.float32), w.astype(np.float32), entropy_nats(w), max_h,
-                      float(rec.scale))
+                      float(rec.scale), tuple(getattr(x, "sliding_window", None) for x in trace.layers))
