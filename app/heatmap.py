@@ -4,7 +4,9 @@ pyqtgraph MatrixDisplay pattern: a row-major ``ImageItem`` in a ``PlotItem`` wit
 the causal triangle sits below the diagonal with row 0 at the top; token labels as axis ticks,
 thinned by their measured width so they stay readable at any zoom; a ``ColorBarItem`` whose tick
 labels are the real weights whatever the colour scale (linear, log, power); a hover readout with
-the raw token, id, position and weight of both ends.
+the raw token, id, position and weight of both ends. Masked cells (a later key; a key outside the
+layer's sliding window, :meth:`HeatmapView.set_mask_window`) are drawn as a grey hatch outside the
+colour map, never as weight 0, and the line under the map says so.
 
 Long maps (more than :data:`core.aggregate.LONG_PROMPT` tokens) arrive as a max-pooled overview
 (:class:`core.aggregate.PooledMap`); when the visible region is small enough the view emits
@@ -47,6 +49,7 @@ RANGE_MODES = {
     "auto": "Auto (this map)",
     "shared": "Shared (heads of layer)",
 }
+MASK_HATCH = (150, 150, 150)  # masked cells: grey hatch on white, outside every colour map
 TILE_MAX = 768  # exact tiles are requested once the visible region is at most this many rows and cols
 LOG_FLOOR = 1e-6  # lowest weight the log scale shows (core.colormaps.normalize)
 
@@ -104,6 +107,21 @@ def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> 
             seen.add(key)
             out.append((pos, _fmt(v)))
     return out
+
+
+def stacked_label_pitch(fm: QFontMetrics, labels: list[str], neighbours: bool = True) -> float:
+    """Pixels between the centres of stacked (left-axis) labels so that no two of ``labels`` touch,
+    from the measured glyph boxes (not the font's line height, which holds space one label per row
+    does not need). ``neighbours``: ``labels`` are consecutive rows, so each label only has to clear
+    the next one (its descent plus the next one's ascent); otherwise any two may meet."""
+    boxes = [fm.tightBoundingRect(t) for t in labels] or [fm.tightBoundingRect("Ag")]
+    up = [max(0, -r.top()) for r in boxes]
+    down = [max(0, r.bottom()) for r in boxes]
+    if neighbours and len(boxes) > 1:
+        need = max(d + u for d, u in zip(down[:-1], up[1:], strict=True))
+    else:
+        need = max(up) + max(down)
+    return float(max(need, fm.capHeight()) + 1)
 
 
 class HeatmapView(QWidget):
@@ -176,10 +194,24 @@ class HeatmapView(QWidget):
         # one line of token labels under the map, whatever was (not) drawn before: a fixed text height
         bottom = self.plot.getAxis("bottom")
         bottom.setStyle(autoExpandTextSpace=False, tickTextHeight=QFontMetrics(bottom.font()).height() + 6)
+        for ax in ("left", "bottom"):  # _set_axis_ticks spaces the labels itself: pyqtgraph must not drop any
+            self.plot.getAxis(ax).setStyle(textFillLimits=[(0, 2.0)])
         self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120),
                                        anchor=(0.5, 0.5))
         self.placeholder.setPos(0.5, 0.5)
         self.plot.addItem(self.placeholder)
+        # masked cells (causal mask, outside a sliding window) are NaN in the image, so transparent:
+        # this hatch behind the map shows through them (set_mask_window / mask_window_provider)
+        self.mask_bg = pg.QtWidgets.QGraphicsRectItem()
+        hatch = pg.mkBrush(MASK_HATCH)
+        hatch.setStyle(Qt.BDiagPattern)
+        self.mask_bg.setBrush(hatch)
+        self.mask_bg.setPen(pg.mkPen(None))
+        self.mask_bg.setZValue(-1)
+        self.mask_bg.hide()
+        self.plot.addItem(self.mask_bg)
+        self.mask_window: int | None = None  # sliding window the shown map was masked with (None = causal only)
+        self.mask_window_provider = None  # optional callable () -> int | None, asked at each redraw
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
         self.tile_image = pg.ImageItem()
@@ -199,6 +231,7 @@ class HeatmapView(QWidget):
         self.colorbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=qt_colormap(), interactive=False,
                                         label="attention weight", width=16)
         self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
+        self.mask_legend = self.glw.addLabel("", row=1, col=0, color="#555", size="8pt")
         self.readout = QLabel()
         self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
         lay = QVBoxLayout(self)
@@ -296,15 +329,75 @@ class HeatmapView(QWidget):
         vmin, vmax = self.value_range()
         return normalize(data, vmin, vmax, self.scale, self.gamma).astype(np.float32)
 
+    # -- masked cells --------------------------------------------------------------------------
+    def set_mask_window(self, window: int | None) -> None:
+        """The sliding window (keys) the shown map was masked with, None for the causal mask only:
+        cells outside it are drawn as masked (hatched) rather than as weight 0."""
+        if window != self.mask_window:
+            self.mask_window = window
+            self._redraw()
+
+    def _current_window(self) -> int | None:
+        if self.mask_window_provider is not None:
+            try:
+                self.mask_window = self.mask_window_provider()
+            except Exception:  # noqa: BLE001 - a provider must never break drawing; fall back to causal only
+                self.mask_window = None
+        return self.mask_window
+
+    def masked(self, q_pos, k_pos) -> np.ndarray:
+        """``(len(q_pos), len(k_pos))`` bool: True where the mask hid the key from the query: a later
+        key (causal), or one at least ``W`` positions back (sliding window ``W``)."""
+        q = np.asarray(q_pos, dtype=np.int64)[:, None]
+        k = np.asarray(k_pos, dtype=np.int64)[None, :]
+        out = k > q
+        if self.mask_window is not None:
+            out |= k <= q - self.mask_window
+        return out
+
+    def _pooled_masked(self, pm) -> np.ndarray:
+        """Overview blocks whose every cell is masked (row block ``[a, b)``, col block ``[c, d)``)."""
+        re_, ce = np.asarray(pm.row_edges, dtype=np.int64), np.asarray(pm.col_edges, dtype=np.int64)
+        a, b = re_[:-1, None], re_[1:, None]
+        c, d = ce[None, :-1], ce[None, 1:]
+        out = c > b - 1  # every key after every query of the block
+        if self.mask_window is not None:
+            out |= d - 1 <= a - self.mask_window
+        return out
+
+    def _with_mask(self, img: np.ndarray, masked: np.ndarray | None) -> np.ndarray:
+        if masked is not None and masked.shape == img.shape and masked.any():
+            img = img.copy()
+            img[masked] = np.nan  # transparent: the hatch behind shows
+        return img
+
+    def _update_mask_legend(self, any_masked: bool) -> None:
+        if not any_masked:
+            self.mask_legend.setText("")
+            return
+        what = "causal mask" + (f", outside the {self.mask_window:,}-key sliding window" if self.mask_window else "")
+        self.mask_legend.setText(f"▨ hatched grey: masked ({what}), not a weight of 0")
+
     def _redraw(self) -> None:
         vmin, vmax = self.value_range()
         self.colorbar.axis.setTicks([colorbar_ticks(vmin, vmax, self.scale, self.gamma), []])
         self.colorbar.setLevels((0.0, 1.0))
         src = self.weights if self.pooled is None else self.pooled.image
+        self._current_window()
+        any_masked = False
         if src is not None:
-            self.image.setImage(self._norm(src), autoLevels=False, levels=(0.0, 1.0))
+            if self.pooled is None:
+                m = self.masked([t.position for t in self.q_tokens], [t.position for t in self.k_tokens]) \
+                    if len(self.q_tokens) == src.shape[0] and len(self.k_tokens) == src.shape[1] else None
+            else:
+                m = self._pooled_masked(self.pooled)
+            any_masked = m is not None and bool(m.any())
+            self.image.setImage(self._with_mask(self._norm(src), m), autoLevels=False, levels=(0.0, 1.0))
         if self.tile is not None:
-            self.tile_image.setImage(self._norm(self.tile[0]), autoLevels=False, levels=(0.0, 1.0))
+            t, r0, c0 = self.tile
+            m = self.masked(np.arange(r0, r0 + t.shape[0]), np.arange(c0, c0 + t.shape[1]))
+            self.tile_image.setImage(self._with_mask(self._norm(t), m), autoLevels=False, levels=(0.0, 1.0))
+        self._update_mask_legend(any_masked)
         rng = "fixed" if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None) else self.range_mode
         self.mode_label.setText(f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
                                 + (f" γ={self.gamma:g}" if self.scale == "power" else "")
@@ -345,6 +438,8 @@ class HeatmapView(QWidget):
         self._redraw()
         # after setImage: ImageItem.setRect scales by the image's current shape
         self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
+        self.mask_bg.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
+        self.mask_bg.show()
         self.plot.setTitle(title, color="k")
         self.readout.setText("Hover a cell to read query → key: weight. Click a row to shade the text by it.")
         if reset_view:
@@ -367,6 +462,8 @@ class HeatmapView(QWidget):
         self.shared_max = shared_max
         self._redraw()
         self.image.setRect(0, 0, pooled.n, pooled.n)  # after setImage (see set_weights)
+        self.mask_bg.setRect(0, 0, pooled.n, pooled.n)
+        self.mask_bg.show()
         self._overview_title = title
         self.plot.setTitle(title, color="k")
         r, c = pooled.image.shape
@@ -383,7 +480,8 @@ class HeatmapView(QWidget):
             return
         self.tile = (np.asarray(tile, dtype=np.float32), int(r0), int(c0))
         nr, nc = self.tile[0].shape
-        self.tile_image.setImage(self._norm(self.tile[0]), autoLevels=False, levels=(0.0, 1.0))
+        m = self.masked(np.arange(r0, r0 + nr), np.arange(c0, c0 + nc))
+        self.tile_image.setImage(self._with_mask(self._norm(self.tile[0]), m), autoLevels=False, levels=(0.0, 1.0))
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
@@ -398,6 +496,8 @@ class HeatmapView(QWidget):
         self.tile_image.clear()
         self.tile_frame.hide()
         self.row_frame.hide()
+        self.mask_bg.hide()
+        self.mask_legend.setText("")
         for ax in ("left", "bottom"):
             self.plot.getAxis(ax).setTicks([[], []])  # token labels once there is a map (_update_ticks)
         self.plot.setTitle("")
@@ -462,11 +562,14 @@ class HeatmapView(QWidget):
             ax.setTicks([[], []])
             return
         fm = QFontMetrics(ax.style["tickFont"] or ax.font())
+        sample = range(first, last, max(1, (last - first) // 200))  # bounded work on long maps
         if horizontal:
-            sample = range(first, last, max(1, (last - first) // 200))  # bounded work on long maps
-            need = float(np.percentile([fm.horizontalAdvance(token_label(tokens[i])) for i in sample], 75)) + 10
+            need = float(np.percentile([fm.horizontalAdvance(token_label(tokens[i])) for i in sample], 75)) + 6
         else:
-            need = fm.height() + 2
+            labels = [token_label(tokens[i]) for i in range(first, min(last, first + 400))]
+            need = stacked_label_pitch(fm, labels, neighbours=True)  # every row labelled if this fits
+            if need > px_per_cell:  # a subset: any two labels may then meet
+                need = stacked_label_pitch(fm, [token_label(tokens[i]) for i in sample], neighbours=False)
         stride = max(1, math.ceil(need / max(px_per_cell, 1e-9)))
         first -= first % stride  # labels sit on multiples of the stride: they stay put while panning
         ticks, right = [], -math.inf
@@ -504,6 +607,8 @@ class HeatmapView(QWidget):
         val = f"{v:.4f}" if exact else f"≤ {v:.4f} (block max; zoom in for the exact weight)"
         if k.position > q.position:
             val = "0 (masked: a later key, the causal mask hides it)"
+        elif self.mask_window is not None and k.position <= q.position - self.mask_window:
+            val = f"0 (masked: {q.position - k.position} keys back, outside the {self.mask_window}-key sliding window)"
         return (f"query {q.text!r} #{q.position} (id {q.id}, raw {q.raw!r})  →  key {k.text!r} #{k.position} "
                 f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}")
 
@@ -537,3 +642,4 @@ class HeatmapView(QWidget):
             return
         self.row_frame.setRect(self.k_offset, row, self.n_cols, 1)
         self.row_frame.show()
+

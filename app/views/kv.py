@@ -6,18 +6,29 @@
 * Growth: measured totals at every sequence length this panel has seen (prefill, each step)
   on the formula's line; and the projection of the same model under MHA / GQA / MQA up to the
   model's maximum context.
-* Calculator: any configuration (layers, query heads, KV heads, head_dim, tokens, dtype, batch)
-  through :mod:`core.kv`; the "Llama-2-70B" preset reproduces the handbook's table (80 layers,
-  head_dim 128, 8192 tokens, bf16: MHA 21.5 GB, GQA-8 2.7 GB, MQA 0.34 GB).
+* Calculator: any configuration (layers, query heads, KV heads, head_dim, tokens, dtype, batch,
+  sliding window and the layers that have it) through :mod:`core.kv`; the "Llama-2-70B" preset
+  reproduces the handbook's table (80 layers, head_dim 128, 8192 tokens, bf16: MHA 21.5 GB,
+  GQA-8 2.7 GB, MQA 0.34 GB).
+
+Sliding windows (Gemma 3, Mistral, Qwen2 with windows): the model's cache needs only
+``min(seq_len, W_l)`` tokens in a windowed layer; AttnScope keeps every key of every layer so that
+every early row stays inspectable. Both figures are shown wherever they differ: the model's need
+is the headline, the formula, the scheme comparison and the projection; the measured tensors are
+what AttnScope keeps.
+
+The plots do not zoom with the mouse wheel (it scrolls the page) and their ranges start at 0.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QAbstractScrollArea,
+    QApplication,
     QComboBox,
     QFormLayout,
     QGridLayout,
@@ -34,18 +45,66 @@ from PySide6.QtWidgets import (
 
 from app.views.sinks import style_plot
 from app.views.state import SavedControls
-from core.kv import KVConfig, compare_schemes, format_bytes
+from core.kv import KVConfig, compare_schemes, format_bytes, windows_from_spec, windows_spec
 from core.kv_live import KVLive
 
 SCHEME_COLOURS = {"MHA": "#c0392b", "GQA": "#2e86c1", "MQA": "#27ae60", "MLA": "#8e44ad"}
 CALC_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRESETS = {
-    # name: (layers, query heads, KV heads, head_dim, tokens, dtype, batch)
+    # name: (layers, query heads, KV heads, head_dim, tokens, dtype, batch[, window, sliding layers])
     "Llama-2-70B, 8192 tokens (handbook §7)": (80, 64, 8, 128, 8192, "bf16", 1),
     "Llama-3-8B, 8192 tokens": (32, 32, 8, 128, 8192, "bf16", 1),
     "Mistral-7B, 32768 tokens": (32, 32, 8, 128, 32768, "bf16", 1),
+    "Mistral-7B-v0.1, window 4096, 32768 tokens": (32, 32, 8, 128, 32768, "bf16", 1, 4096, "all"),
+    "Gemma-3-270M, window 512 (5:1), 32768 tokens": (18, 4, 1, 256, 32768, "bf16", 1, 512, "5:1"),
 }
 MB = 1e6
+KEPT_COLOUR = "#b9c7d6"  # what AttnScope keeps (every key), behind what the model needs
+NEED_COLOUR = "#2e86c1"
+
+
+class WheelToPage(QObject):
+    """Event filter for a plot's viewport: the mouse wheel scrolls the scroll area the plot sits in
+    (the tab's page) instead of zooming the plot."""
+
+    def __init__(self, plot: QAbstractScrollArea):
+        super().__init__(plot)
+        self.plot = plot
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() != QEvent.Wheel:
+            return False
+        w = self.plot.parentWidget()
+        while w is not None and not isinstance(w, QAbstractScrollArea):
+            w = w.parentWidget()
+        if w is not None:
+            d = event.angleDelta()
+            QApplication.sendEvent(w.horizontalScrollBar() if abs(d.x()) > abs(d.y()) else w.verticalScrollBar(), event)
+        return True  # never to the plot
+
+
+def freeze_plot(plot: pg.PlotWidget, x_min: float = 0.0) -> None:
+    """No mouse zoom or pan (the wheel scrolls the page: :class:`WheelToPage`) and ranges that never
+    go below ``x_min`` / 0."""
+    vb = plot.getPlotItem().getViewBox()
+    vb.setMouseEnabled(x=False, y=False)
+    vb.setLimits(xMin=x_min, yMin=0.0)
+    plot.getPlotItem().hideButtons()
+    plot.getPlotItem().setMenuEnabled(False)
+    plot.viewport().installEventFilter(WheelToPage(plot))
+
+
+def layer_formula(cfg: KVConfig, seq_len: int) -> str:
+    """The per-layer sum with this run's numbers: ``"2 × 1 × 256 × (3 × 1,252 + 15 × 512) × 4 B"``."""
+    elem = cfg.token_layer_bytes // max(1, cfg.elements_per_token_per_layer * cfg.batch)
+    head = f"2 × {cfg.n_kv_heads} × {cfg.head_dim}"
+    if cfg.windows is None:
+        return f"{head} × {cfg.n_layers} layers × {seq_len:,} × {elem} B"
+    counts: dict[int, int] = {}
+    for t in cfg.layer_tokens(seq_len):
+        counts[int(t)] = counts.get(int(t), 0) + 1
+    terms = " + ".join(f"{c} × {t:,}" for t, c in sorted(counts.items(), reverse=True))
+    return f"{head} × ({terms}) × {elem} B"
 
 
 def unit_for(max_bytes: float, at_least: float = 2.0) -> tuple[str, float]:
@@ -98,8 +157,15 @@ def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context:
         for i, row in enumerate(rows):
             it = _item(f"{fmt3(row.total_bytes / size)} {unit}")
             cfg = row.config
-            it.setToolTip(f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × {cfg.n_layers} "
-                          f"layers × {row.seq_len:,} tokens × batch {cfg.batch} × {cfg.dtype}")
+            if cfg.windows is None:
+                it.setToolTip(f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × {cfg.n_layers} "
+                              f"layers × {row.seq_len:,} tokens × batch {cfg.batch} × {cfg.dtype}")
+            else:
+                kept = cfg.without_windows().total_bytes(row.seq_len)
+                it.setToolTip(f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × "
+                              f"{int(cfg.layer_tokens(row.seq_len).sum()):,} layer-tokens (Σ min({row.seq_len:,}, W) "
+                              f"over {cfg.n_layers} layers) × batch {cfg.batch} × {cfg.dtype}; "
+                              f"every key kept: {kept:,} bytes")
             table.setItem(i, c, it)
     for i, r in enumerate(rows_now):
         table.setItem(i, 0, _item(r.label + (f"  ({given})" if r.is_given else ""), Qt.AlignLeft | Qt.AlignVCenter))
@@ -116,7 +182,7 @@ class KVView(QWidget, SavedControls):
     """The KV cache tab."""
 
     STATE_CONTROLS = ("preset_combo", "calc_layers", "calc_heads", "calc_kv", "calc_dim", "calc_tokens",
-                      "calc_batch", "calc_dtype")  # saved in session files
+                      "calc_batch", "calc_dtype", "calc_window", "calc_sliding")  # saved in session files
 
     def __init__(self, main, parent: QWidget | None = None):
         super().__init__(parent)
@@ -138,8 +204,11 @@ class KVView(QWidget, SavedControls):
         pi.setLabel("bottom", "layer")
         pi.setLabel("left", "K + V (kB)")
         pi.showGrid(y=True, alpha=0.25)
-        self.layer_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#2e86c1")
+        self.kept_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KEPT_COLOUR)  # AttnScope keeps
+        self.layer_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=NEED_COLOUR)  # the model needs
+        pi.addItem(self.kept_bars)
         pi.addItem(self.layer_bars)
+        freeze_plot(self.layer_plot, x_min=-1.0)
         lb.addWidget(self.layer_plot, 1)
 
         # growth with seq_len (this run)
@@ -152,8 +221,10 @@ class KVView(QWidget, SavedControls):
         gp.showGrid(x=True, y=True, alpha=0.25)
         gp.addLegend(offset=(10, 10), labelTextColor="#222")
         self.formula_curve = gp.plot([], [], pen=pg.mkPen("#2e86c1", width=2), name="formula (this model)")
+        self.need_curve = gp.plot([], [], pen=pg.mkPen("#1e8449", width=2, style=Qt.DashLine))  # windows
         self.measured_points = gp.plot([], [], pen=None, symbol="o", symbolSize=8, symbolBrush="#e67e22",
                                        symbolPen="#7f3f00", name="measured after prefill / step")
+        freeze_plot(self.growth_plot)
 
         # projection to max context, MHA / GQA / MQA
         self.proj_plot = pg.PlotWidget(background="w")
@@ -168,6 +239,8 @@ class KVView(QWidget, SavedControls):
         self.now_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#e67e22", width=1, style=Qt.DashLine),
                                         label="now", labelOpts={"position": 0.55, "color": "#a04000"})
         pp.addItem(self.now_line)
+        self.kept_curve: pg.PlotDataItem | None = None  # AttnScope keeps (windowed models only)
+        freeze_plot(self.proj_plot)
 
         self.scheme_table = QTableWidget()
         self.scheme_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
@@ -193,10 +266,20 @@ class KVView(QWidget, SavedControls):
         self.calc_batch = self._spin(1, 100_000, 1, "Sequences in the batch")
         self.calc_dtype = QComboBox()
         self.calc_dtype.addItems(CALC_DTYPES)
+        self.calc_window = self._spin(0, 100_000_000, 0, "Sliding window in keys (0 = none): a windowed layer "
+                                      "caches min(tokens, window) tokens")
+        self.calc_window.setSpecialValueText("none")
+        self.calc_sliding = QComboBox()
+        self.calc_sliding.setEditable(True)
+        self.calc_sliding.addItems(["all", "5:1", "3:1", "1:1"])
+        self.calc_sliding.setToolTip("Layers with the window: all; S:G = S sliding layers then G global ones, "
+                                     "repeated (Gemma 3: 5:1); or a list of layers such as 0-4,6-10")
+        self.calc_sliding.setMinimumContentsLength(6)
+        self.calc_sliding.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         grid = QGridLayout()
         pairs = [("Layers", self.calc_layers), ("Query heads", self.calc_heads), ("KV heads", self.calc_kv),
                  ("head_dim", self.calc_dim), ("Tokens", self.calc_tokens), ("Batch", self.calc_batch),
-                 ("dtype", self.calc_dtype)]
+                 ("dtype", self.calc_dtype), ("Window", self.calc_window), ("Sliding layers", self.calc_sliding)]
         for i, (text, w) in enumerate(pairs):
             grid.addWidget(QLabel(text), i // 3, 2 * (i % 3), Qt.AlignRight)
             grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
@@ -219,10 +302,13 @@ class KVView(QWidget, SavedControls):
         schemes = QGroupBox("This model under MHA / GQA / MQA")
         sl = QVBoxLayout(schemes)
         sl.addWidget(self.scheme_table)
-        note = QLabel("Layers, query heads, head_dim and dtype kept; only the KV heads change. "
+        note = QLabel("Layers, query heads, head_dim, dtype and sliding windows kept; only the KV heads change. "
                       "Live: the bytes of the K and V tensors the session's cache holds now. For a plain cache they "
-                      "equal 2 × layers × KV heads × head_dim × seq_len × bytes per element. The cache grows "
-                      "linearly with the context: the projection is that line up to the model's maximum context. "
+                      "equal 2 × layers × KV heads × head_dim × seq_len × bytes per element. A layer with a "
+                      "sliding window of W keys needs only min(seq_len, W) of them: the model's cache (and this "
+                      "table) counts that; AttnScope still keeps every key so that every early row can be "
+                      "inspected. The cache grows linearly with the context (past the windows, only the global "
+                      "layers grow): the projection follows it to the model's maximum context. "
                       "Hover a size for its exact bytes.")
         note.setWordWrap(True)
         note.setStyleSheet("color:#555;")
@@ -237,9 +323,11 @@ class KVView(QWidget, SavedControls):
         lay.addLayout(bottom)
 
         self.preset_combo.currentIndexChanged.connect(self._on_preset)
-        for w in (self.calc_layers, self.calc_heads, self.calc_kv, self.calc_dim, self.calc_tokens, self.calc_batch):
+        for w in (self.calc_layers, self.calc_heads, self.calc_kv, self.calc_dim, self.calc_tokens, self.calc_batch,
+                  self.calc_window):
             w.valueChanged.connect(lambda _v: self.recalculate())
         self.calc_dtype.currentIndexChanged.connect(lambda _i: self.recalculate())
+        self.calc_sliding.currentTextChanged.connect(lambda _t: self.recalculate())
         self.preset_combo.setCurrentIndex(1)  # the handbook's table, until a model is loaded
         self._on_preset()
 
@@ -259,7 +347,13 @@ class KVView(QWidget, SavedControls):
             self._run_key = key
             self.history = {}
         self.history = {n: b for n, b in self.history.items() if n <= snap.seq_len}
+        self.update_status()  # the model's windows are known from the last measurement of this model
         if snap.seq_len > 0:  # cheap: sizes of the cache tensors
+            self.main.engine.submit("kv", _kv_job, self.set_live, label="KV cache")
+
+    def on_model_loaded(self) -> None:
+        """Measure the new model's (empty) cache: its windows feed the status bar from the first run."""
+        if self.main.snapshot is not None:
             self.main.engine.submit("kv", _kv_job, self.set_live, label="KV cache")
 
     def refresh(self) -> None:
@@ -269,70 +363,147 @@ class KVView(QWidget, SavedControls):
     # -- live ----------------------------------------------------------------------------------------
     def set_live(self, live: KVLive) -> None:
         """Show a measurement (GUI thread)."""
-        first = self.live is None or self.live.config.name != live.config.name
+        first = self.live is None or self.live.config != live.config
         self.live = live
         if live.seq_len > 0:
             self.history[live.seq_len] = live.total_bytes
-        cfg = live.config
+        cfg, kept = live.config, live.kept_config
+        T = live.seq_len
         ok = live.total_bytes == live.formula_bytes
-        elem = cfg.bytes_per_token // max(1, 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim)
-        self.live_label.setText(
-            f"<b>{format_bytes(live.total_bytes)}</b> ({live.total_bytes:,} bytes) at seq_len {live.seq_len:,}<br>"
-            f"formula 2 × {cfg.n_layers} × {cfg.n_kv_heads} × {cfg.head_dim} × {live.seq_len:,} × {elem} B "
-            f"({cfg.dtype}) = {live.formula_bytes:,} "
-            + ("<span style='color:#1e8449'>✓ equal</span>" if ok else "<span style='color:#b02a2a'>≠ measured</span>")
-            + f"<br>{format_bytes(cfg.bytes_per_token)} per token · "
-            f"{format_bytes(int(live.layer_bytes.max()) if len(live.layer_bytes) else 0)} per layer")
+        check = ("<span style='color:#1e8449'>✓ equal</span>" if ok else "<span style='color:#b02a2a'>≠ measured</span>")
+        if live.windowed:
+            self.live_label.setText(
+                f"<b>Model needs {format_bytes(live.model_bytes)}</b> ({live.model_bytes:,} B) at seq_len {T:,}<br>"
+                f"= {layer_formula(cfg, T)} ({cfg.dtype})<br>"
+                f"<b>AttnScope keeps {format_bytes(live.total_bytes)}</b> ({live.total_bytes:,} B measured) "
+                f"= {layer_formula(kept, T)} {check}<br>"
+                f"{format_bytes(cfg.bytes_per_token)} per token until the windows fill, then "
+                f"{format_bytes(cfg.steady_bytes_per_token)}")
+            self.live_label.setToolTip(
+                f"{cfg.describe_windows()}: those layers attend to the last W keys only, so the model's cache "
+                f"needs min(seq_len, W) tokens there.\nAttnScope keeps every key of every layer, so that every "
+                f"early row stays inspectable (the Mask and Heatmap tabs show the whole prompt).")
+        else:
+            self.live_label.setText(
+                f"<b>{format_bytes(live.total_bytes)}</b> ({live.total_bytes:,} bytes) at seq_len {T:,}<br>"
+                f"formula {layer_formula(cfg, T)} ({cfg.dtype}) = {live.formula_bytes:,} {check}"
+                f"<br>{format_bytes(cfg.bytes_per_token)} per token · "
+                f"{format_bytes(int(live.layer_bytes.max()) if len(live.layer_bytes) else 0)} per layer")
+            self.live_label.setToolTip("")
+        self.update_status()
+        hm = getattr(self.main, "heatmap", None)
+        if hm is not None and hasattr(hm, "set_mask_window"):
+            hm.set_mask_window(self.heatmap_window())  # the windows may be new: redraw the masked cells
         n = len(live.layer_bytes)
+        need = cfg.layer_bytes(T).astype(float) if n == cfg.n_layers else live.layer_bytes.astype(float)
         lmax = float(live.layer_bytes.max()) if n else 0.0
         lu, ls = unit_for(lmax)
-        self.layer_bars.setOpts(x=np.arange(n), height=live.layer_bytes.astype(float) / ls, width=0.8)
+        self.kept_bars.setOpts(x=np.arange(n), height=live.layer_bytes.astype(float) / ls, width=0.8)
+        self.layer_bars.setOpts(x=np.arange(n), height=need / ls, width=0.8 if not live.windowed else 0.5)
         lp = self.layer_plot.getPlotItem()
-        lp.setTitle(f"per layer ({n} layers)", color="#222", size="9pt")
+        lp.setTitle(f"per layer ({n})" + (": needs blue, kept grey" if live.windowed else ""),
+                    color="#222", size="9pt")
         lp.setLabel("left", f"K + V ({lu})")
         lp.setXRange(-0.8, n - 0.2, padding=0)
         lp.setYRange(0, max(lmax / ls * 1.1, 1e-9), padding=0)
 
-        # this run: measured points on the formula line
-        T = max(live.seq_len, max(self.history, default=0), 1)
-        xs = np.array([0, int(T * 1.15) + 1], dtype=np.int64)
-        gy = cfg.project(xs)
+        # this run: measured points on the formula line (what AttnScope keeps), and the model's need
+        top = max(T, max(self.history, default=0), 1)
+        xs = np.array([0, int(top * 1.15) + 1], dtype=np.int64)
+        gy = kept.project(xs)
         gu, gs = unit_for(float(gy[-1]))
         self.formula_curve.setData(xs, gy / gs)
+        gp = self.growth_plot.getPlotItem()
+        if live.windowed:
+            bx = cfg.breakpoints(int(xs[-1]))
+            self.need_curve.setData(bx, cfg.project(bx) / gs)
+        else:
+            self.need_curve.setData([], [])
+        legend = gp.legend
+        legend.removeItem(self.formula_curve)
+        legend.removeItem(self.need_curve)
+        legend.addItem(self.formula_curve, "formula: AttnScope keeps (every key)" if live.windowed else "formula (this model)")
+        if live.windowed:
+            legend.addItem(self.need_curve, "the model needs (windows)")
         pts = sorted(self.history.items())
         self.measured_points.setData([p[0] for p in pts], [p[1] / gs for p in pts])
-        self.growth_plot.getPlotItem().setLabel("left", f"KV cache ({gu})")
+        gp.setLabel("left", f"KV cache ({gu})")
+        gp.setXRange(0, int(xs[-1]), padding=0.02)
+        gp.setYRange(0, float(gy[-1]) / gs, padding=0.05)
 
-        # projection: MHA / GQA / MQA to max context
-        max_ctx = live.max_context or max(live.seq_len, 1)
+        # projection: MHA / GQA / MQA to max context (what the model needs), and what AttnScope keeps
+        max_ctx = live.max_context or max(T, 1)
         pp = self.proj_plot.getPlotItem()
-        xs = np.array([0, max_ctx], dtype=np.int64)
-        pu, ps = unit_for(float(max(r.total_bytes for r in live.schemes_max)))
+        xs = cfg.breakpoints(max_ctx)
+        top_bytes = max(max(r.total_bytes for r in live.schemes_max), kept.total_bytes(max_ctx))
+        pu, ps = unit_for(float(top_bytes))
         pp.setLabel("left", f"KV cache ({pu})")
+        if first:
+            for curve in list(self.proj_curves.values()) + ([self.kept_curve] if self.kept_curve is not None else []):
+                pp.removeItem(curve)
+                pp.legend.removeItem(curve)
+            self.proj_curves, self.kept_curve = {}, None
         for r in live.schemes_max:
             name = f"{r.label} ({r.config.n_kv_heads} KV heads)" + (" · this model" if r.is_given else "")
             curve = self.proj_curves.get(r.scheme)
             pen = pg.mkPen(SCHEME_COLOURS.get(r.scheme, "#555"), width=3 if r.is_given else 1.5,
                            style=Qt.SolidLine if r.is_given else Qt.DashLine)
-            if curve is None or first:
-                if curve is not None:
-                    pp.removeItem(curve)
-                    pp.legend.removeItem(curve)
+            if curve is None:
                 curve = pp.plot([], [], pen=pen, name=name)
                 self.proj_curves[r.scheme] = curve
             curve.setData(xs, r.config.project(xs) / ps)
-        self.now_line.setValue(live.seq_len)
+        if live.windowed:
+            if self.kept_curve is None:
+                self.kept_curve = pp.plot([], [], pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.DotLine),
+                                          name="AttnScope keeps (every key, this model)")
+            kx = np.array([0, max_ctx], dtype=np.int64)
+            self.kept_curve.setData(kx, kept.project(kx) / ps)
+        self.now_line.setValue(T)
         pp.setXRange(0, max_ctx, padding=0.02)
+        pp.setYRange(0, top_bytes / ps, padding=0.05)
         pp.setTitle(f"Projection to max context ({max_ctx:,} tokens)", color="#222", size="10pt")
         fill_scheme_table(self.scheme_table, live.schemes_now, live.schemes_max, max_ctx)
         if first and self.preset_combo.currentData() is None:
             self._on_preset()
 
+    def heatmap_window(self) -> int | None:
+        """The sliding window of the heatmap's current map (None: causal only, or not known yet)."""
+        key, snap, live = getattr(self.main, "map_key", None), self.main.snapshot, self.live
+        if key is None or snap is None or live is None or live.config.name != snap.info.name:
+            return None
+        layer, _head, mode, _n = key
+        return map_window(live.config.windows, layer, mode)
+
+    def update_status(self) -> None:
+        """The status bar's KV figure: what the model needs, and (if more) what AttnScope keeps."""
+        live, snap = self.live, self.main.snapshot
+        label = getattr(self.main, "kv_label", None)
+        if live is None or snap is None or label is None or live.config.name != snap.info.name:
+            return
+        cfg = live.config
+        T = snap.seq_len
+        need, kept = cfg.total_bytes(T), cfg.without_windows().total_bytes(T)
+        if cfg.windows is None:
+            label.setText(f"KV cache {format_bytes(need)} ({need:,} bytes)")
+            label.setToolTip(f"{layer_formula(cfg, T)} ({cfg.dtype}) = {need:,} bytes")
+            return
+        label.setText(f"KV cache {format_bytes(need)} (model) · {format_bytes(kept)} kept")
+        label.setToolTip(f"The model needs {need:,} bytes: {layer_formula(cfg, T)} ({cfg.dtype}); "
+                         f"{cfg.describe_windows()}.\nAttnScope keeps every key of every layer, so that every "
+                         f"early row stays inspectable: {layer_formula(cfg.without_windows(), T)} = {kept:,} bytes")
+
     # -- calculator ---------------------------------------------------------------------------------------
+    def calc_windows(self) -> tuple[int | None, ...] | None:
+        """Per-layer windows of the calculator (None without a window). Raises ValueError on a bad layer list."""
+        return windows_from_spec(self.calc_window.value() or None, self.calc_sliding.currentText(),
+                                 self.calc_layers.value())
+
     def calc_config(self) -> KVConfig:
+        """The calculator's configuration. Raises ValueError on a bad sliding-layer list."""
         return KVConfig(n_layers=self.calc_layers.value(), n_kv_heads=self.calc_kv.value(),
                         head_dim=self.calc_dim.value(), n_heads=self.calc_heads.value(),
-                        dtype=self.calc_dtype.currentText(), batch=self.calc_batch.value())
+                        dtype=self.calc_dtype.currentText(), batch=self.calc_batch.value(),
+                        windows=self.calc_windows())
 
     def _on_preset(self) -> None:
         name = self.preset_combo.currentData()
@@ -341,37 +512,51 @@ class KVView(QWidget, SavedControls):
             if info is None:
                 return
             dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(str(info.dtype), "bf16")
+            ws = self.live.config.windows if self.live is not None and self.live.config.name == info.name else None
+            window = max((w for w in ws or () if w is not None), default=0)
             values = (info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim,
-                      int(info.max_context or 4096), dtype, 1)
+                      int(info.max_context or 4096), dtype, 1, window, windows_spec(ws) if ws else "all")
         else:
             values = PRESETS[name]
+        values = tuple(values) + (0, "all")[len(values) - 7:]  # presets without a window
         widgets = (self.calc_layers, self.calc_heads, self.calc_kv, self.calc_dim, self.calc_tokens)
         for w, v in zip(widgets, values[:5], strict=True):
             w.blockSignals(True)
             w.setValue(int(v))
             w.blockSignals(False)
-        self.calc_dtype.blockSignals(True)
-        self.calc_dtype.setCurrentText(values[5])
-        self.calc_dtype.blockSignals(False)
-        self.calc_batch.blockSignals(True)
-        self.calc_batch.setValue(values[6])
-        self.calc_batch.blockSignals(False)
+        for w, setter, v in ((self.calc_dtype, "setCurrentText", values[5]), (self.calc_batch, "setValue", values[6]),
+                             (self.calc_window, "setValue", values[7]), (self.calc_sliding, "setCurrentText", values[8])):
+            w.blockSignals(True)
+            getattr(w, setter)(v)
+            w.blockSignals(False)
         self.recalculate()
+
+    def _calc_error(self, text: str) -> None:
+        self.calc_result.setText(text)
+        self.calc_result.setStyleSheet("font-weight:bold; color:#b02a2a;")
+        self.calc_table.setRowCount(0)
 
     def recalculate(self) -> None:
         """Update the calculator's result and its MHA / GQA / MQA table."""
         heads, kv = self.calc_heads.value(), self.calc_kv.value()
         if heads % kv:
-            self.calc_result.setText(f"query heads ({heads}) must be a multiple of KV heads ({kv})")
-            self.calc_result.setStyleSheet("font-weight:bold; color:#b02a2a;")
-            self.calc_table.setRowCount(0)
+            self._calc_error(f"query heads ({heads}) must be a multiple of KV heads ({kv})")
+            return
+        try:
+            cfg = self.calc_config()
+        except ValueError as e:
+            self._calc_error(str(e))
             return
         self.calc_result.setStyleSheet("font-weight:bold;")
-        cfg = self.calc_config()
         T = self.calc_tokens.value()
         total = cfg.total_bytes(T)
-        self.calc_result.setText(f"KV cache: {format_bytes(total)}  ({total:,} bytes) · "
-                                 f"{format_bytes(cfg.bytes_per_token)} per token · {cfg.scheme}")
+        text = (f"KV cache: {format_bytes(total)}  ({total:,} bytes) · "
+                f"{format_bytes(cfg.bytes_per_token)} per token · {cfg.scheme}")
+        if cfg.windows is not None:
+            kept = cfg.without_windows().total_bytes(T)
+            text += f"<br><span style='font-weight:normal'>{cfg.describe_windows()}; every key kept: " \
+                    f"{format_bytes(kept)} ({kept:,} bytes)</span>"
+        self.calc_result.setText(text)
         rows = compare_schemes(cfg, T, gqa_kv_heads=kv if 1 < kv < heads else None)
         fill_scheme_table(self.calc_table, rows, given="your config")
 
@@ -383,8 +568,23 @@ class KVView(QWidget, SavedControls):
                 for r in compare_schemes(cfg, self.calc_tokens.value(), gqa_kv_heads=kv if 1 < kv < heads else None)]
 
 
+def map_window(windows, layer: int, mode: str) -> int | None:
+    """The sliding window a heatmap map was masked with: its layer's (one head, a KV group, a layer);
+    for the mean of all layers a cell is masked only where every layer masks it, so the largest
+    window, or None (causal only) when some layer is global."""
+    if not windows:
+        return None
+    if mode == "all":
+        return None if any(w is None for w in windows) else max(windows)
+    return windows[layer] if 0 <= layer < len(windows) else None
+
+
 def install_view(window) -> KVView:
-    """Create the KV cache tab and register it with ``window.add_view("kv", ...)``."""
+    """Create the KV cache tab and register it with ``window.add_view("kv", ...)``; the heatmap asks it
+    for the sliding window of the map it shows, to draw the cells outside it as masked."""
     view = KVView(window)
     window.add_view("kv", "KV cache", view)
+    hm = getattr(window, "heatmap", None)
+    if hm is not None and hasattr(hm, "set_mask_window"):
+        hm.mask_window_provider = view.heatmap_window
     return view

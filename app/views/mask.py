@@ -137,8 +137,7 @@ class MaskView(QWidget):
             why = "L = S, so the offset is 0: the ordinary lower triangle, query i sees keys 0..i."
             if n_rows < r.L:
                 why += f" Showing the last {n_rows} of {r.L} rows (they see the most keys)."
-        window = (f"Sliding window: {r.sliding_window} keys (j &gt; i + S − L − W)." if r.sliding_window
-                  else "No sliding window in this model.")
+        window = r.window_note.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         self.header.setText(
             f"Layer {r.layer} · query head {r.head} (reads KV head {r.head // g}) · {what}.<br>"
             f"<tt>{r.formula.replace('<', '&lt;')}</tt><br>{why} {window} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -152,6 +152,9 @@ class RolesView(QWidget, SavedControls):
         self.table.cellClicked.connect(self._on_clicked)
         self.table.cellDoubleClicked.connect(self._on_activated)
         self.table.cellActivated.connect(self._on_activated)
+        # a sort the user asks for shows the top of the new order (Qt keeps the scroll offset, so the
+        # best-scoring heads would sit out of view); after the table's own sort, hence the 0 ms timer
+        self.table.horizontalHeader().sectionClicked.connect(lambda _c: QTimer.singleShot(0, self.table.scrollToTop))
 
     # -- hooks -------------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
