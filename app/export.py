@@ -598,9 +598,23 @@ class ExportController:
             return None
 
         def job(ctx):
+            from core.errors import Cancelled
+
             old = ctx.session
-            s, warnings = sessionfile.replay(sf, session=old, device=self.win.device, progress=ctx.progress,
-                                             cancelled=ctx.cancelled)
+            reused = old is not None and sessionfile.same_model(old, sf)
+
+            def progress(message, fraction):
+                if ctx.cancelled():
+                    raise Cancelled("opening the session cancelled")
+                ctx.progress(message, fraction)
+
+            try:
+                s, warnings = sessionfile.replay(sf, session=old, device=self.win.device, progress=progress,
+                                                 cancelled=ctx.cancelled)
+            except Exception:
+                if reused and old.seq_len:  # replayed part-way into the running session: never half a replay
+                    old.clear()
+                raise
             ctx.session = s
             return s.snapshot(), warnings, s is not old
 
@@ -611,8 +625,7 @@ class ExportController:
                 win._on_loaded(snap)
             win.prompt_edit.setPlainText(sf.prompt)
             win.chat_check.setChecked(sf.chat_template)
-            if hasattr(win, "decode_panel") and hasattr(win.decode_panel, "set_sampling"):
-                win.decode_panel.set_sampling(sf.sampling)
+            win.decode_panel.set_sampling(sf.sampling)  # what the replayed session samples with
             win._on_ran(snap)
             self.restore_view(sf.view)
             self.last_warnings = list(warnings)
@@ -621,8 +634,18 @@ class ExportController:
             if warnings:
                 win.show_error("; ".join(warnings))
 
-        return self.win.engine.enqueue(job, done, lambda m: self.win.show_error(f"Could not open the session: {m}"),
-                                       label="open session")
+        def failed(message):
+            from app.engine import CancelledMessage
+
+            # the engine keeps the previous run, or (a replay into the same model stopped part-way) an
+            # empty session: the window shows whichever it is
+            if isinstance(message, CancelledMessage):
+                message = CancelledMessage(f"Opening {Path(path).name} cancelled ({message})")
+            else:
+                message = f"Could not open the session: {message}"
+            self.win._on_command_failed(message)
+
+        return self.win.engine.enqueue(job, done, failed, label="open session")
 
     def save_session_dialog(self) -> None:
         if not self._need_run():

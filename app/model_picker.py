@@ -42,12 +42,14 @@ from PySide6.QtWidgets import (
 )
 
 from core import catalog
+from core.backend_support import backend_problem
 from core.catalog import CatalogEntry
 from core.fit import FITS, NO_FIT, TIGHT, FitEstimate, estimate_entry, free_memory, human_bytes
 
 COLUMNS = ["Name", "Source", "Architecture", "Params", "Layers", "Heads / KV (group)", "head_dim", "Max context",
-           "dtype / quant", "Size", "Fit"]
+           "dtype / quant", "Loads at", "Size", "Fit"]
 FIT_COLUMN = COLUMNS.index("Fit")
+LOADS_AT_COLUMN = COLUMNS.index("Loads at")  # the precision it loads at (core.precision; follows the dtype box)
 SORT_ROLE = Qt.UserRole + 1
 GREY = QColor(150, 150, 150)
 FIT_COLOURS = {FITS: QColor(200, 235, 200), TIGHT: QColor(250, 225, 160), NO_FIT: QColor(245, 190, 190)}
@@ -74,6 +76,17 @@ def cuda_available() -> bool:
         return False
 
 
+BACKEND_LABELS = {"torch": "torch", "mlx": "MLX"}
+
+
+def backend_refusal(e: CatalogEntry, backend: str) -> str | None:
+    """Why ``backend`` cannot open ``e``, in the window's words (the menu to use, not a flag), or None."""
+    problem = backend_problem(e.architecture, backend)
+    if problem is None:
+        return None
+    return f"{problem[0].upper()}{problem[1:]}. Choose torch under Backend above to open it."
+
+
 class CatalogModel(QAbstractTableModel):
     """Catalog entries as table rows; the Fit column comes from :meth:`set_fits`."""
 
@@ -81,6 +94,7 @@ class CatalogModel(QAbstractTableModel):
         super().__init__(parent)
         self.entries: list[CatalogEntry] = []
         self.fits: list[FitEstimate | None] = []
+        self.backend = "torch"  # the backend the Fit column is for (a family it cannot run says so)
 
     def set_entries(self, entries: list[CatalogEntry], fits: list[FitEstimate | None]) -> None:
         self.beginResetModel()
@@ -90,7 +104,7 @@ class CatalogModel(QAbstractTableModel):
     def set_fits(self, fits: list[FitEstimate | None]) -> None:
         self.fits = list(fits)
         if self.entries:
-            self.dataChanged.emit(self.index(0, FIT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN))
+            self.dataChanged.emit(self.index(0, LOADS_AT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN))
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008 - Qt's signature
         return 0 if parent.isValid() else len(self.entries)
@@ -125,10 +139,14 @@ class CatalogModel(QAbstractTableModel):
             return (f"{e.max_context:,}" if e.max_context else "?"), e.max_context
         if col == 8:
             return e.dtype, e.dtype
-        if col == 9:
+        if col == LOADS_AT_COLUMN:
+            return (f.dtype if f is not None else "—"), (f.dtype if f is not None else "")
+        if col == 10:
             return human_bytes(e.size_bytes), e.size_bytes
         if not e.supported:
             return "unsupported", float("inf")
+        if backend_problem(e.architecture, self.backend):
+            return f"not on {BACKEND_LABELS.get(self.backend, self.backend)}", float("inf")
         if f is None:
             return "…", 0
         return f"{f.verdict} · {human_bytes(f.total_bytes)}", f.total_bytes
@@ -157,10 +175,15 @@ class CatalogModel(QAbstractTableModel):
         if role == Qt.ToolTipRole:
             if not e.supported:
                 return f"Not supported: {e.reason}"
+            problem = backend_refusal(e, self.backend)
+            if col == FIT_COLUMN and problem:
+                return problem
             if col == FIT_COLUMN and f is not None:
                 return f.summary()
+            if col == LOADS_AT_COLUMN and f is not None and f.dtype_reason:
+                return f.dtype_reason
             return str(e.path)
-        if role == Qt.TextAlignmentRole and col in (3, 4, 6, 7, 9):
+        if role == Qt.TextAlignmentRole and col in (3, 4, 6, 7, 10):
             return int(Qt.AlignRight | Qt.AlignVCenter)
         if role == Qt.FontRole and col == 0 and e.source == "embedded":
             font = QFont()
@@ -273,7 +296,7 @@ class ModelPickerDialog(QDialog):
 
     def __init__(self, parent=None, *, scanner: Callable[[], list[CatalogEntry]] | None = None,
                  free_memory_fn: Callable[[str, str], tuple[int | None, str]] | None = None,
-                 context: int = 4096, backend: str = "torch", device: str | None = None, dtype: str = "float32",
+                 context: int = 4096, backend: str = "torch", device: str | None = None, dtype: str = "auto",
                  scan_now: bool = True):
         super().__init__(parent)
         from app.engine import collect_garbage_on_gui_thread
@@ -327,9 +350,11 @@ class ModelPickerDialog(QDialog):
         top.addWidget(self.device)
         top.addWidget(QLabel("dtype"))
         self.dtype = QComboBox()
-        self.dtype.addItems(["float32", "bfloat16", "float16"])
+        self.dtype.addItems(["auto", "float32", "bfloat16", "float16"])
         self.dtype.setCurrentText(dtype)
-        self.dtype.setToolTip("Load dtype of folder models; GGUF files are dequantised to float32")
+        self.dtype.setToolTip("Load precision: auto is each checkpoint's own (float32 where this device has no fast "
+                              "bf16/fp16 matmul and float32 fits), shown per model under 'Loads at'; GGUF files are "
+                              "converted straight to it")
         top.addWidget(self.dtype)
         lay.addLayout(top)
 
@@ -440,6 +465,7 @@ class ModelPickerDialog(QDialog):
 
     def _fits(self, entries: list[CatalogEntry]) -> list[FitEstimate | None]:
         ctx, backend, device, dtype = self.fit_settings()
+        self.model.backend = backend
         free, label = self._free_memory(backend, device)
         return [estimate_entry(e, ctx, backend, device, dtype, free_bytes=free, memory=label)
                 if e.supported and e.n_layers else None for e in entries]
@@ -474,7 +500,11 @@ class ModelPickerDialog(QDialog):
     def selected_path(self) -> str | None:
         """What to pass to ``Session.load`` for the chosen model (``"default"`` for the embedded one)."""
         e = self.selected_entry()
-        return e.model_ref if e is not None and e.supported else None
+        return e.model_ref if e is not None and e.supported and not self.backend_refusal(e) else None
+
+    def backend_refusal(self, e: CatalogEntry) -> str | None:
+        """Why the backend chosen above cannot open ``e`` (window wording), or None."""
+        return backend_refusal(e, self.backend.currentText())
 
     def select(self, model_ref: str) -> bool:
         """Select the row whose ``model_ref`` (or path) is ``model_ref``; False if there is none."""
@@ -497,9 +527,13 @@ class ModelPickerDialog(QDialog):
             return
         e, f = got
         self._selected = e.model_ref
-        self.open_btn.setEnabled(e.supported)
+        refusal = self.backend_refusal(e)
+        self.open_btn.setEnabled(e.supported and refusal is None)
         self.remove_btn.setEnabled(self._user_path_of(e) is not None)
-        self.details.setText(self.describe(e, f))
+        text = self.describe(e, f)
+        if e.supported and refusal:
+            text += f"<br><span style='color:#b00020'><b>Cannot open here:</b> {_esc(refusal)}</span>"
+        self.details.setText(text)
 
     @staticmethod
     def describe(e: CatalogEntry, f: FitEstimate | None) -> str:
@@ -523,7 +557,7 @@ class ModelPickerDialog(QDialog):
 
     def _on_double_click(self, index) -> None:
         got = self._entry_at(index)
-        if got is not None and got[0].supported:
+        if got is not None and got[0].supported and self.backend_refusal(got[0]) is None:
             self.table.selectRow(index.row())
             self._open()
 

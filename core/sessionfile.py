@@ -147,16 +147,11 @@ class SessionFile:
 
 
 def model_reference(source: str) -> str:
-    """``"default"`` when ``source`` is the embedded model's GGUF, else the absolute path."""
-    from core.errors import ModelLoadError
-    from core.models import default_gguf_path
+    """``"default"`` when ``source`` is the embedded model (its GGUF, or the pre-converted folder a
+    packaged app names), else the absolute path (:func:`core.models.model_source` decides both)."""
+    from core.models import is_default_source, model_source
 
-    try:
-        if source and Path(source).resolve() == default_gguf_path().resolve():
-            return "default"
-    except ModelLoadError:
-        pass
-    return str(Path(source).resolve()) if source else "default"
+    return "default" if is_default_source(source) else model_source(source)
 
 
 def save(sf: SessionFile, path: str | os.PathLike) -> Path:

@@ -207,6 +207,14 @@ class DecodePanel(QScrollArea):
         # never narrower than its content (no horizontal scroll bar: it would clip the numbers)
         self.setMinimumWidth(max(215, inner.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width()))
 
+    def sampling(self) -> Sampling:
+        """The settings the controls show (:meth:`SamplingControls.sampling`)."""
+        return self.controls.sampling()
+
+    def set_sampling(self, s: Sampling) -> None:
+        """Show ``s`` without emitting: a reopened session's or a reloaded model's settings."""
+        self.controls.set_sampling(s)
+
     def set_table(self, table: NextTokenTable | None) -> None:
         self.bars.set_table(table)
         if table is None:

@@ -123,6 +123,7 @@ class SinksView(QWidget, SavedControls):
         self.main = main
         self.report: SinkReport | None = None
         self._stale = True
+        self._restored_step: int | None = None  # a reopened session's step, applied when its report arrives
         self._seq_key = None
 
         top = QHBoxLayout()
@@ -213,6 +214,7 @@ class SinksView(QWidget, SavedControls):
         if key != self._seq_key:
             self._seq_key = key
             self._stale = True
+            self._restored_step = None  # a step restored for another sequence no longer applies
 
     def on_selection(self, layer: int, head: int) -> None:
         self._draw_head(layer, head)
@@ -234,14 +236,24 @@ class SinksView(QWidget, SavedControls):
     def threshold(self) -> float:
         return float(self.threshold_spin.value())
 
+    def restore_view_state(self, state: dict) -> None:
+        """Restore the saved controls; the saved step waits for the reopened sequence's report (it
+        would otherwise be clamped to the previous report's range, then reset to the new length)."""
+        super().restore_view_state(state)
+        step = state.get("step_spin") if isinstance(state, dict) else None
+        self._restored_step = step if isinstance(step, int) and step >= 2 else None
+        if self._restored_step is not None and self.report is not None and not self._stale:
+            self.set_report(self.report)
+
     def set_report(self, report: SinkReport) -> None:
         """Show ``report`` (GUI thread)."""
         self.report = report
         self._stale = False
         T = report.seq_len
+        step, self._restored_step = self._restored_step, None
         self.step_spin.blockSignals(True)
         self.step_spin.setRange(min(T, 2), max(T, 2))
-        self.step_spin.setValue(T)
+        self.step_spin.setValue(step if step is not None and 2 <= step <= T else T)
         self.step_spin.setEnabled(T > 2)
         self.step_spin.blockSignals(False)
         self._redraw()

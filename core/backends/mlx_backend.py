@@ -30,7 +30,7 @@ import numpy as np
 from core.backends.mlx_models import CausalLM, KVCache, ModelArgs
 from core.capture_mlx import MlxTrace
 from core.errors import Cancelled, ModelLoadError
-from core.models import ModelInfo, ProgressFn, _first_line, default_gguf_path, quiet_transformers, resolve
+from core.models import ModelInfo, ProgressFn, _first_line, model_source, quiet_transformers, resolve
 
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -145,7 +145,7 @@ class MlxBackend:
         from mlx.utils import tree_flatten
 
         info = ModelInfo(
-            name=name, source=str(model or default_gguf_path()), architecture=args.model_type, n_layers=args.num_hidden_layers,
+            name=name, source=model_source(model), architecture=args.model_type, n_layers=args.num_hidden_layers,
             n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, head_dim=args.head_dim,
             hidden_size=args.hidden_size, max_context=args.max_position_embeddings, rope_theta=args.rope_theta,
             sliding_window=args.sliding_window, vocab_size=args.vocab_size, dtype=dtype,

@@ -34,9 +34,10 @@ import mlx.nn as nn
 import numpy as np
 
 from core.attention_mlx import sdpa_with_lse_mlx
+from core.backend_support import MLX_FAMILIES
 from core.errors import UnsupportedModelError
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = MLX_FAMILIES  # one list (core.backend_support), also read by the model picker
 
 # Defaults of each family's transformers config class (transformers 5), used when config.json
 # omits a key (not always mlx-lm's: Mistral / Qwen default to 8 / 32 KV heads, not n_heads). tests/test_mlx_backend.py checks them against the config classes themselves.
