@@ -177,7 +177,7 @@ def _back_job(n):
     return job
 
 
-LONG_JOBS = ("loading model", "prefill", "decode", "open session", "batch export", "switch backend")  # get Cancel + status text
+LONG_JOBS = ("loading model", "prefill", "decode", "open session", "batch export", "switch backend", "compare")  # get Cancel + status text
 
 
 def _percent_progress(ctx, what: str):
@@ -490,9 +490,9 @@ class MainWindow(QMainWindow):
 
     def _install_inspector_views(self) -> None:
         """Sinks, KV cache, head roles and experiments tabs (issue 4 part B): each module's install_view."""
-        from app.views import experiments, kv, roles, sinks
+        from app.views import compare, experiments, kv, roles, sinks
 
-        for mod in (sinks, kv, roles, experiments):
+        for mod in (sinks, kv, roles, experiments, compare):
             mod.install_view(self)
 
     def _build_actions(self) -> None:

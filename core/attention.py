@@ -147,13 +147,22 @@ def sdpa_with_lse(
             cast to q's dtype for the fused kernels.
 
     Returns:
-        ``(out, lse)``: out ``(B, n_heads, L, D)`` in q's dtype; lse ``(B, n_heads, L)`` float32
-        in natural-log units of the *scaled* scores. A fully masked row has ``lse = -inf``
-        and output 0. Scores and softmax are accumulated in float32 by every path.
+        ``(out, lse)``: out ``(B, n_heads, L, Dv)`` in q's dtype; lse ``(B, n_heads, L)``
+        **float64** in natural-log units of the *scaled* scores, exact enough that the weights
+        ``exp(s − lse)`` carry under ~1e-6 relative error from it (:func:`exact_lse`). A fully
+        masked row has ``lse = -inf`` and output 0. Scores and softmax are accumulated in
+        float32 by every path. ``Dv != D`` (an MLA-style value head) takes the unfused path:
+        the fused kernels need equal head sizes.
 
     Raises:
         ValueError: on incompatible shapes, a window without the causal mask, a bad mask array.
     """
+    out, lse = _sdpa_kernel_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+    return out, exact_lse(q, k, lse, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+
+
+def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask):
+    """:func:`sdpa_with_lse` with the kernel's own float32 LSE (before :func:`exact_lse`)."""
     g = check_qkv(q.shape, k.shape, v.shape)
     B, H, L, D = q.shape
     Hkv, S, G = g.n_kv_heads, g.S, g.group_size
@@ -165,6 +174,8 @@ def sdpa_with_lse(
     if mask is not None:
         Mask(array=mask).check_shape(B, H, L, S)
     window = sliding_window if (sliding_window is not None and sliding_window < S) else None
+    if v.shape[-1] != D:  # the fused kernels take one head size for q, k and v (issue 12 §2)
+        return _math_f32(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
     is_causal = False
     structural = causal
     if causal and window is None and mask is None and (L == 1 or L == S):
@@ -191,7 +202,7 @@ def sdpa_with_lse(
         if fused is not None:
             out, lse = fused
             return _zero_empty_rows(out, lse, empty)
-    return math_with_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+    return _math_f32(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
 
 
 # Above this |LSE| the merge of two partial softmaxes loses precision (fp32 LSE's ulp at 32 is
@@ -307,9 +318,15 @@ def math_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unfused reference-quality attention in float32, blocked over query rows.
 
-    Same contract as :func:`sdpa_with_lse`. Memory: ``B × n_heads × ROW_BLOCK × S`` floats at
-    a time, never the full ``L × S`` map for long inputs.
+    Same contract as :func:`sdpa_with_lse` (LSE float64, :func:`exact_lse`). Memory:
+    ``B × n_heads × ROW_BLOCK × S`` floats at a time, never the full ``L × S`` map for long inputs.
     """
+    out, lse = _math_f32(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+    return out, exact_lse(q, k, lse, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+
+
+def _math_f32(q, k, v, *, scale, causal, sliding_window, mask):
+    """The unfused pass: output from float32 scores, LSE float64 as ``m + log ℓ`` of those scores."""
     g = check_qkv(q.shape, k.shape, v.shape)
     B, H, L, D = q.shape
     Hkv, S, G = g.n_kv_heads, g.S, g.group_size
@@ -326,11 +343,115 @@ def math_with_lse(
         b = _rows(bias5, r0, r1)
         if b is not None:
             s = s + b
-        p, lse = softmax_lse(s)  # (B, Hkv, G, r, S), (B, Hkv, G, r); -inf on fully masked rows
+        p, m, total = _softmax_parts(s)  # (B, Hkv, G, r, S), (B, Hkv, G, r) twice
         outs.append(torch.matmul(p, vf))
-        lses.append(lse)
+        lses.append(_lse_from_parts(m, total))
     out = torch.cat(outs, dim=-2).reshape(B, H, L, v.shape[-1]).to(q.dtype)
     return out, torch.cat(lses, dim=-1).reshape(B, H, L)
+
+
+# |LSE| up to which a float32 LSE is exact enough for the weights: exp(s − lse) inherits the LSE's
+# absolute error as a relative one, and half a float32 ulp below 16 is 2⁻²⁴·16 ≈ 9.5e-7. Rows above
+# it get their LSE (and their weights) from float64 scores (issue 12 §1: at |lse| ≈ 3·10⁴ a float32
+# ulp is 0.002, rows summed to 1.0006).
+LSE_FP32_EXACT = 16.0
+
+
+def _softmax_parts(s: torch.Tensor):
+    """``(p, m, ℓ)`` of float32/float64 scores: weights, row max (0 for a fully masked row), row sum
+    of ``exp(s − m)`` (0 for a fully masked row). FlashAttention's ``m`` and ``ℓ`` kept apart."""
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    denom = torch.where(total > 0, total, torch.ones_like(total))
+    return e / denom, m.squeeze(-1), total.squeeze(-1)
+
+
+def _lse_from_parts(m: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``m + log ℓ`` in float64 (``-inf`` where ``ℓ = 0``): no rounding of the sum to float32."""
+    t = total.double()
+    return torch.where(t > 0, m.double() + torch.log(torch.where(t > 0, t, torch.ones_like(t))),
+                       torch.full_like(t, float("-inf")))
+
+
+def _lse_rows(q, k, lse64, need, scale, bias5, dtype):
+    """``lse64`` with the rows where ``need`` (B, H, L) recomputed from scores in ``dtype``.
+
+    Scores ``q·kᵀ·scale + mask`` of the selected rows only, one (batch, KV head) at a time and at
+    most ``ROW_BLOCK`` rows per product; LSE as ``m + log ℓ`` combined in float64.
+    """
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    out = lse64.clone()
+    outg = out.view(B, Hkv, G, L)
+    needg = need.reshape(B, Hkv, G, L)
+    qg = q.reshape(B, Hkv, G, L, D)  # (B, Hkv, G, L, D)
+    full = None if bias5 is None else bias5.expand(B, Hkv, G, L, S)  # a view: no L × S copy
+    for b in range(B):
+        for h in range(Hkv):
+            gi_all, li_all = needg[b, h].nonzero(as_tuple=True)
+            if not gi_all.numel():
+                continue
+            kt = k[b, h].to(dtype).T  # (D, S)
+            for c0 in range(0, gi_all.numel(), ROW_BLOCK):
+                gi, li = gi_all[c0 : c0 + ROW_BLOCK], li_all[c0 : c0 + ROW_BLOCK]
+                s = torch.matmul(qg[b, h, gi, li].to(dtype), kt) * scale  # (n, S)
+                if full is not None:
+                    s = s + full[b, h, gi, li].to(dtype)
+                _, m, total = _softmax_parts(s)
+                outg[b, h, gi, li] = _lse_from_parts(m, total)
+    return out
+
+
+def exact_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    mask=None,
+) -> torch.Tensor:
+    """A kernel's LSE made exact enough that ``exp(s − lse)`` is right to ~1e-6 relative.
+
+    Args:
+        q: ``(B, n_heads, L, D)``; k: ``(B, n_kv_heads, S, D)``; the inputs the kernel saw.
+        lse: ``(B, n_heads, L)``: a kernel's float32 LSE, or the float64 ``m + log ℓ`` of
+            the unfused path.
+        scale, causal, sliding_window, mask: the mask and scale the LSE was computed with.
+
+    Returns:
+        ``(B, n_heads, L)`` float64. Rules (measured in issue 12 §1 and README "What 'exact'
+        means per dtype"):
+
+        * float16 / bfloat16 inputs with a kernel's float32 LSE: every row is recomputed from
+          float32 scores of the (exactly upcast) inputs, because the CPU kernel's LSE is ~3e-5
+          off (uniform 8192-key rows summed to 1.00005);
+        * any row with ``|lse| > LSE_FP32_EXACT`` (16) is recomputed from float64 scores,
+          because a float32 LSE there is off by up to half an ulp (0.001 at 3·10⁴);
+        * other rows keep their value; fully masked rows stay ``-inf``.
+    """
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    scale = resolve_scale(scale, D)
+    lse64 = lse.double()
+    bias5: list = []
+
+    def bias():
+        if not bias5:
+            bias5.append(mask_bias(L, S, Hkv, causal=causal, sliding_window=sliding_window, array=mask,
+                                   dtype=torch.float32, device=q.device))
+        return bias5[0]
+
+    if lse.dtype != torch.float64 and q.dtype in (torch.float16, torch.bfloat16):
+        lse64 = _lse_rows(q, k, lse64, torch.isfinite(lse64), scale, bias(), torch.float32)
+    need = torch.isfinite(lse64) & (lse64.abs() > LSE_FP32_EXACT)
+    if bool(need.any()):
+        lse64 = _lse_rows(q, k, lse64, need, scale, bias(), torch.float64)
+    return lse64
 
 
 def softmax_lse(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -367,24 +488,29 @@ def attention_weights(
     (FlashAttention-2, Dao 2023, §3.1: the backward pass's ``P = exp(S − L)``.)
 
     Args:
-        q: ``(B, n_heads, L, D)``; k: ``(B, n_kv_heads, S, D)``; lse: ``(B, n_heads, L)``.
+        q: ``(B, n_heads, L, D)``; k: ``(B, n_kv_heads, S, D)``; lse: ``(B, n_heads, L)``,
+            float64 from :func:`exact_lse` (a float32 LSE limits the weights to its rounding).
         mask: anything :func:`core.masks.as_mask` accepts (the mask the LSE was computed with).
 
     Returns:
-        ``(B, n_heads, L, S)`` float32; fully masked rows are 0.
+        ``(B, n_heads, L, S)`` float32; fully masked rows are 0. Scores are formed in float32,
+        or in float64 when a row's ``|lse|`` exceeds :data:`LSE_FP32_EXACT` (large scores).
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
     m = as_mask(mask)
     scale = resolve_scale(scale, D)
-    s = torch.matmul(q.float().reshape(B, Hkv, G, L, D), k.float()[:, :, None].transpose(-1, -2)) * scale
+    finite = torch.isfinite(lse)
+    wide = lse.dtype == torch.float64 and bool((lse.abs() > LSE_FP32_EXACT).logical_and_(finite).any())
+    dt = torch.float64 if wide else torch.float32
+    s = torch.matmul(q.to(dt).reshape(B, Hkv, G, L, D), k.to(dt)[:, :, None].transpose(-1, -2)) * scale
     bias5 = mask_bias(L, S, Hkv, causal=m.causal, sliding_window=m.window, array=m.array,
-                      dtype=torch.float32, device=q.device)
+                      dtype=dt, device=q.device)
     if bias5 is not None:
         s = s + bias5
-    w = torch.exp(s - _safe_lse(lse.float().reshape(B, Hkv, G, L))[..., None])
-    return w.reshape(B, H, L, S)
+    w = torch.exp(s - _safe_lse(lse.to(dt).reshape(B, Hkv, G, L))[..., None])
+    return w.reshape(B, H, L, S).float()
 
 
 def attention(
@@ -404,8 +530,8 @@ def attention(
         scale: default ``1/sqrt(D)``.
         mask: None (default: no mask), ``"causal"``, an int window, an array or a
             :class:`core.masks.Mask` (see :func:`core.masks.as_mask`).
-        return_lse, return_weights: also return LSE ``(B, n_heads, L)`` / weights
-            ``(B, n_heads, L, S)``, float32 (the weights recomputed from the LSE).
+        return_lse, return_weights: also return LSE ``(B, n_heads, L)`` float64
+            (:func:`exact_lse`) / weights ``(B, n_heads, L, S)`` float32 (recomputed from it).
 
     Returns:
         :class:`core.reference.AttentionResult` of torch tensors.

@@ -20,9 +20,17 @@ Two functions:
   verified here, no Apple GPU);
 * on the CPU (mlx 0.32, Linux) it rounds the scores to the input dtype before its float32
   softmax: measured here, bfloat16 outputs off by up to 3.5e-2 (relative) at ``|s| ≈ 86``, an
-  error of about ``2⁻⁸·|s|``. On the CPU the wrapper therefore computes the output from its own
-  float32 scores (which the LSE needs anyway); ``mx.fast`` is used on the GPU (Metal), where
-  it is fused. ``fused=`` overrides the choice.
+  error of about ``2⁻⁸·|s|`` (0.48 absolute on a small test, issue 12 §6). On the CPU the wrapper
+  therefore computes the output from its own float32 scores (which the LSE needs anyway);
+  ``mx.fast`` is used on the GPU (Metal), where it is fused. ``fused=`` overrides the choice,
+  but for bfloat16 / float16 inputs ``mx.fast`` is used only on a device where a probe
+  (:func:`fast_keeps_float32_scores`, once per device and dtype) showed that it does not round
+  the scores to the input dtype; elsewhere the float32 pass gives the output;
+* a value head size different from the query's (``Dv != D``) always takes the float32 pass.
+
+The LSE is kept as its two FlashAttention parts, the row max ``m`` and ``ℓ = log Σ exp(s − m)``
+(``parts=True``), so that the Trace's weights ``exp((s − m) − ℓ)`` do not inherit the float32
+rounding of ``m + ℓ`` (0.001 at ``|lse| ≈ 3·10⁴``, issue 12 §1; Metal has no float64).
 
 mlx is an optional dependency (``pip install attnscope[mlx]``): import this module only where
 ``import mlx.core`` works.
@@ -75,6 +83,45 @@ def mask_bias_mlx(m: Mask, L: int, S: int, n_kv_heads: int, dtype=mx.float32) ->
     if bias is None:
         return None
     return group_heads(to_4d(bias), n_kv_heads)
+
+
+def _lse_parts(s: mx.array) -> tuple[mx.array, mx.array]:
+    """FlashAttention's ``m`` (row max, 0 on a fully masked row) and ``ℓ = log Σ exp(s − m)``
+    (``-inf`` on a fully masked row) of float32 scores, each ``s.shape[:-1]`` float32."""
+    mrow = mx.max(s, axis=-1, keepdims=True)
+    mrow = mx.where(mx.isinf(mrow), mx.array(0.0), mrow)
+    total = mx.sum(mx.exp(s - mrow), axis=-1)
+    ell = mx.where(total > 0, mx.log(mx.where(total > 0, total, mx.array(1.0))), mx.array(-np.inf))
+    return mx.squeeze(mrow, -1), ell
+
+
+# (device, dtype) -> whether mx.fast.scaled_dot_product_attention keeps float32 scores there.
+_FAST_VERIFIED: dict[tuple[str, str], bool] = {}
+
+
+def fast_keeps_float32_scores(dtype) -> bool:
+    """Whether ``mx.fast.scaled_dot_product_attention`` on the default device forms the scores of
+    ``dtype`` inputs in float32 (probed once per device and dtype; float32 inputs: True).
+
+    The probe: one query ``[2048, 1]`` over keys ``[1, 0]`` and ``[1, 1.5]`` (scale 1): float32
+    scores 2048 and 2049.5 give the second value weight ``σ(1.5) = 0.8176``; scores rounded to
+    bfloat16 (spacing 16 there) or float16 (spacing 2) give 0.5 or 0.8808. All inputs are exact in
+    both dtypes, so only the rounding of the scores can move the output.
+    """
+    if dtype == mx.float32:
+        return True
+    key = (str(mx.default_device()), str(dtype))
+    if key not in _FAST_VERIFIED:
+        q = mx.array([[[[2048.0, 1.0]]]]).astype(dtype)
+        k = mx.array([[[[1.0, 0.0], [1.0, 1.5]]]]).astype(dtype)
+        v = mx.array([[[[0.0, 0.0], [1.0, 1.0]]]]).astype(dtype)
+        try:
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0).astype(mx.float32)
+            got = float(np.array(out)[0, 0, 0, 0])
+        except Exception:  # noqa: BLE001 - a kernel that refuses the probe is not verified
+            got = float("nan")
+        _FAST_VERIFIED[key] = bool(abs(got - 0.8175745) < 4e-3)
+    return _FAST_VERIFIED[key]
 
 
 def _softmax_lse(s: mx.array) -> tuple[mx.array, mx.array]:
@@ -171,12 +218,13 @@ def sdpa_with_lse_mlx(
     mask="causal",
     *,
     fused: bool | None = None,
-) -> tuple[mx.array, mx.array]:
+    parts: bool = False,
+):
     """Attention output and per-row LSE on MLX: the MLX backend's per-layer call.
 
     Args:
-        q: ``(B, n_heads, L, D)``; k, v: ``(B, n_kv_heads, S, D)`` (not tiled for GQA);
-            float32 / float16 / bfloat16.
+        q: ``(B, n_heads, L, D)``; k: ``(B, n_kv_heads, S, D)``, v: ``(B, n_kv_heads, S, Dv)``
+            (not tiled for GQA); float32 / float16 / bfloat16.
         scale: multiplier of ``q·k``; default ``D ** -0.5``.
         mask: default ``"causal"`` (bottom-right aligned: a decode row with ``L = 1`` sees every
             cached key); None for no mask; an int sliding window; a boolean / additive array;
@@ -184,11 +232,15 @@ def sdpa_with_lse_mlx(
         fused: True takes the output from ``mx.fast.scaled_dot_product_attention``; False
             computes it from the same float32 scores as the LSE (one pass); None (default)
             picks ``mx.fast`` on the GPU and the float32 pass on the CPU (see module notes).
+            Either way bfloat16 / float16 inputs use ``mx.fast`` only where
+            :func:`fast_keeps_float32_scores` verified it, and ``Dv != D`` never does.
+        parts: return the LSE as its parts ``(m, ℓ)`` (each ``(B, n_heads, L)`` float32,
+            ``lse = m + ℓ``) instead of one float32 array.
 
     Returns:
-        ``(out, lse)``: out ``(B, n_heads, L, D)`` in q's dtype; lse ``(B, n_heads, L)``
-        float32, natural log of ``Σ_j exp(s_ij)`` over the scaled, masked scores; a fully
-        masked row has output 0 and LSE ``-inf``.
+        ``(out, lse)``: out ``(B, n_heads, L, Dv)`` in q's dtype; lse ``(B, n_heads, L)``
+        float32, natural log of ``Σ_j exp(s_ij)`` over the scaled, masked scores (or ``(m, ℓ)``
+        with ``parts``); a fully masked row has output 0 and LSE ``-inf`` (``ℓ = -inf``).
 
     Raises:
         ValueError: shapes or mask that break the contract.
@@ -200,25 +252,30 @@ def sdpa_with_lse_mlx(
     on_gpu = mx.default_device().type == mx.DeviceType.gpu
     if fused is None:
         fused = on_gpu
+    if fused and (g.Dv != g.D or not fast_keeps_float32_scores(q.dtype)):
+        fused = False  # issue 12 §2 and §6: a kernel call that would crash or round the scores
     B, H, Hkv, G, L, S = g.B, g.n_heads, g.n_kv_heads, g.group_size, g.L, g.S
     qg = q.reshape(B, Hkv, G, L, g.D)
     kg = mx.expand_dims(k, 2)
     bias5 = mask_bias_mlx(m, L, S, Hkv)
-    lses, outs, smax = [], [], []
+    ms, ells, outs, smax = [], [], [], []
     for r0 in range(0, L, ROW_BLOCK):
         r1 = min(L, r0 + ROW_BLOCK)
         s = _scores(qg, kg, scale, bias5, r0, r1)  # (B, Hkv, G, r, S) float32
+        mrow, ell = _lse_parts(s)  # (B, Hkv, G, r) each
+        ms.append(mrow)
+        ells.append(ell)
         if fused:
-            lses.append(mx.logsumexp(s, axis=-1))
             if q.dtype == mx.float16 and not on_gpu:
                 smax.append(mx.max(mx.where(mx.isinf(s), mx.array(0.0), mx.abs(s))))
         else:
-            p, lse = _softmax_lse(s)
-            lses.append(lse)
+            p, _ = _softmax_lse(s)  # exp(s − m) / Σ: exact to float32 rounding, 0 on masked rows
             outs.append(mx.matmul(p, mx.expand_dims(v, 2).astype(mx.float32)))
-    lse = mx.concatenate(lses, axis=-1) if len(lses) > 1 else lses[0]  # (B, Hkv, G, L)
+    mrow = mx.concatenate(ms, axis=-1) if len(ms) > 1 else ms[0]  # (B, Hkv, G, L)
+    ell = mx.concatenate(ells, axis=-1) if len(ells) > 1 else ells[0]
+    lse = mrow + ell
     if smax and mx.max(mx.stack(smax)).item() * max(1.0, 1.0 / max(abs(scale), 1e-30)) > FP16_SAFE_SCORE:
-        return sdpa_with_lse_mlx(q, k, v, scale, m, fused=False)  # float16 scores would overflow
+        return sdpa_with_lse_mlx(q, k, v, scale, m, fused=False, parts=parts)  # float16 scores would overflow
     if fused:
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=_fast_mask(m, L, S, B, Hkv, q.dtype))
         out = out.reshape(B, Hkv, G, L, g.Dv)
@@ -229,4 +286,7 @@ def sdpa_with_lse_mlx(
             out = mx.where(mx.expand_dims(mx.isneginf(lse), -1), mx.array(0.0, dtype=out.dtype), out)
     else:
         out = mx.concatenate(outs, axis=-2) if len(outs) > 1 else outs[0]
-    return out.astype(q.dtype).reshape(B, H, L, g.Dv), lse.reshape(B, H, L)
+    out = out.astype(q.dtype).reshape(B, H, L, g.Dv)
+    if parts:
+        return out, (mrow.reshape(B, H, L), ell.reshape(B, H, L))
+    return out, lse.reshape(B, H, L)

@@ -8,7 +8,11 @@ buffer in place (a live reference to an old slice would force a copy on every de
 
 Exact weights on demand (FlashAttention-2, Dao 2023, §3.1: ``P = exp(S − L)``)::
 
-    weights[i, j] = exp(q_i · k_j · scale + mask_ij − lse_i)        (float32)
+    weights[i, j] = exp((q_i · k_j · scale + mask_ij − m_i) − ℓ_i)        (float32)
+
+with the LSE kept as its two parts, the row max ``m`` and ``ℓ = log Σ exp(s − m)`` (see
+:func:`core.attention_mlx.sdpa_with_lse_mlx`): one float32 ``lse = m + ℓ`` would be off by half an
+ulp of ``m``, 0.001 at ``|m| ≈ 3·10⁴``, in every weight of the row (issue 12 §1).
 
 Every public method returns numpy float32 (bool for :meth:`MlxTrace.allowed`). MLX arrays belong to
 the thread whose stream made them: call the trace from the thread that runs the backend.
@@ -30,7 +34,8 @@ class MlxLayerRecord:
     """What one attention layer recorded."""
 
     q_chunks: list[mx.array] = field(default_factory=list)  # each (n_heads, L_i, D), model dtype
-    lse_chunks: list[mx.array] = field(default_factory=list)  # each (n_heads, L_i) float32
+    lse_chunks: list[mx.array] = field(default_factory=list)  # each (n_heads, L_i) float32: m, the row max
+    ell_chunks: list[mx.array] = field(default_factory=list)  # each (n_heads, L_i) float32: ℓ = log Σ exp(s − m)
     cache: object | None = None  # the layer's KVCache (fetch_keys() -> (n_kv_heads, S, D))
     scale: float = 1.0
     sliding_window: int | None = None
@@ -41,9 +46,16 @@ class MlxLayerRecord:
         return self.q_chunks[0]
 
     def lse(self) -> mx.array:
+        """The row max ``m`` of every row, ``(n_heads, rows)`` float32 (the LSE is ``m + ell()``)."""
         if len(self.lse_chunks) > 1:
             self.lse_chunks = [mx.concatenate(self.lse_chunks, axis=1)]
         return self.lse_chunks[0]
+
+    def ell(self) -> mx.array:
+        """``ℓ = log Σ exp(s − m)`` of every row, ``(n_heads, rows)`` float32."""
+        if len(self.ell_chunks) > 1:
+            self.ell_chunks = [mx.concatenate(self.ell_chunks, axis=1)]
+        return self.ell_chunks[0]
 
     def n_rows(self) -> int:
         return sum(c.shape[1] for c in self.q_chunks)
@@ -87,14 +99,18 @@ class MlxTrace(TraceGeometry):
         Args:
             query: ``(1, n_heads, L, D)`` post-RoPE queries of the new rows (lazy is fine: the
                 backend evaluates :meth:`pending` with the logits).
-            lse: ``(1, n_heads, L)`` float32 LSE of those rows.
+            lse: the LSE of those rows as its parts ``(m, ℓ)``, each ``(1, n_heads, L)`` float32
+                (``sdpa_with_lse_mlx(..., parts=True)``), or one ``(1, n_heads, L)`` float32 LSE
+                (kept as ``m = lse, ℓ = 0``: exact only to its own float32 rounding).
             cache: the layer's KV cache, already holding positions ``0 .. S-1``.
         """
         if not self.enabled:
             return
         rec = self.layers[layer]
+        m, ell = lse if isinstance(lse, tuple) else (lse, mx.zeros_like(lse))
         rec.q_chunks.append(query[0])
-        rec.lse_chunks.append(lse[0])
+        rec.lse_chunks.append(m[0])
+        rec.ell_chunks.append(ell[0])
         rec.cache = cache
         rec.scale = float(scale)
         rec.sliding_window = sliding_window
@@ -104,7 +120,7 @@ class MlxTrace(TraceGeometry):
         out = []
         for rec in self.layers:
             if rec.q_chunks:
-                out += [rec.q_chunks[-1], rec.lse_chunks[-1]]
+                out += [rec.q_chunks[-1], rec.lse_chunks[-1], rec.ell_chunks[-1]]
         return out
 
     def reset(self) -> None:
@@ -114,7 +130,7 @@ class MlxTrace(TraceGeometry):
         """Forget every row at position ``>= n`` (step back); the cache trims its own keys."""
         for rec in self.layers:
             if rec.n_rows() > n:
-                rec.q_chunks, rec.lse_chunks = [rec.q()[:, :n]], [rec.lse()[:, :n]]
+                rec.q_chunks, rec.lse_chunks, rec.ell_chunks = [rec.q()[:, :n]], [rec.lse()[:, :n]], [rec.ell()[:, :n]]
 
     # -- queries (seq_len, kv_head, allowed: core.trace_base.TraceGeometry) ----------------------
     def _scores(self, layer: int, head: int, rows, cols):
@@ -144,12 +160,14 @@ class MlxTrace(TraceGeometry):
             IndexError: layer or head out of range. RuntimeError: nothing captured yet.
         """
         s, allowed, rec, r = self._scores(layer, head, rows, cols)
-        lse = rec.lse()[head, r.start : r.stop][:, None]
-        return np.array(mx.where(allowed, mx.exp(s - lse), 0.0))
+        m = rec.lse()[head, r.start : r.stop][:, None]
+        ell = rec.ell()[head, r.start : r.stop][:, None]
+        return np.array(mx.where(allowed, mx.exp((s - m) - ell), 0.0))
 
     def lse(self, layer: int) -> np.ndarray:
-        """LSE rows of ``layer``, ``(n_heads, T)`` float32."""
-        return np.array(self._rec(layer).lse().astype(mx.float32))
+        """LSE rows of ``layer``, ``(n_heads, T)`` float64 (``m + ℓ`` added in float64)."""
+        rec = self._rec(layer)
+        return np.array(rec.lse()).astype(np.float64) + np.array(rec.ell()).astype(np.float64)
 
     def weight_on_key(self, key: int = 0) -> np.ndarray:
         """Weight every query row of every head puts on key position ``key``.
@@ -166,7 +184,7 @@ class MlxTrace(TraceGeometry):
             k0 = rec.keys[:, key].astype(mx.float32)  # (Hkv, D)
             k0 = mx.repeat(k0, self.group_size, axis=0)  # (H, D): H vectors of D, tiny
             s = (q * k0[:, None, :]).sum(axis=-1) * rec.scale  # (H, T)
-            w = mx.exp(s - rec.lse())
+            w = mx.exp((s - rec.lse()) - rec.ell())
             vis = causal_allowed(np.arange(q.shape[1]), np.array([key]), rec.sliding_window)[:, 0]
             out.append(mx.where(mx.array(vis)[None, :], w, 0.0))
         return np.array(mx.stack(out))

@@ -92,13 +92,14 @@ def flash_attention(
         mask: anything :func:`core.masks.as_mask` accepts (default: no mask).
         block_q, block_k: tile sizes (FA-2's ``B_r``, ``B_c``), positive ints.
         skip_masked_blocks: skip tiles the causal / window mask forbids entirely.
-        return_lse: also return the LSE ``m + log l`` the algorithm ends with.
+        return_lse: also return the LSE ``m + log l`` the algorithm ends with (float64: ``m``
+            and ``l`` are float32, combined without rounding the sum back to float32).
         return_weights: also return the weights, recomputed tile-free as ``exp(S − LSE)``
             (the materialised ``L × S`` float32 matrix flash avoids: for small inputs only).
 
     Returns:
         :class:`core.reference.AttentionResult`: out in q's dtype, lse ``(B, n_heads, L)``
-        float32, weights ``(B, n_heads, L, S)`` float32 (when requested).
+        float64, weights ``(B, n_heads, L, S)`` float32 (when requested).
 
     Raises:
         ValueError: shapes or mask that break the contract, non-positive block sizes.
@@ -119,7 +120,7 @@ def flash_attention(
     kg = k[:, :, None]  # (B, Hkv, 1, S, D)
     vg = v[:, :, None]  # (B, Hkv, 1, S, Dv)
     out = torch.empty((B, Hkv, G, L, Dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hkv, G, L), dtype=torch.float32, device=q.device)
+    lse = torch.empty((B, Hkv, G, L), dtype=torch.float64, device=q.device)  # m + log ℓ, see below
     neg_inf = float("-inf")
 
     for r0 in range(0, L, block_q):
@@ -149,7 +150,11 @@ def flash_attention(
         out[..., r0:r1, :] = torch.where(
             seen[..., None], o_i / torch.where(seen, l_i, torch.ones_like(l_i))[..., None], 0.0
         ).to(q.dtype)
-        lse[..., r0:r1] = torch.where(seen, m_i + torch.log(torch.where(seen, l_i, torch.ones_like(l_i))), neg_inf)
+        # m and ℓ are kept apart to the end and combined in float64: a float32 m + log ℓ loses
+        # half an ulp of m (0.001 at |m| ≈ 3·10⁴), which every weight exp(s − lse) would inherit.
+        l64 = l_i.double()
+        lse[..., r0:r1] = torch.where(seen, m_i.double() + torch.log(torch.where(seen, l64, torch.ones_like(l64))),
+                                      neg_inf)
 
     out = out.reshape(B, g.n_heads, L, Dv)
     lse = lse.reshape(B, g.n_heads, L)

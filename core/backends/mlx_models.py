@@ -319,7 +319,7 @@ class Attention(nn.Module):
         # causal (bottom-right aligned), or causal + sliding window of W keys (an int mask)
         mask = "causal" if self.sliding_window is None else self.sliding_window
         # The LSE is lazy: when the trace is off nothing asks for it and MLX never computes it.
-        out, lse = sdpa_with_lse_mlx(q, keys, values, scale=self.scale, mask=mask)
+        out, lse = sdpa_with_lse_mlx(q, keys, values, scale=self.scale, mask=mask, parts=True)  # lse = (m, ℓ)
         if trace is not None and trace.enabled:
             trace.record(self.layer_idx, q, lse, cache, self.scale, self.sliding_window)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
