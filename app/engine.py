@@ -61,6 +61,11 @@ class JobContext:
         """True once the user cancelled this job (while it ran or while it waited in the queue)."""
         return self.job_id <= self.cancel_upto
 
+    def partial(self, result) -> None:
+        """Hand an intermediate result (a coarse overview, the layers done so far) to the job's
+        ``on_partial`` callback on the GUI thread (progressive display); dropped if it has none."""
+        self.worker.partial.emit(self.job_id, result)
+
 
 class EngineWorker(QObject):
     """Lives on the engine thread; runs jobs one at a time."""
@@ -68,6 +73,7 @@ class EngineWorker(QObject):
     finished = Signal(object, object)  # (job, result)
     failed = Signal(object, object)  # (job, one-line message: str, or CancelledMessage)
     progress = Signal(str, float)
+    partial = Signal(int, object)  # (job id, intermediate result): JobContext.partial
     busy = Signal(bool, str)
     _wake = Signal()
 
@@ -153,6 +159,7 @@ class Engine(QObject):
         self._ids = itertools.count(1)
         self._outstanding: set[int] = set()  # submitted, not yet reported back
         self._callbacks: dict[int, tuple] = {}  # job id -> (on_done, on_error), GUI thread only
+        self._partials: dict[int, Callable] = {}  # job id -> on_partial (progressive results), GUI thread only
         self._last_id = 0
         self.thread = QThread()
         self.thread.setObjectName("attnscope-engine")
@@ -161,6 +168,7 @@ class Engine(QObject):
         self.worker.finished.connect(self._on_finished)
         self.worker.failed.connect(self._on_failed)
         self.worker.progress.connect(self.progress)
+        self.worker.partial.connect(self._on_partial)
         self.worker.busy.connect(self._on_busy)
         self.thread.finished.connect(self.worker.deleteLater)  # the standard QThread worker teardown
         self.thread.start()
@@ -170,9 +178,16 @@ class Engine(QObject):
         """Run a command in order after everything already queued. Returns the job id."""
         return self._put(Job(fn, on_done, on_error, None, label))
 
-    def submit(self, channel: str, fn, on_done=None, on_error=None, label: str = "updating") -> int:
-        """Run a view request; replaces a not-yet-started request on the same ``channel``."""
-        return self._put(Job(fn, on_done, on_error, channel, label))
+    def submit(self, channel: str, fn, on_done=None, on_error=None, label: str = "updating",
+               on_partial=None) -> int:
+        """Run a view request; replaces a not-yet-started request on the same ``channel``.
+
+        ``on_partial(result)`` (GUI thread) receives what the job hands to ``ctx.partial`` while it runs.
+        """
+        job_id = self._put(Job(fn, on_done, on_error, channel, label))
+        if on_partial is not None and job_id in self._outstanding:
+            self._partials[job_id] = on_partial
+        return job_id
 
     def _put(self, job: Job) -> int:
         job.id = self._last_id = next(self._ids)
@@ -183,6 +198,7 @@ class Engine(QObject):
         for old in self.worker.put(replace(job, on_done=None, on_error=None)):
             self._outstanding.discard(old.id)
             self._callbacks.pop(old.id, None)
+            self._partials.pop(old.id, None)
         return job.id
 
     def cancel(self) -> None:
@@ -240,9 +256,16 @@ class Engine(QObject):
         finally:
             self._report(job)
 
+    @Slot(int, object)
+    def _on_partial(self, job_id: int, result) -> None:
+        cb = self._partials.get(job_id)
+        if cb is not None and job_id in self._outstanding:
+            cb(result)
+
     def _report(self, job: Job) -> None:
         self._outstanding.discard(job.id)
         self._callbacks.pop(job.id, None)
+        self._partials.pop(job.id, None)
         if not self._outstanding:
             self.idle.emit()
 

@@ -94,6 +94,11 @@ class HeadGridCanvas(QWidget):
         self._canvas = np.ascontiguousarray(canvas)
         return QImage(self._canvas.data, canvas.shape[1], canvas.shape[0], canvas.shape[1] * 3, QImage.Format_RGB888)
 
+    def set_note(self, text: str) -> None:
+        """A line over the grid, e.g. that it is partial while the remaining layers are computed."""
+        self.note = text
+        self.update()
+
     def set_placeholder(self, text: str) -> None:
         """What the canvas says while it has no thumbnails (nothing run yet, or computing them)."""
         self.placeholder = text
@@ -109,6 +114,9 @@ class HeadGridCanvas(QWidget):
             return
         p.drawImage(0, 0, self._image)
         L, H = self.thumbs.shape[:2]
+        if getattr(self, "note", ""):
+            p.setPen(QColor(176, 48, 0))
+            p.drawText(QRect(0, 4, self.LEFT - 4, 36), Qt.AlignLeft | Qt.TextWordWrap, self.note)
         font = QFont(self.font())
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         p.setFont(font)

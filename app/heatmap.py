@@ -50,6 +50,8 @@ RANGE_MODES = {
     "shared": "Shared (heads of layer)",
 }
 MASK_HATCH = (150, 150, 150)  # masked cells: grey hatch on white, outside every colour map
+LONG_SQUARE = 1024  # above this many tokens the overview fills the plot's rectangle (aspect unlocked)
+LONG_SCALE_NOTE = 2048  # from this many tokens the title says the scale was chosen by length
 TILE_MAX = 768  # exact tiles are requested once the visible region is at most this many rows and cols
 LOG_FLOOR = 1e-6  # lowest weight the log scale shows (core.colormaps.normalize)
 
@@ -643,3 +645,49 @@ class HeatmapView(QWidget):
         self.row_frame.setRect(self.k_offset, row, self.n_cols, 1)
         self.row_frame.show()
 
+    # -- long maps: colours by length, overview at the view's pixel size, partial/stale titles -----
+    def apply_length_defaults(self, n: int) -> str:
+        """Pick the colour scale for a map of ``n`` tokens unless the user chose one
+        (:func:`core.export_long.default_scale`: log from 2,048 tokens, where most weights are ~1/n
+        and the linear [0, 1] map is one flat colour). Long maps also fill the plot's rectangle
+        (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
+        from core.export_long import default_scale, scale_note
+
+        if not getattr(self, "_length_hooked", False):
+            self._length_hooked = True
+            self._scale_user_set = False
+            self.scale_combo.activated.connect(self._on_user_scale)  # user clicks only, not setCurrentText
+        by_length = not self._scale_user_set
+        if by_length and self.scale != default_scale(n):
+            self.scale_combo.blockSignals(True)
+            self.scale_combo.setCurrentText(default_scale(n))
+            self.scale_combo.blockSignals(False)
+            self.gamma_spin.setEnabled(self.scale == "power")
+        self.plot.setAspectLocked(n <= LONG_SQUARE)
+        return scale_note(n, self.scale, by_length and n >= LONG_SCALE_NOTE)
+
+    def _on_user_scale(self, *_):
+        self._scale_user_set = True
+        self.optionsChanged.emit()  # the title says the scale: re-request (cheap for a shown map)
+
+    def overview_pixels(self) -> tuple[int, int]:
+        """``(columns, rows)`` for a long map's pooled overview: the plot's size in device pixels
+        (a little under it, so no overview pixel is dropped by the display's resampling: each one
+        is a block max, and a one-cell sink column is one of them), within [256, 4096]."""
+        rect = self.plot.getViewBox().sceneBoundingRect()
+        ratio = self.devicePixelRatioF() if hasattr(self, "devicePixelRatioF") else 1.0
+        w, h = rect.width() * ratio * 0.96, rect.height() * ratio * 0.96
+        if w < 64 or h < 64:  # not laid out yet
+            w = h = 1024
+        return int(min(4096, max(256, w))), int(min(4096, max(256, h)))
+
+    def show_status(self, title: str, status: str = "") -> None:
+        """Title plus a status such as ``"partial: 40 % of rows, refining"`` or ``"stale: …"``."""
+        self._status_base = title
+        text = title if not status else f"{title} · <span style='color:#b03000'>{status}</span>"
+        self.plot.setTitle(text, color="k")
+
+    def mark_stale(self, why: str = "stale: computing the new map…") -> None:
+        """Say that the map on screen no longer matches the request (a new prompt, a long recompute)."""
+        if self.weights is not None or self.pooled is not None:
+            self.show_status(getattr(self, "_status_base", "") or self.plot.titleLabel.text, why)

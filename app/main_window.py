@@ -193,8 +193,12 @@ def _percent_progress(ctx, what: str):
     return progress
 
 
-def _map_job(layer, head, mode, n, shared, cancelled):
-    """The heatmap's data for positions ``0..n-1``: exact map, or pooled overview when long."""
+def _map_job(layer, head, mode, n, shared, cancelled, out=None):
+    """The heatmap's data for positions ``0..n-1``: exact map, or pooled overview when long.
+
+    ``out`` = ``(columns, rows)`` of a long map's overview (the plot's pixels); while it is computed,
+    coarse-to-fine partial overviews go to ``ctx.partial`` as ``(key, PooledMap, auto_max)``.
+    """
 
     def job(ctx):
         from core import aggregate as agg
@@ -203,7 +207,13 @@ def _map_job(layer, head, mode, n, shared, cancelled):
         shared_max = agg.layer_robust_max(s, layer, n, cancelled=cancelled) if shared else None
         progress = _percent_progress(ctx, "Averaging heads") if mode in ("layer", "all") else None
         if n > agg.LONG_PROMPT:
-            pm = agg.pooled_map(s, layer, head, mode, n, cancelled=cancelled, progress=progress)
+            cols, rows = out or (agg.OVERVIEW, agg.OVERVIEW)
+
+            def partial(pm):
+                ctx.partial(((layer, head, mode, n), pm, agg.robust_max(pm.image)))
+
+            pm = agg.pooled_map(s, layer, head, mode, n, out=rows, out_cols=cols, cancelled=cancelled,
+                                progress=progress, partial=partial)
             return (layer, head, mode, n), None, pm, agg.robust_max(pm.image), shared_max
         w = agg.map_at(s, layer, head, mode, n, cancelled=cancelled, progress=progress)
         return (layer, head, mode, n), w, None, agg.robust_max(w), shared_max
@@ -255,7 +265,8 @@ def _grid_job(size, n, cancelled):
         from core.aggregate import thumbnails
 
         return n, thumbnails(_require(ctx), n, size=size, cancelled=cancelled,
-                             progress=_percent_progress(ctx, "Head grid thumbnails"))
+                             progress=_percent_progress(ctx, "Head grid thumbnails"),
+                             partial=lambda th, frac: ctx.partial((n, th, frac)))
 
     return job
 
@@ -593,7 +604,7 @@ class MainWindow(QMainWindow):
         """Positions shown at the timeline's step: ``n_prompt + step`` (:mod:`core.timeline`)."""
         return self.timeline.visible_len
 
-    def submit_view(self, channel: str, fn, on_done, label: str = "updating") -> int:
+    def submit_view(self, channel: str, fn, on_done, label: str = "updating", on_partial=None) -> int:
         """Submit a view request; a newer one on ``channel`` replaces it (and stops it, see cancel_token).
 
         A request stopped because a newer one superseded it reports nothing (no error, no callback).
@@ -618,7 +629,13 @@ class MainWindow(QMainWindow):
             if result is not superseded:
                 on_done(result)
 
-        return self.engine.submit(channel, run, done, label=label)
+        return self.engine.submit(channel, run, done, label=label, on_partial=on_partial)
+
+    def cancel_views(self) -> None:
+        """Stop every running or queued view job now (a new prompt makes them all stale): each one's
+        ``cancelled()`` turns true, and the blocked aggregates check it before every block."""
+        for channel in list(self._generations):
+            self._generations[channel] = self._generations[channel] + 1
 
     def cancel_token(self, channel: str):
         """A ``cancelled()`` callable for a view job: true once a newer request on ``channel`` exists."""
@@ -784,6 +801,8 @@ class MainWindow(QMainWindow):
         if not prompt.strip():
             self.show_error("The prompt is empty: type some text first.")
             return
+        self.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
+        self.heatmap.mark_stale("stale: previous prompt (running the new one…)")
         self.engine.enqueue(_prefill_job(prompt, self.chat_check.isChecked() and self.chat_check.isEnabled()),
                             self._on_ran, self._on_command_failed, label="prefill")
 
@@ -891,8 +910,10 @@ class MainWindow(QMainWindow):
             return
         hm = self.heatmap
         job = _map_job(self.layer, self.head, hm.aggregate, self.visible_len, hm.range_mode == "shared",
-                       self.cancel_token("heatmap"))
-        self.submit_view("heatmap", job, self._on_weights, label="weights")
+                       self.cancel_token("heatmap"), out=hm.overview_pixels())
+        if self.map_key is not None and self.map_key != self._wanted_key():
+            hm.mark_stale("stale: computing the map for this selection…")
+        self.submit_view("heatmap", job, self._on_weights, label="weights", on_partial=self._on_weights_partial)
 
     def _wanted_key(self) -> tuple[int, int, str, int]:
         return self.layer, self.head, self.heatmap.aggregate, self.visible_len
@@ -912,6 +933,7 @@ class MainWindow(QMainWindow):
         step = self.timeline.step
         when = "" if self.timeline.at_latest else f" · step {step} of {self.snapshot.n_generated}"
         title = f"{describe(self.snapshot.info, layer, head, mode)} · seq_len {n}{when}"
+        title += f" · {self.heatmap.apply_length_defaults(n)}"
         if pooled is None:
             self.weights = w
             self.heatmap.set_weights(w, toks, toks, title=title, reset_view=reset, auto_max=auto_max,
@@ -920,7 +942,25 @@ class MainWindow(QMainWindow):
             self.weights = None  # long map: never held whole on the GUI side
             self.heatmap.set_overview(pooled, toks, title=title + " · overview: max-pooled", reset_view=reset,
                                       auto_max=auto_max, shared_max=shared_max)
+            self.heatmap.show_status(title + f" · overview: {pooled.pooling}-pooled")
         self._show_token_strip()
+
+    def _on_weights_partial(self, result) -> None:
+        """A coarse-to-fine overview of a long map while it is computed: shown at once, said partial."""
+        key, pooled, auto_max = result
+        if self.snapshot is None or key != self._wanted_key():
+            return
+        from core.aggregate import describe
+
+        layer, head, mode, n = key
+        reset = self.map_key is None or self.map_key[3] != n
+        self.map_key = None  # not final: the finished map replaces it (and tiles wait for it)
+        self.weights = None
+        toks = list(self.snapshot.tokens)[:n]
+        title = f"{describe(self.snapshot.info, layer, head, mode)} · seq_len {n}"
+        title += f" · {self.heatmap.apply_length_defaults(n)} · overview: {pooled.pooling}-pooled"
+        self.heatmap.set_overview(pooled, toks, title=title, reset_view=reset, auto_max=auto_max)
+        self.heatmap.show_status(title, f"partial: {pooled.done:.0%} of rows, refining")
 
     def _request_tile(self, r0: int, r1: int, c0: int, c1: int) -> None:
         if self.map_key is None:
@@ -972,9 +1012,18 @@ class MainWindow(QMainWindow):
             return
         self.grid.canvas.set_placeholder("Computing every head's thumbnail…")
         self.submit_view("grid", _grid_job(40, self.visible_len, self.cancel_token("grid")), self._on_grid,
-                         label="head grid")
+                         label="head grid", on_partial=self._on_grid_partial)
+
+    def _on_grid_partial(self, result) -> None:
+        n, thumbs, frac = result
+        if self.snapshot is None or n != self.visible_len:
+            return
+        self.grid.canvas.cmap = self.cmap_combo.currentText()
+        self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size)
+        self.grid.canvas.set_note(f"partial: {frac:.0%} of layers")
 
     def _on_grid(self, result) -> None:
+        self.grid.canvas.set_note("")
         n, thumbs = result
         if self.snapshot is None or n != self.visible_len:
             return  # stale: the step changed since the request

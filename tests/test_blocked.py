@@ -129,7 +129,7 @@ def test_cancel_stops_the_work(sess):
             calls.clear()
             checks = []
 
-            def cancelled(k=k):
+            def cancelled(k=k, checks=checks):
                 checks.append(1)
                 return len(checks) > k
 

@@ -6,9 +6,13 @@ with post-RoPE queries and the cached keys/values. The function runs the fused k
 (:func:`core.attention.sdpa_with_lse`) and records the new query rows and their LSE in the
 layer's :class:`core.capture.TorchTrace`.
 
-Because ``"attnscope"`` is not in transformers' mask interface, the model passes
-``attention_mask=None`` and our function applies the mask itself: causal, bottom-right aligned,
-plus the layer's sliding window (``module.sliding_window``) where it has one.
+The mask: ``register_attention()`` also puts :func:`attnscope_mask` in transformers'
+``AttentionMaskInterface``, so that a caller's padding mask reaches the attention function instead
+of being dropped (transformers passes ``attention_mask=None`` to a function missing there). The
+mask function returns None when every key is real; our function then applies the mask itself:
+causal, bottom-right aligned, plus the layer's sliding window (``module.sliding_window``) where it
+has one. A padding mask, a custom 4-d mask or a batch of several sequences is refused with one line
+(:data:`core.ids.BATCH_REFUSAL`): the Trace holds one sequence.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import torch
 from core.attention import sdpa_with_lse
 from core.capture import TorchTrace
 from core.errors import Cancelled, ModelLoadError, UnsupportedModelError
+from core.ids import BATCH_REFUSAL, as_token_ids
+from core.rope_length import LengthDependentRope, RopeRecompute
 
 ATTN_NAME = "attnscope"
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
@@ -35,24 +41,28 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
     Args:
         module: the attention module (``layer_idx``, ``sliding_window``, ``is_causal``).
         query: ``(B, n_heads, L, D)`` post-RoPE; key, value: ``(B, n_kv_heads, S, D)`` cached.
-        attention_mask: must be None for batch-1 causal use (padding is not supported).
+        attention_mask: None (what :func:`attnscope_mask` gives when no key is padding).
 
     Returns:
         ``(out (B, L, n_heads, D), None)`` as transformers expects.
 
     Raises:
-        UnsupportedModelError: soft-capping, attention sinks or a padding mask.
+        UnsupportedModelError: soft-capping, attention sinks, a padding or custom mask, or a batch
+            of several sequences while capturing.
     """
     if kwargs.get("softcap") is not None:
         raise UnsupportedModelError("attention logit soft-capping is not supported by AttnScope's attention path")
     if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
         raise UnsupportedModelError("learned attention sinks are not supported by AttnScope's attention path")
     if attention_mask is not None:
-        raise UnsupportedModelError("padding masks are not supported (AttnScope runs one sequence at a time)")
+        kind = "a padding mask" if getattr(attention_mask, "ndim", 2) == 2 else "a custom attention mask"
+        raise UnsupportedModelError(f"the model was called with {kind}: {BATCH_REFUSAL}")
     # Mistral passes its window as a keyword only; Qwen2/Gemma set it per layer on the module too.
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     causal = getattr(module, "is_causal", True)
     capture: TorchTrace | None = getattr(module, "_attnscope_trace", None)
+    if query.shape[0] != 1 and capture is not None and capture.enabled:
+        raise UnsupportedModelError(f"the model was called with a batch of {query.shape[0]} sequences: {BATCH_REFUSAL}")
     overrides = getattr(capture, "overrides", None) if capture is not None else None
     if overrides is not None:  # experiments (core.experiments) may change mask and scale
         out, lse = overrides.attend(module, query, key, value, scaling, window)
@@ -63,14 +73,36 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
     return out.transpose(1, 2).contiguous(), None
 
 
+def attnscope_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                   attention_mask=None, **kwargs):
+    """transformers mask function for ``"attnscope"`` (``AttentionMaskInterface``).
+
+    Args:
+        attention_mask: the caller's ``(B, seen + L)`` boolean padding mask, or None.
+        kv_length: keys this layer attends to.
+
+    Returns:
+        None when there is no padding among the last ``kv_length`` keys (the attention function
+        builds the causal / window mask itself), else that ``(B, kv_length)`` boolean mask, which
+        :func:`attnscope_attention` refuses: the model path never runs with padding dropped.
+    """
+    if attention_mask is None:
+        return None
+    am = attention_mask[:, -kv_length:]
+    if am.shape[-1] == kv_length and bool(am.all()):
+        return None
+    return am
+
+
 def register_attention() -> None:
-    """Register :func:`attnscope_attention` under ``"attnscope"`` (idempotent)."""
+    """Register :func:`attnscope_attention` and :func:`attnscope_mask` under ``"attnscope"`` (idempotent)."""
     global _registered
     if _registered:
         return
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
 
     AttentionInterface.register(ATTN_NAME, attnscope_attention)
+    AttentionMaskInterface.register(ATTN_NAME, attnscope_mask)
     _registered = True
 
 
@@ -124,6 +156,9 @@ class TorchBackend:
             raise UnsupportedModelError(
                 f"found {n} attention modules with a layer index, expected {info.n_layers}: this family's layout is not supported"
             )
+        # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see core.rope_length
+        self.rope = LengthDependentRope(model)
+        self.notices: list[RopeRecompute] = []  # KV-cache recomputes of the current sequence
         self.reset()
 
     @classmethod
@@ -137,9 +172,15 @@ class TorchBackend:
     def reset(self) -> None:
         # A plain DynamicCache (no config) keeps every position in every layer, also for
         # sliding-window layers: key index == position, and our function applies the window.
+        self._clear()
+        self.notices = []
+
+    def _clear(self) -> None:
         self.cache = self._DynamicCache()
         self.trace.reset()
         self.seq_len = 0
+        self._ids: list[int] = []  # the ids in the cache (a length-dependent RoPE may re-run them)
+        self._rope_key: tuple | None = None  # the RoPE frequencies the cache was built with
 
     @torch.inference_mode()
     def forward(
@@ -155,7 +196,57 @@ class TorchBackend:
         Long inputs run in chunks of :data:`PREFILL_CHUNK`; ``progress(done, total)`` is called
         after each and ``cancelled()`` checked before each (raising :class:`Cancelled`, after
         rolling the cache back to where it was).
+
+        A model whose RoPE frequencies depend on the length (:mod:`core.rope_length`) runs every
+        chunk with the frequencies of the whole sequence; when those differ from the ones the
+        cache was built with, the whole sequence is re-run from position 0 and a
+        :class:`core.rope_length.RopeRecompute` is appended to :attr:`notices`.
+
+        Raises:
+            ValueError: ``ids`` is not one flat sequence of ints (a batch is refused).
+            Cancelled: as above.
         """
+        ids = as_token_ids(ids)
+        start = self.seq_len
+        if not self.rope.active:
+            return self._run(ids, progress, cancelled, all_logits)
+        total = start + len(ids)
+        key = self.rope.key(total, self.device)
+        if start and key != self._rope_key:  # the cached keys were rotated with other frequencies
+            old = list(self._ids)
+            self._clear()
+            try:
+                logits = self._run_at(old + ids, total, key, progress, None, all_logits)
+            except BaseException:
+                self._rebuild(old)
+                raise
+            self.notices.append(self.rope.notice(start, total))
+            return logits[-len(ids):] if all_logits else logits
+        return self._run_at(ids, total, key, progress, cancelled, all_logits)
+
+    def _run_at(self, ids, total, key, progress, cancelled, all_logits):
+        """:meth:`_run` with the rotary modules held at the frequencies of ``total`` positions."""
+        self.rope.target = total
+        try:
+            out = self._run(ids, progress, cancelled, all_logits)
+        finally:
+            self.rope.target = None
+        self._rope_key = key
+        return out
+
+    @torch.inference_mode()
+    def _rebuild(self, ids: list[int]) -> None:
+        """Run ``ids`` from an empty cache (after a failed or needed recompute); empty on failure."""
+        self._clear()
+        if ids:
+            try:
+                self._run_at(ids, len(ids), self.rope.key(len(ids), self.device), None, None, False)
+            except BaseException:
+                self._clear()
+                raise
+
+    def _run(self, ids, progress, cancelled, all_logits):
+        """The chunk loop of :meth:`forward`."""
         start = self.seq_len
         outs = []
         if self.trace.enabled:  # one allocation for the whole capture (see core.capture._RowStore)
@@ -168,6 +259,7 @@ class TorchBackend:
                 res = self.model(input_ids=chunk, **{self._cache_kw: self.cache}, use_cache=True,
                                  logits_to_keep=0 if all_logits else 1)
                 self.seq_len += chunk.shape[1]
+                self._ids += ids[c0 : c0 + PREFILL_CHUNK]
                 outs.append(res.logits[0].float().cpu().numpy())
                 if progress is not None:
                     progress(min(c0 + PREFILL_CHUNK, len(ids)), len(ids))
@@ -177,12 +269,20 @@ class TorchBackend:
         return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
 
     def truncate(self, n: int) -> None:
-        """Drop positions ``>= n`` from the KV cache and the Trace (nothing is recomputed)."""
+        """Drop positions ``>= n`` from the KV cache and the Trace (nothing is recomputed, unless a
+        length-dependent RoPE uses other frequencies at ``n`` positions: then the ``n`` positions are
+        re-run and a notice recorded, see :meth:`forward`)."""
         if n >= self.seq_len:
             return
         if n <= 0:
             self.reset()
             return
+        if self.rope.active and self.rope.key(n, self.device) != self._rope_key:
+            before = self.seq_len
+            self._rebuild(self._ids[:n])
+            self.notices.append(self.rope.notice(before, n))
+            return
+        self._ids = self._ids[:n]
         # Crop each layer's tensors ourselves: DynamicCache.crop's argument changed meaning across
         # transformers 5.x releases (final length vs. tokens to remove).
         for layer in self.cache.layers:

@@ -1,0 +1,610 @@
+"""Compare tab: run B next to the window's run A, head by head (:mod:`core.compare`).
+
+Run A is the window's session as it is (prompt + decode steps). Run B is chosen here: another
+model sharing the tokenizer, the same model at another precision, on the other backend, or on an
+edited prompt. B is loaded and run on the engine thread (a second session held there, never on
+the GUI side; the previous B is dropped first), then fed A's generated tokens, so a decode lines
+up too. A's per-position logits are kept by re-running A's sequence once when the window's
+prefill did not keep them (same ops, same numbers).
+
+The panel draws only: the layers × heads table of Jensen–Shannon distances (sortable, most
+changed first), the logits' KL(A‖B) and top-1 agreement per position, and for the selected head
+A, B and A − B side by side (A − B on a diverging map centred on 0 with a symmetric range; maps
+longer than :data:`MAX_CELLS` are mean-pooled, so pooled A − pooled B = pooled (A − B)). Hover
+reads both weights; a click on a row plots A's and B's rows as lines.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.views.sinks import style_plot
+from app.views.state import SavedControls
+
+KINDS = {
+    "model": "Another model (same tokenizer)",
+    "dtype": "Same model, another precision",
+    "backend": "Same model, other backend",
+    "prompt": "Same model, edited prompt",
+}
+DTYPES = ("float32", "bfloat16", "float16")
+MAX_CELLS = 512  # maps longer than this are mean-pooled to this many cells a side for display
+COLUMNS = ("Rank", "Layer", "Head", "JS mean", "JS max", "Max at row")
+
+# engine-thread state: run B's session (only ever touched from jobs)
+_ENGINE = {"b": None}
+
+
+@dataclass(frozen=True)
+class RunBSpec:
+    """What run B is: every field None = A's."""
+
+    kind: str
+    model: str | None
+    backend: str
+    dtype: str
+    prompt: str
+    weighting: str = "attention"
+
+
+def _run_b_job(spec: RunBSpec):
+    def job(ctx):
+        from core.compare import compare_sessions
+        from core.errors import SessionError
+        from core.models import is_default_source
+        from core.session import Session
+
+        sa = ctx.session
+        if sa is None or sa.seq_len == 0:
+            raise SessionError("run a prompt first: run A is the window's sequence")
+        try:
+            sa.position_logits()
+        except SessionError:  # the window's prefill kept only the last logits: replay A once
+            ctx.progress("Re-running A to keep every position's logits…", 0.02)
+            gen = sa.ids[sa.n_prompt:]
+            sa.prefill(sa.prompt, chat_template=sa.chat_template, all_logits=True, cancelled=ctx.cancelled)
+            if gen:
+                sa.feed(gen, cancelled=ctx.cancelled)
+        _ENGINE["b"] = None
+        gc.collect()
+        source = spec.model if spec.kind == "model" else sa.info.source
+        ref = None if source and is_default_source(source) else source
+        ctx.progress(f"Loading run B ({spec.backend}, {spec.dtype})…", 0.05)
+        sb = Session.load(ref, backend=spec.backend, dtype=spec.dtype)
+        if ctx.cancelled():
+            from core.errors import Cancelled
+
+            raise Cancelled("compare cancelled")
+        ctx.progress("Running B…", 0.2)
+        sb.prefill(spec.prompt, chat_template=sa.chat_template, all_logits=True, cancelled=ctx.cancelled)
+        gen = sa.ids[sa.n_prompt:]
+        if gen:
+            sb.feed(gen, cancelled=ctx.cancelled)
+        _ENGINE["b"] = sb
+        total = sa.info.n_layers * sa.info.n_heads
+        res = compare_sessions(sa, sb, weighting=spec.weighting, cancelled=ctx.cancelled,
+                               progress=lambda d, t: ctx.progress(f"Comparing heads {d}/{total}…", 0.3 + 0.7 * d / t))
+        labels = ([t.text for t in sa.tokens], [t.text for t in sb.tokens])
+        return res, labels
+
+    return job
+
+
+def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
+    """Mean over blocks so that neither side exceeds ``size`` (zero-padded edge blocks averaged over
+    their real cells)."""
+    n_r, n_c = w.shape
+    f = max(1, -(-max(n_r, n_c) // size))
+    if f == 1:
+        return w
+    R, C = -(-n_r // f), -(-n_c // f)
+    pad = np.zeros((R * f, C * f), np.float64)
+    cnt = np.zeros_like(pad)
+    pad[:n_r, :n_c] = w
+    cnt[:n_r, :n_c] = 1
+    s = pad.reshape(R, f, C, f).sum(axis=(1, 3))
+    c = cnt.reshape(R, f, C, f).sum(axis=(1, 3))
+    return (s / np.maximum(c, 1)).astype(np.float32)
+
+
+def _maps_job(layer: int, head: int, n: int, weighting: str):
+    def job(ctx):
+        from core.compare import head_maps
+        from core.errors import SessionError
+
+        sb = _ENGINE["b"]
+        if sb is None or ctx.session is None:
+            raise SessionError("run B first")
+        wa, wb = head_maps(ctx.session, sb, layer, head, n, weighting=weighting)
+        f = max(1, -(-n // MAX_CELLS))
+        return (layer, head), _mean_pool(wa, MAX_CELLS), _mean_pool(wb, MAX_CELLS), f
+
+    return job
+
+
+def _row_job(layer: int, head: int, row: int, n: int, weighting: str):
+    def job(ctx):
+        from core.compare import head_maps
+
+        wa, wb = head_maps(ctx.session, _ENGINE["b"], layer, head, n, rows=slice(row, row + 1), weighting=weighting)
+        return row, wa[0], wb[0]
+
+    return job
+
+
+def diverging_lut() -> np.ndarray:
+    """``(256, 3)`` uint8 blue–white–red (colorcet CET-D1, through pyqtgraph): 0 is the middle entry."""
+    return pg.colormap.get("CET-D1").getLookupTable(nPts=256).astype(np.uint8)[:, :3]
+
+
+class _NumItem(QTableWidgetItem):
+    """A table cell that sorts by its number, not its text."""
+
+    def __init__(self, value: float, text: str):
+        super().__init__(text)
+        self.setData(Qt.UserRole, float(value))
+        self.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+        self.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+
+    def __lt__(self, other):
+        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
+        return a < b if a is not None and b is not None else super().__lt__(other)
+
+
+class CompareView(QWidget, SavedControls):
+    """The Compare tab. ``main`` is the :class:`app.main_window.MainWindow`."""
+
+    STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo")
+
+    def __init__(self, main, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.main = main
+        self.result = None
+        self.labels: tuple[list[str], list[str]] = ([], [])
+        self.maps: tuple[np.ndarray, np.ndarray] | None = None
+        self.map_key: tuple[int, int] | None = None
+        self.pool = 1
+
+        # -- run B controls
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Run B"))
+        self.kind_combo = QComboBox()
+        for k, text in KINDS.items():
+            self.kind_combo.addItem(text, k)
+        top.addWidget(self.kind_combo)
+        self.model_edit = QLineEdit()
+        self.model_edit.setPlaceholderText("model folder or .gguf sharing A's tokenizer")
+        top.addWidget(self.model_edit, 2)
+        self.browse_button = QPushButton("Browse…")
+        self.browse_button.setToolTip("Pick run B's model from the local models")
+        top.addWidget(self.browse_button)
+        self.dtype_combo = QComboBox()
+        self.dtype_combo.addItems(DTYPES)
+        self.dtype_combo.setToolTip("Run B's precision")
+        top.addWidget(self.dtype_combo)
+        self.backend_combo = QComboBox()
+        self.backend_combo.addItems(("torch", "mlx"))
+        self.backend_combo.setToolTip("Run B's backend")
+        top.addWidget(self.backend_combo)
+        top.addWidget(QLabel("Compare"))
+        self.weighting_combo = QComboBox()
+        self.weighting_combo.addItem("attention weights", "attention")
+        self.weighting_combo.addItem("value-weighted", "value-weighted")
+        self.weighting_combo.setToolTip("Weights α, or the row-normalised value-weighted maps "
+                                        "α_ij‖v_j W_O^h‖ (Kobayashi et al. 2020)")
+        top.addWidget(self.weighting_combo)
+        self.run_button = QPushButton("Run B && compare")
+        self.run_button.setToolTip("Load and run B on the engine thread, then compare every head (Esc cancels)")
+        top.addWidget(self.run_button)
+
+        prow = QHBoxLayout()
+        prow.addWidget(QLabel("B's prompt"))
+        self.prompt_edit = QLineEdit()
+        self.prompt_edit.setPlaceholderText("run B's prompt (defaults to A's)")
+        prow.addWidget(self.prompt_edit, 1)
+        self.export_table_button = QPushButton("Export table…")
+        self.export_table_button.setToolTip("The ranked heads table and the logits as CSV or JSON, naming both runs")
+        self.export_maps_button = QPushButton("Export maps…")
+        self.export_maps_button.setToolTip("A, B and A − B of the selected head as PNG/SVG/PDF + a JSON sidecar")
+        prow.addWidget(self.export_table_button)
+        prow.addWidget(self.export_maps_button)
+
+        self.summary = QLabel("Run a prompt (run A), choose run B, then press Run B & compare.")
+        self.summary.setStyleSheet("color:#335;")
+        # not word-wrapped: a wrapping label gives the layout height-for-width, and the tab's scroll
+        # page then sizes the whole view from its size hints (taller than the page). Two set lines,
+        # clipped when narrow (the tooltip holds the whole text).
+        self.summary.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
+        self.summary.setFixedHeight(2 * self.summary.fontMetrics().lineSpacing() + 4)
+
+        # -- table
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(20)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.setSortingEnabled(True)
+        self.table.setMinimumWidth(330)
+        self.table.setToolTip("Jensen–Shannon distance (base 2) between A's and B's rows, over the aligned "
+                              "query rows 1..n-1. Click a head to see its maps; click a header to sort.")
+
+        # -- maps: A, B, A − B
+        self.maps_widget = pg.GraphicsLayoutWidget()
+        self.maps_widget.setBackground("w")
+        self.plots, self.images = [], []
+        for i, name in enumerate(("A", "B", "A − B")):
+            p = self.maps_widget.addPlot(row=0, col=i, title=name)
+            p.invertY(True)
+            p.setAspectLocked(True)
+            p.hideAxis("bottom")
+            p.hideAxis("left")
+            img = pg.ImageItem(axisOrder="row-major")
+            p.addItem(img)
+            self.plots.append(p)
+            self.images.append(img)
+        for p in self.plots[1:]:
+            p.setXLink(self.plots[0])
+            p.setYLink(self.plots[0])
+        self.bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False, width=12)
+        self.bar.setImageItem(self.images[2], insert_in=self.plots[2])
+        self.hover = QLabel("Hover a map to read A's and B's weights; click a row to plot both rows.")
+        self.hover.setStyleSheet("color:#333;")
+        self.maps_widget.scene().sigMouseMoved.connect(self._on_hover)
+        self.maps_widget.scene().sigMouseClicked.connect(self._on_click)
+
+        # -- plots: rows, logits
+        self.row_plot = pg.PlotWidget(background="w")
+        style_plot(self.row_plot)
+        rp = self.row_plot.getPlotItem()
+        rp.setTitle("Click a row of a map to plot A's and B's rows", color="#222", size="9pt")
+        rp.setLabel("bottom", "key position")
+        rp.setLabel("left", "weight")
+        rp.addLegend(offset=(-10, 10))
+        self.row_a = rp.plot([], [], pen=pg.mkPen("#3b6fb6", width=2), name="A")
+        self.row_b = rp.plot([], [], pen=pg.mkPen("#d0702a", width=2, style=Qt.DashLine), name="B")
+        self.logit_plot = pg.PlotWidget(background="w")
+        style_plot(self.logit_plot)
+        lp = self.logit_plot.getPlotItem()
+        lp.setLabel("bottom", "position")
+        lp.setLabel("left", "KL(A‖B), bits")
+        lp.addLegend(offset=(-10, 10))
+        lp.setTitle("Logits per position: KL(A‖B) and where the top-1 token differs", color="#222", size="9pt")
+        self.kl_curve = lp.plot([], [], pen=pg.mkPen("#3b6fb6", width=1.5), symbol="o", symbolSize=4,
+                                symbolBrush="#3b6fb6", symbolPen=None, name="KL(A‖B)")
+        self.disagree = lp.plot([], [], pen=None, symbol="x", symbolSize=9, symbolBrush="#b02a2a",
+                                symbolPen=pg.mkPen("#b02a2a"), name="top-1 differs")
+
+        for w, h in ((self.maps_widget, 160), (self.row_plot, 110), (self.logit_plot, 110), (self.table, 120)):
+            w.setMinimumHeight(h)
+        left = QSplitter(Qt.Vertical)  # table over the logits
+        left.addWidget(self.table)
+        left.addWidget(self.logit_plot)
+        left.setSizes([380, 200])
+        right = QSplitter(Qt.Vertical)  # maps over the clicked rows
+        mapbox = QWidget()
+        ml = QVBoxLayout(mapbox)
+        ml.setContentsMargins(0, 0, 0, 0)
+        ml.addWidget(self.maps_widget, 1)
+        ml.addWidget(self.hover)
+        right.addWidget(mapbox)
+        right.addWidget(self.row_plot)
+        right.setSizes([400, 180])
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(1, 3)
+        split.setSizes([380, 1000])
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addLayout(prow)
+        lay.addWidget(self.summary)
+        lay.addWidget(split, 1)
+
+        self.kind_combo.currentIndexChanged.connect(self._on_kind)
+        self.browse_button.clicked.connect(self._browse)
+        self.run_button.clicked.connect(self.run_b)
+        self.table.itemSelectionChanged.connect(self._on_table_selection)
+        self.export_table_button.clicked.connect(self._export_table_dialog)
+        self.export_maps_button.clicked.connect(self._export_maps_dialog)
+        self._on_kind()
+
+    # -- main-window hooks --------------------------------------------------------------------------
+    def on_snapshot(self, snap) -> None:
+        if snap is None:
+            return
+        if not self.prompt_edit.text() or self.kind_combo.currentData() != "prompt":
+            self.prompt_edit.setText(snap.prompt or "")
+        if self.result is not None and tuple(t.id for t in snap.tokens) != self.result.run_a.ids:
+            self.summary.setText("Run A changed since this comparison: press Run B & compare again.")
+        self._on_kind()
+
+    def on_selection(self, layer: int, head: int) -> None:
+        if self.result is not None and (layer, head) != self.map_key:
+            self.request_maps(layer, head)
+
+    def refresh(self) -> None:
+        pass
+
+    # -- run B --------------------------------------------------------------------------------------
+    def _on_kind(self, *_):
+        kind = self.kind_combo.currentData()
+        snap = self.main.snapshot
+        self.model_edit.setEnabled(kind == "model")
+        self.browse_button.setEnabled(kind == "model")
+        self.dtype_combo.setEnabled(kind in ("model", "dtype"))
+        self.backend_combo.setEnabled(kind in ("model", "backend"))
+        self.prompt_edit.setEnabled(kind == "prompt")
+        if snap is not None:
+            a_backend = snap.backend
+            if kind != "backend" and kind != "model":
+                self.backend_combo.setCurrentText(a_backend)
+            elif kind == "backend":
+                self.backend_combo.setCurrentText("mlx" if a_backend == "torch" else "torch")
+            if kind in ("backend", "prompt"):
+                self.dtype_combo.setCurrentText(snap.info.dtype if snap.info.dtype in DTYPES else "float32")
+            if kind != "prompt":
+                self.prompt_edit.setText(snap.prompt or "")
+
+    def _browse(self) -> None:
+        cls = None
+        try:
+            from app.model_picker import ModelPickerDialog as cls
+        except ImportError:
+            pass
+        if cls is None:
+            path = QFileDialog.getExistingDirectory(self, "Run B's model folder")
+            if path:
+                self.model_edit.setText(path)
+            return
+        dlg = cls(self)
+        dlg.modelChosen.connect(self.model_edit.setText)
+        dlg.exec()
+
+    def spec(self) -> RunBSpec:
+        """Run B as the controls say (defaults from A)."""
+        snap = self.main.snapshot
+        kind = self.kind_combo.currentData()
+        prompt = self.prompt_edit.text() if kind == "prompt" else (snap.prompt if snap is not None else "")
+        return RunBSpec(kind=kind, model=self.model_edit.text().strip() or None, backend=self.backend_combo.currentText(),
+                        dtype=self.dtype_combo.currentText(), prompt=prompt or "",
+                        weighting=self.weighting_combo.currentData())
+
+    def run_b(self) -> int | None:
+        """Submit run B + the comparison to the engine thread. Returns the job id (None when refused)."""
+        snap = self.main.snapshot
+        if snap is None or snap.seq_len == 0:
+            self.summary.setText("Run a prompt first: run A is the window's sequence.")
+            return None
+        spec = self.spec()
+        if spec.kind == "model" and not spec.model:
+            self.summary.setText("Choose run B's model (a folder or .gguf sharing A's tokenizer).")
+            return None
+        if not spec.prompt.strip():
+            self.summary.setText("Run B's prompt is empty: type some text.")
+            return None
+        self.summary.setText("Running B and comparing every head…")
+        self.run_button.setEnabled(False)
+        return self.main.engine.enqueue(_run_b_job(spec), self.set_result, self._on_failed, label="compare")
+
+    def _on_failed(self, message: str) -> None:
+        self.run_button.setEnabled(True)
+        self.summary.setText(f"Compare stopped: {message}")
+        self.main.statusBar().showMessage(f"Compare: {message}", 8000)
+
+    def set_result(self, payload) -> None:
+        """Show a :class:`core.compare.CompareResult` (GUI thread)."""
+        res, labels = payload
+        self.run_button.setEnabled(True)
+        self.result, self.labels = res, labels
+        self.map_key = None
+        ranked = res.ranked()
+        self.table.setSortingEnabled(False)
+        self.table.setRowCount(len(ranked))
+        for i, d in enumerate(ranked):
+            cells = (_NumItem(i + 1, str(i + 1)), _NumItem(d.layer, str(d.layer)), _NumItem(d.head, str(d.head)),
+                     _NumItem(d.js_mean, f"{d.js_mean:.3g}"), _NumItem(d.js_max, f"{d.js_max:.3g}"),
+                     _NumItem(d.js_argmax, str(d.js_argmax)))
+            for c, it in enumerate(cells):
+                self.table.setItem(i, c, it)
+        self.table.setSortingEnabled(True)
+        self.table.sortItems(3, Qt.DescendingOrder)
+        a, b, al = res.run_a, res.run_b, res.alignment
+        agree = f"{res.top1_agree.mean():.0%}" if len(res.top1_agree) else "n/a"
+        klm = f"{res.kl.mean():.3g}" if len(res.kl) else "n/a"
+        self.summary.setText(
+            f"A: {a.label()} · B: {b.label()} · {al.description} · compared: {res.weighting}\n"
+            f"most changed: L{ranked[0].layer} H{ranked[0].head} (JS mean {ranked[0].js_mean:.3g}) · "
+            f"logits: mean KL(A‖B) {klm} bits, top-1 agreement {agree}")
+        self.summary.setToolTip(self.summary.text())
+        self._draw_logits()
+        self.table.selectRow(0)
+
+    def _draw_logits(self) -> None:
+        res = self.result
+        x = np.arange(len(res.kl), dtype=float)
+        self.kl_curve.setData(x, res.kl)
+        bad = ~res.top1_agree
+        self.disagree.setData(x[bad], res.kl[bad])
+
+    def _on_table_selection(self) -> None:
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        if not rows or self.result is None:
+            return
+        r = rows[0].row()
+        layer, head = int(self.table.item(r, 1).data(Qt.UserRole)), int(self.table.item(r, 2).data(Qt.UserRole))
+        self.request_maps(layer, head)
+
+    # -- maps ---------------------------------------------------------------------------------------
+    def request_maps(self, layer: int, head: int) -> None:
+        if self.result is None:
+            return
+        n = self.result.alignment.n
+        self.main.engine.submit("compare-maps", _maps_job(layer, head, n, self.result.weighting), self.set_maps,
+                                self._on_failed, label="compare maps")
+
+    def set_maps(self, payload) -> None:
+        key, wa, wb, pool = payload
+        self.map_key, self.pool = key, pool
+        self.maps = (wa, wb)
+        d = wa.astype(np.float64) - wb.astype(np.float64)
+        hi = float(max(wa.max(), wb.max(), 1e-12))
+        lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
+        for img, w in zip(self.images[:2], (wa, wb), strict=True):
+            img.setImage(w, levels=(0.0, hi), lut=lut, autoLevels=False)
+        m = float(np.abs(d).max()) or 1e-12
+        self.images[2].setImage(d.astype(np.float32), levels=(-m, m), lut=diverging_lut(), autoLevels=False)
+        self.bar.setLevels((-m, m))
+        layer, head = key
+        pooled = f" · mean-pooled {pool}×{pool}" if pool > 1 else ""
+        vw = " (value-weighted, row-normalised)" if self.result.weighting == "value-weighted" else ""
+        self.plots[0].setTitle(f"A · L{layer} H{head}{vw}{pooled}", color="#222")
+        self.plots[1].setTitle(f"B · L{layer} H{head}", color="#222")
+        self.plots[2].setTitle(f"A − B (±{m:.3g})", color="#222")
+        for p in self.plots:
+            p.autoRange(padding=0.01)
+        if self.main.layer != layer or self.main.head != head:
+            try:
+                self.main.select(layer, head)
+            except IndexError:
+                pass
+
+    def _cell_at(self, scene_pos):
+        if self.maps is None:
+            return None
+        for p in self.plots:
+            if p.sceneBoundingRect().contains(scene_pos):
+                pt = p.vb.mapSceneToView(scene_pos)
+                r, c = int(np.floor(pt.y())), int(np.floor(pt.x()))
+                if 0 <= r < self.maps[0].shape[0] and 0 <= c < self.maps[0].shape[1]:
+                    return r, c
+        return None
+
+    def _on_hover(self, pos) -> None:
+        rc = self._cell_at(pos)
+        if rc is None:
+            return
+        r, c = rc
+        wa, wb = self.maps[0][r, c], self.maps[1][r, c]
+        f = self.pool
+        la, lb = self.labels
+        if f > 1:
+            where = f"rows {r * f}–{r * f + f - 1}, keys {c * f}–{c * f + f - 1} (mean)"
+        else:
+            ta = la[r] if r < len(la) else "?"
+            tk = la[c] if c < len(la) else "?"
+            tb = lb[r] if r < len(lb) else "?"
+            where = f"query {r} {ta!r}" + (f" (B: {tb!r})" if tb != ta else "") + f" → key {c} {tk!r}"
+        self.hover.setText(f"{where}: A {wa:.5f} · B {wb:.5f} · A − B {wa - wb:+.5f}")
+
+    def _on_click(self, ev) -> None:
+        rc = self._cell_at(ev.scenePos())
+        if rc is None or self.map_key is None:
+            return
+        row = rc[0] * self.pool
+        layer, head = self.map_key
+        self.main.engine.submit("compare-row", _row_job(layer, head, row, self.result.alignment.n,
+                                                        self.result.weighting), self.set_rows, self._on_failed,
+                                label="compare row")
+
+    def set_rows(self, payload) -> None:
+        row, ra, rb = payload
+        x = np.arange(len(ra), dtype=float)
+        self.row_a.setData(x[: row + 1], ra[: row + 1])
+        self.row_b.setData(x[: row + 1], rb[: row + 1])
+        self.row_plot.getPlotItem().setTitle(f"Query row {row}: A (blue) and B (orange, dashed)", color="#222",
+                                             size="9pt")
+
+    # -- export -------------------------------------------------------------------------------------
+    def _export_table_dialog(self) -> None:
+        if self.result is None:
+            self.summary.setText("Nothing to export yet: run B first.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export comparison table", "compare.csv",
+                                              "CSV (*.csv);;JSON (*.json)")
+        if path:
+            self.export_table(path)
+
+    def export_table(self, path) -> Path:
+        """The ranked table as CSV (+ the full JSON as ``<file>.json`` sidecar), or JSON (by suffix).
+
+        Raises:
+            ValueError: another suffix. OSError: could not write.
+        """
+        from core.commands.compare import write_csv
+        from core.export import sidecar_path
+
+        path = Path(path)
+        if path.suffix.lower() not in (".csv", ".json"):
+            raise ValueError(f"choose a .csv or .json file, not {path.name!r}")
+        data = self.result.to_json()
+        if path.suffix.lower() == ".json":
+            path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        else:
+            write_csv(self.result, path)
+            sidecar_path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
+        self.main.statusBar().showMessage(f"Wrote {path}", 6000)
+        return path
+
+    def _export_maps_dialog(self) -> None:
+        if self.maps is None:
+            self.summary.setText("Nothing to export yet: run B and select a head first.")
+            return
+        layer, head = self.map_key
+        path, _ = QFileDialog.getSaveFileName(self, "Export A, B and A − B", f"compare_L{layer}_H{head}.png",
+                                              "PNG (*.png);;SVG (*.svg);;PDF (*.pdf)")
+        if path:
+            self.export_maps(path)
+
+    def export_maps(self, path) -> list[Path]:
+        """The three maps as drawn (PNG/SVG/PDF by suffix) and a JSON sidecar naming both runs
+        (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting."""
+        from app.export import render_widget
+        from core.export import sidecar_path, write_json
+
+        out = render_widget(self.maps_widget, path, title="AttnScope · Compare")
+        layer, head = self.map_key
+        res = self.result
+        d = next(x for x in res.ranked() if (x.layer, x.head) == (layer, head))
+        meta = {"kind": "compare maps", "layer": layer, "head": head, "weighting": res.weighting,
+                "maps": ["A", "B", "A - B"], "pooled": self.pool,
+                "diverging": "A - B on CET-D1, symmetric range centred on 0",
+                "js_mean": d.js_mean, "js_max": d.js_max, "alignment": res.alignment.to_json(),
+                "run_a": res.run_a.to_json(), "run_b": res.run_b.to_json(), "image": out.name}
+        side = write_json(sidecar_path(out), meta)
+        self.main.statusBar().showMessage(f"Wrote {out} and {side.name}", 6000)
+        return [out, side]
+
+
+def install_view(window) -> CompareView:
+    """Create the Compare tab and register it with ``window.add_view("compare", ...)``."""
+    view = CompareView(window)
+    window.add_view("compare", "Compare", view)
+    return view

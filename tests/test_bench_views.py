@@ -1,0 +1,25 @@
+"""`attnscope bench --views` (core.bench_views): rows, targets and the table (no timing assertions)."""
+
+from __future__ import annotations
+
+from core import bench_views as BV
+
+
+def test_targets_and_table():
+    result = {"smol": {"rows": {"head_grid_2000": 1.5, "head_grid_8000": 41.0, "one_head_8192": 0.031}},
+              "long": {"rows": {"png_16k_extra_rss": 0.4e9, "long_prefill_peak_rss": 9.5e9}}}
+    rows = {**result["smol"]["rows"], **result["long"]["rows"]}
+    t = {x["row"]: x for x in BV.targets(rows)}
+    assert t["head_grid_2000"]["met"] and not t["head_grid_8000"]["met"]
+    assert t["one_head_8192"]["met"] and t["png_16k_extra_rss"]["met"] and t["long_prefill_peak_rss"]["met"]
+    assert "mean_all_8192" not in t  # not measured: no row
+    table = BV.format_views(result)
+    assert "| head grid after prefill, SmolLM2, 8,000 tokens | 41.0 s | ≤ 30.0 s | no |" in table
+    assert "| one head's map at 8,192 (1024-px overview) | 31 ms | ≤ 50 ms | yes |" in table
+    assert "0.40 GB" in table and "≤ 12.00 GB" in table
+
+
+def test_long_text_has_the_length_asked(smol_session):
+    s = smol_session
+    text = BV.long_text(s, 300)
+    assert abs(len(s.encode(text, chat_template=False)) - 300) <= 2

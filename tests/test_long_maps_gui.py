@@ -1,0 +1,109 @@
+"""Long maps in the GUI: progressive results reach the GUI thread in order, a new prompt stops the old
+view jobs at once, colours are chosen by length (and the user's choice wins), the overview is sized
+to the plot, partial/stale states are said in the title."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from app.engine import Engine
+from app.head_grid import HeadGridCanvas
+from app.heatmap import HeatmapView
+from core.aggregate import PooledMap
+from core.tokens import Token
+
+
+def test_partial_results_arrive_before_the_result(qtbot):
+    e = Engine()
+    try:
+        got: list = []
+
+        def job(ctx):
+            for i in range(3):
+                ctx.partial(i)
+            return "done"
+
+        e.submit("view", job, lambda r: got.append(("done", r)), on_partial=lambda p: got.append(("partial", p)))
+        assert e.wait_idle(30)
+        assert got == [("partial", 0), ("partial", 1), ("partial", 2), ("done", "done")]
+        # a job without on_partial: partial results are dropped, nothing breaks
+        e.submit("view", job, got.append)
+        assert e.wait_idle(30) and got[-1] == "done"
+    finally:
+        e.shutdown()
+
+
+def test_a_superseded_request_gets_no_partials(qtbot):
+    e = Engine()
+    try:
+        got: list = []
+        gate = threading.Event()
+        e.enqueue(lambda ctx: gate.wait(10), label="block")
+
+        def job(ctx, tag):
+            ctx.partial(tag)
+            return tag
+
+        e.submit("view", lambda ctx: job(ctx, "old"), got.append, on_partial=lambda p: got.append(("p", p)))
+        e.submit("view", lambda ctx: job(ctx, "new"), got.append, on_partial=lambda p: got.append(("p", p)))
+        gate.set()
+        assert e.wait_idle(30)
+        assert got == [("p", "new"), "new"]
+    finally:
+        e.shutdown()
+
+
+def _tokens(n):
+    return [Token(position=i, id=i, text=f"t{i}", raw=f"t{i}") for i in range(n)]
+
+
+def test_colours_chosen_by_length_until_the_user_picks(qtbot):
+    hm = HeatmapView()
+    qtbot.addWidget(hm)
+    assert hm.apply_length_defaults(100) == "linear colours" and hm.scale == "linear"
+    assert hm.apply_length_defaults(4096) == "log colours (chosen for 4,096 tokens)" and hm.scale == "log"
+    assert not hm.plot.getViewBox().state["aspectLocked"]  # a long overview fills the plot's rectangle
+    assert hm.apply_length_defaults(300) == "linear colours" and hm.scale == "linear"
+    assert hm.plot.getViewBox().state["aspectLocked"]
+    hm.scale_combo.setCurrentText("power")
+    hm.scale_combo.activated.emit(hm.scale_combo.currentIndex())  # what a user's click emits
+    assert hm.apply_length_defaults(4096) == "power colours" and hm.scale == "power"
+
+
+def test_overview_pixels_follow_the_plot(qtbot):
+    hm = HeatmapView()
+    qtbot.addWidget(hm)
+    hm.resize(1400, 700)
+    hm.show()
+    qtbot.waitExposed(hm)
+    cols, rows = hm.overview_pixels()
+    rect = hm.plot.getViewBox().sceneBoundingRect()
+    assert cols > rows  # a wide window: a wide overview
+    assert cols <= rect.width() * hm.devicePixelRatioF() and rows <= rect.height() * hm.devicePixelRatioF()
+
+
+def test_partial_and_stale_titles(qtbot):
+    hm = HeatmapView()
+    qtbot.addWidget(hm)
+    n = 40
+    re = np.linspace(0, n, 9).round().astype(int)
+    pm = PooledMap(np.full((8, 8), 0.1, np.float32), re, re, n, "max", 0.5)
+    assert pm.partial
+    hm.set_overview(pm, _tokens(n), title="Layer 0")
+    hm.show_status("Layer 0", "partial: 50% of rows, refining")
+    assert "partial: 50% of rows" in hm.plot.titleLabel.text
+    hm.show_status("Layer 0")
+    hm.mark_stale("stale: previous prompt")
+    assert "Layer 0" in hm.plot.titleLabel.text and "stale: previous prompt" in hm.plot.titleLabel.text
+
+
+def test_head_grid_note(qtbot):
+    c = HeadGridCanvas()
+    qtbot.addWidget(c)
+    c.set_thumbnails(np.zeros((2, 4, 5, 5), np.float32), 2)
+    c.set_note("partial: 50% of layers")
+    assert c.note == "partial: 50% of layers"
+    img = c.grab().toImage()
+    assert not img.isNull()
