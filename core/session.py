@@ -13,6 +13,7 @@ the Trace holds ``len(prompt) + N`` rows and every shown token has its own atten
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import SessionError
+from core.ids import BATCH_REFUSAL as _BATCH
+from core.ids import as_token_ids
 from core.kv import kv_cache_bytes as kv_formula
 from core.models import ModelInfo
 from core.sampling import GREEDY, Sampling, choose, softmax
@@ -133,6 +136,8 @@ class Session:
             SessionError: empty prompt, or longer than the model's context.
             Cancelled: ``cancelled()`` became true; the previous sequence is gone, the session empty.
         """
+        if not isinstance(prompt, str):  # a list of prompts is a batch (issue 12 §3)
+            raise SessionError(f"prefill takes one prompt (a string), got {type(prompt).__name__}: {_BATCH}")
         if not prompt or not prompt.strip():
             raise SessionError("the prompt is empty: type some text first")
         ids = self.encode(prompt, chat_template)
@@ -169,6 +174,8 @@ class Session:
         """
         if self._logits is None:
             raise SessionError("run a prompt before stepping")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise SessionError(f"steps must be a whole number, got {type(n).__name__} {n!r}")
         if n < 1:
             raise SessionError(f"steps must be >= 1, got {n}")
         if sampling is not None:
@@ -206,10 +213,10 @@ class Session:
 
         if self._logits is None:
             raise SessionError("run a prompt before feeding tokens")
-        ids = [int(t) for t in token_ids]
-        bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
-        if bad:
-            raise SessionError(f"token id {bad[0]} outside the vocabulary (0..{self.info.vocab_size - 1})")
+        try:
+            ids = as_token_ids(token_ids, self.info.vocab_size)  # one flat list: no batches
+        except ValueError as e:
+            raise SessionError(str(e)) from None
         new = []
         for i, tid in enumerate(ids):
             if cancelled is not None and cancelled():
@@ -243,6 +250,13 @@ class Session:
     def seq_len(self) -> int:
         """Positions processed (prompt + generated), = rows and columns of a full map."""
         return len(self._ids)
+
+    @property
+    def notices(self) -> list:
+        """What the engine did by itself to keep the maps exact, oldest first, for the GUI to show:
+        e.g. :class:`core.rope_length.RopeRecompute` (the KV cache re-run because LongRoPE / dynamic
+        RoPE frequencies changed with the length; ``str(notice)`` is one line). Cleared by prefill."""
+        return list(getattr(self.backend, "notices", ()))
 
     @property
     def n_prompt(self) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 from core.backends.mlx_models import CausalLM, KVCache, ModelArgs
 from core.capture_mlx import MlxTrace
 from core.errors import Cancelled, ModelLoadError
+from core.ids import as_token_ids
 from core.models import ModelInfo, ProgressFn, _first_line, model_source, quiet_transformers, resolve
 
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
@@ -183,10 +184,12 @@ class MlxBackend:
 
         Raises:
             Cancelled: ``cancelled()`` became true (cache and Trace rolled back to where they were).
-            ValueError: no ids, or an id outside ``0 .. vocab_size-1``.
+            ValueError: no ids, ids that are not one flat sequence (a batch), or an id outside
+                ``0 .. vocab_size-1``.
             RuntimeError: called from another thread than the one that created the backend.
         """
         self._check_thread()
+        ids = as_token_ids(ids)  # one flat sequence: a batch is refused (core.ids)
         if len(ids) == 0:
             raise ValueError("no token ids to feed")
         arr = np.asarray(ids, dtype=np.int64)
