@@ -143,3 +143,23 @@ def test_mlx_refuses_length_dependent_rope_with_the_reason():
         with pytest.raises(UnsupportedModelError, match=rope.get("type", rope.get("rope_type"))) as info:
             ModelArgs.from_dict(dict(cfg, rope_scaling=rope))
         assert "\n" not in str(info.value)
+
+
+def test_chunked_attention_is_refused_past_one_chunk(tmp_path):
+    # another config field whose effect depends on the length: Llama 4's chunked attention equals
+    # causal attention up to attention_chunk_size tokens, and differs beyond; refused there
+    from core.errors import UnsupportedModelError
+
+    ref = _save(tmp_path / "llama", "llama", attention_chunk_size=8,
+                layer_types=["chunked_attention", "full_attention"])
+    s = Session.load(str(tmp_path / "llama"))
+    assert s.backend.attention_chunk == 8
+    s.prefill(_prompt(s, 6), chat_template=False)
+    s.step(2)  # 8 tokens: one chunk, still exact
+    _assert_equals_one_forward(s, ref, "within one chunk")
+    with pytest.raises(UnsupportedModelError) as info:
+        s.step(1)
+    assert "attention_chunk_size" in str(info.value) and "\n" not in str(info.value)
+    assert s.seq_len == 8
+    with pytest.raises(UnsupportedModelError):
+        s.prefill(_prompt(s, 9), chat_template=False)

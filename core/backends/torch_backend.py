@@ -159,6 +159,12 @@ class TorchBackend:
         # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see core.rope_length
         self.rope = LengthDependentRope(model)
         self.notices: list[RopeRecompute] = []  # KV-cache recomputes of the current sequence
+        # Chunked attention (Llama 4: layer_types "chunked_attention", attention_chunk_size): its mask
+        # equals the causal one up to one chunk, and our attention function applies only causal +
+        # window, so sequences longer than a chunk are refused rather than run with the wrong mask.
+        cfg = getattr(model, "config", None)
+        chunked = "chunked_attention" in (getattr(cfg, "layer_types", None) or ())
+        self.attention_chunk = getattr(cfg, "attention_chunk_size", None) if chunked else None
         self.reset()
 
     @classmethod
@@ -204,10 +210,15 @@ class TorchBackend:
 
         Raises:
             ValueError: ``ids`` is not one flat sequence of ints (a batch is refused).
+            UnsupportedModelError: a chunked-attention model past one chunk (:attr:`attention_chunk`).
             Cancelled: as above.
         """
         ids = as_token_ids(ids)
         start = self.seq_len
+        if self.attention_chunk and start + len(ids) > self.attention_chunk:
+            raise UnsupportedModelError(
+                f"this model attends in chunks of {self.attention_chunk} tokens (attention_chunk_size), which "
+                f"AttnScope's attention path does not apply: sequences up to {self.attention_chunk} tokens only")
         if not self.rope.active:
             return self._run(ids, progress, cancelled, all_logits)
         total = start + len(ids)
