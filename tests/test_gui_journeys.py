@@ -267,6 +267,9 @@ def assert_empty_state(win) -> None:
     assert win.run_button.isEnabled()
     assert win.decode_panel.bars.table is None
     assert win.grid.canvas.thumbs is None
+    assert win.token_strip.toPlainText() == ""  # the placeholder shows
+    for key in ("grid", "gqa", "mask", "sinks", "roles"):  # panels needing a sequence are covered
+        assert win._empty_overlays[key].isVisibleTo(win.tabs.page_of(win.views[key])), key
 
 
 @pytest.mark.slow
@@ -478,3 +481,56 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
     assert win.engine.session.ids == ids and visible_state(win) == before
     assert_controls_match_engine(win)
     win.close()
+
+
+def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, monkeypatch, tmp_path):
+    """--model with a relative path, then a folder dropped on the window: the session file names each
+    by absolute path with its hash, and reopens from another working folder."""
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    from core.export import model_sha256
+    from tiny_models import save_tiny
+
+    a, b = tmp_path / "models" / "tiny-a", tmp_path / "models" / "tiny-b"
+    save_tiny("llama", a, seed=1)
+    save_tiny("llama", b, seed=2)
+    monkeypatch.chdir(tmp_path / "models")
+    win = MainWindow(model="tiny-a")  # as `attnscope --model tiny-a` from that folder
+    qtbot.addWidget(win)
+    win.show()
+    _idle(win)
+    assert win.last_error is None and win.engine.session.info.source == str(a.resolve())
+    # drag and drop the other folder
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(b))])
+    win.dropEvent(QDropEvent(QPointF(10, 10), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+    _idle(win)
+    assert win.last_error is None and win.engine.session.info.source == str(b.resolve())
+    assert win.model_ref == str(b.resolve())
+    win.chat_check.setChecked(False)
+    win.prompt_edit.setPlainText("a b c d")
+    win.run_button.click()
+    _idle(win)
+    win.step_button.click()
+    _idle(win)
+    ids = list(win.engine.session.ids)
+    f = tmp_path / "tiny.attnscope"
+    _file_dialogs(monkeypatch, save_to=f, open_from=f)
+    _trigger(win, "Ctrl+S")
+    _idle(win)
+    saved = json.loads(f.read_text())
+    assert saved["model"]["ref"] == str(b.resolve()) and saved["model"]["sha256"] == model_sha256(b)
+    win.close()
+    monkeypatch.chdir(tmp_path)  # somewhere else
+    win2 = MainWindow(model=str(a))
+    qtbot.addWidget(win2)
+    win2.show()
+    _idle(win2)
+    _trigger(win2, "Ctrl+Shift+O")
+    _idle(win2)
+    assert win2.last_error is None, win2.last_error
+    assert win2.engine.session.info.source == str(b.resolve()) and win2.engine.session.ids == ids
+    assert win2.model_ref == str(b.resolve())  # a later backend switch reloads this one
+    assert_controls_match_engine(win2)
+    win2.close()
