@@ -507,7 +507,7 @@ class ExportController:
         state = {"layer": win.layer, "head": win.head, "tab": self.current_view_key(),
                  "cmap": win.cmap_combo.currentText(), "query_row": win.query_row}
         hm = win.heatmap
-        for key in ("aggregate", "scale", "gamma", "range_mode"):
+        for key in ("aggregate", "weighting", "scale", "gamma", "range_mode"):
             if hasattr(hm, key):
                 state[key] = getattr(hm, key)
         tl = getattr(win, "timeline", None)

@@ -166,8 +166,14 @@ class HeatmapView(QWidget):
             "map's non-zero weights] (the max is always 1: row 0 sees only key 0). Shared: the largest "
             "auto value over the heads of the layer, so heads compare on one scale."
         )
-        for label, w in (("Show", self.aggregate_combo), ("Scale", self.scale_combo), ("γ", self.gamma_spin),
-                         ("Range", self.range_combo)):
+        self.weighting_combo = QComboBox()  # core.value_weighted: what a cell measures
+        self.weighting_combo.addItem("attention", "attention")
+        self.weighting_combo.addItem("value-weighted", "value-weighted")
+        self.weighting_combo.setToolTip(
+            "Attention: the weights α_ij. Value-weighted: α_ij·‖v_j W_O^h‖ (the size of what key j moves "
+            "into head h's output; Kobayashi et al. 2020), row-normalised. Maps up to 1024 tokens.")
+        for label, w in (("Show", self.aggregate_combo), ("Weights", self.weighting_combo), ("Scale", self.scale_combo),
+                         ("γ", self.gamma_spin), ("Range", self.range_combo)):
             bar.addWidget(QLabel(label))
             bar.addWidget(w)
             bar.addSpacing(8)
@@ -264,6 +270,7 @@ class HeatmapView(QWidget):
         self.glw.scene().sigMouseMoved.connect(self._on_mouse)
         self.glw.scene().sigMouseClicked.connect(self._on_click)
         self.aggregate_combo.currentIndexChanged.connect(lambda _i: self.optionsChanged.emit())
+        self.weighting_combo.currentIndexChanged.connect(lambda _i: self.optionsChanged.emit())
         self.range_combo.currentIndexChanged.connect(self._on_range_mode)
         self.scale_combo.currentIndexChanged.connect(self._on_scale)
         self.gamma_spin.valueChanged.connect(lambda _v: self._redraw())
@@ -277,6 +284,11 @@ class HeatmapView(QWidget):
     @property
     def scale(self) -> str:
         return self.scale_combo.currentText()
+
+    @property
+    def weighting(self) -> str:
+        """``"attention"`` or ``"value-weighted"`` (:mod:`core.value_weighted`)."""
+        return self.weighting_combo.currentData()
 
     @property
     def gamma(self) -> float:

@@ -193,8 +193,11 @@ def _percent_progress(ctx, what: str):
     return progress
 
 
-def _map_job(layer, head, mode, n, shared, cancelled, out=None):
+def _map_job(layer, head, mode, n, shared, cancelled, out=None, weighting="attention"):
     """The heatmap's data for positions ``0..n-1``: exact map, or pooled overview when long.
+
+    ``weighting="value-weighted"``: the row-normalised value-weighted map (:mod:`core.value_weighted`)
+    for maps up to ``LONG_PROMPT`` tokens; long overviews stay attention (the title says so).
 
     ``out`` = ``(columns, rows)`` of a long map's overview (the plot's pixels); while it is computed,
     coarse-to-fine partial overviews go to ``ctx.partial`` as ``(key, PooledMap, auto_max)``.
@@ -215,7 +218,12 @@ def _map_job(layer, head, mode, n, shared, cancelled, out=None):
             pm = agg.pooled_map(s, layer, head, mode, n, out=rows, out_cols=cols, cancelled=cancelled,
                                 progress=progress, partial=partial)
             return (layer, head, mode, n), None, pm, agg.robust_max(pm.image), shared_max
-        w = agg.map_at(s, layer, head, mode, n, cancelled=cancelled, progress=progress)
+        if weighting == "value-weighted":
+            from core.value_weighted import value_weighted_tile
+
+            w = value_weighted_tile(s, layer, head, mode, slice(0, n), slice(0, n), cancelled=cancelled)
+        else:
+            w = agg.map_at(s, layer, head, mode, n, cancelled=cancelled, progress=progress)
         return (layer, head, mode, n), w, None, agg.robust_max(w), shared_max
 
     return job
@@ -910,7 +918,8 @@ class MainWindow(QMainWindow):
             return
         hm = self.heatmap
         job = _map_job(self.layer, self.head, hm.aggregate, self.visible_len, hm.range_mode == "shared",
-                       self.cancel_token("heatmap"), out=hm.overview_pixels())
+                       self.cancel_token("heatmap"), out=hm.overview_pixels(),
+                       weighting=getattr(hm, "weighting", "attention"))
         if self.map_key is not None and self.map_key != self._wanted_key():
             hm.mark_stale("stale: computing the map for this selection…")
         self.submit_view("heatmap", job, self._on_weights, label="weights", on_partial=self._on_weights_partial)
@@ -934,6 +943,9 @@ class MainWindow(QMainWindow):
         when = "" if self.timeline.at_latest else f" · step {step} of {self.snapshot.n_generated}"
         title = f"{describe(self.snapshot.info, layer, head, mode)} · seq_len {n}{when}"
         title += f" · {self.heatmap.apply_length_defaults(n)}"
+        if getattr(self.heatmap, "weighting", "attention") == "value-weighted":
+            title += (" · value-weighted α·‖v W_O‖, row-normalised" if pooled is None
+                      else " · value-weighted needs ≤ 1024 tokens: attention shown")
         if pooled is None:
             self.weights = w
             self.heatmap.set_weights(w, toks, toks, title=title, reset_view=reset, auto_max=auto_max,

@@ -98,11 +98,12 @@ def value_weighted(session, layer: int, head: int, rows: slice | None = None, co
     return apply_norms(w, norms[head, c], normalise, totals)
 
 
-def value_weighted_sink_scores(session, key: int = 0, normalise: bool = True, block_rows: int = 256,
-                               progress: Callable[[int, int], None] | None = None,
-                               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-    """Value-weighted sink mass ``(n_layers, n_heads)`` float64: mean over rows ``i > key`` of key ``key``'s
-    share ``α_i,key ‖v_key W_O^h‖ / Σ_j α_ij ‖v_j W_O^h‖`` (``normalise``) or of ``α_i,key ‖v_key W_O^h‖``.
+def value_weighted_sink_rows(session, key: int = 0, normalise: bool = True, block_rows: int = 256,
+                             progress: Callable[[int, int], None] | None = None,
+                             cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    """Per query row, key ``key``'s value-weighted share ``(n_layers, n_heads, seq_len)`` float64:
+    ``α_i,key ‖v_key W_O^h‖ / Σ_j α_ij ‖v_j W_O^h‖`` (``normalise``) or ``α_i,key ‖v_key W_O^h‖``.
+    Rows ``i < key`` (which cannot see the key) are 0.
 
     The row totals need whole rows: ``O(T²)`` per head, computed in bands of ``block_rows`` rows
     (peak ``block_rows × T`` float32), never a ``T × T`` map. ``progress(done, n_layers × n_heads)``
@@ -112,23 +113,60 @@ def value_weighted_sink_scores(session, key: int = 0, normalise: bool = True, bl
         SessionError: nothing run yet. Cancelled: ``cancelled()`` became true.
     """
     L, H, T = session.info.n_layers, session.info.n_heads, session.seq_len
-    out = np.zeros((L, H), dtype=np.float64)
-    if T <= key + 1:
+    out = np.zeros((L, H, T), dtype=np.float64)
+    if T <= key:
         return out
     for layer in range(L):
         norms = value_norms(session, layer).astype(np.float64)  # (H, T)
         for h in range(H):
             _check_cancel(cancelled)
-            acc = 0.0
-            for r0 in range(key + 1, T, block_rows):
+            for r0 in range(key, T, block_rows):
                 r = slice(r0, min(r0 + block_rows, T))
                 w = session.weights(layer, h, r, None).astype(np.float64)  # (band, T)
                 num = w[:, key] * norms[h, key]
                 if normalise:
                     tot = w @ norms[h]
                     num = np.where(tot > 0, num / np.where(tot > 0, tot, 1.0), 0.0)
-                acc += num.sum()
-            out[layer, h] = acc / (T - key - 1)
+                out[layer, h, r] = num
             if progress is not None:
                 progress(layer * H + h + 1, L * H)
     return out
+
+
+def value_weighted_sink_scores(session, key: int = 0, normalise: bool = True, block_rows: int = 256,
+                               progress: Callable[[int, int], None] | None = None,
+                               cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    """Value-weighted sink mass ``(n_layers, n_heads)`` float64: the mean over rows ``i > key`` of
+    :func:`value_weighted_sink_rows` (0 when there is no such row). Same costs and errors."""
+    rows = value_weighted_sink_rows(session, key, normalise, block_rows, progress, cancelled)
+    T = rows.shape[-1]
+    if T <= key + 1:
+        return np.zeros(rows.shape[:2])
+    return rows[..., key + 1 :].mean(axis=-1)
+
+
+def value_weighted_tile(session, layer: int, head: int, mode: str = "head", rows: slice | None = None,
+                        cols: slice | None = None, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    """Row-normalised value-weighted map for ``rows × cols``, averaged over the heads ``mode`` names
+    (:func:`core.aggregate.heads_in`: one head, its KV group, its layer, all layers); ``(n_q, n_k)`` float32.
+
+    Each head's rows are normalised over their whole row first (so an aggregate is a mean of
+    distributions, like the attention aggregates). ``cancelled`` is checked between heads.
+
+    Raises:
+        ValueError: unknown mode. IndexError: layer/head out of range. SessionError: nothing run.
+        Cancelled: ``cancelled()`` became true.
+    """
+    from core.aggregate import heads_in
+
+    pairs = heads_in(session.info, layer, head, mode)
+    acc = None
+    norms_of: dict[int, np.ndarray] = {}
+    for lyr, h in pairs:
+        _check_cancel(cancelled)
+        if lyr not in norms_of:
+            norms_of.clear()
+            norms_of[lyr] = value_norms(session, lyr)
+        w = value_weighted(session, lyr, h, rows, cols, normalise=True, norms=norms_of[lyr]).astype(np.float64)
+        acc = w if acc is None else acc + w
+    return (acc / len(pairs)).astype(np.float32)

@@ -145,3 +145,30 @@ def test_compare_tab_edited_prompt_and_bad_input(win):
     view.kind_combo.setCurrentIndex(0)
     view.model_edit.setText("")
     assert view.run_b() is None and "Choose run B's model" in view.summary.text()
+
+
+def test_heatmap_value_weighted_scale(win):
+    from core.value_weighted import value_weighted_tile
+
+    win.show_view("heatmap")
+    hm = win.heatmap
+    assert hm.weighting == "attention"
+    s = win.engine.session
+    n = win.visible_len
+    np.testing.assert_allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7)
+    hm.weighting_combo.setCurrentIndex(1)
+    assert win.engine.wait_idle(60) and win.last_error is None
+    want = value_weighted_tile(s, win.layer, win.head, "head", slice(0, n), slice(0, n))
+    np.testing.assert_allclose(win.weights, want, atol=1e-7)
+    np.testing.assert_allclose(win.weights[1:].sum(axis=1), 1.0, atol=1e-5)  # row-normalised
+    assert not np.allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-3)
+    assert win.exports.view_state()["weighting"] == "value-weighted"  # exports record the scale shown
+    # an aggregate: mean over the KV group's heads of their value-weighted maps
+    hm.set_aggregate("group")
+    assert win.engine.wait_idle(60) and win.last_error is None
+    np.testing.assert_allclose(win.weights, value_weighted_tile(s, win.layer, win.head, "group", slice(0, n),
+                                                                slice(0, n)), atol=1e-7)
+    hm.set_aggregate("head")
+    hm.weighting_combo.setCurrentIndex(0)
+    assert win.engine.wait_idle(60)
+    np.testing.assert_allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7)
