@@ -16,6 +16,7 @@ core.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,7 +222,7 @@ class ConvertedCacheDialog(QDialog):
         self.setWindowTitle("Converted models cache")
         self.resize(760, 300)
         lay = QVBoxLayout(self)
-        self.where = QLabel(f"GGUF files are dequantised once and kept here: {cache_root() / 'converted'}")
+        self.where = QLabel(f"GGUF files are converted once per load precision and kept here: {cache_root() / 'converted'}")
         self.where.setWordWrap(True)
         lay.addWidget(self.where)
         self.table = QTableWidget(0, 3)
@@ -549,11 +550,12 @@ class ModelPickerDialog(QDialog):
             return head + geo
         colour = {FITS: "#1b7a1b", TIGHT: "#a06000", NO_FIT: "#b00020"}.get(f.verdict, "gray")
         free = f"{human_bytes(f.free_bytes)} free {f.memory}" if f.free_bytes is not None else f"free {f.memory} unknown"
-        conv = " (dequantised to float32)" if e.format == "gguf" else ""
+        conv = f" (converted to {f.dtype})" if e.format == "gguf" else f" at {f.dtype}"
         fit = (f"<br><span style='color:{colour}'><b>{f.verdict}</b></span> at {f.context:,} tokens: weights "
                f"{human_bytes(f.weights_bytes)}{conv} + KV cache {human_bytes(f.kv_cache_bytes)} + capture "
                f"{human_bytes(f.capture_bytes)} = <b>{human_bytes(f.total_bytes)}</b> of {free}.")
-        return head + geo + fit
+        why = f"<br>Loads at {html.escape(f.dtype_reason)}." if f.dtype_reason else ""
+        return head + geo + fit + why
 
     def _on_double_click(self, index) -> None:
         got = self._entry_at(index)

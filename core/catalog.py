@@ -44,6 +44,7 @@ from core.models import (
     gguf_problem,
     read_gguf,
 )
+from core.precision import config_dtype, gguf_checkpoint_dtype, gguf_is_quantised, normalise
 
 SOURCES = ("embedded", "hf-cache", "lmstudio", "ollama", "user")
 OLLAMA_MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
@@ -80,6 +81,8 @@ class CatalogEntry:
     reason: str = ""  # why not, one line ("" when supported)
     sliding_window: int | None = None
     model_ref: str = ""
+    checkpoint_dtype: str = ""  # the file's own float precision (core.precision): "bfloat16", "float32"...
+    quantised: bool = False  # a GGUF whose weight matrices are quantised (Q4_0, Q8_0, Q4_K...)
 
     @property
     def group_size(self) -> int:
@@ -327,7 +330,8 @@ def describe_hf_folder(folder: Path, source: str = "user", name: str | None = No
         source=source, name=name or folder.name, path=folder, format="hf",
         architecture=str(cfg.get("model_type") or text_cfg.get("model_type") or ""), n_params=n_params,
         dtype=dtype or "?", size_bytes=_folder_bytes(folder) if size_bytes is None else size_bytes,
-        supported=not reason, reason=reason, model_ref=str(folder), **geo,
+        supported=not reason, reason=reason, model_ref=str(folder),
+        checkpoint_dtype=config_dtype(cfg) or normalise(dtype) or "", **geo,
     )
     _memo[key] = entry
     return entry
@@ -365,6 +369,7 @@ def describe_gguf(path: Path, source: str = "user", name: str | None = None) -> 
         head_dim=head_dim, max_context=_int(h.arch_value("context_length")), dtype=h.quant_name(),
         size_bytes=size, supported=problem is None, reason=problem[1] if problem else "",
         sliding_window=_int(h.arch_value("attention.sliding_window")) or None, model_ref=str(path),
+        checkpoint_dtype=gguf_checkpoint_dtype(h), quantised=gguf_is_quantised(h),
     )
     _memo[key] = entry
     return entry

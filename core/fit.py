@@ -2,9 +2,10 @@
 
     total = weights + KV cache + capture buffers
 
-* weights: ``n_params × bytes(dtype)`` for a folder loaded at ``dtype``; a GGUF is dequantised to
-  float32 by transformers (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``) and converted
-  once at float32, so its weights count ``n_params × 4`` whatever its quantisation.
+* weights: ``n_params × bytes(dtype)`` at the load dtype, for a folder and a GGUF alike (a GGUF
+  is converted tensor by tensor straight to the load dtype, :mod:`core.gguf_convert`). ``dtype``
+  ``"auto"`` is resolved per model by :func:`core.precision.entry_dtype` (the checkpoint's own
+  precision, float32 where the device has no fast bf16/fp16 matmul and float32 fits).
 * KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`core.kv.kv_cache_bytes`).
 * capture buffers (:class:`core.capture.TorchTrace`): per layer the post-RoPE query rows,
   ``n_heads × T × head_dim`` elements in the model's dtype (float32 by default, as the Trace keeps
@@ -43,6 +44,7 @@ class FitEstimate:
     context: int
     dtype: str
     verdict: str  # FITS / TIGHT / NO_FIT / UNKNOWN
+    dtype_reason: str = ""  # why ``dtype`` (core.precision.choose_dtype), for "auto"
 
     @property
     def total_bytes(self) -> int:
@@ -107,8 +109,8 @@ def free_memory(backend: str = "torch", device: str = "cpu") -> tuple[int | None
 
 
 def weights_bytes(n_params: int, fmt: str = "hf", dtype: str = "float32") -> int:
-    """Bytes of the loaded weights: float32 for a GGUF (dequantised), ``dtype`` for a folder."""
-    return int(n_params) * (4 if fmt == "gguf" else dtype_bytes(dtype))
+    """Bytes of the loaded weights at ``dtype`` (a GGUF too: it is converted to the load dtype)."""
+    return int(n_params) * dtype_bytes(dtype)
 
 
 def estimate(
@@ -153,10 +155,19 @@ def estimate(
     return FitEstimate(w, kv, cap, free_bytes, memory, int(context), dtype, verdict)
 
 
-def estimate_entry(entry, context: int, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
+def estimate_entry(entry, context: int, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
                    free_bytes: int | None = None, memory: str | None = None) -> FitEstimate:
-    """:func:`estimate` for a :class:`core.catalog.CatalogEntry` (``context`` capped at its max context)."""
+    """:func:`estimate` for a :class:`core.catalog.CatalogEntry` (``context`` capped at its max context)
+    at ``dtype``; ``"auto"`` is the dtype this entry would load at (:func:`core.precision.entry_dtype`),
+    recorded with its reason in the estimate."""
+    from dataclasses import replace
+
+    from core.precision import entry_dtype
+
     ctx = min(context, entry.max_context) if entry.max_context else context
-    return estimate(n_params=entry.n_params, n_layers=entry.n_layers, n_heads=entry.n_heads,
-                    n_kv_heads=entry.n_kv_heads, head_dim=entry.head_dim, context=ctx, fmt=entry.format,
-                    backend=backend, device=device, dtype=dtype, free_bytes=free_bytes, memory=memory)
+    dev = f"mlx-{device}" if backend == "mlx" else device
+    dtype, reason = entry_dtype(entry, dtype, dev, free_bytes)
+    est = estimate(n_params=entry.n_params, n_layers=entry.n_layers, n_heads=entry.n_heads,
+                   n_kv_heads=entry.n_kv_heads, head_dim=entry.head_dim, context=ctx, fmt=entry.format,
+                   backend=backend, device=device, dtype=dtype, free_bytes=free_bytes, memory=memory)
+    return replace(est, dtype_reason=reason)

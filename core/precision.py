@@ -260,6 +260,24 @@ def decide(model, requested: str = "auto", device: str = "cpu") -> tuple[str, st
     return choose_dtype("auto", inspect_checkpoint(model), device)
 
 
+def entry_checkpoint(entry) -> Checkpoint:
+    """:class:`Checkpoint` of a :class:`core.catalog.CatalogEntry` (metadata the catalog read already)."""
+    origin = f"GGUF {entry.dtype}" if entry.format == "gguf" else "config dtype"
+    own, quantised = normalise(getattr(entry, "checkpoint_dtype", "")), bool(getattr(entry, "quantised", False))
+    if own is None and entry.format == "gguf":  # an entry built without them: read the file type name
+        own = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(str(entry.dtype).upper(), "bfloat16")
+        quantised = str(entry.dtype).upper() not in ("F32", "F16", "BF16")
+    elif own is None:
+        own = normalise(entry.dtype)
+    return Checkpoint(own, int(entry.n_params), quantised, origin)
+
+
+def entry_dtype(entry, requested: str = "auto", device: str = "cpu", free_bytes: int | None = None,
+                half_support: tuple[bool, str] | None = None) -> tuple[str, str]:
+    """``(dtype, reason)`` a catalog entry loads at for ``requested`` (:func:`choose_dtype`)."""
+    return choose_dtype(requested, entry_checkpoint(entry), device, free_bytes, half_support)
+
+
 def bytes_per_param(dtype: str) -> int:
     """2 for bfloat16/float16, 4 for float32."""
     return _BYTES[normalise(dtype) or "float32"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from tiny_models import MERGES, SPECIALS, tokenizer_vocab
 
 # family -> (GGUF architecture, gguf.MODEL_ARCH member name, general.name, config overrides)
@@ -32,9 +31,8 @@ def family_model(family: str, seed: int = 0):
     import copy
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from tiny_models import FAMILIES
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, kw = FAMILIES[family]
     kw = dict(copy.deepcopy(kw), **GGUF_FAMILIES[family][3])

@@ -257,7 +257,7 @@ def test_fit_components_by_hand():
     assert (bf.weights_bytes, bf.kv_cache_bytes, bf.capture_bytes) == (2000, 2 * 2 * 2 * 8 * 10 * 2, 2 * 4 * 10 * (8 * 2 + 4))
     gg = estimate(n_params=1000, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, context=10, fmt="gguf",
                   dtype="bfloat16", free_bytes=10**9)
-    assert gg.weights_bytes == 4000  # a GGUF is dequantised to float32
+    assert gg.weights_bytes == 2000  # a GGUF is converted straight to the load dtype (core.gguf_convert)
 
 
 @pytest.mark.parametrize(("free", "verdict"), [(None, UNKNOWN), (1250, FITS), (1249, TIGHT), (1000, TIGHT), (999, NO_FIT)])

@@ -11,10 +11,10 @@ import json
 import gguf
 import pytest
 import torch
+from gguf_families import GGUF_FAMILIES, transformers_tensors, write_family_gguf
 
 from core import gguf_convert
 from core.errors import Cancelled
-from gguf_families import GGUF_FAMILIES, write_family_gguf, transformers_tensors
 
 Q = gguf.GGMLQuantizationType
 

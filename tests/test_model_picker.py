@@ -10,7 +10,7 @@ from PySide6.QtGui import QDropEvent
 
 from app.model_picker import COLUMNS, FIT_COLUMN, GREY, ConvertedCacheDialog, ModelPickerDialog, demo_entries
 from core import catalog
-from core.fit import estimate_entry
+from core.fit import estimate_entry, human_bytes
 
 FREE = 21_800_000_000
 
@@ -50,10 +50,10 @@ def test_table_shows_every_entry_with_its_columns(qtbot):
     r = _row(dlg, "llama3.3:70b")
     cells = [dlg.proxy.index(r, c).data() for c in range(len(COLUMNS))]
     assert cells[:FIT_COLUMN] == ["llama3.3:70b", "Ollama", "llama", "70.6B", "80", "64 / 8 (8)", "128", "131,072",
-                                  "Q4_K_M", "42.5 GB"]
+                                  "Q4_K_M", "bfloat16", "42.5 GB"]  # 70B at float32 would never fit FREE
     e = next(e for e in demo_entries() if e.name == "llama3.3:70b")
     f = estimate_entry(e, 8192, free_bytes=FREE)
-    assert cells[FIT_COLUMN] == f"does not fit · {f.total_bytes / 1e9:.1f} GB"
+    assert cells[FIT_COLUMN] == f"does not fit · {human_bytes(f.total_bytes)}"
     assert dlg.status.text().startswith("8 model(s) (2 not supported")
 
 
@@ -79,13 +79,14 @@ def test_fit_column_follows_context_backend_device_dtype(qtbot):
     def fit_text():
         return dlg.proxy.index(r, FIT_COLUMN).data()
 
-    assert fit_text() == f"fits · {estimate_entry(e, 1024, free_bytes=FREE).total_bytes / 1e9:.1f} GB"
+    assert fit_text() == f"fits · {human_bytes(estimate_entry(e, 1024, free_bytes=FREE).total_bytes)}"
     dlg.context.setValue(40960)
     f = estimate_entry(e, 40960, free_bytes=FREE)
-    assert fit_text() == f"{f.verdict} · {f.total_bytes / 1e9:.1f} GB"
-    dlg.dtype.setCurrentText("bfloat16")
-    f2 = estimate_entry(e, 40960, dtype="bfloat16", free_bytes=FREE)
-    assert f2.total_bytes < f.total_bytes and fit_text() == f"{f2.verdict} · {f2.total_bytes / 1e9:.1f} GB"
+    assert fit_text() == f"{f.verdict} · {human_bytes(f.total_bytes)}"
+    assert f.dtype == estimate_entry(e, 40960, dtype="auto", free_bytes=FREE).dtype  # auto: the picker's default
+    dlg.dtype.setCurrentText("float32")
+    f2 = estimate_entry(e, 40960, dtype="float32", free_bytes=FREE)
+    assert f2.total_bytes >= f.total_bytes and fit_text() == f"{f2.verdict} · {human_bytes(f2.total_bytes)}"
     dlg.backend.setCurrentText("mlx")
     assert ("mlx", "cpu") in calls
     assert "mlx on cpu" in dlg.status.text()
@@ -214,3 +215,19 @@ def test_converted_cache_lists_and_clears(qtbot, tmp_path):
     qtbot.mouseClick(dlg.clear_all, Qt.LeftButton)
     assert dlg.table.rowCount() == 0 and not any(conv.iterdir())
     assert "0 converted model(s)" in dlg.total.text()
+
+
+def test_loads_at_column_shows_the_load_precision_and_why(qtbot):
+    from app.model_picker import LOADS_AT_COLUMN
+
+    dlg, _ = _open(qtbot)
+    assert dlg.dtype.currentText() == "auto"
+    emb = _row(dlg, "SmolLM2-135M-Instruct (embedded)")
+    big = _row(dlg, "llama3.3:70b")
+    # the embedded Q4_1 is small: float32 keeps its dequantised weights exact
+    assert dlg.proxy.index(emb, LOADS_AT_COLUMN).data() == "float32"
+    assert "small quantised model" in dlg.proxy.index(emb, LOADS_AT_COLUMN).data(Qt.ToolTipRole)
+    assert dlg.proxy.index(big, LOADS_AT_COLUMN).data() == "bfloat16"
+    assert dlg.proxy.index(big, LOADS_AT_COLUMN).data(Qt.ToolTipRole).startswith("bfloat16: ")
+    dlg.dtype.setCurrentText("float16")
+    assert dlg.proxy.index(emb, LOADS_AT_COLUMN).data() == dlg.proxy.index(big, LOADS_AT_COLUMN).data() == "float16"

@@ -123,3 +123,45 @@ def test_folder_precision_from_config(tmp_path):
     assert (ck.dtype, ck.origin, ck.quantised) == ("bfloat16", "config dtype", False) and ck.n_params > 0
     assert choose_dtype("auto", ck, half_support=SLOW, free_bytes=10**9)[0] == "float32"
     assert choose_dtype("auto", ck, half_support=FAST)[0] == "bfloat16"
+
+
+def test_catalog_entry_precision_and_fit_at_the_load_dtype(tmp_path, monkeypatch):
+    import dataclasses
+
+    import gguf
+
+    from core.catalog import describe_gguf, describe_hf_folder
+    from core.fit import estimate_entry
+    from gguf_families import write_family_gguf
+    from tiny_models import save_tiny
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    e = describe_gguf(write_family_gguf("llama", tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0))
+    assert (e.dtype, e.checkpoint_dtype, e.quantised) == ("Q8_0", "bfloat16", True)
+    small = estimate_entry(e, 16, free_bytes=10**9)
+    assert small.dtype == "float32" and small.weights_bytes == 4 * e.n_params and "small quantised" in small.dtype_reason
+    big = dataclasses.replace(e, n_params=BIG)  # the same file type at 1B parameters: bfloat16 where bf16 is fast
+    f = estimate_entry(big, 16, free_bytes=100 * 10**9)
+    fast = cpu_half_support("bfloat16")[0]
+    assert f.dtype == ("bfloat16" if fast else "float32") and f.weights_bytes == (2 if fast else 4) * BIG
+    assert estimate_entry(big, 16, dtype="float16", free_bytes=10**9).weights_bytes == 2 * BIG
+    f32 = describe_gguf(write_family_gguf("llama", tmp_path / "f32.gguf"))
+    assert (f32.checkpoint_dtype, f32.quantised) == ("float32", False)
+    save_tiny("qwen3", tmp_path / "hf")
+    h = describe_hf_folder(tmp_path / "hf")
+    assert h.checkpoint_dtype == "float32" and estimate_entry(h, 16, free_bytes=10**9).dtype == "float32"
+
+
+def test_models_command_shows_file_and_load_precision(tmp_path, monkeypatch, capsys):
+    from core.cli import main
+
+    monkeypatch.setenv("ATTNSCOPE_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("ATTNSCOPE_LMSTUDIO_MODELS", str(tmp_path / "lms"))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "loads at" in line)
+    row = next(line for line in out.splitlines() if "SmolLM2" in line)
+    cells = [c.strip() for c in row.split("  ") if c.strip()]
+    assert "dtype/quant" in header and "Q4_1" in cells and "float32" in cells  # file Q4_1, loads at float32

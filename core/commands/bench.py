@@ -39,6 +39,16 @@ def add_arguments(p) -> None:
     p.add_argument("--no-memory", dest="memory", action="store_false",
                    help="skip the peak-RSS runs (each configuration in a fresh process)")
     p.add_argument("--no-eager", dest="eager", action="store_false", help="leave out eager+output_attentions")
+    p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                   help="real-size bench at this precision (auto: the checkpoint's own): GGUF conversion, cold/warm "
+                        "load, prefill, decode, one head's map and peak RSS, capture vs SDPA, each in a fresh process")
+    p.add_argument("--quantize", default=None, choices=("none", "int8", "int4"),
+                   help="real-size bench with weight-only quantised linear layers (implies --dtype auto)")
+    p.add_argument("--views", action="store_true",
+                   help="long-prompt views instead (issue 15): head grid at 2,000/8,000 tokens, mean of all layers "
+                        "and one head at 8,192; with --long-model a 32,000-token prefill and a streamed 16k PNG")
+    p.add_argument("--long-model", default=None, metavar="GGUF",
+                   help="with --views: long-context model (Gemma 3 270M's GGUF) for the 32k rows")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)")
 
@@ -70,12 +80,41 @@ def options_from_args(args):
 def run(args) -> int:
     from core.bench import format_table, run_bench
 
-    opts = options_from_args(args)
     out = Path(args.json) if args.json else None
     if out is not None and not out.parent.exists():
         raise FileNotFoundError(f"folder {out.parent} does not exist")
+    if getattr(args, "views", False):
+        from core.bench_views import main as views_main
+
+        argv = ["--smol", str(_sizes(args.sizes)[-1] if args.sizes else 8192)]
+        if args.long_model:
+            argv += ["--long-model", args.long_model]
+        return views_main(argv + (["--json", str(out)] if out is not None else []))
+    if getattr(args, "dtype", None) is not None or getattr(args, "quantize", None) is not None:
+        return _run_size(args, out)
+    opts = options_from_args(args)
     result = run_bench(opts, log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
     print(format_table(result))
     if out is not None:
         out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _run_size(args, out: Path | None) -> int:
+    """``--dtype``/``--quantize``: the real-size bench (:mod:`core.bench_size`)."""
+    from core.bench_size import SizeOptions, format_size_table, run_size_bench
+
+    kw = {}
+    if args.sizes is not None:
+        kw["sizes"] = _sizes(args.sizes)
+    if args.decode_steps is not None:
+        kw["decode_steps"] = args.decode_steps
+    if args.quick:
+        kw.update(sizes=(64,), decode_steps=2)
+    opts = SizeOptions(model=args.model, dtype=args.dtype or "auto", quantize=args.quantize or "none",
+                       device=args.device, **kw)
+    result = run_size_bench(opts, log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
+    print(format_size_table(result))
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+    return 0 if not any("error" in result.get(p, {}) for p in ("convert", "scope", "sdpa")) else 1

@@ -23,8 +23,8 @@ def add_arguments(p) -> None:
                    help=f"context length for the fit estimate, tokens (default {DEFAULT_CONTEXT}; capped at each model's max)")
     p.add_argument("--backend", choices=("torch", "mlx"), default="torch", help="backend for the fit estimate")
     p.add_argument("--device", default="cpu", help="device for the fit estimate: cpu or cuda[:N] (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                   help="load dtype for the fit estimate (GGUFs count as float32, they are dequantised)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="load dtype for the fit estimate (default auto: what each model loads at, shown as 'loads at')")
     p.add_argument("--json", metavar="FILE", help="also write the entries and fit estimates as JSON ('-' for stdout only)")
     p.add_argument("--add", metavar="PATH", help="remember a model folder, library folder or .gguf file")
     p.add_argument("--remove", metavar="PATH", help="forget a user-added path (files are not deleted)")
@@ -42,7 +42,8 @@ def _count(n: int) -> str:
 
 
 def rows(entries, fits) -> list[list[str]]:
-    """Table cells per entry: name, source, arch, params, layers, heads/kv (group), head_dim, ctx, dtype, size, fit."""
+    """Table cells per entry: name, source, arch, params, layers, heads/kv (group), head_dim, ctx, the file's
+    precision, the precision it loads at, size, fit."""
     from core.fit import human_bytes
 
     out = []
@@ -50,11 +51,13 @@ def rows(entries, fits) -> list[list[str]]:
         heads = f"{e.n_heads}/{e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
         fit = f"{f.verdict} ({human_bytes(f.total_bytes)})" if (e.supported and f is not None) else "unsupported"
         out.append([e.name, e.source, e.architecture or "?", _count(e.n_params), str(e.n_layers or "?"), heads,
-                    str(e.head_dim or "?"), str(e.max_context or "?"), e.dtype, human_bytes(e.size_bytes), fit])
+                    str(e.head_dim or "?"), str(e.max_context or "?"), e.dtype, f.dtype if f is not None else "—",
+                    human_bytes(e.size_bytes), fit])
     return out
 
 
-HEADERS = ["name", "source", "arch", "params", "layers", "heads/kv (group)", "head_dim", "ctx", "dtype/quant", "size", "fit"]
+HEADERS = ["name", "source", "arch", "params", "layers", "heads/kv (group)", "head_dim", "ctx", "dtype/quant", "loads at",
+           "size", "fit"]
 
 
 def format_table(cells: list[list[str]], headers: list[str] = HEADERS) -> str:
