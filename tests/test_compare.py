@@ -288,3 +288,18 @@ def test_cli_compare_prompt_b_and_bad_input(tiny, tmp_path, capsys):
     assert rc == 1 and err.count("\n") == 1 and "empty" in err
     rc = main(["compare", "--model", str(tiny["base"]), "--prompt", "x", "--json", str(tmp_path / "no" / "x.json")])
     assert rc == 1
+
+
+def test_cli_sinks_value_weighted(tiny, tmp_path):
+    from core.cli import main
+    from core.session import Session
+
+    out = tmp_path / "s.json"
+    rc = main(["sinks", "--model", str(tiny["base"]), "--prompt", PROMPT, "--no-chat-template", "--device", "cpu",
+               "--value-weighted", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    s = Session.load(str(tiny["base"]), device="cpu")
+    s.prefill(PROMPT, chat_template=False)
+    np.testing.assert_allclose(data["sink_value_weighted"], value_weighted_sink_scores(s), atol=1e-5)
+    assert data["weighting"] == ["attention", "value-weighted"]

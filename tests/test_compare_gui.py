@@ -172,3 +172,30 @@ def test_heatmap_value_weighted_scale(win):
     hm.weighting_combo.setCurrentIndex(0)
     assert win.engine.wait_idle(60)
     np.testing.assert_allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7)
+
+
+def test_sinks_value_weighted_metric(win):
+    from core.sinks import session_sink_report
+    from core.value_weighted import value_weighted_sink_scores
+
+    win.show_view("sinks")
+    assert win.engine.wait_idle(60)
+    view = win.views["sinks"]
+    s = win.engine.session
+    view.metric_combo.setCurrentIndex([view.metric_combo.itemData(i) for i in range(view.metric_combo.count())]
+                                      .index("sink_vw"))
+    assert win.engine.wait_idle(60) and win.last_error is None
+    want = value_weighted_sink_scores(s)
+    np.testing.assert_allclose(view.table_values(), want, atol=1e-6)
+    assert view.table.item(1, 2).text().startswith(f"{want[1, 2]:.2f}")
+    assert "value-weighted" in view.summary.text()
+    # the value-weighted share differs from the weight on token 0 (what a sink moves is small or large)
+    assert not np.allclose(want, session_sink_report(s).sink, atol=1e-3)
+    # the table after prefill: mean over rows 1 .. n_prompt-1 only
+    view.step_spin.setValue(s.n_prompt)
+    from core.value_weighted import value_weighted_sink_rows
+
+    rows = value_weighted_sink_rows(s)
+    np.testing.assert_allclose(view.table_values(), rows[..., 1 : s.n_prompt].mean(axis=-1), atol=1e-6)
+    view.metric_combo.setCurrentIndex(0)
+    np.testing.assert_allclose(view.table_values(), session_sink_report(s).at_seq_len(s.n_prompt), atol=1e-6)

@@ -39,6 +39,7 @@ from core.sinks import DEFAULT_THRESHOLD, SinkReport
 METRICS = {
     "sink": "Token 0 (sink score)",
     "sink_set": "Token 0 + delimiters / special tokens",
+    "sink_vw": "Token 0, value-weighted (share of ‖output‖)",
 }
 FLAG = "●"
 
@@ -50,6 +51,16 @@ def _report_job(ctx):
     if ctx.session is None:
         raise SessionError("no model loaded")
     return session_sink_report(ctx.session)
+
+
+def _vw_job(ctx):
+    """Value-weighted share of token 0 per row, ``(L, H, T)`` (:func:`core.value_weighted.value_weighted_sink_rows`)."""
+    from core.errors import SessionError
+    from core.value_weighted import value_weighted_sink_rows
+
+    if ctx.session is None:
+        raise SessionError("no model loaded")
+    return ctx.session.seq_len, value_weighted_sink_rows(ctx.session, cancelled=ctx.cancelled)
 
 
 def style_plot(pw: pg.PlotWidget) -> None:
@@ -122,6 +133,7 @@ class SinksView(QWidget, SavedControls):
         super().__init__(parent)
         self.main = main
         self.report: SinkReport | None = None
+        self.vw: tuple[np.ndarray, np.ndarray] | None = None  # value-weighted (per row, running), "sink_vw"
         self._stale = True
         self._restored_step: int | None = None  # a reopened session's step, applied when its report arrives
         self._seq_key = None
@@ -134,7 +146,9 @@ class SinksView(QWidget, SavedControls):
         self.metric_combo.setToolTip(
             "Token 0: mean over query rows i ≥ 1 of the weight on token 0.\n"
             "Token 0 + delimiters: the same for the total weight on token 0, special tokens "
-            "(BOS, <|im_start|>…), punctuation and newlines.")
+            "(BOS, <|im_start|>…), punctuation and newlines.\n"
+            "Value-weighted: the mean over rows i ≥ 1 of token 0's share α_i0‖v_0 W_O^h‖ / Σ_j α_ij‖v_j W_O^h‖ "
+            "of what the head moves (Kobayashi et al. 2020): a sink that takes the weight but moves little scores low.")
         self.metric_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.metric_combo.setMinimumContentsLength(18)
         top.addWidget(self.metric_combo)
@@ -214,6 +228,7 @@ class SinksView(QWidget, SavedControls):
         if key != self._seq_key:
             self._seq_key = key
             self._stale = True
+            self.vw = None
             self._restored_step = None  # a step restored for another sequence no longer applies
 
     def on_selection(self, layer: int, head: int) -> None:
@@ -264,6 +279,10 @@ class SinksView(QWidget, SavedControls):
         if r is None:
             return None
         n = self.step_spin.value()
+        if self.metric == "sink_vw":
+            if self.vw is None:
+                return None
+            return self.vw[1][..., max(n, 2) - 1] if r.seq_len >= 2 else np.zeros(self.vw[0].shape[:2], np.float32)
         if r.seq_len < 2:
             return getattr(r, self.metric)
         running = r.running if self.metric == "sink" else r.running_set
@@ -274,13 +293,18 @@ class SinksView(QWidget, SavedControls):
         if r is None:
             return
         vals = self.table_values()
+        if vals is None:  # value-weighted shares not computed yet for this sequence
+            self.summary.setText("Computing value-weighted sink shares…")
+            self.main.engine.submit("sinks-vw", _vw_job, self._set_vw, label="value-weighted sinks")
+            return
         flags = vals >= self.threshold
         snap = self.main.snapshot
         g = snap.info.group_size if snap is not None else 1
         fill_score_table(self.table, vals, flags, g, self.main.cmap_combo.currentText())
         n = self.step_spin.value()
         when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
-        what = "token 0" if self.metric == "sink" else f"token 0 + {len(r.delimiters)} delimiter/special tokens"
+        what = {"sink": "token 0", "sink_vw": "token 0, value-weighted"}.get(
+            self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
         self.summary.setText(
             f"{int(flags.sum())} of {flags.size} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
             f"mean {np.nanmean(vals):.2f}")
@@ -293,11 +317,14 @@ class SinksView(QWidget, SavedControls):
             return
         per_row = r.per_row if self.metric == "sink" else r.per_row_set
         running = r.running if self.metric == "sink" else r.running_set
+        if self.metric == "sink_vw" and self.vw is not None:
+            per_row, running = self.vw
         x = np.arange(r.seq_len, dtype=float)
         self.row_curve.setData(x[1:], per_row[layer, head, 1:])
         self.mean_curve.setData(x[1:], running[layer, head, 1:])
         pi = self.plot.getPlotItem()
-        target = "token 0" if self.metric == "sink" else "token 0 + delimiters"
+        target = {"sink": "token 0", "sink_vw": "token 0 (value-weighted share)"}.get(self.metric,
+                                                                                     "token 0 + delimiters")
         pi.setLabel("left", f"weight on {target}")
         g = self.main.snapshot.info.group_size if self.main.snapshot is not None else 1
         pi.setTitle(f"Layer {layer} · query head {head} (KV head {head // g}) · "
@@ -317,6 +344,16 @@ class SinksView(QWidget, SavedControls):
         it = self.table.item(layer, head)
         if it is not None:
             self.table.scrollToItem(it, QAbstractItemView.PositionAtCenter)
+
+    def _set_vw(self, result) -> None:
+        """Value-weighted per-row shares arrived (GUI thread): keep them with their running means."""
+        from core.sinks import running_mean_from_row1
+
+        T, rows = result
+        if self.report is None or T != self.report.seq_len:
+            return  # another sequence by now
+        self.vw = (rows.astype(np.float32), running_mean_from_row1(rows))
+        self._redraw()
 
     def follow_timeline(self, visible_len: int) -> None:
         """Show the table as it was with ``visible_len`` tokens (the main window's timeline step)."""

@@ -24,6 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--json", required=True, metavar="FILE", help="output JSON file")
     p.add_argument("--threshold", type=float, default=None,
                    help="sink-head threshold on the sink score (default 0.5)")
+    p.add_argument("--value-weighted", action="store_true",
+                   help="also write sink_value_weighted: token 0's share of what each head moves, "
+                        "α_i0‖v_0 W_O^h‖ / Σ_j α_ij‖v_j W_O^h‖ averaged over rows i >= 1 (O(T²) per head)")
 
 
 def run(args) -> int:
@@ -38,6 +41,11 @@ def run(args) -> int:
     s = open_session(args)
     rep = session_sink_report(s, threshold)
     data = {"model": s.info.name, "prompt": args.prompt, "chat_template": args.chat_template, **rep.to_json()}
+    if getattr(args, "value_weighted", False):
+        from core.value_weighted import value_weighted_sink_scores
+
+        data["sink_value_weighted"] = [[round(float(x), 6) for x in row] for row in value_weighted_sink_scores(s)]
+        data["weighting"] = ["attention", "value-weighted"]
     out.write_text(json.dumps(data, indent=1), encoding="utf-8")
     heads = rep.sink_heads()
     print(f"{len(heads)} of {rep.n_layers * rep.n_heads} heads have sink score >= {threshold:g} "
