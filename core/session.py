@@ -51,6 +51,7 @@ class Snapshot:
     chat_template: bool
     kv_cache_bytes: int
     top_next: tuple[TopToken, ...]
+    notices: tuple[str, ...] = ()  # Session.notices as one line each (e.g. a RoPE cache recompute)
 
     @property
     def seq_len(self) -> int:
@@ -365,6 +366,7 @@ class Session:
             tokens=tuple(self.tokens), n_prompt=self._n_prompt, prompt=self.prompt,
             chat_template=self.chat_template, kv_cache_bytes=self.kv_cache_bytes(),
             top_next=tuple(self.next_token_probs(10)) if ran else (),
+            notices=tuple(str(n) for n in self.notices),
         )
 
     def _require_run(self) -> None:

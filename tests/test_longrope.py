@@ -57,6 +57,7 @@ def _assert_equals_one_forward(s: Session, ref_model, what: str):
     return logits
 
 
+@pytest.mark.slow
 def test_issue_sample_phi3_longrope_prompt_24_then_16_greedy_steps(tmp_path):
     ref = _phi3_longrope(tmp_path / "phi3")
     s = Session.load(str(tmp_path / "phi3"))
@@ -74,6 +75,7 @@ def test_issue_sample_phi3_longrope_prompt_24_then_16_greedy_steps(tmp_path):
     n = s.notices[0]
     assert (n.position, n.length, n.rope_type) == (32, 33, "longrope")
     assert "recomputed" in str(n) and "\n" not in str(n)
+    assert s.snapshot().notices == (str(n),)  # what the GUI thread receives
 
 
 def test_longrope_step_back_across_the_switch_and_forward_again(tmp_path):
@@ -105,6 +107,7 @@ def test_longrope_prefill_in_chunks_crossing_the_switch(tmp_path, monkeypatch, c
     _assert_equals_one_forward(s, ref, "after feeding 3 ids")
 
 
+@pytest.mark.slow
 def test_dynamic_ntk_rope_every_step_past_the_context(tmp_path):
     # dynamic NTK changes its base at every length past max_position_embeddings (16 here)
     init = _save(tmp_path / "llama", "llama", max_position_embeddings=16,

@@ -298,3 +298,33 @@ def test_mlx_fused_path_does_not_round_bf16_or_fp16_scores():
             assert err < 2 ** -7 * max(1.0, np.abs(ref.out).max()), (str(dtype), fused, err)
     if mx.default_device().type == mx.DeviceType.cpu:
         assert not fast_keeps_float32_scores(mx.bfloat16) and not fast_keeps_float32_scores(mx.float16)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mlx_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
+    from core.attention_mlx import sdpa_with_lse_mlx
+    from core.capture_mlx import MlxTrace
+
+    rng = np.random.default_rng(1)
+    S = 8192
+    q = mx.array(rng.standard_normal((1, 2, S, 8)).astype(np.float32)).astype(getattr(mx, dtype))
+    k = mx.zeros((1, 1, S, 8), dtype=getattr(mx, dtype))
+    v = mx.array(rng.standard_normal((1, 1, S, 8)).astype(np.float32)).astype(getattr(mx, dtype))
+    _, (m, ell) = sdpa_with_lse_mlx(q[:, :, -1:], k, v, mask="causal", parts=True)
+    np.testing.assert_allclose(np.array(m) + np.array(ell).astype(np.float64), np.log(S), atol=1e-6)
+
+    class Cache:
+        keys = k
+
+        @staticmethod
+        def fetch_keys():
+            return k[0]
+
+    T = 1024  # the trace over a whole causal map (rows are positions 0 .. T-1)
+    k, q, v = k[:, :, :T], q[:, :, :T], v[:, :, :T]
+    _, parts = sdpa_with_lse_mlx(q, k, v, mask="causal", parts=True)
+    tr = MlxTrace(1, 2, 1, 8)
+    tr.record(0, q, parts, Cache, 8**-0.5, None)
+    w = tr.weights(0, 1, rows=slice(T - 4, T)).astype(np.float64)
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(w[-1], 1 / T, rtol=1e-6)
