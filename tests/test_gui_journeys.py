@@ -515,6 +515,12 @@ def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, 
     win.step_button.click()
     _idle(win)
     ids = list(win.engine.session.ids)
+    win.timeline.set_step(0)  # the user looks back at the map after prefill
+    win.select(1, 2)
+    for key in ("sinks", "gqa", "heatmap"):
+        win.show_view(key)
+        _idle(win)
+    before = visible_state(win)
     f = tmp_path / "tiny.attnscope"
     _file_dialogs(monkeypatch, save_to=f, open_from=f)
     _trigger(win, "Ctrl+S")
@@ -532,5 +538,9 @@ def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, 
     assert win2.last_error is None, win2.last_error
     assert win2.engine.session.info.source == str(b.resolve()) and win2.engine.session.ids == ids
     assert win2.model_ref == str(b.resolve())  # a later backend switch reloads this one
+    after = visible_state(win2)
+    for key in before:
+        assert after[key] == before[key], key
+    assert win2.timeline.step == 0 and win2.map_key == (1, 2, "head", len(ids) - 1)
     assert_controls_match_engine(win2)
     win2.close()
