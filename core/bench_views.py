@@ -95,6 +95,53 @@ def views_smol(T: int = 8192, model: str | None = None, log: Callable[[str], Non
     return out
 
 
+def synthetic_trace(n_layers: int = 30, n_heads: int = 9, n_kv_heads: int = 3, head_dim: int = 64, T: int = 8192,
+                    seed: int = 0, scale: float | None = None):
+    """A :class:`core.capture.TorchTrace` of a model's geometry (default SmolLM2-135M's) filled with
+    seeded random queries/keys (float32) and a per-row LSE upper bound, for timing views without a
+    prefill: every view does the same work on it as on a real trace of that length (the values
+    are not attention weights of any model)."""
+    import torch
+
+    from core.capture import TorchTrace
+
+    g = torch.Generator().manual_seed(seed)
+    tr = TorchTrace(n_layers, n_heads, n_kv_heads, head_dim)
+    scale = head_dim ** -0.5 if scale is None else scale
+    keys = torch.randn((1, n_kv_heads, T, head_dim), generator=g)
+    for layer in range(n_layers):
+        q = torch.randn((1, n_heads, T, head_dim), generator=g)
+        lse = torch.full((1, n_heads, T), float(torch.log(torch.tensor(float(T)))) + 4.0)
+        tr.record(layer, q, lse, keys, scale, None)
+    return tr
+
+
+def views_synthetic(T: int = 8192, log: Callable[[str], None] = lambda _m: None) -> dict:
+    """The SmolLM2 rows on :func:`synthetic_trace` (30 × 9 heads, D = 64): head grid at 2,000 and
+    8,000, mean of all layers and one head's overview at ``T``."""
+    import os
+
+    from core import blocked
+    from core.bench import matmul_peak
+
+    tr = synthetic_trace(T=T)
+    out = {"trace": "synthetic, SmolLM2 geometry", "seq_len": T, "rows": {},
+           "matmul_gflops": matmul_peak(2048, repeats=3)["peak_flops"] / 1e9, "loadavg": list(os.getloadavg())}
+    rows = out["rows"]
+    L, H = tr.n_layers, tr.n_heads
+    for m in (2000, 8000):
+        if m <= T:
+            log(f"views (synthetic): head grid at {m}")
+            _, rows[f"head_grid_{m}"] = _timed(lambda m=m: blocked.thumbnails(tr, m, 40))
+            out[f"head_grid_{m}_matmul_flop"] = L * H * m * m * tr.head_dim  # causal half of 2·m²·D per head
+    log(f"views (synthetic): mean of all layers at {T}")
+    pairs = [(lyr, h) for lyr in range(L) for h in range(H)]
+    _, rows["mean_all_8192"] = _timed(lambda: blocked.pooled_mean(tr, pairs, T, 1024))
+    times = [_timed(lambda h=h: blocked.pooled_heads(tr, 10 + h, [h], T, 1024))[1] for h in range(3)]
+    rows["one_head_8192"] = sorted(times)[1]
+    return out
+
+
 def gemma_long(path: str, T: int = 32000, png_n: int = 16000, out_dir: str | None = None,
                log: Callable[[str], None] = lambda _m: None) -> dict:
     """32,000-token prefill of a long model with capture; sliding vs global layer costs; 16k PNG."""
@@ -179,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m core.bench_views")
     p.add_argument("--smol", type=int, default=8192, help="SmolLM2 prefill length (0: skip)")
+    p.add_argument("--synthetic", type=int, default=0,
+                   help="time the SmolLM2 rows on a synthetic trace of its geometry at this length (no prefill)")
     p.add_argument("--long-model", default=None, help="GGUF/folder of a long-context model (Gemma 3 270M)")
     p.add_argument("--long-tokens", type=int, default=32000)
     p.add_argument("--json", default=None)
@@ -188,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {m}", file=sys.stderr, flush=True)
 
     result = {}
-    if a.smol:
+    if a.synthetic:
+        result["smol"] = views_synthetic(a.synthetic, log=log)
+    elif a.smol:
         result["smol"] = views_smol(a.smol, log=log)
     if a.long_model:
         result["long"] = gemma_long(a.long_model, a.long_tokens, log=log)
