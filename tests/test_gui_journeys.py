@@ -371,6 +371,7 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
     done()
     assert seen and isinstance(win.last_error, CancelledMessage)
     assert_empty_state(win)
+    _shot(win, "cancelled_reopen")
     # and a full reopen afterwards works
     win.last_error = None
     _trigger(win, "Ctrl+Shift+O")
@@ -401,6 +402,8 @@ def test_picker_says_before_open_that_mlx_cannot_run_gemma(qtbot):
     dlg.table.selectRow(row)
     assert not dlg.open_btn.isEnabled() and dlg.selected_path() is None
     assert "MLX backend does not run gemma3" in dlg.details.text() and "--backend" not in dlg.details.text()
+    dlg.resize(1320, 420)
+    _shot(dlg, "picker_mlx_gemma")
     dlg.backend.setCurrentText("torch")  # the user follows the advice
     assert dlg.open_btn.isEnabled() and dlg.selected_path() == "/models/gemma-3-270m.gguf"
     assert dlg.proxy.index(row, FIT_COLUMN).data().startswith("fits")
@@ -488,9 +491,9 @@ def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, 
     by absolute path with its hash, and reopens from another working folder."""
     from PySide6.QtCore import QMimeData, QPointF, QUrl
     from PySide6.QtGui import QDropEvent
+    from tiny_models import save_tiny
 
     from core.export import model_sha256
-    from tiny_models import save_tiny
 
     a, b = tmp_path / "models" / "tiny-a", tmp_path / "models" / "tiny-b"
     save_tiny("llama", a, seed=1)
