@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QMarginsF, QPoint, QPointF, QRect, QRectF, QSize, QSizeF, Qt
 from PySide6.QtGui import (
+    QBrush,
     QColor,
     QFont,
     QFontMetricsF,
@@ -326,10 +327,12 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
                   k_labels: list[str], *, title: str = "", cmap: str = "viridis", scale: str = "linear",
                   vmin: float = 0.0, vmax: float = 1.0, dpi: float = FIGURE_DPI,
                   colorbar_label: str = "attention weight", q_axis: str = "query position",
-                  k_axis: str = "key position", gamma: float = 0.5) -> QRectF:
+                  k_axis: str = "key position", gamma: float = 0.5, masked: np.ndarray | None = None) -> QRectF:
     """Paint a labelled map (rows = queries top to bottom, columns = keys) into ``size``; returns the map's rect.
 
     Cell colours are :func:`core.colormaps.to_rgb` of the values: exactly the colours of the plain PNG.
+    ``masked`` (bool, the map's shape): cells the mask hid, drawn as a grey hatch outside the colour
+    map (light grey in a raster map) instead of the colour of weight 0, as the window's heatmap does.
     """
     w = np.asarray(weights, dtype=np.float32)
     n_rows, n_cols = w.shape
@@ -372,11 +375,26 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
                 r, g, bl = (int(c) for c in row[a])
                 dx = ov if b < n_cols else 0.0
                 p.fillRect(QRectF(rect.left() + a * cell, y, (b - a) * cell + dx, cell + dy), QColor(r, g, bl))
+        if masked is not None and masked.shape == w.shape and masked.any():
+            hatch = QBrush(QColor(150, 150, 150), Qt.BDiagPattern)
+            for i in np.flatnonzero(masked.any(axis=1)):
+                m = np.concatenate(([False], masked[i], [False]))
+                edges = np.flatnonzero(m[1:] != m[:-1])
+                for a, b in zip(edges[::2], edges[1::2], strict=True):
+                    r_ = QRectF(rect.left() + a * cell, rect.top() + i * cell, (b - a) * cell, cell)
+                    p.fillRect(r_, QColor(255, 255, 255))
+                    p.fillRect(r_, hatch)
     else:
         img_rgb = rgb
+        mk = masked if masked is not None and masked.shape == w.shape else None
         if cell < 1:  # more cells than pixels: keep the strongest weight of each block visible
             pooled = max_pool(w, max(1, int(rect.height())), max(1, int(rect.width())))
             img_rgb = to_rgb(pooled, cmap, vmin, vmax, scale, gamma)
+            if mk is not None:  # a block is masked when all its cells are
+                mk = max_pool((~mk).astype(np.float32), pooled.shape[0], pooled.shape[1]) == 0
+        if mk is not None and mk.any():
+            img_rgb = np.array(img_rgb, copy=True)
+            img_rgb[mk] = (225, 225, 225)
         data = np.ascontiguousarray(img_rgb, dtype=np.uint8)
         img = QImage(data.data, data.shape[1], data.shape[0], data.shape[1] * 3, QImage.Format_RGB888).copy()
         p.drawImage(rect, img)
@@ -440,6 +458,24 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
     return rect
 
 
+def figure_mask(shape, q_tokens, k_tokens, metadata: dict | None) -> np.ndarray | None:
+    """Cells of a ``shape`` map the mask hid (bool), from the tokens' positions (a later key: causal)
+    and the provenance's sliding window (``metadata["mask"]["sliding_window"]``; not for the mean of
+    all layers, where a cell is masked only if every layer masks it). None without positions."""
+    if q_tokens is None or k_tokens is None:
+        return None
+    q = np.array([t.position for t in q_tokens][: shape[0]], dtype=np.int64)[:, None]
+    k = np.array([t.position for t in k_tokens][: shape[1]], dtype=np.int64)[None, :]
+    if q.shape[0] != shape[0] or k.shape[1] != shape[1]:
+        return None
+    out = k > q
+    mask = (metadata or {}).get("mask")
+    window = mask.get("sliding_window") if isinstance(mask, dict) else None
+    if window and (metadata or {}).get("aggregate") != "all":
+        out |= k <= q - int(window)
+    return out
+
+
 def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=None, q_tokens=None,
                         k_tokens=None, title: str = "", cmap: str = "viridis", scale: str = "linear",
                         size: tuple[int, int] | None = None, dpi: float | None = None,
@@ -464,9 +500,12 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
     kt = k_tokens if k_tokens is not None else tokens
     q_labels = [t.text for t in qt][: w.shape[0]] if qt is not None else [str(i) for i in range(w.shape[0])]
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
+    masked = figure_mask(w.shape, qt, kt, metadata)
+    if masked is not None and masked.any():
+        title = (title + " · " if title else "") + "hatched: masked"
     return paint_to_file(path, size, lambda p: paint_heatmap(p, size, w, q_labels, k_labels, title=title, cmap=cmap,
                                                              scale=scale, vmin=vmin, vmax=vmax, dpi=dpi,
-                                                             gamma=gamma),
+                                                             gamma=gamma, masked=masked),
                          dpi=dpi, title=title, metadata=metadata, crisp_svg=True)
 
 
@@ -718,18 +757,6 @@ class ExportController:
             return
         from PySide6.QtWidgets import QFileDialog
 
-        from core.export_long import FULL_SIZE_LIMIT
-
-        n = self._visible_n() or self.win.snapshot.seq_len
-        if n > FULL_SIZE_LIMIT:  # a full-size long map: say what it costs and ask first
-            from PySide6.QtWidgets import QMessageBox
-
-            answer = QMessageBox.question(
-                self.win, "Export a long map",
-                f"This map is {n:,} × {n:,} cells: the file holds {n * n * 4 / 1e9:.1f} GB of float32 weights "
-                "(held once in memory while written; CSV is about three times larger). Export it anyway?")
-            if answer != QMessageBox.Yes:
-                return
         name = f"attn_L{self.win.layer}_H{self.win.head}.npy"
         path, chosen = QFileDialog.getSaveFileName(self.win, "Export data", name, DATA_FILTERS)
         if path:

@@ -199,3 +199,34 @@ def test_roles_sort_keeps_the_top_in_view(win, qtbot):
     table.sortItems(5, Qt.DescendingOrder)
     qtbot.waitUntil(lambda: bar.value() == 0, timeout=2000)
     assert table.rowViewportPosition(0) == 0
+
+
+def test_exported_figure_hatches_masked_cells(tmp_path, qtbot):
+    """The labelled figure (SVG/PDF/--figure PNG) draws masked cells as the window does: the map's
+    weight-0 colour appears nowhere when every zero is a masked cell."""
+    from PIL import Image
+
+    from app.export import figure_mask, save_heatmap_figure
+    from core.colormaps import to_rgb
+    from core.tokens import Token
+
+    n, W = 12, 4
+    toks = [Token(i, 100 + i, f"t{i}", f"t{i}") for i in range(n)]
+    q, k = np.arange(n)[:, None], np.arange(n)[None, :]
+    allowed = (k <= q) & (k > q - W)
+    w = allowed / allowed.sum(1, keepdims=True)
+    meta = {"mask": {"kind": "causal", "sliding_window": W}, "aggregate": "head"}
+    np.testing.assert_array_equal(figure_mask(w.shape, toks, toks, meta), ~allowed)
+    np.testing.assert_array_equal(figure_mask(w.shape, toks, toks, dict(meta, aggregate="all")), k > q)
+    assert figure_mask(w.shape, None, None, meta) is None
+    zero = tuple(int(c) for c in to_rgb(np.zeros((1, 1)), "viridis", 0.0, 1.0, "linear", 0.5)[0, 0])
+
+    def count(path, rgb):
+        return int(np.all(np.asarray(Image.open(path).convert("RGB")) == rgb, axis=-1).sum())
+
+    win_png = save_heatmap_figure(w, tmp_path / "win.png", tokens=toks, metadata=meta)
+    causal_png = save_heatmap_figure(w, tmp_path / "causal.png", tokens=toks,
+                                     metadata=dict(meta, mask={"kind": "causal", "sliding_window": None}))
+    assert count(win_png, (150, 150, 150)) > count(causal_png, (150, 150, 150)) > 0  # the hatch
+    # weight 0's colour: only the colour bar's bottom with the window; the 36 cells outside it without
+    assert count(causal_png, zero) > count(win_png, zero) + 30 * 40 * 40
