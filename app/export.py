@@ -757,6 +757,18 @@ class ExportController:
             return
         from PySide6.QtWidgets import QFileDialog
 
+        from core.export_long import FULL_SIZE_LIMIT
+
+        n = self._visible_n() or self.win.snapshot.seq_len
+        if n > FULL_SIZE_LIMIT:  # a full-size long map: say what it costs and ask first
+            from PySide6.QtWidgets import QMessageBox
+
+            answer = QMessageBox.question(
+                self.win, "Export a long map",
+                f"This map is {n:,} × {n:,} cells: the file holds {n * n * 4 / 1e9:.1f} GB of float32 weights "
+                "(held once in memory while written; CSV is about three times larger). Export it anyway?")
+            if answer != QMessageBox.Yes:
+                return
         name = f"attn_L{self.win.layer}_H{self.win.head}.npy"
         path, chosen = QFileDialog.getSaveFileName(self.win, "Export data", name, DATA_FILTERS)
         if path:
