@@ -420,6 +420,7 @@ def test_load_refusal_in_window_words():
     assert window_wording(msg).endswith("choose Backend → torch") and "--" not in window_wording(msg)
 
 
+@pytest.mark.slow
 def test_about_shows_version_model_backend(qtbot):
     from core import __version__
 
@@ -486,6 +487,7 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
     win.close()
 
 
+@pytest.mark.slow
 def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, monkeypatch, tmp_path):
     """--model with a relative path, then a folder dropped on the window: the session file names each
     by absolute path with its hash, and reopens from another working folder."""
