@@ -37,7 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype-b", default=None, choices=dtypes, help="run B's dtype (default: A's)")
     p.add_argument("--backend-b", default=None, choices=("torch", "mlx"), help="run B's backend (default: A's)")
     if _supports_quantize():
-        p.add_argument("--quantize-b", default=None, help="run B's weight-only quantisation (default: A's)")
+        quants = next((a.choices for a in p._actions if a.dest == "quantize"), None)
+        p.add_argument("--quantize-b", default=None, choices=quants,
+                       help="run B's weight-only quantisation (default: A's)")
     p.add_argument("--weighting", default="attention", choices=("attention", "value-weighted"),
                    help="compare the weights, or the row-normalised value-weighted maps (Kobayashi et al. 2020)")
     p.add_argument("--low-memory", action="store_true",
