@@ -282,11 +282,15 @@ def test_cancel_mid_prefill_then_pgdn_f10_run(qtbot):
     assert win.weights is not None
     win.prompt_edit.setPlainText(LONG_PROMPT)
     seen, done = _cancel_at_progress(win, "Prefill")
+    errors = []
+    win.engine.error.connect(errors.append)
     _trigger(win, "Ctrl+Return")
+    _trigger(win, "PgDown")  # pressed while the prefill runs: its map request waits behind the prefill
     _idle(win)
     done()
     assert seen and seen[0].startswith("Prefill 512/")
     assert isinstance(win.last_error, CancelledMessage)
+    assert errors == [] and win.layer == 1  # the stale request was dropped, not "n=... out of range"
     assert_empty_state(win)
     assert "cancelled" in win.heatmap.plot.titleLabel.text.lower()
     _shot(win, "cancelled_prefill")
@@ -294,7 +298,7 @@ def test_cancel_mid_prefill_then_pgdn_f10_run(qtbot):
     win.last_error = None
     _trigger(win, "PgDown")
     _idle(win)
-    assert win.last_error is None and win.layer == 1 and win.weights is None
+    assert win.last_error is None and win.layer == 2 and win.weights is None
     _trigger(win, "F10")
     _idle(win)
     assert win.last_error == "Run a prompt before stepping."
@@ -311,7 +315,7 @@ def test_cancel_mid_prefill_then_pgdn_f10_run(qtbot):
     _idle(win)
     assert win.last_error is None
     assert win.snapshot.seq_len == n0 + 1 and win.weights.shape == (n0 + 1, n0 + 1)
-    assert win.map_key == (2, 0, "head", n0 + 1)
+    assert win.map_key == (3, 0, "head", n0 + 1)
     assert_controls_match_engine(win)
     _shot(win, "after_cancel_run_again")
     win.close()
