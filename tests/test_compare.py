@@ -354,3 +354,19 @@ def test_smollm2_float32_vs_bfloat16_table(smol_a):
     assert ranked[-1].js_mean > 0 and np.median(res.js_mean) > 1e-3 and ranked[0].js_mean < 0.1
     assert all(d.js_max >= d.js_mean for d in ranked)
     assert 0 < res.kl.mean() < 0.05 and res.top1_agree.mean() >= 0.8
+
+
+def test_run_pair_low_memory_gives_the_same_table(tiny):
+    from core.compare import release_model, run_pair
+
+    kw = dict(prompt=PROMPT, chat_template=False, device="cpu", weighting="value-weighted")
+    full = run_pair(str(tiny["base"]), str(tiny["last"]), **kw)
+    low = run_pair(str(tiny["base"]), str(tiny["last"]), low_memory=True, **kw)
+    np.testing.assert_array_equal(full.js_mean, low.js_mean)
+    np.testing.assert_array_equal(full.kl, low.kl)
+    assert (low.ranked()[0].layer, low.ranked()[0].head) == (1, 2)
+    # a released session still answers weights from its trace
+    s = _run(tiny["base"])
+    w = s.weights(1, 0)
+    release_model(s)
+    np.testing.assert_array_equal(s.weights(1, 0), w)

@@ -60,7 +60,8 @@ def test_compare_tab_perturbed_model(win, folders, tmp_path):
     view = win.views["compare"]
     assert "compare" in [k for k in win.views]
     # a View menu entry like the other tabs
-    assert any(a.text() == "Show Compare" for a in win.view_menu.actions())
+    shown = {a.text(): a.shortcut().toString() for a in win.view_menu.actions()}
+    assert shown["Show Compare"] == f"Ctrl+{list(win.views).index('compare') + 1}"
     view.kind_combo.setCurrentIndex(list(view.kind_combo.itemData(i) for i in range(4)).index("model"))
     view.model_edit.setText(str(folders[1]))
     view.dtype_combo.setCurrentText("float32")
@@ -199,3 +200,18 @@ def test_sinks_value_weighted_metric(win):
     np.testing.assert_allclose(view.table_values(), rows[..., 1 : s.n_prompt].mean(axis=-1), atol=1e-6)
     view.metric_combo.setCurrentIndex(0)
     np.testing.assert_allclose(view.table_values(), session_sink_report(s).at_seq_len(s.n_prompt), atol=1e-6)
+
+
+def test_pooled_maps_in_bands_equal_pooling_the_whole_map():
+    from app.views.compare import _mean_pool, _pool_by
+
+    rng = np.random.default_rng(0)
+    w = rng.random((23, 23))
+    p = _pool_by(w, 4)
+    assert p.shape == (6, 6)
+    assert p[0, 0] == pytest.approx(w[:4, :4].mean()) and p[5, 5] == pytest.approx(w[20:, 20:].mean())
+    # bands of a multiple of f rows pool to the same rows as the whole map
+    bands = np.concatenate([_pool_by(w[r0 : r0 + 8], 4) for r0 in range(0, 23, 8)])
+    np.testing.assert_allclose(bands, p, rtol=1e-6)
+    assert _mean_pool(w, 512) is not None and _mean_pool(w, 512).shape == (23, 23)
+    assert _mean_pool(w, 10).shape == (8, 8)

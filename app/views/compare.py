@@ -113,13 +113,11 @@ def _run_b_job(spec: RunBSpec):
     return job
 
 
-def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
-    """Mean over blocks so that neither side exceeds ``size`` (zero-padded edge blocks averaged over
-    their real cells)."""
-    n_r, n_c = w.shape
-    f = max(1, -(-max(n_r, n_c) // size))
+def _pool_by(w: np.ndarray, f: int) -> np.ndarray:
+    """Mean over ``f × f`` blocks (edge blocks averaged over their real cells); float32."""
     if f == 1:
-        return w
+        return np.asarray(w, np.float32)
+    n_r, n_c = w.shape
     R, C = -(-n_r // f), -(-n_c // f)
     pad = np.zeros((R * f, C * f), np.float64)
     cnt = np.zeros_like(pad)
@@ -130,17 +128,33 @@ def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
     return (s / np.maximum(c, 1)).astype(np.float32)
 
 
+def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
+    """Mean over blocks so that neither side exceeds ``size`` (:func:`_pool_by`)."""
+    return _pool_by(w, max(1, -(-max(w.shape) // size)))
+
+
 def _maps_job(layer: int, head: int, n: int, weighting: str):
+    """A's and B's maps of one head over the aligned ``n × n``, mean-pooled by ``f`` when ``n`` exceeds
+    :data:`MAX_CELLS`, computed in row bands (a multiple of ``f`` rows, at most ~4 M cells each):
+    never a whole long map on either side."""
+
     def job(ctx):
         from core.compare import head_maps
-        from core.errors import SessionError
+        from core.errors import Cancelled, SessionError
 
         sb = _ENGINE["b"]
         if sb is None or ctx.session is None:
             raise SessionError("run B first")
-        wa, wb = head_maps(ctx.session, sb, layer, head, n, weighting=weighting)
         f = max(1, -(-n // MAX_CELLS))
-        return (layer, head), _mean_pool(wa, MAX_CELLS), _mean_pool(wb, MAX_CELLS), f
+        band = f * max(1, (1 << 22) // (n * f))
+        pa, pb = [], []
+        for r0 in range(0, n, band):
+            if ctx.cancelled():
+                raise Cancelled("cancelled")
+            wa, wb = head_maps(ctx.session, sb, layer, head, n, rows=slice(r0, min(r0 + band, n)), weighting=weighting)
+            pa.append(_pool_by(wa, f))
+            pb.append(_pool_by(wb, f))
+        return (layer, head), np.concatenate(pa), np.concatenate(pb), f
 
     return job
 
