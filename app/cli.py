@@ -17,11 +17,18 @@ def _figure_renderer():
     return save_heatmap_figure
 
 
+def _frame_renderer():
+    from app.export import figure_frame  # labelled animation frames (token axes, colour bar)
+
+    return figure_frame
+
+
 def main(argv=None) -> int:
     import core.commands.export as export_command
     from core.cli import main as core_main
 
     export_command.FIGURE_RENDERER = _figure_renderer
+    export_command.FRAME_RENDERER = _frame_renderer
     return core_main(sys.argv[1:] if argv is None else argv, gui=_gui)
 
 

@@ -17,7 +17,6 @@ heatmap figure is painted directly with QPainter. Both work headless (``QT_QPA_P
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -57,6 +56,7 @@ from PySide6.QtWidgets import (
 from core import __version__
 from core.colormaps import normalize, to_rgb
 from core.pooling import max_pool
+from core.tokens import visible_text
 
 VECTOR_MAX_CELLS = 65536  # up to 256 × 256 tokens the cells are rectangles; beyond, one image
 FIGURE_SIZE_IN = (8.0, 7.0)  # default figure size in inches
@@ -95,8 +95,10 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
                   crisp_svg: bool = False) -> Path:
     """Open the device for ``path`` (by suffix), call ``paint(painter)`` in a ``size`` coordinate box, close.
 
-    ``size``: logical ``(width, height)``; PNG pixels are ``size × scale``, the physical size of SVG
-    and PDF is ``size / dpi`` inches. ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
+    ``size``: logical ``(width, height)``; PNG pixels are ``size × scale`` and the PNG records ``dpi``,
+    the physical size of SVG and PDF is ``size / dpi`` inches. SVGs pass through
+    :func:`app.svg_fixups.fix_svg` (strokes, images and patterns drawn alike in every viewer; text XML
+    can hold); PDFs store images losslessly (Flate, never JPEG). ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
     or the SVG ``<desc>``; the PDF gets ``title`` and AttnScope as creator. ``crisp_svg`` marks the
     SVG ``shape-rendering="crispEdges"``: viewers then draw abutting cells without anti-aliased
     hairline seams between them.
@@ -112,7 +114,7 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
     if fmt == "png":
         img = QImage(max(1, round(w * scale)), max(1, round(h * scale)), QImage.Format_RGB32)
         img.fill(Qt.white)
-        dpm = round(dpi * scale / 0.0254)
+        dpm = round(dpi / 0.0254)  # the chosen DPI (pixels are size × scale: the DPI is what they mean)
         img.setDotsPerMeterX(dpm)
         img.setDotsPerMeterY(dpm)
         if text:
@@ -134,7 +136,7 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
         gen.setSize(QSize(w, h))
         gen.setViewBox(QRect(0, 0, w, h))
         gen.setResolution(round(dpi))
-        gen.setTitle(title or "AttnScope")
+        gen.setTitle(visible_text(title) or "AttnScope")
         gen.setDescription(text or f"AttnScope {__version__}")
         p = QPainter()
         if not p.begin(gen):
@@ -144,19 +146,23 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
             paint(p)
         finally:
             p.end()
+        from app.svg_fixups import fix_svg
+
+        svg = fix_svg(path.read_text(encoding="utf-8"))
         if crisp_svg:
-            svg = path.read_text(encoding="utf-8")
-            path.write_text(svg.replace("<svg ", '<svg shape-rendering="crispEdges" ', 1), encoding="utf-8")
+            svg = svg.replace("<svg ", '<svg shape-rendering="crispEdges" ', 1)
+        path.write_text(svg, encoding="utf-8")
         return path
     writer = QPdfWriter(str(path))
     writer.setResolution(round(dpi))
     writer.setPageSize(QPageSize(QSizeF(w / dpi * 72.0, h / dpi * 72.0), QPageSize.Point, "", QPageSize.ExactMatch))
     writer.setPageMargins(QMarginsF(0, 0, 0, 0))
-    writer.setTitle(title or "AttnScope")
+    writer.setTitle(visible_text(title) or "AttnScope")
     writer.setCreator(f"AttnScope {__version__}")
     p = QPainter()
     if not p.begin(writer):
         raise OSError(f"could not write {path}")
+    p.setRenderHint(QPainter.LosslessImageRendering, True)  # Flate, not JPEG: cells keep their exact colours
     try:
         p.scale(writer.width() / w, writer.height() / h)
         paint(p)
@@ -229,17 +235,154 @@ def _full_size(widget) -> QSize | None:
     return QSize(max(widget.width(), width), max(widget.height(), height))
 
 
+def _graphics_views(widgets):
+    from PySide6.QtWidgets import QGraphicsView
+
+    return [w for w in widgets if isinstance(w, QGraphicsView) and w.scene() is not None]
+
+
+def _plain_labels(widget) -> list:
+    """pyqtgraph's plain-text labels (plot titles, legends) inside ``widget``."""
+    import pyqtgraph as pg
+    from PySide6.QtWidgets import QWidget
+
+    out = []
+    for view in _graphics_views([widget, *widget.findChildren(QWidget)]):
+        for item in view.scene().items():
+            text = getattr(item, "text", None) if isinstance(item, pg.LabelItem) else None
+            if isinstance(text, str) and text and "<" not in text:
+                out.append(item)
+    return out
+
+
+def _elide_titles(widget, width: int) -> list:
+    """Shorten (…) the widest plain-text pyqtgraph labels (a plot title, a legend line) until the scene
+    fits ``width`` pixels, so a small export keeps the whole plot; returns ``[(label, text)]`` to put back."""
+    labels = _plain_labels(widget)
+    saved: dict = {}
+    for _ in range(8):
+        _settle(widget)
+        over = _overflow(widget)[0]
+        if over <= 0:
+            break
+        shrinkable = [lab for lab in labels if len(lab.text.rstrip("…")) > 1]
+        if not shrinkable:
+            break
+        lab = max(shrinkable, key=lambda item: item.item.boundingRect().width())
+        full = saved.setdefault(lab, lab.text)
+        goal = lab.item.boundingRect().width() - over - 2
+        keep = len(lab.text.rstrip("…"))
+        while keep > 1 and lab.item.boundingRect().width() > goal:
+            keep = max(1, min(keep - 1, int(keep * goal / max(1.0, lab.item.boundingRect().width()))))
+            lab.setText(full[:keep].rstrip() + "…")
+    return list(saved.items())
+
+
+def _settle(widget) -> None:
+    """Lay ``widget`` and its children out at its current size now, also when it was never shown.
+
+    A hidden widget's resize only records the size; layouts and pyqtgraph's scenes follow when the
+    posted layout requests and resize events are delivered: here, before painting, so a render at a
+    new size is that size's layout (not the old one cropped)."""
+    from PySide6.QtCore import QEvent
+    from PySide6.QtGui import QResizeEvent
+    from PySide6.QtWidgets import QGraphicsWidget, QWidget
+
+    for _ in range(3):  # nested layouts settle in a few rounds; only this widget's tree (its parent's
+        tree = [widget, *widget.findChildren(QWidget)]  # layout would put the old size back)
+        for w in tree:
+            QApplication.sendPostedEvents(w, QEvent.LayoutRequest)
+            lay = w.layout()
+            if lay is not None:
+                lay.activate()
+        for w in tree:
+            if w.testAttribute(Qt.WA_PendingResizeEvent):
+                w.setAttribute(Qt.WA_PendingResizeEvent, False)
+                QApplication.sendEvent(w, QResizeEvent(w.size(), w.size()))
+        for view in _graphics_views(tree):  # pyqtgraph: the scene's layouts (QGraphicsLayout) too
+            # its resizeEvent fits the central item to the view again (clamped to the item's minimum
+            # when it was set, which an elided title may have lowered since)
+            vp, inner = view.viewport(), view.contentsRect()  # a hidden scroll area leaves its viewport
+            if vp.geometry() != inner:  # at the old size (pyqtgraph's resizeEvent does not lay it out)
+                vp.setGeometry(inner)
+                if vp.testAttribute(Qt.WA_PendingResizeEvent):
+                    vp.setAttribute(Qt.WA_PendingResizeEvent, False)
+                    QApplication.sendEvent(vp, QResizeEvent(vp.size(), vp.size()))
+            QApplication.sendEvent(view, QResizeEvent(view.size(), view.size()))
+            ci = getattr(view, "centralWidget", None)
+            if ci is not None and hasattr(ci, "setGeometry"):  # pyqtgraph skips this when its range is unchanged
+                ci.setGeometry(QRectF(0, 0, vp.width(), vp.height()))
+            for item in view.scene().items():
+                lay = QGraphicsWidget.layout(item) if isinstance(item, QGraphicsWidget) else None
+                if lay is not None:  # (pyqtgraph items shadow .layout with an attribute)
+                    lay.activate()
+            for item in view.scene().items():  # pyqtgraph's view boxes: transforms for the new geometry
+                if hasattr(item, "updateMatrix") and hasattr(item, "prepareForPaint"):
+                    item.prepareForPaint()
+                    item.updateMatrix()
+
+
+def _settle_ancestors(widget) -> None:
+    """Deliver the pending layout of every ancestor of ``widget`` (outermost first), polishing them."""
+    from PySide6.QtCore import QEvent
+
+    chain, w = [], widget.parentWidget()
+    while w is not None:
+        chain.append(w)
+        w = w.parentWidget()
+    for w in reversed(chain):
+        w.ensurePolished()
+        QApplication.sendPostedEvents(w, QEvent.LayoutRequest)
+        if w.layout() is not None:
+            w.layout().activate()
+    widget.ensurePolished()
+
+
+def _overflow(widget) -> tuple[int, int]:
+    """Pixels by which a scene inside ``widget`` needs more than its view shows (pyqtgraph's title,
+    axes, colour bar would be cut at the view's edge), ``(width, height)``, ≤ 0 when it fits."""
+    from PySide6.QtWidgets import QWidget
+
+    grow_w = grow_h = -(10**9)
+    for view in _graphics_views([widget, *widget.findChildren(QWidget)]):
+        ci = getattr(view, "centralWidget", None)
+        if ci is None or not hasattr(ci, "effectiveSizeHint"):
+            continue
+        need = ci.effectiveSizeHint(Qt.MinimumSize)
+        vp = view.viewport().size()
+        grow_w = max(grow_w, math.ceil(need.width() - vp.width()))
+        grow_h = max(grow_h, math.ceil(need.height() - vp.height()))
+    return grow_w, grow_h
+
+
+def _apply_layout(widget) -> None:
+    """:func:`_settle`, then grow ``widget`` to what it needs to show whole (its minimum size hint, a
+    scene's minimum), so the caller sees the size it really needs."""
+    _settle(widget)
+    hint = widget.minimumSizeHint()
+    if hint.isValid() and (hint.width() > widget.width() or hint.height() > widget.height()):
+        widget.resize(max(hint.width(), widget.width()), max(hint.height(), widget.height()))
+        _settle(widget)
+    grow_w, grow_h = _overflow(widget)
+    if grow_w > 0 or grow_h > 0:
+        widget.resize(widget.width() + max(0, grow_w), widget.height() + max(0, grow_h))
+        _settle(widget)
+
+
 def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None = None,
                   dpi: float = SCREEN_DPI, metadata: dict | None = None, title: str = "") -> Path:
     """Render ``widget`` (see :func:`export_target`) as shown to PNG, SVG or PDF (by suffix).
 
     ``size``: layout size in logical pixels (the widget is laid out at that size for the render and
-    put back); default its current size (a table: every row and column). ``dpi``: PNG pixels =
+    put back, also a view never shown); default its current size (a table: every row and column).
+    A long plot title is elided (…) to fit ``size``; a size below what the view still needs to show
+    whole (its minimum size) is refused, never cropped. ``dpi``: PNG pixels =
     ``size × dpi / 96`` (text and lines re-rendered sharp, not upscaled); for SVG/PDF the physical size
     is ``size / 96`` inches at any ``dpi`` (vectors), raster parts embedded at their own resolution.
 
     Raises:
-        ValueError: unknown suffix. FileNotFoundError: missing folder. OSError: could not write.
+        ValueError: unknown suffix; ``size`` smaller than the view's minimum (the message names it).
+        FileNotFoundError: missing folder. OSError: could not write.
     """
     from PySide6.QtWidgets import QAbstractScrollArea, QWidget
 
@@ -248,6 +391,7 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
     holder = _resizing_scroll_area(target)
     if holder is not None:
         holder.setWidgetResizable(False)
+    _settle_ancestors(target)  # a pending layout of a parent would resize the target mid-render
     old = target.size()
     want = QSize(*size) if size is not None else (_full_size(target) or _size_showing_tables(target))
     # tables inside the view: no scroll bars in the picture (at the default size they show everything)
@@ -266,10 +410,24 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
             target.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
             target.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         target.resize(want)
+    lossless, elided = [], []
     try:
-        cur = target.size()
         fmt = _fmt(Path(path))
+        if want is not None:
+            elided = _elide_titles(target, want.width())
+        _apply_layout(target)
+        cur = target.size()
+        if want is not None and (cur.width() > want.width() or cur.height() > want.height()):
+            raise ValueError(f"{want.width()} × {want.height()} px is too small for this view: it needs at least "
+                             f"{cur.width()} × {cur.height()} px to show whole")
         scale = dpi / SCREEN_DPI if fmt == "png" else 1.0
+        if fmt == "pdf":  # views paint with their own painters: make theirs lossless too
+            from PySide6.QtWidgets import QGraphicsView
+
+            for v in [target, *target.findChildren(QGraphicsView)]:
+                if isinstance(v, QGraphicsView) and not v.renderHints() & QPainter.LosslessImageRendering:
+                    v.setRenderHint(QPainter.LosslessImageRendering, True)
+                    lossless.append(v)
 
         def paint(p: QPainter) -> None:
             # QWidget's render, also for a QGraphicsView (whose own render() has another signature)
@@ -279,8 +437,13 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
         return paint_to_file(path, (cur.width(), cur.height()), paint, dpi=dpi if fmt == "png" else SCREEN_DPI,
                              title=title, metadata=metadata, scale=scale)
     finally:
+        for v in lossless:
+            v.setRenderHint(QPainter.LosslessImageRendering, False)
+        for label, text in elided:
+            label.setText(text)
         if want is not None and want != old:
             target.resize(old)
+            _settle(target)
             if policies is not None:
                 target.setHorizontalScrollBarPolicy(policies[0])
                 target.setVerticalScrollBarPolicy(policies[1])
@@ -509,6 +672,61 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
                          dpi=dpi, title=title, metadata=metadata, crisp_svg=True)
 
 
+FRAME_SIZE = (720, 640)  # animation frames: figure pixels
+FRAME_DPI = 100.0
+
+
+def _frame_palette(cmap: str):
+    """A PIL palette image: 240 steps of ``cmap`` and 16 greys (text, frame, background)."""
+    from PIL import Image
+
+    from core.colormaps import lut
+
+    table = lut(cmap)
+    pal = np.concatenate([table[np.round(np.linspace(0, 255, 240)).astype(int)],
+                          np.repeat(np.linspace(0, 255, 16).round().astype(np.uint8)[:, None], 3, axis=1)])
+    img = Image.new("P", (1, 1))
+    img.putpalette(pal.astype(np.uint8).reshape(-1).tolist())
+    return img
+
+
+def figure_frame(weights: np.ndarray, n: int, *, tokens=None, title: str = "", cmap: str = "viridis",
+                 scale: str = "linear", gamma: float = 0.5, vmin: float = 0.0, vmax: float = 1.0,
+                 size: tuple[int, int] = FRAME_SIZE, dpi: float = FRAME_DPI):
+    """One animation frame: the labelled figure (:func:`paint_heatmap`: token axes, colour bar, ``title``
+    as caption) of the ``(T, T)`` map ``weights`` with positions ``n .. T-1`` blank (not generated
+    yet), so every frame has the same layout. Returns a PIL palette image (240 colour-map steps +
+    16 greys; the cells are the map's colours to within one step of 256). Any thread (QImage)."""
+    from PIL import Image
+
+    ensure_gui()
+    w = np.asarray(weights, dtype=np.float32)
+    T = w.shape[0]
+    labels = [(t.text if i < n else "") for i, t in enumerate(list(tokens)[:T])] if tokens is not None else [
+        (str(i) if i < n else "") for i in range(T)]
+    img = QImage(int(size[0]), int(size[1]), QImage.Format_RGB32)
+    img.fill(Qt.white)
+    p = QPainter(img)
+    try:
+        rect = paint_heatmap(p, size, w, labels, labels, title=title, cmap=cmap, scale=scale, vmin=vmin,
+                             vmax=vmax, dpi=dpi, gamma=gamma)
+        if n < T:
+            cell = rect.width() / T
+            p.fillRect(QRectF(rect.left(), rect.top() + n * cell, rect.width(), (T - n) * cell + 1), Qt.white)
+            p.fillRect(QRectF(rect.left() + n * cell, rect.top(), (T - n) * cell + 1, n * cell), Qt.white)
+            pen = QPen(QColor(60, 60, 60))
+            pen.setWidthF(0.6 * dpi / 72.0)
+            p.setPen(pen)
+            p.drawRect(rect)
+    finally:
+        p.end()
+    bits = img.constBits()
+    arr = np.frombuffer(bits, dtype=np.uint8, count=img.bytesPerLine() * img.height())
+    arr = arr.reshape(img.height(), img.bytesPerLine())[:, : img.width() * 4].reshape(img.height(), img.width(), 4)
+    rgb = Image.fromarray(np.ascontiguousarray(arr[..., 2::-1]), mode="RGB")  # BGRA → RGB
+    return rgb.quantize(palette=_frame_palette(cmap), dither=Image.Dither.NONE)
+
+
 # -- the window's export and session commands ---------------------------------------------------------------
 SESSION_FILTER = "AttnScope session (*.attnscope)"
 IMAGE_FILTERS = "PNG image (*.png);;SVG vector image (*.svg);;PDF document (*.pdf)"
@@ -723,7 +941,9 @@ class ExportController:
                 meta = E.session_metadata(s)
                 if n is not None and n < s.seq_len:
                     meta = E.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
-                meta.update({"kind": "view", "view": key, "view_state": view, "image": out.name})
+                meta.update({"kind": "view", "view": key, "view_state": view, "image": out.name,
+                             "dpi": dpi if out.suffix.lower() == ".png" else None})
+                E.embed_metadata(out, meta)  # PNG text chunk / SVG <desc>, as the CLI's images
                 return [out, E.write_json(E.sidecar_path(out), meta)]
 
             self.win.engine.enqueue(job, self._done, self.win.show_error, label="export view")
@@ -898,6 +1118,7 @@ class BatchExportDialog(QDialog):
         self.running = False
         self._t0 = 0.0
         self.scope_combo.currentIndexChanged.connect(self._on_scope)
+        self.format_combo.currentIndexChanged.connect(self._on_format)
         browse.clicked.connect(self._pick)
         self.start_button.clicked.connect(self.start)
         self.cancel_button.clicked.connect(self.cancel)
@@ -928,13 +1149,21 @@ class BatchExportDialog(QDialog):
     def _on_scope(self, *_):
         self.format_combo.clear()
         if self.scope == "steps":
+            from core.export import mp4_unavailable
+
             self.format_combo.addItem("Animated GIF", ("gif", False))
-            if importlib.util.find_spec("imageio_ffmpeg") is not None:
-                self.format_combo.addItem("MP4 video (H.264)", ("mp4", False))
+            self.format_combo.addItem("MP4 video (H.264)", ("mp4", False))
+            self.mp4_unavailable = mp4_unavailable()
+            if self.mp4_unavailable:  # listed, greyed out, saying why (never silently missing)
+                item = self.format_combo.model().item(1)
+                item.setEnabled(False)
+                item.setText("MP4 video (unavailable: see tooltip)")
+                self.format_combo.setItemData(1, self.mp4_unavailable, Qt.ToolTipRole)
             self.path_label.setText("File")
             p = Path(self.path_edit.text())
             if p.suffix.lower() not in (".gif", ".mp4"):
                 self.path_edit.setText(str(p.with_suffix("")) + f"_L{self.win.layer}_H{self.win.head}.gif")
+            self._on_format()
         else:
             for text, fmt, figure in self.HEAD_FORMATS:
                 self.format_combo.addItem(text, (fmt, figure))
@@ -943,10 +1172,23 @@ class BatchExportDialog(QDialog):
             if p.suffix:
                 self.path_edit.setText(str(p.with_suffix("")))
 
+    def _on_format(self, *_) -> None:
+        """An animation's file name follows the chosen format (``.gif`` ↔ ``.mp4``)."""
+        data = self.format_combo.currentData()
+        if self.scope != "steps" or not data:
+            return
+        p = Path(self.path_edit.text())
+        if p.suffix.lower() in (".gif", ".mp4") and p.suffix.lower() != "." + data[0]:
+            self.path_edit.setText(str(p.with_suffix("." + data[0])))
+
     def set_format(self, fmt: str, figure: bool = False) -> None:
-        """Choose a format by code (``"svg"``, ``"npy"``, ``"gif"``...). Raises ValueError if not offered."""
+        """Choose a format by code (``"svg"``, ``"npy"``, ``"gif"``...). Raises ValueError if not offered
+        (MP4 where it is unavailable: the message says why)."""
         for i in range(self.format_combo.count()):
             if self.format_combo.itemData(i) == (fmt, figure):
+                item = self.format_combo.model().item(i)
+                if item is not None and not item.isEnabled():
+                    raise ValueError(self.format_combo.itemData(i, Qt.ToolTipRole) or f"{fmt} is unavailable")
                 self.format_combo.setCurrentIndex(i)
                 return
         raise ValueError(f"format {fmt!r} not offered for this scope")
@@ -972,6 +1214,9 @@ class BatchExportDialog(QDialog):
             return None
         fmt, figure = self.format_combo.currentData()
         scope, out = self.scope, Path(self.path_edit.text()).expanduser()
+        if scope == "steps" and out.suffix.lower() != "." + fmt:  # the Format decides what is written
+            out = out.with_suffix("." + fmt)
+            self.path_edit.setText(str(out))
         layer, head = self.win.layer, self.win.head
         cmap = self.win.cmap_combo.currentText()
         hm = self.win.heatmap
@@ -991,7 +1236,7 @@ class BatchExportDialog(QDialog):
             if scope == "steps":
                 ctx.progress("Rendering frames…", -1.0)
                 return E.export_animation(s, layer, head, out, cmap=cmap, scale=scale, gamma=gamma,
-                                          range_mode=range_mode, cancelled=ctx.cancelled)
+                                          range_mode=range_mode, cancelled=ctx.cancelled, frame_renderer=figure_frame)
             pairs = E.heads_in_scope(s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None)
             renderer = save_heatmap_figure if figure or fmt in ("svg", "pdf") else None
             return E.export_batch(s, out, fmt, pairs, cmap=cmap, scale=scale, dpi=dpi, figure=figure,

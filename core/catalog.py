@@ -19,7 +19,9 @@ Sources, in the order they are listed (an entry found twice keeps its first sour
   (``config.json``) or a library scanned two levels deep for model folders and ``.gguf`` files.
 
 Metadata is read cheaply: ``config.json`` + safetensors headers for folders, the GGUF header and
-tensor table (:mod:`core.gguf_meta`) for GGUF files. No weight is read, nothing imports torch.
+tensor table (:mod:`core.gguf_meta`) for GGUF files. No weight is read. A ``config.json`` is read
+through transformers' own config class for its model type (:func:`transformers_config`), so omitted
+fields take the defaults the loaded model will run with; the first such read imports transformers.
 Each entry says whether AttnScope can run it and, if not, exactly why (the same checks and
 messages :func:`core.models.resolve` raises at load time).
 """

@@ -39,6 +39,7 @@ import numpy as np
 
 from core import __version__
 from core.errors import Cancelled
+from core.quantize import record as quant_record
 
 SCHEMA = "attnscope.export/1"
 DATA_FORMATS = ("npy", "csv", "safetensors")
@@ -52,6 +53,9 @@ EXACT_NOTE = ("recomputed in float32 as exp(q·Kᵀ·scale + mask − LSE) from 
 #: ``renderer(weights, path, *, tokens, q_offset, k_offset, title, cmap, scale, size, dpi, metadata)``
 #: writes one labelled figure (PNG/SVG/PDF by ``path``'s suffix).
 Renderer = Callable[..., Path]
+#: ``frame_renderer(weights, n, *, tokens, title, cmap, scale, gamma, vmin, vmax)`` → a PIL image of the
+#: figure of ``weights`` (``(T, T)``) with only positions ``0 .. n-1`` shown (later ones blank)
+FrameRenderer = Callable[..., object]
 Progress = Callable[[int, int, str], None]
 
 
@@ -119,6 +123,7 @@ def session_metadata(session) -> dict:
         },
         "backend": getattr(session.backend, "name", "?"),
         "dtype": info.dtype,
+        "quantization": quant_record(info),  # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode"}
         "device": str(getattr(session.backend, "device", "cpu")),
         "prompt": session.prompt,
         "chat_template": bool(session.chat_template),
@@ -277,6 +282,47 @@ def save_map_png(w: np.ndarray, path: str | os.PathLike, cmap: str = "viridis", 
         info.add_itxt("attnscope", json.dumps(metadata, ensure_ascii=False))
         kw["pnginfo"] = info
     img.save(path, format="PNG", **kw)
+    return path
+
+
+def embed_metadata(path: str | os.PathLike, metadata: dict) -> Path:
+    """Put ``metadata`` (JSON) inside an image already written: a PNG's iTXt chunk ``"attnscope"``
+    (pixels and DPI kept), an SVG's ``<desc>``. PDFs (and other files) are left alone: their metadata
+    goes into a sidecar. Returns ``path``.
+
+    Raises:
+        OSError: the file cannot be read or written.
+    """
+    from xml.sax.saxutils import escape
+
+    path = Path(path)
+    text = json.dumps(metadata, ensure_ascii=False)
+    fmt = path.suffix.lower()
+    if fmt == ".png":
+        from PIL import Image, PngImagePlugin
+
+        with Image.open(path) as img:
+            img.load()
+            info = PngImagePlugin.PngInfo()
+            for k, v in img.text.items() if hasattr(img, "text") else ():
+                if k != "attnscope":
+                    info.add_itxt(k, v)
+            info.add_itxt("attnscope", text)
+            kw = {"dpi": img.info["dpi"]} if "dpi" in img.info else {}
+            tmp = path.with_name(path.name + ".part")
+            img.save(tmp, format="PNG", pnginfo=info, **kw)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    elif fmt == ".svg":
+        import re
+
+        svg = path.read_text(encoding="utf-8")
+        desc = f"<desc>{escape(text)}</desc>"
+        svg, n = re.subn(r"<desc>.*?</desc>", lambda _: desc, svg, count=1, flags=re.S)
+        if not n:
+            svg = re.sub(r"(<svg\b(?:[^>\"]|\"[^\"]*\")*>)", lambda m: m.group(1) + desc, svg, count=1)
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_text(svg, encoding="utf-8")
+        os.replace(tmp, path)
     return path
 
 
@@ -548,22 +594,62 @@ def _ascii_label(text: str) -> str:
 
 def export_animation(session, layer: int, head: int, path: str | os.PathLike, *, cmap: str = "viridis",
                      scale: str = "linear", gamma: float = 0.5, range_mode: str = "fixed", fps: float = 4.0,
-                     cancelled: Callable[[], bool] | None = None) -> list[Path]:
+                     cancelled: Callable[[], bool] | None = None,
+                     frame_renderer: FrameRenderer | None = None) -> list[Path]:
     """Every decode step of ``(layer, head)`` as an animation (:func:`decode_frames`,
     :func:`save_animation`) plus its sidecar ``<file>.json``: the head's metadata for the whole
     sequence, the frames (step ``i`` shows positions ``0 .. n_prompt + i − 1``), fps and colours.
 
+    ``frame_renderer`` (the app's :func:`app.export.figure_frame`): each frame is the labelled figure
+    (token axes, colour bar, a caption with the step) instead of the bare map with a caption.
+
     Returns ``[animation, sidecar]``. Raises what those two raise.
     """
-    vmin, vmax = colour_range(session, layer, session.weights(layer, head), range_mode)
-    frames = decode_frames(session, layer, head, cmap=cmap, scale=scale, gamma=gamma, cancelled=cancelled,
-                           levels=(vmin, vmax))
+    w = session.weights(layer, head)
+    vmin, vmax = colour_range(session, layer, w, range_mode)
+    if frame_renderer is None:
+        frames = decode_frames(session, layer, head, cmap=cmap, scale=scale, gamma=gamma, cancelled=cancelled,
+                               levels=(vmin, vmax))
+    else:
+        toks, n0, frames = session.tokens, session.n_prompt, []
+        for s in range(session.n_generated + 1):
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"stopped after {len(frames)} frames")
+            n = n0 + s
+            new = f"new token {toks[n - 1].text!r}" if s > 0 else "prompt"
+            caption = f"L{layer} H{head} · step {s}/{session.n_generated} · seq_len {n} · {new}"
+            frames.append(frame_renderer(w, n, tokens=toks, title=caption, cmap=cmap, scale=scale, gamma=gamma,
+                                         vmin=vmin, vmax=vmax))
     out = save_animation(frames, path, fps=fps)
     meta = head_metadata(session, layer, head)
     meta.update({"kind": "animation", "frames": len(frames), "fps": fps,
                  "frame_steps": list(range(session.n_generated + 1)),
                  "colour": _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)})
     return [out, write_json(sidecar_path(out), meta)]
+
+
+def mp4_unavailable() -> str | None:
+    """None when MP4 export works here, else the one-line reason (shown by the window and the CLI).
+
+    MP4 needs the optional package ``imageio-ffmpeg`` and the ffmpeg binary it ships; the packaged app
+    leaves both out unless built with ``ATTNSCOPE_WITH_MP4=1`` (packaging/bundle_rules.py: +165 MB).
+    """
+    import importlib.util
+    import sys
+
+    frozen = getattr(sys, "frozen", False)
+    why = ("this packaged build leaves out imageio-ffmpeg and its 165 MB ffmpeg (rebuild with "
+           "ATTNSCOPE_WITH_MP4=1)" if frozen else
+           "it needs the optional package imageio-ffmpeg (pip install imageio-ffmpeg), which ships ffmpeg")
+    if importlib.util.find_spec("imageio_ffmpeg") is None:
+        return f"MP4 is unavailable: {why}; GIF works without it"
+    try:
+        import imageio_ffmpeg
+
+        exe = imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception as e:  # the package without its binary (a trimmed bundle)
+        return f"MP4 is unavailable: imageio-ffmpeg finds no ffmpeg binary ({str(e).splitlines()[0][:120]}); GIF works"
+    return None if exe and os.path.exists(exe) else "MP4 is unavailable: no ffmpeg binary; GIF works"
 
 
 def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last: float = 1.5) -> Path:
@@ -589,11 +675,11 @@ def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last:
         frames[0].save(path, format="GIF", save_all=True, append_images=list(frames[1:]), duration=durations,
                        loop=0, optimize=False, disposal=1)
         return path
-    try:
-        import imageio_ffmpeg
-    except ImportError:
-        raise ValueError("MP4 needs the optional package imageio-ffmpeg (pip install imageio-ffmpeg); "
-                         "GIF works without it") from None
+    why = mp4_unavailable()
+    if why is not None:
+        raise ValueError(why)
+    import imageio_ffmpeg
+
     rgb = [np.asarray(f.convert("RGB")) for f in frames]
     h, w = rgb[0].shape[:2]
     H, W = math.ceil(h / 16) * 16, math.ceil(w / 16) * 16  # H.264 wants macro-blocks of 16

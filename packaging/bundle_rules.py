@@ -78,7 +78,8 @@ EXCLUDED_PACKAGES = [
     "PySide6.QtDBus", "PySide6.QtHelp", "PySide6.QtXml", "PySide6.QtConcurrent",
 ]
 # MP4 export (core/export.py) uses imageio-ffmpeg when present, which ships a 165 MB ffmpeg
-# binary; without it the app says so and offers GIF. ATTNSCOPE_WITH_MP4=1 bundles it.
+# binary; without it the app says so (core.export.mp4_unavailable: the MP4 item greyed out with the
+# reason, the CLI one line) and offers GIF. ATTNSCOPE_WITH_MP4=1 bundles it (hook-imageio_ffmpeg).
 MP4_PACKAGES = ["imageio", "imageio_ffmpeg"]
 
 # -- files (destination paths inside the bundle, "/" separated) ----------------------------------------

@@ -123,8 +123,8 @@ def test_control_prompt_svg_parses(tmp_path):  # the issue's command line, verba
 # -- prompts the tokenizer empties or changes ----------------------------------------------------------------
 def _dropping_model(folder):
     """A tiny llama whose tokenizer knows only a-z and space, has no unknown token and adds no BOS."""
-    from tokenizers import Tokenizer, decoders, models
     from tiny_models import tiny_model
+    from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
     vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ")}

@@ -96,6 +96,8 @@ def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
 # SVG/PDF figures (and labelled PNG figures) are drawn with Qt's paint devices. core never imports
 # Qt or app, so the entry point that has them (app.cli) installs a loader here at start-up.
 FIGURE_RENDERER: Callable[[], Callable] | None = None
+#: loader of the labelled animation-frame renderer (``app.export.figure_frame``); None: bare frames
+FRAME_RENDERER: Callable[[], Callable] | None = None
 
 
 def figure_renderer() -> Callable:
@@ -161,6 +163,12 @@ def _check_args(args) -> None:
             raise ValueError(f"unsupported animation {fr.name!r}: use .gif or .mp4")
         if not fr.parent.exists():
             raise FileNotFoundError(f"folder {fr.parent} does not exist")
+        if fr.suffix.lower() == ".mp4":
+            from core.export import mp4_unavailable
+
+            why = mp4_unavailable()
+            if why:  # before the model loads, not after
+                raise ValueError(why)
     if args.save_session and not Path(args.save_session).parent.exists():
         raise FileNotFoundError(f"folder {Path(args.save_session).parent} does not exist")
 
@@ -281,7 +289,8 @@ def run(args) -> int:
             print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
             files = E.export_animation(s, layer, head, args.frames, cmap=cmap, scale=scale, gamma=gamma,
-                                       range_mode=range_mode, fps=args.fps)
+                                       range_mode=range_mode, fps=args.fps,
+                                       frame_renderer=FRAME_RENDERER() if FRAME_RENDERER is not None else None)
             print(f"wrote {s.n_generated + 1} frames (decode steps 0..{s.n_generated}) to "
                   + ", ".join(str(f) for f in files), file=sys.stderr)
         for t in s.tokens:
