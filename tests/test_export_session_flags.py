@@ -69,3 +69,31 @@ def test_without_session_defaults_still_apply(tmp_path, capsys):
                  "--out", str(out)]) == 0
     meta = json.loads((tmp_path / "p.npy.json").read_text())
     assert meta["backend"] == "torch" and meta["chat_template"] is False
+
+
+def test_mp4_unavailable_is_one_line_before_loading(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a))
+    from core import session
+
+    monkeypatch.setattr(session.Session, "load", classmethod(lambda *a, **k: pytest.fail("loaded the model")))
+    code = main(["export", "--prompt", PROMPT, "--steps", "1", "--layer", "0", "--head", "0",
+                 "--frames", str(tmp_path / "a.mp4")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and err[0].startswith("attnscope: error: MP4 is unavailable:")
+
+
+@pytest.mark.slow
+def test_cli_frames_are_labelled_figures(tmp_path):
+    from PIL import Image
+    from test_cli import attnscope
+
+    from app.export import FRAME_SIZE
+
+    out = tmp_path / "a.gif"
+    r = attnscope("export", "--prompt", PROMPT, "--steps", "2", "--layer", "0", "--head", "0", "--frames", str(out))
+    assert r.returncode == 0, r.stderr[-1500:]
+    img = Image.open(out)
+    assert img.n_frames == 3 and img.size == FRAME_SIZE
