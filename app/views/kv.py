@@ -378,7 +378,8 @@ class KVView(QWidget, SavedControls):
                 f"<b>AttnScope keeps {format_bytes(live.total_bytes)}</b> ({live.total_bytes:,} B measured) "
                 f"= {layer_formula(kept, T)} {check}<br>"
                 f"{format_bytes(cfg.bytes_per_token)} per token until the windows fill, then "
-                f"{format_bytes(cfg.steady_bytes_per_token)}")
+                f"{format_bytes(cfg.steady_bytes_per_token)} · bars: <span style='color:{NEED_COLOUR}'>■</span> needed, "
+                f"<span style='color:{KEPT_COLOUR}'>■</span> kept")
             self.live_label.setToolTip(
                 f"{cfg.describe_windows()}: those layers attend to the last W keys only, so the model's cache "
                 f"needs min(seq_len, W) tokens there.\nAttnScope keeps every key of every layer, so that every "
@@ -401,8 +402,7 @@ class KVView(QWidget, SavedControls):
         self.kept_bars.setOpts(x=np.arange(n), height=live.layer_bytes.astype(float) / ls, width=0.8)
         self.layer_bars.setOpts(x=np.arange(n), height=need / ls, width=0.8 if not live.windowed else 0.5)
         lp = self.layer_plot.getPlotItem()
-        lp.setTitle(f"per layer ({n})" + (": needs blue, kept grey" if live.windowed else ""),
-                    color="#222", size="9pt")
+        lp.setTitle(f"per layer ({n} layers)", color="#222", size="9pt")
         lp.setLabel("left", f"K + V ({lu})")
         lp.setXRange(-0.8, n - 0.2, padding=0)
         lp.setYRange(0, max(lmax / ls * 1.1, 1e-9), padding=0)
