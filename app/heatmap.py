@@ -270,7 +270,7 @@ class HeatmapView(QWidget):
         self.glw.scene().sigMouseMoved.connect(self._on_mouse)
         self.glw.scene().sigMouseClicked.connect(self._on_click)
         self.aggregate_combo.currentIndexChanged.connect(lambda _i: self.optionsChanged.emit())
-        self.weighting_combo.currentIndexChanged.connect(lambda _i: self.optionsChanged.emit())
+        self.weighting_combo.currentIndexChanged.connect(self._on_weighting)
         self.range_combo.currentIndexChanged.connect(self._on_range_mode)
         self.scale_combo.currentIndexChanged.connect(self._on_scale)
         self.gamma_spin.valueChanged.connect(lambda _v: self._redraw())
@@ -289,6 +289,11 @@ class HeatmapView(QWidget):
     def weighting(self) -> str:
         """``"attention"`` or ``"value-weighted"`` (:mod:`core.value_weighted`)."""
         return self.weighting_combo.currentData()
+
+    def _on_weighting(self, *_):
+        vw = self.weighting == "value-weighted"
+        self.colorbar.axis.setLabel("value-weighted share (α·‖v W_O‖, row-normalised)" if vw else "attention weight")
+        self.optionsChanged.emit()  # the data must be re-requested
 
     @property
     def gamma(self) -> float:
