@@ -107,3 +107,41 @@ def test_head_grid_note(qtbot):
     assert c.note == "partial: 50% of layers"
     img = c.grab().toImage()
     assert not img.isNull()
+
+
+def test_window_long_map_overview_and_new_prompt_cancels(qtbot, tmp_path, monkeypatch):
+    """In the window: a long map (threshold lowered for a tiny model) arrives as a max-pooled overview
+    sized to the plot, its title says the pooling and the colour scale; a new prompt stops a view job
+    that is still running (its cancel token turns true at once) and marks the old map stale."""
+    from tiny_models import save_tiny
+
+    from app.main_window import MainWindow
+    from core import aggregate
+
+    save_tiny("llama", tmp_path, seed=1)
+    monkeypatch.setattr(aggregate, "LONG_PROMPT", 8)
+    w = MainWindow(model=str(tmp_path))
+    qtbot.addWidget(w)
+    w.resize(1400, 900)
+    w.show()
+    try:
+        assert w.engine.wait_idle(120)
+        w.prompt_edit.setPlainText("a long map is a short map seen from far away, they say, and so on and on")
+        w.chat_check.setChecked(False)
+        w.run_prompt()
+        assert w.engine.wait_idle(120) and w.last_error is None
+        hm = w.heatmap
+        assert hm.pooled is not None and not hm.pooled.partial
+        title = hm.plot.titleLabel.text
+        assert "overview: max-pooled" in title and "linear colours" in title and "partial" not in title
+        # a view job that is still running sees its token turn true when a new prompt is run
+        token = w.cancel_token("heatmap")
+        assert not token()
+        w.prompt_edit.setPlainText("another prompt")
+        w.run_prompt()
+        assert token()
+        assert "stale" in hm.plot.titleLabel.text
+        assert w.engine.wait_idle(120) and w.last_error is None
+        assert "stale" not in hm.plot.titleLabel.text
+    finally:
+        w.close()
