@@ -298,7 +298,7 @@ class ModelPickerDialog(QDialog):
     def __init__(self, parent=None, *, scanner: Callable[[], list[CatalogEntry]] | None = None,
                  free_memory_fn: Callable[[str, str], tuple[int | None, str]] | None = None,
                  context: int = 4096, backend: str = "torch", device: str | None = None, dtype: str = "auto",
-                 scan_now: bool = True):
+                 scan_now: bool = True, quantize: str = "none"):
         super().__init__(parent)
         from app.engine import collect_garbage_on_gui_thread
 
@@ -313,6 +313,7 @@ class ModelPickerDialog(QDialog):
         self._selected: str | None = None
         self._pending_select: str | None = None
         self._build(context, backend, device, dtype)
+        self.quantize.setCurrentText(quantize)
         if scan_now:
             self.rescan()
 
@@ -357,6 +358,13 @@ class ModelPickerDialog(QDialog):
                               "bf16/fp16 matmul and float32 fits), shown per model under 'Loads at'; GGUF files are "
                               "converted straight to it")
         top.addWidget(self.dtype)
+        top.addWidget(QLabel("Quantise"))
+        self.quantize = QComboBox()  # core.quantize: weight-only int8/int4 of the linear layers after loading
+        self.quantize.addItems(["none", "int8", "int4"])
+        self.quantize.setToolTip("Weight-only quantisation of the linear layers (torchao; MLX: mlx.nn.quantize): "
+                                 "int8 ≈ half of bf16 weights, int4 ≈ a quarter and runs at bfloat16. Attention is "
+                                 "unchanged, so the captured weights stay exact for the model that runs")
+        top.addWidget(self.quantize)
         lay.addLayout(top)
 
         self.model = CatalogModel(self)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from core import __version__
 from core.errors import AttnScopeError, SessionError
+from core.quantize import record as quant_record
 from core.sampling import Sampling
 
 FORMAT = "attnscope.session"
@@ -54,6 +55,8 @@ class SessionFile:
         n_prompt: number of prompt ids.
         view: view settings, e.g. ``{"layer": 3, "head": 4, "tab": "heatmap", "cmap": "viridis"}``.
         created, attnscope_version: provenance.
+        quantization: how the weights were stored and ran (:func:`core.quantize.record`); its
+            ``"mode"`` is the ``--quantize`` a reopened session loads with ({} in older files: none).
     """
 
     model: str
@@ -70,6 +73,8 @@ class SessionFile:
     view: dict = field(default_factory=dict)
     created: str = ""
     attnscope_version: str = __version__
+    # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode": "int8"} (core.quantize.record)
+    quantization: dict = field(default_factory=dict)
 
     @property
     def generated_ids(self) -> tuple[int, ...]:
@@ -97,7 +102,14 @@ class SessionFile:
             prompt=session.prompt, chat_template=bool(session.chat_template), sampling=session.sampling,
             token_ids=tuple(session.ids), n_prompt=session.n_prompt, view=dict(view or {}),
             created=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            quantization=quant_record(session.info),
         )
+
+    @property
+    def quantize(self) -> str:
+        """The ``--quantize`` mode this session ran with (``"none"`` when not recorded)."""
+        mode = str(self.quantization.get("mode", "none"))
+        return mode if mode in ("none", "int8", "int4") else "none"
 
     def to_dict(self) -> dict:
         return {
@@ -110,6 +122,7 @@ class SessionFile:
             "n_prompt": self.n_prompt,
             "token_ids": list(self.token_ids),
             "view": self.view,
+            "quantization": self.quantization,
         }
 
     @classmethod
@@ -139,11 +152,21 @@ class SessionFile:
                 device=str(d.get("device", "cpu")), prompt=d["prompt"], chat_template=bool(d["chat_template"]),
                 sampling=Sampling(**d.get("sampling", {})), token_ids=tuple(ids), n_prompt=n_prompt, view=view,
                 created=str(d.get("created", "")), attnscope_version=str(d.get("attnscope_version", "")),
+                quantization=_quantization(d.get("quantization")),
             )
         except KeyError as e:
             raise SessionFileError(f"session file lacks the field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise SessionFileError(f"bad session file: {e}") from None
+
+
+def _quantization(q) -> dict:
+    """A file's ``"quantization"`` entry, validated: an object of strings ({} when absent)."""
+    if q is None:
+        return {}
+    if not isinstance(q, dict) or not all(isinstance(v, str) for v in q.values()):
+        raise SessionFileError("quantization must be an object of strings (file, runtime, mode)")
+    return dict(q)
 
 
 def model_reference(source: str) -> str:
@@ -195,6 +218,8 @@ def same_model(session, sf: SessionFile) -> bool:
     """
     if session is None or session.info.dtype != sf.dtype or getattr(session.backend, "name", "") != sf.backend:
         return False
+    if quant_record(session.info)["mode"] != sf.quantize:
+        return False
     return model_reference(session.info.source) == sf.model
 
 
@@ -220,7 +245,7 @@ def replay(sf: SessionFile, session=None, model: str | os.PathLike | None = None
     if session is None or model is not None or not same_model(session, sf):
         ref = model if model is not None else (None if sf.model == "default" else sf.model)
         session = Session.load(ref, backend=sf.backend, device=device or _usable_device(sf.device, warnings),
-                               dtype=sf.dtype, progress=progress)
+                               dtype=sf.dtype, progress=progress, quantize=sf.quantize)
     sha = model_sha256(session.info.source)
     if sf.model_sha256 and sha != sf.model_sha256:
         warnings.append(f"the model's weights differ from the saved session's (sha256 {str(sha)[:12]}… ≠ "

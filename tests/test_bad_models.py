@@ -99,7 +99,7 @@ def test_quantised_checkpoint(good, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
     (folder / "config.json").write_text(json.dumps(cfg))
-    _refused(folder, UnsupportedModelError, r"quantised with awq: .*float weights only")
+    _refused(folder, UnsupportedModelError, r"quantised with awq 4-bit: its kernels \(gptqmodel\) run on a CUDA GPU")
 
 
 def test_missing_shard(good, tmp_path):

@@ -17,7 +17,8 @@ from core.errors import Cancelled
 from core.models import file_sha256
 
 SIDECAR_KEYS = {
-    "schema", "attnscope_version", "created", "model", "backend", "dtype", "device", "prompt", "chat_template",
+    "schema", "attnscope_version", "created", "model", "backend", "dtype", "quantization", "device", "prompt",
+    "chat_template",
     "sampling", "n_prompt", "step", "seq_len", "token_ids", "token_texts", "token_raw", "exact", "exact_note",
     "kind", "layer", "head", "kv_head", "rows", "cols", "axes", "mask", "array",
 }

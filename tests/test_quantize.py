@@ -163,3 +163,42 @@ def test_mlx_folder_refused_on_torch_names_mlx_backend(qfolder, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match=r"MLX-quantised weights \(4-bit\).*open it with --backend mlx$"):
         Session.load(str(folder))
+
+
+# -- provenance: sidecars and sessions record precision and quantisation; reopening restores them ------
+def test_session_round_trip_restores_quantisation(qfolder, tmp_path):
+    from core import sessionfile as SF
+    from core.export import head_metadata
+    from core.session import Session
+
+    s = Session.load(str(qfolder), dtype="bfloat16", quantize="int8")
+    s.prefill("the cat sat on the mat", chat_template=False)
+    meta = head_metadata(s, 1, 2)
+    assert meta["dtype"] == "bfloat16"
+    assert meta["quantization"] == {"file": "", "runtime": s.info.quantization_runtime, "mode": "int8"}
+    path = SF.save(SF.SessionFile.from_session(s), tmp_path / "q")
+    raw = json.loads(path.read_text())
+    assert raw["dtype"] == "bfloat16" and raw["quantization"]["mode"] == "int8"
+    sf = SF.load(path)
+    assert sf.quantize == "int8" and SF.same_model(s, sf)
+    again, warnings = SF.replay(sf)  # a fresh load: same dtype, same quantisation, same numbers
+    assert again is not s and again.info.dtype == "bfloat16"
+    assert again.info.quantization_runtime == s.info.quantization_runtime
+    np.testing.assert_array_equal(again.weights(1, 2), s.weights(1, 2))
+    plain = Session.load(str(qfolder), dtype="bfloat16")
+    assert not SF.same_model(plain, sf)  # an unquantised session is not the saved one
+
+
+def test_old_session_files_mean_unquantised():
+    from core import sessionfile as SF
+
+    d = {"format": "attnscope.session", "version": 1, "model": {"ref": "default"}, "backend": "torch",
+         "dtype": "float32", "device": "cpu", "prompt": "hi", "chat_template": False, "n_prompt": 1, "token_ids": [1]}
+    assert SF.SessionFile.from_dict(d).quantize == "none"
+    with pytest.raises(SF.SessionFileError, match="quantization must be an object"):
+        SF.SessionFile.from_dict(dict(d, quantization=["int8"]))
+
+
+def test_gguf_file_quantisation_is_recorded(smol_session):
+    assert smol_session.info.quantization_file == "Q4_1"
+    assert smol_session.info.quantization_runtime == ""
