@@ -136,18 +136,33 @@ class TorchTrace(TraceGeometry):
             return
         rec = self.layers[layer]
         n, L = rec.rows, query.shape[2]
-        st = self._store
+        st = rec.store = self._store_on(query.device)
         if st.q is None or n + L > st.capacity or st.q.dtype != query.dtype:  # else: reserved already
             st.ensure(n + L, max(r.rows for r in self.layers), query.dtype, query.device)
-        self._store.q[layer, :, n : n + L] = query[0].detach()
-        self._store.lse[layer, :, n : n + L] = lse[0].detach()
+        st.q[layer, :, n : n + L] = query[0].detach()
+        st.lse[layer, :, n : n + L] = lse[0].detach()
         rec.rows = n + L
         rec.keys = key[0].detach()
         rec.scale = float(scale)
         rec.sliding_window = sliding_window
 
+    def _store_on(self, device: torch.device) -> _RowStore:
+        """The row store on ``device``: the main one, or (a model spread by ``--device-map``,
+        :mod:`core.device_map`) one per further device, so each layer's rows stay beside its keys
+        and a tile is computed there; only the tile comes to the host. A further store is indexed
+        by layer like the main one (rows of layers elsewhere are never written, so cost nothing
+        on the CPU and, on CUDA, take address space the allocator reserves: n_layers × capacity)."""
+        main = self._store
+        if main.q is None or (main.q.device.type == device.type and main.q.device.index == device.index):
+            return main
+        key = str(device)
+        if key not in self._device_stores:
+            self._device_stores[key] = _RowStore(self.n_layers, self.n_heads, self.head_dim)
+        return self._device_stores[key]
+
     def reset(self) -> None:
         self._store = _RowStore(self.n_layers, self.n_heads, self.head_dim)
+        self._device_stores: dict[str, _RowStore] = {}
         self.layers = [LayerRecord(layer=i, store=self._store) for i in range(self.n_layers)]
 
     def truncate(self, n: int) -> None:
@@ -273,7 +288,7 @@ class TorchTrace(TraceGeometry):
             w = torch.exp(s - rec.lse().to(dt)).float()
             vis = torch.from_numpy(causal_allowed(np.arange(q.shape[1]), np.array([key]), rec.sliding_window)[:, 0])
             out.append(w.masked_fill(~vis.to(w.device)[None, :], 0.0))
-        return torch.stack(out).cpu().numpy()
+        return torch.stack([o.cpu() for o in out]).numpy()  # layers may sit on several devices (device_map)
 
     def sink_scores(self, key: int = 0) -> np.ndarray:
         """Sink score per head, ``(n_layers, n_heads)`` float32.
