@@ -413,11 +413,11 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
     lossless, elided = [], []
     try:
         fmt = _fmt(Path(path))
-        if want is not None:
+        if size is not None:
             elided = _elide_titles(target, want.width())
         _apply_layout(target)
         cur = target.size()
-        if want is not None and (cur.width() > want.width() or cur.height() > want.height()):
+        if size is not None and (cur.width() > want.width() or cur.height() > want.height()):
             raise ValueError(f"{want.width()} × {want.height()} px is too small for this view: it needs at least "
                              f"{cur.width()} × {cur.height()} px to show whole")
         scale = dpi / SCREEN_DPI if fmt == "png" else 1.0
@@ -441,12 +441,12 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
             v.setRenderHint(QPainter.LosslessImageRendering, False)
         for label, text in elided:
             label.setText(text)
-        if want is not None and want != old:
+        if target.size() != old or elided:  # resized for the render, or grown to its minimum
             target.resize(old)
             _settle(target)
-            if policies is not None:
-                target.setHorizontalScrollBarPolicy(policies[0])
-                target.setVerticalScrollBarPolicy(policies[1])
+        if policies is not None:
+            target.setHorizontalScrollBarPolicy(policies[0])
+            target.setVerticalScrollBarPolicy(policies[1])
         for t, (hp, vp) in zip(inner, inner_policies, strict=True):
             t.setHorizontalScrollBarPolicy(hp)
             t.setVerticalScrollBarPolicy(vp)
@@ -983,9 +983,11 @@ class ExportController:
         if n > FULL_SIZE_LIMIT:  # a full-size long map: say what it costs and ask first
             from PySide6.QtWidgets import QMessageBox
 
+            from core.units import format_bytes
+
             answer = QMessageBox.question(
                 self.win, "Export a long map",
-                f"This map is {n:,} × {n:,} cells: the file holds {n * n * 4 / 1e9:.1f} GB of float32 weights "
+                f"This map is {n:,} × {n:,} cells: the file holds {format_bytes(n * n * 4)} of float32 weights "
                 "(held once in memory while written; CSV is about three times larger). Export it anyway?")
             if answer != QMessageBox.Yes:
                 return
