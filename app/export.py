@@ -665,7 +665,7 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
     masked = figure_mask(w.shape, qt, kt, metadata)
     if masked is not None and masked.any():
-        title = (title + " · " if title else "") + "hatched: masked"
+        title = (title + " · " if title else "") + "grey: masked"  # hatched (vector) or light grey (raster)
     return paint_to_file(path, size, lambda p: paint_heatmap(p, size, w, q_labels, k_labels, title=title, cmap=cmap,
                                                              scale=scale, vmin=vmin, vmax=vmax, dpi=dpi,
                                                              gamma=gamma, masked=masked),
