@@ -664,11 +664,11 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
     q_labels = [t.text for t in qt][: w.shape[0]] if qt is not None else [str(i) for i in range(w.shape[0])]
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
     masked = figure_mask(w.shape, qt, kt, metadata)
-    if masked is not None and masked.any():
-        title = (title + " · " if title else "") + "grey: masked"  # hatched (vector) or light grey (raster)
+    # the colour bar's label names the masked cells' grey (hatched in vector maps, light in raster ones)
+    bar = "attention weight · grey: masked" if masked is not None and masked.any() else "attention weight"
     return paint_to_file(path, size, lambda p: paint_heatmap(p, size, w, q_labels, k_labels, title=title, cmap=cmap,
                                                              scale=scale, vmin=vmin, vmax=vmax, dpi=dpi,
-                                                             gamma=gamma, masked=masked),
+                                                             gamma=gamma, masked=masked, colorbar_label=bar),
                          dpi=dpi, title=title, metadata=metadata, crisp_svg=True)
 
 
