@@ -379,11 +379,13 @@ def _lse_rows(q, k, lse64, need, scale, bias5, dtype):
     """``lse64`` with the rows where ``need`` (B, H, L) recomputed from scores in ``dtype``.
 
     Scores ``q·kᵀ·scale + mask`` of the selected rows only, one (batch, KV head) at a time and at
-    most ``ROW_BLOCK`` rows per product; LSE as ``m + log ℓ`` combined in float64.
+    most ``ROW_BLOCK`` rows per product (whole row blocks when most rows are selected).
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
+    if int(need.sum()) * 4 > need.numel():  # most rows: whole row blocks, no gathers
+        return torch.where(need, _lse_all(q, k, scale, bias5, dtype), lse64)
     out = lse64.clone()
     outg = out.view(B, Hkv, G, L)
     needg = need.reshape(B, Hkv, G, L)
@@ -399,10 +401,37 @@ def _lse_rows(q, k, lse64, need, scale, bias5, dtype):
                 gi, li = gi_all[c0 : c0 + ROW_BLOCK], li_all[c0 : c0 + ROW_BLOCK]
                 s = torch.matmul(qg[b, h, gi, li].to(dtype), kt) * scale  # (n, S)
                 if full is not None:
-                    s = s + full[b, h, gi, li].to(dtype)
-                _, m, total = _softmax_parts(s)
-                outg[b, h, gi, li] = _lse_from_parts(m, total)
+                    s.add_(full[b, h, gi, li].to(dtype))
+                outg[b, h, gi, li] = _lse_of_scores(s)
     return out
+
+
+def _lse_of_scores(s: torch.Tensor) -> torch.Tensor:
+    """``log Σ exp(s)`` over the last dim (max-shifted by torch; ``-inf`` for an all ``-inf`` row),
+    as float64. From float32 scores the result carries float32 rounding, ≤ 9.5e-7 below
+    :data:`LSE_FP32_EXACT`; larger rows are redone from float64 scores by :func:`exact_lse`."""
+    return torch.logsumexp(s, dim=-1).double()
+
+
+def _lse_all(q, k, scale, bias5, dtype):
+    """``(B, n_heads, L)`` float64 LSE of every row from scores in ``dtype``, ``ROW_BLOCK`` rows at a time."""
+    B, H, L, D = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    qg = q.reshape(B, Hkv, G, L, D)  # (B, Hkv, G, L, D)
+    kt = k.to(dtype)[:, :, None].transpose(-1, -2)  # (B, Hkv, 1, D, S): broadcast over the group
+    out = []
+    for r0 in range(0, L, ROW_BLOCK):
+        r1 = min(L, r0 + ROW_BLOCK)
+        s = torch.matmul(qg[..., r0:r1, :].to(dtype), kt).mul_(scale)  # (B, Hkv, G, r, S)
+        bb = _rows(bias5, r0, r1)
+        if bb is not None:
+            s.add_(bb.to(dtype))  # broadcast in place
+        out.append(_lse_of_scores(s))
+    return torch.cat(out, dim=-1).reshape(B, H, L)
+
+
+_last_exact_bias: list = [None]  # [(key, bias5)] of the last structural mask exact_lse built (one slot)
 
 
 def exact_lse(
@@ -442,8 +471,15 @@ def exact_lse(
 
     def bias():
         if not bias5:
-            bias5.append(mask_bias(L, S, Hkv, causal=causal, sliding_window=sliding_window, array=mask,
-                                   dtype=torch.float32, device=q.device))
+            key = (L, S, Hkv, causal, sliding_window, str(q.device))
+            last = _last_exact_bias[0]
+            if mask is None and last is not None and last[0] == key:  # every layer of a chunk
+                bias5.append(last[1])
+            else:
+                bias5.append(mask_bias(L, S, Hkv, causal=causal, sliding_window=sliding_window, array=mask,
+                                       dtype=torch.float32, device=q.device))
+                if mask is None:
+                    _last_exact_bias[0] = (key, bias5[0])
         return bias5[0]
 
     if lse.dtype != torch.float64 and q.dtype in (torch.float16, torch.bfloat16):

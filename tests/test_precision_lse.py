@@ -144,7 +144,7 @@ def test_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
     k = torch.zeros(1, 1, 8192, 64, dtype=dtype)
     v = torch.randn(1, 1, 8192, 64, generator=g).to(dtype)
     res = attention(q, k, v, return_lse=True, return_weights=True)
-    np.testing.assert_allclose(res.lse.numpy(), np.log(8192), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(res.lse.numpy(), np.log(8192), rtol=0, atol=1e-6)  # float32 logsumexp
     np.testing.assert_allclose(res.weights.double().sum(-1).numpy(), 1.0, atol=1e-6)
     np.testing.assert_allclose(res.weights.numpy(), 1 / 8192, rtol=1e-6)
 
