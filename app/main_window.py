@@ -355,7 +355,7 @@ class MainWindow(QMainWindow):
     snapshotChanged = Signal(object)
 
     def __init__(self, model: str | None = None, backend: str = "torch", device: str | None = None,
-                 dtype: str = "float32", autoload: bool = True):
+                 dtype: str = "auto", autoload: bool = True):
         super().__init__()
         self.setWindowTitle(APP_NAME)
         icon = ASSETS / "icons" / "attnscope.png"
@@ -770,7 +770,10 @@ class MainWindow(QMainWindow):
             f"{info.name} · {info.architecture} · {info.n_layers} layers · {info.n_heads} query heads / "
             f"{info.n_kv_heads} KV heads · head_dim {info.head_dim} · {snap.backend} {snap.device}"
         )
-        self.statusBar().showMessage(f"{info.name} ready. Type a prompt and press Run (Ctrl+Enter).", 8000)
+        self.model_label.setToolTip(getattr(info, "dtype_reason", "") or info.dtype)
+        why = getattr(info, "dtype_reason", "")  # core.precision: why this dtype ("float32: ... no fast bf16 ...")
+        self.statusBar().showMessage(f"{info.name} ready{f' at {why}' if why else ''}. Type a prompt and press Run "
+                                     "(Ctrl+Enter).", 8000)
         for view in self.views.values():
             if hasattr(view, "on_model_loaded"):
                 view.on_model_loaded()

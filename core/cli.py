@@ -26,7 +26,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", choices=("torch", "mlx"), default="torch", help="compute backend (default: torch)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cuda if available)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"), help="model dtype")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="model precision (default auto: the checkpoint's own, float32 where this device has no "
+                        "fast bf16/fp16 matmul and float32 fits)")
 
 
 def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:

@@ -72,6 +72,7 @@ class ModelInfo:
     dtype: str
     n_params: int = 0
     has_chat_template: bool = False
+    dtype_reason: str = ""  # why it loaded at ``dtype`` (core.precision.choose_dtype), shown in the status bar
 
     @property
     def group_size(self) -> int:
@@ -466,10 +467,12 @@ def clear_converted(name: str | None = None) -> int:
     return freed
 
 
-def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tuple[Path, str]:
+def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop,
+            dtype: str = "float32") -> tuple[Path, str]:
     """Turn a model reference into a loadable HF folder and a display name.
 
-    ``None`` or ``"default"`` is the embedded default; a ``.gguf`` file is converted (cached);
+    ``None`` or ``"default"`` is the embedded default; a ``.gguf`` file is converted (cached, at
+    ``dtype``: a concrete dtype, see :func:`core.precision.decide` for ``auto``);
     a folder is validated. Where the environment variable ``ATTNSCOPE_DEFAULT_MODEL`` names a
     folder (or .gguf), that is the embedded default already converted: packaged apps convert it
     once at install time and set the variable (packaging/entry.py), so no first-start conversion.
@@ -480,9 +483,9 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tu
     if model is None or str(model) in ("", "default"):
         preconverted = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
         if preconverted not in ("", "default"):
-            return resolve(preconverted, progress)[0], DEFAULT_MODEL_NAME
+            return resolve(preconverted, progress, dtype)[0], DEFAULT_MODEL_NAME
         gguf = default_gguf_path()
-        return convert_gguf(gguf, progress), DEFAULT_MODEL_NAME
+        return convert_gguf(gguf, progress, dtype), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"no such file or folder: {path}")
@@ -495,7 +498,7 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop) -> tu
         name = path.stem
         if path.suffix.lower() != ".gguf":  # a digest-named blob: the file's own name reads better
             name = str(read_gguf(path).metadata.get("general.name") or name)
-        return convert_gguf(path, progress), name
+        return convert_gguf(path, progress, dtype), name
     check_hf_folder(path)
     return path, path.name
 
@@ -542,7 +545,7 @@ def is_default_source(source: str | os.PathLike | None) -> bool:
     return here in candidates
 
 
-def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str = "float32",
+def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str = "auto",
                progress: ProgressFn = _noop):
     """Load a model for the torch backend with AttnScope's attention registered.
 
@@ -555,9 +558,11 @@ def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from core.backends.torch_backend import ATTN_NAME, register_attention
+    from core.precision import decide
 
+    dtype, dtype_reason = decide(model, dtype, device)  # "auto" -> the checkpoint's own dtype, and why
     quiet_transformers()
-    folder, name = resolve(model, progress)
+    folder, name = resolve(model, progress, dtype)
     register_attention()
     progress(f"Loading {name}…", 0.96)
     try:
@@ -572,5 +577,8 @@ def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str 
         n_params=sum(p.numel() for p in m.parameters()),
         has_chat_template=bool(getattr(tok, "chat_template", None)),
     )
+    from dataclasses import replace
+
+    info = replace(info, dtype_reason=dtype_reason)
     progress(f"{name} ready.", 1.0)
     return m, tok, info

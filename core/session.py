@@ -89,10 +89,13 @@ class Session:
         model: str | os.PathLike | None = None,
         backend: str = "torch",
         device: str | None = None,
-        dtype: str = "float32",
+        dtype: str = "auto",
         progress: Callable[[str, float], None] | None = None,
     ) -> Session:
         """Load ``model`` (None = embedded default) on ``backend`` ("torch" or "mlx").
+
+        ``dtype``: ``auto`` (the checkpoint's own precision; :func:`core.precision.decide`, which
+        says why in ``info.dtype_reason``), ``float32``, ``bfloat16`` or ``float16``.
 
         Raises:
             ModelLoadError: the model reference is unusable (message says why).

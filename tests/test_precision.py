@@ -165,3 +165,31 @@ def test_models_command_shows_file_and_load_precision(tmp_path, monkeypatch, cap
     row = next(line for line in out.splitlines() if "SmolLM2" in line)
     cells = [c.strip() for c in row.split("  ") if c.strip()]
     assert "dtype/quant" in header and "Q4_1" in cells and "float32" in cells  # file Q4_1, loads at float32
+
+
+def test_cli_dtype_choices():
+    from core.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args([]).dtype == "auto"
+    assert p.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--dtype", "float8"])
+
+
+def test_session_auto_loads_a_bf16_folder_at_its_own_precision(tmp_path, monkeypatch):
+    import torch
+
+    from core.session import Session
+    from tiny_models import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    m = tiny_model("llama").to(torch.bfloat16)
+    m.config.dtype = "bfloat16"
+    m.save_pretrained(tmp_path / "bf16")
+    tiny_tokenizer().save_pretrained(tmp_path / "bf16")
+    s = Session.load(str(tmp_path / "bf16"), device="cpu")
+    fast = cpu_half_support("bfloat16")[0]
+    assert s.info.dtype == ("bfloat16" if fast else "float32")
+    assert s.info.dtype_reason.startswith(s.info.dtype + ": ") and "config dtype" in s.info.dtype_reason
+    assert Session.load(str(tmp_path / "bf16"), device="cpu", dtype="float32").info.dtype == "float32"

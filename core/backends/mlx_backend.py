@@ -109,23 +109,27 @@ class MlxBackend:
         self.reset()
 
     @classmethod
-    def load(cls, model: str | os.PathLike | None = None, dtype: str = "float32",
+    def load(cls, model: str | os.PathLike | None = None, dtype: str = "auto",
              progress: ProgressFn | None = None) -> MlxBackend:
         """Load ``model`` (None = embedded default, a .gguf file or an HF folder) for MLX.
 
         Args:
-            dtype: "float32" (default), "bfloat16" or "float16": weights, activations and cache.
+            dtype: "auto" (default: :func:`core.precision.decide`), "float32", "bfloat16" or "float16":
+                weights, activations and cache.
 
         Raises:
             ValueError: unknown dtype.
             ModelLoadError: unusable reference or weights; UnsupportedModelError: a family or
                 config setting the MLX models do not implement (message says which).
         """
+        from core.precision import decide
+
+        dtype, dtype_reason = decide(model, dtype, mlx_device().replace(":", "-"))
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         progress = progress or (lambda *_: None)
         t0 = time.perf_counter()
-        folder, name = resolve(model, progress)
+        folder, name = resolve(model, progress, dtype)
         progress(f"Loading {name} for MLX…", 0.96)
         try:
             cfg = json.loads((folder / "config.json").read_text())
@@ -151,7 +155,7 @@ class MlxBackend:
             hidden_size=args.hidden_size, max_context=args.max_position_embeddings, rope_theta=args.rope_theta,
             sliding_window=args.sliding_window, vocab_size=args.vocab_size, dtype=dtype,
             n_params=sum(v.size for _, v in tree_flatten(m.parameters())),
-            has_chat_template=bool(getattr(tok, "chat_template", None)),
+            has_chat_template=bool(getattr(tok, "chat_template", None)), dtype_reason=dtype_reason,
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0

@@ -168,7 +168,7 @@ class TorchBackend:
         self.reset()
 
     @classmethod
-    def load(cls, model=None, device: str | None = None, dtype: str = "float32", progress=None) -> TorchBackend:
+    def load(cls, model=None, device: str | None = None, dtype: str = "auto", progress=None) -> TorchBackend:
         from core.models import load_torch
 
         device = pick_device(device)
