@@ -79,7 +79,7 @@ def sample_prompts() -> list[str]:
 
 
 # -- jobs (run on the engine thread; they see ctx.session) ------------------------------------------
-def _load_job(model, backend, device, dtype, sampling=None):
+def _load_job(model, backend, device, dtype, sampling=None, quantize="none"):
     """Load a model; the new session samples with ``sampling`` (the panel's settings), so the
     controls on screen are what runs from the first step."""
 
@@ -93,7 +93,7 @@ def _load_job(model, backend, device, dtype, sampling=None):
                 raise Cancelled("loading cancelled; the previous model is still loaded")
             ctx.progress(message, fraction)
 
-        s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=progress)
+        s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=progress, quantize=quantize)
         if ctx.cancelled():
             raise Cancelled("loading cancelled; the previous model is still loaded")
         if sampling is not None:
@@ -355,7 +355,7 @@ class MainWindow(QMainWindow):
     snapshotChanged = Signal(object)
 
     def __init__(self, model: str | None = None, backend: str = "torch", device: str | None = None,
-                 dtype: str = "auto", autoload: bool = True):
+                 dtype: str = "auto", autoload: bool = True, quantize: str = "none"):
         super().__init__()
         self.setWindowTitle(APP_NAME)
         icon = ASSETS / "icons" / "attnscope.png"
@@ -364,6 +364,7 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.engine = Engine(self)
         self.backend_name, self.device, self.dtype = backend, device, dtype
+        self.quantize = quantize  # --quantize none|int8|int4 for the next load (core.quantize)
         self.model_ref: str | None = model
         self.snapshot: Snapshot | None = None
         self.weights: np.ndarray | None = None
@@ -750,7 +751,8 @@ class MainWindow(QMainWindow):
         leaves every control on the model that runs."""
         name = "the default model" if model is None or str(model) == "default" else Path(str(model)).name
         self.statusBar().showMessage(f"Loading {name}…")
-        self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype, self.decode_panel.sampling()),
+        self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype, self.decode_panel.sampling(),
+                                      self.quantize),
                             self._on_loaded, self._on_load_failed, label="loading model")
 
     def _on_loaded(self, snap: Snapshot) -> None:
@@ -772,8 +774,12 @@ class MainWindow(QMainWindow):
         )
         self.model_label.setToolTip(getattr(info, "dtype_reason", "") or info.dtype)
         why = getattr(info, "dtype_reason", "")  # core.precision: why this dtype ("float32: ... no fast bf16 ...")
-        self.statusBar().showMessage(f"{info.name} ready{f' at {why}' if why else ''}. Type a prompt and press Run "
-                                     "(Ctrl+Enter).", 8000)
+        quant = "; ".join(q for q in (f"file {info.quantization_file}" if info.quantization_file else "",
+                                      info.quantization_runtime) if q)  # core.quantize.record
+        if info.quantization_runtime:  # "int8 weight-only (torchao 0.18.0, ...)" -> "int8 weight-only"
+            self.model_label.setText(self.model_label.text() + f" · {info.quantization_runtime.split(' (')[0]}")
+        self.statusBar().showMessage(f"{info.name} ready{f' at {why}' if why else ''}{f' ({quant})' if quant else ''}. "
+                                     "Type a prompt and press Run (Ctrl+Enter).", 8000)
         for view in self.views.values():
             if hasattr(view, "on_model_loaded"):
                 view.on_model_loaded()
@@ -1084,11 +1090,12 @@ class MainWindow(QMainWindow):
     def open_model_dialog(self) -> None:
         picker = _model_picker_class()
         if picker is not None:
-            dlg = picker(self, backend=self.backend_name, device=self.device, dtype=self.dtype)
+            dlg = picker(self, backend=self.backend_name, device=self.device, dtype=self.dtype, quantize=self.quantize)
             if dlg.exec() and dlg.selected_path():
                 self.backend_name = dlg.backend.currentText()
                 self.device = dlg.device.currentText()
                 self.dtype = dlg.dtype.currentText()
+                self.quantize = dlg.quantize.currentText()
                 self.backend_actions[self.backend_name].setChecked(True)
                 self.load_model(dlg.selected_path())
             return
@@ -1221,7 +1228,8 @@ def run_gui(args) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName(APP_NAME)
     app.setOrganizationName(APP_NAME)
-    win = MainWindow(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    win = MainWindow(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
+                     quantize=getattr(args, "quantize", "none"))
     win.resize(*size)
     if args.prompt is not None:
         win.prompt_edit.setPlainText(args.prompt)

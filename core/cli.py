@@ -22,13 +22,18 @@ EXIT_ERROR = 1
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """``--model/--backend/--device/--dtype``, shared by every command that loads a model."""
+    """``--model/--backend/--device/--dtype/--quantize``, shared by every command that loads a model."""
     p.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", choices=("torch", "mlx"), default="torch", help="compute backend (default: torch)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="model precision (default auto: the checkpoint's own, float32 where this device has no "
                         "fast bf16/fp16 matmul and float32 fits)")
+    p.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
+                   help="weight-only quantisation of the linear layers (torchao; MLX: mlx.nn.quantize); "
+                        "int4 runs at bfloat16 (default none)")
+    p.add_argument("--device-map", default=None, choices=("auto", "balanced", "sequential"),
+                   help="spread the layers over GPUs, then CPU, then disk (accelerate; torch only)")
 
 
 def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -48,7 +53,8 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
         raise SessionError(f"--steps must be >= 0, got {args.steps}")
     if getattr(args, "prompt", None) is not None and not args.prompt.strip():
         raise SessionError("the prompt is empty: give some text with --prompt")
-    s = Session.load(args.model, backend=args.backend, device=args.device, dtype=args.dtype, progress=progress)
+    s = Session.load(args.model, backend=args.backend, device=args.device, dtype=args.dtype, progress=progress,
+                     quantize=getattr(args, "quantize", "none"), device_map=getattr(args, "device_map", None))
     if getattr(args, "prompt", None) is not None:
         s.prefill(args.prompt, chat_template=args.chat_template)
         if s.notice:

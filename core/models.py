@@ -12,6 +12,7 @@ Every failure is raised as :class:`core.errors.ModelLoadError` with a one-line m
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -72,6 +73,8 @@ class ModelInfo:
     dtype: str
     n_params: int = 0
     has_chat_template: bool = False
+    quantization_file: str = ""  # how the checkpoint file stores weights: "Q4_K_M", "MLX 4-bit (group 64)", ""
+    quantization_runtime: str = ""  # how they run: core.quantize.quantize_model's line, "" when unquantised
     dtype_reason: str = ""  # why it loaded at ``dtype`` (core.precision.choose_dtype), shown in the status bar
 
     @property
@@ -263,12 +266,14 @@ def check_safetensors(path: Path) -> dict:
     return header
 
 
-def check_config(cfg: dict) -> None:
+def check_config(cfg: dict, backend: str = "torch") -> None:
     """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
 
     Beyond :func:`check_architecture`: attention logit soft-capping (any family that sets
-    ``attn_logit_softcapping``), and a quantised checkpoint (``quantization_config``: AWQ, GPTQ,
-    bitsandbytes...; MLX ``quantization``), which the torch backend does not load.
+    ``attn_logit_softcapping``); a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
+    bitsandbytes, compressed-tensors, torchao) where this machine lacks the device or library
+    transformers runs that method with (:func:`core.quantize.prequantised_problem`: one line per
+    method and device); an mlx-lm quantised folder (``quantization``) on the torch backend.
 
     Raises:
         UnsupportedModelError: with the reason.
@@ -281,17 +286,22 @@ def check_config(cfg: dict) -> None:
     check_architecture(mt)
     q = cfg.get("quantization_config")
     if isinstance(q, dict):
-        method = q.get("quant_method", "unknown")
-        raise UnsupportedModelError(
-            f"{mt} checkpoint quantised with {method}: AttnScope's torch backend loads float weights only "
-            "(use a float checkpoint or a GGUF, which is dequantised)")
-    if isinstance(cfg.get("quantization"), dict):
+        if backend == "mlx":
+            raise UnsupportedModelError(f"{mt} checkpoint quantised with {q.get('quant_method', 'unknown')}: "
+                                        "the MLX backend loads float and MLX-quantised folders: use --backend torch")
+        from core.quantize import prequantised_problem
+
+        problem = prequantised_problem(mt, q)
+        if problem:
+            raise UnsupportedModelError(problem)
+    if isinstance(cfg.get("quantization"), dict) and backend != "mlx":
         bits = cfg["quantization"].get("bits", "?")
-        raise UnsupportedModelError(f"{mt} checkpoint holds MLX-quantised weights ({bits}-bit): the torch backend cannot load them")
+        raise UnsupportedModelError(f"{mt} checkpoint holds MLX-quantised weights ({bits}-bit): the torch backend "
+                                    "cannot load them; open it with --backend mlx")
 
 
-def check_hf_folder(folder: Path) -> dict:
-    """Validate a Hugging Face model folder and return its parsed config.json.
+def check_hf_folder(folder: Path, backend: str = "torch") -> dict:
+    """Validate a Hugging Face model folder for ``backend`` and return its parsed config.json.
 
     Raises:
         ModelLoadError: missing config, weights or tokenizer, or an unreadable config.
@@ -315,7 +325,7 @@ def check_hf_folder(folder: Path) -> dict:
         raise ModelLoadError(f"{folder} has no weights (*.safetensors or pytorch_model.bin)")
     if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise ModelLoadError(f"{folder} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
-    check_config(cfg)
+    check_config(cfg, backend)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -371,6 +381,13 @@ def quiet_transformers() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    # transformers imports torchao (the --quantize library) when installed; on a CPU build torchao
+    # logs one warning per CUDA extension it cannot load, torch's pytree one per enum it registers
+    import logging
+
+    for noisy in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
 
 def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32") -> Path:
     """Convert a GGUF once into a cached HF folder (safetensors at ``dtype`` + tokenizer); return it.
@@ -468,8 +485,9 @@ def clear_converted(name: str | None = None) -> int:
 
 
 def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop,
-            dtype: str = "float32") -> tuple[Path, str]:
-    """Turn a model reference into a loadable HF folder and a display name.
+            dtype: str = "float32", backend: str = "torch") -> tuple[Path, str]:
+    """Turn a model reference into a loadable HF folder and a display name (for ``backend``:
+    an mlx-lm quantised folder resolves for ``"mlx"`` only, see :func:`check_config`).
 
     ``None`` or ``"default"`` is the embedded default; a ``.gguf`` file is converted (cached, at
     ``dtype``: a concrete dtype, see :func:`core.precision.decide` for ``auto``);
@@ -499,7 +517,7 @@ def resolve(model: str | os.PathLike | None, progress: ProgressFn = _noop,
         if path.suffix.lower() != ".gguf":  # a digest-named blob: the file's own name reads better
             name = str(read_gguf(path).metadata.get("general.name") or name)
         return convert_gguf(path, progress, dtype), name
-    check_hf_folder(path)
+    check_hf_folder(path, backend)
     return path, path.name
 
 
@@ -546,10 +564,15 @@ def is_default_source(source: str | os.PathLike | None) -> bool:
 
 
 def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str = "auto",
-               progress: ProgressFn = _noop):
+               progress: ProgressFn = _noop, quantize: str = "none", device_map: str | dict | None = None,
+               max_memory: dict | None = None):
     """Load a model for the torch backend with AttnScope's attention registered.
 
-    Returns ``(model, tokenizer, info)``; the model is in eval mode on ``device``.
+    Returns ``(model, tokenizer, info)``; the model is in eval mode on ``device``. ``quantize``
+    (``none|int8|int4``, :mod:`core.quantize`) makes its linear layers weight-only int8/int4 after
+    loading; int4 loads at bfloat16 (its kernels' activation dtype). ``device_map``
+    (``auto|balanced|sequential`` or an explicit dict, :mod:`core.device_map`) spreads the layers
+    over GPUs, CPU and disk through accelerate instead of moving the model to ``device``.
 
     Raises:
         ModelLoadError / UnsupportedModelError: see :func:`resolve`.
@@ -558,27 +581,40 @@ def load_torch(model: str | os.PathLike | None, device: str = "cpu", dtype: str 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from core.backends.torch_backend import ATTN_NAME, register_attention
+    from core.device_map import check_device_map
+    from core.device_map import load_kwargs as dm_kwargs
     from core.precision import decide
+    from core.quantize import check_mode, file_quantization, load_dtype, quantize_model
 
+    quantize = check_mode(quantize)
+    dm = device_map if isinstance(device_map, dict) else check_device_map(device_map)
     dtype, dtype_reason = decide(model, dtype, device)  # "auto" -> the checkpoint's own dtype, and why
+    dtype, forced = load_dtype(quantize, dtype)
+    dtype_reason = f"{dtype}: {forced}" if forced else dtype_reason
     quiet_transformers()
     folder, name = resolve(model, progress, dtype)
     register_attention()
     progress(f"Loading {name}…", 0.96)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
-        m = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=ATTN_NAME)
+        m = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=ATTN_NAME,
+                                                 **dm_kwargs(dm, cache_root() / "offload" / name, max_memory))
     except Exception as e:
         raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
     check_architecture(m.config.model_type)
-    m.to(device).eval()
+    if dm is None:
+        m.to(device)
+    m.eval()
+    n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
+    if quantize != "none":
+        progress(f"Quantising {name} to {quantize}…", 0.98)
+    runtime = quantize_model(m, quantize)
     info = info_from_config(
         m.config, name=name, source=model_source(model), dtype=dtype,
-        n_params=sum(p.numel() for p in m.parameters()),
+        n_params=n_params,
         has_chat_template=bool(getattr(tok, "chat_template", None)),
     )
-    from dataclasses import replace
-
-    info = replace(info, dtype_reason=dtype_reason)
+    info = dataclasses.replace(info, quantization_file=file_quantization(info.source), quantization_runtime=runtime,
+                               dtype_reason=dtype_reason)
     progress(f"{name} ready.", 1.0)
     return m, tok, info

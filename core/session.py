@@ -91,11 +91,19 @@ class Session:
         device: str | None = None,
         dtype: str = "auto",
         progress: Callable[[str, float], None] | None = None,
+        quantize: str = "none",
+        device_map: str | dict | None = None,
     ) -> Session:
         """Load ``model`` (None = embedded default) on ``backend`` ("torch" or "mlx").
 
         ``dtype``: ``auto`` (the checkpoint's own precision; :func:`core.precision.decide`, which
         says why in ``info.dtype_reason``), ``float32``, ``bfloat16`` or ``float16``.
+
+        ``quantize``: ``none|int8|int4`` weight-only quantisation of the linear layers
+        (:mod:`core.quantize` for torch; ``mlx.nn.quantize`` for MLX).
+
+        ``device_map``: ``auto|balanced|sequential`` (torch only, :mod:`core.device_map`): layers
+        across GPUs, then CPU, then disk, through accelerate.
 
         Raises:
             ModelLoadError: the model reference is unusable (message says why).
@@ -104,11 +112,14 @@ class Session:
         if backend == "torch":
             from core.backends.torch_backend import TorchBackend
 
-            return cls(TorchBackend.load(model, device=device, dtype=dtype, progress=progress))
+            return cls(TorchBackend.load(model, device=device, dtype=dtype, progress=progress, quantize=quantize,
+                                         device_map=device_map))
         if backend == "mlx":
+            if device_map is not None:
+                raise SessionError("--device-map is for the torch backend (MLX uses one unified memory)")
             from core.backends.mlx_backend import MlxBackend
 
-            return cls(MlxBackend.load(model, dtype=dtype, progress=progress))
+            return cls(MlxBackend.load(model, dtype=dtype, progress=progress, quantize=quantize))
         raise SessionError(f"unknown backend {backend!r}: choose torch or mlx")
 
     # -- running -----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from core.backends.mlx_models import CausalLM, KVCache, ModelArgs
@@ -32,6 +33,7 @@ from core.capture_mlx import MlxTrace
 from core.errors import Cancelled, ModelLoadError
 from core.ids import as_token_ids
 from core.models import ModelInfo, ProgressFn, _first_line, model_source, quiet_transformers, resolve
+from core.quantize import file_quantization
 
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -63,11 +65,19 @@ def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
     weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    return {k: v.astype(dtype) if v.dtype != dtype else v for k, v in weights.items()}
+        for part in ("scales", "biases"):  # an mlx-lm quantised, tied lm_head
+            weights.pop(f"lm_head.{part}", None)
+    # packed quantised weights (uint32) stay as they are; scales, biases and float weights take dtype
+    return {k: v.astype(dtype) if v.dtype != dtype and mx.issubdtype(v.dtype, mx.floating) else v
+            for k, v in weights.items()}
 
 
-def build_model(args: ModelArgs, weights: dict[str, mx.array]) -> CausalLM:
+def build_model(args: ModelArgs, weights: dict[str, mx.array], quantization: dict | None = None) -> CausalLM:
     """Construct the MLX model and load ``weights`` strictly (every name and shape must match).
+
+    ``quantization``: an mlx-lm config's ``{"group_size", "bits"[, "mode"]}``: every layer whose
+    ``<name>.scales`` is among ``weights`` becomes ``nn.QuantizedLinear`` / ``QuantizedEmbedding``
+    first (mlx-lm's ``load_model`` does the same), so the packed weights load as they are.
 
     Raises:
         ModelLoadError: missing, unexpected or mis-shaped tensors (the first few are named).
@@ -75,6 +85,13 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array]) -> CausalLM:
     from mlx.utils import tree_flatten
 
     model = CausalLM(args)
+    if quantization:
+        try:
+            nn.quantize(model, group_size=int(quantization["group_size"]), bits=int(quantization["bits"]),
+                        mode=quantization.get("mode", "affine"),
+                        class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelLoadError(f"cannot read the MLX quantization {quantization!r}: {_first_line(e)}") from None
     expected = dict(tree_flatten(model.parameters()))
     missing = sorted(expected.keys() - weights.keys())
     extra = sorted(weights.keys() - expected.keys())
@@ -94,6 +111,38 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array]) -> CausalLM:
     return model
 
 
+MLX_GROUP = 64  # weights per scale/bias group for --quantize on MLX (mlx-lm's default)
+
+
+def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str:
+    """``mlx.nn.quantize`` the decoder layers' ``nn.Linear`` (not embeddings, not lm_head) in place,
+    affine ``bits``-bit with one scale and bias per ``group_size`` weights; return the description
+    recorded as the runtime quantisation. Layers whose input size ``group_size`` does not divide stay float."""
+    def pick(path: str, m) -> bool:
+        return isinstance(m, nn.Linear) and path.startswith("model.layers.") and m.weight.shape[-1] % group_size == 0
+
+    n = 0
+
+    def count(path, m):
+        nonlocal n
+        ok = pick(path, m)
+        n += ok
+        return ok
+
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=count)
+    mx.eval(model.parameters())
+    return f"int{bits} weight-only (mlx.nn.quantize, groups of {group_size}), {n} linear layers"
+
+
+def float_weight(layer) -> mx.array:
+    """A linear layer's weight as a float ``(out, in)`` array: ``mx.dequantize`` of a ``QuantizedLinear``'s
+    packed weight (scales and biases per group), the weight itself otherwise."""
+    if hasattr(layer, "scales"):
+        return mx.dequantize(layer.weight, layer.scales, layer.get("biases"), group_size=layer.group_size,
+                             bits=layer.bits, mode=getattr(layer, "mode", "affine"))
+    return layer.weight
+
+
 class MlxBackend:
     """Owns an MLX model, its per-layer KV caches and the Trace. One thread: see the module docstring."""
 
@@ -110,12 +159,19 @@ class MlxBackend:
 
     @classmethod
     def load(cls, model: str | os.PathLike | None = None, dtype: str = "auto",
-             progress: ProgressFn | None = None) -> MlxBackend:
+             progress: ProgressFn | None = None, quantize: str = "none") -> MlxBackend:
         """Load ``model`` (None = embedded default, a .gguf file or an HF folder) for MLX.
+
+        An mlx-lm quantised folder (config ``"quantization": {"group_size", "bits"}``) loads its
+        packed weights as ``nn.QuantizedLinear`` (:func:`build_model`).
 
         Args:
             dtype: "auto" (default: :func:`core.precision.decide`), "float32", "bfloat16" or "float16":
-                weights, activations and cache.
+                weights, activations and cache
+                (a quantised folder's scales and biases too).
+            quantize: "none", "int8" or "int4": ``mlx.nn.quantize`` of the decoder's linear layers
+                after loading (affine, groups of :data:`MLX_GROUP`; embeddings and lm_head kept),
+                ignored for a folder that is quantised already.
 
         Raises:
             ValueError: unknown dtype.
@@ -127,9 +183,11 @@ class MlxBackend:
         dtype, dtype_reason = decide(model, dtype, mlx_device().replace(":", "-"))
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        if quantize not in ("none", "int8", "int4"):
+            raise ModelLoadError(f"unknown quantisation {quantize!r}: choose one of none, int8, int4")
         progress = progress or (lambda *_: None)
         t0 = time.perf_counter()
-        folder, name = resolve(model, progress, dtype)
+        folder, name = resolve(model, progress, dtype, backend="mlx")
         progress(f"Loading {name} for MLX…", 0.96)
         try:
             cfg = json.loads((folder / "config.json").read_text())
@@ -139,7 +197,13 @@ class MlxBackend:
             args = ModelArgs.from_dict(cfg)
         except KeyError as e:
             raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
-        m = build_model(args, load_weights(folder, args, DTYPES[dtype]))
+        file_q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else None
+        m = build_model(args, load_weights(folder, args, DTYPES[dtype]), file_q)
+        runtime = ""
+        if file_q:
+            runtime = f"MLX {file_q['bits']}-bit (group {file_q['group_size']}, nn.QuantizedLinear)"
+        elif quantize != "none":
+            runtime = quantize_mlx(m, 8 if quantize == "int8" else 4)
         quiet_transformers()
         from transformers import AutoTokenizer
 
@@ -155,7 +219,9 @@ class MlxBackend:
             hidden_size=args.hidden_size, max_context=args.max_position_embeddings, rope_theta=args.rope_theta,
             sliding_window=args.sliding_window, vocab_size=args.vocab_size, dtype=dtype,
             n_params=sum(v.size for _, v in tree_flatten(m.parameters())),
-            has_chat_template=bool(getattr(tok, "chat_template", None)), dtype_reason=dtype_reason,
+            has_chat_template=bool(getattr(tok, "chat_template", None)),
+            quantization_file=file_quantization(folder if file_q else model_source(model)),
+            quantization_runtime=runtime, dtype_reason=dtype_reason,
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0
@@ -252,7 +318,7 @@ class MlxBackend:
         if cache.values is None or cache.offset == 0:
             raise RuntimeError("nothing cached yet: run a prompt first")
         values = cache.values[0, :, : cache.offset, :].astype(mx.float32)  # (n_kv_heads, S, D)
-        w = self.model.model.layers[layer].self_attn.o_proj.weight.astype(mx.float32)  # (hidden, H*D)
+        w = float_weight(self.model.model.layers[layer].self_attn.o_proj).astype(mx.float32)  # (hidden, H*D)
         H, D = self.info.n_heads, values.shape[-1]
         g = H // values.shape[0]
         out = mx.stack([mx.linalg.norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, axis=-1) for h in range(H)])

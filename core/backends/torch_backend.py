@@ -168,11 +168,18 @@ class TorchBackend:
         self.reset()
 
     @classmethod
-    def load(cls, model=None, device: str | None = None, dtype: str = "auto", progress=None) -> TorchBackend:
+    def load(cls, model=None, device: str | None = None, dtype: str = "auto", progress=None,
+             quantize: str = "none", device_map=None, max_memory: dict | None = None) -> TorchBackend:
+        """Load for torch on ``device``, or spread over devices with ``device_map`` (then the ids
+        go to the input embeddings' device: :func:`core.device_map.input_device`)."""
+        from core.device_map import input_device
         from core.models import load_torch
 
         device = pick_device(device)
-        m, tok, info = load_torch(model, device=device, dtype=dtype, progress=progress or (lambda *_: None))
+        m, tok, info = load_torch(model, device=device, dtype=dtype, progress=progress or (lambda *_: None),
+                                  quantize=quantize, device_map=device_map, max_memory=max_memory)
+        if device_map is not None:
+            device = input_device(m)
         return cls(m, tok, info, device)
 
     def reset(self) -> None:
