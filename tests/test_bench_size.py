@@ -39,7 +39,6 @@ def test_table_rows_and_ratios():
 @pytest.mark.slow
 def test_runs_on_a_tiny_gguf_each_phase_in_its_own_process(tmp_path, monkeypatch):
     import gguf
-
     from gguf_families import write_family_gguf
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))

@@ -129,11 +129,11 @@ def test_catalog_entry_precision_and_fit_at_the_load_dtype(tmp_path, monkeypatch
     import dataclasses
 
     import gguf
+    from gguf_families import write_family_gguf
+    from tiny_models import save_tiny
 
     from core.catalog import describe_gguf, describe_hf_folder
     from core.fit import estimate_entry
-    from gguf_families import write_family_gguf
-    from tiny_models import save_tiny
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     e = describe_gguf(write_family_gguf("llama", tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0))
@@ -179,9 +179,9 @@ def test_cli_dtype_choices():
 
 def test_session_auto_loads_a_bf16_folder_at_its_own_precision(tmp_path, monkeypatch):
     import torch
+    from tiny_models import tiny_model, tiny_tokenizer
 
     from core.session import Session
-    from tiny_models import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     m = tiny_model("llama").to(torch.bfloat16)
