@@ -202,3 +202,14 @@ def test_old_session_files_mean_unquantised():
 def test_gguf_file_quantisation_is_recorded(smol_session):
     assert smol_session.info.quantization_file == "Q4_1"
     assert smol_session.info.quantization_runtime == ""
+
+
+def test_cli_json_records_dtype_and_quantisation(qfolder, tmp_path):
+    from core.cli import main
+
+    out = tmp_path / "sinks.json"
+    assert main(["sinks", "--model", str(qfolder), "--prompt", "the cat sat", "--no-chat-template", "--json", str(out),
+                 "--dtype", "bfloat16", "--quantize", "int4"]) == 0
+    d = json.loads(out.read_text())
+    assert d["dtype"] == "bfloat16" and d["quantization"]["mode"] == "int4"
+    assert d["quantization"]["runtime"].startswith("int4 weight-only (torchao ")

@@ -45,7 +45,10 @@ def run(args) -> int:
         raise ValueError(f"--probe-len must be >= 2, got {probe}")
     s = open_session(args)
     table = roles.role_table(s, threshold=threshold, window=window, probe_len=probe)
-    data = {"model": s.info.name, "prompt": args.prompt, "chat_template": args.chat_template, **table.to_json()}
+    from core.quantize import record as quant_record
+
+    data = {"model": s.info.name, "dtype": s.info.dtype, "quantization": quant_record(s.info), "prompt": args.prompt,
+            "chat_template": args.chat_template, **table.to_json()}
     out.write_text(json.dumps(data, indent=1), encoding="utf-8")
     counts = Counter(str(x) for x in table.labels.ravel())
     summary = ", ".join(f"{roles.ROLE_TITLES[k]} {counts[k]}" for k in (*roles.ROLES, "mixed") if counts[k])

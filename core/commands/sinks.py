@@ -40,7 +40,10 @@ def run(args) -> int:
         raise ValueError(f"--threshold must be in [0, 1], got {threshold}")
     s = open_session(args)
     rep = session_sink_report(s, threshold)
-    data = {"model": s.info.name, "prompt": args.prompt, "chat_template": args.chat_template, **rep.to_json()}
+    from core.quantize import record as quant_record
+
+    data = {"model": s.info.name, "dtype": s.info.dtype, "quantization": quant_record(s.info), "prompt": args.prompt,
+            "chat_template": args.chat_template, **rep.to_json()}
     if getattr(args, "value_weighted", False):
         from core.value_weighted import value_weighted_sink_scores
 
