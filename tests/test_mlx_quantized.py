@@ -76,6 +76,7 @@ def _dequantised_folder(qmodel, float_folder, out):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [4, 8])
 def test_mlx_quantised_folder_loads_quantised_and_stays_exact(float_folder, tmp_path, bits):
     from transformers import AutoModelForCausalLM

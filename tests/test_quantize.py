@@ -166,6 +166,7 @@ def test_mlx_folder_refused_on_torch_names_mlx_backend(qfolder, tmp_path):
 
 
 # -- provenance: sidecars and sessions record precision and quantisation; reopening restores them ------
+@pytest.mark.slow
 def test_session_round_trip_restores_quantisation(qfolder, tmp_path):
     from core import sessionfile as SF
     from core.export import head_metadata
