@@ -56,10 +56,22 @@ def long_text(session, T: int) -> str:
     return session.tokenizer.decode(ids)
 
 
+CPU_TIMES: dict[str, float] = {}  # last row's CPU seconds of this process (see _timed)
+
+
 def _timed(fn):
-    t0 = time.perf_counter()
+    """``(result, wall seconds)``; the process's CPU seconds go to ``CPU_TIMES["last"]``: on a busy
+    machine (others' processes) the wall time is mostly waiting, the CPU time is the work."""
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
+    CPU_TIMES["last"] = time.process_time() - c0
     return out, time.perf_counter() - t0
+
+
+def _row(out: dict, key: str, fn, log) -> None:
+    _, out["rows"][key] = _timed(fn)
+    out.setdefault("cpu_s", {})[key] = CPU_TIMES["last"]
+    log(f"{key}: {out['rows'][key]:.3f} s wall, {CPU_TIMES['last']:.3f} s CPU")
 
 
 def views_smol(T: int = 8192, model: str | None = None, log: Callable[[str], None] = lambda _m: None) -> dict:
@@ -127,18 +139,18 @@ def views_synthetic(T: int = 8192, log: Callable[[str], None] = lambda _m: None)
     tr = synthetic_trace(T=T)
     out = {"trace": "synthetic, SmolLM2 geometry", "seq_len": T, "rows": {},
            "matmul_gflops": matmul_peak(2048, repeats=3)["peak_flops"] / 1e9, "loadavg": list(os.getloadavg())}
-    rows = out["rows"]
     L, H = tr.n_layers, tr.n_heads
+    import torch
+
+    out["torch_threads"] = torch.get_num_threads()
+    _row(out, "one_head_8192", lambda: blocked.pooled_heads(tr, 10, [1], T, 1024), log)
     for m in (2000, 8000):
         if m <= T:
-            log(f"views (synthetic): head grid at {m}")
-            _, rows[f"head_grid_{m}"] = _timed(lambda m=m: blocked.thumbnails(tr, m, 40))
+            _row(out, f"head_grid_{m}", lambda m=m: blocked.thumbnails(tr, m, 40), log)
             out[f"head_grid_{m}_matmul_flop"] = L * H * m * m * tr.head_dim  # causal half of 2·m²·D per head
-    log(f"views (synthetic): mean of all layers at {T}")
     pairs = [(lyr, h) for lyr in range(L) for h in range(H)]
-    _, rows["mean_all_8192"] = _timed(lambda: blocked.pooled_mean(tr, pairs, T, 1024))
-    times = [_timed(lambda h=h: blocked.pooled_heads(tr, 10 + h, [h], T, 1024))[1] for h in range(3)]
-    rows["one_head_8192"] = sorted(times)[1]
+    _row(out, "mean_all_8192", lambda: blocked.pooled_mean(tr, pairs, T, 1024), log)
+    out["loadavg_end"] = list(os.getloadavg())
     return out
 
 

@@ -10,7 +10,9 @@ import pytest
 from PIL import Image
 from tiny_models import save_tiny
 
-from core import aggregate, export as E, export_long as XL
+from core import aggregate
+from core import export as E
+from core import export_long as XL
 from core.colormaps import to_rgb
 from core.pooling import max_pool
 
