@@ -157,6 +157,7 @@ class Engine(QObject):
         super().__init__(parent)
         collect_garbage_on_gui_thread()
         self._ids = itertools.count(1)
+        self._shut_down = False  # set by shutdown(): later submissions are dropped
         self._outstanding: set[int] = set()  # submitted, not yet reported back
         self._callbacks: dict[int, tuple] = {}  # job id -> (on_done, on_error), GUI thread only
         self._partials: dict[int, Callable] = {}  # job id -> on_partial (progressive results), GUI thread only
@@ -191,6 +192,8 @@ class Engine(QObject):
 
     def _put(self, job: Job) -> int:
         job.id = self._last_id = next(self._ids)
+        if self._shut_down:  # a timer firing after the window closed: nothing runs, nothing is reported
+            return job.id
         self._outstanding.add(job.id)
         # The callbacks stay on this (GUI) thread: they often hold widgets, and the engine thread must
         # never drop the last reference to a Qt object (its destructor would run there).
@@ -229,6 +232,7 @@ class Engine(QObject):
 
     def shutdown(self, timeout_ms: int = 5000) -> None:
         """Stop the engine thread (after the running job, which is asked to cancel). Idempotent."""
+        self._shut_down = True
         if not self.thread.isRunning():
             return
         self.cancel()

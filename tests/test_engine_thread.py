@@ -121,3 +121,16 @@ def test_callbacks_never_travel_to_the_engine_thread(qtbot):
         assert seen == [7, 1]
     finally:
         e.shutdown()
+
+
+def test_a_request_after_shutdown_is_dropped_quietly(qtbot):
+    """A view timer that fires after the window closed (the heatmap's exact-tile timer did) must not
+    reach the worker, whose Qt object is gone: no 'Signal source has been deleted', nothing runs."""
+    e = Engine()
+    ran = []
+    e.shutdown()
+    qtbot.wait(20)
+    e.submit("heatmap-tile", lambda ctx: ran.append(1), lambda r: ran.append(2))
+    e.enqueue(lambda ctx: ran.append(3))
+    qtbot.wait(50)
+    assert ran == []
