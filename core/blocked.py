@@ -84,13 +84,9 @@ def block(trace, layer: int, heads: Sequence[int], rows: slice, cols: slice, *, 
           fast: bool = False) -> torch.Tensor:
     """``(len(heads), n_q, n_k)`` float32 torch weights (or log-weights, ``-inf`` masked) of ``layer``.
 
-    Uses the trace's batched :meth:`weights_block` where it has one (torch traces); otherwise
-    stacks :meth:`weights` per head (the MLX trace), so every function here works on any trace.
+    Every trace has ``weights_block`` (torch: one batched matmul; MLX: stacked exact heads).
     """
-    if hasattr(trace, "weights_block"):
-        return trace.weights_block(layer, heads, rows, cols, log=log, fast=fast)
-    w = torch.from_numpy(np.stack([trace.weights(layer, h, rows, cols) for h in heads]))
-    return torch.log(w) if log else w
+    return trace.weights_block(layer, heads, rows, cols, log=log, fast=fast)
 
 
 def visible_cols(trace, layer: int, r0: int, r1: int) -> tuple[int, int]:

@@ -56,7 +56,8 @@ def test_gqa_output_matches_repeat_interleave_reference():
     s = (q @ kr.transpose(-1, -2)) / 4.0
     s = s.masked_fill(~torch.from_numpy(causal_mask(5, 5)), float("-inf"))
     torch.testing.assert_close(out, torch.softmax(s, -1) @ vr, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
+    assert lse.dtype == torch.float64  # the LSE is carried in float64 (issue 12 §1)
+    torch.testing.assert_close(lse, torch.logsumexp(s.double(), -1), atol=1e-5, rtol=1e-5)
 
 
 def test_trace_kv_head_mapping(smol_ran):

@@ -341,7 +341,7 @@ def test_weights_that_do_not_fit_the_config_are_refused(tiny_models, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="unexpected .*bias"):
         MlxBackend.load(folder)
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(ModelLoadError, match="unknown dtype .int8."):
         MlxBackend.load(tiny_models["llama"], dtype="int8")
 
 
