@@ -251,17 +251,28 @@ class TorchTrace(TraceGeometry):
             q = q_all[heads][:, r]  # (h, n_q, D)
         kv_idx = torch.tensor(kvs, device=keys.device)
         k = keys[:, c].index_select(0, kv_idx)  # (h, n_k, D)
-        w = torch.bmm(q.to(dt), k.to(dt).transpose(1, 2)).float().mul_(rec.scale)  # (h, n_q, n_k)
         lse = rec.lse()[heads][:, r].float()  # (h, n_q)
-        w.sub_(lse[:, :, None])
+        if dt == torch.float32:  # one pass: w = scale · q·kᵀ − lse (baddbmm broadcasts the LSE column)
+            w = torch.baddbmm(-lse[:, :, None].expand(-1, -1, k.shape[1]), q.float(), k.float().transpose(1, 2),
+                              alpha=rec.scale)  # (h, n_q, n_k)
+        else:
+            w = torch.bmm(q.to(dt), k.to(dt).transpose(1, 2)).float().mul_(rec.scale)  # (h, n_q, n_k)
+            w.sub_(lse[:, :, None])
         diag = r.start - c.start  # query position r.start + i sees key c.start + j iff j - i <= diag
-        if log:
-            i = torch.arange(w.shape[1], device=w.device)[:, None]
-            j = torch.arange(w.shape[2], device=w.device)[None, :]
-            masked = (j - i) > diag
+        if log:  # -inf only where a mask can apply: right of column diag, left of the window's edge
+            nq, nk = w.shape[1], w.shape[2]
+            i = torch.arange(nq, device=w.device)[:, None]
+            lo = max(0, diag + 1)
+            if lo < nk:
+                j = torch.arange(lo, nk, device=w.device)[None, :]
+                w[..., lo:].masked_fill_((j - i) > diag, float("-inf"))
             if rec.sliding_window is not None:
-                masked |= (j - i) <= diag - rec.sliding_window
-            return w.masked_fill_(masked, float("-inf"))
+                edge = diag - rec.sliding_window  # masked iff j - i <= edge
+                hi = min(nk, edge + nq)
+                if hi > 0:
+                    j = torch.arange(0, hi, device=w.device)[None, :]
+                    w[..., :hi].masked_fill_((j - i) <= edge, float("-inf"))
+            return w
         w.exp_().tril_(diag)
         if rec.sliding_window is not None:
             w.triu_(diag - rec.sliding_window + 1)
