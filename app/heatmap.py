@@ -46,8 +46,8 @@ MAX_LABEL_CHARS = 12
 SCALES = ("linear", "log", "power")
 RANGE_MODES = {
     "fixed": "Fixed [0, 1]",
-    "auto": "Auto (this map)",
-    "shared": "Shared (heads of layer)",
+    "auto": "Auto",
+    "shared": "Shared (layer)",
 }
 MASK_HATCH = (150, 150, 150)  # masked cells: grey hatch on white, outside every colour map
 LONG_SQUARE = 1024  # above this many tokens the overview fills the plot's rectangle (aspect unlocked)
@@ -180,14 +180,18 @@ class HeatmapView(QWidget):
         self.mode_label = QLabel("")
         self.mode_label.setStyleSheet("color:#555;")
         self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
-        for combo in (self.aggregate_combo, self.range_combo):
+        for combo in (self.aggregate_combo, self.range_combo, self.weighting_combo):
             combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # as wide as the longest item, no wider
+            # ...when there is room: an explicit minimum lets a narrow window shrink (elide) the combos
+            # instead of the option bar forcing the whole window wider than asked (1000 px → 1101 px)
+            combo.setMinimumWidth(72)
         bar.addWidget(self.mode_label, 1)
 
         # -- plot
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
         self.plot = self.glw.addPlot()
+        self.plot.vb.sigResized.connect(self._fit_title)
         self.plot.invertY(True)
         self.plot.setAspectLocked(True)
         self.plot.setMenuEnabled(False)
@@ -459,7 +463,7 @@ class HeatmapView(QWidget):
         self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.mask_bg.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.mask_bg.show()
-        self.plot.setTitle(title, color="k")
+        self._set_title(title)
         self.readout.setText("Hover a cell to read query → key: weight. Click a row to shade the text by it.")
         if reset_view:
             self.plot.setRange(xRange=(k_offset, k_offset + self.weights.shape[1]),
@@ -484,7 +488,7 @@ class HeatmapView(QWidget):
         self.mask_bg.setRect(0, 0, pooled.n, pooled.n)
         self.mask_bg.show()
         self._overview_title = title
-        self.plot.setTitle(title, color="k")
+        self._set_title(title)
         r, c = pooled.image.shape
         self.readout.setText(f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "
                              f"{pooled.n / c:.1f} cells. Zoom in (wheel) for exact weights.")
@@ -504,10 +508,33 @@ class HeatmapView(QWidget):
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
-        self.plot.setTitle(self._overview_title.replace("overview: max-pooled",
-                                                        "exact tile in view, max-pooled around it"), color="k")
+        self._set_title(self._overview_title.replace("overview: max-pooled", "exact tile in view, max-pooled around it"))
         self.readout.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
                              "frame), recomputed from the session. Hover a cell for its weight.")
+
+    def _set_title(self, text: str) -> None:
+        """The plot's title, wrapped to the plot's width: a long title (layer, head, seq_len, scale,
+        pooling, status) must never widen the graphics layout past the view, which pushed the colour
+        bar and the right of the map out of sight."""
+        self.plot.setTitle(text, color="k")
+        self._fit_title()
+
+    def _fit_title(self, *_) -> None:
+        """Wrap the title to the map's width (the view box's) and take it out of the layout's width
+        minimum, so the colour bar and the map always stay inside the view whatever the title says."""
+        label = self.plot.titleLabel
+        vb_w = self.plot.vb.width()
+        avail = vb_w if vb_w > 80 else max(120.0, self.glw.width() - 220.0)
+        label.item.setTextWidth(-1)
+        if label.item.boundingRect().width() > avail:
+            label.item.setTextWidth(avail)  # wraps onto a second line
+        label.updateMin()
+        h = label.item.boundingRect().height()
+        label.setMinimumWidth(0)
+        # LabelItem answers sizeHint from this table (pyqtgraph's LabelItem.updateMin fills it)
+        label._sizeHint[Qt.SizeHint.MinimumSize] = (0, h)
+        label._sizeHint[Qt.SizeHint.PreferredSize] = (0, h)
+        label.updateGeometry()
 
     def clear(self) -> None:
         self.weights, self.pooled, self.tile = None, None, None
@@ -519,7 +546,7 @@ class HeatmapView(QWidget):
         self.mask_legend.setText("")
         for ax in ("left", "bottom"):
             self.plot.getAxis(ax).setTicks([[], []])  # token labels once there is a map (_update_ticks)
-        self.plot.setTitle("")
+        self._set_title("")
         self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.placeholder.show()
         self._reset_pending = True  # the next map is shown whole, whatever zoom was kept before
@@ -702,7 +729,7 @@ class HeatmapView(QWidget):
         """Title plus a status such as ``"partial: 40 % of rows, refining"`` or ``"stale: …"``."""
         self._status_base = title
         text = title if not status else f"{title} · <span style='color:#b03000'>{status}</span>"
-        self.plot.setTitle(text, color="k")
+        self._set_title(text)
 
     def mark_stale(self, why: str = "stale: computing the new map…") -> None:
         """Say that the map on screen no longer matches the request (a new prompt, a long recompute)."""

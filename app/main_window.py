@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QSplitter,
     QTabWidget,
@@ -39,6 +40,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from superqt import QElidingLabel
 
 from app.engine import CancelledMessage, Engine
 from app.head_grid import HeadGridCanvas, HeadGridView
@@ -473,7 +475,8 @@ class MainWindow(QMainWindow):
 
         # status bar
         sb = self.statusBar()
-        self.model_label = QLabel("No model")
+        self.model_label = QElidingLabel("No model")  # a long model line ends in "…", never clipped mid-word
+        self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.seq_label = QLabel("seq_len 0")
         self.kv_label = QLabel("KV cache 0 B")
         self.progress = QProgressBar()
@@ -484,7 +487,7 @@ class MainWindow(QMainWindow):
         self.cancel_button.setText("Cancel")
         self.cancel_button.setToolTip("Stop the running prefill or decode (Esc)")
         self.cancel_button.hide()
-        sb.addWidget(self.model_label)
+        sb.addWidget(self.model_label, 1)
         sb.addPermanentWidget(self.progress)
         sb.addPermanentWidget(self.cancel_button)
         sb.addPermanentWidget(self.seq_label)
