@@ -133,6 +133,7 @@ def sdpa_with_lse(
     causal: bool = True,
     sliding_window: int | None = None,
     mask=None,
+    exact_half: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output and per-row LSE through a fused kernel where one exists.
 
@@ -152,13 +153,18 @@ def sdpa_with_lse(
         ``exp(s − lse)`` carry under ~1e-6 relative error from it (:func:`exact_lse`). A fully
         masked row has ``lse = -inf`` and output 0. Scores and softmax are accumulated in
         float32 by every path. ``Dv != D`` (an MLA-style value head) takes the unfused path:
-        the fused kernels need equal head sizes.
+        the fused kernels need equal head sizes. ``exact_half=False`` keeps the kernel's LSE for
+        float16/bfloat16 inputs (~5e-5 off on the CPU kernels) instead of an extra float32 scores
+        pass over every row: the model path does this and lets the trace rebuild the LSE of the
+        rows a view asks for (:meth:`core.capture.TorchTrace.weights`), so prefill stays at the
+        kernel's speed. Rows with ``|lse| > 16`` are always redone in float64.
 
     Raises:
         ValueError: on incompatible shapes, a window without the causal mask, a bad mask array.
     """
     out, lse = _sdpa_kernel_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
-    return out, exact_lse(q, k, lse, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+    return out, exact_lse(q, k, lse, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask,
+                          half_rows=exact_half)
 
 
 def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask):
@@ -443,6 +449,7 @@ def exact_lse(
     causal: bool = True,
     sliding_window: int | None = None,
     mask=None,
+    half_rows: bool = True,
 ) -> torch.Tensor:
     """A kernel's LSE made exact enough that ``exp(s − lse)`` is right to ~1e-6 relative.
 
@@ -462,6 +469,8 @@ def exact_lse(
         * any row with ``|lse| > LSE_FP32_EXACT`` (16) is recomputed from float64 scores,
           because a float32 LSE there is off by up to half an ulp (0.001 at 3·10⁴);
         * other rows keep their value; fully masked rows stay ``-inf``.
+
+        ``half_rows=False`` skips the first rule (the kernel's LSE of float16/bfloat16 inputs is kept).
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -482,7 +491,7 @@ def exact_lse(
                     _last_exact_bias[0] = (key, bias5[0])
         return bias5[0]
 
-    if lse.dtype != torch.float64 and q.dtype in (torch.float16, torch.bfloat16):
+    if half_rows and lse.dtype != torch.float64 and q.dtype in (torch.float16, torch.bfloat16):
         lse64 = _lse_rows(q, k, lse64, torch.isfinite(lse64), scale, bias(), torch.float32)
     need = torch.isfinite(lse64) & (lse64.abs() > LSE_FP32_EXACT)
     if bool(need.any()):

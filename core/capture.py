@@ -210,6 +210,11 @@ class TorchTrace(TraceGeometry):
         q = rec.q()[head, r].to(dt)  # (n_q, D)
         k = rec.keys[kv, c].to(dt)  # (n_k, D)
         w = torch.matmul(q, k.T).mul_(rec.scale)  # (n_q, n_k) scaled scores
+        if rec.q().dtype in (torch.float16, torch.bfloat16):
+            # The model path keeps the CPU kernel's LSE of half-precision inputs (~5e-5 off, so
+            # prefill runs at the kernel's speed): rebuild these rows' LSE from float32 scores
+            # over every key they see, reusing this tile's scores when it spans them all.
+            lse = self._row_lse(rec, kv, r, q, w if (c.start, c.stop) == (0, S) else None)
         w.sub_(lse.to(dt)[:, None]).exp_()
         # Causal (+ window) mask in place, as bands of the tile: query position r.start + i sees
         # key c.start + j iff j - i <= r.start - c.start (and > that - window). Same mask as
@@ -219,6 +224,24 @@ class TorchTrace(TraceGeometry):
         if rec.sliding_window is not None:
             w.triu_(diag - rec.sliding_window + 1)
         return w.float().cpu().numpy()
+
+    @staticmethod
+    def _row_lse(rec: LayerRecord, kv: int, r: slice, q: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+        """``(n_q,)`` float64 LSE of rows ``r`` from the stored q (``(n_q, D)``, float32/64) and every
+        key of KV head ``kv``, under the layer's causal (+ window) mask; ``scores`` are the rows' scaled
+        scores over all keys when the caller already has them."""
+        if scores is None:
+            scores = torch.matmul(q, rec.keys[kv].to(q.dtype).T).mul_(rec.scale)  # (n_q, S)
+        s = scores.clone()
+        diag = r.start  # query position r.start + i sees key j iff j - i <= r.start
+        n_q, S = s.shape
+        i = torch.arange(n_q, device=s.device)[:, None]
+        j = torch.arange(S, device=s.device)[None, :]
+        allowed = j - i <= diag
+        if rec.sliding_window is not None:
+            allowed &= j - i > diag - rec.sliding_window
+        s.masked_fill_(~allowed, float("-inf"))
+        return torch.logsumexp(s.double(), dim=-1)
 
     def weights_block(self, layer: int, heads, rows: slice | None = None, cols: slice | None = None, *,
                       log: bool = False, fast: bool = False) -> torch.Tensor:

@@ -328,3 +328,39 @@ def test_mlx_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
     w = tr.weights(0, 1, rows=slice(T - 4, T)).astype(np.float64)
     np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-6)
     np.testing.assert_allclose(w[-1], 1 / T, rtol=1e-6)
+
+
+# ------------------------------------ §1 the model path at bf16/fp16: kernel LSE, rows rebuilt ---
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_model_path_half_precision_maps_are_exact_for_the_stored_inputs(tmp_path, family, dtype):
+    """The forward keeps the CPU kernel's half-precision LSE (no extra scores pass per layer); the
+    trace rebuilds the LSE of the rows a map reads, so every map still equals the float64 softmax of
+    the stored q and cached k, whole or as a tile, with a sliding window too (mistral)."""
+    from tiny_models import save_tiny
+
+    from core.session import Session
+
+    save_tiny(family, tmp_path / family)
+    s = Session.load(str(tmp_path / family), dtype=dtype)
+    s.prefill("the quick brown fox jumps over the lazy dog " * 3, chat_template=False)
+    s.step(3)
+    T = s.seq_len
+    for layer in range(s.info.n_layers):
+        rec = s.trace.layers[layer]
+        for head in range(s.info.n_heads):
+            q = rec.q()[head].double().numpy()  # (T, D) what the kernel saw
+            k = rec.keys[s.trace.kv_head(head)].double().numpy()  # (T, D)
+            sc = q @ k.T * rec.scale
+            allowed = np.tril(np.ones((T, T), dtype=bool))
+            if rec.sliding_window is not None:
+                allowed &= ~np.tril(np.ones((T, T), dtype=bool), -rec.sliding_window)
+            sc = np.where(allowed, sc, -np.inf)
+            ref = np.exp(sc - sc.max(1, keepdims=True))
+            ref /= ref.sum(1, keepdims=True)
+            w = s.weights(layer, head)
+            np.testing.assert_allclose(w.astype(np.float64).sum(1), 1.0, atol=1e-6)
+            np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-7)
+            tile = s.weights(layer, head, rows=slice(T - 5, T), cols=slice(2, 9))  # a tile alone
+            np.testing.assert_allclose(tile, ref[T - 5 :, 2:9], rtol=1e-5, atol=1e-7)

@@ -67,7 +67,9 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
     if overrides is not None:  # experiments (core.experiments) may change mask and scale
         out, lse = overrides.attend(module, query, key, value, scaling, window)
     else:
-        out, lse = sdpa_with_lse(query, key, value, scale=scaling, causal=causal, sliding_window=window)
+        # half-precision rows keep the kernel's LSE here; the trace rebuilds it for the rows a view reads
+        out, lse = sdpa_with_lse(query, key, value, scale=scaling, causal=causal, sliding_window=window,
+                                 exact_half=False)
     if capture is not None:
         capture.record(module.layer_idx, query, lse, key, scaling if scaling is not None else query.shape[-1] ** -0.5, window)
     return out.transpose(1, 2).contiguous(), None
