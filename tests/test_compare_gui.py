@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from gui_helpers import ran_window
 from PySide6.QtCore import QPointF
 from test_compare import _perturbed_copy
 from tiny_models import save_tiny
@@ -29,20 +30,7 @@ def folders(tmp_path_factory):
 
 @pytest.fixture()
 def win(qtbot, folders):
-    from app.main_window import MainWindow
-
-    w = MainWindow(model=str(folders[0]))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.engine.wait_idle(120), "model did not load"
-    w.prompt_edit.setPlainText(PROMPT)
-    w.chat_check.setChecked(False)
-    w.run_prompt()
-    assert w.engine.wait_idle(60)
-    w.step(2)
-    assert w.engine.wait_idle(60)
-    assert w.last_error is None
+    w = ran_window(qtbot, folders[0], PROMPT, steps=2)
     yield w
     w.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gui_helpers import ran_window
 from PIL import Image
 from PySide6.QtCore import Qt
 from tiny_models import save_tiny
@@ -23,20 +24,7 @@ def tiny_folder(tmp_path_factory):
 
 @pytest.fixture()
 def win(qtbot, tiny_folder):
-    from app.main_window import MainWindow
-
-    w = MainWindow(model=str(tiny_folder))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.engine.wait_idle(120), "model did not load"
-    w.prompt_edit.setPlainText(PROMPT)
-    w.chat_check.setChecked(False)
-    w.run_prompt()
-    assert w.engine.wait_idle(60)
-    w.step(3)
-    assert w.engine.wait_idle(60)
-    assert w.last_error is None
+    w = ran_window(qtbot, tiny_folder, PROMPT, steps=3)
     yield w
     w.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gui_helpers import ran_window
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QFontMetrics, QWheelEvent
 from PySide6.QtWidgets import QApplication
@@ -25,18 +26,7 @@ def gemma_folder(tmp_path_factory):
 
 @pytest.fixture()
 def win(qtbot, gemma_folder):
-    from app.main_window import MainWindow
-
-    w = MainWindow(model=str(gemma_folder))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.engine.wait_idle(120), "model did not load"
-    w.prompt_edit.setPlainText(PROMPT)
-    w.chat_check.setChecked(False)
-    w.run_prompt()
-    assert w.engine.wait_idle(60)
-    assert w.last_error is None
+    w = ran_window(qtbot, gemma_folder, PROMPT, steps=0)
     yield w
     w.close()
 
