@@ -369,6 +369,7 @@ class MainWindow(QMainWindow):
         self.quantize = quantize  # --quantize none|int8|int4 for the next load (core.quantize)
         self.model_ref: str | None = model
         self.snapshot: Snapshot | None = None
+        self._notices_shown: tuple[str, ...] = ()  # Snapshot.notices already said in the status bar
         self.weights: np.ndarray | None = None
         self.weights_key: tuple[int, int] | None = None
         self.map_key: tuple[int, int, str, int] | None = None  # (layer, head, aggregate, n) shown now
@@ -923,6 +924,11 @@ class MainWindow(QMainWindow):
                     continue
                 overlay = self._empty_overlays[key] = _EmptyOverlay(page)
             overlay.set_shown(snap.seq_len == 0)
+        # what the engine did by itself (a lossy tokenization, a RoPE cache re-run): said once each
+        new = [n for n in snap.notices if n not in self._notices_shown]
+        self._notices_shown = tuple(snap.notices)
+        if new:
+            self.statusBar().showMessage("Note: " + " · ".join(new), 20000)
 
     # -- view requests ---------------------------------------------------------------------------
     def request_weights(self) -> None:

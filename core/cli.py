@@ -57,10 +57,10 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
                      quantize=getattr(args, "quantize", "none"), device_map=getattr(args, "device_map", None))
     if getattr(args, "prompt", None) is not None:
         s.prefill(args.prompt, chat_template=args.chat_template)
-        if s.notice:
-            print(f"attnscope: note: {s.notice}", file=sys.stderr)
         if args.steps:
             s.step(args.steps)
+        for note in s.notices:
+            print(f"attnscope: note: {note}", file=sys.stderr)
     return s
 
 

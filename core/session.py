@@ -270,8 +270,9 @@ class Session:
     def notices(self) -> list:
         """What the engine did by itself to keep the maps exact, oldest first, for the GUI to show:
         e.g. :class:`core.rope_length.RopeRecompute` (the KV cache re-run because LongRoPE / dynamic
-        RoPE frequencies changed with the length; ``str(notice)`` is one line). Cleared by prefill."""
-        return list(getattr(self.backend, "notices", ()))
+        RoPE frequencies changed with the length; ``str(notice)`` is one line), after :attr:`notice`
+        (how the tokenizer changed the prompt's text, if it did). Cleared by prefill."""
+        return ([self.notice] if self.notice else []) + list(getattr(self.backend, "notices", ()))
 
     @property
     def n_prompt(self) -> int:

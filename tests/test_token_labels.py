@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -185,3 +187,19 @@ def test_gemma_labels_are_decoded_pieces(gemma_gguf):  # issue 12 §5 input
     from core.export import session_metadata
 
     assert session_metadata(s)["token_texts"] == [t.text for t in s.tokens]
+
+
+def test_lossy_prompt_notice_reaches_the_window_and_the_cli(tmp_path, qtbot):
+    """Session.notices carries the tokenizer's change of the text; the window says it in the status bar."""
+    from gui_helpers import ran_window
+
+    folder = _dropping_model(tmp_path / "drop")
+    win = ran_window(qtbot, folder, "ab€cd")
+    assert win.snapshot.notices and "'€' → ''" in win.snapshot.notices[0]
+    assert win.statusBar().currentMessage().startswith("Note: ") and "'€' → ''" in win.statusBar().currentMessage()
+    win.close()
+    r = subprocess.run([sys.executable, "-m", "app.cli", "export", "--model", str(folder), "--prompt", "ab€cd",
+                        "--no-chat-template", "--layer", "0", "--head", "0", "--out", str(tmp_path / "w.npy")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "attnscope: note: " in r.stderr and "'€' → ''" in r.stderr
