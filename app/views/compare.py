@@ -9,9 +9,12 @@ prefill did not keep them (same ops, same numbers).
 
 The panel draws only: the layers × heads table of Jensen–Shannon distances (sortable, most
 changed first), the logits' KL(A‖B) and top-1 agreement per position, and for the selected head
-A, B and A − B side by side (A − B on a diverging map centred on 0 with a symmetric range; maps
-longer than :data:`MAX_CELLS` are mean-pooled, so pooled A − pooled B = pooled (A − B)). Hover
-reads both weights; a click on a row plots A's and B's rows as lines.
+A, B and A − B side by side (A − B on a diverging map centred on 0 with a symmetric range). Maps longer than :data:`MAX_CELLS`
+are shown like the heatmap's long maps: an overview (A and B max-pooled, A − B by the signed
+max-|A − B| per block, :mod:`core.compare_pool`, so a changed sink column or diagonal survives), and
+on zoom an exact tile of all three for the visible region, computed on the engine thread from both
+runs' exact weights; the three views are linked. Hover reads both weights; a click on a row plots
+A's and B's rows as lines.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -51,7 +54,7 @@ KINDS = {
     "prompt": "Same model, edited prompt",
 }
 DTYPES = ("float32", "bfloat16", "float16")
-MAX_CELLS = 512  # maps longer than this are mean-pooled to this many cells a side for display
+MAX_CELLS = 512  # maps longer than this show a pooled overview (this many blocks a side) + exact tiles on zoom
 COLUMNS = ("Rank", "Layer", "Head", "JS mean", "JS max", "Max at row")
 
 # engine-thread state: run B's session (only ever touched from jobs)
@@ -134,9 +137,9 @@ def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
 
 
 def _maps_job(layer: int, head: int, n: int, weighting: str):
-    """A's and B's maps of one head over the aligned ``n × n``, mean-pooled by ``f`` when ``n`` exceeds
-    :data:`MAX_CELLS`, computed in row bands (a multiple of ``f`` rows, at most ~4 M cells each):
-    never a whole long map on either side."""
+    """A's and B's maps of one head over the aligned ``n × n``. Up to :data:`MAX_CELLS` the exact maps
+    (payload ``(key, wa, wb, 1)``); longer, the overview :class:`core.compare_pool.PairOverview`
+    (payload ``(key, a, b, overview)``), computed in row bands: never a whole long map on either side."""
 
     def job(ctx):
         from core.compare import head_maps
@@ -145,7 +148,13 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
         sb = _ENGINE["b"]
         if sb is None or ctx.session is None:
             raise SessionError("run B first")
-        f = max(1, -(-n // MAX_CELLS))
+        if n > MAX_CELLS:
+            from core.compare_pool import pooled_pair
+
+            ov = pooled_pair(lambda rows: head_maps(ctx.session, sb, layer, head, n, rows=rows, weighting=weighting),
+                             n, MAX_CELLS, cancelled=ctx.cancelled)
+            return (layer, head), ov.a, ov.b, ov
+        f = 1
         band = f * max(1, (1 << 22) // (n * f))
         pa, pb = [], []
         for r0 in range(0, n, band):
@@ -155,6 +164,22 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
             pa.append(_pool_by(wa, f))
             pb.append(_pool_by(wb, f))
         return (layer, head), np.concatenate(pa), np.concatenate(pb), f
+
+    return job
+
+
+def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int, weighting: str):
+    """The exact ``rows r0:r1 × cols c0:c1`` tile of A and B (engine thread, both runs' weights)."""
+
+    def job(ctx):
+        from core.compare import head_maps
+        from core.errors import SessionError
+
+        if _ENGINE["b"] is None or ctx.session is None:
+            raise SessionError("run B first")
+        wa, wb = head_maps(ctx.session, _ENGINE["b"], layer, head, n, rows=slice(r0, r1), cols=slice(c0, c1),
+                           weighting=weighting)
+        return (layer, head), n, r0, c0, wa, wb
 
     return job
 
@@ -201,6 +226,10 @@ class CompareView(QWidget, SavedControls):
         self.maps: tuple[np.ndarray, np.ndarray] | None = None
         self.map_key: tuple[int, int] | None = None
         self.pool = 1
+        self.overview = None  # core.compare_pool.PairOverview of a long head
+        self.tile = None  # (wa, wb, r0, c0): the exact tile drawn over the overview
+        self._levels = ((0.0, 1.0), (-1.0, 1.0))
+        self._titles = ("", "", "")
 
         # -- run B controls
         top = QHBoxLayout()
@@ -271,7 +300,7 @@ class CompareView(QWidget, SavedControls):
         # -- maps: A, B, A − B
         self.maps_widget = pg.GraphicsLayoutWidget()
         self.maps_widget.setBackground("w")
-        self.plots, self.images = [], []
+        self.plots, self.images, self.tile_images = [], [], []
         for i, name in enumerate(("A", "B", "A − B")):
             p = self.maps_widget.addPlot(row=0, col=i, title=name)
             p.invertY(True)
@@ -280,15 +309,26 @@ class CompareView(QWidget, SavedControls):
             p.hideAxis("left")
             img = pg.ImageItem(axisOrder="row-major")
             p.addItem(img)
+            tile = pg.ImageItem(axisOrder="row-major")  # exact tile over a long map's overview
+            tile.setZValue(1)
+            p.addItem(tile)
             self.plots.append(p)
             self.images.append(img)
+            self.tile_images.append(tile)
         for p in self.plots[1:]:
             p.setXLink(self.plots[0])
             p.setYLink(self.plots[0])
+        self._tile_timer = QTimer(self)
+        self._tile_timer.setSingleShot(True)
+        self._tile_timer.setInterval(150)
+        self._tile_timer.timeout.connect(self._maybe_request_tile)
+        for p in self.plots:
+            p.vb.sigRangeChanged.connect(self._on_range_changed)
         self.bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False, width=12)
         self.bar.setImageItem(self.images[2], insert_in=self.plots[2])
         self.hover = QLabel("Hover a map to read A's and B's weights; click a row to plot both rows.")
         self.hover.setStyleSheet("color:#333;")
+        self.hover.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long readout never widens the tab
         self.maps_widget.scene().sigMouseMoved.connect(self._on_hover)
         self.maps_widget.scene().sigMouseClicked.connect(self._on_click)
 
@@ -485,39 +525,158 @@ class CompareView(QWidget, SavedControls):
                                 self._on_failed, label="compare maps")
 
     def set_maps(self, payload) -> None:
-        key, wa, wb, pool = payload
-        self.map_key, self.pool = key, pool
+        """Draw A, B and A − B: the exact maps, or a long head's overview (:class:`PairOverview`)."""
+        key, wa, wb, ov = payload
+        ov = ov if not isinstance(ov, int) else None
+        self.map_key, self.overview, self.tile = key, ov, None
         self.maps = (wa, wb)
-        d = wa.astype(np.float64) - wb.astype(np.float64)
+        if ov is None:
+            self.pool = 1
+            d = wa.astype(np.float64) - wb.astype(np.float64)
+            side = wa.shape
+        else:
+            self.pool = max(1, int(round(ov.n / (len(ov.row_edges) - 1))))
+            d = ov.d
+            side = (ov.n, ov.n)
         hi = float(max(wa.max(), wb.max(), 1e-12))
+        m = float(np.abs(d).max()) or 1e-12
+        self._levels = ((0.0, hi), (-m, m))
         lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
         for img, w in zip(self.images[:2], (wa, wb), strict=True):
             img.setImage(w, levels=(0.0, hi), lut=lut, autoLevels=False)
-        m = float(np.abs(d).max()) or 1e-12
-        self.images[2].setImage(d.astype(np.float32), levels=(-m, m), lut=diverging_lut(), autoLevels=False)
+        self.images[2].setImage(np.asarray(d, np.float32), levels=(-m, m), lut=diverging_lut(), autoLevels=False)
+        for img in self.images:  # view coordinates are token positions, pooled or not
+            img.setRect(0, 0, side[1], side[0])
+        for t in self.tile_images:
+            t.clear()
         self.bar.setLevels((-m, m))
         layer, head = key
-        pooled = f" · mean-pooled {pool}×{pool}" if pool > 1 else ""
         vw = " (value-weighted, row-normalised)" if self.result.weighting == "value-weighted" else ""
-        self.plots[0].setTitle(f"A · L{layer} H{head}{vw}{pooled}", color="#222")
-        self.plots[1].setTitle(f"B · L{layer} H{head}", color="#222")
-        self.plots[2].setTitle(f"A − B (±{m:.3g})", color="#222")
-        for p in self.plots:
-            p.autoRange(padding=0.01)
+        if ov is None:
+            self._titles = (f"A · L{layer} H{head}{vw}", f"B · L{layer} H{head}", f"A − B (±{m:.3g})")
+        else:
+            f = ov.n / (len(ov.row_edges) - 1)
+            # short: a long title widens the graphics layout past the view (the hover line says more)
+            self._titles = (f"A · L{layer} H{head}{vw} · max-pooled ~{f:.0f}²", "B · max-pooled",
+                            f"A − B (±{m:.3g}) · signed max-|A−B|")
+        for p, t in zip(self.plots, self._titles, strict=True):
+            p.setTitle(t, color="#222")
+        if ov is not None:
+            self.hover.setText(f"Long map ({ov.n} tokens): overview of blocks of ~{f:.1f} cells (A, B: block max; "
+                               "A − B: the largest |difference| with its sign). Zoom in (wheel/drag) for exact tiles.")
+        self.plots[0].setRange(xRange=(0, side[1]), yRange=(0, side[0]), padding=0.01)
         if self.main.layer != layer or self.main.head != head:
             try:
                 self.main.select(layer, head)
             except IndexError:
                 pass
 
+    # -- long maps: exact tiles on zoom -------------------------------------------------------------
+    def _on_range_changed(self, *_):
+        if self.overview is not None:
+            self._tile_timer.start()
+
+    def visible_cells(self) -> tuple[int, int, int, int]:
+        """``(r0, r1, c0, c1)``: token rows and cols at least partly visible (the views are linked)."""
+        import math
+
+        (x0, x1), (y0, y1) = self.plots[0].vb.viewRange()
+        n_r, n_c = self._side()
+        return (max(0, int(math.floor(y0))), min(n_r, int(math.ceil(y1))),
+                max(0, int(math.floor(x0))), min(n_c, int(math.ceil(x1))))
+
+    def _side(self) -> tuple[int, int]:
+        if self.overview is not None:
+            return self.overview.n, self.overview.n
+        return self.maps[0].shape if self.maps is not None else (0, 0)
+
+    def _maybe_request_tile(self) -> None:
+        """Zoomed into a long map (at most :data:`MAX_CELLS` a side visible): ask the engine for the
+        exact tile of A and B over the view plus a quarter margin, unless the one drawn covers it."""
+        ov = self.overview
+        if ov is None or self.map_key is None or self.result is None:
+            return
+        r0, r1, c0, c1 = self.visible_cells()
+        if r1 - r0 > MAX_CELLS or c1 - c0 > MAX_CELLS:
+            if self.tile is not None:  # zoomed back out: the overview on its own range again
+                self.tile = None
+                for t in self.tile_images:
+                    t.clear()
+                self._show_levels(*self._levels)
+                for p, t in zip(self.plots, self._titles, strict=True):
+                    p.setTitle(t, color="#222")
+            return
+        if r1 <= r0 or c1 <= c0:
+            return
+        if self.tile is not None:
+            ta, _, tr, tc = self.tile
+            if tr <= r0 and tc <= c0 and r1 <= tr + ta.shape[0] and c1 <= tc + ta.shape[1]:
+                return
+        mr, mc = (r1 - r0) // 4, (c1 - c0) // 4
+        want = (max(0, r0 - mr), min(ov.n, r1 + mr), max(0, c0 - mc), min(ov.n, c1 + mc))
+        layer, head = self.map_key
+        self.main.engine.submit("compare-tile", _tile_job(layer, head, ov.n, *want, self.result.weighting),
+                                self.set_tile, self._on_failed, label="compare tile")
+
+    def set_tile(self, payload) -> None:
+        """Draw the exact tile of A, B and A − B over the overview (dropped if the head changed)."""
+        key, n, r0, c0, wa, wb = payload
+        if self.overview is None or key != self.map_key or n != self.overview.n:
+            return
+        wa, wb = np.asarray(wa, np.float32), np.asarray(wb, np.float32)
+        self.tile = (wa, wb, int(r0), int(c0))
+        d = wa - wb
+        # zoomed in, the colours span the tile's own range (A and B share theirs; A − B stays symmetric):
+        # the overview's range is set by the whole map's largest weights (often a sink)
+        hi = float(max(wa.max(), wb.max(), 1e-12))
+        m = float(np.abs(d).max()) or 1e-12
+        lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
+        nr, nc = wa.shape
+        for t, w, lt in ((self.tile_images[0], wa, lut), (self.tile_images[1], wb, lut),
+                         (self.tile_images[2], d, diverging_lut())):
+            t.setImage(w, lut=lt, autoLevels=False)
+            t.setRect(c0, r0, nc, nr)
+        self._show_levels((0.0, hi), (-m, m))
+        names = (f"A · exact tile (0–{hi:.3g})", f"B · exact tile (0–{hi:.3g})", f"A − B · exact tile (±{m:.3g})")
+        for p, title in zip(self.plots, names, strict=True):
+            p.setTitle(title, color="#222")
+        self.hover.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × keys {c0}..{c0 + nc - 1} of A, B and A − B, "
+                           "recomputed from both runs. Hover a cell for its weights.")
+
+    def _show_levels(self, ab: tuple[float, float], d: tuple[float, float]) -> None:
+        """Colour ranges of A and B (``ab``) and of A − B (``d``), overview and tile alike."""
+        for i, lv in ((0, ab), (1, ab), (2, d)):
+            self.images[i].setLevels(lv)
+            if self.tile_images[i].image is not None:
+                self.tile_images[i].setLevels(lv)
+        self.bar.setLevels(d)
+
+    def values_at(self, r: int, c: int) -> tuple[float, float, float, bool]:
+        """``(A, B, A − B, exact)`` at token ``(r, c)``: exact from a short map or the tile, else the
+        overview's block values (block max of A and B, signed max-|A − B|)."""
+        if self.overview is None:
+            a, b = float(self.maps[0][r, c]), float(self.maps[1][r, c])
+            return a, b, a - b, True
+        if self.tile is not None:
+            ta, tb, tr, tc = self.tile
+            if tr <= r < tr + ta.shape[0] and tc <= c < tc + ta.shape[1]:
+                a, b = float(ta[r - tr, c - tc]), float(tb[r - tr, c - tc])
+                return a, b, a - b, True
+        from core.compare_pool import block_of
+
+        ov = self.overview
+        i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
+        return float(ov.a[i, j]), float(ov.b[i, j]), float(ov.d[i, j]), False
+
     def _cell_at(self, scene_pos):
         if self.maps is None:
             return None
+        n_r, n_c = self._side()
         for p in self.plots:
             if p.sceneBoundingRect().contains(scene_pos):
                 pt = p.vb.mapSceneToView(scene_pos)
                 r, c = int(np.floor(pt.y())), int(np.floor(pt.x()))
-                if 0 <= r < self.maps[0].shape[0] and 0 <= c < self.maps[0].shape[1]:
+                if 0 <= r < n_r and 0 <= c < n_c:
                     return r, c
         return None
 
@@ -526,23 +685,27 @@ class CompareView(QWidget, SavedControls):
         if rc is None:
             return
         r, c = rc
-        wa, wb = self.maps[0][r, c], self.maps[1][r, c]
-        f = self.pool
+        wa, wb, d, exact = self.values_at(r, c)
         la, lb = self.labels
-        if f > 1:
-            where = f"rows {r * f}–{r * f + f - 1}, keys {c * f}–{c * f + f - 1} (mean)"
+        if not exact:
+            from core.compare_pool import block_of
+
+            ov = self.overview
+            i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
+            where = (f"rows {ov.row_edges[i]}–{ov.row_edges[i + 1] - 1}, keys {ov.col_edges[j]}–"
+                     f"{ov.col_edges[j + 1] - 1} (block max; A − B: largest |difference|)")
         else:
             ta = la[r] if r < len(la) else "?"
             tk = la[c] if c < len(la) else "?"
             tb = lb[r] if r < len(lb) else "?"
             where = f"query {r} {ta!r}" + (f" (B: {tb!r})" if tb != ta else "") + f" → key {c} {tk!r}"
-        self.hover.setText(f"{where}: A {wa:.5f} · B {wb:.5f} · A − B {wa - wb:+.5f}")
+        self.hover.setText(f"{where}: A {wa:.5f} · B {wb:.5f} · A − B {d:+.5f}")
 
     def _on_click(self, ev) -> None:
         rc = self._cell_at(ev.scenePos())
         if rc is None or self.map_key is None:
             return
-        row = rc[0] * self.pool
+        row = rc[0]  # view coordinates are token positions, overview or not
         layer, head = self.map_key
         self.main.engine.submit("compare-row", _row_job(layer, head, row, self.result.alignment.n,
                                                         self.result.weighting), self.set_rows, self._on_failed,
@@ -609,6 +772,9 @@ class CompareView(QWidget, SavedControls):
         d = next(x for x in res.ranked() if (x.layer, x.head) == (layer, head))
         meta = {"kind": "compare maps", "layer": layer, "head": head, "weighting": res.weighting,
                 "maps": ["A", "B", "A - B"], "pooled": self.pool,
+                "pooling": (None if self.overview is None else
+                            "A, B: block max; A - B: signed max-|A - B| per block"
+                            + ("; exact tile in view" if self.tile is not None else "")),
                 "diverging": "A - B on CET-D1, symmetric range centred on 0",
                 "js_mean": d.js_mean, "js_max": d.js_max, "alignment": res.alignment.to_json(),
                 "run_a": res.run_a.to_json(), "run_b": res.run_b.to_json(), "image": out.name}
