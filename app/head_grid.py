@@ -1,6 +1,9 @@
 """All heads at a glance: layers × query heads, the query heads grouped under their shared KV head.
 
-Each thumbnail is a max-pooled map (:func:`core.pooling.head_thumbnails`). Columns are laid out in
+Each thumbnail is a max-pooled map (:func:`core.aggregate.thumbnails`), of the attention weights or,
+on the value-weighted scale, of the row-normalised ``α_ij ‖v_j W_O^h‖`` maps
+(:func:`core.value_weighted_grid.value_weighted_thumbnails`); the view's "Weights" combo and title
+say which (the window keeps it the same choice as the heatmap's). Columns are laid out in
 GQA groups of ``group_size`` query heads (query head ``h`` reads KV head ``h // group_size``), with a
 gap and a shaded band per group and a header "KV head k". Clicking a thumbnail emits
 ``headClicked(layer, head)``.
@@ -11,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
-from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QWidget
 
 from core.colormaps import to_rgb
 
@@ -33,12 +36,18 @@ class HeadGridCanvas(QWidget):
         self.group_size = 1
         self.selected: tuple[int, int] | None = None
         self.cmap = "viridis"
+        self.weighting = "attention"  # what the thumbnails measure (core.value_weighted.WEIGHTINGS)
+        self.pooling = "max"
         self._image: QImage | None = None
         self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self.setMouseTracking(True)
 
-    def set_thumbnails(self, thumbs: np.ndarray, group_size: int) -> None:
+    def set_thumbnails(self, thumbs: np.ndarray, group_size: int, weighting: str | None = None) -> None:
+        """Show ``thumbs (L, H, P, P)``; ``weighting`` (``"attention"`` / ``"value-weighted"``) says what
+        they measure (``None``: unchanged)."""
+        if weighting is not None:
+            self.weighting = weighting
         self.thumbs = np.asarray(thumbs, dtype=np.float32)
         self.group_size = max(1, group_size)
         self._image = self._compose()
@@ -120,6 +129,11 @@ class HeadGridCanvas(QWidget):
         font = QFont(self.font())
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         p.setFont(font)
+        if not getattr(self, "note", ""):  # the scale, also in an export of the canvas alone
+            p.setPen(QColor(30, 60, 140))
+            p.drawText(QRect(2, 4, self.LEFT - 4, 36), Qt.AlignLeft | Qt.TextWordWrap,
+                       "value-weighted" if self.weighting == "value-weighted" else "attention")
+            p.setPen(QColor(40, 40, 40))
         p.setPen(QColor(40, 40, 40))
         n_groups = (H + self.group_size - 1) // self.group_size
         for g in range(n_groups):
@@ -156,14 +170,73 @@ class HeadGridCanvas(QWidget):
             self.setToolTip(f"layer {layer}, query head {h} (reads KV head {h // self.group_size}); click to open")
 
 
+SCALE_TITLES = {
+    "attention": "attention weights α, max-pooled per block",
+    "value-weighted": "value-weighted α·‖v W_O‖ (Kobayashi et al. 2020), row-normalised, max-pooled per block",
+}
+
+
 class HeadGridView(QScrollArea):
-    """Scrollable :class:`HeadGridCanvas`."""
+    """Scrollable :class:`HeadGridCanvas` under a bar: the "Weights" combo (attention or value-weighted;
+    ``weightingChanged(str)`` when the user changes it) and a title naming the scale shown."""
+
+    BAR = 30
+    weightingChanged = Signal(str)
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.bar = QWidget(self)
+        lay = QHBoxLayout(self.bar)
+        lay.setContentsMargins(8, 2, 8, 2)
+        lay.addWidget(QLabel("Weights"))
+        self.weighting_combo = QComboBox()
+        self.weighting_combo.addItem("attention", "attention")
+        self.weighting_combo.addItem("value-weighted", "value-weighted")
+        self.weighting_combo.setToolTip("Thumbnails of the attention weights, or of the row-normalised "
+                                        "value-weighted maps α·‖v W_O‖ (the same choice as the heatmap's Weights)")
+        lay.addWidget(self.weighting_combo)
+        self.title = QLabel()
+        lay.addWidget(self.title, 1)
+        self.setViewportMargins(0, self.BAR, 0, 0)
+        self.weighting_combo.currentIndexChanged.connect(lambda _i: self.weightingChanged.emit(self.weighting))
         self.canvas = HeadGridCanvas()
         self.setWidget(self.canvas)
         self.setWidgetResizable(False)
         self.setAlignment(Qt.AlignHCenter | Qt.AlignTop)
         self.setStyleSheet("QScrollArea { background: white; }")
         self.headClicked = self.canvas.headClicked
+        self.show_scale()
+
+    @property
+    def weighting(self) -> str:
+        """The scale chosen in the combo (what the next thumbnails will be computed on)."""
+        return self.weighting_combo.currentData()
+
+    def set_weighting(self, weighting: str) -> None:
+        """Set the combo without emitting ``weightingChanged`` (e.g. following the heatmap's choice)."""
+        i = self.weighting_combo.findData(weighting)
+        if i >= 0 and i != self.weighting_combo.currentIndex():
+            self.weighting_combo.blockSignals(True)
+            self.weighting_combo.setCurrentIndex(i)
+            self.weighting_combo.blockSignals(False)
+
+    def show_scale(self) -> None:
+        """Title: the scale of the thumbnails on screen (or of those being computed, when it differs)."""
+        shown = SCALE_TITLES.get(self.canvas.weighting, self.canvas.weighting)
+        text = f"Showing: {shown}"
+        if self.canvas.thumbs is not None and self.weighting != self.canvas.weighting:
+            text += f" · computing {self.weighting}…"
+        self.title.setText(text)
+
+    def view_state(self) -> dict:
+        """What an export's sidecar records about the grid: the scale and pooling of the thumbnails shown."""
+        return {"weighting": self.canvas.weighting, "pooling": self.canvas.pooling}
+
+    def restore_view_state(self, state: dict) -> None:
+        if isinstance(state, dict) and self.weighting_combo.findData(state.get("weighting")) >= 0:
+            self.weighting_combo.setCurrentIndex(self.weighting_combo.findData(state["weighting"]))
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        r = self.contentsRect()
+        self.bar.setGeometry(r.left(), r.top(), r.width(), self.BAR)

@@ -268,15 +268,19 @@ def _sampling_job(sampling):
     return job
 
 
-def _grid_job(size, n, cancelled):
-    """Every head's max-pooled map over the first ``n`` positions (the timeline's step)."""
+def _grid_job(size, n, cancelled, weighting="attention"):
+    """Every head's max-pooled map over the first ``n`` positions (the timeline's step): ``(n,
+    weighting, thumbs)``; ``weighting="value-weighted"``: of the row-normalised value-weighted maps
+    (:func:`core.value_weighted_grid.value_weighted_thumbnails`). Partials: ``(n, weighting, thumbs, frac)``."""
 
     def job(ctx):
         from core.aggregate import thumbnails
+        from core.value_weighted_grid import value_weighted_thumbnails
 
-        return n, thumbnails(_require(ctx), n, size=size, cancelled=cancelled,
-                             progress=_percent_progress(ctx, "Head grid thumbnails"),
-                             partial=lambda th, frac: ctx.partial((n, th, frac)))
+        fn = value_weighted_thumbnails if weighting == "value-weighted" else thumbnails
+        return n, weighting, fn(_require(ctx), n, size=size, cancelled=cancelled,
+                                progress=_percent_progress(ctx, "Head grid thumbnails"),
+                                partial=lambda th, frac: ctx.partial((n, weighting, th, frac)))
 
     return job
 
@@ -503,6 +507,10 @@ class MainWindow(QMainWindow):
         self.layer_spin.valueChanged.connect(self._on_selection_spin)
         self.head_spin.valueChanged.connect(self._on_selection_spin)
         self.grid.headClicked.connect(self._on_grid_click)
+        # one scale for the heatmap and the grid: either combo sets both (the thumbnail clicked opens a map
+        # on the scale it showed)
+        self.grid.weightingChanged.connect(self._on_grid_weighting)
+        self.heatmap.weighting_combo.currentIndexChanged.connect(self._on_heatmap_weighting)
         self.tabs.currentChanged.connect(lambda _i: self._refresh_current_view())
         self.cmap_combo.currentTextChanged.connect(self._on_cmap)
         self.heatmap.rowClicked.connect(self._on_heatmap_row)
@@ -1041,25 +1049,39 @@ class MainWindow(QMainWindow):
         if self.snapshot is None or self.snapshot.seq_len == 0:
             return
         self.grid.canvas.set_placeholder("Computing every head's thumbnail…")
-        self.submit_view("grid", _grid_job(40, self.visible_len, self.cancel_token("grid")), self._on_grid,
-                         label="head grid", on_partial=self._on_grid_partial)
+        self.grid.show_scale()
+        self.submit_view("grid", _grid_job(40, self.visible_len, self.cancel_token("grid"), self.grid.weighting),
+                         self._on_grid, label="head grid", on_partial=self._on_grid_partial)
+
+    def _on_grid_weighting(self, weighting: str) -> None:
+        combo = self.heatmap.weighting_combo
+        combo.setCurrentIndex(combo.findData(weighting))  # -> _on_heatmap_weighting
+
+    def _on_heatmap_weighting(self, _i) -> None:
+        self.grid.set_weighting(self.heatmap.weighting)
+        if self.tabs.currentWidget() is self.grid:
+            self.request_grid()
+        else:
+            self.grid.show_scale()
 
     def _on_grid_partial(self, result) -> None:
-        n, thumbs, frac = result
-        if self.snapshot is None or n != self.visible_len:
+        n, weighting, thumbs, frac = result
+        if self.snapshot is None or n != self.visible_len or weighting != self.grid.weighting:
             return
         self.grid.canvas.cmap = self.cmap_combo.currentText()
-        self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size)
+        self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size, weighting)
         self.grid.canvas.set_note(f"partial: {frac:.0%} of layers")
+        self.grid.show_scale()
 
     def _on_grid(self, result) -> None:
+        n, weighting, thumbs = result
+        if self.snapshot is None or n != self.visible_len or weighting != self.grid.weighting:
+            return  # stale: the step or the scale changed since the request
         self.grid.canvas.set_note("")
-        n, thumbs = result
-        if self.snapshot is None or n != self.visible_len:
-            return  # stale: the step changed since the request
         self.grid.canvas.cmap = self.cmap_combo.currentText()
-        self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size)
+        self.grid.canvas.set_thumbnails(thumbs, self.snapshot.info.group_size, weighting)
         self.grid.canvas.set_selected(self.layer, self.head)
+        self.grid.show_scale()
 
     # -- progress / errors -----------------------------------------------------------------------
     def _on_progress(self, message: str, fraction: float) -> None:
