@@ -192,6 +192,7 @@ class HeatmapView(QWidget):
         self.glw.setBackground("w")
         self.plot = self.glw.addPlot()
         self.plot.vb.sigResized.connect(self._fit_title)
+        self.plot.vb.sigResized.connect(self._overview_follows_size)
         self.plot.invertY(True)
         self.plot.setAspectLocked(True)
         self.plot.setMenuEnabled(False)
@@ -265,6 +266,10 @@ class HeatmapView(QWidget):
         self.auto_max = 1.0
         self.shared_max: float | None = None
         self._pending_tile: tuple[int, int, int, int] | None = None
+        self._resize_timer = QTimer(self)  # re-request a long overview at the plot's new size
+        self._resize_timer.setSingleShot(True)
+        self._resize_timer.setInterval(300)
+        self._resize_timer.timeout.connect(self.optionsChanged.emit)
         self._tile_timer = QTimer(self)
         self._tile_timer.setSingleShot(True)
         self._tile_timer.setInterval(150)
@@ -724,6 +729,17 @@ class HeatmapView(QWidget):
         if w < 64 or h < 64:  # not laid out yet
             w = h = 1024
         return int(min(4096, max(256, w))), int(min(4096, max(256, h)))
+
+    def _overview_follows_size(self, *_) -> None:
+        """A long map's overview is computed at the plot's pixel size: when the plot settles at
+        another size (first layout, a resized window or splitter), ask for it again (debounced), so
+        every overview pixel stays one block max on screen and no sink column is resampled away."""
+        if getattr(self, "pooled", None) is None or self.tile is not None:  # (fires during __init__ too)
+            return
+        rows, cols = self.pooled.image.shape
+        want_cols, want_rows = (min(self.pooled.n, x) for x in self.overview_pixels())
+        if abs(want_cols - cols) > 0.05 * cols or abs(want_rows - rows) > 0.05 * rows:
+            self._resize_timer.start()
 
     def show_status(self, title: str, status: str = "") -> None:
         """Title plus a status such as ``"partial: 40 % of rows, refining"`` or ``"stale: …"``."""
