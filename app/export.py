@@ -955,11 +955,16 @@ class ExportController:
             return None
         layer, head, n = self.win.layer, self.win.head, self._visible_n()
         mode = getattr(self.win.heatmap, "aggregate", "head") or "head"
+        from core.aggregate import LONG_PROMPT
+
+        # the scale shown is the one written (and recorded): long overviews are shown as attention
+        shown_n = n or self.win.snapshot.seq_len
+        weighting = self.win.heatmap.weighting if shown_n <= LONG_PROMPT else "attention"
 
         def job(ctx):
             from core import export as E
 
-            return E.export_head(_session(ctx), layer, head, path, n=n, mode=mode)
+            return E.export_head(_session(ctx), layer, head, path, n=n, mode=mode, weighting=weighting)
 
         return self.win.engine.enqueue(job, self._done, self.win.show_error, label="export data")
 

@@ -335,8 +335,23 @@ def head_title(session, layer: int, head: int, n: int | None = None, mode: str =
             f" · step {n - session.n_prompt} · seq_len {n}")
 
 
-def head_map(session, layer: int, head: int, n: int | None = None, mode: str = "head") -> np.ndarray:
-    """The exact map an export writes: ``(n, n)`` float32 of one head (or a ``mode`` mean, :mod:`core.aggregate`)."""
+def head_map(session, layer: int, head: int, n: int | None = None, mode: str = "head",
+             weighting: str = "attention") -> np.ndarray:
+    """The exact map an export writes: ``(n, n)`` float32 of one head (or a ``mode`` mean, :mod:`core.aggregate`).
+
+    ``weighting="value-weighted"``: the row-normalised α_ij·‖v_j W_O^h‖ map the heatmap shows under
+    that scale (:func:`core.value_weighted.value_weighted_tile`; Kobayashi et al. 2020).
+
+    Raises:
+        ValueError: unknown ``weighting`` or ``mode``. IndexError: ``n`` out of range.
+    """
+    from core.value_weighted import check_weighting, value_weighted_tile
+
+    if check_weighting(weighting) == "value-weighted":
+        if n is not None and not 1 <= n <= session.seq_len:
+            raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+        sel = slice(0, session.seq_len if n is None else int(n))
+        return value_weighted_tile(session, layer, head, mode, sel, sel)
     if mode == "head":
         sel = None if n is None else slice(0, int(n))
         if n is not None and not 1 <= n <= session.seq_len:
@@ -382,8 +397,11 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
                 scale: str | None = None, size: tuple[int, int] | None = None, dpi: float | None = None,
                 figure: bool = False, renderer: Renderer | None = None, base: dict | None = None,
                 n: int | None = None, mode: str = "head", gamma: float = 0.5,
-                range_mode: str = "fixed", full_size: bool = False) -> list[Path]:
+                range_mode: str = "fixed", full_size: bool = False, weighting: str = "attention") -> list[Path]:
     """Export one head's map to ``path`` (format by suffix). Returns the files written.
+
+    ``weighting`` is what a cell measures (``"attention"``, or ``"value-weighted"`` as in
+    :func:`head_map`, below :data:`core.export_long.LONG_MAP` tokens); the metadata records it.
 
     ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
     formats and PDFs get a sidecar ``<file>.json`` (PNG and SVG carry the metadata inside); ``.png``
@@ -405,7 +423,10 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
     path = Path(path)
     fmt = _format(path, BATCH_FORMATS)
     meta = head_metadata(session, layer, head, n=n, mode=mode, base=base)
+    meta["weighting"] = weighting
     n_map = session.seq_len if n is None else int(n)
+    if weighting != "attention" and n_map >= export_long.LONG_MAP:
+        raise ValueError(f"value-weighted maps export up to {export_long.LONG_MAP - 1} tokens; this one has {n_map}")
     by_length = scale is None
     scale = export_long.default_scale(n_map) if by_length else scale
     if fmt == "png" and not figure and n_map >= export_long.LONG_MAP:
@@ -415,7 +436,7 @@ def export_head(session, layer: int, head: int, path: str | os.PathLike, *, cmap
         return [export_long.export_long_png(session, layer, head, path, n=n_map, mode=mode, size=size,
                                             full_size=full_size, cmap=cmap, scale=scale, gamma=gamma, vmin=vmin,
                                             vmax=vmax, metadata=meta, dpi=dpi)]
-    w = head_map(session, layer, head, n, mode)
+    w = head_map(session, layer, head, n, mode, weighting)
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
     vmin, vmax = colour_range(session, layer, w, range_mode, n)

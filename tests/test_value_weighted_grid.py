@@ -126,3 +126,40 @@ def test_grid_follows_the_weights_choice(qtbot, tiny_folders):
         assert "value-weighted" not in w.grid.title.text()
     finally:
         w.close()
+
+
+def test_data_export_writes_and_records_the_scale_shown(qtbot, tiny_folders, tmp_path):
+    """Export data under the value-weighted scale writes that map (not the attention weights) and its
+    sidecar says so; the CLI's --weighting does the same; attention stays the default."""
+    import json
+    import subprocess
+    import sys
+
+    from gui_helpers import ran_window
+
+    from core.export import sidecar_path
+    from core.value_weighted import value_weighted_tile
+
+    w = ran_window(qtbot, tiny_folders["llama"], PROMPT)
+    try:
+        combo = w.heatmap.weighting_combo
+        combo.setCurrentIndex(combo.findData("value-weighted"))
+        assert w.engine.wait_idle(60)
+        out = tmp_path / "vw.npy"
+        w.exports.export_data(out)
+        assert w.engine.wait_idle(60) and w.last_error is None
+        s = w.engine.session
+        expected = value_weighted_tile(s, w.layer, w.head, "head", slice(0, s.seq_len), slice(0, s.seq_len))
+        np.testing.assert_allclose(np.load(out), expected, atol=1e-7)
+        assert not np.allclose(np.load(out), s.weights(w.layer, w.head), atol=1e-3)
+        assert json.loads(sidecar_path(out).read_text())["weighting"] == "value-weighted"
+    finally:
+        w.close()
+    r = subprocess.run([sys.executable, "-m", "app.cli", "export", "--model", str(tiny_folders["llama"]), "--prompt",
+                        PROMPT, "--no-chat-template", "--layer", "1", "--head", "2", "--weighting", "value-weighted",
+                        "--out", str(tmp_path / "cli.npy")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = _session(tiny_folders["llama"])
+    np.testing.assert_allclose(np.load(tmp_path / "cli.npy"),
+                               value_weighted_tile(s, 1, 2, "head", slice(0, s.seq_len), slice(0, s.seq_len)), atol=1e-6)
+    assert json.loads(sidecar_path(tmp_path / "cli.npy").read_text())["weighting"] == "value-weighted"

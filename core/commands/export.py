@@ -75,6 +75,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dpi", type=float, default=None, help="dots per inch (PNG metadata; figure font and page size)")
     p.add_argument("--size", default=None, help="image size WxH in pixels (plain PNG: exact size; figures: canvas; "
                    "a long map's plain PNG: a max-pooled overview of that size)")
+    p.add_argument("--weighting", default="attention", choices=("attention", "value-weighted"),
+                   help="what a cell measures: the attention weight, or α·‖v W_O‖ row-normalised "
+                        "(value-weighted, Kobayashi et al. 2020; maps under 2,048 tokens)")
     p.add_argument("--full-size", action="store_true",
                    help="a long map's plain PNG at one pixel per cell (streamed; needed above 4096 tokens; "
                         "default for maps from 2,048 tokens: a 2048x2048 max-pooled overview)")
@@ -285,7 +288,8 @@ def run(args) -> int:
             needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
             files = E.export_head(s, layer, head, out, cmap=cmap, scale=scale_choice, size=size, dpi=args.dpi,
                                   figure=args.figure, renderer=figure_renderer() if needs_qt else None,
-                                  gamma=gamma, range_mode=range_mode, full_size=args.full_size)
+                                  gamma=gamma, range_mode=range_mode, full_size=args.full_size,
+                                  weighting=args.weighting)
             print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
             files = E.export_animation(s, layer, head, args.frames, cmap=cmap, scale=scale, gamma=gamma,
