@@ -323,16 +323,25 @@ def thumbnails(trace, n: int, size: int = 40, pooling: str = "max", *, budget: i
     ``P = min(n, size)``. One layer at a time, all its heads per batched block; ``progress(heads_done,
     n_layers × n_heads)`` once per head as each layer completes; ``partial(thumbs, fraction)`` after
     each layer but the last (layers not done yet are zeros)."""
-    L, H = trace.n_layers, trace.n_heads
     _check_n(trace, n)
-    P = min(n, size)
-    out = np.zeros((L, H, P, P), dtype=np.float32)
-    for layer in range(L):
-        out[layer] = pooled_heads(trace, layer, range(H), n, size, size, pooling, budget=budget, fast=fast,
-                                  cancelled=cancelled)
+    return layer_by_layer(trace.n_layers, trace.n_heads, min(n, size),
+                          lambda layer: pooled_heads(trace, layer, range(trace.n_heads), n, size, size, pooling,
+                                                     budget=budget, fast=fast, cancelled=cancelled),
+                          progress=progress, partial=partial)
+
+
+def layer_by_layer(n_layers: int, n_heads: int, P: int, layer_fn: Callable[[int], np.ndarray], *,
+                   progress: Callable[[int, int], None] | None = None,
+                   partial: Partial | None = None) -> np.ndarray:
+    """``(n_layers, n_heads, P, P)`` float32 thumbnails filled one layer at a time by ``layer_fn(layer)``
+    (``(n_heads, P, P)``); ``progress(heads_done, n_layers × n_heads)`` once per head as each layer
+    completes, ``partial(copy, fraction)`` after each layer but the last (later layers are zeros)."""
+    out = np.zeros((n_layers, n_heads, P, P), dtype=np.float32)
+    for layer in range(n_layers):
+        out[layer] = layer_fn(layer)
         if progress is not None:
-            for h in range(H):
-                progress(layer * H + h + 1, L * H)
-        if partial is not None and layer + 1 < L:
-            partial(out.copy(), (layer + 1) / L)
+            for h in range(n_heads):
+                progress(layer * n_heads + h + 1, n_layers * n_heads)
+        if partial is not None and layer + 1 < n_layers:
+            partial(out.copy(), (layer + 1) / n_layers)
     return out

@@ -63,15 +63,8 @@ def value_weighted_thumbnails(session, n: int | None = None, size: int = 40, poo
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
     session.weights(0, 0, slice(0, 1), slice(0, 1))  # the session's own checks (ran)
     trace = session.trace
-    L, H = trace.n_layers, trace.n_heads
-    P = min(n, size)
-    out = np.zeros((L, H, P, P), dtype=np.float32)
     with blocked._ThreadsForLoad():
-        for layer in range(L):
-            out[layer] = _vw_layer(session, layer, n, size, pooling, budget, fast, cancelled)
-            if progress is not None:
-                for h in range(H):
-                    progress(layer * H + h + 1, L * H)
-            if partial is not None and layer + 1 < L:
-                partial(out.copy(), (layer + 1) / L)
-    return out
+        return blocked.layer_by_layer(
+            trace.n_layers, trace.n_heads, min(n, size),
+            lambda layer: _vw_layer(session, layer, n, size, pooling, budget, fast, cancelled),
+            progress=progress, partial=partial)
