@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tiny_models import MERGES, SPECIALS, tokenizer_vocab
+from tiny_models import add_tiny_tokenizer
 
 # family -> (GGUF architecture, gguf.MODEL_ARCH member name, general.name, config overrides)
 GGUF_FAMILIES = {
@@ -69,15 +69,7 @@ def write_family_gguf(family: str, path: Path, qtype=None, seed: int = 0, name: 
     w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    toks = tokenizer_vocab() + [f"<extra_{i}>" for i in range(cfg.vocab_size - len(tokenizer_vocab()))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types([3 if t in SPECIALS or t.startswith("<extra_") else 1 for t in toks])
-    w.add_token_merges([" ".join(m) for m in MERGES])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(0)
+    add_tiny_tokenizer(w, cfg.vocab_size)
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch_enum), cfg.num_hidden_layers)
     for hf_name, t in model.state_dict().items():
         base = hf_name.removesuffix(".weight").removesuffix(".bias")

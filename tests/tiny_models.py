@@ -110,6 +110,19 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def add_tiny_tokenizer(w, vocab_size: int) -> None:
+    """Write the tiny byte-level BPE tokenizer (padded with ``<extra_i>`` to ``vocab_size``) into GGUFWriter ``w``."""
+    toks = tokenizer_vocab() + [f"<extra_{i}>" for i in range(vocab_size - len(tokenizer_vocab()))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_types([3 if t in SPECIALS or t.startswith("<extra_") else 1 for t in toks])
+    w.add_token_merges([" ".join(m) for m in MERGES])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(0)
+
+
 def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", unknown_type_tensor: str | None = None,
                      tokenizer: bool = True) -> Path:
     """Write a llama ``model`` as GGUF at ``path``.
@@ -135,15 +148,7 @@ def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", un
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == gguf.GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0)
     if tokenizer:
-        toks = tokenizer_vocab() + [f"<extra_{i}>" for i in range(cfg.vocab_size - len(tokenizer_vocab()))]
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(toks)
-        w.add_token_types([3 if t in SPECIALS or t.startswith("<extra_") else 1 for t in toks])
-        w.add_token_merges([" ".join(m) for m in MERGES])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_pad_token_id(0)
+        add_tiny_tokenizer(w, cfg.vocab_size)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     for hf_name, t in model.state_dict().items():
         if hf_name.endswith("rotary_emb.inv_freq"):
