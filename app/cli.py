@@ -1,4 +1,4 @@
-"""Entry point of the ``attnscope`` command: headless subcommands from :mod:`core.cli`, GUI otherwise."""
+"""Entry point of the ``attnscope`` command: headless subcommands from :mod:`attnscope.core.cli.main`, GUI otherwise."""
 
 from __future__ import annotations
 
@@ -6,26 +6,26 @@ import sys
 
 
 def _gui(args) -> int:
-    from app.main_window import run_gui
+    from attnscope.app.main_window import run_gui
 
     return run_gui(args)
 
 
 def _figure_renderer():
-    from app.export import save_heatmap_figure  # Qt, imported only when a figure is asked for
+    from attnscope.app.export import save_heatmap_figure  # Qt, imported only when a figure is asked for
 
     return save_heatmap_figure
 
 
 def _frame_renderer():
-    from app.export import figure_frame  # labelled animation frames (token axes, colour bar)
+    from attnscope.app.export import figure_frame  # labelled animation frames (token axes, colour bar)
 
     return figure_frame
 
 
 def main(argv=None) -> int:
-    import core.commands.export as export_command
-    from core.cli import main as core_main
+    import attnscope.core.cli.commands.export as export_command
+    from attnscope.core.cli.main import main as core_main
 
     export_command.FIGURE_RENDERER = _figure_renderer
     export_command.FRAME_RENDERER = _frame_renderer

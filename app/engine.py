@@ -1,7 +1,7 @@
 """The engine thread: one long-lived QThread owns the Session (model, KV cache, Trace).
 
 The GUI thread never touches the model. It submits *jobs*, plain functions ``fn(ctx) -> result``
-that run on the engine thread with ``ctx.session`` (the current :class:`core.session.Session`);
+that run on the engine thread with ``ctx.session`` (the current :class:`attnscope.core.session.Session`);
 their results (numpy arrays, frozen dataclasses) come back through a queued signal and are handed
 to the job's callback on the GUI thread.
 
@@ -24,14 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from attnscope.core.errors import AttnScopeError, Cancelled
 from PySide6.QtCore import QObject, QThread, Signal, Slot
-
-from core.errors import AttnScopeError, Cancelled
 
 
 class CancelledMessage(str):
     """The message of a job that stopped because the user cancelled it: worth a status line, not a
-    warning dialog (:meth:`app.main_window.MainWindow.show_error`)."""
+    warning dialog (:meth:`attnscope.app.main_window.MainWindow.show_error`)."""
 
 
 @dataclass
@@ -160,7 +159,9 @@ class Engine(QObject):
         self._shut_down = False  # set by shutdown(): later submissions are dropped
         self._outstanding: set[int] = set()  # submitted, not yet reported back
         self._callbacks: dict[int, tuple] = {}  # job id -> (on_done, on_error), GUI thread only
-        self._partials: dict[int, Callable] = {}  # job id -> on_partial (progressive results), GUI thread only
+        self._partials: dict[
+            int, Callable
+        ] = {}  # job id -> on_partial (progressive results), GUI thread only
         self._last_id = 0
         self.thread = QThread()
         self.thread.setObjectName("attnscope-engine")
@@ -179,8 +180,9 @@ class Engine(QObject):
         """Run a command in order after everything already queued. Returns the job id."""
         return self._put(Job(fn, on_done, on_error, None, label))
 
-    def submit(self, channel: str, fn, on_done=None, on_error=None, label: str = "updating",
-               on_partial=None) -> int:
+    def submit(
+        self, channel: str, fn, on_done=None, on_error=None, label: str = "updating", on_partial=None
+    ) -> int:
         """Run a view request; replaces a not-yet-started request on the same ``channel``.
 
         ``on_partial(result)`` (GUI thread) receives what the job hands to ``ctx.partial`` while it runs.

@@ -12,7 +12,7 @@ heatmap figure is painted directly with QPainter. Both work headless (``QT_QPA_P
   pixels), token labels on both axes, a colour bar, a title. Used by the CLI (``attnscope export
   ... --format svg``) and batch exports; safe on the engine thread (it paints on files, not widgets).
 * :class:`BatchExportDialog`: scope, format, folder, progress and cancel for batch exports (an engine
-  job, :func:`core.export.export_batch` / :func:`core.export.decode_frames`).
+  job, :func:`attnscope.core.io.export.export_batch` / :func:`attnscope.core.io.export.decode_frames`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from attnscope.core import __version__
+from attnscope.core.analysis.pooling import max_pool
+from attnscope.core.io.colormaps import normalize, to_rgb
+from attnscope.core.tokens import visible_text
 from PySide6.QtCore import QMarginsF, QPoint, QPointF, QRect, QRectF, QSize, QSizeF, Qt
 from PySide6.QtGui import (
     QBrush,
@@ -52,11 +56,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
 )
-
-from core import __version__
-from core.colormaps import normalize, to_rgb
-from core.pooling import max_pool
-from core.tokens import visible_text
 
 VECTOR_MAX_CELLS = 65536  # up to 256 × 256 tokens the cells are rectangles; beyond, one image
 FIGURE_SIZE_IN = (8.0, 7.0)  # default figure size in inches
@@ -90,14 +89,21 @@ def token_label(text: str, n: int = MAX_LABEL_CHARS) -> str:
 
 
 # -- paint devices -----------------------------------------------------------------------------------
-def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: float = SCREEN_DPI,
-                  title: str = "", metadata: dict | None = None, scale: float = 1.0,
-                  crisp_svg: bool = False) -> Path:
+def paint_to_file(
+    path: str | os.PathLike,
+    size: tuple[int, int],
+    paint,
+    dpi: float = SCREEN_DPI,
+    title: str = "",
+    metadata: dict | None = None,
+    scale: float = 1.0,
+    crisp_svg: bool = False,
+) -> Path:
     """Open the device for ``path`` (by suffix), call ``paint(painter)`` in a ``size`` coordinate box, close.
 
     ``size``: logical ``(width, height)``; PNG pixels are ``size × scale`` and the PNG records ``dpi``,
     the physical size of SVG and PDF is ``size / dpi`` inches. SVGs pass through
-    :func:`app.svg_fixups.fix_svg` (strokes, images and patterns drawn alike in every viewer; text XML
+    :func:`attnscope.app.svg_fixups.fix_svg` (strokes, images and patterns drawn alike in every viewer; text XML
     can hold); PDFs store images losslessly (Flate, never JPEG). ``metadata`` (JSON) goes into a PNG text chunk ``"attnscope"``
     or the SVG ``<desc>``; the PDF gets ``title`` and AttnScope as creator. ``crisp_svg`` marks the
     SVG ``shape-rendering="crispEdges"``: viewers then draw abutting cells without anti-aliased
@@ -146,7 +152,7 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
             paint(p)
         finally:
             p.end()
-        from app.svg_fixups import fix_svg
+        from attnscope.app.svg_fixups import fix_svg
 
         svg = fix_svg(path.read_text(encoding="utf-8"))
         if crisp_svg:
@@ -155,7 +161,9 @@ def paint_to_file(path: str | os.PathLike, size: tuple[int, int], paint, dpi: fl
         return path
     writer = QPdfWriter(str(path))
     writer.setResolution(round(dpi))
-    writer.setPageSize(QPageSize(QSizeF(w / dpi * 72.0, h / dpi * 72.0), QPageSize.Point, "", QPageSize.ExactMatch))
+    writer.setPageSize(
+        QPageSize(QSizeF(w / dpi * 72.0, h / dpi * 72.0), QPageSize.Point, "", QPageSize.ExactMatch)
+    )
     writer.setPageMargins(QMarginsF(0, 0, 0, 0))
     writer.setTitle(visible_text(title) or "AttnScope")
     writer.setCreator(f"AttnScope {__version__}")
@@ -310,7 +318,9 @@ def _settle(widget) -> None:
                     QApplication.sendEvent(vp, QResizeEvent(vp.size(), vp.size()))
             QApplication.sendEvent(view, QResizeEvent(view.size(), view.size()))
             ci = getattr(view, "centralWidget", None)
-            if ci is not None and hasattr(ci, "setGeometry"):  # pyqtgraph skips this when its range is unchanged
+            if ci is not None and hasattr(
+                ci, "setGeometry"
+            ):  # pyqtgraph skips this when its range is unchanged
                 ci.setGeometry(QRectF(0, 0, vp.width(), vp.height()))
             for item in view.scene().items():
                 lay = QGraphicsWidget.layout(item) if isinstance(item, QGraphicsWidget) else None
@@ -369,8 +379,14 @@ def _apply_layout(widget) -> None:
         _settle(widget)
 
 
-def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None = None,
-                  dpi: float = SCREEN_DPI, metadata: dict | None = None, title: str = "") -> Path:
+def render_widget(
+    widget,
+    path: str | os.PathLike,
+    size: tuple[int, int] | None = None,
+    dpi: float = SCREEN_DPI,
+    metadata: dict | None = None,
+    title: str = "",
+) -> Path:
     """Render ``widget`` (see :func:`export_target`) as shown to PNG, SVG or PDF (by suffix).
 
     ``size``: layout size in logical pixels (the widget is laid out at that size for the render and
@@ -418,8 +434,10 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
         _apply_layout(target)
         cur = target.size()
         if size is not None and (cur.width() > want.width() or cur.height() > want.height()):
-            raise ValueError(f"{want.width()} × {want.height()} px is too small for this view: it needs at least "
-                             f"{cur.width()} × {cur.height()} px to show whole")
+            raise ValueError(
+                f"{want.width()} × {want.height()} px is too small for this view: it needs at least "
+                f"{cur.width()} × {cur.height()} px to show whole"
+            )
         scale = dpi / SCREEN_DPI if fmt == "png" else 1.0
         if fmt == "pdf":  # views paint with their own painters: make theirs lossless too
             from PySide6.QtWidgets import QGraphicsView
@@ -431,11 +449,23 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
 
         def paint(p: QPainter) -> None:
             # QWidget's render, also for a QGraphicsView (whose own render() has another signature)
-            QWidget.render(target, p, QPoint(0, 0), QRect(0, 0, cur.width(), cur.height()),
-                           QWidget.RenderFlag.DrawWindowBackground | QWidget.RenderFlag.DrawChildren)
+            QWidget.render(
+                target,
+                p,
+                QPoint(0, 0),
+                QRect(0, 0, cur.width(), cur.height()),
+                QWidget.RenderFlag.DrawWindowBackground | QWidget.RenderFlag.DrawChildren,
+            )
 
-        return paint_to_file(path, (cur.width(), cur.height()), paint, dpi=dpi if fmt == "png" else SCREEN_DPI,
-                             title=title, metadata=metadata, scale=scale)
+        return paint_to_file(
+            path,
+            (cur.width(), cur.height()),
+            paint,
+            dpi=dpi if fmt == "png" else SCREEN_DPI,
+            title=title,
+            metadata=metadata,
+            scale=scale,
+        )
     finally:
         for v in lossless:
             v.setRenderHint(QPainter.LosslessImageRendering, False)
@@ -458,7 +488,9 @@ def render_widget(widget, path: str | os.PathLike, size: tuple[int, int] | None 
 def _ticks(vmin: float, vmax: float, scale: str) -> list[float]:
     if scale == "log":
         lo = max(vmin, 1e-6)
-        return [10.0 ** k for k in range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(vmax) + 1e-9) + 1)]
+        return [
+            10.0**k for k in range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(vmax) + 1e-9) + 1)
+        ]
     return [vmin + (vmax - vmin) * f for f in (0, 0.25, 0.5, 0.75, 1.0)]
 
 
@@ -468,8 +500,9 @@ def _tick_text(v: float, scale: str) -> str:
     return f"{v:.2f}"
 
 
-def figure_layout(n_rows: int, n_cols: int, size: tuple[int, int], dpi: float, label_w: float,
-                  label_h: float) -> tuple[QRectF, float]:
+def figure_layout(
+    n_rows: int, n_cols: int, size: tuple[int, int], dpi: float, label_w: float, label_h: float
+) -> tuple[QRectF, float]:
     """The map's rectangle and cell size (px) inside a ``size`` figure; cells square, ≥ 1 px when possible."""
     f = dpi / 72.0
     pad = 8 * f
@@ -486,14 +519,28 @@ def figure_layout(n_rows: int, n_cols: int, size: tuple[int, int], dpi: float, l
     return QRectF(left, top, cell * n_cols, cell * n_rows), cell
 
 
-def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_labels: list[str],
-                  k_labels: list[str], *, title: str = "", cmap: str = "viridis", scale: str = "linear",
-                  vmin: float = 0.0, vmax: float = 1.0, dpi: float = FIGURE_DPI,
-                  colorbar_label: str = "attention weight", q_axis: str = "query position",
-                  k_axis: str = "key position", gamma: float = 0.5, masked: np.ndarray | None = None) -> QRectF:
+def paint_heatmap(
+    p: QPainter,
+    size: tuple[int, int],
+    weights: np.ndarray,
+    q_labels: list[str],
+    k_labels: list[str],
+    *,
+    title: str = "",
+    cmap: str = "viridis",
+    scale: str = "linear",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    dpi: float = FIGURE_DPI,
+    colorbar_label: str = "attention weight",
+    q_axis: str = "query position",
+    k_axis: str = "key position",
+    gamma: float = 0.5,
+    masked: np.ndarray | None = None,
+) -> QRectF:
     """Paint a labelled map (rows = queries top to bottom, columns = keys) into ``size``; returns the map's rect.
 
-    Cell colours are :func:`core.colormaps.to_rgb` of the values: exactly the colours of the plain PNG.
+    Cell colours are :func:`attnscope.core.io.colormaps.to_rgb` of the values: exactly the colours of the plain PNG.
     ``masked`` (bool, the map's shape): cells the mask hid, drawn as a grey hatch outside the colour
     map (light grey in a raster map) instead of the colour of weight 0, as the window's heatmap does.
     """
@@ -518,8 +565,11 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
     p.setFont(title_font)
     p.setPen(QColor(20, 20, 20))
     tfm = QFontMetricsF(title_font)
-    p.drawText(QRectF(8 * f, 6 * f, size[0] - 16 * f, tfm.height() + 2), Qt.AlignHCenter | Qt.AlignTop,
-               tfm.elidedText(title, Qt.ElideRight, size[0] - 16 * f))
+    p.drawText(
+        QRectF(8 * f, 6 * f, size[0] - 16 * f, tfm.height() + 2),
+        Qt.AlignHCenter | Qt.AlignTop,
+        tfm.elidedText(title, Qt.ElideRight, size[0] - 16 * f),
+    )
 
     # cells
     rgb = to_rgb(w, cmap, vmin, vmax, scale, gamma)
@@ -537,7 +587,9 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
             for a, b in zip(starts, ends, strict=True):
                 r, g, bl = (int(c) for c in row[a])
                 dx = ov if b < n_cols else 0.0
-                p.fillRect(QRectF(rect.left() + a * cell, y, (b - a) * cell + dx, cell + dy), QColor(r, g, bl))
+                p.fillRect(
+                    QRectF(rect.left() + a * cell, y, (b - a) * cell + dx, cell + dy), QColor(r, g, bl)
+                )
         if masked is not None and masked.shape == w.shape and masked.any():
             hatch = QBrush(QColor(150, 150, 150), Qt.BDiagPattern)
             for i in np.flatnonzero(masked.any(axis=1)):
@@ -577,19 +629,27 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
     for i in range(0, n_rows, stride):
         y = rect.top() + (i + 0.5) * cell
         p.drawLine(QPointF(rect.left() - tick, y), QPointF(rect.left(), y))
-        p.drawText(QRectF(rect.left() - tick - label_w - 2 * f, y - label_h / 2, label_w + f, label_h),
-                   Qt.AlignRight | Qt.AlignVCenter, q_short[i])
+        p.drawText(
+            QRectF(rect.left() - tick - label_w - 2 * f, y - label_h / 2, label_w + f, label_h),
+            Qt.AlignRight | Qt.AlignVCenter,
+            q_short[i],
+        )
     for j in range(0, n_cols, stride):
         x = rect.left() + (j + 0.5) * cell
         p.drawLine(QPointF(x, rect.bottom()), QPointF(x, rect.bottom() + tick))
         p.save()
         p.translate(x, rect.bottom() + tick + 2 * f)
         p.rotate(-90)
-        p.drawText(QRectF(-label_w, -label_h / 2, label_w, label_h), Qt.AlignRight | Qt.AlignVCenter, k_short[j])
+        p.drawText(
+            QRectF(-label_w, -label_h / 2, label_w, label_h), Qt.AlignRight | Qt.AlignVCenter, k_short[j]
+        )
         p.restore()
     # axis titles
-    p.drawText(QRectF(rect.left(), rect.bottom() + tick + 2 * f + label_w + 4 * f, rect.width(), label_h),
-               Qt.AlignHCenter | Qt.AlignTop, k_axis)
+    p.drawText(
+        QRectF(rect.left(), rect.bottom() + tick + 2 * f + label_w + 4 * f, rect.width(), label_h),
+        Qt.AlignHCenter | Qt.AlignTop,
+        k_axis,
+    )
     p.save()
     p.translate(rect.left() - tick - label_w - 6 * f - label_h, rect.center().y())
     p.rotate(-90)
@@ -599,7 +659,7 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
     # colour bar (top = vmax): the 256 colours of the map as a 1 × 256 image stretched over the bar (one
     # small element in SVG/PDF; 256 rectangles would be 100 kB of SVG, a Qt gradient 45 kB of PDF);
     # ticks are placed through the same normalisation as the cells
-    from core.colormaps import lut
+    from attnscope.core.io.colormaps import lut
 
     bar = QRectF(rect.right() + 10 * f, rect.top(), 12 * f, max(rect.height(), 60 * f))
     strip = np.ascontiguousarray(lut(cmap)[::-1].reshape(-1, 1, 3))
@@ -610,13 +670,19 @@ def paint_heatmap(p: QPainter, size: tuple[int, int], weights: np.ndarray, q_lab
     for v in _ticks(vmin, vmax, scale):
         y = bar.bottom() - bar.height() * float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
         p.drawLine(QPointF(bar.right(), y), QPointF(bar.right() + tick, y))
-        p.drawText(QRectF(bar.right() + tick + f, y - label_h / 2, 4 * label_h, label_h),
-                   Qt.AlignLeft | Qt.AlignVCenter, _tick_text(v, scale))
+        p.drawText(
+            QRectF(bar.right() + tick + f, y - label_h / 2, 4 * label_h, label_h),
+            Qt.AlignLeft | Qt.AlignVCenter,
+            _tick_text(v, scale),
+        )
     p.save()
     p.translate(bar.right() + tick + 4 * label_h + 2 * f, bar.center().y())
     p.rotate(90)
-    p.drawText(QRectF(-bar.height() / 2, -label_h, bar.height(), label_h), Qt.AlignHCenter | Qt.AlignBottom,
-               colorbar_label)
+    p.drawText(
+        QRectF(-bar.height() / 2, -label_h, bar.height(), label_h),
+        Qt.AlignHCenter | Qt.AlignBottom,
+        colorbar_label,
+    )
     p.restore()
     return rect
 
@@ -639,14 +705,26 @@ def figure_mask(shape, q_tokens, k_tokens, metadata: dict | None) -> np.ndarray 
     return out
 
 
-def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=None, q_tokens=None,
-                        k_tokens=None, title: str = "", cmap: str = "viridis", scale: str = "linear",
-                        size: tuple[int, int] | None = None, dpi: float | None = None,
-                        metadata: dict | None = None, vmin: float = 0.0, vmax: float = 1.0,
-                        gamma: float = 0.5) -> Path:
+def save_heatmap_figure(
+    weights: np.ndarray,
+    path: str | os.PathLike,
+    *,
+    tokens=None,
+    q_tokens=None,
+    k_tokens=None,
+    title: str = "",
+    cmap: str = "viridis",
+    scale: str = "linear",
+    size: tuple[int, int] | None = None,
+    dpi: float | None = None,
+    metadata: dict | None = None,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    gamma: float = 0.5,
+) -> Path:
     """Write the labelled figure of ``weights`` ``(n_query, n_key)`` to PNG/SVG/PDF (by suffix).
 
-    ``tokens`` (core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
+    ``tokens`` (attnscope.core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
     ``size``: pixels ``(width, height)``, default :data:`FIGURE_SIZE_IN` × ``dpi``; ``dpi`` default
     :data:`FIGURE_DPI`, sets font sizes (points) and the physical size of SVG/PDF (``size / dpi`` inches).
 
@@ -666,10 +744,30 @@ def save_heatmap_figure(weights: np.ndarray, path: str | os.PathLike, *, tokens=
     masked = figure_mask(w.shape, qt, kt, metadata)
     # the colour bar's label names the masked cells' grey (hatched in vector maps, light in raster ones)
     bar = "attention weight · grey: masked" if masked is not None and masked.any() else "attention weight"
-    return paint_to_file(path, size, lambda p: paint_heatmap(p, size, w, q_labels, k_labels, title=title, cmap=cmap,
-                                                             scale=scale, vmin=vmin, vmax=vmax, dpi=dpi,
-                                                             gamma=gamma, masked=masked, colorbar_label=bar),
-                         dpi=dpi, title=title, metadata=metadata, crisp_svg=True)
+    return paint_to_file(
+        path,
+        size,
+        lambda p: paint_heatmap(
+            p,
+            size,
+            w,
+            q_labels,
+            k_labels,
+            title=title,
+            cmap=cmap,
+            scale=scale,
+            vmin=vmin,
+            vmax=vmax,
+            dpi=dpi,
+            gamma=gamma,
+            masked=masked,
+            colorbar_label=bar,
+        ),
+        dpi=dpi,
+        title=title,
+        metadata=metadata,
+        crisp_svg=True,
+    )
 
 
 FRAME_SIZE = (720, 640)  # animation frames: figure pixels
@@ -678,21 +776,35 @@ FRAME_DPI = 100.0
 
 def _frame_palette(cmap: str):
     """A PIL palette image: 240 steps of ``cmap`` and 16 greys (text, frame, background)."""
+    from attnscope.core.io.colormaps import lut
     from PIL import Image
 
-    from core.colormaps import lut
-
     table = lut(cmap)
-    pal = np.concatenate([table[np.round(np.linspace(0, 255, 240)).astype(int)],
-                          np.repeat(np.linspace(0, 255, 16).round().astype(np.uint8)[:, None], 3, axis=1)])
+    pal = np.concatenate(
+        [
+            table[np.round(np.linspace(0, 255, 240)).astype(int)],
+            np.repeat(np.linspace(0, 255, 16).round().astype(np.uint8)[:, None], 3, axis=1),
+        ]
+    )
     img = Image.new("P", (1, 1))
     img.putpalette(pal.astype(np.uint8).reshape(-1).tolist())
     return img
 
 
-def figure_frame(weights: np.ndarray, n: int, *, tokens=None, title: str = "", cmap: str = "viridis",
-                 scale: str = "linear", gamma: float = 0.5, vmin: float = 0.0, vmax: float = 1.0,
-                 size: tuple[int, int] = FRAME_SIZE, dpi: float = FRAME_DPI):
+def figure_frame(
+    weights: np.ndarray,
+    n: int,
+    *,
+    tokens=None,
+    title: str = "",
+    cmap: str = "viridis",
+    scale: str = "linear",
+    gamma: float = 0.5,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    size: tuple[int, int] = FRAME_SIZE,
+    dpi: float = FRAME_DPI,
+):
     """One animation frame: the labelled figure (:func:`paint_heatmap`: token axes, colour bar, ``title``
     as caption) of the ``(T, T)`` map ``weights`` with positions ``n .. T-1`` blank (not generated
     yet), so every frame has the same layout. Returns a PIL palette image (240 colour-map steps +
@@ -702,14 +814,29 @@ def figure_frame(weights: np.ndarray, n: int, *, tokens=None, title: str = "", c
     ensure_gui()
     w = np.asarray(weights, dtype=np.float32)
     T = w.shape[0]
-    labels = [(t.text if i < n else "") for i, t in enumerate(list(tokens)[:T])] if tokens is not None else [
-        (str(i) if i < n else "") for i in range(T)]
+    labels = (
+        [(t.text if i < n else "") for i, t in enumerate(list(tokens)[:T])]
+        if tokens is not None
+        else [(str(i) if i < n else "") for i in range(T)]
+    )
     img = QImage(int(size[0]), int(size[1]), QImage.Format_RGB32)
     img.fill(Qt.white)
     p = QPainter(img)
     try:
-        rect = paint_heatmap(p, size, w, labels, labels, title=title, cmap=cmap, scale=scale, vmin=vmin,
-                             vmax=vmax, dpi=dpi, gamma=gamma)
+        rect = paint_heatmap(
+            p,
+            size,
+            w,
+            labels,
+            labels,
+            title=title,
+            cmap=cmap,
+            scale=scale,
+            vmin=vmin,
+            vmax=vmax,
+            dpi=dpi,
+            gamma=gamma,
+        )
         if n < T:
             cell = rect.width() / T
             p.fillRect(QRectF(rect.left(), rect.top() + n * cell, rect.width(), (T - n) * cell + 1), Qt.white)
@@ -722,7 +849,9 @@ def figure_frame(weights: np.ndarray, n: int, *, tokens=None, title: str = "", c
         p.end()
     bits = img.constBits()
     arr = np.frombuffer(bits, dtype=np.uint8, count=img.bytesPerLine() * img.height())
-    arr = arr.reshape(img.height(), img.bytesPerLine())[:, : img.width() * 4].reshape(img.height(), img.width(), 4)
+    arr = arr.reshape(img.height(), img.bytesPerLine())[:, : img.width() * 4].reshape(
+        img.height(), img.width(), 4
+    )
     rgb = Image.fromarray(np.ascontiguousarray(arr[..., 2::-1]), mode="RGB")  # BGRA → RGB
     return rgb.quantize(palette=_frame_palette(cmap), dither=Image.Dither.NONE)
 
@@ -741,7 +870,7 @@ def _suffix_from_filter(path: str, chosen_filter: str) -> str:
 
 
 class ExportController:
-    """File → Save/Open session and the Export menu of a :class:`app.main_window.MainWindow`.
+    """File → Save/Open session and the Export menu of a :class:`attnscope.app.main_window.MainWindow`.
 
     GUI thread: dialogs, rendering widgets. Engine thread (jobs): weights, hashes, files.
     """
@@ -761,8 +890,13 @@ class ExportController:
         """What is on screen: layer, head, tab, colour map, heatmap options, query row, timeline step,
         plus each view's own ``view_state()`` (an optional hook) under ``"views"``."""
         win = self.win
-        state = {"layer": win.layer, "head": win.head, "tab": self.current_view_key(),
-                 "cmap": win.cmap_combo.currentText(), "query_row": win.query_row}
+        state = {
+            "layer": win.layer,
+            "head": win.head,
+            "tab": self.current_view_key(),
+            "cmap": win.cmap_combo.currentText(),
+            "query_row": win.query_row,
+        }
         hm = win.heatmap
         for key in ("aggregate", "weighting", "scale", "gamma", "range_mode"):
             if hasattr(hm, key):
@@ -837,7 +971,7 @@ class ExportController:
         view = self.view_state()
 
         def job(ctx):
-            from core import sessionfile
+            from attnscope.core.io import sessionfile
 
             s = _session(ctx)
             return [sessionfile.save(sessionfile.SessionFile.from_session(s, view=view), path)]
@@ -846,7 +980,7 @@ class ExportController:
 
     def open_session(self, path) -> int | None:
         """Open a saved session: load its model if needed, prefill, replay its tokens, restore the view."""
-        from core import sessionfile
+        from attnscope.core.io import sessionfile
 
         try:
             sf = sessionfile.load(path)
@@ -855,7 +989,7 @@ class ExportController:
             return None
 
         def job(ctx):
-            from core.errors import Cancelled
+            from attnscope.core.errors import Cancelled
 
             old = ctx.session
             reused = old is not None and sessionfile.same_model(old, sf)
@@ -866,8 +1000,9 @@ class ExportController:
                 ctx.progress(message, fraction)
 
             try:
-                s, warnings = sessionfile.replay(sf, session=old, device=self.win.device, progress=progress,
-                                                 cancelled=ctx.cancelled)
+                s, warnings = sessionfile.replay(
+                    sf, session=old, device=self.win.device, progress=progress, cancelled=ctx.cancelled
+                )
             except Exception:
                 if reused and old.seq_len:  # replayed part-way into the running session: never half a replay
                     old.clear()
@@ -892,7 +1027,7 @@ class ExportController:
                 win.show_error("; ".join(warnings))
 
         def failed(message):
-            from app.engine import CancelledMessage
+            from attnscope.app.engine import CancelledMessage
 
             # the engine keeps the previous run, or (a replay into the same model stopped part-way) an
             # empty session: the window shows whichever it is
@@ -935,14 +1070,21 @@ class ExportController:
             n = self._visible_n()
 
             def job(ctx):
-                from core import export as E
+                from attnscope.core.io import export as E
 
                 s = _session(ctx)
                 meta = E.session_metadata(s)
                 if n is not None and n < s.seq_len:
                     meta = E.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
-                meta.update({"kind": "view", "view": key, "view_state": view, "image": out.name,
-                             "dpi": dpi if out.suffix.lower() == ".png" else None})
+                meta.update(
+                    {
+                        "kind": "view",
+                        "view": key,
+                        "view_state": view,
+                        "image": out.name,
+                        "dpi": dpi if out.suffix.lower() == ".png" else None,
+                    }
+                )
                 E.embed_metadata(out, meta)  # PNG text chunk / SVG <desc>, as the CLI's images
                 return [out, E.write_json(E.sidecar_path(out), meta)]
 
@@ -955,14 +1097,14 @@ class ExportController:
             return None
         layer, head, n = self.win.layer, self.win.head, self._visible_n()
         mode = getattr(self.win.heatmap, "aggregate", "head") or "head"
-        from core.aggregate import LONG_PROMPT
+        from attnscope.core.analysis.aggregate import LONG_PROMPT
 
         # the scale shown is the one written (and recorded): long overviews are shown as attention
         shown_n = n or self.win.snapshot.seq_len
         weighting = self.win.heatmap.weighting if shown_n <= LONG_PROMPT else "attention"
 
         def job(ctx):
-            from core import export as E
+            from attnscope.core.io import export as E
 
             return E.export_head(_session(ctx), layer, head, path, n=n, mode=mode, weighting=weighting)
 
@@ -980,20 +1122,20 @@ class ExportController:
     def export_data_dialog(self) -> None:
         if not self._need_run():
             return
+        from attnscope.core.io.export_long import FULL_SIZE_LIMIT
         from PySide6.QtWidgets import QFileDialog
-
-        from core.export_long import FULL_SIZE_LIMIT
 
         n = self._visible_n() or self.win.snapshot.seq_len
         if n > FULL_SIZE_LIMIT:  # a full-size long map: say what it costs and ask first
+            from attnscope.core.units import format_bytes
             from PySide6.QtWidgets import QMessageBox
 
-            from core.units import format_bytes
-
             answer = QMessageBox.question(
-                self.win, "Export a long map",
+                self.win,
+                "Export a long map",
                 f"This map is {n:,} × {n:,} cells: the file holds {format_bytes(n * n * 4)} of float32 weights "
-                "(held once in memory while written; CSV is about three times larger). Export it anyway?")
+                "(held once in memory while written; CSV is about three times larger). Export it anyway?",
+            )
             if answer != QMessageBox.Yes:
                 return
         name = f"attn_L{self.win.layer}_H{self.win.head}.npy"
@@ -1012,7 +1154,7 @@ class ExportController:
 
 
 def _session(ctx):
-    from core.errors import SessionError
+    from attnscope.core.errors import SessionError
 
     if ctx.session is None:
         raise SessionError("no model loaded")
@@ -1046,7 +1188,9 @@ class ExportViewDialog(QDialog):
         self.dpi_spin = QDoubleSpinBox()
         self.dpi_spin.setRange(48, 1200)
         self.dpi_spin.setValue(192)
-        self.dpi_spin.setToolTip("PNG: pixels = layout size × DPI / 96. SVG and PDF are vectors (size / 96 inches).")
+        self.dpi_spin.setToolTip(
+            "PNG: pixels = layout size × DPI / 96. SVG and PDF are vectors (size / 96 inches)."
+        )
         form.addRow("DPI (PNG)", self.dpi_spin)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         form.addRow(buttons)
@@ -1076,9 +1220,15 @@ class BatchExportDialog(QDialog):
     Attributes after a run: ``written`` (paths), ``elapsed`` (seconds), ``message`` (the status line).
     """
 
-    HEAD_FORMATS = (("PNG map (one colour per cell)", "png", False), ("PNG figure (labels, colour bar)", "png", True),
-                    ("SVG figure", "svg", True), ("PDF figure", "pdf", True), ("NumPy .npy + JSON", "npy", False),
-                    ("CSV + JSON", "csv", False), ("safetensors + JSON", "safetensors", False))
+    HEAD_FORMATS = (
+        ("PNG map (one colour per cell)", "png", False),
+        ("PNG figure (labels, colour bar)", "png", True),
+        ("SVG figure", "svg", True),
+        ("PDF figure", "pdf", True),
+        ("NumPy .npy + JSON", "npy", False),
+        ("CSV + JSON", "csv", False),
+        ("safetensors + JSON", "safetensors", False),
+    )
 
     def __init__(self, window):
         super().__init__(window)
@@ -1143,8 +1293,10 @@ class BatchExportDialog(QDialog):
         self.scope_combo.clear()
         self.scope_combo.addItem(f"Every head of layer {self.win.layer} ({H} files)", "layer")
         self.scope_combo.addItem(f"Every layer × head ({L} × {H} = {L * H} files)", "all")
-        self.scope_combo.addItem(f"Every decode step of layer {self.win.layer} · head {self.win.head} "
-                                 f"({steps + 1} frames)", "steps")
+        self.scope_combo.addItem(
+            f"Every decode step of layer {self.win.layer} · head {self.win.head} ({steps + 1} frames)",
+            "steps",
+        )
         self.scope_combo.setCurrentIndex(i)
         self.scope_combo.blockSignals(False)
         self._on_scope()
@@ -1156,7 +1308,7 @@ class BatchExportDialog(QDialog):
     def _on_scope(self, *_):
         self.format_combo.clear()
         if self.scope == "steps":
-            from core.export import mp4_unavailable
+            from attnscope.core.io.export import mp4_unavailable
 
             self.format_combo.addItem("Animated GIF", ("gif", False))
             self.format_combo.addItem("MP4 video (H.264)", ("mp4", False))
@@ -1205,10 +1357,13 @@ class BatchExportDialog(QDialog):
 
     def _pick(self) -> None:
         if self.scope == "steps":
-            p, _ = QFileDialog.getSaveFileName(self, "Animation file", self.path_edit.text(),
-                                               "GIF (*.gif);;MP4 (*.mp4)")
+            p, _ = QFileDialog.getSaveFileName(
+                self, "Animation file", self.path_edit.text(), "GIF (*.gif);;MP4 (*.mp4)"
+            )
         else:
-            p = QFileDialog.getExistingDirectory(self, "Export into folder", str(Path(self.path_edit.text()).parent))
+            p = QFileDialog.getExistingDirectory(
+                self, "Export into folder", str(Path(self.path_edit.text()).parent)
+            )
         if p:
             self.path_edit.setText(p)
 
@@ -1233,7 +1388,7 @@ class BatchExportDialog(QDialog):
         dpi = self.dpi_spin.value()
 
         def job(ctx):
-            from core import export as E
+            from attnscope.core.io import export as E
 
             s = _session(ctx)
 
@@ -1242,13 +1397,35 @@ class BatchExportDialog(QDialog):
 
             if scope == "steps":
                 ctx.progress("Rendering frames…", -1.0)
-                return E.export_animation(s, layer, head, out, cmap=cmap, scale=scale, gamma=gamma,
-                                          range_mode=range_mode, cancelled=ctx.cancelled, frame_renderer=figure_frame)
+                return E.export_animation(
+                    s,
+                    layer,
+                    head,
+                    out,
+                    cmap=cmap,
+                    scale=scale,
+                    gamma=gamma,
+                    range_mode=range_mode,
+                    cancelled=ctx.cancelled,
+                    frame_renderer=figure_frame,
+                )
             pairs = E.heads_in_scope(s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None)
             renderer = save_heatmap_figure if figure or fmt in ("svg", "pdf") else None
-            return E.export_batch(s, out, fmt, pairs, cmap=cmap, scale=scale, dpi=dpi, figure=figure,
-                                  renderer=renderer, progress=progress, cancelled=ctx.cancelled, gamma=gamma,
-                                  range_mode=range_mode)
+            return E.export_batch(
+                s,
+                out,
+                fmt,
+                pairs,
+                cmap=cmap,
+                scale=scale,
+                dpi=dpi,
+                figure=figure,
+                renderer=renderer,
+                progress=progress,
+                cancelled=ctx.cancelled,
+                gamma=gamma,
+                range_mode=range_mode,
+            )
 
         self.running = True
         self.written = []

@@ -1,8 +1,8 @@
 """All heads at a glance: layers × query heads, the query heads grouped under their shared KV head.
 
-Each thumbnail is a max-pooled map (:func:`core.aggregate.thumbnails`), of the attention weights or,
+Each thumbnail is a max-pooled map (:func:`attnscope.core.analysis.aggregate.thumbnails`), of the attention weights or,
 on the value-weighted scale, of the row-normalised ``α_ij ‖v_j W_O^h‖`` maps
-(:func:`core.value_weighted_grid.value_weighted_thumbnails`); the view's "Weights" combo and title
+(:func:`attnscope.core.analysis.value_weighted_grid.value_weighted_thumbnails`); the view's "Weights" combo and title
 say which (the window keeps it the same choice as the heatmap's). Columns are laid out in
 GQA groups of ``group_size`` query heads (query head ``h`` reads KV head ``h // group_size``), with a
 gap and a shaded band per group and a header "KV head k". Clicking a thumbnail emits
@@ -12,11 +12,10 @@ gap and a shaded band per group and a header "KV head k". Clicking a thumbnail e
 from __future__ import annotations
 
 import numpy as np
+from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QWidget
-
-from core.colormaps import to_rgb
 
 
 class HeadGridCanvas(QWidget):
@@ -36,7 +35,9 @@ class HeadGridCanvas(QWidget):
         self.group_size = 1
         self.selected: tuple[int, int] | None = None
         self.cmap = "viridis"
-        self.weighting = "attention"  # what the thumbnails measure (core.value_weighted.WEIGHTINGS)
+        self.weighting = (
+            "attention"  # what the thumbnails measure (attnscope.core.analysis.value_weighted.WEIGHTINGS)
+        )
         self.pooling = "max"
         self._image: QImage | None = None
         self.placeholder = self.PLACEHOLDER
@@ -94,14 +95,18 @@ class HeadGridCanvas(QWidget):
         for g in range(n_groups):  # shaded band behind each GQA group
             x0 = self.head_x(g * self.group_size) - 6
             x1 = self.head_x(min(H, (g + 1) * self.group_size) - 1) + self.THUMB + 6
-            canvas[self.TOP - 6 : self.layer_y(L - 1) + self.THUMB + 6, x0:x1] = (232, 236, 244) if g % 2 == 0 else (240, 236, 228)
+            canvas[self.TOP - 6 : self.layer_y(L - 1) + self.THUMB + 6, x0:x1] = (
+                (232, 236, 244) if g % 2 == 0 else (240, 236, 228)
+            )
         for layer in range(L):
             for h in range(H):
                 rgb = to_rgb(self.thumbs[layer, h], self.cmap)[idx][:, idx]
                 x, y = self.head_x(h), self.layer_y(layer)
                 canvas[y : y + self.THUMB, x : x + self.THUMB] = rgb
         self._canvas = np.ascontiguousarray(canvas)
-        return QImage(self._canvas.data, canvas.shape[1], canvas.shape[0], canvas.shape[1] * 3, QImage.Format_RGB888)
+        return QImage(
+            self._canvas.data, canvas.shape[1], canvas.shape[0], canvas.shape[1] * 3, QImage.Format_RGB888
+        )
 
     def set_note(self, text: str) -> None:
         """A line over the grid, e.g. that it is partial while the remaining layers are computed."""
@@ -131,8 +136,11 @@ class HeadGridCanvas(QWidget):
         p.setFont(font)
         if not getattr(self, "note", ""):  # the scale, also in an export of the canvas alone
             p.setPen(QColor(30, 60, 140))
-            p.drawText(QRect(2, 4, self.LEFT - 4, 36), Qt.AlignLeft | Qt.TextWordWrap,
-                       "value-weighted" if self.weighting == "value-weighted" else "attention")
+            p.drawText(
+                QRect(2, 4, self.LEFT - 4, 36),
+                Qt.AlignLeft | Qt.TextWordWrap,
+                "value-weighted" if self.weighting == "value-weighted" else "attention",
+            )
             p.setPen(QColor(40, 40, 40))
         p.setPen(QColor(40, 40, 40))
         n_groups = (H + self.group_size - 1) // self.group_size
@@ -147,8 +155,11 @@ class HeadGridCanvas(QWidget):
             for h in range(g * self.group_size, min(H, (g + 1) * self.group_size)):
                 p.drawText(QRect(self.head_x(h), 22, self.THUMB, 16), Qt.AlignCenter, f"q{h}")
         for layer in range(L):
-            p.drawText(QRect(0, self.layer_y(layer), self.LEFT - 8, self.THUMB), Qt.AlignRight | Qt.AlignVCenter,
-                       f"layer {layer}")
+            p.drawText(
+                QRect(0, self.layer_y(layer), self.LEFT - 8, self.THUMB),
+                Qt.AlignRight | Qt.AlignVCenter,
+                f"layer {layer}",
+            )
         if self.selected is not None and self.selected[0] < L and self.selected[1] < H:
             layer, h = self.selected
             p.setPen(QPen(QColor(220, 30, 30), 3))
@@ -167,7 +178,9 @@ class HeadGridCanvas(QWidget):
             self.setToolTip("")
         else:
             layer, h = cell
-            self.setToolTip(f"layer {layer}, query head {h} (reads KV head {h // self.group_size}); click to open")
+            self.setToolTip(
+                f"layer {layer}, query head {h} (reads KV head {h // self.group_size}); click to open"
+            )
 
 
 SCALE_TITLES = {
@@ -192,13 +205,17 @@ class HeadGridView(QScrollArea):
         self.weighting_combo = QComboBox()
         self.weighting_combo.addItem("attention", "attention")
         self.weighting_combo.addItem("value-weighted", "value-weighted")
-        self.weighting_combo.setToolTip("Thumbnails of the attention weights, or of the row-normalised "
-                                        "value-weighted maps α·‖v W_O‖ (the same choice as the heatmap's Weights)")
+        self.weighting_combo.setToolTip(
+            "Thumbnails of the attention weights, or of the row-normalised "
+            "value-weighted maps α·‖v W_O‖ (the same choice as the heatmap's Weights)"
+        )
         lay.addWidget(self.weighting_combo)
         self.title = QLabel()
         lay.addWidget(self.title, 1)
         self.setViewportMargins(0, self.BAR, 0, 0)
-        self.weighting_combo.currentIndexChanged.connect(lambda _i: self.weightingChanged.emit(self.weighting))
+        self.weighting_combo.currentIndexChanged.connect(
+            lambda _i: self.weightingChanged.emit(self.weighting)
+        )
         self.canvas = HeadGridCanvas()
         self.setWidget(self.canvas)
         self.setWidgetResizable(False)

@@ -8,13 +8,13 @@ the raw token, id, position and weight of both ends. Masked cells (a later key; 
 layer's sliding window, :meth:`HeatmapView.set_mask_window`) are drawn as a grey hatch outside the
 colour map, never as weight 0, and the line under the map says so.
 
-Long maps (more than :data:`core.aggregate.LONG_PROMPT` tokens) arrive as a max-pooled overview
-(:class:`core.aggregate.PooledMap`); when the visible region is small enough the view emits
+Long maps (more than :data:`attnscope.core.analysis.aggregate.LONG_PROMPT` tokens) arrive as a max-pooled overview
+(:class:`attnscope.core.analysis.aggregate.PooledMap`); when the visible region is small enough the view emits
 ``tileWanted(r0, r1, c0, c1)`` and draws the exact tile it gets back (:meth:`set_tile`) over the
 overview, at its position.
 
 The toolbar holds the display options: aggregate (one head, mean of a KV group, of a layer, of
-all layers; computed in :mod:`core.aggregate`), colour scale, gamma, and colour range (fixed
+all layers; computed in :mod:`attnscope.core.analysis.aggregate`), colour scale, gamma, and colour range (fixed
 [0, 1]; auto per map; shared across the heads of the layer).
 """
 
@@ -24,6 +24,9 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.core.analysis.aggregate import MODE_LABELS, MODES
+from attnscope.core.io.colormaps import normalize
+from attnscope.core.tokens import Token
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import (
@@ -35,10 +38,6 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-
-from core.aggregate import MODE_LABELS, MODES
-from core.colormaps import normalize
-from core.tokens import Token
 
 pg.setConfigOptions(imageAxisOrder="row-major", antialias=False)
 
@@ -53,7 +52,7 @@ MASK_HATCH = (150, 150, 150)  # masked cells: grey hatch on white, outside every
 LONG_SQUARE = 1024  # above this many tokens the overview fills the plot's rectangle (aspect unlocked)
 LONG_SCALE_NOTE = 2048  # from this many tokens the title says the scale was chosen by length
 TILE_MAX = 768  # exact tiles are requested once the visible region is at most this many rows and cols
-LOG_FLOOR = 1e-6  # lowest weight the log scale shows (core.colormaps.normalize)
+LOG_FLOOR = 1e-6  # lowest weight the log scale shows (attnscope.core.io.colormaps.normalize)
 
 
 def short(text: str, n: int = MAX_LABEL_CHARS) -> str:
@@ -67,7 +66,7 @@ def token_label(t: Token) -> str:
 
 def qt_colormap(name: str = "viridis") -> pg.ColorMap:
     """A pyqtgraph ColorMap from AttnScope's shared LUT (same colours as the headless PNGs)."""
-    from core.colormaps import lut
+    from attnscope.core.io.colormaps import lut
 
     table = lut(name)
     return pg.ColorMap(np.linspace(0, 1, len(table)), table, name=name)
@@ -84,12 +83,12 @@ def _fmt(v: float) -> str:
 def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> list[tuple[float, str]]:
     """Tick positions in the normalised [0, 1] bar and their labels in real weights.
 
-    The image is drawn as ``normalize(w, vmin, vmax, scale, gamma)`` (:mod:`core.colormaps`), so
+    The image is drawn as ``normalize(w, vmin, vmax, scale, gamma)`` (:mod:`attnscope.core.io.colormaps`), so
     a tick at real value ``v`` sits at ``normalize(v)``: decades for log, nice steps otherwise.
     """
     if scale == "log":
         lo = max(vmin, LOG_FLOOR)
-        vals = [10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(vmax)) + 1)]
+        vals = [10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(vmax)) + 1)]
         vals = [v for v in vals if lo <= v <= vmax * 1.0001] + [vmax]
     else:
         span = vmax - vmin
@@ -166,14 +165,20 @@ class HeatmapView(QWidget):
             "map's non-zero weights] (the max is always 1: row 0 sees only key 0). Shared: the largest "
             "auto value over the heads of the layer, so heads compare on one scale."
         )
-        self.weighting_combo = QComboBox()  # core.value_weighted: what a cell measures
+        self.weighting_combo = QComboBox()  # attnscope.core.analysis.value_weighted: what a cell measures
         self.weighting_combo.addItem("attention", "attention")
         self.weighting_combo.addItem("value-weighted", "value-weighted")
         self.weighting_combo.setToolTip(
             "Attention: the weights α_ij. Value-weighted: α_ij·‖v_j W_O^h‖ (the size of what key j moves "
-            "into head h's output; Kobayashi et al. 2020), row-normalised. Maps up to 1024 tokens.")
-        for label, w in (("Show", self.aggregate_combo), ("Weights", self.weighting_combo), ("Scale", self.scale_combo),
-                         ("γ", self.gamma_spin), ("Range", self.range_combo)):
+            "into head h's output; Kobayashi et al. 2020), row-normalised. Maps up to 1024 tokens."
+        )
+        for label, w in (
+            ("Show", self.aggregate_combo),
+            ("Weights", self.weighting_combo),
+            ("Scale", self.scale_combo),
+            ("γ", self.gamma_spin),
+            ("Range", self.range_combo),
+        ):
             bar.addWidget(QLabel(label))
             bar.addWidget(w)
             bar.addSpacing(8)
@@ -209,8 +214,9 @@ class HeatmapView(QWidget):
         bottom.setStyle(autoExpandTextSpace=False, tickTextHeight=QFontMetrics(bottom.font()).height() + 6)
         for ax in ("left", "bottom"):  # _set_axis_ticks spaces the labels itself: pyqtgraph must not drop any
             self.plot.getAxis(ax).setStyle(textFillLimits=[(0, 2.0)])
-        self.placeholder = pg.TextItem("Run a prompt to see attention", color=(120, 120, 120),
-                                       anchor=(0.5, 0.5))
+        self.placeholder = pg.TextItem(
+            "Run a prompt to see attention", color=(120, 120, 120), anchor=(0.5, 0.5)
+        )
         self.placeholder.setPos(0.5, 0.5)
         self.plot.addItem(self.placeholder)
         # masked cells (causal mask, outside a sliding window) are NaN in the image, so transparent:
@@ -223,7 +229,9 @@ class HeatmapView(QWidget):
         self.mask_bg.setZValue(-1)
         self.mask_bg.hide()
         self.plot.addItem(self.mask_bg)
-        self.mask_window: int | None = None  # sliding window the shown map was masked with (None = causal only)
+        self.mask_window: int | None = (
+            None  # sliding window the shown map was masked with (None = causal only)
+        )
         self.mask_window_provider = None  # optional callable () -> int | None, asked at each redraw
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
@@ -241,8 +249,9 @@ class HeatmapView(QWidget):
         self.row_frame.hide()
         self.plot.addItem(self.row_frame)
         self.levels = (0.0, 1.0)
-        self.colorbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=qt_colormap(), interactive=False,
-                                        label="attention weight", width=16)
+        self.colorbar = pg.ColorBarItem(
+            values=(0.0, 1.0), colorMap=qt_colormap(), interactive=False, label="attention weight", width=16
+        )
         self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
         self.mask_legend = self.glw.addLabel("", row=1, col=0, color="#555", size="8pt")
         self.readout = QLabel()
@@ -256,7 +265,7 @@ class HeatmapView(QWidget):
         # -- state (clear() sets the empty state: no map, placeholder, no ticks)
         self._overview_title = ""
         self.weights: np.ndarray | None = None  # exact map (short prompts)
-        self.pooled = None  # core.aggregate.PooledMap (long prompts)
+        self.pooled = None  # attnscope.core.analysis.aggregate.PooledMap (long prompts)
         self.tile: tuple[np.ndarray, int, int] | None = None  # (exact tile, r0, c0) over the overview
         self.clear()
         self.q_tokens: list[Token] = []
@@ -296,12 +305,14 @@ class HeatmapView(QWidget):
 
     @property
     def weighting(self) -> str:
-        """``"attention"`` or ``"value-weighted"`` (:mod:`core.value_weighted`)."""
+        """``"attention"`` or ``"value-weighted"`` (:mod:`attnscope.core.analysis.value_weighted`)."""
         return self.weighting_combo.currentData()
 
     def _on_weighting(self, *_):
         vw = self.weighting == "value-weighted"
-        self.colorbar.axis.setLabel("value-weighted share (α·‖v W_O‖, row-normalised)" if vw else "attention weight")
+        self.colorbar.axis.setLabel(
+            "value-weighted share (α·‖v W_O‖, row-normalised)" if vw else "attention weight"
+        )
         self.optionsChanged.emit()  # the data must be re-requested
 
     @property
@@ -334,7 +345,7 @@ class HeatmapView(QWidget):
 
     def export_widget(self):
         """What Export → view renders: the plot (title, axes, map, colour bar), not the option bar
-        above it or the hint line below (:func:`app.export.export_target`)."""
+        above it or the hint line below (:func:`attnscope.app.export.export_target`)."""
         return self.glw
 
     def value_range(self) -> tuple[float, float]:
@@ -403,7 +414,9 @@ class HeatmapView(QWidget):
         if not any_masked:
             self.mask_legend.setText("")
             return
-        what = "causal mask" + (f", outside the {self.mask_window:,}-key sliding window" if self.mask_window else "")
+        what = "causal mask" + (
+            f", outside the {self.mask_window:,}-key sliding window" if self.mask_window else ""
+        )
         self.mask_legend.setText(f"▨ hatched grey: masked ({what}), not a weight of 0")
 
     def _redraw(self) -> None:
@@ -415,8 +428,11 @@ class HeatmapView(QWidget):
         any_masked = False
         if src is not None:
             if self.pooled is None:
-                m = self.masked([t.position for t in self.q_tokens], [t.position for t in self.k_tokens]) \
-                    if len(self.q_tokens) == src.shape[0] and len(self.k_tokens) == src.shape[1] else None
+                m = (
+                    self.masked([t.position for t in self.q_tokens], [t.position for t in self.k_tokens])
+                    if len(self.q_tokens) == src.shape[0] and len(self.k_tokens) == src.shape[1]
+                    else None
+                )
             else:
                 m = self._pooled_masked(self.pooled)
             any_masked = m is not None and bool(m.any())
@@ -426,31 +442,52 @@ class HeatmapView(QWidget):
             m = self.masked(np.arange(r0, r0 + t.shape[0]), np.arange(c0, c0 + t.shape[1]))
             self.tile_image.setImage(self._with_mask(self._norm(t), m), autoLevels=False, levels=(0.0, 1.0))
         self._update_mask_legend(any_masked)
-        rng = "fixed" if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None) else self.range_mode
-        self.mode_label.setText(f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
-                                + (f" γ={self.gamma:g}" if self.scale == "power" else "")
-                                + (" · weights above the range show its top colour" if vmax < 1.0 else ""))
+        rng = (
+            "fixed"
+            if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None)
+            else self.range_mode
+        )
+        self.mode_label.setText(
+            f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
+            + (f" γ={self.gamma:g}" if self.scale == "power" else "")
+            + (" · weights above the range show its top colour" if vmax < 1.0 else "")
+        )
         self.mode_label.setToolTip(self.mode_label.text())  # the label may be cut in a narrow window
 
     # -- data --------------------------------------------------------------------------------
     @property
     def n_rows(self) -> int:
-        return self.weights.shape[0] if self.pooled is None and self.weights is not None else (
-            self.pooled.n if self.pooled is not None else 0)
+        return (
+            self.weights.shape[0]
+            if self.pooled is None and self.weights is not None
+            else (self.pooled.n if self.pooled is not None else 0)
+        )
 
     @property
     def n_cols(self) -> int:
-        return self.weights.shape[1] if self.pooled is None and self.weights is not None else (
-            self.pooled.n if self.pooled is not None else 0)
+        return (
+            self.weights.shape[1]
+            if self.pooled is None and self.weights is not None
+            else (self.pooled.n if self.pooled is not None else 0)
+        )
 
-    def set_weights(self, w: np.ndarray, q_tokens: list[Token], k_tokens: list[Token], title: str = "",
-                    q_offset: int = 0, k_offset: int = 0, reset_view: bool = True,
-                    auto_max: float | None = None, shared_max: float | None = None) -> None:
+    def set_weights(
+        self,
+        w: np.ndarray,
+        q_tokens: list[Token],
+        k_tokens: list[Token],
+        title: str = "",
+        q_offset: int = 0,
+        k_offset: int = 0,
+        reset_view: bool = True,
+        auto_max: float | None = None,
+        shared_max: float | None = None,
+    ) -> None:
         """Show the exact map ``w`` ``(len(q_tokens), len(k_tokens))``.
 
         ``q_offset``/``k_offset`` are the absolute positions of row/col 0 (the image is placed
         there); ``auto_max``/``shared_max`` the upper levels of the auto and shared ranges
-        (computed on the engine thread, :func:`core.aggregate.robust_max`).
+        (computed on the engine thread, :func:`attnscope.core.analysis.aggregate.robust_max`).
         """
         self.weights = np.asarray(w, dtype=np.float32)
         self.placeholder.hide()
@@ -471,13 +508,23 @@ class HeatmapView(QWidget):
         self._set_title(title)
         self.readout.setText("Hover a cell to read query → key: weight. Click a row to shade the text by it.")
         if reset_view:
-            self.plot.setRange(xRange=(k_offset, k_offset + self.weights.shape[1]),
-                               yRange=(q_offset, q_offset + self.weights.shape[0]), padding=0.02)
+            self.plot.setRange(
+                xRange=(k_offset, k_offset + self.weights.shape[1]),
+                yRange=(q_offset, q_offset + self.weights.shape[0]),
+                padding=0.02,
+            )
         self._update_ticks()
 
-    def set_overview(self, pooled, tokens: list[Token], title: str = "", reset_view: bool = True,
-                     auto_max: float | None = None, shared_max: float | None = None) -> None:
-        """Show a long map as its max-pooled overview (:class:`core.aggregate.PooledMap`)."""
+    def set_overview(
+        self,
+        pooled,
+        tokens: list[Token],
+        title: str = "",
+        reset_view: bool = True,
+        auto_max: float | None = None,
+        shared_max: float | None = None,
+    ) -> None:
+        """Show a long map as its max-pooled overview (:class:`attnscope.core.analysis.aggregate.PooledMap`)."""
         self.weights, self.pooled, self.tile = None, pooled, None
         self.placeholder.hide()
         reset_view = reset_view or self._reset_pending
@@ -495,8 +542,10 @@ class HeatmapView(QWidget):
         self._overview_title = title
         self._set_title(title)
         r, c = pooled.image.shape
-        self.readout.setText(f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "
-                             f"{pooled.n / c:.1f} cells. Zoom in (wheel) for exact weights.")
+        self.readout.setText(
+            f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "
+            f"{pooled.n / c:.1f} cells. Zoom in (wheel) for exact weights."
+        )
         if reset_view:
             self.plot.setRange(xRange=(0, pooled.n), yRange=(0, pooled.n), padding=0.02)
         self._update_ticks()
@@ -509,13 +558,19 @@ class HeatmapView(QWidget):
         self.tile = (np.asarray(tile, dtype=np.float32), int(r0), int(c0))
         nr, nc = self.tile[0].shape
         m = self.masked(np.arange(r0, r0 + nr), np.arange(c0, c0 + nc))
-        self.tile_image.setImage(self._with_mask(self._norm(self.tile[0]), m), autoLevels=False, levels=(0.0, 1.0))
+        self.tile_image.setImage(
+            self._with_mask(self._norm(self.tile[0]), m), autoLevels=False, levels=(0.0, 1.0)
+        )
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
-        self._set_title(self._overview_title.replace("overview: max-pooled", "exact tile in view, max-pooled around it"))
-        self.readout.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
-                             "frame), recomputed from the session. Hover a cell for its weight.")
+        self._set_title(
+            self._overview_title.replace("overview: max-pooled", "exact tile in view, max-pooled around it")
+        )
+        self.readout.setText(
+            f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
+            "frame), recomputed from the session. Hover a cell for its weight."
+        )
 
     def _set_title(self, text: str) -> None:
         """The plot's title, wrapped to the plot's width: a long title (layer, head, seq_len, scale,
@@ -597,8 +652,16 @@ class HeatmapView(QWidget):
         self._set_axis_ticks("bottom", self.k_tokens, self.k_offset, x0, x1, px_per_col, horizontal=True)
         self._set_axis_ticks("left", self.q_tokens, self.q_offset, y0, y1, px_per_row, horizontal=False)
 
-    def _set_axis_ticks(self, axis: str, tokens: list[Token], offset: int, lo: float, hi: float,
-                        px_per_cell: float, horizontal: bool) -> None:
+    def _set_axis_ticks(
+        self,
+        axis: str,
+        tokens: list[Token],
+        offset: int,
+        lo: float,
+        hi: float,
+        px_per_cell: float,
+        horizontal: bool,
+    ) -> None:
         """Label every ``stride``-th visible token, ``stride`` from the labels' measured size.
 
         Bottom labels are side by side, so they need their widest label's width (+ a gap) per
@@ -615,7 +678,9 @@ class HeatmapView(QWidget):
         fm = QFontMetrics(ax.style["tickFont"] or ax.font())
         sample = range(first, last, max(1, (last - first) // 200))  # bounded work on long maps
         if horizontal:
-            need = float(np.percentile([fm.horizontalAdvance(token_label(tokens[i])) for i in sample], 75)) + 6
+            need = (
+                float(np.percentile([fm.horizontalAdvance(token_label(tokens[i])) for i in sample], 75)) + 6
+            )
         else:
             labels = [token_label(tokens[i]) for i in range(first, min(last, first + 400))]
             need = stacked_label_pitch(fm, labels, neighbours=True)  # every row labelled if this fits
@@ -660,8 +725,10 @@ class HeatmapView(QWidget):
             val = "0 (masked: a later key, the causal mask hides it)"
         elif self.mask_window is not None and k.position <= q.position - self.mask_window:
             val = f"0 (masked: {q.position - k.position} keys back, outside the {self.mask_window}-key sliding window)"
-        return (f"query {q.text!r} #{q.position} (id {q.id}, raw {q.raw!r})  →  key {k.text!r} #{k.position} "
-                f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}")
+        return (
+            f"query {q.text!r} #{q.position} (id {q.id}, raw {q.raw!r})  →  key {k.text!r} #{k.position} "
+            f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}"
+        )
 
     def _cell_at(self, scene_pos) -> tuple[int, int] | None:
         if self.n_rows == 0 or not self.plot.sceneBoundingRect().contains(scene_pos):
@@ -697,10 +764,10 @@ class HeatmapView(QWidget):
     # -- long maps: colours by length, overview at the view's pixel size, partial/stale titles -----
     def apply_length_defaults(self, n: int) -> str:
         """Pick the colour scale for a map of ``n`` tokens unless the user chose one
-        (:func:`core.export_long.default_scale`: log from 2,048 tokens, where most weights are ~1/n
+        (:func:`attnscope.core.io.export_long.default_scale`: log from 2,048 tokens, where most weights are ~1/n
         and the linear [0, 1] map is one flat colour). Long maps also fill the plot's rectangle
         (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
-        from core.export_long import default_scale, scale_note
+        from attnscope.core.io.export_long import default_scale, scale_note
 
         if not getattr(self, "_length_hooked", False):
             self._length_hooked = True

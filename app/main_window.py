@@ -1,7 +1,7 @@
 """AttnScope's main window: prompt, Run / Step, layer and head choice, views, status bar.
 
-The window only paints. Every computation is a job on the engine thread (:mod:`app.engine`) that
-returns numpy arrays or frozen dataclasses (:class:`core.session.Snapshot`).
+The window only paints. Every computation is a job on the engine thread (:mod:`attnscope.app.engine`) that
+returns numpy arrays or frozen dataclasses (:class:`attnscope.core.session.Snapshot`).
 
 Views are tabs registered with :meth:`MainWindow.add_view`; a view may implement
 ``on_snapshot(snapshot)``, ``on_selection(layer, head)`` and ``refresh()`` (called when it becomes
@@ -16,6 +16,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from attnscope.app.engine import CancelledMessage, Engine
+from attnscope.app.head_grid import HeadGridCanvas, HeadGridView
+from attnscope.app.heatmap import HeatmapView
+from attnscope.app.timeline import TimelineBar
+from attnscope.app.token_strip import TokenStrip
+from attnscope.app.views.gqa import GqaView
+from attnscope.app.views.mask import MaskView
+from attnscope.app.views.next_token import DecodePanel
+from attnscope.core.io.colormaps import ASSETS
+from attnscope.core.session import Snapshot
 from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QIcon, QKeySequence
 from PySide6.QtWidgets import (
@@ -42,23 +52,12 @@ from PySide6.QtWidgets import (
 )
 from superqt import QElidingLabel
 
-from app.engine import CancelledMessage, Engine
-from app.head_grid import HeadGridCanvas, HeadGridView
-from app.heatmap import HeatmapView
-from app.timeline import TimelineBar
-from app.token_strip import TokenStrip
-from app.views.gqa import GqaView
-from app.views.mask import MaskView
-from app.views.next_token import DecodePanel
-from core.colormaps import ASSETS
-from core.session import Snapshot
-
 APP_NAME = "AttnScope"
 
 
 def human_bytes(n: int) -> str:
-    """``1428480`` → ``'1.43 MB'`` (decimal units, as the handbook's KV-cache table; :func:`core.units.format_bytes`)."""
-    from core.units import format_bytes
+    """``1428480`` → ``'1.43 MB'`` (decimal units, as the handbook's KV-cache table; :func:`attnscope.core.units.format_bytes`)."""
+    from attnscope.core.units import format_bytes
 
     return format_bytes(n)
 
@@ -66,8 +65,11 @@ def human_bytes(n: int) -> str:
 def window_wording(message: str) -> str:
     """A core message in the window's words: command-line advice (``use --backend torch``) becomes
     the menu that does it."""
-    for flag, menu in (("use --backend torch", "choose Backend → torch"), ("use --backend mlx", "choose Backend → MLX"),
-                       ("--no-chat-template", "the Chat template box")):
+    for flag, menu in (
+        ("use --backend torch", "choose Backend → torch"),
+        ("use --backend mlx", "choose Backend → MLX"),
+        ("--no-chat-template", "the Chat template box"),
+    ):
         message = message.replace(flag, menu)
     return message
 
@@ -86,8 +88,8 @@ def _load_job(model, backend, device, dtype, sampling=None, quantize="none"):
     controls on screen are what runs from the first step."""
 
     def job(ctx):
-        from core.errors import Cancelled
-        from core.session import Session
+        from attnscope.core.errors import Cancelled
+        from attnscope.core.session import Session
 
         def progress(message, fraction):
             # Loading is not chunked: cancel takes effect at the next stage (read, convert, save, load).
@@ -95,7 +97,9 @@ def _load_job(model, backend, device, dtype, sampling=None, quantize="none"):
                 raise Cancelled("loading cancelled; the previous model is still loaded")
             ctx.progress(message, fraction)
 
-        s = Session.load(model, backend=backend, device=device, dtype=dtype, progress=progress, quantize=quantize)
+        s = Session.load(
+            model, backend=backend, device=device, dtype=dtype, progress=progress, quantize=quantize
+        )
         if ctx.cancelled():
             raise Cancelled("loading cancelled; the previous model is still loaded")
         if sampling is not None:
@@ -141,14 +145,14 @@ def _sync_job(ctx):
 
 def _switch_backend_job(backend, device, dtype, view):
     """Reload the running model on ``backend`` and replay the current sequence there (prompt, then
-    the generated ids fed one by one, as a reopened session is: :func:`core.sessionfile.replay`).
+    the generated ids fed one by one, as a reopened session is: :func:`attnscope.core.io.sessionfile.replay`).
     Returns ``(snapshot, warnings)``; the old session stays when anything fails or is cancelled."""
 
     def job(ctx):
         from dataclasses import replace
 
-        from core import sessionfile
-        from core.errors import Cancelled
+        from attnscope.core.errors import Cancelled
+        from attnscope.core.io import sessionfile
 
         old = _require(ctx)
         if old.seq_len == 0:
@@ -160,8 +164,9 @@ def _switch_backend_job(backend, device, dtype, view):
                 raise Cancelled("switching backend cancelled; the previous backend and run stay")
             ctx.progress(message, fraction)
 
-        s, warnings = sessionfile.replay(sf, session=None, device=device, progress=progress,
-                                         cancelled=ctx.cancelled)
+        s, warnings = sessionfile.replay(
+            sf, session=None, device=device, progress=progress, cancelled=ctx.cancelled
+        )
         if ctx.cancelled():
             raise Cancelled("switching backend cancelled; the previous backend and run stay")
         ctx.session = s
@@ -179,7 +184,15 @@ def _back_job(n):
     return job
 
 
-LONG_JOBS = ("loading model", "prefill", "decode", "open session", "batch export", "switch backend", "compare")  # get Cancel + status text
+LONG_JOBS = (
+    "loading model",
+    "prefill",
+    "decode",
+    "open session",
+    "batch export",
+    "switch backend",
+    "compare",
+)  # get Cancel + status text
 
 
 def _percent_progress(ctx, what: str):
@@ -198,7 +211,7 @@ def _percent_progress(ctx, what: str):
 def _map_job(layer, head, mode, n, shared, cancelled, out=None, weighting="attention"):
     """The heatmap's data for positions ``0..n-1``: exact map, or pooled overview when long.
 
-    ``weighting="value-weighted"``: the row-normalised value-weighted map (:mod:`core.value_weighted`)
+    ``weighting="value-weighted"``: the row-normalised value-weighted map (:mod:`attnscope.core.analysis.value_weighted`)
     for maps up to ``LONG_PROMPT`` tokens; long overviews stay attention (the title says so).
 
     ``out`` = ``(columns, rows)`` of a long map's overview (the plot's pixels); while it is computed,
@@ -206,7 +219,7 @@ def _map_job(layer, head, mode, n, shared, cancelled, out=None, weighting="atten
     """
 
     def job(ctx):
-        from core import aggregate as agg
+        from attnscope.core.analysis import aggregate as agg
 
         s = _require(ctx)
         shared_max = agg.layer_robust_max(s, layer, n, cancelled=cancelled) if shared else None
@@ -217,11 +230,21 @@ def _map_job(layer, head, mode, n, shared, cancelled, out=None, weighting="atten
             def partial(pm):
                 ctx.partial(((layer, head, mode, n), pm, agg.robust_max(pm.image)))
 
-            pm = agg.pooled_map(s, layer, head, mode, n, out=rows, out_cols=cols, cancelled=cancelled,
-                                progress=progress, partial=partial)
+            pm = agg.pooled_map(
+                s,
+                layer,
+                head,
+                mode,
+                n,
+                out=rows,
+                out_cols=cols,
+                cancelled=cancelled,
+                progress=progress,
+                partial=partial,
+            )
             return (layer, head, mode, n), None, pm, agg.robust_max(pm.image), shared_max
         if weighting == "value-weighted":
-            from core.value_weighted import value_weighted_tile
+            from attnscope.core.analysis.value_weighted import value_weighted_tile
 
             w = value_weighted_tile(s, layer, head, mode, slice(0, n), slice(0, n), cancelled=cancelled)
         else:
@@ -233,7 +256,7 @@ def _map_job(layer, head, mode, n, shared, cancelled, out=None, weighting="atten
 
 def _tile_job(key, rows, cols, cancelled):
     def job(ctx):
-        from core.aggregate import map_tile
+        from attnscope.core.analysis.aggregate import map_tile
 
         layer, head, mode, _n = key
         return key, rows.start, cols.start, map_tile(_require(ctx), layer, head, mode, rows, cols, cancelled)
@@ -243,7 +266,7 @@ def _tile_job(key, rows, cols, cancelled):
 
 def _row_job(key, row):
     def job(ctx):
-        from core.aggregate import map_tile
+        from attnscope.core.analysis.aggregate import map_tile
 
         layer, head, mode, n = key
         return key, row, map_tile(_require(ctx), layer, head, mode, slice(row, row + 1), slice(0, n))[0]
@@ -253,7 +276,7 @@ def _row_job(key, row):
 
 def _next_job(step):
     def job(ctx):
-        from core.timeline import next_tokens
+        from attnscope.core.analysis.timeline import next_tokens
 
         return next_tokens(_require(ctx), step, k=10)
 
@@ -271,22 +294,31 @@ def _sampling_job(sampling):
 def _grid_job(size, n, cancelled, weighting="attention"):
     """Every head's max-pooled map over the first ``n`` positions (the timeline's step): ``(n,
     weighting, thumbs)``; ``weighting="value-weighted"``: of the row-normalised value-weighted maps
-    (:func:`core.value_weighted_grid.value_weighted_thumbnails`). Partials: ``(n, weighting, thumbs, frac)``."""
+    (:func:`attnscope.core.analysis.value_weighted_grid.value_weighted_thumbnails`). Partials: ``(n, weighting, thumbs, frac)``."""
 
     def job(ctx):
-        from core.aggregate import thumbnails
-        from core.value_weighted_grid import value_weighted_thumbnails
+        from attnscope.core.analysis.aggregate import thumbnails
+        from attnscope.core.analysis.value_weighted_grid import value_weighted_thumbnails
 
         fn = value_weighted_thumbnails if weighting == "value-weighted" else thumbnails
-        return n, weighting, fn(_require(ctx), n, size=size, cancelled=cancelled,
-                                progress=_percent_progress(ctx, "Head grid thumbnails"),
-                                partial=lambda th, frac: ctx.partial((n, weighting, th, frac)))
+        return (
+            n,
+            weighting,
+            fn(
+                _require(ctx),
+                n,
+                size=size,
+                cancelled=cancelled,
+                progress=_percent_progress(ctx, "Head grid thumbnails"),
+                partial=lambda th, frac: ctx.partial((n, weighting, th, frac)),
+            ),
+        )
 
     return job
 
 
 def _require(ctx):
-    from core.errors import SessionError
+    from attnscope.core.errors import SessionError
 
     if ctx.session is None:
         raise SessionError("no model loaded")
@@ -360,8 +392,15 @@ class MainWindow(QMainWindow):
     selectionChanged = Signal(int, int)
     snapshotChanged = Signal(object)
 
-    def __init__(self, model: str | None = None, backend: str = "torch", device: str | None = None,
-                 dtype: str = "auto", autoload: bool = True, quantize: str = "none"):
+    def __init__(
+        self,
+        model: str | None = None,
+        backend: str = "torch",
+        device: str | None = None,
+        dtype: str = "auto",
+        autoload: bool = True,
+        quantize: str = "none",
+    ):
         super().__init__()
         self.setWindowTitle(APP_NAME)
         icon = ASSETS / "icons" / "attnscope.png"
@@ -370,7 +409,9 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.engine = Engine(self)
         self.backend_name, self.device, self.dtype = backend, device, dtype
-        self.quantize = quantize  # --quantize none|int8|int4 for the next load (core.quantize)
+        self.quantize = (
+            quantize  # --quantize none|int8|int4 for the next load (attnscope.core.loading.quantize)
+        )
         self.model_ref: str | None = model
         self.snapshot: Snapshot | None = None
         self._notices_shown: tuple[str, ...] = ()  # Snapshot.notices already said in the status bar
@@ -445,7 +486,7 @@ class MainWindow(QMainWindow):
         ctl.addStretch(1)
         ctl.addWidget(QLabel("Colours"))
         self.cmap_combo = QComboBox()
-        from core.colormaps import COLORMAPS
+        from attnscope.core.io.colormaps import COLORMAPS
 
         self.cmap_combo.addItems(COLORMAPS)
         ctl.addWidget(self.cmap_combo)
@@ -522,7 +563,7 @@ class MainWindow(QMainWindow):
 
     def _install_inspector_views(self) -> None:
         """Sinks, KV cache, head roles and experiments tabs (issue 4 part B): each module's install_view."""
-        from app.views import compare, experiments, kv, roles, sinks
+        from attnscope.app.views import compare, experiments, kv, roles, sinks
 
         for mod in (sinks, kv, roles, experiments, compare):
             mod.install_view(self)
@@ -534,7 +575,7 @@ class MainWindow(QMainWindow):
         self._action(file_menu, "Open model &folder…", self.open_folder_dialog)
         self._action(file_menu, "Load &default model", lambda: self.load_model(None))
         file_menu.addSeparator()
-        from app.export import ExportController
+        from attnscope.app.export import ExportController
 
         self.exports = ExportController(self)
         self._action(file_menu, "&Save session…", self.exports.save_session_dialog, "Ctrl+S")
@@ -544,8 +585,12 @@ class MainWindow(QMainWindow):
 
         export_menu = mb.addMenu("&Export")
         self._action(export_menu, "Export &view as PNG/SVG/PDF…", self.exports.export_view_dialog, "Ctrl+E")
-        self._action(export_menu, "Export &data (.npy, .csv, .safetensors + JSON)…", self.exports.export_data_dialog,
-                     "Ctrl+Shift+E")
+        self._action(
+            export_menu,
+            "Export &data (.npy, .csv, .safetensors + JSON)…",
+            self.exports.export_data_dialog,
+            "Ctrl+Shift+E",
+        )
         self._action(export_menu, "&Batch export…", self.exports.batch_export_dialog, "Ctrl+Shift+B")
 
         run_menu = mb.addMenu("&Run")
@@ -569,8 +614,10 @@ class MainWindow(QMainWindow):
         group = QActionGroup(self)
         group.setExclusive(True)
         self.backend_actions: dict[str, QAction] = {}
-        for name, label in (("torch", "&torch (CUDA when available, else CPU)"),
-                            ("mlx", "&MLX (Apple silicon; slow CPU build on Linux)")):
+        for name, label in (
+            ("torch", "&torch (CUDA when available, else CPU)"),
+            ("mlx", "&MLX (Apple silicon; slow CPU build on Linux)"),
+        ):
             a = QAction(label, self, checkable=True)
             a.setChecked(name == self.backend_name)
             a.triggered.connect(lambda _checked=False, n=name: self.set_backend(n))
@@ -602,8 +649,12 @@ class MainWindow(QMainWindow):
         """View → Show <title>, with Ctrl+1…Ctrl+9 for the first nine tabs."""
         idx = list(self.views).index(key)
         # (QAction.triggered passes `checked`: the lambda takes it first, or it would become the key)
-        self._action(self.view_menu, f"Show {title}", lambda _checked=False, k=key: self.show_view(k),
-                     f"Ctrl+{idx + 1}" if idx < 9 else None)
+        self._action(
+            self.view_menu,
+            f"Show {title}",
+            lambda _checked=False, k=key: self.show_view(k),
+            f"Ctrl+{idx + 1}" if idx < 9 else None,
+        )
 
     def show_view(self, key: str) -> None:
         """Bring view ``key`` to front. Raises ValueError for an unknown view."""
@@ -622,7 +673,7 @@ class MainWindow(QMainWindow):
 
     @property
     def visible_len(self) -> int:
-        """Positions shown at the timeline's step: ``n_prompt + step`` (:mod:`core.timeline`)."""
+        """Positions shown at the timeline's step: ``n_prompt + step`` (:mod:`attnscope.core.analysis.timeline`)."""
         return self.timeline.visible_len
 
     def submit_view(self, channel: str, fn, on_done, label: str = "updating", on_partial=None) -> int:
@@ -630,7 +681,7 @@ class MainWindow(QMainWindow):
 
         A request stopped because a newer one superseded it reports nothing (no error, no callback).
         """
-        from core.errors import Cancelled
+        from attnscope.core.errors import Cancelled
 
         superseded = object()
         # the sequence this request was made for; if the engine holds another one when it runs (a
@@ -734,10 +785,16 @@ class MainWindow(QMainWindow):
         # keep the run: reload the model on the new backend and replay the prompt and every generated
         # token there (the old backend and run stay if that fails or is cancelled)
         snap = self.snapshot
-        self.statusBar().showMessage(f"Switching to {name}: reloading the model and replaying "
-                                     f"{snap.n_prompt} prompt + {snap.n_generated} generated tokens…")
-        self.engine.enqueue(_switch_backend_job(name, self.device, self.dtype, self.exports.view_state()),
-                            self._on_backend_switched, self._on_backend_switch_failed, label="switch backend")
+        self.statusBar().showMessage(
+            f"Switching to {name}: reloading the model and replaying "
+            f"{snap.n_prompt} prompt + {snap.n_generated} generated tokens…"
+        )
+        self.engine.enqueue(
+            _switch_backend_job(name, self.device, self.dtype, self.exports.view_state()),
+            self._on_backend_switched,
+            self._on_backend_switch_failed,
+            label="switch backend",
+        )
 
     def _on_backend_switched(self, result) -> None:
         snap, warnings = result
@@ -759,16 +816,21 @@ class MainWindow(QMainWindow):
         """Load ``model`` (None = embedded default) on the engine thread; the old one stays on failure.
 
         :attr:`model_ref` changes only once the model is loaded (:meth:`_on_loaded`), from the path
-        the loaded model records (:func:`core.models.model_source`), so a failed or cancelled load
+        the loaded model records (:func:`attnscope.core.loading.resolve.model_source`), so a failed or cancelled load
         leaves every control on the model that runs."""
         name = "the default model" if model is None or str(model) == "default" else Path(str(model)).name
         self.statusBar().showMessage(f"Loading {name}…")
-        self.engine.enqueue(_load_job(model, self.backend_name, self.device, self.dtype, self.decode_panel.sampling(),
-                                      self.quantize),
-                            self._on_loaded, self._on_load_failed, label="loading model")
+        self.engine.enqueue(
+            _load_job(
+                model, self.backend_name, self.device, self.dtype, self.decode_panel.sampling(), self.quantize
+            ),
+            self._on_loaded,
+            self._on_load_failed,
+            label="loading model",
+        )
 
     def _on_loaded(self, snap: Snapshot) -> None:
-        from core.models import is_default_source
+        from attnscope.core.loading.resolve import is_default_source
 
         info = snap.info
         self.snapshot = snap
@@ -785,13 +847,26 @@ class MainWindow(QMainWindow):
             f"{info.n_kv_heads} KV heads · head_dim {info.head_dim} · {snap.backend} {snap.device}"
         )
         self.model_label.setToolTip(getattr(info, "dtype_reason", "") or info.dtype)
-        why = getattr(info, "dtype_reason", "")  # core.precision: why this dtype ("float32: ... no fast bf16 ...")
-        quant = "; ".join(q for q in (f"file {info.quantization_file}" if info.quantization_file else "",
-                                      info.quantization_runtime) if q)  # core.quantize.record
+        why = getattr(
+            info, "dtype_reason", ""
+        )  # attnscope.core.loading.precision: why this dtype ("float32: ... no fast bf16 ...")
+        quant = "; ".join(
+            q
+            for q in (
+                f"file {info.quantization_file}" if info.quantization_file else "",
+                info.quantization_runtime,
+            )
+            if q
+        )  # attnscope.core.loading.quantize.record
         if info.quantization_runtime:  # "int8 weight-only (torchao 0.18.0, ...)" -> "int8 weight-only"
-            self.model_label.setText(self.model_label.text() + f" · {info.quantization_runtime.split(' (')[0]}")
-        self.statusBar().showMessage(f"{info.name} ready{f' at {why}' if why else ''}{f' ({quant})' if quant else ''}. "
-                                     "Type a prompt and press Run (Ctrl+Enter).", 8000)
+            self.model_label.setText(
+                self.model_label.text() + f" · {info.quantization_runtime.split(' (')[0]}"
+            )
+        self.statusBar().showMessage(
+            f"{info.name} ready{f' at {why}' if why else ''}{f' ({quant})' if quant else ''}. "
+            "Type a prompt and press Run (Ctrl+Enter).",
+            8000,
+        )
         for view in self.views.values():
             if hasattr(view, "on_model_loaded"):
                 view.on_model_loaded()
@@ -832,8 +907,12 @@ class MainWindow(QMainWindow):
             return
         self.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
         self.heatmap.mark_stale("stale: previous prompt (running the new one…)")
-        self.engine.enqueue(_prefill_job(prompt, self.chat_check.isChecked() and self.chat_check.isEnabled()),
-                            self._on_ran, self._on_command_failed, label="prefill")
+        self.engine.enqueue(
+            _prefill_job(prompt, self.chat_check.isChecked() and self.chat_check.isEnabled()),
+            self._on_ran,
+            self._on_command_failed,
+            label="prefill",
+        )
 
     def step(self, n: int = 1) -> None:
         if self.snapshot is None or self.snapshot.seq_len == 0:
@@ -844,8 +923,12 @@ class MainWindow(QMainWindow):
         def done(snap: Snapshot) -> None:
             self._on_ran(snap)
             if snap.n_generated < want and snap.seq_len:  # cancelled part-way: the tokens made so far stay
-                self.show_error(CancelledMessage(f"decode cancelled after {n - (want - snap.n_generated)} of {n} "
-                                                 "tokens; the tokens made so far stay"))
+                self.show_error(
+                    CancelledMessage(
+                        f"decode cancelled after {n - (want - snap.n_generated)} of {n} "
+                        "tokens; the tokens made so far stay"
+                    )
+                )
 
         self.engine.enqueue(_step_job(n), done, self._on_command_failed, label="decode")
 
@@ -867,11 +950,16 @@ class MainWindow(QMainWindow):
             return
         if snap.seq_len == 0:
             cancelled = isinstance(why, CancelledMessage)
-            self._show_empty(snap, "Cancelled: no sequence now. Press Run (Ctrl+Enter) to start again." if cancelled
-                             else "No sequence now: press Run (Ctrl+Enter).")
+            self._show_empty(
+                snap,
+                "Cancelled: no sequence now. Press Run (Ctrl+Enter) to start again."
+                if cancelled
+                else "No sequence now: press Run (Ctrl+Enter).",
+            )
             if why:
-                self.statusBar().showMessage(f"{why[:1].upper()}{why[1:]}: no sequence now; press Run (Ctrl+Enter).",
-                                             15000)
+                self.statusBar().showMessage(
+                    f"{why[:1].upper()}{why[1:]}: no sequence now; press Run (Ctrl+Enter).", 15000
+                )
         else:
             self._on_ran(snap)
 
@@ -904,11 +992,15 @@ class MainWindow(QMainWindow):
             self.decode_panel.set_table(table)
 
     def _apply_snapshot(self, snap: Snapshot) -> None:
-        from core.kv import dtype_bytes  # the KV view then shows what the model needs (sliding windows)
+        from attnscope.core.analysis.kv_formula import (
+            dtype_bytes,  # the KV view then shows what the model needs (sliding windows)
+        )
 
         self.snapshot = snap
         self._update_group_label()
-        self.seq_label.setText(f"seq_len {snap.seq_len}  ({snap.n_prompt} prompt + {snap.n_generated} generated)")
+        self.seq_label.setText(
+            f"seq_len {snap.seq_len}  ({snap.n_prompt} prompt + {snap.n_generated} generated)"
+        )
         info = snap.info
         self.kv_label.setText(f"KV cache {human_bytes(snap.kv_cache_bytes)} ({snap.kv_cache_bytes:,} bytes)")
         self.kv_label.setToolTip(
@@ -943,12 +1035,21 @@ class MainWindow(QMainWindow):
         if self.snapshot is None or self.snapshot.seq_len == 0:
             return
         hm = self.heatmap
-        job = _map_job(self.layer, self.head, hm.aggregate, self.visible_len, hm.range_mode == "shared",
-                       self.cancel_token("heatmap"), out=hm.overview_pixels(),
-                       weighting=getattr(hm, "weighting", "attention"))
+        job = _map_job(
+            self.layer,
+            self.head,
+            hm.aggregate,
+            self.visible_len,
+            hm.range_mode == "shared",
+            self.cancel_token("heatmap"),
+            out=hm.overview_pixels(),
+            weighting=getattr(hm, "weighting", "attention"),
+        )
         if self.map_key is not None and self.map_key != self._wanted_key():
             hm.mark_stale("stale: computing the map for this selection…")
-        self.submit_view("heatmap", job, self._on_weights, label="weights", on_partial=self._on_weights_partial)
+        self.submit_view(
+            "heatmap", job, self._on_weights, label="weights", on_partial=self._on_weights_partial
+        )
 
     def _wanted_key(self) -> tuple[int, int, str, int]:
         return self.layer, self.head, self.heatmap.aggregate, self.visible_len
@@ -957,7 +1058,7 @@ class MainWindow(QMainWindow):
         key, w, pooled, auto_max, shared_max = result
         if self.snapshot is None or key != self._wanted_key():
             return  # stale: the selection or the sequence changed since the request
-        from core.aggregate import describe
+        from attnscope.core.analysis.aggregate import describe
 
         layer, head, mode, n = key
         prev = self.map_key
@@ -970,16 +1071,26 @@ class MainWindow(QMainWindow):
         title = f"{describe(self.snapshot.info, layer, head, mode)} · seq_len {n}{when}"
         title += f" · {self.heatmap.apply_length_defaults(n)}"
         if getattr(self.heatmap, "weighting", "attention") == "value-weighted":
-            title += (" · value-weighted α·‖v W_O‖, row-normalised" if pooled is None
-                      else " · value-weighted needs ≤ 1024 tokens: attention shown")
+            title += (
+                " · value-weighted α·‖v W_O‖, row-normalised"
+                if pooled is None
+                else " · value-weighted needs ≤ 1024 tokens: attention shown"
+            )
         if pooled is None:
             self.weights = w
-            self.heatmap.set_weights(w, toks, toks, title=title, reset_view=reset, auto_max=auto_max,
-                                     shared_max=shared_max)
+            self.heatmap.set_weights(
+                w, toks, toks, title=title, reset_view=reset, auto_max=auto_max, shared_max=shared_max
+            )
         else:
             self.weights = None  # long map: never held whole on the GUI side
-            self.heatmap.set_overview(pooled, toks, title=title + " · overview: max-pooled", reset_view=reset,
-                                      auto_max=auto_max, shared_max=shared_max)
+            self.heatmap.set_overview(
+                pooled,
+                toks,
+                title=title + " · overview: max-pooled",
+                reset_view=reset,
+                auto_max=auto_max,
+                shared_max=shared_max,
+            )
             self.heatmap.show_status(title + f" · overview: {pooled.pooling}-pooled")
         self._show_token_strip()
 
@@ -988,7 +1099,7 @@ class MainWindow(QMainWindow):
         key, pooled, auto_max = result
         if self.snapshot is None or key != self._wanted_key():
             return
-        from core.aggregate import describe
+        from attnscope.core.analysis.aggregate import describe
 
         layer, head, mode, n = key
         reset = self.map_key is None or self.map_key[3] != n
@@ -1050,8 +1161,13 @@ class MainWindow(QMainWindow):
             return
         self.grid.canvas.set_placeholder("Computing every head's thumbnail…")
         self.grid.show_scale()
-        self.submit_view("grid", _grid_job(40, self.visible_len, self.cancel_token("grid"), self.grid.weighting),
-                         self._on_grid, label="head grid", on_partial=self._on_grid_partial)
+        self.submit_view(
+            "grid",
+            _grid_job(40, self.visible_len, self.cancel_token("grid"), self.grid.weighting),
+            self._on_grid,
+            label="head grid",
+            on_partial=self._on_grid_partial,
+        )
 
     def _on_grid_weighting(self, weighting: str) -> None:
         combo = self.heatmap.weighting_combo
@@ -1121,7 +1237,9 @@ class MainWindow(QMainWindow):
     def open_model_dialog(self) -> None:
         picker = _model_picker_class()
         if picker is not None:
-            dlg = picker(self, backend=self.backend_name, device=self.device, dtype=self.dtype, quantize=self.quantize)
+            dlg = picker(
+                self, backend=self.backend_name, device=self.device, dtype=self.dtype, quantize=self.quantize
+            )
             if dlg.exec() and dlg.selected_path():
                 self.backend_name = dlg.backend.currentText()
                 self.device = dlg.device.currentText()
@@ -1130,7 +1248,9 @@ class MainWindow(QMainWindow):
                 self.backend_actions[self.backend_name].setChecked(True)
                 self.load_model(dlg.selected_path())
             return
-        path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", str(Path.home()), "GGUF models (*.gguf)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open GGUF model", str(Path.home()), "GGUF models (*.gguf)"
+        )
         if path:
             self.load_model(path)
 
@@ -1144,7 +1264,9 @@ class MainWindow(QMainWindow):
             self.show_error("Nothing to export yet: run a prompt first.")
             return
         layer, head = self.weights_key
-        path, _ = QFileDialog.getSaveFileName(self, "Export heatmap image", f"attn_L{layer}_H{head}.png", "PNG (*.png)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export heatmap image", f"attn_L{layer}_H{head}.png", "PNG (*.png)"
+        )
         if path:
             self.export_heatmap_png(path)
 
@@ -1153,8 +1275,9 @@ class MainWindow(QMainWindow):
             self.show_error("Nothing to export yet: run a prompt first.")
             return
         layer, head = self.weights_key
-        path, _ = QFileDialog.getSaveFileName(self, "Export heatmap data", f"attn_L{layer}_H{head}.npy",
-                                              "NumPy (*.npy);;CSV (*.csv)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export heatmap data", f"attn_L{layer}_H{head}.npy", "NumPy (*.npy);;CSV (*.csv)"
+        )
         if path:
             self.export_heatmap_data(path)
 
@@ -1168,7 +1291,7 @@ class MainWindow(QMainWindow):
 
     def export_heatmap_data(self, path: str | os.PathLike) -> Path:
         """Save the current head's weights as .npy or .csv (by suffix)."""
-        from core.commands.export import write_weights
+        from attnscope.core.cli.commands.export import write_weights
 
         path = Path(path)
         try:
@@ -1192,11 +1315,13 @@ class MainWindow(QMainWindow):
 
     def about_text(self) -> str:
         """Help → About: the version, the model that runs (name, source) and the backend, device, dtype."""
-        from core import __version__
+        from attnscope.core import __version__
 
-        lines = [f"{APP_NAME} {__version__}",
-                 "Step through decode and inspect every attention head.",
-                 "Weights are exact recomputations from captured queries, cached keys and LSE."]
+        lines = [
+            f"{APP_NAME} {__version__}",
+            "Step through decode and inspect every attention head.",
+            "Weights are exact recomputations from captured queries, cached keys and LSE.",
+        ]
         snap = self.snapshot
         if snap is None:
             lines.append("Model: none loaded yet")
@@ -1215,7 +1340,7 @@ class MainWindow(QMainWindow):
 
 def _model_picker_class():
     try:
-        from app.model_picker import ModelPickerDialog
+        from attnscope.app.model_picker import ModelPickerDialog
     except ImportError:
         return None
     return ModelPickerDialog
@@ -1259,8 +1384,13 @@ def run_gui(args) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName(APP_NAME)
     app.setOrganizationName(APP_NAME)
-    win = MainWindow(model=args.model, backend=args.backend, device=args.device, dtype=args.dtype,
-                     quantize=getattr(args, "quantize", "none"))
+    win = MainWindow(
+        model=args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        quantize=getattr(args, "quantize", "none"),
+    )
     win.resize(*size)
     if args.prompt is not None:
         win.prompt_edit.setPlainText(args.prompt)
@@ -1297,7 +1427,10 @@ def _screenshot(app, win: MainWindow, args) -> int:
             if args.steps:
                 win.step(args.steps)
                 settle("decoding")
-        win.select(args.layer if args.layer is not None else win.layer, args.head if args.head is not None else win.head)
+        win.select(
+            args.layer if args.layer is not None else win.layer,
+            args.head if args.head is not None else win.head,
+        )
         win.show_view(args.view)
         win._refresh_current_view()
         settle("drawing")

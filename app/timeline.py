@@ -2,7 +2,7 @@
 
 Step ``t`` shows the session as it was after ``t`` decode steps: the maps' first
 ``n_prompt + t`` rows and columns, exact because with a causal mask earlier rows never change
-(:mod:`core.timeline`). Nothing is recomputed or stored per step; dragging the slider only crops.
+(:mod:`attnscope.core.analysis.timeline`). Nothing is recomputed or stored per step; dragging the slider only crops.
 """
 
 from __future__ import annotations

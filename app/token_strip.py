@@ -10,15 +10,15 @@ from __future__ import annotations
 import html
 
 import numpy as np
+from attnscope.core.io.colormaps import lut, normalize
+from attnscope.core.tokens import Token
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QTextBrowser
 
-from core.colormaps import lut, normalize
-from core.tokens import Token
 
-
-def token_html(tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None,
-               cmap: str = "viridis") -> str:
+def token_html(
+    tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None, cmap: str = "viridis"
+) -> str:
     """HTML of ``tokens``; with ``weights`` ``(n_key,)`` each token's background is its weight's colour.
 
     The query token is outlined; generated tokens are bold. Newlines (shown as ↵ in labels) break lines.
@@ -40,11 +40,16 @@ def token_html(tokens: list[Token], weights: np.ndarray | None = None, query: in
         if query is not None and i == query:
             style.append("border:2px solid #d01c1c; text-decoration: underline")
         text = html.escape(t.text).replace(" ", "&nbsp;")
-        title = html.escape(f"#{t.position} id {t.id} raw {t.raw!r}" + (f" weight {weights[i]:.4f}" if weights is not None and i < len(weights) else ""))
+        title = html.escape(
+            f"#{t.position} id {t.id} raw {t.raw!r}"
+            + (f" weight {weights[i]:.4f}" if weights is not None and i < len(weights) else "")
+        )
         if query is not None and i == query:
             parts.append('<a name="query"></a>')  # TokenStrip scrolls here
-        parts.append(f'<a href="tok:{t.position}" style="text-decoration:none; color:#000">'
-                     f'<span style="{";".join(style)}" title="{title}">{text}</span></a>')
+        parts.append(
+            f'<a href="tok:{t.position}" style="text-decoration:none; color:#000">'
+            f'<span style="{";".join(style)}" title="{title}">{text}</span></a>'
+        )
         if t.text.endswith("↵"):
             parts.append("<br>")
     return "<div style='font-family:monospace; font-size:11pt; line-height:160%'>" + "".join(parts) + "</div>"
@@ -62,8 +67,13 @@ class TokenStrip(QTextBrowser):
         self.setMinimumHeight(70)
         self.setPlaceholderText("Tokens appear here after Run.")
 
-    def show_tokens(self, tokens: list[Token], weights: np.ndarray | None = None, query: int | None = None,
-                    cmap: str = "viridis") -> None:
+    def show_tokens(
+        self,
+        tokens: list[Token],
+        weights: np.ndarray | None = None,
+        query: int | None = None,
+        cmap: str = "viridis",
+    ) -> None:
         self.setHtml(token_html(tokens, weights, query, cmap))
         # keep the query token (by default the newest) in sight: long chat prompts fill the pane
         if query is not None:

@@ -73,8 +73,9 @@ def step_rng(seed: int, position: int) -> np.random.Generator:
     return np.random.default_rng((int(seed), int(position)))
 
 
-def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator | None = None, *,
-           position: int = 0) -> int:
+def choose(
+    logits: np.ndarray, s: Sampling, rng: np.random.Generator | None = None, *, position: int = 0
+) -> int:
     """Pick the next token id from ``logits`` ``(vocab,)``: argmax when greedy, else one draw from
     :func:`filtered_probs` with ``rng`` (default :func:`step_rng` of ``s.seed`` and ``position``)."""
     if s.greedy:

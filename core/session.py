@@ -19,14 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from core.errors import SessionError
-from core.ids import BATCH_REFUSAL as _BATCH
-from core.ids import as_token_ids
-from core.kv import kv_cache_bytes as kv_formula
-from core.models import ModelInfo
-from core.sampling import GREEDY, Sampling, choose, softmax
-from core.tokens import NO_TOKENS, Token, roundtrip_notice, token_text
+from attnscope.core.analysis.kv_formula import kv_cache_bytes as kv_formula
+from attnscope.core.errors import SessionError
+from attnscope.core.ids import BATCH_REFUSAL as _BATCH
+from attnscope.core.ids import as_token_ids
+from attnscope.core.loading.resolve import ModelInfo
+from attnscope.core.sampling import GREEDY, Sampling, choose, softmax
+from attnscope.core.tokens import NO_TOKENS, Token, roundtrip_notice, token_text
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Session:
     """A loaded model plus one running sequence. Single-threaded: call it from one thread."""
 
     #: after :meth:`prefill`: one line when the tokenizer drops or replaces characters of the prompt
-    #: (:func:`core.tokens.roundtrip_notice`), else None
+    #: (:func:`attnscope.core.tokens.roundtrip_notice`), else None
     notice: str | None = None
 
     def __init__(self, backend):
@@ -96,13 +95,13 @@ class Session:
     ) -> Session:
         """Load ``model`` (None = embedded default) on ``backend`` ("torch" or "mlx").
 
-        ``dtype``: ``auto`` (the checkpoint's own precision; :func:`core.precision.decide`, which
+        ``dtype``: ``auto`` (the checkpoint's own precision; :func:`attnscope.core.loading.precision.decide`, which
         says why in ``info.dtype_reason``), ``float32``, ``bfloat16`` or ``float16``.
 
         ``quantize``: ``none|int8|int4`` weight-only quantisation of the linear layers
-        (:mod:`core.quantize` for torch; ``mlx.nn.quantize`` for MLX).
+        (:mod:`attnscope.core.loading.quantize` for torch; ``mlx.nn.quantize`` for MLX).
 
-        ``device_map``: ``auto|balanced|sequential`` (torch only, :mod:`core.device_map`): layers
+        ``device_map``: ``auto|balanced|sequential`` (torch only, :mod:`attnscope.core.loading.device_map`): layers
         across GPUs, then CPU, then disk, through accelerate.
 
         Raises:
@@ -110,14 +109,22 @@ class Session:
             SessionError: unknown backend.
         """
         if backend == "torch":
-            from core.backends.torch_backend import TorchBackend
+            from attnscope.core.backends.torch_backend import TorchBackend
 
-            return cls(TorchBackend.load(model, device=device, dtype=dtype, progress=progress, quantize=quantize,
-                                         device_map=device_map))
+            return cls(
+                TorchBackend.load(
+                    model,
+                    device=device,
+                    dtype=dtype,
+                    progress=progress,
+                    quantize=quantize,
+                    device_map=device_map,
+                )
+            )
         if backend == "mlx":
             if device_map is not None:
                 raise SessionError("--device-map is for the torch backend (MLX uses one unified memory)")
-            from core.backends.mlx_backend import MlxBackend
+            from attnscope.core.backends.mlx_backend import MlxBackend
 
             return cls(MlxBackend.load(model, dtype=dtype, progress=progress, quantize=quantize))
         raise SessionError(f"unknown backend {backend!r}: choose torch or mlx")
@@ -160,7 +167,9 @@ class Session:
             raise SessionError(NO_TOKENS)
         self.notice = roundtrip_notice(self.tokenizer, prompt)  # None, or how the tokenizer changed the text
         if self.info.max_context and len(ids) > self.info.max_context:
-            raise SessionError(f"the prompt has {len(ids)} tokens, more than the model's context of {self.info.max_context}")
+            raise SessionError(
+                f"the prompt has {len(ids)} tokens, more than the model's context of {self.info.max_context}"
+            )
         self.clear()  # a cancelled or failed forward leaves the session empty, never half old, half new
         logits = self.backend.forward(ids, progress=progress, cancelled=cancelled, all_logits=all_logits)
         self.prompt, self.chat_template = prompt, chat_template
@@ -224,7 +233,7 @@ class Session:
             SessionError: no prompt yet, an id outside the vocabulary, or the context is full.
             Cancelled: ``cancelled()`` became true.
         """
-        from core.errors import Cancelled
+        from attnscope.core.errors import Cancelled
 
         if self._logits is None:
             raise SessionError("run a prompt before feeding tokens")
@@ -269,7 +278,7 @@ class Session:
     @property
     def notices(self) -> list:
         """What the engine did by itself to keep the maps exact, oldest first, for the GUI to show:
-        e.g. :class:`core.rope_length.RopeRecompute` (the KV cache re-run because LongRoPE / dynamic
+        e.g. :class:`attnscope.core.attention.rope_length.RopeRecompute` (the KV cache re-run because LongRoPE / dynamic
         RoPE frequencies changed with the length; ``str(notice)`` is one line), after :attr:`notice`
         (how the tokenizer changed the prompt's text, if it did). Cleared by prefill."""
         return ([self.notice] if self.notice else []) + list(getattr(self.backend, "notices", ()))
@@ -299,7 +308,9 @@ class Session:
         ids = self._ids[self._n_prompt :] if generated_only else self._ids
         return self.tokenizer.decode(ids)
 
-    def weights(self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
+    def weights(
+        self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
+    ) -> np.ndarray:
         """Exact weights of one head, ``(n_query, n_key)`` float32 (rows = queries, cols = keys).
 
         Raises:
@@ -322,15 +333,20 @@ class Session:
 
         ``seq_len`` defaults to the current sequence; ``dtype`` to the model's dtype.
         """
-        return kv_formula(self.info.n_layers, self.info.n_kv_heads, self.info.head_dim,
-                          self.seq_len if seq_len is None else seq_len, dtype or self.info.dtype)
+        return kv_formula(
+            self.info.n_layers,
+            self.info.n_kv_heads,
+            self.info.head_dim,
+            self.seq_len if seq_len is None else seq_len,
+            dtype or self.info.dtype,
+        )
 
     def set_sampling(self, sampling: Sampling) -> None:
         """Use ``sampling`` for the next steps. A sampled token depends only on the logits, the settings
-        and its position (:func:`core.sampling.step_rng`), so stepping back and forward again with the
+        and its position (:func:`attnscope.core.sampling.step_rng`), so stepping back and forward again with the
         same settings gives the same token, and a reopened session continues as the original would."""
         if not isinstance(sampling, Sampling):
-            raise ValueError(f"expected a core.sampling.Sampling, got {type(sampling).__name__}")
+            raise ValueError(f"expected a attnscope.core.sampling.Sampling, got {type(sampling).__name__}")
         self.sampling = sampling
 
     def logits_at(self, step: int | None = None) -> np.ndarray:
@@ -377,9 +393,14 @@ class Session:
         """A frozen copy of what the GUI shows (tokens, KV bytes, next-token top 10)."""
         ran = self._logits is not None
         return Snapshot(
-            info=self.info, backend=self.backend.name, device=str(self.backend.device),
-            tokens=tuple(self.tokens), n_prompt=self._n_prompt, prompt=self.prompt,
-            chat_template=self.chat_template, kv_cache_bytes=self.kv_cache_bytes(),
+            info=self.info,
+            backend=self.backend.name,
+            device=str(self.backend.device),
+            tokens=tuple(self.tokens),
+            n_prompt=self._n_prompt,
+            prompt=self.prompt,
+            chat_template=self.chat_template,
+            kv_cache_bytes=self.kv_cache_bytes(),
             top_next=tuple(self.next_token_probs(10)) if ran else (),
             notices=tuple(str(n) for n in self.notices),
         )

@@ -14,7 +14,11 @@ from functools import lru_cache
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's ``bytes_to_unicode`` table (Radford et al. 2019, encoder.py)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -79,7 +83,11 @@ def tokenizer_kind(tokenizer) -> str:
             obj = getattr(backend, attr, None)
             if obj is not None:
                 try:
-                    parts.append(obj.__getstate__().decode("utf-8", "replace") if hasattr(obj, "__getstate__") else repr(obj))
+                    parts.append(
+                        obj.__getstate__().decode("utf-8", "replace")
+                        if hasattr(obj, "__getstate__")
+                        else repr(obj)
+                    )
                 except Exception:  # an exotic component without a JSON state
                     parts.append(repr(obj))
         model = getattr(backend, "model", None)
@@ -194,7 +202,9 @@ class Token:
     generated: bool = False
 
 
-NO_TOKENS = "the prompt has no tokens: the tokenizer keeps none of its characters (and this model adds no BOS token)"
+NO_TOKENS = (
+    "the prompt has no tokens: the tokenizer keeps none of its characters (and this model adds no BOS token)"
+)
 
 
 def roundtrip_notice(tokenizer, text: str, limit: int = 3) -> str | None:

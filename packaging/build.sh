@@ -35,7 +35,7 @@ if [ "$DO_DEB" = 1 ]; then
   command -v dpkg-deb >/dev/null || { echo "build.sh: dpkg-deb not found" >&2; exit 1; }
 fi
 
-VERSION="$("$PYTHON" -c 'import core; print(core.__version__)')"
+VERSION="$("$PYTHON" -c 'import attnscope; print(attnscope.__version__)')"
 ARCH_DEB="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
 ARCH="$(uname -m)"
 BUNDLE="dist/attnscope"
@@ -110,7 +110,7 @@ if [ "$DO_DEB" = 1 ]; then
   for s in postinst postrm; do install -m 0755 "packaging/linux/$s" "$STAGE/DEBIAN/$s"; done
   INSTALLED_KB=$(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)
   # + the default model that postinst converts into /var/opt/attnscope (float32: 4 bytes a parameter)
-  MODEL_KB=$("$PYTHON" -c "from core import models; print((models.read_gguf(models.default_gguf_path()).n_params * 4 + (4 << 20)) // 1024)")
+  MODEL_KB=$("$PYTHON" -c "from attnscope.core.loading import resolve as models; print((models.read_gguf(models.default_gguf_path()).n_params * 4 + (4 << 20)) // 1024)")
   INSTALLED_KB=$((INSTALLED_KB + MODEL_KB))
   DEPENDS=$("$PYTHON" -c "import json; print(', '.join(json.load(open('build/bundle-deps.json'))['depends']))")
   RECOMMENDS=$("$PYTHON" -c "import json; print(', '.join(json.load(open('build/bundle-deps.json'))['recommends']))")

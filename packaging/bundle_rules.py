@@ -13,8 +13,16 @@ from pathlib import Path
 # __init__ stay for every family (8 MB of source), because AutoTokenizer imports whichever family
 # first names a tokenizer class (transformers.models.auto.tokenization_auto.tokenizer_class_from_name)
 # and AutoConfig may parse any config.json. Model code is 25 MB of source (+ bytecode).
-HEAVY_PREFIXES = ("modeling_", "modular_", "convert_", "image_processing_", "video_processing_",
-                  "processing_", "feature_extraction_", "generation_")
+HEAVY_PREFIXES = (
+    "modeling_",
+    "modular_",
+    "convert_",
+    "image_processing_",
+    "video_processing_",
+    "processing_",
+    "feature_extraction_",
+    "generation_",
+)
 NEVER_AT_RUNTIME = ("modular_", "convert_")  # generator inputs and conversion scripts
 
 
@@ -61,24 +69,71 @@ def transformers_excludes(model_types) -> tuple[list[str], set[str]]:
 # -- Python packages ------------------------------------------------------------------------------
 EXCLUDED_PACKAGES = [
     # test and development tools
-    "pytest", "_pytest", "hypothesis", "pytestqt", "IPython", "ipykernel", "jupyter_client", "notebook",
-    "tkinter", "_tkinter",
+    "pytest",
+    "_pytest",
+    "hypothesis",
+    "pytestqt",
+    "IPython",
+    "ipykernel",
+    "jupyter_client",
+    "notebook",
+    "tkinter",
+    "_tkinter",
     # optional dependencies of torch/transformers that the app never calls
-    "matplotlib", "pandas", "scipy", "sklearn", "tensorboard", "torchvision", "torchaudio", "onnx",
-    "onnxruntime", "cv2", "av", "librosa", "soundfile", "timm", "bitsandbytes", "deepspeed", "apex",
-    "triton", "PyQt5", "PyQt6", "PySide2", "OpenGL",
+    "matplotlib",
+    "pandas",
+    "scipy",
+    "sklearn",
+    "tensorboard",
+    "torchvision",
+    "torchaudio",
+    "onnx",
+    "onnxruntime",
+    "cv2",
+    "av",
+    "librosa",
+    "soundfile",
+    "timm",
+    "bitsandbytes",
+    "deepspeed",
+    "apex",
+    "triton",
+    "PyQt5",
+    "PyQt6",
+    "PySide2",
+    "OpenGL",
     # the download/serving side of the hub libraries: the app opens local files only
-    "hf_xet", "pydantic", "pydantic_core", "fsspec", "typer", "rich", "click",
-    "transformers.cli", "transformers.commands", "huggingface_hub.cli", "huggingface_hub.commands",
+    "hf_xet",
+    "pydantic",
+    "pydantic_core",
+    "fsspec",
+    "typer",
+    "rich",
+    "click",
+    "transformers.cli",
+    "transformers.commands",
+    "huggingface_hub.cli",
+    "huggingface_hub.commands",
     # torch imports sympy (symbolic shapes), never these parts of it
-    "sympy.physics", "sympy.stats",
+    "sympy.physics",
+    "sympy.stats",
     # Qt modules the app and pyqtgraph never import
-    "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtQuickWidgets", "PySide6.QtNetwork",
-    "PySide6.QtSql", "PySide6.QtDesigner", "PySide6.QtUiTools", "PySide6.QtPdf", "PySide6.QtPdfWidgets",
-    "PySide6.QtDBus", "PySide6.QtHelp", "PySide6.QtXml", "PySide6.QtConcurrent",
+    "PySide6.QtQml",
+    "PySide6.QtQuick",
+    "PySide6.QtQuickWidgets",
+    "PySide6.QtNetwork",
+    "PySide6.QtSql",
+    "PySide6.QtDesigner",
+    "PySide6.QtUiTools",
+    "PySide6.QtPdf",
+    "PySide6.QtPdfWidgets",
+    "PySide6.QtDBus",
+    "PySide6.QtHelp",
+    "PySide6.QtXml",
+    "PySide6.QtConcurrent",
 ]
-# MP4 export (core/export.py) uses imageio-ffmpeg when present, which ships a 165 MB ffmpeg
-# binary; without it the app says so (core.export.mp4_unavailable: the MP4 item greyed out with the
+# MP4 export (core/io/export.py) uses imageio-ffmpeg when present, which ships a 165 MB ffmpeg
+# binary; without it the app says so (attnscope.core.io.export.mp4_unavailable: the MP4 item greyed out with the
 # reason, the CLI one line) and offers GIF. ATTNSCOPE_WITH_MP4=1 bundles it (hook-imageio_ffmpeg).
 MP4_PACKAGES = ["imageio", "imageio_ffmpeg"]
 
@@ -86,16 +141,22 @@ MP4_PACKAGES = ["imageio", "imageio_ffmpeg"]
 DROP = [
     # torch: C++ headers, CMake files, test binaries and test libraries (torch_shm_manager stays:
     # torch.multiprocessing starts it)
-    r"torch/include/", r"torch/test/", r"torch/share/cmake/", r"torch/utils/benchmark/",
+    r"torch/include/",
+    r"torch/test/",
+    r"torch/share/cmake/",
+    r"torch/utils/benchmark/",
     r"torch/bin/(?!torch_shm_manager$)",
     r"torch/lib/lib(jitbackend_test|torchbind_test|aoti_custom_ops|backend_with_compiler)\.",
     # GPU runtimes a build machine may have (this bundle is the CPU build)
     r"(^|/)lib(cuda|cudart|cudnn|cublas|cublasLt|cufft|curand|cusolver|cusparse|nccl|nvrtc|nvToolsExt|nvJitLink"
     r"|cupti|cusparseLt|cufile)[^/]*$",
-    r"(^|/)nvidia/", r"(^|/)triton/", r"(^|/)lib(amdhip|rocm|hip|MIOpen)[^/]*$",
+    r"(^|/)nvidia/",
+    r"(^|/)triton/",
+    r"(^|/)lib(amdhip|rocm|hip|MIOpen)[^/]*$",
     # Qt: translations, QML, tools, and plugins of modules the app does not use. Qt's layout differs:
     # Linux PySide6/Qt/lib/libQt6X.so.6, Windows PySide6/Qt6X.dll, macOS PySide6/Qt/lib/QtX.framework/
-    r"PySide6/(Qt/)?translations/", r"PySide6/(Qt/)?qml/",
+    r"PySide6/(Qt/)?translations/",
+    r"PySide6/(Qt/)?qml/",
     r"(^|/)(lib)?Qt6?(Quick|Qml|Pdf|Designer|Network|Sql|VirtualKeyboard|EglFSDeviceIntegration|EglFsKmsSupport)\w*"
     r"(\.so[.0-9]*$|\.dll$|\.framework/)",
     r"PySide6/(Qt/)?plugins/(qmltooling|sqldrivers|networkinformation|tls|designer|virtualkeyboard|position"
@@ -104,13 +165,16 @@ DROP = [
     # embedded-device platforms (framebuffer, EGLFS, VNC, evdev input) and the GTK theme plugin, with
     # what only the GTK plugin links: the app runs on X11 (xcb) and Wayland desktops
     r"PySide6/Qt/plugins/platforms/libq(eglfs|linuxfb|minimalegl|vkkhrdisplay|vnc)\.",
-    r"PySide6/Qt/plugins/(egldeviceintegrations|generic)/", r"PySide6/Qt/plugins/platformthemes/libqgtk3",
+    r"PySide6/Qt/plugins/(egldeviceintegrations|generic)/",
+    r"PySide6/Qt/plugins/platformthemes/libqgtk3",
     r"^lib(gtk-3|gdk-3|gdk_pixbuf-2\.0|atk-1\.0|atk-bridge-2\.0|atspi|cairo|cairo-gobject|pango-1\.0"
     r"|pangocairo-1\.0|pangoft2-1\.0|datrie|thai|fribidi|graphite2|harfbuzz|pixman-1|epoxy|jpeg"
     r"|gssapi_krb5|krb5|k5crypto|krb5support|com_err|keyutils)\.so[.0-9]*$",
     r"PySide6/(designer|assistant|linguist|lrelease|lupdate|qml\w*|uic|rcc|balsam\w*|svgtoqml)(\.exe)?$",
     r"PySide6/(include|typesystems|scripts|glue|examples|doc)/",
-    r"\.pyi$", r"pyqtgraph/examples/", r"(^|/)__pycache__/",
+    r"\.pyi$",
+    r"pyqtgraph/examples/",
+    r"(^|/)__pycache__/",
 ]
 # Libraries of the desktop the app runs on (X11/xcb, xkbcommon, fontconfig, freetype, GLib, D-Bus
 # and what they link) come from the host on Linux, not the bundle: a bundled copy can clash with

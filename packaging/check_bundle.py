@@ -24,11 +24,15 @@ import sys
 from pathlib import Path
 
 # The C library and the loader are always there; libc6 is listed in Depends regardless.
-ALWAYS_THERE = re.compile(r"^(ld-linux.*|linux-vdso.*|libc\.so.*|libm\.so.*|libdl\.so.*|libpthread\.so.*|librt\.so.*"
-                          r"|libutil\.so.*|libresolv\.so.*|libmvec\.so.*)$")
+ALWAYS_THERE = re.compile(
+    r"^(ld-linux.*|linux-vdso.*|libc\.so.*|libm\.so.*|libdl\.so.*|libpthread\.so.*|librt\.so.*"
+    r"|libutil\.so.*|libresolv\.so.*|libmvec\.so.*)$"
+)
 # Bundle files whose host libraries are optional (the app runs without these plugins).
-OPTIONAL_USER = re.compile(r"/plugins/(wayland-[^/]+|xcbglintegrations|platforminputcontexts|imageformats|"
-                           r"platformthemes|iconengines)/|/plugins/platforms/libqwayland|libQt6(WaylandClient|WlShellIntegration)")
+OPTIONAL_USER = re.compile(
+    r"/plugins/(wayland-[^/]+|xcbglintegrations|platforminputcontexts|imageformats|"
+    r"platformthemes|iconengines)/|/plugins/platforms/libqwayland|libQt6(WaylandClient|WlShellIntegration)"
+)
 
 
 def is_elf(path: Path) -> bool:
@@ -84,8 +88,13 @@ def check(bundle: Path) -> dict:
         host_libs[lib] = pkg
         (recommends if optional else depends).add(pkg)
     recommends -= depends
-    return {"depends": sorted(depends | {"libc6"}), "recommends": sorted(recommends), "missing": missing,
-            "host_libs": host_libs, "elf_files": len(files)}
+    return {
+        "depends": sorted(depends | {"libc6"}),
+        "recommends": sorted(recommends),
+        "missing": missing,
+        "host_libs": host_libs,
+        "elf_files": len(files),
+    }
 
 
 def main(argv=None) -> int:
@@ -102,8 +111,11 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(text)
     if result["missing"]:
-        print(f"check_bundle: {len(result['missing'])} needed librar(ies) neither bundled nor on this machine: "
-              f"{', '.join(result['missing'])}", file=sys.stderr)
+        print(
+            f"check_bundle: {len(result['missing'])} needed librar(ies) neither bundled nor on this machine: "
+            f"{', '.join(result['missing'])}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

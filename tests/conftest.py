@@ -17,12 +17,12 @@ SMOL_PROMPT = (
 
 @pytest.fixture(autouse=True)
 def _collect_garbage_on_main_thread():
-    """Once a GUI test has put the GC on a GUI-thread timer (app.engine), collect what is due after
+    """Once a GUI test has put the GC on a GUI-thread timer (attnscope.app.engine), collect what is due after
     every test, on this (the main) thread, so windows of earlier tests are freed here and memory stays flat."""
     yield
     import sys
 
-    engine = sys.modules.get("app.engine")
+    engine = sys.modules.get("attnscope.app.engine")
     guard = getattr(engine, "_GC_GUARD", None)
     if guard is not None:
         guard.check()
@@ -35,7 +35,7 @@ def smol_session():
     Tests that change its sequence must re-run ``prefill`` themselves; tests that only read should use
     :func:`smol_ran`.
     """
-    from core.session import Session
+    from attnscope.core.session import Session
 
     return Session.load()
 
@@ -50,7 +50,7 @@ def smol_ran(smol_session):
 @pytest.fixture(scope="session")
 def smol_folder():
     """HF folder of the converted default model (config.json, model.safetensors, tokenizer)."""
-    from core.models import resolve
+    from attnscope.core.loading.resolve import resolve
 
     return resolve(None)[0]
 

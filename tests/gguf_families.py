@@ -77,7 +77,7 @@ def write_family_gguf(family: str, path: Path, qtype=None, seed: int = 0, name: 
         if g is None:
             continue
         arr = np.ascontiguousarray(t.float().numpy())
-        gname = g + hf_name[len(base):]
+        gname = g + hf_name[len(base) :]
         if arr.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32:
             w.add_tensor(gname, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:
@@ -99,4 +99,6 @@ def transformers_tensors(path: Path, dtype=None) -> dict:
     config = AutoConfig.from_pretrained(Path(path).parent, gguf_file=Path(path).name)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(config)
-    return load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=meta, torch_dtype=dtype)["tensors"]
+    return load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=meta, torch_dtype=dtype)[
+        "tensors"
+    ]

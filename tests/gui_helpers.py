@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def ran_window(qtbot, folder, prompt: str, steps: int = 0, size: tuple[int, int] = (1400, 900)):
-    """A shown :class:`app.main_window.MainWindow` on ``folder`` after Run of ``prompt`` (no chat
+    """A shown :class:`attnscope.app.main_window.MainWindow` on ``folder`` after Run of ``prompt`` (no chat
     template) and ``steps`` decode steps; asserts that the load, the run and the steps succeeded."""
-    from app.main_window import MainWindow
+    from attnscope.app.main_window import MainWindow
 
     w = MainWindow(model=str(folder))
     qtbot.addWidget(w)

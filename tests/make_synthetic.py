@@ -38,44 +38,133 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 REVISION = "5eed000000000000000000000000000000000000"
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # Published config.json values (architecture-relevant keys), by model.
 CONFIGS: dict[str, dict] = {
     "llama-3.2-1b": dict(
-        _name="Llama-3.2-1B", model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=2048,
-        intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE,
-        tie_word_embeddings=True, vocab_size=128256, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        bos_token_id=128000, eos_token_id=128001),
+        _name="Llama-3.2-1B",
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        tie_word_embeddings=True,
+        vocab_size=128256,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
     "llama-3.1-8b": dict(
-        _name="Llama-3.1-8B", model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling=dict(_LLAMA3_ROPE, factor=8.0), tie_word_embeddings=False, vocab_size=128256,
-        hidden_act="silu", attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001),
+        _name="Llama-3.1-8B",
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
+        tie_word_embeddings=False,
+        vocab_size=128256,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
     "qwen2.5-7b": dict(
-        _name="Qwen2.5-7B", model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=3584,
-        intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-        max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0, sliding_window=131072,
-        use_sliding_window=False, max_window_layers=28, tie_word_embeddings=False, vocab_size=152064,
-        hidden_act="silu", bos_token_id=151643, eos_token_id=151643),
+        _name="Qwen2.5-7B",
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        sliding_window=131072,
+        use_sliding_window=False,
+        max_window_layers=28,
+        tie_word_embeddings=False,
+        vocab_size=152064,
+        hidden_act="silu",
+        bos_token_id=151643,
+        eos_token_id=151643,
+    ),
     "mistral-7b-v0.3": dict(
-        _name="Mistral-7B-v0.3", model_type="mistral", architectures=["MistralForCausalLM"], hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
-        tie_word_embeddings=False, vocab_size=32768, hidden_act="silu", bos_token_id=1, eos_token_id=2),
+        _name="Mistral-7B-v0.3",
+        model_type="mistral",
+        architectures=["MistralForCausalLM"],
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        vocab_size=32768,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     "gemma-3-1b": dict(
-        _name="Gemma-3-1B", model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152,
-        intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
-        query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6, rope_theta=1000000.0,
-        rope_local_base_freq=10000.0, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        vocab_size=262144, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
-        final_logit_softcapping=None, bos_token_id=2, eos_token_id=1),
+        _name="Gemma-3-1B",
+        model_type="gemma3_text",
+        architectures=["Gemma3ForCausalLM"],
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_hidden_layers=26,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        sliding_window_pattern=6,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        vocab_size=262144,
+        hidden_activation="gelu_pytorch_tanh",
+        attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+        bos_token_id=2,
+        eos_token_id=1,
+    ),
 }
-GGUF_ARCH = {"llama": ("llama", "LLAMA"), "mistral": ("llama", "LLAMA"), "qwen2": ("qwen2", "QWEN2"),
-             "gemma3_text": ("gemma3", "GEMMA3")}
+GGUF_ARCH = {
+    "llama": ("llama", "LLAMA"),
+    "mistral": ("llama", "LLAMA"),
+    "qwen2": ("qwen2", "QWEN2"),
+    "gemma3_text": ("gemma3", "GEMMA3"),
+}
 BLOCK = 64 << 20  # elements drawn per generator call
 SHARD = 2 * 10**9
 
@@ -97,8 +186,11 @@ def tensor_specs(config) -> list[tuple[str, tuple[int, ...]]]:
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(config)
     tied = getattr(config, "tie_word_embeddings", False)
-    return [(k, tuple(v.shape)) for k, v in m.state_dict().items()
-            if not (tied and k == "lm_head.weight") and not k.endswith("rotary_emb.inv_freq")]
+    return [
+        (k, tuple(v.shape))
+        for k, v in m.state_dict().items()
+        if not (tied and k == "lm_head.weight") and not k.endswith("rotary_emb.inv_freq")
+    ]
 
 
 def random_tensor(index: int, name: str, shape: tuple[int, ...], seed: int, dtype="bfloat16"):
@@ -118,7 +210,7 @@ def random_tensor(index: int, name: str, shape: tuple[int, ...], seed: int, dtyp
 
 
 def _tokenizer_folder() -> Path:
-    from core.models import resolve
+    from attnscope.core.loading.resolve import resolve
 
     return resolve(None, dtype="float32")[0]
 
@@ -160,12 +252,15 @@ def write_hf(key: str, out: Path, seed: int = 0, log=print) -> Path:
     flush()
     weight_map = {}
     for j, (fn, names) in enumerate(shards):
-        final = "model.safetensors" if len(shards) == 1 else f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
+        final = (
+            "model.safetensors" if len(shards) == 1 else f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
+        )
         (snap / fn).rename(snap / final)
         weight_map.update({n: final for n in names})
     if len(shards) > 1:
         (snap / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+        )
     config.save_pretrained(snap)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         src = _tokenizer_folder() / f
@@ -193,8 +288,12 @@ def _copy_tokenizer(w, src_gguf: Path) -> None:
     w.add_token_list(val("tokenizer.ggml.tokens"))
     w.add_token_types(val("tokenizer.ggml.token_type"))
     w.add_token_merges(val("tokenizer.ggml.merges"))
-    for key, fn in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
-                    ("unknown_token_id", w.add_unk_token_id), ("padding_token_id", w.add_pad_token_id)):
+    for key, fn in (
+        ("bos_token_id", w.add_bos_token_id),
+        ("eos_token_id", w.add_eos_token_id),
+        ("unknown_token_id", w.add_unk_token_id),
+        ("padding_token_id", w.add_pad_token_id),
+    ):
         v = val(f"tokenizer.ggml.{key}")
         if v is not None:
             fn(int(v))
@@ -205,8 +304,7 @@ def _copy_tokenizer(w, src_gguf: Path) -> None:
 def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print) -> Path:
     """Write ``<out>/gguf/<Name>-<Q>.gguf`` (``qname`` "Q8_0" or "Q4_0"), streaming tensor by tensor."""
     import gguf
-
-    from core.models import default_gguf_path
+    from attnscope.core.loading.resolve import default_gguf_path
 
     qtype = getattr(gguf.GGMLQuantizationType, qname)
     config = hf_config(key)
@@ -242,7 +340,7 @@ def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print) -> Pat
         if g is None:
             raise SystemExit(f"no GGUF name for {hf}")
         q = qtype if len(shape) == 2 and shape[-1] % 32 == 0 else gguf.GGMLQuantizationType.F32
-        specs.append((i, hf, g + hf[len(base):], shape, q))
+        specs.append((i, hf, g + hf[len(base) :], shape, q))
     for _i, _hf, gname, shape, q in specs:
         if q == gguf.GGMLQuantizationType.F32:
             w.add_tensor_info(gname, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
@@ -263,8 +361,12 @@ def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print) -> Pat
             arr = arr + 1.0  # llama.cpp stores Gemma's (1 + w); transformers subtracts 1 on load
         if q != gguf.GGMLQuantizationType.F32:
             rows = max(1, BLOCK // shape[-1])
-            arr = np.concatenate([gguf.quants.quantize(np.ascontiguousarray(arr[r : r + rows]), q)
-                                  for r in range(0, shape[0], rows)])
+            arr = np.concatenate(
+                [
+                    gguf.quants.quantize(np.ascontiguousarray(arr[r : r + rows]), q)
+                    for r in range(0, shape[0], rows)
+                ]
+            )
         w.write_tensor_data(np.ascontiguousarray(arr))
         del arr
         if k % 20 == 0:

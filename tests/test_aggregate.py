@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.core.analysis import aggregate
+from attnscope.core.analysis.pooling import max_pool
 from tiny_models import eager_reference, save_tiny
-
-from core import aggregate
-from core.pooling import max_pool
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path_factory.mktemp("tiny_agg")
     model = save_tiny("llama", folder, seed=3)
@@ -51,7 +50,9 @@ def test_means_equal_eager_means(tiny):
     np.testing.assert_allclose(m.sum(1), 1.0, atol=1e-5)
     assert np.all(m[np.triu_indices(T, 1)] == 0)
     # cropped to a step: the top-left block
-    np.testing.assert_allclose(aggregate.map_at(s, 1, 0, "layer", n=T - 2), att[1, :, : T - 2, : T - 2].mean(0), atol=2e-6)
+    np.testing.assert_allclose(
+        aggregate.map_at(s, 1, 0, "layer", n=T - 2), att[1, :, : T - 2, : T - 2].mean(0), atol=2e-6
+    )
     with pytest.raises(IndexError):
         aggregate.map_at(s, 0, 0, n=T + 1)
 
@@ -73,7 +74,7 @@ def test_pooled_map_is_block_max(tiny, out, block_rows):
     re, ce = pm.row_edges, pm.col_edges
     assert re[0] == 0 and re[-1] == T and len(re) == min(out, T) + 1
     a, b = len(re) // 2, len(ce) // 3
-    assert pm.image[a, b] == pytest.approx(full[re[a]:re[a + 1], ce[b]:ce[b + 1]].max(), abs=2e-6)
+    assert pm.image[a, b] == pytest.approx(full[re[a] : re[a + 1], ce[b] : ce[b + 1]].max(), abs=2e-6)
     assert pm.n == T
 
 
@@ -95,7 +96,7 @@ def test_layer_robust_max_is_max_over_heads(tiny):
 
 
 def test_cancel_between_heads(tiny):
-    from core.errors import Cancelled
+    from attnscope.core.errors import Cancelled
 
     s, _ = tiny
     with pytest.raises(Cancelled):
@@ -110,7 +111,9 @@ def test_progress_counts_heads_and_bands(tiny):
     np.testing.assert_allclose(w, att.mean(axis=(0, 1)), atol=1e-6)
     T = s.seq_len
     calls.clear()
-    pm = aggregate.pooled_map(s, 1, 2, "group", out=4, block_rows=4, progress=lambda d, t: calls.append((d, t)))
+    pm = aggregate.pooled_map(
+        s, 1, 2, "group", out=4, block_rows=4, progress=lambda d, t: calls.append((d, t))
+    )
     n_bands = len(calls) // 2
     assert n_bands >= 2 and calls == [(i, 2 * n_bands) for i in range(1, 2 * n_bands + 1)]
     np.testing.assert_allclose(pm.image, max_pool(att[1, 2:4].mean(axis=0), 4, 4), atol=1e-6)
@@ -127,4 +130,6 @@ def test_thumbnails_at_a_step(tiny):
     assert th.shape == (2, 4, 6, 6)
     for layer in range(2):
         for head in range(4):
-            np.testing.assert_allclose(th[layer, head], max_pool(att[layer, head, : T - 1, : T - 1], 6, 6), atol=2e-6)
+            np.testing.assert_allclose(
+                th[layer, head], max_pool(att[layer, head, : T - 1, : T - 1], 6, 6), atol=2e-6
+            )

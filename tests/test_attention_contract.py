@@ -1,4 +1,4 @@
-"""The attention contract (core.reference): numpy reference vs torch (ours and F.sdpa) vs MLX.
+"""The attention contract (attnscope.core.attention.reference): numpy reference vs torch (ours and F.sdpa) vs MLX.
 
 Property tests draw shapes, GQA group sizes, L != S, every mask kind and dtype; the reference is
 given the inputs already rounded to the dtype under test, so tolerances measure the
@@ -14,13 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_cases import DTYPES, EXAMPLES, Case, assert_close, cases, score_max
+from attnscope.core.attention import reference
+from attnscope.core.attention.fused import _gqa_views, attention, math_with_lse, sdpa_with_lse
+from attnscope.core.attention.masks import Mask, as_mask
+from attnscope.core.attention.tiled import flash_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from core import reference
-from core.attention import _gqa_views, attention, math_with_lse, sdpa_with_lse
-from core.flash import flash_attention
-from core.masks import Mask, as_mask
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None)
@@ -60,7 +59,11 @@ def test_reference_matches_hand_computed_gqa_with_causal_mask():
 
 def test_reference_default_scale_is_inverse_sqrt_head_dim():
     rng = np.random.default_rng(1)
-    q, k, v = rng.standard_normal((1, 1, 3, 16)), rng.standard_normal((1, 1, 5, 16)), rng.standard_normal((1, 1, 5, 16))
+    q, k, v = (
+        rng.standard_normal((1, 1, 3, 16)),
+        rng.standard_normal((1, 1, 5, 16)),
+        rng.standard_normal((1, 1, 5, 16)),
+    )
     default = reference.attention(q, k, v).out
     assert np.allclose(default, reference.attention(q, k, v, scale=0.25).out)
     assert not np.allclose(default, reference.attention(q, k, v, scale=1.0).out)
@@ -88,7 +91,9 @@ def test_fully_masked_row_gives_zero_output_and_minus_inf_lse_everywhere():
     q5 = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
     res = reference.attention(q5, k[:, :, :2], v[:, :, :2], mask="causal", return_lse=True)
     assert np.all(res.out[:, :, :3] == 0) and np.isfinite(res.lse[:, :, 3:]).all()
-    got = attention(*(torch.from_numpy(a) for a in (q5, k[:, :, :2], v[:, :, :2])), mask="causal", return_lse=True)
+    got = attention(
+        *(torch.from_numpy(a) for a in (q5, k[:, :, :2], v[:, :, :2])), mask="causal", return_lse=True
+    )
     assert_close(got.out.numpy(), res.out, "float32", "out")
     assert_close(got.lse.numpy(), res.lse, "float32", "lse")
 
@@ -144,19 +149,56 @@ def test_gqa_uses_stride_zero_views_not_copies():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: reference.attention(np.zeros((1, 3, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))), "multiple"),
-        (lambda: reference.attention(np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 5)), np.zeros((1, 2, 2, 5))), "head_dim"),
-        (lambda: reference.attention(np.zeros((2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))), "4-d"),
-        (lambda: reference.attention(np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 2, 4))), "differ"),
-        (lambda: reference.attention(np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4)),
-                                     mask=np.ones((3, 3), bool)), "broadcast"),
-        (lambda: reference.attention(np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4)),
-                                     scale=float("nan")), "finite"),
+        (
+            lambda: reference.attention(
+                np.zeros((1, 3, 2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))
+            ),
+            "multiple",
+        ),
+        (
+            lambda: reference.attention(
+                np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 5)), np.zeros((1, 2, 2, 5))
+            ),
+            "head_dim",
+        ),
+        (
+            lambda: reference.attention(np.zeros((2, 4)), np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 2, 4))),
+            "4-d",
+        ),
+        (
+            lambda: reference.attention(
+                np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 2, 4))
+            ),
+            "differ",
+        ),
+        (
+            lambda: reference.attention(
+                np.zeros((1, 2, 2, 4)),
+                np.zeros((1, 2, 3, 4)),
+                np.zeros((1, 2, 3, 4)),
+                mask=np.ones((3, 3), bool),
+            ),
+            "broadcast",
+        ),
+        (
+            lambda: reference.attention(
+                np.zeros((1, 2, 2, 4)), np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4)), scale=float("nan")
+            ),
+            "finite",
+        ),
         (lambda: as_mask(np.ones((2, 2), dtype=np.int64)), "boolean"),
         (lambda: as_mask("sliding"), "unknown mask"),
         (lambda: Mask(window=4), "causal"),
-        (lambda: sdpa_with_lse(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4),
-                               causal=False, sliding_window=2), "causal"),
+        (
+            lambda: sdpa_with_lse(
+                torch.zeros(1, 2, 2, 4),
+                torch.zeros(1, 2, 2, 4),
+                torch.zeros(1, 2, 2, 4),
+                causal=False,
+                sliding_window=2,
+            ),
+            "causal",
+        ),
     ],
 )
 def test_contract_violations_raise_one_line_value_errors(call, message):
@@ -183,7 +225,9 @@ def test_torch_fused_path_equals_reference(case: Case, dtype: str):
     assert_close(got.weights.numpy(), ref.weights, dtype, "weights", score_max=smax)
     # the unfused float32 fallback keeps the same contract
     m = as_mask(mask)
-    out, lse = math_with_lse(tq, tk, tv, scale=case.scale, causal=m.causal, sliding_window=m.window, mask=m.array)
+    out, lse = math_with_lse(
+        tq, tk, tv, scale=case.scale, causal=m.causal, sliding_window=m.window, mask=m.array
+    )
     assert_close(out.float().numpy(), ref.out, dtype, "math out")
     assert_close(lse.numpy(), ref.lse, dtype, "math lse", score_max=smax)
 
@@ -222,8 +266,12 @@ def test_fused_path_handles_chunked_prefill_and_windows():
     for window in (None, 5, 100):
         ref = reference.attention(q, k, v, mask=Mask(causal=True, window=window), return_lse=True)
         for dtype in DTYPES:
-            out, lse = sdpa_with_lse(tq.to(TORCH_DTYPES[dtype]), tk.to(TORCH_DTYPES[dtype]),
-                                     tv.to(TORCH_DTYPES[dtype]), sliding_window=window)
+            out, lse = sdpa_with_lse(
+                tq.to(TORCH_DTYPES[dtype]),
+                tk.to(TORCH_DTYPES[dtype]),
+                tv.to(TORCH_DTYPES[dtype]),
+                sliding_window=window,
+            )
             assert out.dtype == TORCH_DTYPES[dtype]
             tol_dtype = "float32" if dtype == "float32" else "bfloat16"  # inputs rounded here
             assert_close(out.float().numpy(), ref.out, tol_dtype, f"out w={window} {dtype}")
@@ -236,6 +284,7 @@ def test_fused_path_handles_chunked_prefill_and_windows():
 
 
 # ---------------------------------------------------------------- property tests: MLX --------
+
 
 def _mlx():
     """mlx.core, or skip: mlx is an optional dependency (``attnscope[mlx]``)."""
@@ -252,11 +301,13 @@ def mlx_inputs(case: Case, dtype: str):
 @given(case=cases(), dtype=st.sampled_from(DTYPES))
 def test_mlx_implementations_equal_reference(case: Case, dtype: str):
     mxc = _mlx()
-    from core.attention_mlx import attention as mlx_attention
-    from core.attention_mlx import sdpa_with_lse_mlx
+    from attnscope.core.attention.fused_mlx import attention as mlx_attention
+    from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
 
     (q, k, v), (rq, rk, rv) = mlx_inputs(case, dtype)
-    ref = reference.attention(rq, rk, rv, scale=case.scale, mask=case.mask, return_lse=True, return_weights=True)
+    ref = reference.attention(
+        rq, rk, rv, scale=case.scale, mask=case.mask, return_lse=True, return_weights=True
+    )
     got = mlx_attention(q, k, v, scale=case.scale, mask=case.mask, return_lse=True, return_weights=True)
     assert got.out.dtype == getattr(mxc, dtype) and got.lse.dtype == mxc.float32
     assert_close(np.array(got.out.astype(mxc.float32)), ref.out, dtype, "mlx out")
@@ -266,9 +317,15 @@ def test_mlx_implementations_equal_reference(case: Case, dtype: str):
     for fused in (None, True, False):
         out, lse = sdpa_with_lse_mlx(q, k, v, case.scale, case.mask, fused=fused)
         assert out.dtype == getattr(mxc, dtype) and out.shape == tuple(ref.out.shape)
-        # mx.fast (fused=True) rounds the scores to the input dtype on the CPU: see core.attention_mlx
-        assert_close(np.array(out.astype(mxc.float32)), ref.out, dtype, f"sdpa_with_lse_mlx out fused={fused}",
-                     score_max=smax if fused else None, score_dtype=dtype)
+        # mx.fast (fused=True) rounds the scores to the input dtype on the CPU: see attnscope.core.attention.fused_mlx
+        assert_close(
+            np.array(out.astype(mxc.float32)),
+            ref.out,
+            dtype,
+            f"sdpa_with_lse_mlx out fused={fused}",
+            score_max=smax if fused else None,
+            score_dtype=dtype,
+        )
         assert_close(np.array(lse), ref.lse, dtype, f"sdpa_with_lse_mlx lse fused={fused}", score_max=smax)
 
 
@@ -289,24 +346,38 @@ def test_reference_equals_mlx_fast_sdpa(case: Case, dtype: str):
     scale = case.scale if case.scale is not None else D**-0.5
     got = mxc.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=fast_mask)
     live = ~empty_rows(ref.lse)  # mx.fast gives NaN or a uniform row where every key is masked
-    assert_close(np.array(got.astype(mxc.float32)), ref.out, dtype, "mx.fast out", rows=live,
-                 score_max=score_max(rq, rk, case.scale), score_dtype=dtype)
+    assert_close(
+        np.array(got.astype(mxc.float32)),
+        ref.out,
+        dtype,
+        "mx.fast out",
+        rows=live,
+        score_max=score_max(rq, rk, case.scale),
+        score_dtype=dtype,
+    )
 
 
 def test_mlx_no_overflow_and_empty_rows():
     mxc = _mlx()
-    from core.attention_mlx import attention as mlx_attention
-    from core.attention_mlx import sdpa_with_lse_mlx
+    from attnscope.core.attention.fused_mlx import attention as mlx_attention
+    from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
 
     D = 64
     q = mxc.full((1, 2, 3, D), 40.0, dtype=mxc.float16)
     k = mxc.full((1, 1, 4, D), 40.0, dtype=mxc.float16)
-    v = mxc.array(np.random.default_rng(6).standard_normal((1, 1, 4, D)).astype(np.float32)).astype(mxc.float16)
+    v = mxc.array(np.random.default_rng(6).standard_normal((1, 1, 4, D)).astype(np.float32)).astype(
+        mxc.float16
+    )
     ref = reference.attention(*(np.array(a.astype(mxc.float32)) for a in (q, k, v)), scale=1.0, mask="causal")
     # mx.fast on its own overflows here (NaN); the wrapper must not
-    assert np.isnan(np.array(mxc.fast.scaled_dot_product_attention(q, k, v, scale=1.0).astype(mxc.float32))).any()
-    for out in (sdpa_with_lse_mlx(q, k, v, 1.0, fused=True)[0], sdpa_with_lse_mlx(q, k, v, 1.0)[0],
-                mlx_attention(q, k, v, scale=1.0, mask="causal").out):
+    assert np.isnan(
+        np.array(mxc.fast.scaled_dot_product_attention(q, k, v, scale=1.0).astype(mxc.float32))
+    ).any()
+    for out in (
+        sdpa_with_lse_mlx(q, k, v, 1.0, fused=True)[0],
+        sdpa_with_lse_mlx(q, k, v, 1.0)[0],
+        mlx_attention(q, k, v, scale=1.0, mask="causal").out,
+    ):
         assert_close(np.array(out.astype(mxc.float32)), ref.out, "float16", "fp16 overflow")
     # a fully masked row: mx.fast gives NaN (additive) or uniform (bool); the contract gives 0
     allowed = np.ones((3, 4), bool)

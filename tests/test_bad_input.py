@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
-from core.errors import ModelLoadError, SessionError
-from core.models import check_gguf, default_gguf_path, resolve
+from attnscope.core.errors import ModelLoadError, SessionError
+from attnscope.core.loading.resolve import check_gguf, default_gguf_path, resolve
 
 
 def test_empty_prompt(smol_session):
@@ -19,7 +18,7 @@ def test_empty_prompt(smol_session):
 
 
 def test_step_before_prompt_is_an_error():
-    from core.session import Session
+    from attnscope.core.session import Session
 
     class Dummy:
         info = None
@@ -68,24 +67,41 @@ def test_not_a_gguf(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnscope.app.cli", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_cli_bad_arguments_one_line(tmp_path):
     r = _cli("export", "--prompt", "", "--layer", "0", "--head", "0", "--out", str(tmp_path / "x.npy"))
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["attnscope: error: the prompt is empty: give some text with --prompt"]
+    assert r.stderr.strip().splitlines() == [
+        "attnscope: error: the prompt is empty: give some text with --prompt"
+    ]
     r = _cli("export", "--prompt", "hi", "--layer", "0", "--head", "0", "--out", str(tmp_path / "x.txt"))
     assert r.returncode != 0 and "unsupported output" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("export", "--prompt", "hi", "--model", str(tmp_path), "--layer", "0", "--head", "0",
-             "--out", str(tmp_path / "x.npy"))
+    r = _cli(
+        "export",
+        "--prompt",
+        "hi",
+        "--model",
+        str(tmp_path),
+        "--layer",
+        "0",
+        "--head",
+        "0",
+        "--out",
+        str(tmp_path / "x.npy"),
+    )
     assert r.returncode != 0 and "not a model folder" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_usage_errors_are_one_line():
-    for args, want in ((("export", "--layer", "abc"), "attnscope export: error: argument --layer: invalid int value: 'abc'"),
-                       (("kv",), "attnscope kv: error: the following arguments are required: --n-layers"),
-                       (("--bogus",), "attnscope: error: unrecognized arguments: --bogus")):
+    for args, want in (
+        (("export", "--layer", "abc"), "attnscope export: error: argument --layer: invalid int value: 'abc'"),
+        (("kv",), "attnscope kv: error: the following arguments are required: --n-layers"),
+        (("--bogus",), "attnscope: error: unrecognized arguments: --bogus"),
+    ):
         r = _cli(*args)
         assert r.returncode == 2
         lines = r.stderr.strip().splitlines()
@@ -94,9 +110,8 @@ def test_usage_errors_are_one_line():
 
 def test_unusable_device_is_one_line():
     import torch
-
-    from core.backends.torch_backend import pick_device
-    from core.errors import ModelLoadError
+    from attnscope.core.backends.torch_backend import pick_device
+    from attnscope.core.errors import ModelLoadError
 
     assert pick_device("cpu") == "cpu"
     assert pick_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")

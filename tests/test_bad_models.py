@@ -11,10 +11,9 @@ import shutil
 
 import gguf
 import pytest
+from attnscope.core.errors import ModelLoadError, UnsupportedModelError
+from attnscope.core.loading.catalog import describe_path
 from tiny_models import save_tiny, set_tensor_type, tiny_model, write_llama_gguf
-
-from core.catalog import describe_path
-from core.errors import ModelLoadError, UnsupportedModelError
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +31,8 @@ def _tmp_cache(tmp_path, monkeypatch):
 
 def _refused(path, exc, pattern):
     """Session.load raises ``exc`` matching ``pattern``; the catalog lists the path with the same reason."""
-    from core.models import cache_root
-    from core.session import Session
+    from attnscope.core.loading.resolve import cache_root
+    from attnscope.core.session import Session
 
     with pytest.raises(exc, match=pattern) as info:
         Session.load(str(path))
@@ -42,7 +41,9 @@ def _refused(path, exc, pattern):
     (entry,) = describe_path(path)
     assert not entry.supported and entry.reason == msg
     converted = cache_root() / "converted"
-    assert not converted.exists() or not any(converted.iterdir()), "nothing may be converted from a refused file"
+    assert not converted.exists() or not any(converted.iterdir()), (
+        "nothing may be converted from a refused file"
+    )
     return msg
 
 
@@ -99,29 +100,47 @@ def test_quantised_checkpoint(good, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
     (folder / "config.json").write_text(json.dumps(cfg))
-    _refused(folder, UnsupportedModelError, r"quantised with awq 4-bit: its kernels \(gptqmodel\) run on a CUDA GPU")
+    _refused(
+        folder,
+        UnsupportedModelError,
+        r"quantised with awq 4-bit: its kernels \(gptqmodel\) run on a CUDA GPU",
+    )
 
 
 def test_missing_shard(good, tmp_path):
     folder = _copy(good, tmp_path, "llama")
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {},
+                "weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"},
+            }
+        )
+    )
     _refused(folder, ModelLoadError, r"shard model-00002-of-00002\.safetensors is missing")
 
 
 def test_gguf_unknown_type_names_type_and_tensor(good, tmp_path):
     g = _copy(good, tmp_path, "tiny.gguf")
     set_tensor_type(g, "blk.1.attn_k.weight", 99)
-    _refused(g, UnsupportedModelError, r"tiny\.gguf: tensor blk\.1\.attn_k\.weight is stored as unknown type id 99, "
-                                       r"which transformers cannot dequantise; loadable types: F32, F16, .*Q4_K")
+    _refused(
+        g,
+        UnsupportedModelError,
+        r"tiny\.gguf: tensor blk\.1\.attn_k\.weight is stored as unknown type id 99, "
+        r"which transformers cannot dequantise; loadable types: F32, F16, .*Q4_K",
+    )
 
 
 def test_gguf_type_transformers_cannot_dequantise(good, tmp_path):
     g = _copy(good, tmp_path, "tiny.gguf")
     for t in ("blk.0.ffn_up.weight", "blk.1.ffn_up.weight"):
         set_tensor_type(g, t, int(gguf.GGMLQuantizationType.Q8_K))
-    _refused(g, UnsupportedModelError, r"tensor blk\.0\.ffn_up\.weight is stored as Q8_K, which transformers cannot "
-                                       r"dequantise \(and 1 more tensor\(s\)\)")
+    _refused(
+        g,
+        UnsupportedModelError,
+        r"tensor blk\.0\.ffn_up\.weight is stored as Q8_K, which transformers cannot "
+        r"dequantise \(and 1 more tensor\(s\)\)",
+    )
 
 
 def test_truncated_gguf(good, tmp_path):
@@ -163,11 +182,15 @@ def test_gguf_of_an_architecture_transformers_cannot_convert(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    _refused(tmp_path / "rwkv.gguf", UnsupportedModelError, r"GGUF architecture 'rwkv7' cannot be converted by transformers")
+    _refused(
+        tmp_path / "rwkv.gguf",
+        UnsupportedModelError,
+        r"GGUF architecture 'rwkv7' cannot be converted by transformers",
+    )
 
 
 def test_a_text_file_is_not_a_model(tmp_path):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ModelLoadError, match="expected a .gguf file or a Hugging Face model folder"):

@@ -10,16 +10,28 @@ import sys
 import numpy as np
 import pytest
 import torch
+from attnscope.core.bench import overhead as bench
 
-from core import bench
-
-SMOL = dict(name="SmolLM2", architecture="llama", n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
-            hidden_size=576, vocab_size=49152, max_context=8192, n_params=134_515_008,
-            n_linear=30 * (576 * 576 * 2 + 2 * 576 * 192 + 3 * 576 * 1536), dtype="float32")
+SMOL = dict(
+    name="SmolLM2",
+    architecture="llama",
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    head_dim=64,
+    hidden_size=576,
+    vocab_size=49152,
+    max_context=8192,
+    n_params=134_515_008,
+    n_linear=30 * (576 * 576 * 2 + 2 * 576 * 192 + 3 * 576 * 1536),
+    dtype="float32",
+)
 
 
 def attnscope(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "attnscope.app.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_prefill_flops_by_hand():
@@ -35,13 +47,17 @@ def test_prefill_flops_by_hand():
 
 
 def test_eager_fit_8192_skipped_2048_runs(monkeypatch):
-    monkeypatch.setattr(bench, "_available", lambda device: 100 * 10**9)  # plenty available: the 24 GB limit decides
+    monkeypatch.setattr(
+        bench, "_available", lambda device: 100 * 10**9
+    )  # plenty available: the 24 GB limit decides
     assert bench.eager_attention_bytes(SMOL, 8192) == 30 * 9 * 8192 * 8192 * 4  # 72.5 GB
     ok, why = bench.eager_fit(SMOL, 8192, 24 * 10**9)
     assert not ok and why.startswith("skipped") and "72.5 GB" in why and "limit" in why
     ok, why = bench.eager_fit(SMOL, 2048, 24 * 10**9)
     assert ok and why == ""
-    monkeypatch.setattr(bench, "_available", lambda device: 3 * 10**9)  # 4.5 GB of attentions > 3 GB available
+    monkeypatch.setattr(
+        bench, "_available", lambda device: 3 * 10**9
+    )  # 4.5 GB of attentions > 3 GB available
     ok, why = bench.eager_fit(SMOL, 2048, 24 * 10**9)
     assert not ok and "available" in why
 
@@ -63,8 +79,12 @@ def test_peak_rss_sees_a_100_mb_allocation():
 
 def _fake_size(T, sdpa, scope, eager):
     def cfg(prefill, decode, growth):
-        return {"prefill_median_s": prefill, "decode_step_median_s": decode,
-                "memory": {"growth_bytes": growth, "peak_bytes": 10**9 + growth}}
+        return {
+            "prefill_median_s": prefill,
+            "decode_step_median_s": decode,
+            "memory": {"growth_bytes": growth, "peak_bytes": 10**9 + growth},
+        }
+
     configs = {"sdpa": cfg(*sdpa), "scope": cfg(*scope)}
     configs["eager"] = cfg(*eager) if eager else {"skipped": "skipped: too big"}
     return {"T": T, "configs": configs}
@@ -139,12 +159,20 @@ def test_quick_bench_json(tmp_path):
     assert len(s["sink_table_s"]) == 1 and s["sink_table_median_s"] > 0
     r_ = e["ratios"]
     cfg = e["configs"]
-    assert r_["prefill_scope_over_sdpa"] == pytest.approx(cfg["scope"]["prefill_median_s"] / cfg["sdpa"]["prefill_median_s"])
-    assert r_["prefill_eager_over_sdpa"] == pytest.approx(cfg["eager"]["prefill_median_s"] / cfg["sdpa"]["prefill_median_s"])
-    assert r_["prefill_scope_over_sdpa_min"] == pytest.approx(cfg["scope"]["prefill_min_s"] / cfg["sdpa"]["prefill_min_s"])
+    assert r_["prefill_scope_over_sdpa"] == pytest.approx(
+        cfg["scope"]["prefill_median_s"] / cfg["sdpa"]["prefill_median_s"]
+    )
+    assert r_["prefill_eager_over_sdpa"] == pytest.approx(
+        cfg["eager"]["prefill_median_s"] / cfg["sdpa"]["prefill_median_s"]
+    )
+    assert r_["prefill_scope_over_sdpa_min"] == pytest.approx(
+        cfg["scope"]["prefill_min_s"] / cfg["sdpa"]["prefill_min_s"]
+    )
     assert r_["decode_scope_over_sdpa"] == pytest.approx(
-        cfg["scope"]["decode_step_median_s"] / cfg["sdpa"]["decode_step_median_s"])
+        cfg["scope"]["decode_step_median_s"] / cfg["sdpa"]["decode_step_median_s"]
+    )
     assert r_["memory_scope_over_eager"] == pytest.approx(
-        cfg["scope"]["memory"]["growth_bytes"] / cfg["eager"]["memory"]["growth_bytes"])
+        cfg["scope"]["memory"]["growth_bytes"] / cfg["eager"]["memory"]["growth_bytes"]
+    )
     # T=2048 and 8192 were not run: their targets are "not measured", never "met"
     assert len(res["targets"]) == 5 and all(t["met"] is None for t in res["targets"])

@@ -1,23 +1,42 @@
-"""``attnscope bench --dtype/--quantize``: the real-size bench (core.bench_size)."""
+"""``attnscope bench --dtype/--quantize``: the real-size bench (attnscope.core.bench.size)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from core.bench_size import SizeOptions, format_size_table, run_size_bench
+from attnscope.core.bench.size import SizeOptions, format_size_table, run_size_bench
 
 
 def _result(**over):
-    r = {"dtype": "bfloat16", "dtype_reason": "bfloat16: the checkpoint's own precision (GGUF Q4_0); CPU flag avx512_bf16",
-         "options": {"sizes": [512, 2048]}, "machine": {"cpu_count": 2, "loadavg_start": 1.0, "loadavg_end": 1.5},
-         "convert": {"gguf": True, "cached": False, "seconds": 61.5, "peak_rss_bytes": 3_200_000_000,
-                     "weights_bytes": 2_471_000_000},
-         "scope": {"cold_load_s": 2.5, "warm_load_s": 0.8, "prefill_s": {"512": 4.0, "2048": 20.0},
-                   "decode_step_s": 0.12, "head_map_s": 0.004, "head_map_T": 2048, "peak_rss_bytes": 3_900_000_000},
-         "sdpa": {"cold_load_s": 2.0, "prefill_s": {"512": 3.6, "2048": 18.0}, "decode_step_s": 0.1,
-                  "peak_rss_bytes": 3_500_000_000}}
+    r = {
+        "dtype": "bfloat16",
+        "dtype_reason": "bfloat16: the checkpoint's own precision (GGUF Q4_0); CPU flag avx512_bf16",
+        "options": {"sizes": [512, 2048]},
+        "machine": {"cpu_count": 2, "loadavg_start": 1.0, "loadavg_end": 1.5},
+        "convert": {
+            "gguf": True,
+            "cached": False,
+            "seconds": 61.5,
+            "peak_rss_bytes": 3_200_000_000,
+            "weights_bytes": 2_471_000_000,
+        },
+        "scope": {
+            "cold_load_s": 2.5,
+            "warm_load_s": 0.8,
+            "prefill_s": {"512": 4.0, "2048": 20.0},
+            "decode_step_s": 0.12,
+            "head_map_s": 0.004,
+            "head_map_T": 2048,
+            "peak_rss_bytes": 3_900_000_000,
+        },
+        "sdpa": {
+            "cold_load_s": 2.0,
+            "prefill_s": {"512": 3.6, "2048": 18.0},
+            "decode_step_s": 0.1,
+            "peak_rss_bytes": 3_500_000_000,
+        },
+    }
     r.update(over)
     return r
 
@@ -43,13 +62,21 @@ def test_runs_on_a_tiny_gguf_each_phase_in_its_own_process(tmp_path, monkeypatch
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     path = write_family_gguf("llama", tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0)
-    r = run_size_bench(SizeOptions(model=str(path), dtype="bfloat16", device="cpu", sizes=(24, 8), decode_steps=2))
+    r = run_size_bench(
+        SizeOptions(model=str(path), dtype="bfloat16", device="cpu", sizes=(24, 8), decode_steps=2)
+    )
     json.dumps(r)  # JSON-ready
     assert r["dtype"] == "bfloat16" and r["convert"]["gguf"] and not r["convert"]["cached"]
     assert r["convert"]["weights_bytes"] > 0 and r["convert"]["folder"].endswith("-bfloat16")
     for p in ("scope", "sdpa"):
         assert "error" not in r[p], r[p]
-        assert set(r[p]["prefill_s"]) == {"8", "24"} and r[p]["decode_step_s"] > 0 and r[p]["peak_rss_bytes"] > 10**8
+        assert (
+            set(r[p]["prefill_s"]) == {"8", "24"}
+            and r[p]["decode_step_s"] > 0
+            and r[p]["peak_rss_bytes"] > 10**8
+        )
     assert r["scope"]["dtype"] == "bfloat16" and r["scope"]["head_map_T"] == 24
-    again = run_size_bench(SizeOptions(model=str(path), dtype="bfloat16", device="cpu", sizes=(8,), decode_steps=1))
+    again = run_size_bench(
+        SizeOptions(model=str(path), dtype="bfloat16", device="cpu", sizes=(8,), decode_steps=1)
+    )
     assert again["convert"]["cached"]

@@ -1,13 +1,15 @@
-"""`attnscope bench --views` (core.bench_views): rows, targets and the table (no timing assertions)."""
+"""`attnscope bench --views` (attnscope.core.bench.views): rows, targets and the table (no timing assertions)."""
 
 from __future__ import annotations
 
-from core import bench_views as BV
+from attnscope.core.bench import views as BV
 
 
 def test_targets_and_table():
-    result = {"smol": {"rows": {"head_grid_2000": 1.5, "head_grid_8000": 41.0, "one_head_8192": 0.031}},
-              "long": {"rows": {"png_16k_extra_rss": 0.4e9, "long_prefill_peak_rss": 9.5e9}}}
+    result = {
+        "smol": {"rows": {"head_grid_2000": 1.5, "head_grid_8000": 41.0, "one_head_8192": 0.031}},
+        "long": {"rows": {"png_16k_extra_rss": 0.4e9, "long_prefill_peak_rss": 9.5e9}},
+    }
     rows = {**result["smol"]["rows"], **result["long"]["rows"]}
     t = {x["row"]: x for x in BV.targets(rows)}
     assert t["head_grid_2000"]["met"] and not t["head_grid_8000"]["met"]

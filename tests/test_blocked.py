@@ -1,21 +1,20 @@
-"""Blocked aggregates (core.blocked) equal the direct computation: every aggregate kind, max and mean
+"""Blocked aggregates (attnscope.core.analysis.blocked) equal the direct computation: every aggregate kind, max and mean
 pooling, odd sizes, sliding windows; cancelling stops the work; partial results arrive coarse first."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.core.analysis import aggregate, blocked
+from attnscope.core.analysis.pooling import block_edges, max_pool, mean_pool
+from attnscope.core.errors import Cancelled
 from tiny_models import save_tiny
-
-from core import aggregate, blocked
-from core.errors import Cancelled
-from core.pooling import block_edges, max_pool, mean_pool
 
 PROMPT = "attention is all you need, they said, and then they said it again and again to everyone"
 
 
 def _session(tmp_path_factory, family):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path_factory.mktemp(f"blk_{family}")
     save_tiny(family, folder, seed=5)
@@ -48,8 +47,9 @@ def test_pooled_heads_equal_direct(sess, pooling, out, block_rows):
     ref_pool = max_pool if pooling == "max" else mean_pool
     for n in (s.seq_len, s.seq_len - 2):  # the whole map and a decode step earlier
         for layer in range(s.info.n_layers):
-            got = blocked.pooled_heads(s.trace, layer, range(s.info.n_heads), n, out, out, pooling,
-                                       block_rows=block_rows)
+            got = blocked.pooled_heads(
+                s.trace, layer, range(s.info.n_heads), n, out, out, pooling, block_rows=block_rows
+            )
             direct = _direct_heads(s, layer, n)
             want = np.stack([ref_pool(w, out, out) for w in direct])
             assert got.shape == want.shape == (s.info.n_heads, min(out, n), min(out, n))
@@ -72,8 +72,8 @@ def test_max_pool_keeps_one_cell_features(sess):
     got = blocked.pooled_heads(s.trace, 0, [0], s.seq_len, 5, 5, "max")[0]
     re = block_edges(s.seq_len, 5)
     for a in range(5):
-        diag = np.diag(w)[re[a]:re[a + 1]].max()
-        col0 = w[re[a]:re[a + 1], 0].max()
+        diag = np.diag(w)[re[a] : re[a + 1]].max()
+        col0 = w[re[a] : re[a + 1], 0].max()
         assert got[a, a] >= diag - 1e-6
         assert got[a, 0] >= col0 - 1e-6
 
@@ -107,7 +107,9 @@ def test_thumbnails_equal_direct(sess):
     th = blocked.thumbnails(s.trace, n, size=6)
     for layer in range(s.info.n_layers):
         for h in range(s.info.n_heads):
-            np.testing.assert_allclose(th[layer, h], max_pool(s.weights(layer, h), 6, 6), rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(
+                th[layer, h], max_pool(s.weights(layer, h), 6, 6), rtol=1e-5, atol=1e-7
+            )
     # the aggregate entry points go through the blocked path and keep their contracts
     np.testing.assert_allclose(aggregate.thumbnails(s, n, size=6), th, rtol=1e-6, atol=1e-8)
 
@@ -139,8 +141,14 @@ def test_cancel_stops_the_work(sess):
             calls.clear()
             checks.clear()
             with pytest.raises(Cancelled):
-                blocked.pooled_mean(trace, aggregate.heads_in(s.info, 0, 0, "all"), s.seq_len, 8,
-                                    block_rows=4, cancelled=cancelled)
+                blocked.pooled_mean(
+                    trace,
+                    aggregate.heads_in(s.info, 0, 0, "all"),
+                    s.seq_len,
+                    8,
+                    block_rows=4,
+                    cancelled=cancelled,
+                )
             assert len(calls) == k
     finally:
         del trace.weights_block
@@ -151,8 +159,9 @@ def test_partial_results_come_coarse_first(sess):
     s = sess
     n = s.seq_len
     seen = []
-    final = blocked.pooled_heads(s.trace, 0, [0], n, 8, 8, "max", block_rows=3,
-                                 partial=lambda img, f: seen.append((img, f)))
+    final = blocked.pooled_heads(
+        s.trace, 0, [0], n, 8, 8, "max", block_rows=3, partial=lambda img, f: seen.append((img, f))
+    )
     assert len(seen) >= 3
     fractions = [f for _, f in seen]
     assert fractions == sorted(fractions) and 0 < fractions[0] < fractions[-1] < 1

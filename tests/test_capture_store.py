@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-
-from core import capture
-from core.capture import TorchTrace
+from attnscope.core.trace import torch_trace as capture
+from attnscope.core.trace.torch_trace import TorchTrace
 
 
 def _feed(tr, qs, lses, L, rng_seed):

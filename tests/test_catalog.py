@@ -14,6 +14,16 @@ import shutil
 import gguf
 import numpy as np
 import pytest
+from attnscope.core.loading import catalog
+from attnscope.core.loading.fit import (
+    FITS,
+    NO_FIT,
+    TIGHT,
+    UNKNOWN,
+    _meminfo_available,
+    estimate,
+    estimate_entry,
+)
 from tiny_models import (
     eager_reference,
     hf_cache_repo,
@@ -23,9 +33,6 @@ from tiny_models import (
     tiny_model,
     write_llama_gguf,
 )
-
-from core import catalog
-from core.fit import FITS, NO_FIT, TIGHT, UNKNOWN, _meminfo_available, estimate, estimate_entry
 
 IDS = list(range(5, 35))
 
@@ -54,13 +61,17 @@ def stores(tmp_path_factory):
 
     lms = root / "lmstudio"
     lmstudio_file(lms, "tiny-pub", "tiny-llama-GGUF", q8)
-    (lms / "tiny-pub" / "tiny-llama-GGUF" / "mmproj-tiny-F16.gguf").write_bytes(b"GGUF")  # vision projector: skipped
+    (lms / "tiny-pub" / "tiny-llama-GGUF" / "mmproj-tiny-F16.gguf").write_bytes(
+        b"GGUF"
+    )  # vision projector: skipped
 
     oll = root / "ollama"
     blob = ollama_model(oll, "tiny", "latest", f32)
     ollama_model(oll, "tiny", "q8", q8, namespace="someone")
 
-    return dict(root=root, hf=hf, lms=lms, oll=oll, blob=blob, user=src / "user-gpt2", refs=refs, f32=f32, q8=q8)
+    return dict(
+        root=root, hf=hf, lms=lms, oll=oll, blob=blob, user=src / "user-gpt2", refs=refs, f32=f32, q8=q8
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -70,8 +81,13 @@ def _isolated(tmp_path, monkeypatch):
 
 
 def _scan(stores, **kw):
-    args = dict(hf_cache=stores["hf"], lmstudio=[stores["lms"]], ollama=stores["oll"], user=[stores["user"]],
-                include_embedded=False)
+    args = dict(
+        hf_cache=stores["hf"],
+        lmstudio=[stores["lms"]],
+        ollama=stores["oll"],
+        user=[stores["user"]],
+        include_embedded=False,
+    )
     args.update(kw)
     return {e.name: e for e in catalog.scan(**args)}
 
@@ -94,21 +110,44 @@ def test_entries_are_described_correctly(stores):
     found = _scan(stores)
     refs = stores["refs"]
     q3 = found["tiny-org/tiny-qwen3"]
-    assert (q3.architecture, q3.n_layers, q3.n_heads, q3.n_kv_heads, q3.group_size, q3.head_dim, q3.max_context) == (
-        "qwen3", 2, 4, 2, 2, 32, 256)
+    assert (
+        q3.architecture,
+        q3.n_layers,
+        q3.n_heads,
+        q3.n_kv_heads,
+        q3.group_size,
+        q3.head_dim,
+        q3.max_context,
+    ) == ("qwen3", 2, 4, 2, 2, 32, 256)
     assert q3.n_params == sum(p.numel() for p in refs["qwen3"].parameters())
     assert q3.dtype == "float32" and q3.format == "hf"
     # size on disk: the blobs the snapshot links to
     assert q3.size_bytes == sum(f.stat().st_size for f in (stores["root"] / "src" / "qwen3").iterdir())
     g2 = found["user-gpt2"]
-    assert (g2.architecture, g2.n_layers, g2.n_heads, g2.n_kv_heads, g2.group_size, g2.head_dim) == ("gpt2", 3, 4, 4, 1, 16)
+    assert (g2.architecture, g2.n_layers, g2.n_heads, g2.n_kv_heads, g2.group_size, g2.head_dim) == (
+        "gpt2",
+        3,
+        4,
+        4,
+        1,
+        16,
+    )
     n_llama = sum(p.numel() for p in refs["gguf"].parameters())
-    for name, quant, path in (("tiny:latest", "F32", stores["blob"]),
-                              ("tiny-pub/tiny-llama-GGUF/tiny-llama-Q8_0", "Q8_0", None),
-                              ("tiny-org/tiny-llama-GGUF/tiny-llama-F32", "F32", None)):
+    for name, quant, path in (
+        ("tiny:latest", "F32", stores["blob"]),
+        ("tiny-pub/tiny-llama-GGUF/tiny-llama-Q8_0", "Q8_0", None),
+        ("tiny-org/tiny-llama-GGUF/tiny-llama-F32", "F32", None),
+    ):
         e = found[name]
         assert (e.format, e.architecture, e.n_layers, e.n_heads, e.n_kv_heads, e.head_dim, e.max_context) == (
-            "gguf", "llama", 2, 4, 2, 16, 256), name
+            "gguf",
+            "llama",
+            2,
+            4,
+            2,
+            16,
+            256,
+        ), name
         assert e.n_params == n_llama and e.dtype == quant
         assert e.size_bytes == e.path.stat().st_size
         if path is not None:
@@ -116,13 +155,15 @@ def test_entries_are_described_correctly(stores):
 
 
 def _run_ours(ref_str):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(ref_str)
     return s, s.backend.forward(IDS, all_logits=True)
 
 
-@pytest.mark.parametrize("name", ["tiny-org/tiny-llama", "tiny-org/tiny-llama-GGUF/tiny-llama-F32", "tiny:latest"])
+@pytest.mark.parametrize(
+    "name", ["tiny-org/tiny-llama", "tiny-org/tiny-llama-GGUF/tiny-llama-F32", "tiny:latest"]
+)
 def test_found_models_run_exactly_against_eager(stores, name):
     """Float weights (a folder, or an F32 GGUF converted back): our weights equal eager's on the original."""
     e = _scan(stores)[name]
@@ -137,9 +178,8 @@ def test_found_models_run_exactly_against_eager(stores, name):
 
 def test_quantised_gguf_runs_exactly_against_eager_on_its_dequantised_weights(stores):
     """A Q8_0 file: exact against eager on the same (dequantised) weights, close to the float original."""
+    from attnscope.core.loading.resolve import converted_dir
     from transformers import AutoModelForCausalLM
-
-    from core.models import converted_dir
 
     e = _scan(stores)["tiny-pub/tiny-llama-GGUF/tiny-llama-Q8_0"]
     s, logits = _run_ours(e.model_ref)
@@ -171,7 +211,11 @@ def test_lmstudio_and_ollama_roots_follow_the_environment(stores, monkeypatch):
 def test_ollama_missing_blob_and_bad_manifest_are_listed_with_reason(tmp_path):
     m = tmp_path / "manifests" / "registry.ollama.ai" / "library" / "gone" / "latest"
     m.parent.mkdir(parents=True)
-    m.write_text(json.dumps({"layers": [{"mediaType": catalog.OLLAMA_MODEL_MEDIA_TYPE, "digest": "sha256:" + "ab" * 32}]}))
+    m.write_text(
+        json.dumps(
+            {"layers": [{"mediaType": catalog.OLLAMA_MODEL_MEDIA_TYPE, "digest": "sha256:" + "ab" * 32}]}
+        )
+    )
     bad = tmp_path / "manifests" / "registry.ollama.ai" / "library" / "bad" / "1b"
     bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
@@ -188,8 +232,12 @@ def test_user_paths_are_remembered(stores, tmp_path):
     saved = json.loads((tmp_path / "config" / "models.json").read_text())
     assert saved["paths"] == [str(stores["user"]), str(stores["q8"])]
     assert catalog.user_paths() == [p, stores["q8"]]
-    names = [e.name for e in catalog.scan(hf_cache=tmp_path / "none", lmstudio=[], ollama=tmp_path / "none",
-                                          include_embedded=False)]
+    names = [
+        e.name
+        for e in catalog.scan(
+            hf_cache=tmp_path / "none", lmstudio=[], ollama=tmp_path / "none", include_embedded=False
+        )
+    ]
     assert names == ["user-gpt2", "tiny-llama-Q8_0.gguf"]
     assert catalog.remove_user_path(stores["user"]) is True
     assert catalog.remove_user_path(stores["user"]) is False
@@ -206,15 +254,21 @@ def test_user_library_folder_is_scanned_two_levels(stores, tmp_path):
     shutil.copytree(stores["user"], lib / "gpt2-tiny")
     (lib / "pub" / "repo").mkdir(parents=True)
     shutil.copyfile(stores["q8"], lib / "pub" / "repo" / "m-Q8_0.gguf")
-    shutil.copyfile(stores["f32"], lib / "pub" / "repo" / "m-00002-of-00003.gguf")  # a later split part: skipped
+    shutil.copyfile(
+        stores["f32"], lib / "pub" / "repo" / "m-00002-of-00003.gguf"
+    )  # a later split part: skipped
     names = sorted(e.name for e in catalog.describe_path(lib))
     assert names == ["gpt2-tiny", "pub/repo/m-Q8_0"]
 
 
 def test_same_file_in_two_stores_is_listed_once(stores):
-    found = catalog.scan(hf_cache=stores["hf"], lmstudio=[stores["lms"]], ollama=stores["oll"],
-                         user=[stores["blob"], stores["lms"] / "tiny-pub" / "tiny-llama-GGUF" / stores["q8"].name],
-                         include_embedded=False)
+    found = catalog.scan(
+        hf_cache=stores["hf"],
+        lmstudio=[stores["lms"]],
+        ollama=stores["oll"],
+        user=[stores["blob"], stores["lms"] / "tiny-pub" / "tiny-llama-GGUF" / stores["q8"].name],
+        include_embedded=False,
+    )
     paths = [e.path.resolve() for e in found]
     assert len(paths) == len(set(paths)) == 6  # 3 in the HF cache, 1 in LM Studio, 2 in Ollama
 
@@ -222,14 +276,23 @@ def test_same_file_in_two_stores_is_listed_once(stores):
 def test_embedded_default_is_listed_first():
     entries = catalog.scan(hf_cache="/nonexistent", lmstudio=[], ollama="/nonexistent", user=[])
     e = entries[0]
-    assert (e.source, e.model_ref, e.architecture, e.n_layers, e.n_heads, e.n_kv_heads, e.head_dim, e.max_context,
-            e.dtype) == ("embedded", "default", "llama", 30, 9, 3, 64, 8192, "Q4_1")
+    assert (
+        e.source,
+        e.model_ref,
+        e.architecture,
+        e.n_layers,
+        e.n_heads,
+        e.n_kv_heads,
+        e.head_dim,
+        e.max_context,
+        e.dtype,
+    ) == ("embedded", "default", "llama", 30, 9, 3, 64, 8192, "Q4_1")
     assert e.n_params == 134_515_008 and e.supported
 
 
 def test_embedded_falls_back_to_the_packaged_conversion(stores, monkeypatch):
-    import core.catalog as cat
-    from core.errors import ModelLoadError
+    import attnscope.core.loading.catalog as cat
+    from attnscope.core.errors import ModelLoadError
 
     def missing():
         raise ModelLoadError("not installed")
@@ -239,30 +302,68 @@ def test_embedded_falls_back_to_the_packaged_conversion(stores, monkeypatch):
     assert cat.scan_embedded() == []
     monkeypatch.setenv("ATTNSCOPE_DEFAULT_MODEL", str(stores["root"] / "src" / "llama"))
     (e,) = cat.scan_embedded()
-    assert (e.source, e.model_ref, e.format, e.architecture, e.n_layers) == ("embedded", "default", "hf", "llama", 2)
+    assert (e.source, e.model_ref, e.format, e.architecture, e.n_layers) == (
+        "embedded",
+        "default",
+        "hf",
+        "llama",
+        2,
+    )
 
 
 # -- fit ---------------------------------------------------------------------------------------------
 def test_fit_components_by_hand():
     # SmolLM2-135M at 8192 tokens, float32: weights 134.5M × 4; KV 2·30·3·64·8192·4; capture 30·9·8192·(64·4 + 4)
-    f = estimate(n_params=134_515_008, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, context=8192,
-                 free_bytes=16 * 10**9)
+    f = estimate(
+        n_params=134_515_008,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        context=8192,
+        free_bytes=16 * 10**9,
+    )
     assert f.weights_bytes == 538_060_032
     assert f.kv_cache_bytes == 377_487_360
     assert f.capture_bytes == 575_078_400
     assert f.total_bytes == 538_060_032 + 377_487_360 + 575_078_400
     assert f.verdict == FITS
-    bf = estimate(n_params=1000, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, context=10, dtype="bfloat16",
-                  free_bytes=10**9)
-    assert (bf.weights_bytes, bf.kv_cache_bytes, bf.capture_bytes) == (2000, 2 * 2 * 2 * 8 * 10 * 2, 2 * 4 * 10 * (8 * 2 + 4))
-    gg = estimate(n_params=1000, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, context=10, fmt="gguf",
-                  dtype="bfloat16", free_bytes=10**9)
-    assert gg.weights_bytes == 2000  # a GGUF is converted straight to the load dtype (core.gguf_convert)
+    bf = estimate(
+        n_params=1000,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        context=10,
+        dtype="bfloat16",
+        free_bytes=10**9,
+    )
+    assert (bf.weights_bytes, bf.kv_cache_bytes, bf.capture_bytes) == (
+        2000,
+        2 * 2 * 2 * 8 * 10 * 2,
+        2 * 4 * 10 * (8 * 2 + 4),
+    )
+    gg = estimate(
+        n_params=1000,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        context=10,
+        fmt="gguf",
+        dtype="bfloat16",
+        free_bytes=10**9,
+    )
+    assert (
+        gg.weights_bytes == 2000
+    )  # a GGUF is converted straight to the load dtype (attnscope.core.loading.gguf_convert)
 
 
-@pytest.mark.parametrize(("free", "verdict"), [(None, UNKNOWN), (1250, FITS), (1249, TIGHT), (1000, TIGHT), (999, NO_FIT)])
+@pytest.mark.parametrize(
+    ("free", "verdict"), [(None, UNKNOWN), (1250, FITS), (1249, TIGHT), (1000, TIGHT), (999, NO_FIT)]
+)
 def test_fit_verdict_thresholds(free, verdict, monkeypatch):
-    import core.fit as fit
+    import attnscope.core.loading.fit as fit
 
     monkeypatch.setattr(fit, "free_memory", lambda *a: (None, "RAM"))
     # total = 1000 bytes: weights 250 × 4, no context
@@ -284,7 +385,7 @@ def test_free_memory_from_meminfo(tmp_path):
 
 
 def test_free_memory_real_machine():
-    from core.fit import free_memory
+    from attnscope.core.loading.fit import free_memory
 
     free, label = free_memory("torch", "cpu")
     assert label == "RAM" and free is not None and 10**8 < free < 10**13
@@ -294,7 +395,7 @@ def test_free_memory_real_machine():
 
 # -- the CLI -----------------------------------------------------------------------------------------
 def _cli(argv, capsys):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     rc = main(argv)
     out = capsys.readouterr()
@@ -311,8 +412,16 @@ def test_cli_lists_and_writes_json(stores, monkeypatch, tmp_path, capsys):
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["name", "source", "arch", "params"]
     row = next(line for line in lines if line.startswith("tiny-org/tiny-qwen3"))
-    assert row.split()[1:9] == ["hf-cache", "qwen3", f"{sum(p.numel() for p in stores['refs']['qwen3'].parameters()) / 1e3:.1f}K",
-                                "2", "4/2", "(2)", "32", "256"]
+    assert row.split()[1:9] == [
+        "hf-cache",
+        "qwen3",
+        f"{sum(p.numel() for p in stores['refs']['qwen3'].parameters()) / 1e3:.1f}K",
+        "2",
+        "4/2",
+        "(2)",
+        "32",
+        "256",
+    ]
     doc = json.loads(out_json.read_text())
     names = [m["name"] for m in doc["models"]]
     assert names[0] == "SmolLM2-135M-Instruct (embedded)" and "tiny:latest" in names
@@ -333,7 +442,7 @@ def test_cli_add_remove_and_cache(stores, monkeypatch, tmp_path, capsys):
     # conversion cache: empty, then one model after a load, then cleared
     rc, out, _ = _cli(["models", "--list-cache"], capsys)
     assert "0 converted model(s)" in out
-    from core.models import converted_dir, list_converted, resolve
+    from attnscope.core.loading.resolve import converted_dir, list_converted, resolve
 
     resolve(str(stores["q8"]))
     assert [c.name for c in list_converted()] == [converted_dir(stores["q8"]).name]

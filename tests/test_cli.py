@@ -6,19 +6,32 @@ import subprocess
 import sys
 
 import numpy as np
+from attnscope.core.io.colormaps import to_rgb
 from PIL import Image
-
-from core.colormaps import to_rgb
 
 
 def attnscope(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "attnscope.app.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_export_npy_csv_png(tmp_path, smol_session):
     prompt = "Attention is all you need."
-    r = attnscope("export", "--prompt", prompt, "--no-chat-template", "--steps", "2", "--layer", "3",
-                  "--head", "4", "--out", str(tmp_path / "w.npy"))
+    r = attnscope(
+        "export",
+        "--prompt",
+        prompt,
+        "--no-chat-template",
+        "--steps",
+        "2",
+        "--layer",
+        "3",
+        "--head",
+        "4",
+        "--out",
+        str(tmp_path / "w.npy"),
+    )
     assert r.returncode == 0, r.stderr
     w = np.load(tmp_path / "w.npy")
     # independent check: the same prompt and steps through the in-process session
@@ -34,13 +47,37 @@ def test_export_npy_csv_png(tmp_path, smol_session):
     assert len(lines) == T
     assert lines[0].split("\t")[:2] == ["0", str(smol_session.ids[0])]
 
-    r = attnscope("export", "--prompt", prompt, "--no-chat-template", "--steps", "2", "--layer", "3",
-                  "--head", "4", "--out", str(tmp_path / "w.csv"))
+    r = attnscope(
+        "export",
+        "--prompt",
+        prompt,
+        "--no-chat-template",
+        "--steps",
+        "2",
+        "--layer",
+        "3",
+        "--head",
+        "4",
+        "--out",
+        str(tmp_path / "w.csv"),
+    )
     assert r.returncode == 0, r.stderr
     np.testing.assert_allclose(np.loadtxt(tmp_path / "w.csv", delimiter=","), w, atol=1e-7)
 
-    r = attnscope("export", "--prompt", prompt, "--no-chat-template", "--steps", "2", "--layer", "3",
-                  "--head", "4", "--out", str(tmp_path / "w.png"))
+    r = attnscope(
+        "export",
+        "--prompt",
+        prompt,
+        "--no-chat-template",
+        "--steps",
+        "2",
+        "--layer",
+        "3",
+        "--head",
+        "4",
+        "--out",
+        str(tmp_path / "w.png"),
+    )
     assert r.returncode == 0, r.stderr
     img = np.asarray(Image.open(tmp_path / "w.png").convert("RGB"))
     cell = img.shape[0] // T
@@ -58,8 +95,20 @@ def test_export_rejects_out_of_range_head(tmp_path):
 
 def test_screenshot(tmp_path):
     out = tmp_path / "shot.png"
-    r = attnscope("--screenshot", str(out), "--prompt", "The cat sat on the mat.", "--steps", "2",
-                  "--layer", "2", "--head", "5", "--size", "1000x700")
+    r = attnscope(
+        "--screenshot",
+        str(out),
+        "--prompt",
+        "The cat sat on the mat.",
+        "--steps",
+        "2",
+        "--layer",
+        "2",
+        "--head",
+        "5",
+        "--size",
+        "1000x700",
+    )
     assert r.returncode == 0, r.stderr
     img = Image.open(out)
     assert img.size == (1000, 700)

@@ -1,4 +1,4 @@
-"""Compare two runs (core.compare) and the value-weighted scale (core.value_weighted).
+"""Compare two runs (attnscope.core.analysis.compare) and the value-weighted scale (attnscope.core.analysis.value_weighted).
 
 A tiny llama and a copy with one head's q_proj rows perturbed: that head ranks first, and every
 head the perturbation cannot reach (same layer, earlier layers) has distance 0; the value norms
@@ -12,17 +12,21 @@ import json
 import numpy as np
 import pytest
 import torch
+from attnscope.core.analysis.compare import align, compare_sessions, logits_divergence
+from attnscope.core.analysis.value_weighted import (
+    apply_norms,
+    value_norms,
+    value_weighted,
+    value_weighted_sink_scores,
+)
+from attnscope.core.errors import Cancelled, SessionError
 from tiny_models import save_tiny
-
-from core.compare import align, compare_sessions, logits_divergence
-from core.errors import Cancelled, SessionError
-from core.value_weighted import apply_norms, value_norms, value_weighted, value_weighted_sink_scores
 
 PROMPT = "The cat sat on the mat. The dog"
 
 
 def _load(folder, backend="torch"):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     return Session.load(str(folder), backend=backend, device="cpu" if backend == "torch" else None)
 
@@ -90,6 +94,7 @@ def test_same_run_is_zero_and_js_matches_scipy_by_hand(tiny):
     sa, sb = _run(tiny["base"]), _run(tiny["last"])
     same = compare_sessions(sa, _run(tiny["base"]))
     assert same.js_mean.max() <= 1e-6 and np.all(same.top1_agree) and same.kl.max() <= 1e-9
+
     # head (1, 2) by hand: mean over rows 1..n-1 of base-2 JS
     def jensenshannon(p, q, base=2):  # the textbook formula, with 0 · log 0 = 0
         m = 0.5 * (p + q)
@@ -180,8 +185,10 @@ def _direct_value_weighted(folder, prompt):
     m = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     ids = AutoTokenizer.from_pretrained(folder)(prompt)["input_ids"]
     vs = {}
-    hooks = [lay.self_attn.v_proj.register_forward_hook(lambda mod, i, o, k=k: vs.__setitem__(k, o.detach()))
-             for k, lay in enumerate(m.model.layers)]
+    hooks = [
+        lay.self_attn.v_proj.register_forward_hook(lambda mod, i, o, k=k: vs.__setitem__(k, o.detach()))
+        for k, lay in enumerate(m.model.layers)
+    ]
     with torch.no_grad():
         out = m(torch.tensor([ids]), output_attentions=True)
     for hk in hooks:
@@ -227,8 +234,12 @@ def test_value_weighted_sink_scores(tiny):
     direct, _ = _direct_value_weighted(tiny["base"], PROMPT)
     share = direct[..., 1:, 0] / direct[..., 1:, :].sum(axis=-1)  # (L, H, T-1)
     np.testing.assert_allclose(value_weighted_sink_scores(s), share.mean(axis=-1), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(value_weighted_sink_scores(s, normalise=False, block_rows=4),
-                               direct[..., 1:, 0].mean(axis=-1), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        value_weighted_sink_scores(s, normalise=False, block_rows=4),
+        direct[..., 1:, 0].mean(axis=-1),
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
 
 def test_apply_norms_masked_rows_stay_zero():
@@ -257,11 +268,25 @@ def test_mlx_value_norms_match_torch(tiny):
 
 # -- CLI ----------------------------------------------------------------------------------------------
 def test_cli_compare_json(tiny, tmp_path, capsys):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     out = tmp_path / "cmp.json"
-    rc = main(["compare", "--model", str(tiny["base"]), "--model-b", str(tiny["last"]), "--prompt", PROMPT,
-               "--no-chat-template", "--device", "cpu", "--json", str(out)])
+    rc = main(
+        [
+            "compare",
+            "--model",
+            str(tiny["base"]),
+            "--model-b",
+            str(tiny["last"]),
+            "--prompt",
+            PROMPT,
+            "--no-chat-template",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     assert (data["heads"][0]["layer"], data["heads"][0]["head"]) == (1, 2)
@@ -274,29 +299,69 @@ def test_cli_compare_json(tiny, tmp_path, capsys):
 
 
 def test_cli_compare_prompt_b_and_bad_input(tiny, tmp_path, capsys):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     out = tmp_path / "p.json"
-    rc = main(["compare", "--model", str(tiny["base"]), "--prompt", "The cat sat.", "--prompt-b", "The dog sat.",
-               "--no-chat-template", "--device", "cpu", "--json", str(out)])
+    rc = main(
+        [
+            "compare",
+            "--model",
+            str(tiny["base"]),
+            "--prompt",
+            "The cat sat.",
+            "--prompt-b",
+            "The dog sat.",
+            "--no-chat-template",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["alignment"]["kind"] == "token" and data["alignment"]["first_difference"] == 4
-    rc = main(["compare", "--model", str(tiny["base"]), "--prompt", "  ", "--device", "cpu",
-               "--json", str(tmp_path / "x.json")])
+    rc = main(
+        [
+            "compare",
+            "--model",
+            str(tiny["base"]),
+            "--prompt",
+            "  ",
+            "--device",
+            "cpu",
+            "--json",
+            str(tmp_path / "x.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "empty" in err
-    rc = main(["compare", "--model", str(tiny["base"]), "--prompt", "x", "--json", str(tmp_path / "no" / "x.json")])
+    rc = main(
+        ["compare", "--model", str(tiny["base"]), "--prompt", "x", "--json", str(tmp_path / "no" / "x.json")]
+    )
     assert rc == 1
 
 
 def test_cli_sinks_value_weighted(tiny, tmp_path):
-    from core.cli import main
-    from core.session import Session
+    from attnscope.core.cli.main import main
+    from attnscope.core.session import Session
 
     out = tmp_path / "s.json"
-    rc = main(["sinks", "--model", str(tiny["base"]), "--prompt", PROMPT, "--no-chat-template", "--device", "cpu",
-               "--value-weighted", "--json", str(out)])
+    rc = main(
+        [
+            "sinks",
+            "--model",
+            str(tiny["base"]),
+            "--prompt",
+            PROMPT,
+            "--no-chat-template",
+            "--device",
+            "cpu",
+            "--value-weighted",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     s = Session.load(str(tiny["base"]), device="cpu")
@@ -311,7 +376,7 @@ SMOL_CMP_PROMPT = "The quick brown fox jumps over the lazy dog. Then the dog wak
 
 @pytest.fixture()
 def smol_a(smol_session):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = smol_session if smol_session.info.dtype == "float32" else Session.load(None, dtype="float32")
     s.prefill(SMOL_CMP_PROMPT, chat_template=False, all_logits=True)
@@ -326,7 +391,7 @@ def test_smollm2_torch_vs_mlx_agree_to_float32_rounding(smol_a):
     *divergence* (distance², bits) of at most 5.6e-11 bits; the top-1 token agrees everywhere.
     """
     pytest.importorskip("mlx.core")
-    from core.session import Session
+    from attnscope.core.session import Session
 
     sm = Session.load(None, backend="mlx", dtype="float32")
     sm.prefill(SMOL_CMP_PROMPT, chat_template=False, all_logits=True)
@@ -340,7 +405,7 @@ def test_smollm2_torch_vs_mlx_agree_to_float32_rounding(smol_a):
 
 @pytest.mark.slow
 def test_smollm2_float32_vs_bfloat16_table(smol_a):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     sb = Session.load(None, dtype="bfloat16")
     sb.prefill(SMOL_CMP_PROMPT, chat_template=False, all_logits=True)
@@ -357,7 +422,7 @@ def test_smollm2_float32_vs_bfloat16_table(smol_a):
 
 
 def test_run_pair_low_memory_gives_the_same_table(tiny):
-    from core.compare import release_model, run_pair
+    from attnscope.core.analysis.compare import release_model, run_pair
 
     kw = dict(prompt=PROMPT, chat_template=False, device="cpu", weighting="value-weighted")
     full = run_pair(str(tiny["base"]), str(tiny["last"]), **kw)

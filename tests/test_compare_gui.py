@@ -9,12 +9,11 @@ import threading
 
 import numpy as np
 import pytest
+from attnscope.core.io.export import sidecar_path
 from gui_helpers import ran_window
 from PySide6.QtCore import QPointF
 from test_compare import _perturbed_copy
 from tiny_models import save_tiny
-
-from core.export import sidecar_path
 
 PROMPT = "The cat sat on the mat. The dog"
 
@@ -55,7 +54,7 @@ def test_compare_tab_perturbed_model(win, folders, tmp_path):
     view.dtype_combo.setCurrentText("float32")
     view.backend_combo.setCurrentText("torch")
     seen = []
-    import app.views.compare as C
+    import attnscope.app.views.compare as C
 
     orig = C._run_b_job
 
@@ -137,14 +136,16 @@ def test_compare_tab_edited_prompt_and_bad_input(win):
 
 
 def test_heatmap_value_weighted_scale(win):
-    from core.value_weighted import value_weighted_tile
+    from attnscope.core.analysis.value_weighted import value_weighted_tile
 
     win.show_view("heatmap")
     hm = win.heatmap
     assert hm.weighting == "attention"
     s = win.engine.session
     n = win.visible_len
-    np.testing.assert_allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7)
+    np.testing.assert_allclose(
+        win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7
+    )
     hm.weighting_combo.setCurrentIndex(1)
     assert win.engine.wait_idle(60) and win.last_error is None
     want = value_weighted_tile(s, win.layer, win.head, "head", slice(0, n), slice(0, n))
@@ -156,24 +157,28 @@ def test_heatmap_value_weighted_scale(win):
     # an aggregate: mean over the KV group's heads of their value-weighted maps
     hm.set_aggregate("group")
     assert win.engine.wait_idle(60) and win.last_error is None
-    np.testing.assert_allclose(win.weights, value_weighted_tile(s, win.layer, win.head, "group", slice(0, n),
-                                                                slice(0, n)), atol=1e-7)
+    np.testing.assert_allclose(
+        win.weights, value_weighted_tile(s, win.layer, win.head, "group", slice(0, n), slice(0, n)), atol=1e-7
+    )
     hm.set_aggregate("head")
     hm.weighting_combo.setCurrentIndex(0)
     assert win.engine.wait_idle(60)
-    np.testing.assert_allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7)
+    np.testing.assert_allclose(
+        win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-7
+    )
 
 
 def test_sinks_value_weighted_metric(win):
-    from core.sinks import session_sink_report
-    from core.value_weighted import value_weighted_sink_scores
+    from attnscope.core.analysis.sinks import session_sink_report
+    from attnscope.core.analysis.value_weighted import value_weighted_sink_scores
 
     win.show_view("sinks")
     assert win.engine.wait_idle(60)
     view = win.views["sinks"]
     s = win.engine.session
-    view.metric_combo.setCurrentIndex([view.metric_combo.itemData(i) for i in range(view.metric_combo.count())]
-                                      .index("sink_vw"))
+    view.metric_combo.setCurrentIndex(
+        [view.metric_combo.itemData(i) for i in range(view.metric_combo.count())].index("sink_vw")
+    )
     assert win.engine.wait_idle(60) and win.last_error is None
     want = value_weighted_sink_scores(s)
     np.testing.assert_allclose(view.table_values(), want, atol=1e-6)
@@ -183,7 +188,7 @@ def test_sinks_value_weighted_metric(win):
     assert not np.allclose(want, session_sink_report(s).sink, atol=1e-3)
     # the table after prefill: mean over rows 1 .. n_prompt-1 only
     view.step_spin.setValue(s.n_prompt)
-    from core.value_weighted import value_weighted_sink_rows
+    from attnscope.core.analysis.value_weighted import value_weighted_sink_rows
 
     rows = value_weighted_sink_rows(s)
     np.testing.assert_allclose(view.table_values(), rows[..., 1 : s.n_prompt].mean(axis=-1), atol=1e-6)
@@ -192,7 +197,7 @@ def test_sinks_value_weighted_metric(win):
 
 
 def test_pooled_maps_in_bands_equal_pooling_the_whole_map():
-    from app.views.compare import _mean_pool, _pool_by
+    from attnscope.app.views.compare import _mean_pool, _pool_by
 
     rng = np.random.default_rng(0)
     w = rng.random((23, 23))

@@ -1,5 +1,5 @@
 """Long prompts in the Compare tab: an overview (A, B max-pooled; A − B by signed max-|A − B| per block,
-core/compare_pool.py) and exact tiles of A, B and A − B on zoom, with the three views linked."""
+core/analysis/compare_pool.py) and exact tiles of A, B and A − B on zoom, with the three views linked."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import os
 
 import numpy as np
 import pytest
-
-from core.compare_pool import block_of, pooled_pair, signed_absmax_pool
-from core.pooling import block_edges, max_pool
+from attnscope.core.analysis.compare_pool import block_of, pooled_pair, signed_absmax_pool
+from attnscope.core.analysis.pooling import block_edges, max_pool
 
 
 def _direct_signed(d, out_r, out_c):
@@ -24,7 +23,9 @@ def _direct_signed(d, out_r, out_c):
     return res
 
 
-@pytest.mark.parametrize("shape,out", [((23, 17), (5, 4)), ((31, 31), (7, 7)), ((9, 13), (9, 13)), ((1, 5), (1, 2))])
+@pytest.mark.parametrize(
+    "shape,out", [((23, 17), (5, 4)), ((31, 31), (7, 7)), ((9, 13), (9, 13)), ((1, 5), (1, 2))]
+)
 def test_signed_absmax_pool_equals_direct(shape, out):
     rng = np.random.default_rng(sum(shape))
     d = rng.normal(size=shape).astype(np.float32)
@@ -49,7 +50,7 @@ def test_signed_pool_keeps_a_changed_column_and_its_sign():
 
 
 def test_pooled_pair_in_bands_equals_pooling_whole_maps(monkeypatch):
-    import core.compare_pool as P
+    import attnscope.core.analysis.compare_pool as P
 
     rng = np.random.default_rng(3)
     n, out = 53, 8
@@ -87,9 +88,8 @@ def folders(tmp_path_factory):
 
 
 def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
+    import attnscope.app.views.compare as C
     from gui_helpers import ran_window
-
-    import app.views.compare as C
 
     monkeypatch.setattr(C, "MAX_CELLS", 24)  # the tiny prompt (~200 tokens) counts as long
     win = ran_window(qtbot, folders[0], LONG_PROMPT)
@@ -123,7 +123,9 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         if shots:
             view.grab().save(os.path.join(shots, "comparelong_overview.png"))
         # zoom the B map: the three views follow (linked) and an exact tile arrives
-        view.plots[1].vb.setRange(xRange=(n - 12, n - 4), yRange=(n - 10, n - 2), padding=0)  # on the diagonal
+        view.plots[1].vb.setRange(
+            xRange=(n - 12, n - 4), yRange=(n - 10, n - 2), padding=0
+        )  # on the diagonal
         # linked: every view shows the region about the same centre (each plot's locked aspect may
         # widen one side to its own shape, never narrow it)
         for p in view.plots:
@@ -149,7 +151,11 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         assert tuple(view.images[2].levels) == pytest.approx((-m, m), rel=1e-5)
         r, c = n - 5, n - 7
         a, b, d, exact = view.values_at(r, c)
-        assert exact and a == pytest.approx(float(A[r, c]), abs=1e-6) and b == pytest.approx(float(B[r, c]), abs=1e-6)
+        assert (
+            exact
+            and a == pytest.approx(float(A[r, c]), abs=1e-6)
+            and b == pytest.approx(float(B[r, c]), abs=1e-6)
+        )
         assert not view.values_at(2, n - 1)[3]  # outside the tile: the overview's block values
         # hover on the exact tile reads the exact weights
         from PySide6.QtCore import QPointF

@@ -5,19 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from core.attention import _gqa_views, sdpa_with_lse
-from core.kv import kv_cache_bytes
-from core.masks import causal_mask
+from attnscope.core.analysis.kv_formula import kv_cache_bytes
+from attnscope.core.attention.fused import _gqa_views, sdpa_with_lse
+from attnscope.core.attention.masks import causal_mask
 
 
 def test_causal_mask_bottom_right_aligned():
     # L=3 new queries over S=5 keys: tril(k=S-L=2)
-    expected = np.array([
-        [1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 0],
-        [1, 1, 1, 1, 1],
-    ], dtype=bool)
+    expected = np.array(
+        [
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1],
+        ],
+        dtype=bool,
+    )
     np.testing.assert_array_equal(causal_mask(3, 5), expected)
     np.testing.assert_array_equal(causal_mask(4, 4), np.tril(np.ones((4, 4), dtype=bool)))
     assert causal_mask(1, 7).all()  # a decode step sees every cached key
@@ -25,13 +27,16 @@ def test_causal_mask_bottom_right_aligned():
 
 def test_sliding_window_mask():
     m = causal_mask(5, 5, sliding_window=2)
-    expected = np.array([
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [0, 1, 1, 0, 0],
-        [0, 0, 1, 1, 0],
-        [0, 0, 0, 1, 1],
-    ], dtype=bool)
+    expected = np.array(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 1, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=bool,
+    )
     np.testing.assert_array_equal(m, expected)
 
 
@@ -79,5 +84,11 @@ def test_kv_cache_bytes_hand_computed(smol_ran):
 
 def test_default_model_geometry(smol_session):
     info = smol_session.info
-    assert (info.architecture, info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim) == ("llama", 30, 9, 3, 64)
+    assert (info.architecture, info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim) == (
+        "llama",
+        30,
+        9,
+        3,
+        64,
+    )
     assert info.rope_theta == 100000.0 and info.max_context == 8192 and info.group_size == 3

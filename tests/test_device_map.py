@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from attnscope.core.errors import ModelLoadError
 from tiny_models import eager_reference, save_tiny
-
-from core.errors import ModelLoadError
 
 IDS = [1, 40, 41, 42, 7, 8, 9, 100, 101, 102, 103, 60]
 
@@ -27,13 +26,18 @@ def _tmp_cache(tmp_path, monkeypatch):
 
 
 def test_cpu_and_disk_offload_equals_eager(folder, tmp_path):
+    from attnscope.core.backends.torch_backend import TorchBackend
+    from attnscope.core.loading.device_map import describe, placement
     from transformers import AutoModelForCausalLM
 
-    from core.backends.torch_backend import TorchBackend
-    from core.device_map import describe, placement
-
-    dm = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
-          "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    dm = {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
     b = TorchBackend.load(str(folder), device="cpu", dtype="float32", device_map=dm)
     assert b.device == "cpu"
     assert b.model.hf_device_map["model.layers.1"] == "disk"
@@ -41,7 +45,9 @@ def test_cpu_and_disk_offload_equals_eager(folder, tmp_path):
     assert set(placement(b.model)) == {"cpu", "disk"} and "disk" in describe(b.model)
     logits = b.forward(IDS[:8], all_logits=True)
     logits = np.concatenate([logits, b.forward(IDS[8:], all_logits=True)])
-    eager = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     ref_logits, ref = eager_reference(eager, IDS)
     np.testing.assert_allclose(logits, ref_logits, atol=1e-4)
     for layer in range(2):
@@ -51,15 +57,17 @@ def test_cpu_and_disk_offload_equals_eager(folder, tmp_path):
 
 
 def test_strategy_names_are_checked():
-    from core.device_map import check_device_map
+    from attnscope.core.loading.device_map import check_device_map
 
     assert check_device_map("Balanced") == "balanced" and check_device_map(None) is None
-    with pytest.raises(ModelLoadError, match=r"^unknown device map 'everywhere': choose one of auto, balanced, sequential$"):
+    with pytest.raises(
+        ModelLoadError, match=r"^unknown device map 'everywhere': choose one of auto, balanced, sequential$"
+    ):
         check_device_map("everywhere")
 
 
 def test_device_map_auto_on_cpu_runs(folder):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(folder), dtype="float32", device_map="auto")
     s.prefill("the cat sat", chat_template=False)

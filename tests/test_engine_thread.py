@@ -8,10 +8,9 @@ import gc
 import threading
 import weakref
 
+from attnscope.app.engine import Engine, collect_garbage_on_gui_thread
+from attnscope.core.errors import Cancelled
 from PySide6.QtCore import QObject
-
-from app.engine import Engine, collect_garbage_on_gui_thread
-from core.errors import Cancelled
 
 
 def test_commands_run_in_order_and_views_supersede(qtbot):

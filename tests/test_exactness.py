@@ -16,8 +16,12 @@ PROMPT_40 = (
 def reference_models(smol_folder):
     from transformers import AutoModelForCausalLM
 
-    eager = AutoModelForCausalLM.from_pretrained(smol_folder, dtype=torch.float32, attn_implementation="eager").eval()
-    sdpa = AutoModelForCausalLM.from_pretrained(smol_folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        smol_folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    sdpa = AutoModelForCausalLM.from_pretrained(
+        smol_folder, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     return eager, sdpa
 
 
@@ -68,7 +72,9 @@ def test_decode_steps_equal_full_recompute(smol_session, reference_models):
         assert t.id == int(out.logits[0, n0 + i - 1].argmax())
     for layer in (0, 7, 15, 29):
         for head in range(s.info.n_heads):
-            np.testing.assert_allclose(s.weights(layer, head), out.attentions[layer][0, head].numpy(), atol=1e-5)
+            np.testing.assert_allclose(
+                s.weights(layer, head), out.attentions[layer][0, head].numpy(), atol=1e-5
+            )
 
 
 def test_rows_are_distributions_and_causal(smol_ran):
@@ -99,7 +105,7 @@ def test_step_back_truncates_and_matches(smol_session):
 @pytest.mark.slow
 def test_chunked_prefill_equals_eager(smol_session, reference_models):
     """A prompt longer than one prefill chunk: later chunks attend to cached keys (L < S)."""
-    from core.backends.torch_backend import PREFILL_CHUNK
+    from attnscope.core.backends.torch_backend import PREFILL_CHUNK
 
     eager, sdpa = reference_models
     s = smol_session
@@ -110,5 +116,7 @@ def test_chunked_prefill_equals_eager(smol_session, reference_models):
         ref = eager(torch.tensor([s.ids]), output_attentions=True)
     for layer in (0, 14, 29):
         for head in range(s.info.n_heads):
-            np.testing.assert_allclose(s.weights(layer, head), ref.attentions[layer][0, head].numpy(), atol=1e-5)
+            np.testing.assert_allclose(
+                s.weights(layer, head), ref.attentions[layer][0, head].numpy(), atol=1e-5
+            )
     np.testing.assert_allclose(s.logits, ref.logits[0, -1].numpy(), atol=1e-4)

@@ -1,5 +1,5 @@
 """Experiments: KL and perplexity by hand, each attention change against an independent reference
-(transformers eager with a custom mask or scaling 1; core.attention.math_with_lse), the user's session
+(transformers eager with a custom mask or scaling 1; attnscope.core.attention.fused.math_with_lse), the user's session
 left intact, and SmolLM2's baseline against its own run and an independent perplexity."""
 
 from __future__ import annotations
@@ -9,11 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import save_tiny
-
-from core.attention import math_with_lse
-from core.errors import Cancelled, SessionError, UnsupportedModelError
-from core.experiments import (
+from attnscope.core.analysis.experiments import (
     Experiment,
     Overrides,
     default_experiments,
@@ -24,6 +20,9 @@ from core.experiments import (
     separate_backend,
     token_logprobs,
 )
+from attnscope.core.attention.fused import math_with_lse
+from attnscope.core.errors import Cancelled, SessionError, UnsupportedModelError
+from tiny_models import save_tiny
 
 PROMPT = "Hi. The cat sat, then the dog sat.\nIt ran"
 
@@ -35,7 +34,9 @@ def test_kl_by_hand():
     assert kl_divergence(p, q) == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5), abs=1e-12)
     assert kl_divergence(p, q) == pytest.approx(0.130812, abs=1e-6)
     assert kl_divergence(p, p + 7.0) == pytest.approx(0.0, abs=1e-12)  # shift-invariant, KL(p‖p) = 0
-    assert kl_divergence(q, p) == pytest.approx(0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75), abs=1e-12)
+    assert kl_divergence(q, p) == pytest.approx(
+        0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75), abs=1e-12
+    )
     both = kl_divergence(np.stack([p, q]), np.stack([q, q]))
     np.testing.assert_allclose(both, [0.130812, 0.0], atol=1e-6)
     assert kl_divergence(np.array([0.0, -np.inf]), np.array([-np.inf, 0.0])) == math.inf
@@ -68,22 +69,30 @@ def test_experiment_validation_and_cache_policies_by_hand():
     expect[2:, :2] = False  # rows from position 2 on lost keys 0 and 1
     np.testing.assert_array_equal(ev, expect)
     sw = Experiment("sinks_window", k=1, window=2).allowed(T, T)
-    expect = np.array([[1, 0, 0, 0, 0, 0],
-                       [1, 1, 0, 0, 0, 0],
-                       [1, 1, 1, 0, 0, 0],
-                       [1, 0, 1, 1, 0, 0],
-                       [1, 0, 0, 1, 1, 0],
-                       [1, 0, 0, 0, 1, 1]], bool)
+    expect = np.array(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 0, 1, 1, 0, 0],
+            [1, 0, 0, 1, 1, 0],
+            [1, 0, 0, 0, 1, 1],
+        ],
+        bool,
+    )
     np.testing.assert_array_equal(sw, expect)
     # decode rows: q at position 5 over 6 cached keys
     np.testing.assert_array_equal(Experiment("sinks_window", k=1, window=2).allowed([5], T), expect[5:])
 
 
-# -- the hook against core.attention --------------------------------------------------------------
+# -- the hook against attnscope.core.attention.fused --------------------------------------------------------------
 def _qkv(L, S, H=4, Hkv=2, D=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(1, H, L, D, generator=g), torch.randn(1, Hkv, S, D, generator=g),
-            torch.randn(1, Hkv, S, D, generator=g))
+    return (
+        torch.randn(1, H, L, D, generator=g),
+        torch.randn(1, Hkv, S, D, generator=g),
+        torch.randn(1, Hkv, S, D, generator=g),
+    )
 
 
 class _Mod:
@@ -108,21 +117,35 @@ def test_hook_decode_top_left_sees_only_key0():
     # prefill (L == S): top-left == bottom-right, the normal causal mask
     q, k, v = _qkv(6, 6)
     out, _ = Overrides(Experiment("decode_top_left")).attend(_Mod(), q, k, v, 8**-0.5, None)
-    torch.testing.assert_close(out, math_with_lse(q, k, v, scale=8**-0.5, causal=True)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, math_with_lse(q, k, v, scale=8**-0.5, causal=True)[0], atol=1e-5, rtol=1e-5
+    )
 
 
 def test_hook_no_causal_prefill_and_eviction():
     q, k, v = _qkv(6, 6)
     ov = Overrides(Experiment("no_causal_prefill"))
-    torch.testing.assert_close(ov.attend(_Mod(), q, k, v, 0.3, None)[0],
-                               math_with_lse(q, k, v, scale=0.3, causal=False)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ov.attend(_Mod(), q, k, v, 0.3, None)[0],
+        math_with_lse(q, k, v, scale=0.3, causal=False)[0],
+        atol=1e-5,
+        rtol=1e-5,
+    )
     q1 = q[:, :, -1:]
-    torch.testing.assert_close(ov.attend(_Mod(), q1, k, v, 0.3, None)[0],
-                               math_with_lse(q1, k, v, scale=0.3, causal=True)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ov.attend(_Mod(), q1, k, v, 0.3, None)[0],
+        math_with_lse(q1, k, v, scale=0.3, causal=True)[0],
+        atol=1e-5,
+        rtol=1e-5,
+    )
     ex = Experiment("sinks_window", k=1, window=2)
     mask = torch.from_numpy(ex.allowed(np.arange(6), np.arange(6)))
-    torch.testing.assert_close(Overrides(ex).attend(_Mod(), q, k, v, 0.3, None)[0],
-                               math_with_lse(q, k, v, scale=0.3, causal=False, mask=mask)[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        Overrides(ex).attend(_Mod(), q, k, v, 0.3, None)[0],
+        math_with_lse(q, k, v, scale=0.3, causal=False, mask=mask)[0],
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 # -- whole runs on a tiny llama against transformers eager ----------------------------------------------
@@ -130,7 +153,7 @@ def test_hook_no_causal_prefill_and_eviction():
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     eager = save_tiny("llama", folder)
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(folder))
     return s, eager
@@ -168,15 +191,19 @@ def _reference_allowed(ex: Experiment, T: int, p: int) -> np.ndarray:
     return causal
 
 
-@pytest.mark.parametrize("ex", [
-    Experiment("evict_first", k=3),
-    Experiment("sinks_window", k=2, window=5),
-    Experiment("sinks_window", k=0, window=4),
-    Experiment("no_causal_prefill"),
-    Experiment("decode_top_left", decode_from=10),
-    Experiment("no_scale"),
-    Experiment("no_causal_prefill", decode_from=4),
-], ids=lambda e: f"{e.kind}-{e.params}-{e.decode_from}")
+@pytest.mark.parametrize(
+    "ex",
+    [
+        Experiment("evict_first", k=3),
+        Experiment("sinks_window", k=2, window=5),
+        Experiment("sinks_window", k=0, window=4),
+        Experiment("no_causal_prefill"),
+        Experiment("decode_top_left", decode_from=10),
+        Experiment("no_scale"),
+        Experiment("no_causal_prefill", decode_from=4),
+    ],
+    ids=lambda e: f"{e.kind}-{e.params}-{e.decode_from}",
+)
 def test_run_equals_eager_with_that_mask(tiny, ex):
     s, eager = tiny
     s.prefill(PROMPT, chat_template=False)
@@ -197,10 +224,15 @@ def test_results_and_session_intact(tiny):
     s.prefill(PROMPT, chat_template=False)
     s.step(2)
     ids, logits, w = s.ids, s.logits.copy(), s.weights(1, 2).copy()
-    res = run_experiments(s, default_experiments(s.seq_len) + [Experiment("evict_first", k=0),
-                                                               Experiment("sinks_window", k=1, window=100)])
+    res = run_experiments(
+        s,
+        default_experiments(s.seq_len)
+        + [Experiment("evict_first", k=0), Experiment("sinks_window", k=1, window=100)],
+    )
     assert s.ids == ids and np.array_equal(s.logits, logits) and np.array_equal(s.weights(1, 2), w)
-    assert all(m._attnscope_trace is s.trace for m in s.backend.model.modules() if hasattr(m, "_attnscope_trace"))
+    assert all(
+        m._attnscope_trace is s.trace for m in s.backend.model.modules() if hasattr(m, "_attnscope_trace")
+    )
     assert getattr(s.trace, "overrides", None) is None
     by = {(r.experiment.kind, r.experiment.params): r for r in res}
     # no-op settings are exactly the baseline
@@ -226,7 +258,9 @@ def test_cancel_restores_the_model(tiny):
     s.prefill(PROMPT, chat_template=False)
     with pytest.raises(Cancelled):
         run_experiments(s, [Experiment("no_scale")], cancelled=lambda: True)
-    assert all(m._attnscope_trace is s.trace for m in s.backend.model.modules() if hasattr(m, "_attnscope_trace"))
+    assert all(
+        m._attnscope_trace is s.trace for m in s.backend.model.modules() if hasattr(m, "_attnscope_trace")
+    )
     with separate_backend(s) as b:  # and a separate run still works
         assert b.trace is not s.trace and b.seq_len == 0
 
@@ -264,7 +298,9 @@ def test_smollm2_experiments(smol_session, smol_folder):
     res = run_experiments(s, default_experiments(s.seq_len))
     by = {r.experiment.kind: r for r in res}
     base = by["no_scale"]
-    ref_model = AutoModelForCausalLM.from_pretrained(smol_folder, attn_implementation="sdpa", dtype=torch.float32)
+    ref_model = AutoModelForCausalLM.from_pretrained(
+        smol_folder, attn_implementation="sdpa", dtype=torch.float32
+    )
     with torch.no_grad():
         ref = ref_model(torch.tensor([s.ids])).logits[0].numpy()
     assert base.ppl_base == pytest.approx(perplexity(ref[: s.n_prompt - 1], s.ids[: s.n_prompt]), rel=1e-3)

@@ -9,18 +9,41 @@ import sys
 
 import numpy as np
 import pytest
+from attnscope.core.errors import Cancelled
+from attnscope.core.io import export as E
+from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.loading.resolve import file_sha256
 from PIL import Image, ImageSequence
 
-from core import export as E
-from core.colormaps import to_rgb
-from core.errors import Cancelled
-from core.models import file_sha256
-
 SIDECAR_KEYS = {
-    "schema", "attnscope_version", "created", "model", "backend", "dtype", "quantization", "device", "prompt",
+    "schema",
+    "attnscope_version",
+    "created",
+    "model",
+    "backend",
+    "dtype",
+    "quantization",
+    "device",
+    "prompt",
     "chat_template",
-    "sampling", "n_prompt", "step", "seq_len", "token_ids", "token_texts", "token_raw", "exact", "exact_note",
-    "kind", "layer", "head", "kv_head", "rows", "cols", "axes", "mask", "array",
+    "sampling",
+    "n_prompt",
+    "step",
+    "seq_len",
+    "token_ids",
+    "token_texts",
+    "token_raw",
+    "exact",
+    "exact_note",
+    "kind",
+    "layer",
+    "head",
+    "kv_head",
+    "rows",
+    "cols",
+    "axes",
+    "mask",
+    "array",
 }
 
 
@@ -42,7 +65,7 @@ def stepped(stepped_once):
         from conftest import SMOL_PROMPT
 
         s.prefill(SMOL_PROMPT, chat_template=False)
-        s.feed(ids[s.n_prompt:])
+        s.feed(ids[s.n_prompt :])
     return s
 
 
@@ -72,8 +95,13 @@ def test_data_equals_weights_and_sidecar_is_complete(stepped, tmp_path, suffix):
     assert meta["mask"]["kind"] == "causal" and meta["mask"]["alignment"] == "bottom-right"
     assert meta["mask"]["sliding_window"] is None and "no sliding window" in meta["mask"]["description"]
     assert meta["exact"] is True
-    assert meta["array"] == {"file": path.name, "format": suffix, "shape": [s.seq_len, s.seq_len], "dtype": "float32",
-                             **({"tensor": "weights"} if suffix == "safetensors" else {})}
+    assert meta["array"] == {
+        "file": path.name,
+        "format": suffix,
+        "shape": [s.seq_len, s.seq_len],
+        "dtype": "float32",
+        **({"tensor": "weights"} if suffix == "safetensors" else {}),
+    }
     assert meta["created"].endswith("Z")
     if suffix == "safetensors":
         from safetensors import safe_open
@@ -109,19 +137,33 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
 
 def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     """Power γ and the auto/shared ranges reach every exported image, and the metadata says so."""
-    from core import aggregate
+    from attnscope.core.analysis import aggregate
 
     s = stepped
     out = tmp_path / "pw"
-    E.export_batch(s, out, "png", E.heads_in_scope(30, 9, layer=4), cmap="plasma", scale="power", gamma=0.25,
-                   range_mode="shared")
+    E.export_batch(
+        s,
+        out,
+        "png",
+        E.heads_in_scope(30, 9, layer=4),
+        cmap="plasma",
+        scale="power",
+        gamma=0.25,
+        range_mode="shared",
+    )
     top = aggregate.layer_robust_max(s, 4)
     assert top < 1.0
     for h in (0, 7):
         img = Image.open(out / f"L04_H{h:02d}.png")
         colour = json.loads(img.text["attnscope"])["colour"]
-        assert colour == {"cmap": "plasma", "scale": "power", "gamma": 0.25, "range": "shared", "vmin": 0.0,
-                          "vmax": pytest.approx(top)}
+        assert colour == {
+            "cmap": "plasma",
+            "scale": "power",
+            "gamma": 0.25,
+            "range": "shared",
+            "vmin": 0.0,
+            "vmax": pytest.approx(top),
+        }
         w = s.weights(4, h)
         cell = 2048 // s.seq_len
         a = np.asarray(img.convert("RGB"))[::cell, ::cell]
@@ -132,22 +174,31 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     # auto: each map's own robust max; fixed stays [0, 1]
     E.export_head(s, 4, 2, tmp_path / "auto.png", range_mode="auto")
     w = s.weights(4, 2)
-    a = np.asarray(Image.open(tmp_path / "auto.png").convert("RGB"))[:: 2048 // s.seq_len, :: 2048 // s.seq_len]
+    a = np.asarray(Image.open(tmp_path / "auto.png").convert("RGB"))[
+        :: 2048 // s.seq_len, :: 2048 // s.seq_len
+    ]
     np.testing.assert_array_equal(a, to_rgb(w, vmax=aggregate.robust_max(w)))
     with pytest.raises(ValueError, match="unknown colour range"):
         E.export_batch(s, out, "png", [(0, 0)], range_mode="widest")
     # decode frames share the same colouring
     frames = E.decode_frames(s, 4, 2, scale="power", gamma=0.25, range_mode="auto", caption=False)
     idx = np.asarray(frames[-1])[:: 640 // s.seq_len, :: 640 // s.seq_len]
-    from core.colormaps import normalize
+    from attnscope.core.io.colormaps import normalize
 
     want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 253).astype(np.uint8)
     np.testing.assert_array_equal(idx, want)
     # an animation gets its provenance sidecar like any other export
-    gif, side = E.export_animation(s, 4, 2, tmp_path / "steps.gif", scale="power", gamma=0.25, range_mode="auto")
+    gif, side = E.export_animation(
+        s, 4, 2, tmp_path / "steps.gif", scale="power", gamma=0.25, range_mode="auto"
+    )
     meta = json.loads(side.read_text())
     assert side == tmp_path / "steps.gif.json" and Image.open(gif).n_frames == s.n_generated + 1
-    assert (meta["kind"], meta["layer"], meta["head"], meta["frames"]) == ("animation", 4, 2, s.n_generated + 1)
+    assert (meta["kind"], meta["layer"], meta["head"], meta["frames"]) == (
+        "animation",
+        4,
+        2,
+        s.n_generated + 1,
+    )
     assert meta["token_ids"] == s.ids and meta["colour"]["range"] == "auto"
 
 
@@ -155,8 +206,9 @@ def test_batch_one_layer_every_head(stepped, tmp_path):
     s = stepped
     seen = []
     out = tmp_path / "batch"
-    written = E.export_batch(s, out, "npy", E.heads_in_scope(30, 9, layer=2),
-                             progress=lambda d, t, n: seen.append((d, t, n)))
+    written = E.export_batch(
+        s, out, "npy", E.heads_in_scope(30, 9, layer=2), progress=lambda d, t, n: seen.append((d, t, n))
+    )
     assert seen == [(i + 1, 9, f"L02_H{i:02d}.npy") for i in range(9)]
     assert len(written) == 9 * 2 + 1 and written[-1] == out / "manifest.json"
     for h in range(9):
@@ -172,10 +224,21 @@ def test_batch_cancel_keeps_what_was_written(stepped, tmp_path):
     s = stepped
     done = []
     with pytest.raises(Cancelled, match="stopped after 4 of 270 files"):
-        E.export_batch(s, tmp_path / "c", "png", E.heads_in_scope(30, 9), progress=lambda d, t, n: done.append(d),
-                       cancelled=lambda: len(done) >= 4)
+        E.export_batch(
+            s,
+            tmp_path / "c",
+            "png",
+            E.heads_in_scope(30, 9),
+            progress=lambda d, t, n: done.append(d),
+            cancelled=lambda: len(done) >= 4,
+        )
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
-        "L00_H00.png", "L00_H01.png", "L00_H02.png", "L00_H03.png", "manifest.json"]
+        "L00_H00.png",
+        "L00_H01.png",
+        "L00_H02.png",
+        "L00_H03.png",
+        "manifest.json",
+    ]
     man = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert man["complete"] is False and len(man["files"]) == 4
 
@@ -236,24 +299,55 @@ def test_gif_and_mp4(stepped, tmp_path):
 
 # -- CLI ----------------------------------------------------------------------------------------------------
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "attnscope.app.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--layer", "0", "--head", "0", "--out", "x.npy"], "give a prompt with --prompt TEXT, or a saved session"),
-    (["--prompt", "hi", "--session", "s.attnscope", "--out", "x.npy"], "give either --prompt or --session"),
-    (["--prompt", "hi", "--layer", "0"], "nothing to write: give --out, --frames or --save-session"),
-    (["--prompt", "hi", "--all-heads", "--head", "1", "--out", "d"], "--all-heads exports every head: drop --head"),
-    (["--prompt", "hi", "--all-heads", "--out", "d.svg"], "--out must be a folder, not 'd.svg'"),
-    (["--prompt", "hi", "--layer", "0", "--head", "0", "--frames", "a.avi"], "unsupported animation 'a.avi'"),
-    (["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "a.png", "--size", "big"], "size must look like 1200x800"),
-    (["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "a.png", "--cmap", "jet"], "unknown colour map 'jet'"),
-    (["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "a.png", "--dpi", "0"], "--dpi must be between"),
-    (["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "nodir/a.png"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--layer", "0", "--head", "0", "--out", "x.npy"],
+            "give a prompt with --prompt TEXT, or a saved session",
+        ),
+        (
+            ["--prompt", "hi", "--session", "s.attnscope", "--out", "x.npy"],
+            "give either --prompt or --session",
+        ),
+        (["--prompt", "hi", "--layer", "0"], "nothing to write: give --out, --frames or --save-session"),
+        (
+            ["--prompt", "hi", "--all-heads", "--head", "1", "--out", "d"],
+            "--all-heads exports every head: drop --head",
+        ),
+        (["--prompt", "hi", "--all-heads", "--out", "d.svg"], "--out must be a folder, not 'd.svg'"),
+        (
+            ["--prompt", "hi", "--layer", "0", "--head", "0", "--frames", "a.avi"],
+            "unsupported animation 'a.avi'",
+        ),
+        (
+            ["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "a.png", "--size", "big"],
+            "size must look like 1200x800",
+        ),
+        (
+            ["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "a.png", "--cmap", "jet"],
+            "unknown colour map 'jet'",
+        ),
+        (
+            ["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "a.png", "--dpi", "0"],
+            "--dpi must be between",
+        ),
+        (["--prompt", "hi", "--layer", "0", "--head", "0", "--out", "nodir/a.png"], "does not exist"),
+    ],
+)
 def test_cli_bad_arguments_one_line(tmp_path, args, message):
-    r = subprocess.run([sys.executable, "-m", "app.cli", "export", *args], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "attnscope.app.cli", "export", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnscope: error: ") and message in lines[0], r.stderr
@@ -271,34 +365,84 @@ def test_cli_all_heads_session_and_frames(tmp_path, smol_session):
     prompt = "Attention is all you need."
     out = tmp_path / "L4"
     sess = tmp_path / "run.attnscope"
-    r = subprocess.run([sys.executable, "-m", "app.cli", "export", "--prompt", prompt, "--no-chat-template", "--steps",
-                        "2", "--all-heads", "--layer", "4", "--format", "safetensors", "--out", str(out),
-                        "--save-session", str(sess), "--cmap", "plasma"], capture_output=True, text=True,
-                       timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnscope.app.cli",
+            "export",
+            "--prompt",
+            prompt,
+            "--no-chat-template",
+            "--steps",
+            "2",
+            "--all-heads",
+            "--layer",
+            "4",
+            "--format",
+            "safetensors",
+            "--out",
+            str(out),
+            "--save-session",
+            str(sess),
+            "--cmap",
+            "plasma",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "export 9/9 L04_H08.safetensors" in r.stderr
     smol_session.prefill(prompt, chat_template=False)
     smol_session.step(2)
     for h in range(9):
-        np.testing.assert_array_equal(E.read_data(out / f"L04_H{h:02d}.safetensors"), smol_session.weights(4, h))
+        np.testing.assert_array_equal(
+            E.read_data(out / f"L04_H{h:02d}.safetensors"), smol_session.weights(4, h)
+        )
     saved = json.loads(sess.read_text())
     assert saved["token_ids"] == smol_session.ids and saved["view"]["cmap"] == "plasma"
 
-    r = subprocess.run([sys.executable, "-m", "app.cli", "export", "--session", str(sess), "--layer", "4", "--head",
-                        "7", "--out", str(tmp_path / "f.svg"), "--frames", str(tmp_path / "f.gif")],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnscope.app.cli",
+            "export",
+            "--session",
+            str(sess),
+            "--layer",
+            "4",
+            "--head",
+            "7",
+            "--out",
+            str(tmp_path / "f.svg"),
+            "--frames",
+            str(tmp_path / "f.gif"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip().splitlines()) == smol_session.seq_len  # tokens printed
     import xml.etree.ElementTree as ET
 
     root = ET.parse(tmp_path / "f.svg").getroot()
     assert root.get("shape-rendering") == "crispEdges"  # abutting cells, no seams in other viewers
-    assert root.tag.endswith("svg") and json.loads(root.find("{http://www.w3.org/2000/svg}desc").text)["head"] == 7
+    assert (
+        root.tag.endswith("svg")
+        and json.loads(root.find("{http://www.w3.org/2000/svg}desc").text)["head"] == 7
+    )
     assert Image.open(tmp_path / "f.gif").n_frames == 3
 
 
 def test_core_export_modules_stay_qt_free():
-    code = ("import sys, core.export, core.sessionfile, core.commands.export; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'app')]; print(bad)")
+    code = (
+        "import sys, attnscope.core.io.export, attnscope.core.io.sessionfile, attnscope.core.cli.commands.export; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'app')]; print(bad)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

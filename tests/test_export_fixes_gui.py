@@ -12,14 +12,13 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from attnscope.app import export as AE
+from attnscope.app.svg_fixups import fix_svg
+from attnscope.core.io import export as E
+from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.tokens import Token
 from PIL import Image
 from PySide6.QtCore import QObject, Qt, Signal
-
-from app import export as AE
-from app.svg_fixups import fix_svg
-from core import export as E
-from core.colormaps import to_rgb
-from core.tokens import Token
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -35,7 +34,7 @@ def _tokens(n: int) -> list[Token]:
 
 
 def _heatmap(qtbot, n=12, row=5, title="L3 · query head 4", show=True):
-    from app.heatmap import HeatmapView
+    from attnscope.app.heatmap import HeatmapView
 
     v = HeatmapView()
     qtbot.addWidget(v)
@@ -81,6 +80,7 @@ def test_svg_clicked_row_outline_is_thin_and_cells_crisp(qtbot, tmp_path):  # is
     # rendered by librsvg: the marked row keeps its cells' colours, and each cell is one colour
     img = _rsvg(out, tmp_path / "row.png")
     rgb = to_rgb(w, "viridis", 0.0, 1.0)
+
     # locate the map: cell (0, 0) is its top-left block, cell (11, 11) its bottom-right (left of the colour bar)
     def block(colour):
         ys, xs = np.nonzero(np.all(np.abs(img[:, :600] - colour) <= 2, axis=2))
@@ -95,14 +95,22 @@ def test_svg_clicked_row_outline_is_thin_and_cells_crisp(qtbot, tmp_path):  # is
     for j in range(6):  # row 5, columns 0..5: the cell's colour at its centre and near its corners
         cx, cy = int(x0 + (j + 0.5) * cell), int(top + 5.5 * cell)
         for dx, dy in ((0, 0), (-int(cell / 3), -int(cell / 4)), (int(cell / 3), int(cell / 4))):
-            assert np.abs(img[cy + dy, cx + dx] - rgb[5, j]).max() <= 3, (j, dx, dy, img[cy + dy, cx + dx], rgb[5, j])
+            assert np.abs(img[cy + dy, cx + dx] - rgb[5, j]).max() <= 3, (
+                j,
+                dx,
+                dy,
+                img[cy + dy, cx + dx],
+                rgb[5, j],
+            )
 
 
 def test_svg_fixups_whole_kind():
-    svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><desc>a\x0cb\x1b</desc>'
-           '<g stroke-width="2" stroke-dasharray="4,2" transform="matrix(10,0,0,10,0,0)">'
-           '<rect vector-effect="non-scaling-stroke" x="0" y="0" width="1" height="1"/></g>'
-           '<text>\x07bell</text></svg>')
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><desc>a\x0cb\x1b</desc>'
+        '<g stroke-width="2" stroke-dasharray="4,2" transform="matrix(10,0,0,10,0,0)">'
+        '<rect vector-effect="non-scaling-stroke" x="0" y="0" width="1" height="1"/></g>'
+        "<text>\x07bell</text></svg>"
+    )
     out = fix_svg(svg)
     root = ET.fromstring(out)
     assert root.find(SVG + "desc").text == "a␌b␛" and root.find(SVG + "text").text == "␇bell"
@@ -120,7 +128,9 @@ def test_svg_figure_of_a_long_map_is_crisp(tmp_path):
 
 # -- PDF --------------------------------------------------------------------------------------------------------
 def test_pdf_images_are_lossless(qtbot, tmp_path):  # issue 12 §7 minor
-    out = AE.save_heatmap_figure(_map(300), tmp_path / "big.pdf", tokens=_tokens(300), size=(900, 800), dpi=100)
+    out = AE.save_heatmap_figure(
+        _map(300), tmp_path / "big.pdf", tokens=_tokens(300), size=(900, 800), dpi=100
+    )
     data = out.read_bytes()
     assert b"/DCTDecode" not in data and b"/FlateDecode" in data and b"/Image" in data
     v, _ = _heatmap(qtbot)
@@ -143,13 +153,17 @@ def test_embedded_provenance_png_and_svg(qtbot, tmp_path):
     meta = {"kind": "view", "prompt": "a\x0cb <&>", "token_texts": ["ör", "␛"]}
     png = E.embed_metadata(AE.render_widget(v, tmp_path / "v.png", dpi=192), meta)
     img = Image.open(png)
-    assert json.loads(img.text["attnscope"]) == meta and img.info["dpi"] == pytest.approx((192, 192), abs=0.03)
+    assert json.loads(img.text["attnscope"]) == meta and img.info["dpi"] == pytest.approx(
+        (192, 192), abs=0.03
+    )
     svg = E.embed_metadata(AE.render_widget(v, tmp_path / "v.svg"), meta)
     assert json.loads(ET.parse(svg).getroot().find(SVG + "desc").text) == meta
 
 
 @pytest.mark.parametrize("show", [True, False])
-def test_small_size_is_whole_with_the_title_elided(qtbot, tmp_path, show):  # issue 12 §6: 320 × 240 was cropped
+def test_small_size_is_whole_with_the_title_elided(
+    qtbot, tmp_path, show
+):  # issue 12 §6: 320 × 240 was cropped
     title = "SmolLM2-135M-Instruct · Layer 3 · query head 4 (reads KV head 1) · step 2 · seq_len 29"
     v, _ = _heatmap(qtbot, title=title, show=show)
     yellow_rgb = to_rgb(np.array([[1.0]]), "viridis", 0, 1)[0, 0]
@@ -163,7 +177,9 @@ def test_small_size_is_whole_with_the_title_elided(qtbot, tmp_path, show):  # is
         assert len(cols) and cols.max() > 0.7 * size[0], (size, cols.max() if len(cols) else None)
         assert v.plot.titleLabel.text == title  # the on-screen title is put back
     # below what even the elided view needs: one line, no file
-    with pytest.raises(ValueError, match=r"^60 × 40 px is too small for this view: it needs at least \d+ × \d+ px"):
+    with pytest.raises(
+        ValueError, match=r"^60 × 40 px is too small for this view: it needs at least \d+ × \d+ px"
+    ):
         AE.render_widget(v, tmp_path / "tiny.png", size=(60, 40), dpi=96)
     assert not (tmp_path / "tiny.png").exists()
 
@@ -256,7 +272,9 @@ def test_mp4_unavailable_is_said(qtbot, smol_ran, monkeypatch):  # the packaged 
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a)
+    )
     why = E.mp4_unavailable()
     assert why.startswith("MP4 is unavailable:") and "imageio-ffmpeg" in why and "GIF" in why
     monkeypatch.setattr("sys.frozen", True, raising=False)

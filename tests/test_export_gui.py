@@ -11,12 +11,11 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from attnscope.app import export as AE
+from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.tokens import Token
 from PIL import Image
 from PySide6.QtCore import Qt
-
-from app import export as AE
-from core.colormaps import to_rgb
-from core.tokens import Token
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -37,9 +36,15 @@ def _paint(path, w, size=(900, 800), dpi=120.0, **kw):
     """Paint the figure into ``path`` and return the map's rectangle (x, y, width, height) in figure px."""
     rects = []
     labels = [t.text for t in _tokens(w.shape[0])]
-    AE.paint_to_file(path, size, lambda p: rects.append(AE.paint_heatmap(p, size, w, labels, labels, title="T itle",
-                                                                         dpi=dpi, **kw)), dpi=dpi, title="T itle",
-                     metadata={"layer": 3}, crisp_svg=True)
+    AE.paint_to_file(
+        path,
+        size,
+        lambda p: rects.append(AE.paint_heatmap(p, size, w, labels, labels, title="T itle", dpi=dpi, **kw)),
+        dpi=dpi,
+        title="T itle",
+        metadata={"layer": 3},
+        crisp_svg=True,
+    )
     r = rects[0]
     return r.x(), r.y(), r.width(), r.height()
 
@@ -68,7 +73,9 @@ def test_figure_png_cells_carry_the_colour_map_colour(tmp_path):
     a = np.asarray(img.convert("RGB"))
     cell = cw / 14
     assert cell == int(cell) and ch == cw  # square, whole-pixel cells
-    centres = a[(y + (np.arange(14) + 0.5) * cell).astype(int)][:, (x + (np.arange(14) + 0.5) * cell).astype(int)]
+    centres = a[(y + (np.arange(14) + 0.5) * cell).astype(int)][
+        :, (x + (np.arange(14) + 0.5) * cell).astype(int)
+    ]
     np.testing.assert_array_equal(centres, to_rgb(w, "magma"))
     # left of the map: white margin with labels, never the map colours
     assert tuple(a[int(y + 2), 2]) == (255, 255, 255)
@@ -91,7 +98,7 @@ def test_figure_svg_parses_and_every_cell_has_its_colour(tmp_path):
         fill = g.get("fill", "")
         if not re.fullmatch(r"#[0-9a-f]{6}", fill):
             continue
-        rgb = [int(fill[k:k + 2], 16) for k in (1, 3, 5)]
+        rgb = [int(fill[k : k + 2], 16) for k in (1, 3, 5)]
         for r in g.findall(SVG + "rect"):
             rx, ry, rw, rh = (float(r.get(k)) for k in ("x", "y", "width", "height"))
             for i in range(12):
@@ -111,7 +118,7 @@ def test_figure_svg_parses_and_every_cell_has_its_colour(tmp_path):
 
 def test_single_pdf_gets_a_sidecar(smol_ran, tmp_path):
     """A PDF cannot carry the JSON metadata (PNG has a text chunk, SVG a <desc>): it goes beside it."""
-    from core import export as E
+    from attnscope.core.io import export as E
 
     files = E.export_head(smol_ran, 4, 7, tmp_path / "f.pdf", renderer=AE.save_heatmap_figure)
     assert files == [tmp_path / "f.pdf", tmp_path / "f.pdf.json"]
@@ -144,7 +151,7 @@ def test_large_maps_are_images_and_pooling_keeps_spikes(tmp_path):
     w[1234, 17] = 1.0
     x, y, cw, ch = _paint(tmp_path / "huge.png", w, size=(600, 600), dpi=72)
     a = np.asarray(Image.open(tmp_path / "huge.png").convert("RGB"))
-    inside = a[int(y) + 1:int(y + ch) - 1, int(x) + 1:int(x + cw) - 1].reshape(-1, 3)
+    inside = a[int(y) + 1 : int(y + ch) - 1, int(x) + 1 : int(x + cw) - 1].reshape(-1, 3)
     assert (inside == to_rgb(np.ones((1, 1)))[0, 0]).all(axis=1).sum() >= 1
 
 
@@ -187,7 +194,7 @@ def test_render_widget_size_dpi_and_whole_tables(qtbot, tmp_path):
 # -- the window -----------------------------------------------------------------------------------------------
 @pytest.fixture()
 def ran_window(qtbot):
-    from app.main_window import MainWindow
+    from attnscope.app.main_window import MainWindow
 
     win = MainWindow()
     qtbot.addWidget(win)
@@ -235,7 +242,7 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     # data of the map on screen (+ sidecar)
     ex.export_data(tmp_path / "m.safetensors")
     assert win.engine.wait_idle(60) and win.last_error is None
-    from core.export import read_data
+    from attnscope.core.io.export import read_data
 
     np.testing.assert_array_equal(read_data(tmp_path / "m.safetensors"), win.weights)
     assert json.loads((tmp_path / "m.safetensors.json").read_text())["head"] == 4

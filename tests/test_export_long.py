@@ -7,19 +7,18 @@ import json
 
 import numpy as np
 import pytest
+from attnscope.core.analysis import aggregate
+from attnscope.core.analysis.pooling import max_pool
+from attnscope.core.io import export as E
+from attnscope.core.io import export_long as XL
+from attnscope.core.io.colormaps import to_rgb
 from PIL import Image
 from tiny_models import save_tiny
-
-from core import aggregate
-from core import export as E
-from core import export_long as XL
-from core.colormaps import to_rgb
-from core.pooling import max_pool
 
 
 @pytest.fixture(scope="module")
 def sess(tmp_path_factory):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path_factory.mktemp("xl_tiny")
     save_tiny("llama", folder, seed=7)
@@ -37,7 +36,9 @@ def test_streamed_png_equals_pillow(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.random((37, 53)).astype(np.float32) ** 4
     E.save_map_png(w, tmp_path / "pil.png", cmap="magma", scale="log", vmax=0.8, size=(53, 37))
-    bands = [to_rgb(w[a : a + 5], "magma", 0.0, 0.8, "log") for a in range(0, 37, 5)]  # 8 bands, last of 2 rows
+    bands = [
+        to_rgb(w[a : a + 5], "magma", 0.0, 0.8, "log") for a in range(0, 37, 5)
+    ]  # 8 bands, last of 2 rows
     XL.write_png_rows(tmp_path / "stream.png", 53, 37, bands, metadata={"a": 1, "é": "ü"}, dpi=300)
     a, _ = _pixels(tmp_path / "pil.png")
     b, info = _pixels(tmp_path / "stream.png")

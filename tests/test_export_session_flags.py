@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from core.cli import main
+from attnscope.core.cli.main import main
 
 PROMPT = "The quick brown fox"
 
@@ -16,7 +15,10 @@ PROMPT = "The quick brown fox"
 def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp("sess")
     f = d / "fox.attnscope"
-    assert main(["export", "--prompt", PROMPT, "--steps", "1", "--dtype", "float32", "--save-session", str(f)]) == 0
+    assert (
+        main(["export", "--prompt", PROMPT, "--steps", "1", "--dtype", "float32", "--save-session", str(f)])
+        == 0
+    )
     return f
 
 
@@ -59,14 +61,31 @@ def test_chat_template_conflict_is_one_line(saved, tmp_path, capsys):
     code, out = _export(saved, tmp_path, "--no-chat-template")
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and not out.exists()
-    assert err == ["attnscope: error: --no-chat-template conflicts with fox.attnscope, saved with the chat "
-                   "template: drop the flag, or give the prompt with --prompt"]
+    assert err == [
+        "attnscope: error: --no-chat-template conflicts with fox.attnscope, saved with the chat "
+        "template: drop the flag, or give the prompt with --prompt"
+    ]
 
 
 def test_without_session_defaults_still_apply(tmp_path, capsys):
     out = tmp_path / "p.npy"
-    assert main(["export", "--prompt", PROMPT, "--no-chat-template", "--layer", "0", "--head", "0",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--prompt",
+                PROMPT,
+                "--no-chat-template",
+                "--layer",
+                "0",
+                "--head",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     meta = json.loads((tmp_path / "p.npy.json").read_text())
     assert meta["backend"] == "torch" and meta["chat_template"] is False
 
@@ -75,25 +94,41 @@ def test_mp4_unavailable_is_one_line_before_loading(tmp_path, capsys, monkeypatc
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a))
-    from core import session
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a)
+    )
+    from attnscope.core import session
 
     monkeypatch.setattr(session.Session, "load", classmethod(lambda *a, **k: pytest.fail("loaded the model")))
-    code = main(["export", "--prompt", PROMPT, "--steps", "1", "--layer", "0", "--head", "0",
-                 "--frames", str(tmp_path / "a.mp4")])
+    code = main(
+        [
+            "export",
+            "--prompt",
+            PROMPT,
+            "--steps",
+            "1",
+            "--layer",
+            "0",
+            "--head",
+            "0",
+            "--frames",
+            str(tmp_path / "a.mp4"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and err[0].startswith("attnscope: error: MP4 is unavailable:")
 
 
 @pytest.mark.slow
 def test_cli_frames_are_labelled_figures(tmp_path):
+    from attnscope.app.export import FRAME_SIZE
     from PIL import Image
     from test_cli import attnscope
 
-    from app.export import FRAME_SIZE
-
     out = tmp_path / "a.gif"
-    r = attnscope("export", "--prompt", PROMPT, "--steps", "2", "--layer", "0", "--head", "0", "--frames", str(out))
+    r = attnscope(
+        "export", "--prompt", PROMPT, "--steps", "2", "--layer", "0", "--head", "0", "--frames", str(out)
+    )
     assert r.returncode == 0, r.stderr[-1500:]
     img = Image.open(out)
     assert img.n_frames == 3 and img.size == FRAME_SIZE

@@ -14,9 +14,8 @@ import json
 
 import numpy as np
 import pytest
+from attnscope.core.errors import UnsupportedModelError
 from tiny_models import FAMILIES, eager_reference, save_tiny, tiny_config
-
-from core.errors import UnsupportedModelError
 
 IDS = list(range(5, 45))  # 40 tokens: 10x the sliding window of 4
 
@@ -28,29 +27,38 @@ def _tmp_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_matches_eager(family, tmp_path):
-    from core.catalog import describe_hf_folder
-    from core.session import Session
+    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.session import Session
 
     folder = tmp_path / family
     ref = save_tiny(family, folder)
     s = Session.load(str(folder))
     be = s.backend
-    logits = np.concatenate([
-        be.forward(IDS[:20], all_logits=True),  # prefill
-        be.forward(IDS[20:37], all_logits=True),  # a second chunk over cached keys
-        *[be.forward([i], all_logits=True) for i in IDS[37:]],  # decode steps
-    ])
+    logits = np.concatenate(
+        [
+            be.forward(IDS[:20], all_logits=True),  # prefill
+            be.forward(IDS[20:37], all_logits=True),  # a second chunk over cached keys
+            *[be.forward([i], all_logits=True) for i in IDS[37:]],  # decode steps
+        ]
+    )
     ref_logits, ref_att = eager_reference(ref, IDS)
     assert np.abs(logits - ref_logits).max() < 1e-4
     for layer in range(s.info.n_layers):
         for head in range(s.info.n_heads):
             w = s.trace.weights(layer, head)
-            np.testing.assert_allclose(w, ref_att[layer][head], atol=1e-5, err_msg=f"{family} L{layer} H{head}")
+            np.testing.assert_allclose(
+                w, ref_att[layer][head], atol=1e-5, err_msg=f"{family} L{layer} H{head}"
+            )
     # the catalog reads the same geometry from config.json alone
     e = describe_hf_folder(folder)
     assert e.supported, e.reason
     assert (e.architecture, e.n_layers, e.n_heads, e.n_kv_heads, e.head_dim) == (
-        s.info.architecture, s.info.n_layers, s.info.n_heads, s.info.n_kv_heads, s.info.head_dim)
+        s.info.architecture,
+        s.info.n_layers,
+        s.info.n_heads,
+        s.info.n_kv_heads,
+        s.info.head_dim,
+    )
     assert e.n_params == sum(p.numel() for p in ref.parameters())
     assert e.group_size == s.info.n_heads // s.info.n_kv_heads
 
@@ -75,7 +83,7 @@ def tiny_model_with_window(window):
 
 
 def test_mistral_window_reaches_the_trace(tmp_path):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     save_tiny("mistral", tmp_path / "m")
     s = Session.load(str(tmp_path / "m"))
@@ -87,7 +95,7 @@ def test_mistral_window_reaches_the_trace(tmp_path):
 
 def test_gemma2_refused_with_reason(tmp_path):
     """Gemma 2 soft-caps attention logits (cap·tanh(s/cap)): refused before loading, saying so."""
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path / "g2"
     save_tiny("llama", folder)
@@ -99,21 +107,21 @@ def test_gemma2_refused_with_reason(tmp_path):
 
 
 def test_softcapping_in_any_family_refused(tmp_path):
-    from core.models import check_config
+    from attnscope.core.loading.resolve import check_config
 
     with pytest.raises(UnsupportedModelError, match="attn_logit_softcapping=30.0"):
         check_config({"model_type": "llama", "attn_logit_softcapping": 30.0})
 
 
 def test_gemma3_with_vision_tower_refused():
-    from core.models import check_config
+    from attnscope.core.loading.resolve import check_config
 
     with pytest.raises(UnsupportedModelError, match="vision tower"):
         check_config({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}})
 
 
 def test_attention_sinks_refused():
-    from core.models import check_architecture
+    from attnscope.core.loading.resolve import check_architecture
 
     with pytest.raises(UnsupportedModelError, match="sinks"):
         check_architecture("gpt_oss")

@@ -1,4 +1,4 @@
-"""core.flash: the tiled online softmax (FlashAttention-2 alg. 1) equals the reference for every mask."""
+"""attnscope.core.attention.tiled: the tiled online softmax (FlashAttention-2 alg. 1) equals the reference for every mask."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 import torch
 from attention_cases import DTYPES, EXAMPLES, Case, assert_close, cases, score_max
+from attnscope.core.attention import reference
+from attnscope.core.attention.fused import attention
+from attnscope.core.attention.masks import Mask
+from attnscope.core.attention.tiled import _block_is_masked, flash_attention, online_softmax_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from core import reference
-from core.attention import attention
-from core.flash import _block_is_masked, flash_attention, online_softmax_trace
-from core.masks import Mask
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -32,9 +31,21 @@ def inputs(case: Case, dtype: str):
 )
 def test_flash_equals_reference_for_every_mask_and_block_size(case, dtype, block_q, block_k, skip):
     (q, k, v), (rq, rk, rv) = inputs(case, dtype)
-    ref = reference.attention(rq, rk, rv, scale=case.scale, mask=case.mask, return_lse=True, return_weights=True)
-    got = flash_attention(q, k, v, scale=case.scale, mask=case.mask, block_q=block_q, block_k=block_k,
-                          skip_masked_blocks=skip, return_lse=True, return_weights=True)
+    ref = reference.attention(
+        rq, rk, rv, scale=case.scale, mask=case.mask, return_lse=True, return_weights=True
+    )
+    got = flash_attention(
+        q,
+        k,
+        v,
+        scale=case.scale,
+        mask=case.mask,
+        block_q=block_q,
+        block_k=block_k,
+        skip_masked_blocks=skip,
+        return_lse=True,
+        return_weights=True,
+    )
     assert got.out.dtype == q.dtype and got.lse.dtype == torch.float64
     smax = score_max(rq, rk, case.scale)  # float32 rounding of the scores: ~EPS·|s| in LSE and weights
     assert_close(got.out.float().numpy(), ref.out, dtype, "flash out")
@@ -59,7 +70,9 @@ def test_fully_masked_blocks_and_rows(skip):
     allowed[2] = False
     for mask in (Mask(causal=True, window=3), Mask(causal=True, window=3, array=allowed), allowed):
         ref = reference.attention(q.numpy(), k.numpy(), v.numpy(), mask=mask, return_lse=True)
-        got = flash_attention(q, k, v, mask=mask, block_q=4, block_k=4, skip_masked_blocks=skip, return_lse=True)
+        got = flash_attention(
+            q, k, v, mask=mask, block_q=4, block_k=4, skip_masked_blocks=skip, return_lse=True
+        )
         assert not torch.isnan(got.out).any() and not torch.isnan(got.lse).any()
         assert_close(got.out.numpy(), ref.out, "float32", f"out {mask!r}")
         assert_close(got.lse.numpy(), ref.lse, "float32", f"lse {mask!r}")
@@ -74,7 +87,9 @@ def test_block_skipping_follows_bottom_right_alignment():
     # L=2 new rows over S=8 keys sit at positions 6 and 7: nothing above the diagonal to skip.
     assert not any(_block_is_masked(2, 8, True, None, 0, 2, c0, c0 + 2) for c0 in range(0, 8, 2))
     # L=S=8, blocks 2x2: tile rows 0..1 x keys 2..3 is above the diagonal, its mirror is not
-    assert _block_is_masked(8, 8, True, None, 0, 2, 2, 4) and not _block_is_masked(8, 8, True, None, 2, 4, 0, 2)
+    assert _block_is_masked(8, 8, True, None, 0, 2, 2, 4) and not _block_is_masked(
+        8, 8, True, None, 2, 4, 0, 2
+    )
     # window 2: rows 6..7 (positions 6, 7) see keys 5..7, so keys 0..3 are skipped, 4..5 are not
     assert _block_is_masked(8, 8, True, 2, 6, 8, 0, 4) and not _block_is_masked(8, 8, True, 2, 6, 8, 4, 6)
     assert not _block_is_masked(8, 8, False, None, 0, 2, 6, 8)

@@ -15,11 +15,10 @@ pytestmark = pytest.mark.slow
 
 def test_gemma3_270m_maps_and_logits_equal_eager(gemma_gguf):
     import torch
+    from attnscope.core.loading.resolve import resolve
+    from attnscope.core.session import Session
     from tiny_models import eager_reference
     from transformers import AutoModelForCausalLM
-
-    from core.models import resolve
-    from core.session import Session
 
     s = Session.load(str(gemma_gguf), dtype="float32")
     info = s.info
@@ -30,7 +29,9 @@ def test_gemma3_270m_maps_and_logits_equal_eager(gemma_gguf):
     T = s.seq_len
     assert T > 600  # past the 512-key window
     folder, _ = resolve(str(gemma_gguf), dtype="float32")
-    eager = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     logits, attn = eager_reference(eager, s.ids)
     windowed = [layer for layer in range(info.n_layers) if s.trace.layers[layer].sliding_window]
     assert len(windowed) == 15 and all(s.trace.layers[layer].sliding_window == 512 for layer in windowed)
@@ -50,7 +51,9 @@ def test_gemma3_270m_maps_and_logits_equal_eager(gemma_gguf):
             ref /= ref.sum(1, keepdims=True)
             np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6, err_msg=f"layer {layer} head {head}")
             tol = 2e-5 if layer < 2 else 1e-3
-            np.testing.assert_allclose(w, attn[layer][head], atol=tol, err_msg=f"eager, layer {layer} head {head}")
+            np.testing.assert_allclose(
+                w, attn[layer][head], atol=tol, err_msg=f"eager, layer {layer} head {head}"
+            )
     w = s.weights(windowed[0], 0)
     assert w[T - 1, : T - 512].max() == 0.0 and w[T - 1, T - 512 :].sum() == pytest.approx(1.0, abs=1e-5)
     np.testing.assert_allclose(s.logits_at(), logits[-1], atol=2e-3, rtol=1e-4)

@@ -1,4 +1,4 @@
-"""Streamed GGUF conversion (core.gguf_convert) equals transformers' own GGUF loader, tensor for tensor.
+"""Streamed GGUF conversion (attnscope.core.loading.gguf_convert) equals transformers' own GGUF loader, tensor for tensor.
 
 float32: bit-exact; bfloat16/float16: transformers' float32 result rounded to the dtype (torch's
 round-to-nearest-even), for every family AttnScope runs that transformers converts from GGUF.
@@ -11,10 +11,9 @@ import json
 import gguf
 import pytest
 import torch
+from attnscope.core.errors import Cancelled
+from attnscope.core.loading import gguf_convert
 from gguf_families import GGUF_FAMILIES, transformers_tensors, write_family_gguf
-
-from core import gguf_convert
-from core.errors import Cancelled
 
 Q = gguf.GGMLQuantizationType
 
@@ -22,7 +21,7 @@ Q = gguf.GGMLQuantizationType
 @pytest.fixture(autouse=True)
 def _tmp_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    from core.models import quiet_transformers
+    from attnscope.core.loading.resolve import quiet_transformers
 
     quiet_transformers()
 
@@ -81,7 +80,9 @@ def test_convert_writes_shards_index_config_tokenizer(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = write_family_gguf("qwen2", tmp_path / "q.gguf", Q.Q8_0)
-    out = gguf_convert.convert(path, tmp_path / "out", "bfloat16", shard_bytes=20_000, source={"gguf": str(path)})
+    out = gguf_convert.convert(
+        path, tmp_path / "out", "bfloat16", shard_bytes=20_000, source={"gguf": str(path)}
+    )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
@@ -95,7 +96,8 @@ def test_convert_writes_shards_index_config_tokenizer(tmp_path):
     assert m.dtype == torch.bfloat16
     assert all(torch.equal(m.state_dict()[k], v.to(torch.bfloat16)) for k, v in ref.items())
     assert AutoTokenizer.from_pretrained(out).encode("a t") == AutoTokenizer.from_pretrained(
-        path.parent, gguf_file=path.name).encode("a t")
+        path.parent, gguf_file=path.name
+    ).encode("a t")
     assert not list(tmp_path.glob("out.partial*"))
 
 
@@ -115,7 +117,7 @@ def test_cancel_between_tensors_leaves_nothing(tmp_path):
 
 
 def test_cache_is_keyed_by_hash_and_dtype(tmp_path):
-    from core.models import convert_gguf, converted_dir, list_converted
+    from attnscope.core.loading.resolve import convert_gguf, converted_dir, list_converted
 
     path = write_family_gguf("llama", tmp_path / "l.gguf", Q.Q8_0)
     msgs = []
@@ -133,7 +135,7 @@ def test_cache_is_keyed_by_hash_and_dtype(tmp_path):
 
 
 def test_half_written_cache_is_not_used(tmp_path):
-    from core.models import convert_gguf, converted_dir
+    from attnscope.core.loading.resolve import convert_gguf, converted_dir
 
     path = write_family_gguf("llama", tmp_path / "l.gguf", Q.Q8_0)
     out = converted_dir(path, "float32")
@@ -156,9 +158,8 @@ def test_mistral_gguf_converts_where_transformers_cannot(tmp_path):
 @pytest.mark.slow
 def test_default_model_equals_transformers(tmp_path):
     """SmolLM2-135M Q4_1: the whole converted model equals transformers' from_pretrained(gguf_file=)."""
+    from attnscope.core.loading.resolve import default_gguf_path
     from transformers import AutoModelForCausalLM
-
-    from core.models import default_gguf_path
 
     g = default_gguf_path()
     ref = AutoModelForCausalLM.from_pretrained(g.parent, gguf_file=g.name, dtype=torch.float32).state_dict()

@@ -6,9 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from attnscope.core.analysis import gqa
 from tiny_models import eager_reference, save_tiny
-
-from core import gqa
 
 
 def test_js_distance_by_hand():
@@ -46,7 +45,7 @@ def test_sample_rows():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path_factory.mktemp("tiny_gqa")
     model = save_tiny("llama", folder, seed=5)
@@ -114,7 +113,9 @@ def test_group_report_smollm2_against_eager(smol_ran, smol_folder):
     from transformers import AutoModelForCausalLM
 
     s = smol_ran
-    model = AutoModelForCausalLM.from_pretrained(smol_folder, attn_implementation="eager", dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        smol_folder, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         att = model(torch.tensor([s.ids]), output_attentions=True).attentions
     T = s.seq_len
@@ -133,8 +134,8 @@ def test_group_report_smollm2_against_eager(smol_ran, smol_folder):
 def test_group_report_and_mask_on_mlx(tmp_path):
     """The same panels' data from the MLX backend (keys read from MLX's cache) equal eager."""
     pytest.importorskip("mlx.core")
-    from core.maskview import mask_report
-    from core.session import Session
+    from attnscope.core.analysis.maskview import mask_report
+    from attnscope.core.session import Session
 
     model = save_tiny("llama", tmp_path, seed=2)
     s = Session.load(str(tmp_path), backend="mlx")

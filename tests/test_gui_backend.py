@@ -6,8 +6,7 @@ import importlib.util
 
 import numpy as np
 import pytest
-
-from app.main_window import MainWindow
+from attnscope.app.main_window import MainWindow
 
 PROMPT = "The cat sat on the mat."
 
@@ -58,14 +57,14 @@ def test_cancelled_load_keeps_model(window):
     assert win.engine.wait_idle(120)
     assert win.snapshot.info == before
     assert "cancelled" in win.last_error  # the load really stopped at its first checkpoint
-    from app.engine import CancelledMessage
+    from attnscope.app.engine import CancelledMessage
 
     assert isinstance(win.last_error, CancelledMessage)  # a status line, not a warning dialog
 
 
 def test_a_cancel_is_a_status_line_an_error_a_dialog(window, monkeypatch):
-    import app.main_window as MW
-    from app.engine import CancelledMessage
+    import attnscope.app.main_window as MW
+    from attnscope.app.engine import CancelledMessage
 
     shown = []
     monkeypatch.setattr(MW.QMessageBox, "warning", lambda *a: shown.append(a[-1]))
@@ -95,8 +94,10 @@ def test_after_a_reload_the_first_map_is_whole_and_old_panels_are_covered(window
     assert not any(o.isVisible() for o in overlays.values())
     win.load_model(None)  # the same model again: a fresh session, nothing run
     assert win.engine.wait_idle(300) and win.snapshot.seq_len == 0
-    assert overlays["sinks"].isVisible() and overlays["sinks"].geometry() == win.tabs.page_of(
-        win.views["sinks"]).rect()
+    assert (
+        overlays["sinks"].isVisible()
+        and overlays["sinks"].geometry() == win.tabs.page_of(win.views["sinks"]).rect()
+    )
     win.show_view("heatmap")
     win.run_prompt()
     assert win.engine.wait_idle(120)

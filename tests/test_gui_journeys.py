@@ -15,17 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from attnscope.app.engine import CancelledMessage
+from attnscope.app.main_window import MainWindow
+from attnscope.core.loading.resolve import default_gguf_path, file_sha256
+from attnscope.core.sampling import Sampling
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 
-from app.engine import CancelledMessage
-from app.main_window import MainWindow
-from core.models import default_gguf_path, file_sha256
-from core.sampling import Sampling
-
 SHOTS = Path("/work/notes/shots")
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-LONG_PROMPT = " ".join(["Attention lets every token look back at the tokens before it."] * 110)  # ~1300 tokens
+LONG_PROMPT = " ".join(
+    ["Attention lets every token look back at the tokens before it."] * 110
+)  # ~1300 tokens
 
 
 def _shot(win, name: str) -> None:
@@ -66,7 +67,7 @@ def _new_window(qtbot) -> MainWindow:
 
 def _pick_embedded(qtbot, monkeypatch, win) -> None:
     """Ctrl+O → wait for the scan → select the embedded SmolLM2 → Open."""
-    from app.model_picker import ModelPickerDialog
+    from attnscope.app.model_picker import ModelPickerDialog
 
     def exec_(dlg):
         with qtbot.waitSignal(dlg.scanFinished, timeout=120_000):
@@ -93,14 +94,22 @@ def visible_state(win) -> dict:
     """Every restored control as the user sees it."""
     ex = win.exports
     return {
-        "prompt": win.prompt_edit.toPlainText(), "chat": win.chat_check.isChecked(),
-        "sampling": win.decode_panel.sampling(), "layer": win.layer_spin.value(), "head": win.head_spin.value(),
-        "tab": ex.current_view_key(), "cmap": win.cmap_combo.currentText(),
-        "aggregate": win.heatmap.aggregate, "scale": win.heatmap.scale_combo.currentText(),
-        "gamma": win.heatmap.gamma_spin.value(), "range": win.heatmap.range_mode,
+        "prompt": win.prompt_edit.toPlainText(),
+        "chat": win.chat_check.isChecked(),
+        "sampling": win.decode_panel.sampling(),
+        "layer": win.layer_spin.value(),
+        "head": win.head_spin.value(),
+        "tab": ex.current_view_key(),
+        "cmap": win.cmap_combo.currentText(),
+        "aggregate": win.heatmap.aggregate,
+        "scale": win.heatmap.scale_combo.currentText(),
+        "gamma": win.heatmap.gamma_spin.value(),
+        "range": win.heatmap.range_mode,
         "views": {k: v.view_state() for k, v in win.views.items() if hasattr(v, "view_state")},
-        "timeline": (win.timeline.step, win.timeline.n_generated), "query_row": win.query_row,
-        "seq_label": win.seq_label.text(), "kv_label": win.kv_label.text(),
+        "timeline": (win.timeline.step, win.timeline.n_generated),
+        "query_row": win.query_row,
+        "seq_label": win.seq_label.text(),
+        "kv_label": win.kv_label.text(),
     }
 
 
@@ -220,9 +229,9 @@ def test_picker_embedded_run_sample_save_reopen(qtbot, monkeypatch, tmp_path):
 
 
 def test_every_way_of_choosing_a_model_records_a_resolvable_source(tmp_path, monkeypatch, smol_folder):
-    """The one place (core.models.model_source): default refs, relative and ~ paths all become absolute."""
-    from core import sessionfile
-    from core.models import is_default_source, model_source
+    """The one place (attnscope.core.loading.resolve.model_source): default refs, relative and ~ paths all become absolute."""
+    from attnscope.core.io import sessionfile
+    from attnscope.core.loading.resolve import is_default_source, model_source
 
     gguf = str(default_gguf_path().resolve())
     for ref in (None, "", "default"):
@@ -263,7 +272,11 @@ def assert_empty_state(win) -> None:
     assert win.seq_label.text().startswith("seq_len 0 ")
     assert win.weights is None and win.map_key is None and win.heatmap.weights is None
     assert win.heatmap.image.image is None
-    assert not win.step_button.isEnabled() and not win.stepn_button.isEnabled() and not win.back_button.isEnabled()
+    assert (
+        not win.step_button.isEnabled()
+        and not win.stepn_button.isEnabled()
+        and not win.back_button.isEnabled()
+    )
     assert win.run_button.isEnabled()
     assert win.decode_panel.bars.table is None
     assert win.grid.canvas.thumbs is None
@@ -387,16 +400,50 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
 
 # -- minors: picker and MLX, Help → About ------------------------------------------------------------------
 def test_picker_says_before_open_that_mlx_cannot_run_gemma(qtbot):
-    from app.model_picker import FIT_COLUMN, ModelPickerDialog
-    from core.catalog import CatalogEntry
+    from attnscope.app.model_picker import FIT_COLUMN, ModelPickerDialog
+    from attnscope.core.loading.catalog import CatalogEntry
 
-    gemma = CatalogEntry("lmstudio", "gemma-3-270m", Path("/models/gemma-3-270m.gguf"), "gguf", "gemma3",
-                         268_098_176, 18, 4, 1, 256, 32768, "Q4_K_M", 253_000_000, True,
-                         model_ref="/models/gemma-3-270m.gguf")
-    smol = CatalogEntry("embedded", "SmolLM2", Path("/x.gguf"), "gguf", "llama", 134_515_008, 30, 9, 3, 64, 8192,
-                        "Q4_1", 98_362_432, True, model_ref="default")
-    dlg = ModelPickerDialog(None, scanner=lambda: [gemma, smol], free_memory_fn=lambda b, d: (20e9, "RAM"),
-                            scan_now=False, backend="mlx")
+    gemma = CatalogEntry(
+        "lmstudio",
+        "gemma-3-270m",
+        Path("/models/gemma-3-270m.gguf"),
+        "gguf",
+        "gemma3",
+        268_098_176,
+        18,
+        4,
+        1,
+        256,
+        32768,
+        "Q4_K_M",
+        253_000_000,
+        True,
+        model_ref="/models/gemma-3-270m.gguf",
+    )
+    smol = CatalogEntry(
+        "embedded",
+        "SmolLM2",
+        Path("/x.gguf"),
+        "gguf",
+        "llama",
+        134_515_008,
+        30,
+        9,
+        3,
+        64,
+        8192,
+        "Q4_1",
+        98_362_432,
+        True,
+        model_ref="default",
+    )
+    dlg = ModelPickerDialog(
+        None,
+        scanner=lambda: [gemma, smol],
+        free_memory_fn=lambda b, d: (20e9, "RAM"),
+        scan_now=False,
+        backend="mlx",
+    )
     qtbot.addWidget(dlg)
     with qtbot.waitSignal(dlg.scanFinished, timeout=20000):
         dlg.rescan()
@@ -418,7 +465,7 @@ def test_picker_says_before_open_that_mlx_cannot_run_gemma(qtbot):
 
 
 def test_load_refusal_in_window_words():
-    from app.main_window import window_wording
+    from attnscope.app.main_window import window_wording
 
     msg = "the MLX backend does not implement 'gemma3' (it runs llama, mistral, qwen2, qwen3): use --backend torch"
     assert window_wording(msg).endswith("choose Backend → torch") and "--" not in window_wording(msg)
@@ -426,7 +473,7 @@ def test_load_refusal_in_window_words():
 
 @pytest.mark.slow
 def test_about_shows_version_model_backend(qtbot):
-    from core import __version__
+    from attnscope.core import __version__
 
     win = _new_window(qtbot)
     text = win.about_text()
@@ -483,7 +530,9 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
     ids = list(win.engine.session.ids)
     win.backend_actions["mlx"].trigger()
     _idle(win)
-    assert win.last_error.startswith("Could not load the model:") and "choose Backend → torch" in win.last_error
+    assert (
+        win.last_error.startswith("Could not load the model:") and "choose Backend → torch" in win.last_error
+    )
     assert "--backend" not in win.last_error
     assert win.backend_name == "torch" and win.backend_actions["torch"].isChecked()
     assert win.engine.session.ids == ids and visible_state(win) == before
@@ -495,11 +544,10 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
 def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, monkeypatch, tmp_path):
     """--model with a relative path, then a folder dropped on the window: the session file names each
     by absolute path with its hash, and reopens from another working folder."""
+    from attnscope.core.io.export import model_sha256
     from PySide6.QtCore import QMimeData, QPointF, QUrl
     from PySide6.QtGui import QDropEvent
     from tiny_models import save_tiny
-
-    from core.export import model_sha256
 
     a, b = tmp_path / "models" / "tiny-a", tmp_path / "models" / "tiny-b"
     save_tiny("llama", a, seed=1)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.app.main_window import MainWindow
 from PIL import Image
-
-from app.main_window import MainWindow
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -25,7 +24,9 @@ def window(qtbot):
 
 def test_run_step_switch_export(window, tmp_path):
     win = window
-    assert win.snapshot.info.n_layers == 30 and win.layer_spin.maximum() == 29 and win.head_spin.maximum() == 8
+    assert (
+        win.snapshot.info.n_layers == 30 and win.layer_spin.maximum() == 29 and win.head_spin.maximum() == 8
+    )
     win.prompt_edit.setPlainText(PROMPT)
     win.chat_check.setChecked(False)
     # where the model runs: prefill and decode must run on the engine thread, never the GUI's
@@ -37,6 +38,7 @@ def test_run_step_switch_export(window, tmp_path):
         def wrapped(*a, **k):
             ran_on.append(threading.current_thread() is threading.main_thread())
             return f(*a, **k)
+
         return wrapped
 
     session.prefill = on_gui_thread_recorded(session.prefill)
@@ -133,10 +135,19 @@ def test_keyboard_shortcuts_switch_tabs_and_step(window, qtbot):
 
     win = window
     win.activateWindow()
-    shown = {a.shortcut().toString(): a.text() for a in win.view_menu.actions() if a.text().startswith("Show ")}
+    shown = {
+        a.shortcut().toString(): a.text() for a in win.view_menu.actions() if a.text().startswith("Show ")
+    }
     assert [shown[f"Ctrl+{i}"] for i in range(1, 9)] == [
-        "Show Heatmap", "Show Head grid", "Show GQA groups", "Show Mask", "Show Sinks", "Show KV cache",
-        "Show Head roles", "Show Experiments"]
+        "Show Heatmap",
+        "Show Head grid",
+        "Show GQA groups",
+        "Show Mask",
+        "Show Sinks",
+        "Show KV cache",
+        "Show Head roles",
+        "Show Experiments",
+    ]
     win.prompt_edit.setPlainText("The quick brown fox")
     win.chat_check.setChecked(False)
     QTest.keyClick(win.prompt_edit, Qt.Key_Return, Qt.ControlModifier)
@@ -158,8 +169,8 @@ def test_image_fills_its_cells_whatever_came_before(qtbot):
     """The map's image covers exactly columns × rows in plot coordinates after every change of shape
     (ImageItem.setRect scales by the image it holds: set before the new image, the first map was
     drawn from a 1×1 scale, stretched ~40×)."""
-    from app.heatmap import HeatmapView
-    from core.tokens import Token
+    from attnscope.app.heatmap import HeatmapView
+    from attnscope.core.tokens import Token
 
     hm = HeatmapView()
     qtbot.addWidget(hm)
@@ -176,14 +187,16 @@ def test_image_fills_its_cells_whatever_came_before(qtbot):
 
 
 def test_token_strip_keeps_the_query_token_in_sight(qtbot):
-    from app.token_strip import TokenStrip
-    from core.tokens import Token
+    from attnscope.app.token_strip import TokenStrip
+    from attnscope.core.tokens import Token
 
     strip = TokenStrip()
     qtbot.addWidget(strip)
     strip.resize(500, 90)
     strip.show()
-    toks = [Token(position=i, id=i, text=f"w{i}↵" if i % 3 == 0 else f"w{i}", raw=f"w{i}") for i in range(300)]
+    toks = [
+        Token(position=i, id=i, text=f"w{i}↵" if i % 3 == 0 else f"w{i}", raw=f"w{i}") for i in range(300)
+    ]
     strip.show_tokens(toks, None, 299)
     bar = strip.verticalScrollBar()
     assert bar.maximum() > 0 and bar.value() == bar.maximum()  # the newest token, at the end

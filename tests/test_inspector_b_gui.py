@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.core.analysis.sinks import session_sink_report
 from gui_helpers import ran_window
 from PIL import Image
 from PySide6.QtCore import Qt
 from tiny_models import save_tiny
-
-from core.sinks import session_sink_report
 
 PROMPT = "Hi. The cat sat, then the dog sat.\nIt ran"
 
@@ -109,7 +108,9 @@ def test_roles_panel(win, qtbot):
     shown = [r for r in range(view.table.rowCount()) if not view.table.isRowHidden(r)]
     assert all(view.table.item(r, 3).text() == "mixed" for r in shown) and shown
     view.table.cellDoubleClicked.emit(shown[0], 1)
-    assert win.tabs.currentWidget() is win.views["heatmap"] and (win.layer, win.head) == view.head_at(shown[0])
+    assert win.tabs.currentWidget() is win.views["heatmap"] and (win.layer, win.head) == view.head_at(
+        shown[0]
+    )
 
 
 def test_experiments_panel(win):
@@ -144,11 +145,26 @@ def test_experiments_panel(win):
 
 @pytest.mark.parametrize("name", ["sinks", "kv", "roles", "experiments"])
 def test_screenshot_views(tiny_folder, tmp_path, name, qtbot):
-    from app.cli import main
+    from attnscope.app.cli import main
 
     out = tmp_path / f"{name}.png"
-    rc = main(["--screenshot", str(out), "--model", str(tiny_folder), "--prompt", PROMPT, "--no-chat-template",
-               "--steps", "2", "--view", name, "--size", "1200x800"])
+    rc = main(
+        [
+            "--screenshot",
+            str(out),
+            "--model",
+            str(tiny_folder),
+            "--prompt",
+            PROMPT,
+            "--no-chat-template",
+            "--steps",
+            "2",
+            "--view",
+            name,
+            "--size",
+            "1200x800",
+        ]
+    )
     assert rc == 0
     img = np.asarray(Image.open(out).convert("RGB"))
     assert img.shape == (800, 1200, 3)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.app.heatmap import colorbar_ticks, token_label
+from attnscope.app.main_window import MainWindow
+from attnscope.core.analysis import aggregate
+from attnscope.core.io.colormaps import normalize
+from attnscope.core.sampling import Sampling
 from PIL import Image
 from PySide6.QtGui import QFontMetrics
-
-from app.heatmap import colorbar_ticks, token_label
-from app.main_window import MainWindow
-from core import aggregate
-from core.colormaps import normalize
-from core.sampling import Sampling
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -77,7 +76,9 @@ def test_next_token_panel_and_sampling(win):
     s = _session(win)
     table = win.decode_panel.bars.table
     assert table.step == 3 and len(table.rows) == 10 and table.chosen_id is None
-    np.testing.assert_allclose([r.p_model for r in table.rows], [t.prob for t in s.next_token_probs(10)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [r.p_model for r in table.rows], [t.prob for t in s.next_token_probs(10)], rtol=1e-6
+    )
     c = win.decode_panel.controls
     assert not c.temperature.isEnabled()
     c.mode_combo.setCurrentIndex(1)
@@ -141,9 +142,13 @@ def test_colorbar_ticks_are_real_values():
     assert [lab for _, lab in lin] == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
     np.testing.assert_allclose([p for p, _ in lin], [0, 0.2, 0.4, 0.6, 0.8, 1.0])
     log = dict((lab, p) for p, lab in colorbar_ticks(0, 1, "log"))
-    assert log["1e-06"] == pytest.approx(0.0) and log["0.001"] == pytest.approx(0.5) and log["1"] == pytest.approx(1.0)
+    assert (
+        log["1e-06"] == pytest.approx(0.0)
+        and log["0.001"] == pytest.approx(0.5)
+        and log["1"] == pytest.approx(1.0)
+    )
     pw = dict((lab, p) for p, lab in colorbar_ticks(0, 1, "power", 0.5))
-    assert pw["0.2"] == pytest.approx(0.2 ** 0.5) and pw["0.01"] == pytest.approx(0.1)
+    assert pw["0.2"] == pytest.approx(0.2**0.5) and pw["0.01"] == pytest.approx(0.1)
     auto = colorbar_ticks(0, 0.12, "linear")
     assert auto[-1][0] <= 1.0 and all(float(lab) <= 0.12 for _, lab in auto)
 
@@ -155,8 +160,10 @@ def _bottom_extents(hm):
     vb = hm.plot.getViewBox()
     (x0, x1), _ = vb.viewRange()
     ppc = vb.width() / (x1 - x0)
-    return [((v - x0) * ppc - fm.horizontalAdvance(lab) / 2, (v - x0) * ppc + fm.horizontalAdvance(lab) / 2, lab)
-            for v, lab in ax._tickLevels[0]]
+    return [
+        ((v - x0) * ppc - fm.horizontalAdvance(lab) / 2, (v - x0) * ppc + fm.horizontalAdvance(lab) / 2, lab)
+        for v, lab in ax._tickLevels[0]
+    ]
 
 
 def test_tick_labels_readable_at_any_zoom(win):
@@ -196,7 +203,7 @@ def test_hover_readout_and_row_click(win):
     assert not hm.row_frame.isVisible()
     hm.rowClicked.emit(5)
     assert win.query_row == 5
-    assert 'border:2px solid' in win.token_strip.toHtml() or "border" in win.token_strip.toHtml()
+    assert "border:2px solid" in win.token_strip.toHtml() or "border" in win.token_strip.toHtml()
     r = hm.row_frame.rect()  # the clicked row is outlined across the map
     assert hm.row_frame.isVisible() and (r.top(), r.height(), r.width()) == (5, 1, win.snapshot.seq_len)
     win.token_strip.tokenClicked.emit(7)
@@ -244,7 +251,7 @@ def test_mask_panel(win):
 
 @pytest.mark.parametrize("view", ["gqa", "mask"])
 def test_screenshot_views(view, tmp_path, capsys):
-    from app.cli import main
+    from attnscope.app.cli import main
 
     out = tmp_path / f"{view}.png"
     assert main(["--screenshot", str(out), "--prompt", "The cat sat", "--steps", "2", "--view", view]) == 0
@@ -253,7 +260,7 @@ def test_screenshot_views(view, tmp_path, capsys):
 
 
 def test_screenshot_unknown_view(tmp_path, capsys):
-    from app.cli import main
+    from attnscope.app.cli import main
 
     assert main(["--screenshot", str(tmp_path / "x.png"), "--prompt", "hi", "--view", "nosuch"]) == 1
     assert "unknown view" in capsys.readouterr().err
@@ -276,6 +283,7 @@ def test_long_prompt_overview_and_exact_tiles(qtbot):
     assert n > aggregate.LONG_PROMPT
     hm = w.heatmap
     assert w.weights is None and hm.pooled is not None and hm.pooled.n == n
+
     # the overview is computed at the plot's pixel size (issue 15: it uses the space the window has,
     # one block max per pixel, so a one-cell sink column is one of them)
     # (and again when the plot settles at another size than the one it was asked at)
@@ -289,7 +297,7 @@ def test_long_prompt_overview_and_exact_tiles(qtbot):
     rows, cols = hm.image.image.shape
     assert rows < n and cols < n
     full = s.weights(w.layer, w.head)
-    from core.pooling import max_pool
+    from attnscope.core.analysis.pooling import max_pool
 
     np.testing.assert_allclose(hm.pooled.image, max_pool(full, rows, cols), atol=1e-6)
     # zoom into a 120 x 120 region: an exact tile arrives and is drawn where it belongs

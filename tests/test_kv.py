@@ -1,4 +1,4 @@
-"""core.kv (KV-cache and attention-matrix accounting) and ``attnscope kv``."""
+"""attnscope.core.analysis.kv_formula (KV-cache and attention-matrix accounting) and ``attnscope kv``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from core.cli import main
-from core.kv import (
+from attnscope.core.analysis.kv_formula import (
     KVConfig,
     attention_matrix_bytes,
     compare_schemes,
@@ -19,6 +17,7 @@ from core.kv import (
     kv_cache_bytes,
     mla_cache_bytes,
 )
+from attnscope.core.cli.main import main
 
 GB = 10**9
 LLAMA70B = KVConfig(n_layers=80, n_kv_heads=8, head_dim=128, n_heads=64, dtype="bf16")
@@ -46,8 +45,10 @@ def test_memory_figures_of_both_seeds():
     assert attention_matrix_bytes(1, 8192, n_heads=9) == 9 * 8192 * 4  # a decode row: linear
 
 
-@pytest.mark.parametrize("n_layers, n_kv, n_heads, head_dim, seq, dtype, batch",
-                         [(30, 3, 9, 64, 2048, "float32", 1), (32, 8, 32, 128, 100, "fp16", 4), (1, 1, 1, 1, 0, "fp8", 1)])
+@pytest.mark.parametrize(
+    "n_layers, n_kv, n_heads, head_dim, seq, dtype, batch",
+    [(30, 3, 9, 64, 2048, "float32", 1), (32, 8, 32, 128, 100, "fp16", 4), (1, 1, 1, 1, 0, "fp8", 1)],
+)
 def test_config_agrees_with_the_formula(n_layers, n_kv, n_heads, head_dim, seq, dtype, batch):
     cfg = KVConfig(n_layers, n_kv, head_dim, n_heads=n_heads, dtype=dtype, batch=batch)
     total = 2 * n_layers * n_kv * head_dim * seq * batch * dtype_bytes(dtype)  # DESIGN.md
@@ -90,7 +91,16 @@ def test_projection_and_budget():
 
 
 def test_default_gqa_row_and_explicit_choices():
-    assert [default_gqa_kv_heads(n) for n in (64, 32, 9, 12, 14, 7, 2, 1)] == [8, 8, 3, 6, 7, None, None, None]
+    assert [default_gqa_kv_heads(n) for n in (64, 32, 9, 12, 14, 7, 2, 1)] == [
+        8,
+        8,
+        3,
+        6,
+        7,
+        None,
+        None,
+        None,
+    ]
     mha = KVConfig(32, 32, 128, dtype="fp16")
     rows = compare_schemes(mha, 4096)
     assert [r.label for r in rows] == ["MHA", "GQA-8", "MQA"] and rows[0].is_given
@@ -99,8 +109,9 @@ def test_default_gqa_row_and_explicit_choices():
 
 
 def test_from_model_info():
-    info = SimpleNamespace(name="SmolLM2-135M-Instruct", n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
-                           dtype="float32")
+    info = SimpleNamespace(
+        name="SmolLM2-135M-Instruct", n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, dtype="float32"
+    )
     cfg = KVConfig.from_info(info)
     assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dtype) == (30, 9, 3, 64, "float32")
     assert KVConfig.from_info(info, dtype="bf16").bytes_per_token == 23_040
@@ -113,13 +124,16 @@ def test_formula_equals_the_live_torch_cache(smol_ran):
     assert cfg.total_bytes(s.seq_len) == s.backend.kv_cache_bytes() > 0
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: kv_cache_bytes(-1, 8, 128, 10), "n_layers"),
-    (lambda: kv_cache_bytes(1, 8, 128, 10, "fp64"), "unknown dtype"),
-    (lambda: KVConfig(80, 3, 128, n_heads=64), "multiple"),
-    (lambda: KVConfig(80, 8, 128.0), "integer"),
-    (lambda: attention_matrix_bytes(-5), "seq_q"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: kv_cache_bytes(-1, 8, 128, 10), "n_layers"),
+        (lambda: kv_cache_bytes(1, 8, 128, 10, "fp64"), "unknown dtype"),
+        (lambda: KVConfig(80, 3, 128, n_heads=64), "multiple"),
+        (lambda: KVConfig(80, 8, 128.0), "integer"),
+        (lambda: attention_matrix_bytes(-5), "seq_q"),
+    ],
+)
 def test_bad_sizes_raise_value_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -134,8 +148,21 @@ def test_format_bytes():
 
 # --------------------------------------------------------------------- attnscope kv ------------
 
-ARGS_70B = ["kv", "--n-layers", "80", "--n-kv-heads", "8", "--n-heads", "64", "--head-dim", "128",
-            "--seq-len", "8192", "--dtype", "bf16"]
+ARGS_70B = [
+    "kv",
+    "--n-layers",
+    "80",
+    "--n-kv-heads",
+    "8",
+    "--n-heads",
+    "64",
+    "--head-dim",
+    "128",
+    "--seq-len",
+    "8192",
+    "--dtype",
+    "bf16",
+]
 
 
 def test_cli_prints_config_bytes_and_scheme_table(capsys):
@@ -150,8 +177,23 @@ def test_cli_prints_config_bytes_and_scheme_table(capsys):
 
 
 def test_cli_json_mla_batch_and_max_context(capsys):
-    assert main(ARGS_70B + ["--json", "--batch", "2", "--mla-latent-dim", "512", "--mla-rope-dim", "64",
-                            "--max-context", "131072"]) == 0
+    assert (
+        main(
+            ARGS_70B
+            + [
+                "--json",
+                "--batch",
+                "2",
+                "--mla-latent-dim",
+                "512",
+                "--mla-rope-dim",
+                "64",
+                "--max-context",
+                "131072",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(capsys.readouterr().out)
     assert rep["total_bytes"] == 2 * 2_684_354_560
     assert rep["max_context"]["total_bytes"] == 2 * 2 * 80 * 8 * 128 * 131072 * 2
@@ -165,11 +207,14 @@ def test_cli_defaults_to_mha_without_n_heads(capsys):
     assert "(MHA)" in out and "1,280 B" in out  # 2 × 2 × 4 × 8 × 10 × 2
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--n-heads", "60"], "multiple"),
-    (["--seq-len", "-1"], "seq-len"),
-    (["--gqa-kv-heads", "5"], "divide"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--n-heads", "60"], "multiple"),
+        (["--seq-len", "-1"], "seq-len"),
+        (["--gqa-kv-heads", "5"], "divide"),
+    ],
+)
 def test_cli_bad_config_exits_nonzero_with_one_line(capsys, extra, message):
     assert main(ARGS_70B + extra) != 0
     err = capsys.readouterr().err.strip()

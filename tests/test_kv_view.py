@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.core.analysis.kv_live import kv_live, live_layer_bytes
 from tiny_models import save_tiny
-
-from core.kv_live import kv_live, live_layer_bytes
 
 PROMPT = "Hi. The cat sat, then the dog sat."
 
@@ -20,7 +19,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def test_kv_live_counts_the_tensors(tiny_folder):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(tiny_folder))
     assert kv_live(s).total_bytes == 0
@@ -29,12 +28,21 @@ def test_kv_live_counts_the_tensors(tiny_folder):
     live = kv_live(s)
     per_layer = 2 * 2 * 16 * T * 4  # K and V × 2 KV heads × head_dim 16 × T × float32
     np.testing.assert_array_equal(live.layer_bytes, [per_layer, per_layer])
-    assert live.total_bytes == live.formula_bytes == s.kv_cache_bytes() == s.backend.kv_cache_bytes() == 2 * per_layer
+    assert (
+        live.total_bytes
+        == live.formula_bytes
+        == s.kv_cache_bytes()
+        == s.backend.kv_cache_bytes()
+        == 2 * per_layer
+    )
     s.step(3)
     assert kv_live(s).total_bytes == 2 * per_layer + 3 * live.bytes_per_token
     assert live.bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert [(r.label, r.config.n_kv_heads, r.is_given) for r in live.schemes_now] == [
-        ("MHA", 4, False), ("GQA-2", 2, True), ("MQA", 1, False)]
+        ("MHA", 4, False),
+        ("GQA-2", 2, True),
+        ("MQA", 1, False),
+    ]
     assert [r.total_bytes for r in live.schemes_max] == [2 * 2 * k * 16 * 256 * 4 for k in (4, 2, 1)]
     s.step_back(2)
     assert live_layer_bytes(s.backend).sum() == s.kv_cache_bytes()
@@ -42,7 +50,7 @@ def test_kv_live_counts_the_tensors(tiny_folder):
 
 @pytest.fixture()
 def win(qtbot, tiny_folder):
-    from app.main_window import MainWindow
+    from attnscope.app.main_window import MainWindow
 
     w = MainWindow(model=str(tiny_folder))
     qtbot.addWidget(w)
@@ -61,10 +69,20 @@ def _cells(table) -> list[list[str]]:
 def test_calculator_reproduces_the_handbook_70b_table(win):
     view = win.views["kv"]
     view.preset_combo.setCurrentIndex(view.preset_combo.findData("Llama-2-70B, 8192 tokens (handbook §7)"))
-    assert (view.calc_layers.value(), view.calc_heads.value(), view.calc_kv.value(), view.calc_dim.value(),
-            view.calc_tokens.value(), view.calc_dtype.currentText(), view.calc_batch.value()) == (
-        80, 64, 8, 128, 8192, "bf16", 1)
-    assert view.calc_rows() == [("MHA", 64, 21_474_836_480), ("GQA-8", 8, 2_684_354_560), ("MQA", 1, 335_544_320)]
+    assert (
+        view.calc_layers.value(),
+        view.calc_heads.value(),
+        view.calc_kv.value(),
+        view.calc_dim.value(),
+        view.calc_tokens.value(),
+        view.calc_dtype.currentText(),
+        view.calc_batch.value(),
+    ) == (80, 64, 8, 128, 8192, "bf16", 1)
+    assert view.calc_rows() == [
+        ("MHA", 64, 21_474_836_480),
+        ("GQA-8", 8, 2_684_354_560),
+        ("MQA", 1, 335_544_320),
+    ]
     rows = _cells(view.calc_table)
     # the handbook prints 21.5 GB, 2.7 GB, 0.34 GB
     assert [r[2] for r in rows] == ["21.5 GB", "2.68 GB", "0.336 GB"]
@@ -100,7 +118,9 @@ def test_live_panel_follows_the_session(win):
     np.testing.assert_allclose(xs, [n0, n0 + 1, n0 + 2])
     fx, fy = view.formula_curve.getData()
     assert fy[1] / fx[1] == pytest.approx(ys[0] / xs[0])  # same units, same slope
-    assert f"{view.live.total_bytes:,} bytes" in view.live_label.text() and "✓ equal" in view.live_label.text()
+    assert (
+        f"{view.live.total_bytes:,} bytes" in view.live_label.text() and "✓ equal" in view.live_label.text()
+    )
     heights = view.layer_bars.opts["height"]
     assert len(heights) == 2 and heights[0] == pytest.approx(heights[1])
     rows = _cells(view.scheme_table)
@@ -117,5 +137,10 @@ def test_live_panel_follows_the_session(win):
     assert set(view.history) == {n0}
     # "This model" preset fills the calculator from the loaded model
     view.preset_combo.setCurrentIndex(0)
-    assert (view.calc_layers.value(), view.calc_heads.value(), view.calc_kv.value(), view.calc_dim.value()) == (2, 4, 2, 16)
+    assert (
+        view.calc_layers.value(),
+        view.calc_heads.value(),
+        view.calc_kv.value(),
+        view.calc_dim.value(),
+    ) == (2, 4, 2, 16)
     assert view.calc_dtype.currentText() == "fp32"

@@ -46,11 +46,17 @@ def test_kv_tab_and_status_bar_show_the_models_need(win):
     assert view.live.config.windows == (4, None, 4)
     assert (view.live.model_bytes, view.live.total_bytes) == (need, kept)
     text = view.live_label.text()
-    assert "Model needs" in text and f"{need:,} B" in text and "AttnScope keeps" in text and f"{kept:,} B" in text
+    assert (
+        "Model needs" in text
+        and f"{need:,} B" in text
+        and "AttnScope keeps" in text
+        and f"{kept:,} B" in text
+    )
     assert f"(1 × {T} + 2 × {min(T, 4)})" in text and "✓ equal" in text
     # the bars: the model's need in front of what AttnScope keeps
-    np.testing.assert_allclose(view.layer_bars.opts["height"] / view.kept_bars.opts["height"],
-                               [min(T, 4) / T, 1, min(T, 4) / T])
+    np.testing.assert_allclose(
+        view.layer_bars.opts["height"] / view.kept_bars.opts["height"], [min(T, 4) / T, 1, min(T, 4) / T]
+    )
     assert "(model)" in win.kv_label.text() and "kept" in win.kv_label.text()
     assert f"{need:,} bytes" in win.kv_label.toolTip() and f"{kept:,} bytes" in win.kv_label.toolTip()
     # the scheme table and the projection count the windows
@@ -59,14 +65,19 @@ def test_kv_tab_and_status_bar_show_the_models_need(win):
     assert list(x) == [0, 4, x[-1]]
     # "This model" fills the calculator with the model's window and its layers
     view.preset_combo.setCurrentIndex(0)
-    assert (view.calc_window.value(), view.calc_sliding.currentText()) == (4, "1:1")  # sliding, global, sliding
+    assert (view.calc_window.value(), view.calc_sliding.currentText()) == (
+        4,
+        "1:1",
+    )  # sliding, global, sliding
     view.calc_tokens.setValue(T)
     assert view.calc_rows()[1][2] == need
 
 
 def test_calculator_windows(win):
     view = _show(win, "kv")
-    view.preset_combo.setCurrentIndex(view.preset_combo.findData("Gemma-3-270M, window 512 (5:1), 32768 tokens"))
+    view.preset_combo.setCurrentIndex(
+        view.preset_combo.findData("Gemma-3-270M, window 512 (5:1), 32768 tokens")
+    )
     assert view.calc_config().windows == tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18))
     assert view.calc_rows()[-1] == ("MQA", 1, 217_055_232 // 2)  # bf16
     assert "108,527,616 bytes" in view.calc_result.text() and "15 of 18 layers" in view.calc_result.text()
@@ -82,8 +93,16 @@ def test_calculator_windows(win):
 
 def _wheel(widget, dy: int = -120) -> None:
     pos = QPointF(widget.width() / 2, widget.height() / 2)
-    ev = QWheelEvent(pos, widget.mapToGlobal(pos), QPoint(0, 0), QPoint(0, dy), Qt.NoButton, Qt.NoModifier,
-                     Qt.NoScrollPhase, False)
+    ev = QWheelEvent(
+        pos,
+        widget.mapToGlobal(pos),
+        QPoint(0, 0),
+        QPoint(0, dy),
+        Qt.NoButton,
+        Qt.NoModifier,
+        Qt.NoScrollPhase,
+        False,
+    )
     QApplication.sendEvent(widget, ev)
 
 
@@ -138,16 +157,21 @@ def test_heatmap_draws_masked_cells_outside_the_colour_map(win):
 def test_mask_tab_names_the_windowed_layers(win):
     win.layer_spin.setValue(1)
     view = _show(win, "mask")
-    assert view.report.window_note == "This layer is global (full causal mask); layers 0, 2 use a 4-key window."
+    assert (
+        view.report.window_note == "This layer is global (full causal mask); layers 0, 2 use a 4-key window."
+    )
     assert "This layer is global" in view.header.text()
     win.layer_spin.setValue(0)
     assert win.engine.wait_idle(60)
-    assert view.report.window_note.startswith("Sliding window: 4 keys") and "Layer 1 is global." in view.report.window_note
+    assert (
+        view.report.window_note.startswith("Sliding window: 4 keys")
+        and "Layer 1 is global." in view.report.window_note
+    )
 
 
 def test_every_token_labelled_when_the_labels_fit(qtbot):
-    from app.heatmap import HeatmapView, stacked_label_pitch
-    from core.tokens import Token
+    from attnscope.app.heatmap import HeatmapView, stacked_label_pitch
+    from attnscope.core.tokens import Token
 
     words = ("The cat sat on the mat and the dog sat on the log while it rained " * 4).split()[:50]
     toks = [Token(i, 100 + i, w, w) for i, w in enumerate(words)]
@@ -194,11 +218,10 @@ def test_roles_sort_keeps_the_top_in_view(win, qtbot):
 def test_exported_figure_hatches_masked_cells(tmp_path, qtbot):
     """The labelled figure (SVG/PDF/--figure PNG) draws masked cells as the window does: the map's
     weight-0 colour appears nowhere when every zero is a masked cell."""
+    from attnscope.app.export import figure_mask, save_heatmap_figure
+    from attnscope.core.io.colormaps import to_rgb
+    from attnscope.core.tokens import Token
     from PIL import Image
-
-    from app.export import figure_mask, save_heatmap_figure
-    from core.colormaps import to_rgb
-    from core.tokens import Token
 
     n, W = 12, 4
     toks = [Token(i, 100 + i, f"t{i}", f"t{i}") for i in range(n)]
@@ -215,8 +238,12 @@ def test_exported_figure_hatches_masked_cells(tmp_path, qtbot):
         return int(np.all(np.asarray(Image.open(path).convert("RGB")) == rgb, axis=-1).sum())
 
     win_png = save_heatmap_figure(w, tmp_path / "win.png", tokens=toks, metadata=meta)
-    causal_png = save_heatmap_figure(w, tmp_path / "causal.png", tokens=toks,
-                                     metadata=dict(meta, mask={"kind": "causal", "sliding_window": None}))
+    causal_png = save_heatmap_figure(
+        w,
+        tmp_path / "causal.png",
+        tokens=toks,
+        metadata=dict(meta, mask={"kind": "causal", "sliding_window": None}),
+    )
     assert count(win_png, (150, 150, 150)) > count(causal_png, (150, 150, 150)) > 0  # the hatch
     # weight 0's colour: only the colour bar's bottom with the window; the 36 cells outside it without
     assert count(causal_png, zero) > count(win_png, zero) + 30 * 40 * 40

@@ -7,12 +7,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-
-from app.engine import Engine
-from app.head_grid import HeadGridCanvas
-from app.heatmap import HeatmapView
-from core.aggregate import PooledMap
-from core.tokens import Token
+from attnscope.app.engine import Engine
+from attnscope.app.head_grid import HeadGridCanvas
+from attnscope.app.heatmap import HeatmapView
+from attnscope.core.analysis.aggregate import PooledMap
+from attnscope.core.tokens import Token
 
 
 def test_partial_results_arrive_before_the_result(qtbot):
@@ -25,7 +24,9 @@ def test_partial_results_arrive_before_the_result(qtbot):
                 ctx.partial(i)
             return "done"
 
-        e.submit("view", job, lambda r: got.append(("done", r)), on_partial=lambda p: got.append(("partial", p)))
+        e.submit(
+            "view", job, lambda r: got.append(("done", r)), on_partial=lambda p: got.append(("partial", p))
+        )
         assert e.wait_idle(30)
         assert got == [("partial", 0), ("partial", 1), ("partial", 2), ("done", "done")]
         # a job without on_partial: partial results are dropped, nothing breaks
@@ -113,10 +114,9 @@ def test_window_long_map_overview_and_new_prompt_cancels(qtbot, tmp_path, monkey
     """In the window: a long map (threshold lowered for a tiny model) arrives as a max-pooled overview
     sized to the plot, its title says the pooling and the colour scale; a new prompt stops a view job
     that is still running (its cancel token turns true at once) and marks the old map stale."""
+    from attnscope.app.main_window import MainWindow
+    from attnscope.core.analysis import aggregate
     from tiny_models import save_tiny
-
-    from app.main_window import MainWindow
-    from core import aggregate
 
     save_tiny("llama", tmp_path, seed=1)
     monkeypatch.setattr(aggregate, "LONG_PROMPT", 8)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import copy
 
+import attnscope.core.backends.torch_backend as tb
 import numpy as np
 import pytest
 import torch
+from attnscope.core.attention.rope_length import RopeRecompute
+from attnscope.core.session import Session
 from tiny_models import COMMON, eager_reference, tiny_tokenizer
-
-import core.backends.torch_backend as tb
-from core.rope_length import RopeRecompute
-from core.session import Session
 
 TOL = 1e-5
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -36,9 +35,18 @@ def _save(folder, model_type, seed=0, **kw):
 
 def _phi3_longrope(folder):
     # the issue's config: 2 layers, 4 heads, 2 KV heads, head_dim 16, theta 1e4, switch past 32 tokens
-    return _save(folder, "phi3", rope_theta=1e4, original_max_position_embeddings=32, max_position_embeddings=256,
-                 rope_scaling={"type": "longrope", "short_factor": [1.0] * 8,
-                               "long_factor": [float(x) for x in np.geomspace(1, 40, 8)]})
+    return _save(
+        folder,
+        "phi3",
+        rope_theta=1e4,
+        original_max_position_embeddings=32,
+        max_position_embeddings=256,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0] * 8,
+            "long_factor": [float(x) for x in np.geomspace(1, 40, 8)],
+        },
+    )
 
 
 def _prompt(s: Session, n: int) -> str:
@@ -52,8 +60,13 @@ def _assert_equals_one_forward(s: Session, ref_model, what: str):
     np.testing.assert_allclose(s.logits, logits[-1], atol=TOL, rtol=0, err_msg=f"logits {what}")
     for layer in range(s.info.n_layers):
         for head in range(s.info.n_heads):
-            np.testing.assert_allclose(s.weights(layer, head), attn[layer][head], atol=TOL, rtol=0,
-                                       err_msg=f"weights layer {layer} head {head} {what}")
+            np.testing.assert_allclose(
+                s.weights(layer, head),
+                attn[layer][head],
+                atol=TOL,
+                rtol=0,
+                err_msg=f"weights layer {layer} head {head} {what}",
+            )
     return logits
 
 
@@ -110,8 +123,12 @@ def test_longrope_prefill_in_chunks_crossing_the_switch(tmp_path, monkeypatch, c
 @pytest.mark.slow
 def test_dynamic_ntk_rope_every_step_past_the_context(tmp_path):
     # dynamic NTK changes its base at every length past max_position_embeddings (16 here)
-    init = _save(tmp_path / "llama", "llama", max_position_embeddings=16,
-                 rope_scaling={"type": "dynamic", "factor": 4.0})
+    init = _save(
+        tmp_path / "llama",
+        "llama",
+        max_position_embeddings=16,
+        rope_scaling={"type": "dynamic", "factor": 4.0},
+    )
     s = Session.load(str(tmp_path / "llama"))
     s.info = s.backend.info = type(s.info)(**{**s.info.__dict__, "max_context": 0})  # test beyond the context
     s.prefill(_prompt(s, 12), chat_template=False)
@@ -135,14 +152,29 @@ def test_plain_rope_models_never_recompute(tmp_path):
 
 def test_mlx_refuses_length_dependent_rope_with_the_reason():
     pytest.importorskip("mlx.core")
-    from core.backends.mlx_models import ModelArgs
-    from core.errors import UnsupportedModelError
+    from attnscope.core.backends.mlx_arch import ModelArgs
+    from attnscope.core.errors import UnsupportedModelError
 
-    cfg = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=128, vocab_size=272, max_position_embeddings=16, rms_norm_eps=1e-6)
-    for rope in ({"type": "dynamic", "factor": 4.0},
-                 {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-                  "original_max_position_embeddings": 8}):
+    cfg = dict(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=272,
+        max_position_embeddings=16,
+        rms_norm_eps=1e-6,
+    )
+    for rope in (
+        {"type": "dynamic", "factor": 4.0},
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 8,
+            "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 8,
+        },
+    ):
         with pytest.raises(UnsupportedModelError, match=rope.get("type", rope.get("rope_type"))) as info:
             ModelArgs.from_dict(dict(cfg, rope_scaling=rope))
         assert "\n" not in str(info.value)
@@ -151,10 +183,14 @@ def test_mlx_refuses_length_dependent_rope_with_the_reason():
 def test_chunked_attention_is_refused_past_one_chunk(tmp_path):
     # another config field whose effect depends on the length: Llama 4's chunked attention equals
     # causal attention up to attention_chunk_size tokens, and differs beyond; refused there
-    from core.errors import UnsupportedModelError
+    from attnscope.core.errors import UnsupportedModelError
 
-    ref = _save(tmp_path / "llama", "llama", attention_chunk_size=8,
-                layer_types=["chunked_attention", "full_attention"])
+    ref = _save(
+        tmp_path / "llama",
+        "llama",
+        attention_chunk_size=8,
+        layer_types=["chunked_attention", "full_attention"],
+    )
     s = Session.load(str(tmp_path / "llama"))
     assert s.backend.attention_chunk == 8
     s.prefill(_prompt(s, 6), chat_template=False)

@@ -6,13 +6,12 @@ import math
 
 import numpy as np
 import pytest
+from attnscope.core.analysis.maskview import entropy_nats, mask_report, step_geometry
 from tiny_models import eager_reference, save_tiny
-
-from core.maskview import entropy_nats, mask_report, step_geometry
 
 
 def _session(tmp_path_factory, family, seed=0):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path_factory.mktemp(f"tiny_mask_{family}")
     model = save_tiny(family, folder, seed=seed)
@@ -126,14 +125,15 @@ def test_bad_selection(llama):
 def test_smollm2_mask_and_aggregates_against_eager(smol_session, smol_folder):
     """SmolLM2: the decode-step row, prefill rows, entropies and a KV-group mean vs transformers eager."""
     import torch
+    from attnscope.core.analysis.aggregate import map_at
     from transformers import AutoModelForCausalLM
-
-    from core.aggregate import map_at
 
     s = smol_session
     s.prefill("Grouped-query attention lets nine query heads share three KV heads.", chat_template=False)
     s.step(2)
-    model = AutoModelForCausalLM.from_pretrained(smol_folder, attn_implementation="eager", dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        smol_folder, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         att = [a[0].float().numpy() for a in model(torch.tensor([s.ids]), output_attentions=True).attentions]
     n0, T = s.n_prompt, s.seq_len
@@ -144,4 +144,6 @@ def test_smollm2_mask_and_aggregates_against_eager(smol_session, smol_folder):
     p = mask_report(s, 11, 5, 0)
     np.testing.assert_allclose(p.weights, att[11][5, :n0, :n0], atol=1e-5)
     np.testing.assert_allclose(p.entropy, entropy_nats(att[11][5, :n0, :n0]), atol=1e-4)
-    np.testing.assert_allclose(map_at(s, 11, 5, "group", n=n0 + 1), att[11][3:6, : n0 + 1, : n0 + 1].mean(0), atol=1e-5)
+    np.testing.assert_allclose(
+        map_at(s, 11, 5, "group", n=n0 + 1), att[11][3:6, : n0 + 1, : n0 + 1].mean(0), atol=1e-5
+    )

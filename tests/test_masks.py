@@ -1,12 +1,20 @@
-"""core.masks: the mask vocabulary shared by every attention implementation."""
+"""attnscope.core.attention.masks: the mask vocabulary shared by every attention implementation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-
-from core.masks import CAUSAL, NO_MASK, Mask, as_mask, causal_mask, group_heads, to_4d, top_left_causal_mask
+from attnscope.core.attention.masks import (
+    CAUSAL,
+    NO_MASK,
+    Mask,
+    as_mask,
+    causal_mask,
+    group_heads,
+    to_4d,
+    top_left_causal_mask,
+)
 
 
 def test_seed_000_causal_mask_for_four_tokens():

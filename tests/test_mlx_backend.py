@@ -17,11 +17,10 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 import torch  # noqa: E402
-
-from core.backends import mlx_backend  # noqa: E402
-from core.backends.mlx_backend import MlxBackend  # noqa: E402
-from core.backends.mlx_models import ModelArgs  # noqa: E402
-from core.errors import Cancelled, ModelLoadError, UnsupportedModelError  # noqa: E402
+from attnscope.core.backends import mlx_backend  # noqa: E402
+from attnscope.core.backends.mlx_arch import ModelArgs  # noqa: E402
+from attnscope.core.backends.mlx_backend import MlxBackend  # noqa: E402
+from attnscope.core.errors import Cancelled, ModelLoadError, UnsupportedModelError  # noqa: E402
 
 VOCAB = 96
 
@@ -38,21 +37,56 @@ def _tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
 
 
-BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            initializer_range=0.2)
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+)
 
 # Every config field the MLX models read is set away from its default in at least one case.
 CASES = {
-    "llama": ("llama", dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rms_norm_eps=1e-5,
-                            attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
-    "llama_llama3_rope": ("llama", dict(rope_parameters={
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
-    "llama_linear_rope": ("llama", dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
+    "llama": (
+        "llama",
+        dict(
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            rms_norm_eps=1e-5,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "llama_llama3_rope": (
+        "llama",
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        ),
+    ),
+    "llama_linear_rope": (
+        "llama",
+        dict(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}),
+    ),
     "mistral_window": ("mistral", dict(sliding_window=5, num_key_value_heads=1)),
-    "qwen2_window": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen2_window": (
+        "qwen2",
+        dict(
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+    ),
     "qwen3_qk_norm": ("qwen3", dict(head_dim=32, rms_norm_eps=1e-5, tie_word_embeddings=True)),
 }
 
@@ -109,7 +143,9 @@ def small_chunks(monkeypatch):
 
 # -- config ---------------------------------------------------------------------------------------
 # 32 heads: Qwen2/3 default to 32 KV heads and Mistral to 8 when the key is missing
-MINIMAL = dict(hidden_size=256, num_hidden_layers=3, intermediate_size=96, num_attention_heads=32, vocab_size=100)
+MINIMAL = dict(
+    hidden_size=256, num_hidden_layers=3, intermediate_size=96, num_attention_heads=32, vocab_size=100
+)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
@@ -130,14 +166,20 @@ def test_config_defaults_match_transformers(family):
     assert [args.layer_window(i) for i in range(3)] == windows
 
 
-@pytest.mark.parametrize("family, cfg", [
-    ("mistral", {"sliding_window": None}),  # Mistral v0.3: explicit null = full attention, not the 4096 default
-    ("mistral", {"sliding_window": 7}),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1}),
-    ("qwen2", {"use_sliding_window": False, "sliding_window": 7}),
-    ("llama", {"num_key_value_heads": None}),
-    ("qwen3", {"num_key_value_heads": None, "head_dim": 16}),
-])
+@pytest.mark.parametrize(
+    "family, cfg",
+    [
+        (
+            "mistral",
+            {"sliding_window": None},
+        ),  # Mistral v0.3: explicit null = full attention, not the 4096 default
+        ("mistral", {"sliding_window": 7}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1}),
+        ("qwen2", {"use_sliding_window": False, "sliding_window": 7}),
+        ("llama", {"num_key_value_heads": None}),
+        ("qwen3", {"num_key_value_heads": None, "head_dim": 16}),
+    ],
+)
 def test_config_fields_read_as_transformers_reads_them(family, cfg):
     from transformers import AutoConfig
 
@@ -150,13 +192,19 @@ def test_config_fields_read_as_transformers_reads_them(family, cfg):
     assert [args.layer_window(i) for i in range(3)] == windows
 
 
-@pytest.mark.parametrize("cfg, theta", [
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}, 100000.0),  # transformers 5
-    ({"rope_theta": 123456.0}, 123456.0),  # older configs: top level
-    ({"rope_theta": 5e5, "rope_scaling": None}, 5e5),
-    ({"rope_theta": 7.0, "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"}}, 9.0),  # the dict wins
-    ({}, 10000.0),
-])
+@pytest.mark.parametrize(
+    "cfg, theta",
+    [
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}, 100000.0),  # transformers 5
+        ({"rope_theta": 123456.0}, 123456.0),  # older configs: top level
+        ({"rope_theta": 5e5, "rope_scaling": None}, 5e5),
+        (
+            {"rope_theta": 7.0, "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"}},
+            9.0,
+        ),  # the dict wins
+        ({}, 10000.0),
+    ],
+)
 def test_rope_theta_read_from_either_place(cfg, theta):
     from transformers import AutoConfig
 
@@ -166,12 +214,21 @@ def test_rope_theta_read_from_either_place(cfg, theta):
     assert ref.rope_parameters["rope_theta"] == theta
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "default", "rope_theta": 100000.0},
-    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
-    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 100000.0},
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ],
+)
 def test_inv_freq_equals_transformers(rope):
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -188,14 +245,17 @@ def test_inv_freq_equals_transformers(rope):
     np.testing.assert_allclose(ModelArgs.from_dict(d).inv_freq(), inv_ref.numpy(), rtol=2e-7, atol=0)
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"model_type": "gemma2"}, "gemma2"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-    ({"attn_logit_softcapping": 50.0}, "softcapping"),
-    ({"num_key_value_heads": 5}, "multiple"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"model_type": "gemma2"}, "gemma2"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "yarn"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"attn_logit_softcapping": 50.0}, "softcapping"),
+        ({"num_key_value_heads": 5}, "multiple"),
+    ],
+)
 def test_unsupported_configs_are_refused(change, words):
     with pytest.raises(UnsupportedModelError, match=words):
         ModelArgs.from_dict({"model_type": "llama"} | MINIMAL | change)
@@ -212,7 +272,9 @@ def test_tiny_model_matches_eager(tiny_models, case):
     for layer in range(b.info.n_layers):
         for head in range(b.info.n_heads):
             w = b.trace.weights(layer, head)
-            np.testing.assert_allclose(w, ref_w[layer][head], atol=1e-5, err_msg=f"{case} layer {layer} head {head}")
+            np.testing.assert_allclose(
+                w, ref_w[layer][head], atol=1e-5, err_msg=f"{case} layer {layer} head {head}"
+            )
     cfg = json.loads((folder / "config.json").read_text())  # fields too small to show in logits
     layer0 = b.model.model.layers[0]
     assert b.model.model.norm.eps == layer0.input_layernorm.eps == cfg["rms_norm_eps"]
@@ -228,7 +290,9 @@ def test_sliding_window_is_applied(tiny_models):
     w1 = b.trace.weights(1, 0)
     assert (w1[10, :7] == 0).all() and (w1[10, 7:11] > 0).all()
     assert (b.trace.weights(0, 0)[10, :11] > 0).all()
-    np.testing.assert_array_equal(b.trace.allowed(1), np.tril(np.ones((14, 14), bool)) & ~np.tril(np.ones((14, 14), bool), -4))
+    np.testing.assert_array_equal(
+        b.trace.allowed(1), np.tril(np.ones((14, 14), bool)) & ~np.tril(np.ones((14, 14), bool), -4)
+    )
 
 
 def test_wrong_rope_theta_would_be_caught(tiny_models, tmp_path):
@@ -253,30 +317,51 @@ def test_wrong_rope_theta_would_be_caught(tiny_models, tmp_path):
 
 # -- the Session API on MLX against the torch backend -----------------------------------------------
 def test_session_mlx_equals_torch(tiny_models):
-    from core.kv import kv_cache_bytes
-    from core.session import Session
+    from attnscope.core.analysis.kv_formula import kv_cache_bytes
+    from attnscope.core.session import Session
 
     folder = tiny_models["qwen3_qk_norm"]
     sm, st = Session.load(folder, backend="mlx"), Session.load(folder, backend="torch")
     assert sm.backend.name == "mlx" and sm.backend.device in ("mlx:cpu", "mlx:gpu")
-    for field in ("name", "source", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_size", "max_context",
-                  "rope_theta", "sliding_window", "vocab_size", "n_params", "architecture", "group_size"):
+    for field in (
+        "name",
+        "source",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "head_dim",
+        "hidden_size",
+        "max_context",
+        "rope_theta",
+        "sliding_window",
+        "vocab_size",
+        "n_params",
+        "architecture",
+        "group_size",
+    ):
         assert getattr(sm.info, field) == getattr(st.info, field), field
     prompt = "t5 t17 t3 t88 t42 t42 t7"
     for s in (sm, st):
         s.prefill(prompt, chat_template=False)
         s.step(6)
     assert sm.ids == st.ids
-    assert sm.backend.kv_cache_bytes() == st.backend.kv_cache_bytes() == kv_cache_bytes(2, 2, 32, 13, "float32")
+    assert (
+        sm.backend.kv_cache_bytes() == st.backend.kv_cache_bytes() == kv_cache_bytes(2, 2, 32, 13, "float32")
+    )
     np.testing.assert_allclose(sm.logits, st.logits, atol=1e-4)
     np.testing.assert_allclose(sm.sink_scores(), st.sink_scores(), atol=1e-5)
     t_m, t_t = sm.trace, st.trace
     for layer in range(2):
         np.testing.assert_allclose(t_m.lse(layer), t_t.lse(layer), atol=1e-4)
-        np.testing.assert_array_equal(t_m.allowed(layer, slice(2, 9), slice(0, 5)), t_t.allowed(layer, slice(2, 9), slice(0, 5)))
+        np.testing.assert_array_equal(
+            t_m.allowed(layer, slice(2, 9), slice(0, 5)), t_t.allowed(layer, slice(2, 9), slice(0, 5))
+        )
         np.testing.assert_allclose(t_m.scores(layer, 1), t_t.scores(layer, 1), atol=1e-4)
-        np.testing.assert_allclose(t_m.weights(layer, 3, slice(4, 11), slice(1, 6)),
-                                   t_t.weights(layer, 3, slice(4, 11), slice(1, 6)), atol=1e-5)
+        np.testing.assert_allclose(
+            t_m.weights(layer, 3, slice(4, 11), slice(1, 6)),
+            t_t.weights(layer, 3, slice(4, 11), slice(1, 6)),
+            atol=1e-5,
+        )
     np.testing.assert_allclose(t_m.weight_on_key(3), t_t.weight_on_key(3), atol=1e-5)
     assert t_m.kv_head(3) == t_t.kv_head(3) == 1
     # step back: cache and trace truncated; stepping again reproduces the same tokens and rows
@@ -290,8 +375,8 @@ def test_session_mlx_equals_torch(tiny_models):
 
 
 def test_trace_offers_the_torch_trace_api():
-    from core.capture import TorchTrace
-    from core.capture_mlx import MlxTrace
+    from attnscope.core.trace.mlx_trace import MlxTrace
+    from attnscope.core.trace.torch_trace import TorchTrace
 
     public = {n for n in dir(TorchTrace) if not n.startswith("_")}
     assert public <= {n for n in dir(MlxTrace) if not n.startswith("_")}
@@ -363,7 +448,7 @@ def test_half_precision(tiny_models, dtype):
 # -- SmolLM2: the embedded default model ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol_mlx():
-    from core.session import Session
+    from attnscope.core.session import Session
 
     return Session.load(backend="mlx")
 
@@ -381,8 +466,11 @@ def test_smollm2_parity_with_torch(smol_mlx, smol_session):
     for s in (sm, st):
         s.prefill(SMOL_PROMPT, chat_template=False)
     assert sm.ids == st.ids and sm.seq_len > 20
-    diffs = [np.abs(sm.trace.weights(layer, h) - st.trace.weights(layer, h)).max()
-             for layer in range(30) for h in range(9)]
+    diffs = [
+        np.abs(sm.trace.weights(layer, h) - st.trace.weights(layer, h)).max()
+        for layer in range(30)
+        for h in range(9)
+    ]
     assert max(diffs) < 1e-4
     for s in (sm, st):
         s.step(32)

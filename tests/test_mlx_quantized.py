@@ -19,11 +19,10 @@ mx = pytest.importorskip("mlx.core")
 nn = pytest.importorskip("mlx.nn")
 
 import torch  # noqa: E402
+from attnscope.core.backends.mlx_backend import MlxBackend, float_weight  # noqa: E402
+from attnscope.core.errors import UnsupportedModelError  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from tiny_models import COMMON, tiny_tokenizer  # noqa: E402
-
-from core.backends.mlx_backend import MlxBackend, float_weight  # noqa: E402
-from core.errors import UnsupportedModelError  # noqa: E402
 
 IDS = [5, 17, 3, 88, 42, 42, 7, 63, 11, 29, 5, 70, 2, 91]
 CFG = dict(COMMON, hidden_size=128, intermediate_size=256, vocab_size=320, tie_word_embeddings=False)
@@ -45,8 +44,12 @@ def float_folder(tmp_path_factory):
 def _quantised_folder(float_folder, out, bits):
     """mlx-lm's layout: quantise a float MLX model, save packed weights and the quantization config."""
     b = MlxBackend.load(str(float_folder))
-    nn.quantize(b.model, group_size=GROUP, bits=bits,
-                class_predicate=lambda p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % GROUP == 0)
+    nn.quantize(
+        b.model,
+        group_size=GROUP,
+        bits=bits,
+        class_predicate=lambda p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % GROUP == 0,
+    )
     out.mkdir()
     weights = dict(tree_flatten(b.model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
@@ -92,14 +95,18 @@ def test_mlx_quantised_folder_loads_quantised_and_stays_exact(float_folder, tmp_
     assert b.info.quantization_runtime.startswith(f"MLX {bits}-bit (group {GROUP}")
     logits = np.concatenate([b.forward(IDS[:9], all_logits=True)] + [b.forward([t])[None] for t in IDS[9:]])
     ref_folder = _dequantised_folder(qmodel, float_folder, tmp_path / f"deq{bits}")
-    eager = AutoModelForCausalLM.from_pretrained(ref_folder, attn_implementation="eager", dtype=torch.float32).eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        ref_folder, attn_implementation="eager", dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         out = eager(torch.tensor([IDS]), output_attentions=True)
     ref = out.logits[0].numpy()
     assert np.abs(logits - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
     for layer in range(b.info.n_layers):
         for head in range(b.info.n_heads):
-            np.testing.assert_allclose(b.trace.weights(layer, head), out.attentions[layer][0, head].numpy(), atol=1e-5)
+            np.testing.assert_allclose(
+                b.trace.weights(layer, head), out.attentions[layer][0, head].numpy(), atol=1e-5
+            )
     assert b.value_norms(0).shape == (b.info.n_heads, len(IDS))  # reads the dequantised o_proj
 
 
@@ -113,10 +120,13 @@ def test_runtime_quantize_on_mlx(float_folder):
 
 
 def test_mlx_quantised_folder_refused_by_torch_names_mlx(float_folder, tmp_path):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     qfolder, _ = _quantised_folder(float_folder, tmp_path / "q4", 4)
-    with pytest.raises(UnsupportedModelError, match=r"^llama checkpoint holds MLX-quantised weights \(4-bit\): "
-                                                     r"the torch backend cannot load them; open it with --backend mlx$"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"^llama checkpoint holds MLX-quantised weights \(4-bit\): "
+        r"the torch backend cannot load them; open it with --backend mlx$",
+    ):
         Session.load(str(qfolder))
     assert Session.load(str(qfolder), backend="mlx").info.quantization_file == "MLX 4-bit (group 64)"

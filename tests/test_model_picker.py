@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from attnscope.app.model_picker import (
+    COLUMNS,
+    FIT_COLUMN,
+    GREY,
+    ConvertedCacheDialog,
+    ModelPickerDialog,
+    demo_entries,
+)
+from attnscope.core.loading import catalog
+from attnscope.core.loading.fit import estimate_entry, human_bytes
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
-
-from app.model_picker import COLUMNS, FIT_COLUMN, GREY, ConvertedCacheDialog, ModelPickerDialog, demo_entries
-from core import catalog
-from core.fit import estimate_entry, human_bytes
 
 FREE = 21_800_000_000
 
@@ -49,8 +55,19 @@ def test_table_shows_every_entry_with_its_columns(qtbot):
     assert [dlg.proxy.headerData(c, Qt.Horizontal) for c in range(len(COLUMNS))] == COLUMNS
     r = _row(dlg, "llama3.3:70b")
     cells = [dlg.proxy.index(r, c).data() for c in range(len(COLUMNS))]
-    assert cells[:FIT_COLUMN] == ["llama3.3:70b", "Ollama", "llama", "70.6B", "80", "64 / 8 (8)", "128", "131,072",
-                                  "Q4_K_M", "bfloat16", "42.5 GB"]  # 70B at float32 would never fit FREE
+    assert cells[:FIT_COLUMN] == [
+        "llama3.3:70b",
+        "Ollama",
+        "llama",
+        "70.6B",
+        "80",
+        "64 / 8 (8)",
+        "128",
+        "131,072",
+        "Q4_K_M",
+        "bfloat16",
+        "42.5 GB",
+    ]  # 70B at float32 would never fit FREE
     e = next(e for e in demo_entries() if e.name == "llama3.3:70b")
     f = estimate_entry(e, 8192, free_bytes=FREE)
     assert cells[FIT_COLUMN] == f"does not fit · {human_bytes(f.total_bytes)}"
@@ -83,7 +100,9 @@ def test_fit_column_follows_context_backend_device_dtype(qtbot):
     dlg.context.setValue(40960)
     f = estimate_entry(e, 40960, free_bytes=FREE)
     assert fit_text() == f"{f.verdict} · {human_bytes(f.total_bytes)}"
-    assert f.dtype == estimate_entry(e, 40960, dtype="auto", free_bytes=FREE).dtype  # auto: the picker's default
+    assert (
+        f.dtype == estimate_entry(e, 40960, dtype="auto", free_bytes=FREE).dtype
+    )  # auto: the picker's default
     dlg.dtype.setCurrentText("float32")
     f2 = estimate_entry(e, 40960, dtype="float32", free_bytes=FREE)
     assert f2.total_bytes >= f.total_bytes and fit_text() == f"{f2.verdict} · {human_bytes(f2.total_bytes)}"
@@ -96,7 +115,11 @@ def test_sorting_by_a_numeric_column(qtbot):
     dlg, _ = _open(qtbot)
     dlg.table.sortByColumn(COLUMNS.index("Params"), Qt.DescendingOrder)
     names = [dlg.proxy.index(r, 0).data() for r in range(3)]
-    assert names == ["llama3.3:70b", "mistralai/Mistral-7B-Instruct-v0.1", "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M"]
+    assert names == [
+        "llama3.3:70b",
+        "mistralai/Mistral-7B-Instruct-v0.1",
+        "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M",
+    ]
     dlg.table.sortByColumn(COLUMNS.index("Heads / KV (group)"), Qt.DescendingOrder)
     assert dlg.proxy.index(0, 0).data() == "llama3.3:70b"  # group of 8
 
@@ -104,7 +127,10 @@ def test_sorting_by_a_numeric_column(qtbot):
 def test_filter(qtbot):
     dlg, _ = _open(qtbot)
     dlg.filter.setText("ollama")
-    assert sorted(dlg.proxy.index(r, 0).data() for r in range(dlg.proxy.rowCount())) == ["llama3.3:70b", "qwen2.5:1.5b"]
+    assert sorted(dlg.proxy.index(r, 0).data() for r in range(dlg.proxy.rowCount())) == [
+        "llama3.3:70b",
+        "qwen2.5:1.5b",
+    ]
 
 
 def test_open_emits_the_model_ref(qtbot):
@@ -124,7 +150,9 @@ def test_double_click_opens(qtbot):
 
 
 def _tiny_scanner(tmp_path):
-    return lambda: catalog.scan(hf_cache=tmp_path / "none", lmstudio=[], ollama=tmp_path / "none", include_embedded=False)
+    return lambda: catalog.scan(
+        hf_cache=tmp_path / "none", lmstudio=[], ollama=tmp_path / "none", include_embedded=False
+    )
 
 
 def _drop(dlg, path):
@@ -204,10 +232,12 @@ def test_converted_cache_lists_and_clears(qtbot, tmp_path):
     dlg = ConvertedCacheDialog()
     qtbot.addWidget(dlg)
     assert dlg.table.rowCount() == 2
-    from core.fit import human_bytes
+    from attnscope.core.loading.fit import human_bytes
 
     size_a = sum(f.stat().st_size for f in (conv / "a-0123456789abcdef").iterdir())
-    assert dlg.table.item(0, 0).text() == "a-0123456789abcdef" and dlg.table.item(0, 1).text() == human_bytes(size_a)
+    assert dlg.table.item(0, 0).text() == "a-0123456789abcdef" and dlg.table.item(0, 1).text() == human_bytes(
+        size_a
+    )
     assert dlg.table.item(0, 2).text() == "/models/a-0123456789abcdef.gguf"
     dlg.table.selectRow(1)
     qtbot.mouseClick(dlg.clear_one, Qt.LeftButton)
@@ -218,7 +248,7 @@ def test_converted_cache_lists_and_clears(qtbot, tmp_path):
 
 
 def test_loads_at_column_shows_the_load_precision_and_why(qtbot):
-    from app.model_picker import LOADS_AT_COLUMN
+    from attnscope.app.model_picker import LOADS_AT_COLUMN
 
     dlg, _ = _open(qtbot)
     assert dlg.dtype.currentText() == "auto"
@@ -230,4 +260,8 @@ def test_loads_at_column_shows_the_load_precision_and_why(qtbot):
     assert dlg.proxy.index(big, LOADS_AT_COLUMN).data() == "bfloat16"
     assert dlg.proxy.index(big, LOADS_AT_COLUMN).data(Qt.ToolTipRole).startswith("bfloat16: ")
     dlg.dtype.setCurrentText("float16")
-    assert dlg.proxy.index(emb, LOADS_AT_COLUMN).data() == dlg.proxy.index(big, LOADS_AT_COLUMN).data() == "float16"
+    assert (
+        dlg.proxy.index(emb, LOADS_AT_COLUMN).data()
+        == dlg.proxy.index(big, LOADS_AT_COLUMN).data()
+        == "float16"
+    )

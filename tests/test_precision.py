@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from core.errors import ModelLoadError
-from core.precision import (
+from attnscope.core.errors import ModelLoadError
+from attnscope.core.loading.precision import (
     SMALL_FLOAT32_BYTES,
     Checkpoint,
     check_choice,
@@ -27,7 +26,10 @@ def test_explicit_dtype_is_obeyed_whatever_the_checkpoint():
     ck = Checkpoint("bfloat16", BIG)
     assert choose_dtype("float32", ck, half_support=FAST)[0] == "float32"
     assert choose_dtype("float16", ck, half_support=SLOW)[0] == "float16"
-    assert choose_dtype("bf16", ck, half_support=SLOW) == ("bfloat16", "bfloat16: asked for (--dtype bfloat16)")
+    assert choose_dtype("bf16", ck, half_support=SLOW) == (
+        "bfloat16",
+        "bfloat16: asked for (--dtype bfloat16)",
+    )
 
 
 def test_auto_is_the_checkpoints_own_dtype_where_the_device_is_fast():
@@ -56,7 +58,10 @@ def test_quantised_gguf_loads_bf16_unless_small():
     small = Checkpoint("bfloat16", n_small, quantised=True, origin="GGUF Q4_1")
     dtype, why = choose_dtype("auto", small, half_support=FAST)
     assert dtype == "float32" and "small quantised model" in why
-    assert choose_dtype("auto", Checkpoint("bfloat16", n_small + 1, quantised=True), half_support=FAST)[0] == "bfloat16"
+    assert (
+        choose_dtype("auto", Checkpoint("bfloat16", n_small + 1, quantised=True), half_support=FAST)[0]
+        == "bfloat16"
+    )
     # a small *bf16 folder* is not rounded either way: it keeps bf16
     assert choose_dtype("auto", Checkpoint("bfloat16", n_small), half_support=FAST)[0] == "bfloat16"
 
@@ -66,15 +71,18 @@ def test_unknown_dtype_is_one_line():
         check_choice("float8")
 
 
-@pytest.mark.parametrize(("flags", "machine", "dtype", "fast"), [
-    ({"avx512f", "avx512_bf16"}, "x86_64", "bfloat16", True),
-    ({"amx_bf16"}, "x86_64", "bfloat16", True),
-    ({"avx2", "avx512f"}, "x86_64", "bfloat16", False),
-    ({"avx512_bf16"}, "x86_64", "float16", False),
-    ({"avx512_fp16"}, "x86_64", "float16", True),
-    ({"fp", "asimd", "bf16"}, "aarch64", "bfloat16", True),
-    ({"fp", "asimd"}, "aarch64", "bfloat16", False),
-])
+@pytest.mark.parametrize(
+    ("flags", "machine", "dtype", "fast"),
+    [
+        ({"avx512f", "avx512_bf16"}, "x86_64", "bfloat16", True),
+        ({"amx_bf16"}, "x86_64", "bfloat16", True),
+        ({"avx2", "avx512f"}, "x86_64", "bfloat16", False),
+        ({"avx512_bf16"}, "x86_64", "float16", False),
+        ({"avx512_fp16"}, "x86_64", "float16", True),
+        ({"fp", "asimd", "bf16"}, "aarch64", "bfloat16", True),
+        ({"fp", "asimd"}, "aarch64", "bfloat16", False),
+    ],
+)
 def test_cpu_flags(flags, machine, dtype, fast):
     assert cpu_half_support(dtype, frozenset(flags), machine, "Linux")[0] is fast
     assert cpu_half_support(dtype, frozenset(), "arm64", "Darwin")[0] is True  # Apple silicon
@@ -97,15 +105,24 @@ class _H:
         self.tensors = [_T(t) for t in types] + [_T(0, (64,))]  # plus an F32 norm
 
 
-@pytest.mark.parametrize(("types", "dtype"), [((0, 0), "float32"), ((1, 1), "float16"), ((30, 30), "bfloat16"),
-                                              ((8, 0), "bfloat16"), ((2, 1), "bfloat16"), ((12,), "bfloat16")])
+@pytest.mark.parametrize(
+    ("types", "dtype"),
+    [
+        ((0, 0), "float32"),
+        ((1, 1), "float16"),
+        ((30, 30), "bfloat16"),
+        ((8, 0), "bfloat16"),
+        ((2, 1), "bfloat16"),
+        ((12,), "bfloat16"),
+    ],
+)
 def test_gguf_checkpoint_dtype_from_tensor_types(types, dtype):
     # ggml ids: F32 0, F16 1, Q4_0 2, Q8_0 8, Q4_K 12, BF16 30
     assert gguf_checkpoint_dtype(_H(*types)) == dtype
 
 
 def test_default_model_is_a_small_quantised_gguf_and_loads_float32():
-    from core.precision import decide
+    from attnscope.core.loading.precision import decide
 
     ck = inspect_checkpoint(None)
     assert (ck.dtype, ck.quantised, ck.n_params, ck.origin) == ("bfloat16", True, 134_515_008, "GGUF Q4_1")
@@ -129,18 +146,23 @@ def test_catalog_entry_precision_and_fit_at_the_load_dtype(tmp_path, monkeypatch
     import dataclasses
 
     import gguf
+    from attnscope.core.loading.catalog import describe_gguf, describe_hf_folder
+    from attnscope.core.loading.fit import estimate_entry
     from gguf_families import write_family_gguf
     from tiny_models import save_tiny
-
-    from core.catalog import describe_gguf, describe_hf_folder
-    from core.fit import estimate_entry
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     e = describe_gguf(write_family_gguf("llama", tmp_path / "q8.gguf", gguf.GGMLQuantizationType.Q8_0))
     assert (e.dtype, e.checkpoint_dtype, e.quantised) == ("Q8_0", "bfloat16", True)
     small = estimate_entry(e, 16, free_bytes=10**9)
-    assert small.dtype == "float32" and small.weights_bytes == 4 * e.n_params and "small quantised" in small.dtype_reason
-    big = dataclasses.replace(e, n_params=BIG)  # the same file type at 1B parameters: bfloat16 where bf16 is fast
+    assert (
+        small.dtype == "float32"
+        and small.weights_bytes == 4 * e.n_params
+        and "small quantised" in small.dtype_reason
+    )
+    big = dataclasses.replace(
+        e, n_params=BIG
+    )  # the same file type at 1B parameters: bfloat16 where bf16 is fast
     f = estimate_entry(big, 16, free_bytes=100 * 10**9)
     fast = cpu_half_support("bfloat16")[0]
     assert f.dtype == ("bfloat16" if fast else "float32") and f.weights_bytes == (2 if fast else 4) * BIG
@@ -153,7 +175,7 @@ def test_catalog_entry_precision_and_fit_at_the_load_dtype(tmp_path, monkeypatch
 
 
 def test_models_command_shows_file_and_load_precision(tmp_path, monkeypatch, capsys):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     monkeypatch.setenv("ATTNSCOPE_CONFIG_DIR", str(tmp_path / "cfg"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -168,7 +190,7 @@ def test_models_command_shows_file_and_load_precision(tmp_path, monkeypatch, cap
 
 
 def test_cli_dtype_choices():
-    from core.cli import build_parser
+    from attnscope.core.cli.main import build_parser
 
     p = build_parser()
     assert p.parse_args([]).dtype == "auto"
@@ -179,9 +201,8 @@ def test_cli_dtype_choices():
 
 def test_session_auto_loads_a_bf16_folder_at_its_own_precision(tmp_path, monkeypatch):
     import torch
+    from attnscope.core.session import Session
     from tiny_models import tiny_model, tiny_tokenizer
-
-    from core.session import Session
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     m = tiny_model("llama").to(torch.bfloat16)

@@ -1,7 +1,7 @@
 """Issue 12 §1, §2, §6: exact weights at large |LSE|, reduced-precision LSEs, V head size != Q head
 size, and the MLX fused path's rounding of bf16/fp16 scores.
 
-Right values come from the float64 reference (core.reference) or, for the issue's sample, from
+Right values come from the float64 reference (attnscope.core.attention.reference) or, for the issue's sample, from
 the closed form: W = softmax([30000, 29999, 29990]) = [0.7310343, 0.2689325, 0.0000332].
 """
 
@@ -10,11 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from core import reference
-from core.attention import LSE_FP32_EXACT, attention, exact_lse, math_with_lse, sdpa_with_lse
-from core.capture import TorchTrace
-from core.flash import flash_attention
+from attnscope.core.attention import reference
+from attnscope.core.attention.fused import LSE_FP32_EXACT, attention, exact_lse, math_with_lse, sdpa_with_lse
+from attnscope.core.attention.tiled import flash_attention
+from attnscope.core.trace.torch_trace import TorchTrace
 
 SAMPLE_W = np.array([0.7310343, 0.2689325, 0.0000332])
 SAMPLE_O = 2.5709875
@@ -35,14 +34,16 @@ def _exact_w(s: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ §1 the sample, torch -------
 
+
 @pytest.mark.parametrize("path", ["attention", "flash", "flash-blocks-of-1"])
 def test_issue_sample_weights_output_and_row_sum(path):
     q, k, v = _sample()
     if path == "attention":
         res = attention(q, k, v, scale=1.0, return_lse=True, return_weights=True)
     else:
-        res = flash_attention(q, k, v, scale=1.0, block_k=1 if path.endswith("1") else 64,
-                              return_lse=True, return_weights=True)
+        res = flash_attention(
+            q, k, v, scale=1.0, block_k=1 if path.endswith("1") else 64, return_lse=True, return_weights=True
+        )
     w = res.weights[0, 0, 0].double().numpy()
     np.testing.assert_allclose(w, SAMPLE_W, rtol=2e-6, atol=1e-7)
     np.testing.assert_allclose(w, _exact_w(np.array([30000, 29999, 29990])), rtol=1e-6)
@@ -50,7 +51,9 @@ def test_issue_sample_weights_output_and_row_sum(path):
     assert abs(float(res.out) - SAMPLE_O) < 1e-5
     assert res.lse.dtype == torch.float64
     # flash combines its float32 m and ℓ in float64: ℓ's own float32 sum limits it to ~1e-7
-    assert abs(float(res.lse) - (30000 + np.log1p(np.exp(-1) + np.exp(-10)))) < (1e-9 if path == "attention" else 1e-7)
+    assert abs(float(res.lse) - (30000 + np.log1p(np.exp(-1) + np.exp(-10)))) < (
+        1e-9 if path == "attention" else 1e-7
+    )
 
 
 def test_issue_sample_through_the_trace():
@@ -71,6 +74,7 @@ def test_issue_sample_through_the_trace():
 
 # ------------------------------------------------------------- §1 beyond the sample, torch ------
 
+
 @pytest.mark.parametrize("offset", [3.0e4, -3.0e4, 1.0e3, 20.0])
 @pytest.mark.parametrize("kind", ["fused", "math", "prefix-chunk", "decode"])
 def test_large_scores_give_exact_weights(offset, kind):
@@ -83,8 +87,13 @@ def test_large_scores_give_exact_weights(offset, kind):
     q = np.zeros((1, 4, L, 4), np.float32)
     q[..., 0], q[..., 1] = 1.0, 2.0
     v = rng.standard_normal((1, 2, S, 4)).astype(np.float32)
-    ref = reference.attention(*(a.astype(np.float64) for a in (q, k, v)), scale=1.0, mask="causal",
-                              return_lse=True, return_weights=True)  # float64 in: float64 LSE out
+    ref = reference.attention(
+        *(a.astype(np.float64) for a in (q, k, v)),
+        scale=1.0,
+        mask="causal",
+        return_lse=True,
+        return_weights=True,
+    )  # float64 in: float64 LSE out
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
     if kind == "math":
         out, lse = math_with_lse(tq, tk, tv, scale=1.0, causal=True)
@@ -112,8 +121,14 @@ def test_trace_rows_sum_to_one_at_large_lse_from_prefill_chunks():
     for r0, r1 in ((0, 5), (5, 6), (6, 9)):
         _, lse = sdpa_with_lse(q[:, :, r0:r1], k[:, :, :r1], v[:, :, :r1], scale=1.0, causal=True)
         tr.record(0, q[:, :, r0:r1], lse, k[:, :, :r1], 1.0, None)
-    ref = reference.attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), scale=1.0, mask="causal",
-                              return_weights=True)
+    ref = reference.attention(
+        q.double().numpy(),
+        k.double().numpy(),
+        v.double().numpy(),
+        scale=1.0,
+        mask="causal",
+        return_weights=True,
+    )
     for h in range(2):
         w = tr.weights(0, h).astype(np.float64)
         np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-6)
@@ -125,8 +140,11 @@ def test_trace_rows_sum_to_one_at_large_lse_from_prefill_chunks():
 def test_small_lse_rows_keep_the_kernel_value():
     # below LSE_FP32_EXACT nothing is recomputed: the float32 LSE is widened as it is
     rng = np.random.default_rng(0)
-    q, k, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((1, 2, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)))
-    from core.attention import _sdpa_kernel_lse
+    q, k, v = (
+        torch.from_numpy(rng.standard_normal(s).astype(np.float32))
+        for s in ((1, 2, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8))
+    )
+    from attnscope.core.attention.fused import _sdpa_kernel_lse
 
     _, raw = _sdpa_kernel_lse(q, k, v, scale=None, causal=True, sliding_window=None, mask=None)
     assert float(raw.abs().max()) < LSE_FP32_EXACT
@@ -135,6 +153,7 @@ def test_small_lse_rows_keep_the_kernel_value():
 
 
 # ------------------------------------------------------ §1 reduced-precision kernels, torch -----
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
@@ -154,8 +173,9 @@ def test_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
 def test_reduced_precision_weights_match_the_reference_of_the_rounded_inputs(dtype, L, S):
     g = torch.Generator().manual_seed(L * S)
     q, k, v = (torch.randn(*s, generator=g).to(dtype) for s in ((1, 4, L, 16), (1, 2, S, 16), (1, 2, S, 16)))
-    ref = reference.attention(*(t.double().numpy() for t in (q, k, v)), mask="causal", return_lse=True,
-                              return_weights=True)
+    ref = reference.attention(
+        *(t.double().numpy() for t in (q, k, v)), mask="causal", return_lse=True, return_weights=True
+    )
     out, lse = sdpa_with_lse(q, k, v, causal=True)
     np.testing.assert_allclose(lse.numpy(), ref.lse, atol=1e-6)
     w = attention(q, k, v, mask="causal", return_weights=True).weights.double().numpy()
@@ -170,9 +190,13 @@ def test_reduced_precision_weights_match_the_reference_of_the_rounded_inputs(dty
 
 # ------------------------------------------------------------------- §2 Dv != D, torch ---------
 
+
 def test_issue_sample_value_head_smaller_than_query_head():
     rng = np.random.default_rng(12)
-    q, k = rng.standard_normal((1, 1, 2, 4)).astype(np.float32), rng.standard_normal((1, 1, 2, 4)).astype(np.float32)
+    q, k = (
+        rng.standard_normal((1, 1, 2, 4)).astype(np.float32),
+        rng.standard_normal((1, 1, 2, 4)).astype(np.float32),
+    )
     v = rng.standard_normal((1, 1, 2, 2)).astype(np.float32)
     ref = reference.attention(q, k, v, mask="causal", return_lse=True, return_weights=True)
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
@@ -190,17 +214,27 @@ def test_issue_sample_value_head_smaller_than_query_head():
 @pytest.mark.parametrize("case", ["prefill", "chunk", "decode", "window", "mask", "no-mask"])
 def test_value_head_size_differs_from_query_head_size(dtype, Dv, case):
     rng = np.random.default_rng(Dv)
-    L, S = {"prefill": (9, 9), "chunk": (4, 11), "decode": (1, 11), "window": (9, 9), "mask": (5, 7),
-            "no-mask": (5, 7)}[case]
+    L, S = {
+        "prefill": (9, 9),
+        "chunk": (4, 11),
+        "decode": (1, 11),
+        "window": (9, 9),
+        "mask": (5, 7),
+        "no-mask": (5, 7),
+    }[case]
     q = rng.standard_normal((2, 6, L, 8)).astype(np.float32)
     k = rng.standard_normal((2, 3, S, 8)).astype(np.float32)
     v = rng.standard_normal((2, 3, S, Dv)).astype(np.float32)
     tq, tk, tv = (torch.from_numpy(a).to(dtype) for a in (q, k, v))
     rq, rk, rv = (t.float().numpy() for t in (tq, tk, tv))
-    from core.masks import Mask
+    from attnscope.core.attention.masks import Mask
 
     extra = rng.random((L, S)) < 0.7
-    mask = {"window": Mask(causal=True, window=3), "mask": Mask(causal=True, array=extra), "no-mask": None}.get(case, "causal")
+    mask = {
+        "window": Mask(causal=True, window=3),
+        "mask": Mask(causal=True, array=extra),
+        "no-mask": None,
+    }.get(case, "causal")
     ref = reference.attention(rq, rk, rv, mask=mask, return_lse=True)
     got = attention(tq, tk, tv, mask=mask, return_lse=True)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -218,9 +252,9 @@ mx = pytest.importorskip("mlx.core")
 
 
 def test_mlx_issue_sample_and_trace_parts():
-    from core.attention_mlx import attention as mlx_attention
-    from core.attention_mlx import sdpa_with_lse_mlx
-    from core.capture_mlx import MlxTrace
+    from attnscope.core.attention.fused_mlx import attention as mlx_attention
+    from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
+    from attnscope.core.trace.mlx_trace import MlxTrace
 
     q = mx.array([1.0, 1.0, 1.0]).reshape(1, 1, 3, 1)
     k = mx.array([30000.0, 29999.0, 29990.0]).reshape(1, 1, 3, 1)
@@ -251,8 +285,8 @@ def test_mlx_issue_sample_and_trace_parts():
 @pytest.mark.parametrize("fused", [None, True, False])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_mlx_value_head_size_differs(fused, dtype):
-    from core.attention_mlx import attention as mlx_attention
-    from core.attention_mlx import sdpa_with_lse_mlx
+    from attnscope.core.attention.fused_mlx import attention as mlx_attention
+    from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
 
     rng = np.random.default_rng(2)
     arrs = [rng.standard_normal(s).astype(np.float32) for s in ((1, 1, 2, 4), (1, 1, 2, 4), (1, 1, 2, 2))]
@@ -278,7 +312,7 @@ def test_mlx_value_head_size_differs(fused, dtype):
 def test_mlx_fused_path_does_not_round_bf16_or_fp16_scores():
     # scores 1024 + 0.3·j and 2048 + 0.6·j: bf16 (spacing 8, 16) and fp16 (spacing 1, 2) rounding of
     # the scores flattens or steps the softmax and moves the output by far more than its own rounding
-    from core.attention_mlx import fast_keeps_float32_scores, sdpa_with_lse_mlx
+    from attnscope.core.attention.fused_mlx import fast_keeps_float32_scores, sdpa_with_lse_mlx
 
     assert fast_keeps_float32_scores(mx.float32)
     j = np.arange(6, dtype=np.float32)
@@ -295,15 +329,15 @@ def test_mlx_fused_path_does_not_round_bf16_or_fp16_scores():
         for fused in (None, True, False):
             out, _ = sdpa_with_lse_mlx(q, k, v, scale=1.0, mask=None, fused=fused)
             err = np.abs(np.array(out.astype(mx.float32)) - ref.out).max()
-            assert err < 2 ** -7 * max(1.0, np.abs(ref.out).max()), (str(dtype), fused, err)
+            assert err < 2**-7 * max(1.0, np.abs(ref.out).max()), (str(dtype), fused, err)
     if mx.default_device().type == mx.DeviceType.cpu:
         assert not fast_keeps_float32_scores(mx.bfloat16) and not fast_keeps_float32_scores(mx.float16)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mlx_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
-    from core.attention_mlx import sdpa_with_lse_mlx
-    from core.capture_mlx import MlxTrace
+    from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
+    from attnscope.core.trace.mlx_trace import MlxTrace
 
     rng = np.random.default_rng(1)
     S = 8192
@@ -332,15 +366,15 @@ def test_mlx_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
 
 # ------------------------------------ §1 the model path at bf16/fp16: kernel LSE, rows rebuilt ---
 
+
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_model_path_half_precision_maps_are_exact_for_the_stored_inputs(tmp_path, family, dtype):
     """The forward keeps the CPU kernel's half-precision LSE (no extra scores pass per layer); the
     trace rebuilds the LSE of the rows a map reads, so every map still equals the float64 softmax of
     the stored q and cached k, whole or as a tile, with a sliding window too (mistral)."""
+    from attnscope.core.session import Session
     from tiny_models import save_tiny
-
-    from core.session import Session
 
     save_tiny(family, tmp_path / family)
     s = Session.load(str(tmp_path / family), dtype=dtype)

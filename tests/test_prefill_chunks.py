@@ -4,18 +4,20 @@ a chunked SmolLM2 prefill against a one-chunk prefill."""
 
 from __future__ import annotations
 
+import attnscope.core.attention.fused as A
+import attnscope.core.backends.torch_backend as tb
 import numpy as np
 import pytest
 import torch
 
-import core.attention as A
-import core.backends.torch_backend as tb
-
 
 def _qkv(L, S, scale, seed):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(1, 9, L, 64, generator=g) * scale, torch.randn(1, 3, S, 64, generator=g) * scale,
-            torch.randn(1, 3, S, 64, generator=g))
+    return (
+        torch.randn(1, 9, L, 64, generator=g) * scale,
+        torch.randn(1, 3, S, 64, generator=g) * scale,
+        torch.randn(1, 3, S, 64, generator=g),
+    )
 
 
 @pytest.mark.parametrize("L,S", [(2, 3), (37, 300), (512, 1024), (100, 2048)])

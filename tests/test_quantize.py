@@ -1,7 +1,7 @@
 """Issue 11: ``--quantize int8|int4`` (torchao weight-only) keeps the capture exact for the model that ran.
 
 The reference is transformers' eager attention of the *same quantised* model: the tiny folder is
-loaded twice (AttnScope's attention, eager), both quantised by :func:`core.quantize.quantize_model`
+loaded twice (AttnScope's attention, eager), both quantised by :func:`attnscope.core.loading.quantize.quantize_model`
 (deterministic), and every head's captured weights must equal eager's ``output_attentions``.
 """
 
@@ -15,10 +15,9 @@ import torch
 
 pytest.importorskip("torchao")
 
+from attnscope.core.errors import ModelLoadError, UnsupportedModelError  # noqa: E402
+from attnscope.core.loading.quantize import INT4_GROUP, quantize_model, weight_bytes  # noqa: E402
 from tiny_models import COMMON, tiny_tokenizer  # noqa: E402
-
-from core.errors import ModelLoadError, UnsupportedModelError  # noqa: E402
-from core.quantize import INT4_GROUP, quantize_model, weight_bytes  # noqa: E402
 
 IDS = [1, 40, 41, 42, 7, 8, 9, 100, 101, 102, 103, 60, 61, 62, 63, 64, 65, 66, 67, 68]
 # hidden 256 and MLP 512: every projection's input is a multiple of the int4 group (128)
@@ -49,7 +48,7 @@ def _eager(folder, dtype, mode):
 
 @pytest.mark.parametrize("mode, dtype", [("int8", "float32"), ("int8", "bfloat16"), ("int4", "bfloat16")])
 def test_capture_equals_eager_of_the_same_quantised_model(qfolder, mode, dtype):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(qfolder), dtype=dtype, quantize=mode)
     assert s.info.dtype == dtype
@@ -94,7 +93,7 @@ def test_int4_packs_half_a_byte_per_weight(qfolder):
     w = q.model.layers[0].mlp.down_proj.weight  # (256, 512)
     before = weight_bytes(q)
     quantize_model(q, "int4")
-    from core.quantize import tensor_bytes
+    from attnscope.core.loading.quantize import tensor_bytes
 
     packed = tensor_bytes(q.model.layers[0].mlp.down_proj.weight)
     n = w.numel()
@@ -103,16 +102,18 @@ def test_int4_packs_half_a_byte_per_weight(qfolder):
 
 
 def test_int4_loads_at_bfloat16(qfolder):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(qfolder), dtype="float32", quantize="int4")
     assert s.info.dtype == "bfloat16"
 
 
 def test_unknown_mode_is_one_line():
-    from core.session import Session
+    from attnscope.core.session import Session
 
-    with pytest.raises(ModelLoadError, match=r"^unknown quantisation 'int3': choose one of none, int8, int4$"):
+    with pytest.raises(
+        ModelLoadError, match=r"^unknown quantisation 'int3': choose one of none, int8, int4$"
+    ):
         Session.load("default", quantize="int3")
 
 
@@ -126,19 +127,43 @@ def test_quantize_none_changes_nothing(qfolder):
 
 
 # -- pre-quantised Hugging Face checkpoints: one line per method and device ----------------------------
-@pytest.mark.parametrize("qcfg, cuda, pattern", [
-    ({"quant_method": "awq", "bits": 4}, False,
-     r"^llama checkpoint quantised with awq 4-bit: its kernels \(gptqmodel\) run on a CUDA GPU, which this machine does not have"),
-    ({"quant_method": "gptq", "bits": 4}, False, r"quantised with gptq 4-bit: its kernels \(optimum gptqmodel\) run on a CUDA GPU"),
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, False,
-     r"quantised with bitsandbytes 4-bit: its kernels \(bitsandbytes\) run on a CUDA GPU"),
-    ({"quant_method": "awq", "bits": 4}, True, r"quantised with awq 4-bit: loading it needs gptqmodel \(pip install gptqmodel\)$"),
-    ({"quant_method": "compressed-tensors"}, False,
-     r"quantised with compressed-tensors: loading it needs compressed-tensors \(pip install compressed-tensors\)$"),
-    ({"quant_method": "fp8"}, True, r"quantised with fp8: AttnScope loads float checkpoints, GGUF, and quantised ones of: awq, gptq"),
-])
+@pytest.mark.parametrize(
+    "qcfg, cuda, pattern",
+    [
+        (
+            {"quant_method": "awq", "bits": 4},
+            False,
+            r"^llama checkpoint quantised with awq 4-bit: its kernels \(gptqmodel\) run on a CUDA GPU, which this machine does not have",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4},
+            False,
+            r"quantised with gptq 4-bit: its kernels \(optimum gptqmodel\) run on a CUDA GPU",
+        ),
+        (
+            {"quant_method": "bitsandbytes", "load_in_4bit": True},
+            False,
+            r"quantised with bitsandbytes 4-bit: its kernels \(bitsandbytes\) run on a CUDA GPU",
+        ),
+        (
+            {"quant_method": "awq", "bits": 4},
+            True,
+            r"quantised with awq 4-bit: loading it needs gptqmodel \(pip install gptqmodel\)$",
+        ),
+        (
+            {"quant_method": "compressed-tensors"},
+            False,
+            r"quantised with compressed-tensors: loading it needs compressed-tensors \(pip install compressed-tensors\)$",
+        ),
+        (
+            {"quant_method": "fp8"},
+            True,
+            r"quantised with fp8: AttnScope loads float checkpoints, GGUF, and quantised ones of: awq, gptq",
+        ),
+    ],
+)
 def test_prequantised_refusals_name_method_and_what_runs_it(qcfg, cuda, pattern):
-    from core.quantize import prequantised_problem
+    from attnscope.core.loading.quantize import prequantised_problem
 
     msg = prequantised_problem("llama", qcfg, cuda=cuda)
     assert msg is not None and "\n" not in msg
@@ -146,7 +171,7 @@ def test_prequantised_refusals_name_method_and_what_runs_it(qcfg, cuda, pattern)
 
 
 def test_torchao_checkpoint_is_not_refused():
-    from core.quantize import prequantised_problem
+    from attnscope.core.loading.quantize import prequantised_problem
 
     assert prequantised_problem("llama", {"quant_method": "torchao"}, cuda=False) is None
 
@@ -154,23 +179,25 @@ def test_torchao_checkpoint_is_not_refused():
 def test_mlx_folder_refused_on_torch_names_mlx_backend(qfolder, tmp_path):
     import shutil
 
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path / "mlx-4bit"
     shutil.copytree(qfolder, folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization"] = {"group_size": 64, "bits": 4}
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match=r"MLX-quantised weights \(4-bit\).*open it with --backend mlx$"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"MLX-quantised weights \(4-bit\).*open it with --backend mlx$"
+    ):
         Session.load(str(folder))
 
 
 # -- provenance: sidecars and sessions record precision and quantisation; reopening restores them ------
 @pytest.mark.slow
 def test_session_round_trip_restores_quantisation(qfolder, tmp_path):
-    from core import sessionfile as SF
-    from core.export import head_metadata
-    from core.session import Session
+    from attnscope.core.io import sessionfile as SF
+    from attnscope.core.io.export import head_metadata
+    from attnscope.core.session import Session
 
     s = Session.load(str(qfolder), dtype="bfloat16", quantize="int8")
     s.prefill("the cat sat on the mat", chat_template=False)
@@ -191,10 +218,20 @@ def test_session_round_trip_restores_quantisation(qfolder, tmp_path):
 
 
 def test_old_session_files_mean_unquantised():
-    from core import sessionfile as SF
+    from attnscope.core.io import sessionfile as SF
 
-    d = {"format": "attnscope.session", "version": 1, "model": {"ref": "default"}, "backend": "torch",
-         "dtype": "float32", "device": "cpu", "prompt": "hi", "chat_template": False, "n_prompt": 1, "token_ids": [1]}
+    d = {
+        "format": "attnscope.session",
+        "version": 1,
+        "model": {"ref": "default"},
+        "backend": "torch",
+        "dtype": "float32",
+        "device": "cpu",
+        "prompt": "hi",
+        "chat_template": False,
+        "n_prompt": 1,
+        "token_ids": [1],
+    }
     assert SF.SessionFile.from_dict(d).quantize == "none"
     with pytest.raises(SF.SessionFileError, match="quantization must be an object"):
         SF.SessionFile.from_dict(dict(d, quantization=["int8"]))
@@ -206,11 +243,28 @@ def test_gguf_file_quantisation_is_recorded(smol_session):
 
 
 def test_cli_json_records_dtype_and_quantisation(qfolder, tmp_path):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     out = tmp_path / "sinks.json"
-    assert main(["sinks", "--model", str(qfolder), "--prompt", "the cat sat", "--no-chat-template", "--json", str(out),
-                 "--dtype", "bfloat16", "--quantize", "int4"]) == 0
+    assert (
+        main(
+            [
+                "sinks",
+                "--model",
+                str(qfolder),
+                "--prompt",
+                "the cat sat",
+                "--no-chat-template",
+                "--json",
+                str(out),
+                "--dtype",
+                "bfloat16",
+                "--quantize",
+                "int4",
+            ]
+        )
+        == 0
+    )
     d = json.loads(out.read_text())
     assert d["dtype"] == "bfloat16" and d["quantization"]["mode"] == "int4"
     assert d["quantization"]["runtime"].startswith("int4 weight-only (torchao ")

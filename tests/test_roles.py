@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from attnscope.core.analysis import roles
+from attnscope.core.analysis.sinks import delimiter_positions
 from tiny_models import eager_reference, save_tiny
-
-from core import roles
-from core.sinks import delimiter_positions
 
 PROMPT = "Hi. The cat sat, then the dog sat.\nIt ran"
 
@@ -26,7 +25,7 @@ def tiny(tmp_path_factory):
 
 
 def _session(folder, prompt=PROMPT):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(folder))
     s.prefill(prompt, chat_template=False)
@@ -39,8 +38,10 @@ def reference_scores(A: np.ndarray, delims: list[int], window: int) -> dict[str,
     prev = np.mean([A[:, :, i, i - 1] for i in range(2, T)], axis=0)
     D = {0, *delims}
     sink = np.mean([sum(A[:, :, i, j] for j in D if j <= i) for i in range(1, T)], axis=0)
-    local = np.mean([sum(A[:, :, i, j] for j in range(max(1, i - window + 1), i + 1) if j != i - 1)
-                     for i in range(1, T)], axis=0)
+    local = np.mean(
+        [sum(A[:, :, i, j] for j in range(max(1, i - window + 1), i + 1) if j != i - 1) for i in range(1, T)],
+        axis=0,
+    )
     return {"previous_token": prev, "sink": sink, "local": local}
 
 
@@ -114,7 +115,13 @@ def test_labels_by_hand():
     }
     # a specific role above the threshold wins over the sink (the sink is the no-op default);
     # among specific roles the highest; below every threshold: mixed; NaN never chosen
-    assert list(roles.label_heads(sc, 0.4)[0]) == ["previous_token", "induction", "induction", "mixed", "sink"]
+    assert list(roles.label_heads(sc, 0.4)[0]) == [
+        "previous_token",
+        "induction",
+        "induction",
+        "mixed",
+        "sink",
+    ]
     assert list(roles.label_heads(sc, 0.55)[0]) == ["previous_token", "induction", "mixed", "mixed", "sink"]
     assert list(roles.label_heads(sc, 0.99)[0]) == ["mixed"] * 5
 
@@ -146,12 +153,18 @@ def test_smollm2_roles_against_eager(smol_session, smol_folder):
     from transformers import AutoModelForCausalLM
 
     s = smol_session
-    s.prefill("The quick brown fox jumps over the lazy dog. Attention lets every token look back.",
-              chat_template=False)
+    s.prefill(
+        "The quick brown fox jumps over the lazy dog. Attention lets every token look back.",
+        chat_template=False,
+    )
     table = roles.role_table(s, probe_len=50, n_probes=1)
-    eager = AutoModelForCausalLM.from_pretrained(smol_folder, attn_implementation="eager", dtype=torch.float32)
+    eager = AutoModelForCausalLM.from_pretrained(
+        smol_folder, attn_implementation="eager", dtype=torch.float32
+    )
     _, att = eager_reference(eager, s.ids)
-    ref = reference_scores(np.stack(att), delimiter_positions(s.tokens, s.tokenizer.all_special_ids), roles.DEFAULT_WINDOW)
+    ref = reference_scores(
+        np.stack(att), delimiter_positions(s.tokens, s.tokenizer.all_special_ids), roles.DEFAULT_WINDOW
+    )
     for k in ref:
         np.testing.assert_allclose(table.scores[k], ref[k], atol=5e-6, err_msg=k)
     ids, off = roles.probe_ids(s.tokenizer, s.info.vocab_size, 50, 0)
@@ -167,12 +180,29 @@ def test_smollm2_roles_against_eager(smol_session, smol_folder):
 
 
 def test_cli_roles_json(tiny, tmp_path, capsys):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     folder, eager = tiny["llama"]
     out = tmp_path / "roles.json"
-    assert main(["roles", "--model", str(folder), "--prompt", PROMPT, "--no-chat-template", "--json", str(out),
-                 "--probe-len", "8", "--threshold", "0.3"]) == 0
+    assert (
+        main(
+            [
+                "roles",
+                "--model",
+                str(folder),
+                "--prompt",
+                PROMPT,
+                "--no-chat-template",
+                "--json",
+                str(out),
+                "--probe-len",
+                "8",
+                "--threshold",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     d = json.loads(out.read_text())
     assert d["threshold"] == 0.3 and d["probe_len"] == 8 and len(d["heads"]) == 8
     assert set(d["definitions"]) == {"previous_token", "induction", "sink", "local", "label"}
@@ -190,9 +220,9 @@ def test_mlx_backend_sinks_roles_and_kv(tiny):
     """The MLX session gives the same sink table and role scores (its Trace has no torch internals:
     the generic paths), and its own cache is measured."""
     pytest.importorskip("mlx.core")
-    from core.kv_live import kv_live
-    from core.session import Session
-    from core.sinks import session_sink_report
+    from attnscope.core.analysis.kv_live import kv_live
+    from attnscope.core.analysis.sinks import session_sink_report
+    from attnscope.core.session import Session
 
     folder, eager = tiny["llama"]
     s = Session.load(str(folder), backend="mlx")
@@ -209,8 +239,11 @@ def test_mlx_backend_sinks_roles_and_kv(tiny):
     probe, off = roles.probe_ids(s.tokenizer, 262, 8, 0)
     _, patt = eager_reference(eager, probe)
     P = np.stack(patt)
-    np.testing.assert_allclose(table.scores["induction"],
-                               np.mean([P[:, :, i, i - 7] for i in range(off + 8, off + 16)], axis=0), atol=1e-5)
+    np.testing.assert_allclose(
+        table.scores["induction"],
+        np.mean([P[:, :, i, i - 7] for i in range(off + 8, off + 16)], axis=0),
+        atol=1e-5,
+    )
     assert s.ids == ids  # the probe ran in its own caches
     live = kv_live(s)
     assert live.total_bytes == live.formula_bytes == s.kv_cache_bytes()

@@ -6,10 +6,9 @@ import json
 
 import numpy as np
 import pytest
-
-from core import sessionfile as SF
-from core.errors import Cancelled, SessionError
-from core.sampling import Sampling
+from attnscope.core.errors import Cancelled, SessionError
+from attnscope.core.io import sessionfile as SF
+from attnscope.core.sampling import Sampling
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 CHECK = [(0, 0), (3, 4), (17, 8), (29, 5)]  # (layer, head) pairs spread over the model
@@ -27,7 +26,14 @@ def sampled(smol_session):
 
 
 def test_save_and_load_round_trip(sampled, tmp_path):
-    view = {"layer": 3, "head": 4, "tab": "heatmap", "cmap": "magma", "query_row": 5, "views": {"sinks": {"k": 1}}}
+    view = {
+        "layer": 3,
+        "head": 4,
+        "tab": "heatmap",
+        "cmap": "magma",
+        "query_row": 5,
+        "views": {"sinks": {"k": 1}},
+    }
     sf = SF.SessionFile.from_session(sampled, view=view)
     path = SF.save(sf, tmp_path / "story")
     assert path.name == "story.attnscope"
@@ -38,7 +44,7 @@ def test_save_and_load_round_trip(sampled, tmp_path):
     assert raw["sampling"] == {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "seed": 7}
     back = SF.load(path)
     assert back == sf
-    assert back.generated_ids == tuple(sampled.ids[sampled.n_prompt:]) and back.n_generated == 6
+    assert back.generated_ids == tuple(sampled.ids[sampled.n_prompt :]) and back.n_generated == 6
 
 
 def test_reopen_replays_tokens_and_gives_identical_weights(sampled, tmp_path):
@@ -107,24 +113,31 @@ def test_feed_checks_ids_and_cancels(smol_ran):
     n = s.seq_len
     with pytest.raises(Cancelled, match="stopped after 2 of 5"):
         calls = []
-        s.feed([504, 505, 506, 507, 508], progress=lambda d, t: calls.append(d), cancelled=lambda: len(calls) >= 2)
+        s.feed(
+            [504, 505, 506, 507, 508],
+            progress=lambda d, t: calls.append(d),
+            cancelled=lambda: len(calls) >= 2,
+        )
     assert s.seq_len == n + 2 and s.ids[-2:] == [504, 505]
 
 
 def test_nothing_to_save(smol_session):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     empty = Session(smol_session.backend)
     with pytest.raises(SessionError, match="nothing to save"):
         SF.SessionFile.from_session(empty)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("not json", r"is not a session file \(not JSON"),
-    (json.dumps({"format": "other"}), "not an AttnScope session file"),
-    (json.dumps({"format": "attnscope.session", "version": 99}), "newer than this AttnScope reads"),
-    (json.dumps({"format": "attnscope.session", "version": 1, "prompt": "x"}), "lacks the field"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", r"is not a session file \(not JSON"),
+        (json.dumps({"format": "other"}), "not an AttnScope session file"),
+        (json.dumps({"format": "attnscope.session", "version": 99}), "newer than this AttnScope reads"),
+        (json.dumps({"format": "attnscope.session", "version": 1, "prompt": "x"}), "lacks the field"),
+    ],
+)
 def test_bad_files(tmp_path, content, message):
     p = tmp_path / "bad.attnscope"
     p.write_text(content)
@@ -133,18 +146,32 @@ def test_bad_files(tmp_path, content, message):
 
 
 def _good() -> dict:
-    return {"format": "attnscope.session", "version": 1, "model": {"ref": "default", "sha256": None},
-            "backend": "torch", "dtype": "float32", "device": "cpu", "prompt": "hi", "chat_template": False,
-            "sampling": {"temperature": 0.0}, "n_prompt": 2, "token_ids": [1, 2, 3], "view": {"layer": 1}}
+    return {
+        "format": "attnscope.session",
+        "version": 1,
+        "model": {"ref": "default", "sha256": None},
+        "backend": "torch",
+        "dtype": "float32",
+        "device": "cpu",
+        "prompt": "hi",
+        "chat_template": False,
+        "sampling": {"temperature": 0.0},
+        "n_prompt": 2,
+        "token_ids": [1, 2, 3],
+        "view": {"layer": 1},
+    }
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("token_ids", [1, -2], "non-negative integers"),
-    ("n_prompt", 5, "does not fit 3 token ids"),
-    ("prompt", "  ", "the prompt is empty"),
-    ("sampling", {"temperature": -1}, "temperature must be >= 0"),
-    ("view", [1], "view must be an object"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("token_ids", [1, -2], "non-negative integers"),
+        ("n_prompt", 5, "does not fit 3 token ids"),
+        ("prompt", "  ", "the prompt is empty"),
+        ("sampling", {"temperature": -1}, "temperature must be >= 0"),
+        ("view", [1], "view must be an object"),
+    ],
+)
 def test_bad_fields(field, value, message):
     d = _good()
     d[field] = value

@@ -9,10 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import eager_reference, save_tiny
-
-from core.capture import TorchTrace
-from core.sinks import (
+from attnscope.core.analysis.sinks import (
     delimiter_positions,
     is_delimiter_text,
     running_mean_from_row1,
@@ -20,7 +17,9 @@ from core.sinks import (
     sink_report,
     weight_on_keys,
 )
-from core.tokens import Token
+from attnscope.core.tokens import Token
+from attnscope.core.trace.torch_trace import TorchTrace
+from tiny_models import eager_reference, save_tiny
 
 PROMPT = "Hi. The cat sat, then the dog sat.\nIt ran"
 
@@ -36,7 +35,7 @@ def tiny(tmp_path_factory):
 
 
 def _session(folder):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     return Session.load(str(folder))
 
@@ -53,11 +52,23 @@ def _uniform_trace(T: int, n_layers: int = 1, n_heads: int = 2, n_kv_heads: int 
 
 
 def test_delimiter_text_and_positions():
-    assert is_delimiter_text(".") and is_delimiter_text(" ,") and is_delimiter_text("↵") and is_delimiter_text(" ")
+    assert (
+        is_delimiter_text(".")
+        and is_delimiter_text(" ,")
+        and is_delimiter_text("↵")
+        and is_delimiter_text(" ")
+    )
     assert not is_delimiter_text(" the") and not is_delimiter_text("") and not is_delimiter_text("a.")
-    toks = [Token(0, 1, "<s>", "<s>"), Token(1, 50, "Hi", "Hi"), Token(2, 13, ".", "."),
-            Token(3, 4, "<|im_start|>", "<|im_start|>"), Token(4, 60, "Ġcat", " cat"), Token(5, 198, "Ċ", "↵"),
-            Token(6, 70, "<0x0A>", "↵"), Token(7, 99, "x", "x")]
+    toks = [
+        Token(0, 1, "<s>", "<s>"),
+        Token(1, 50, "Hi", "Hi"),
+        Token(2, 13, ".", "."),
+        Token(3, 4, "<|im_start|>", "<|im_start|>"),
+        Token(4, 60, "Ġcat", " cat"),
+        Token(5, 198, "Ċ", "↵"),
+        Token(6, 70, "<0x0A>", "↵"),
+        Token(7, 99, "x", "x"),
+    ]
     # position 0 is the sink itself, never listed; markup, special ids, punctuation and newlines are
     assert delimiter_positions(toks, special_ids=[99]) == [2, 3, 5, 6, 7]
     assert delimiter_positions(toks) == [2, 3, 5, 6]
@@ -147,8 +158,9 @@ def test_generic_trace_path_equals_torch(tiny):
         def weight_on_key(self, k):
             return self.t.weight_on_key(k)
 
-    np.testing.assert_allclose(weight_on_keys(OnlyWeightOnKey(s.trace), [2, 5, 7]),
-                               weight_on_keys(s.trace, [2, 5, 7]), atol=1e-6)
+    np.testing.assert_allclose(
+        weight_on_keys(OnlyWeightOnKey(s.trace), [2, 5, 7]), weight_on_keys(s.trace, [2, 5, 7]), atol=1e-6
+    )
 
 
 @pytest.mark.slow
@@ -160,7 +172,9 @@ def test_smollm2_sink_table_equals_eager(smol_session, smol_folder):
     s.prefill("The cat sat on the mat. Why?", chat_template=True)
     s.step(2)
     rep = session_sink_report(s)
-    eager = AutoModelForCausalLM.from_pretrained(smol_folder, attn_implementation="eager", dtype=torch.float32)
+    eager = AutoModelForCausalLM.from_pretrained(
+        smol_folder, attn_implementation="eager", dtype=torch.float32
+    )
     _, att = eager_reference(eager, s.ids)
     A = np.stack(att)
     np.testing.assert_allclose(rep.sink, A[:, :, 1:, 0].mean(-1), atol=5e-6)
@@ -174,12 +188,26 @@ def test_smollm2_sink_table_equals_eager(smol_session, smol_folder):
 
 
 def test_cli_sinks_json(tiny, tmp_path, capsys):
-    from core.cli import main
+    from attnscope.core.cli.main import main
 
     folder, eager = tiny["llama"]
     out = tmp_path / "sinks.json"
-    rc = main(["sinks", "--model", str(folder), "--prompt", PROMPT, "--no-chat-template", "--steps", "2",
-               "--json", str(out), "--threshold", "0.2"])
+    rc = main(
+        [
+            "sinks",
+            "--model",
+            str(folder),
+            "--prompt",
+            PROMPT,
+            "--no-chat-template",
+            "--steps",
+            "2",
+            "--json",
+            str(out),
+            "--threshold",
+            "0.2",
+        ]
+    )
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["n_layers"] == 2 and d["n_heads"] == 4 and d["threshold"] == 0.2
@@ -192,5 +220,10 @@ def test_cli_sinks_json(tiny, tmp_path, capsys):
     assert d["sink_heads"] == [[a, b] for a, b in zip(*np.nonzero(np.array(d["sink"]) >= 0.2), strict=True)]
     assert "row 0" in d["definition"]
     assert "wrote" in capsys.readouterr().out
-    assert main(["sinks", "--model", str(folder), "--prompt", "x", "--json", str(tmp_path / "no" / "x.json")]) == 1
-    assert main(["sinks", "--model", str(folder), "--prompt", "x", "--json", str(out), "--threshold", "2"]) == 1
+    assert (
+        main(["sinks", "--model", str(folder), "--prompt", "x", "--json", str(tmp_path / "no" / "x.json")])
+        == 1
+    )
+    assert (
+        main(["sinks", "--model", str(folder), "--prompt", "x", "--json", str(out), "--threshold", "2"]) == 1
+    )

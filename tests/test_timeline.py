@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.core.analysis import aggregate, timeline
+from attnscope.core.sampling import Sampling, choose, filtered_probs, softmax, step_rng
 from tiny_models import eager_reference, save_tiny
-
-from core import aggregate, timeline
-from core.sampling import Sampling, choose, filtered_probs, softmax, step_rng
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -15,7 +14,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random llama (2 layers, 4 query heads / 2 KV heads) as a Session, plus its eager twin."""
-    from core.session import Session
+    from attnscope.core.session import Session
 
     folder = tmp_path_factory.mktemp("tiny_llama")
     model = save_tiny("llama", folder)
@@ -143,4 +142,6 @@ def test_sampled_token_depends_on_seed_and_position_only(tiny):
     s.step_back(1)
     pos = len(s.ids)
     p = filtered_probs(s.logits_at(), hot)
-    assert choose(s.logits_at(), hot, position=pos) == int(step_rng(11, pos).choice(p.shape[0], p=p)) == ids[pos]
+    assert (
+        choose(s.logits_at(), hot, position=pos) == int(step_rng(11, pos).choice(p.shape[0], p=p)) == ids[pos]
+    )

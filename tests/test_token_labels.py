@@ -8,9 +8,8 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-
-from core.errors import SessionError
-from core.tokens import (
+from attnscope.core.errors import SessionError
+from attnscope.core.tokens import (
     BYTE_LEVEL,
     NO_TOKENS,
     PLAIN,
@@ -35,9 +34,12 @@ def _sentencepiece_tokenizer(pieces: list[str]):
     vocab = {t: i for i, t in enumerate(specials + byte_pieces + pieces)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                                   pad_token="<pad>")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+    )
 
 
 def _expected(tok, i: int) -> str:
@@ -112,8 +114,18 @@ def test_control_prompt_svg_parses(tmp_path):  # the issue's command line, verba
     from test_cli import attnscope as _run
 
     out = tmp_path / "map.svg"
-    r = _run("export", "--no-chat-template", "--prompt", CONTROL_PROMPT, "--layer", "0", "--head", "0",
-             "--out", str(out))
+    r = _run(
+        "export",
+        "--no-chat-template",
+        "--prompt",
+        CONTROL_PROMPT,
+        "--layer",
+        "0",
+        "--head",
+        "0",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     root = ET.parse(out).getroot()  # well-formed XML
     texts = "".join(el.text or "" for el in root.iter() if el.tag.endswith("text"))
@@ -141,7 +153,7 @@ def _dropping_model(folder):
 
 
 def test_prompt_without_tokens_is_one_line(tmp_path):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(_dropping_model(tmp_path / "drop")))
     with pytest.raises(SessionError) as e:
@@ -170,7 +182,7 @@ def test_prompt_without_tokens_stub(smol_session, monkeypatch):
 # -- the real SentencePiece model ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_gemma_labels_are_decoded_pieces(gemma_gguf):  # issue 12 §5 input
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(gemma_gguf))
     assert tokenizer_kind(s.tokenizer) == SENTENCEPIECE
@@ -184,7 +196,7 @@ def test_gemma_labels_are_decoded_pieces(gemma_gguf):  # issue 12 §5 input
     for t in s.tokens:
         assert t.text == _expected(s.tokenizer, t.id), (t.raw, t.text)
     assert all("<0x" not in t.text for t in s.tokens)
-    from core.export import session_metadata
+    from attnscope.core.io.export import session_metadata
 
     assert session_metadata(s)["token_texts"] == [t.text for t in s.tokens]
 
@@ -196,10 +208,32 @@ def test_lossy_prompt_notice_reaches_the_window_and_the_cli(tmp_path, qtbot):
     folder = _dropping_model(tmp_path / "drop")
     win = ran_window(qtbot, folder, "ab€cd")
     assert win.snapshot.notices and "'€' → ''" in win.snapshot.notices[0]
-    assert win.statusBar().currentMessage().startswith("Note: ") and "'€' → ''" in win.statusBar().currentMessage()
+    assert (
+        win.statusBar().currentMessage().startswith("Note: ")
+        and "'€' → ''" in win.statusBar().currentMessage()
+    )
     win.close()
-    r = subprocess.run([sys.executable, "-m", "app.cli", "export", "--model", str(folder), "--prompt", "ab€cd",
-                        "--no-chat-template", "--layer", "0", "--head", "0", "--out", str(tmp_path / "w.npy")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnscope.app.cli",
+            "export",
+            "--model",
+            str(folder),
+            "--prompt",
+            "ab€cd",
+            "--no-chat-template",
+            "--layer",
+            "0",
+            "--head",
+            "0",
+            "--out",
+            str(tmp_path / "w.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "attnscope: note: " in r.stderr and "'€' → ''" in r.stderr

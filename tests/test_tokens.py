@@ -1,4 +1,4 @@
-from core.tokens import display_label
+from attnscope.core.tokens import display_label
 
 
 def test_byte_level_markers():

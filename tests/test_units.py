@@ -1,9 +1,10 @@
-"""One byte formatter (core.units) behind every size AttnScope prints; unit boundaries (issue 12 §6)."""
+"""One byte formatter (attnscope.core.units) behind every size AttnScope prints; unit boundaries (issue 12 §6)."""
 
 import pytest
-
-from core import bench, fit, kv
-from core.units import format_bytes
+from attnscope.core.analysis import kv_formula as kv
+from attnscope.core.bench import overhead as bench
+from attnscope.core.loading import fit
+from attnscope.core.units import format_bytes
 
 
 def test_one_mebibyte_rolls_over():  # issue 12 §6: 1,048,576 B printed as "1020 KiB"
@@ -11,17 +12,35 @@ def test_one_mebibyte_rolls_over():  # issue 12 §6: 1,048,576 B printed as "102
     assert kv.format_bytes(1_048_576, binary=True) == "1.00 MiB"
 
 
-@pytest.mark.parametrize(("n", "binary", "text"), [
-    (0, False, "0 B"), (999, False, "999 B"), (1000, False, "1.00 kB"),
-    (999_499, False, "999 kB"), (999_500, False, "1.00 MB"),  # 999.5 kB rounds up to the next unit
-    (999_499_999, False, "999 MB"), (999_500_000, False, "1.00 GB"), (999_500_000_000, False, "1.00 TB"),
-    (1_234_567, False, "1.23 MB"), (12_345_678, False, "12.3 MB"), (123_456_789, False, "123 MB"),
-    (1023, True, "1023 B"), (1024, True, "1.00 KiB"), (1025, True, "1.00 KiB"),
-    (1_047_552, True, "1023 KiB"),  # 4 digits needed below 1024: whole units
-    (1_048_575, True, "1.00 MiB"), (2**30 - 1, True, "1.00 GiB"), (2**30, True, "1.00 GiB"),
-    (2**40, True, "1.00 TiB"), (1536, True, "1.50 KiB"), (268_435_456, True, "256 MiB"),
-    (-1_048_576, True, "-1.00 MiB"), (999.6, False, "1.00 kB"), (2.4, False, "2 B"),
-])
+@pytest.mark.parametrize(
+    ("n", "binary", "text"),
+    [
+        (0, False, "0 B"),
+        (999, False, "999 B"),
+        (1000, False, "1.00 kB"),
+        (999_499, False, "999 kB"),
+        (999_500, False, "1.00 MB"),  # 999.5 kB rounds up to the next unit
+        (999_499_999, False, "999 MB"),
+        (999_500_000, False, "1.00 GB"),
+        (999_500_000_000, False, "1.00 TB"),
+        (1_234_567, False, "1.23 MB"),
+        (12_345_678, False, "12.3 MB"),
+        (123_456_789, False, "123 MB"),
+        (1023, True, "1023 B"),
+        (1024, True, "1.00 KiB"),
+        (1025, True, "1.00 KiB"),
+        (1_047_552, True, "1023 KiB"),  # 4 digits needed below 1024: whole units
+        (1_048_575, True, "1.00 MiB"),
+        (2**30 - 1, True, "1.00 GiB"),
+        (2**30, True, "1.00 GiB"),
+        (2**40, True, "1.00 TiB"),
+        (1536, True, "1.50 KiB"),
+        (268_435_456, True, "256 MiB"),
+        (-1_048_576, True, "-1.00 MiB"),
+        (999.6, False, "1.00 kB"),
+        (2.4, False, "2 B"),
+    ],
+)
 def test_every_unit_boundary(n, binary, text):
     assert format_bytes(n, binary=binary) == text
 
@@ -38,7 +57,7 @@ def test_formatters_share_the_one_module():
 
 def test_no_formatter_prints_four_digit_decimal_or_1024():
     for k in range(1, 60):
-        for n in (2**k - 1, 2**k, 10**(k // 3) * 999_5 // 10):
+        for n in (2**k - 1, 2**k, 10 ** (k // 3) * 999_5 // 10):
             d, b = format_bytes(n), format_bytes(n, binary=True)
             num_d, num_b = float(d.split()[0]), float(b.split()[0])
             assert num_d < 1000 or d.endswith(" EB"), d
@@ -47,7 +66,7 @@ def test_no_formatter_prints_four_digit_decimal_or_1024():
 
 def test_app_formatter_uses_it():
     pytest.importorskip("PySide6")
-    from app.main_window import human_bytes
+    from attnscope.app.main_window import human_bytes
 
     assert human_bytes(999_999) == "1.00 MB" and human_bytes(1_428_480) == "1.43 MB"
 

@@ -1,13 +1,12 @@
-"""Issue 14: the head grid on the value-weighted scale (core.value_weighted_grid) and in the window."""
+"""Issue 14: the head grid on the value-weighted scale (attnscope.core.analysis.value_weighted_grid) and in the window."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from attnscope.core.analysis.pooling import max_pool, mean_pool
+from attnscope.core.analysis.value_weighted import value_weighted
 from tiny_models import save_tiny
-
-from core.pooling import max_pool, mean_pool
-from core.value_weighted import value_weighted
 
 PROMPT = "The cat sat on the mat. The dog sat on the cat, then it ran off."
 
@@ -23,7 +22,7 @@ def tiny_folders(tmp_path_factory):
 
 
 def _session(folder):
-    from core.session import Session
+    from attnscope.core.session import Session
 
     s = Session.load(str(folder), device="cpu")
     s.prefill(PROMPT, chat_template=False)
@@ -45,8 +44,8 @@ def _direct(s, n, size, pooling):
 @pytest.mark.parametrize("fam", ["llama", "mistral"])
 @pytest.mark.parametrize("pooling", ["max", "mean"])
 def test_value_weighted_thumbnails_equal_pooled_full_maps(tiny_folders, fam, pooling):
-    from core.aggregate import thumbnails
-    from core.value_weighted_grid import value_weighted_thumbnails
+    from attnscope.core.analysis.aggregate import thumbnails
+    from attnscope.core.analysis.value_weighted_grid import value_weighted_thumbnails
 
     s = _session(tiny_folders[fam])
     T = s.seq_len
@@ -64,14 +63,15 @@ def test_value_weighted_thumbnails_equal_pooled_full_maps(tiny_folders, fam, poo
 
 
 def test_value_weighted_thumbnails_progress_partial_and_errors(tiny_folders):
-    from core.errors import Cancelled
-    from core.value_weighted_grid import value_weighted_thumbnails
+    from attnscope.core.analysis.value_weighted_grid import value_weighted_thumbnails
+    from attnscope.core.errors import Cancelled
 
     s = _session(tiny_folders["llama"])
     L, H = s.info.n_layers, s.info.n_heads
     seen, parts = [], []
-    value_weighted_thumbnails(s, size=8, progress=lambda d, t: seen.append((d, t)),
-                              partial=lambda th, f: parts.append(f))
+    value_weighted_thumbnails(
+        s, size=8, progress=lambda d, t: seen.append((d, t)), partial=lambda th, f: parts.append(f)
+    )
     assert seen[-1] == (L * H, L * H) and len(seen) == L * H
     assert parts == [(k + 1) / L for k in range(L - 1)]
     with pytest.raises(IndexError):
@@ -81,9 +81,8 @@ def test_value_weighted_thumbnails_progress_partial_and_errors(tiny_folders):
 
 
 def test_grid_follows_the_weights_choice(qtbot, tiny_folders):
+    from attnscope.core.analysis.value_weighted_grid import value_weighted_thumbnails
     from gui_helpers import ran_window
-
-    from core.value_weighted_grid import value_weighted_thumbnails
 
     w = ran_window(qtbot, tiny_folders["llama"], PROMPT)
     try:
@@ -135,10 +134,9 @@ def test_data_export_writes_and_records_the_scale_shown(qtbot, tiny_folders, tmp
     import subprocess
     import sys
 
+    from attnscope.core.analysis.value_weighted import value_weighted_tile
+    from attnscope.core.io.export import sidecar_path
     from gui_helpers import ran_window
-
-    from core.export import sidecar_path
-    from core.value_weighted import value_weighted_tile
 
     w = ran_window(qtbot, tiny_folders["llama"], PROMPT)
     try:
@@ -155,11 +153,35 @@ def test_data_export_writes_and_records_the_scale_shown(qtbot, tiny_folders, tmp
         assert json.loads(sidecar_path(out).read_text())["weighting"] == "value-weighted"
     finally:
         w.close()
-    r = subprocess.run([sys.executable, "-m", "app.cli", "export", "--model", str(tiny_folders["llama"]), "--prompt",
-                        PROMPT, "--no-chat-template", "--layer", "1", "--head", "2", "--weighting", "value-weighted",
-                        "--out", str(tmp_path / "cli.npy")], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnscope.app.cli",
+            "export",
+            "--model",
+            str(tiny_folders["llama"]),
+            "--prompt",
+            PROMPT,
+            "--no-chat-template",
+            "--layer",
+            "1",
+            "--head",
+            "2",
+            "--weighting",
+            "value-weighted",
+            "--out",
+            str(tmp_path / "cli.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     s = _session(tiny_folders["llama"])
-    np.testing.assert_allclose(np.load(tmp_path / "cli.npy"),
-                               value_weighted_tile(s, 1, 2, "head", slice(0, s.seq_len), slice(0, s.seq_len)), atol=1e-6)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "cli.npy"),
+        value_weighted_tile(s, 1, 2, "head", slice(0, s.seq_len), slice(0, s.seq_len)),
+        atol=1e-6,
+    )
     assert json.loads(sidecar_path(tmp_path / "cli.npy").read_text())["weighting"] == "value-weighted"

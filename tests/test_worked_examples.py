@@ -1,4 +1,4 @@
-"""The seeds' worked numbers (core.worked_examples) and RoPE (core.rope)."""
+"""The seeds' worked numbers (attnscope.core.analysis.worked_examples) and RoPE (attnscope.core.attention.rope)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from core.attention import sdpa_with_lse
-from core.rope import apply_rope, rope_frequencies, rope_score, rotation_matrix
-from core.worked_examples import (
+from attnscope.core.analysis.worked_examples import (
     EXAMPLES,
     all_examples,
     exercise_1,
@@ -18,6 +15,8 @@ from core.worked_examples import (
     softmax_saturation,
     three_token_trace,
 )
+from attnscope.core.attention.fused import sdpa_with_lse
+from attnscope.core.attention.rope import apply_rope, rope_frequencies, rope_score, rotation_matrix
 
 # ---------------------------------------------------------------- seed 004 §2: the trace -------
 
@@ -52,8 +51,10 @@ def test_trace_reproduces_every_printed_number():
 def test_trace_through_the_apps_fused_torch_path():
     # The same numbers from the kernel every model layer runs (not only the numpy reference).
     ex = three_token_trace()
-    Q, K, V = (torch.tensor(ex.step(n).value, dtype=torch.float32)[None, None]
-               for n in ("Q = X W_Q", "K = X W_K", "V = X W_V"))
+    Q, K, V = (
+        torch.tensor(ex.step(n).value, dtype=torch.float32)[None, None]
+        for n in ("Q = X W_Q", "K = X W_K", "V = X W_V")
+    )
     out, lse = sdpa_with_lse(Q, K, V, causal=False)
     assert np.allclose(out[0, 0].numpy(), ex.step("output A V").value, atol=1e-6)
     assert np.allclose(lse[0, 0].numpy(), ex.step("log-sum-exp per row").value, atol=1e-6)
@@ -82,13 +83,23 @@ def test_softmax_15_0_0_flags_the_handbook_erratum():
     step = ex.step("softmax(15, 0, 0)")
     exact = np.array([1.0, math.exp(-15), math.exp(-15)]) / (1 + 2 * math.exp(-15))
     assert np.allclose(step.value, exact, rtol=1e-12, atol=0)
-    assert round(float(step.value[0]), 8) == 0.99999939 and float(step.value[1]) == pytest.approx(3.06e-7, rel=1e-3)
+    assert round(float(step.value[0]), 8) == 0.99999939 and float(step.value[1]) == pytest.approx(
+        3.06e-7, rel=1e-3
+    )
     assert step.erratum and not step.matches()  # the printed (0.99999969, 1.5e-7, 1.5e-7) is off by 2×
     assert ex.mismatches() == ["softmax(15, 0, 0)"]
 
 
 def test_every_example_matches_its_seed_except_flagged_errata():
-    assert set(EXAMPLES) == {"trace", "exercise1", "exercise3", "saturation", "seed002", "kv70b", "memorywall"}
+    assert set(EXAMPLES) == {
+        "trace",
+        "exercise1",
+        "exercise3",
+        "saturation",
+        "seed002",
+        "kv70b",
+        "memorywall",
+    }
     for ex in all_examples():
         bad = [s for s in ex.steps if not s.matches()]
         assert all(s.erratum for s in bad), (ex.key, [s.name for s in bad])
@@ -142,9 +153,11 @@ def test_rotations_compose_so_scores_depend_on_the_offset_only(interleaved):
     rng = np.random.default_rng(2)
     q, k = rng.standard_normal(8), rng.standard_normal(8)
     assert rope_score(q, k, 3, 7, theta, interleaved=interleaved) == pytest.approx(
-        rope_score(q, k, 10, 14, theta, interleaved=interleaved), abs=1e-10)
+        rope_score(q, k, 10, 14, theta, interleaved=interleaved), abs=1e-10
+    )
     assert rope_score(q, k, 3, 7, theta, interleaved=interleaved) != pytest.approx(
-        rope_score(q, k, 3, 8, theta, interleaved=interleaved), abs=1e-6)
+        rope_score(q, k, 3, 8, theta, interleaved=interleaved), abs=1e-6
+    )
 
 
 def test_rope_matches_mlx_fast_rope_both_layouts():

@@ -19,9 +19,19 @@ from pathlib import Path
 
 import numpy as np
 
-COMMON = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-              tie_word_embeddings=False)
+COMMON = dict(
+    vocab_size=272,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
 
 # family -> (transformers model_type, config kwargs). Each is the smallest config that exercises what
 # makes the family different: mistral's sliding window (4, far shorter than the test prompts), qwen2's
@@ -30,19 +40,49 @@ COMMON = dict(vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_
 FAMILIES = {
     "llama": ("llama", dict(COMMON)),
     "mistral": ("mistral", dict(COMMON, sliding_window=4)),
-    "qwen2": ("qwen2", dict(COMMON, num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen2": (
+        "qwen2",
+        dict(COMMON, num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1),
+    ),
     "qwen3": ("qwen3", dict(COMMON, head_dim=32)),
     "phi3": ("phi3", dict(COMMON)),
-    "gpt2": ("gpt2", dict(vocab_size=272, n_embd=64, n_layer=3, n_head=4, n_positions=256, bos_token_id=1,
-                          eos_token_id=2, scale_attn_by_inverse_layer_idx=True)),
+    "gpt2": (
+        "gpt2",
+        dict(
+            vocab_size=272,
+            n_embd=64,
+            n_layer=3,
+            n_head=4,
+            n_positions=256,
+            bos_token_id=1,
+            eos_token_id=2,
+            scale_attn_by_inverse_layer_idx=True,
+        ),
+    ),
     "olmo": ("olmo", dict(COMMON)),
     "olmo2": ("olmo2", dict(COMMON)),  # QK-norm over the whole projection, before the head split
-    "granite": ("granite", dict(COMMON, attention_multiplier=0.3, embedding_multiplier=2.0,
-                                residual_multiplier=0.5, logits_scaling=4.0)),  # scale != 1/sqrt(d)
+    "granite": (
+        "granite",
+        dict(
+            COMMON,
+            attention_multiplier=0.3,
+            embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+            logits_scaling=4.0,
+        ),
+    ),  # scale != 1/sqrt(d)
     "smollm3": ("smollm3", dict(COMMON, num_hidden_layers=4, no_rope_layer_interval=2)),  # NoPE layers
-    "gemma3_text": ("gemma3_text", dict(COMMON, num_hidden_layers=3, head_dim=16, sliding_window=4,
-                                        query_pre_attn_scalar=24,
-                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "gemma3_text": (
+        "gemma3_text",
+        dict(
+            COMMON,
+            num_hidden_layers=3,
+            head_dim=16,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+    ),
 }
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>"]
@@ -67,8 +107,9 @@ def tiny_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
 
 
 def tiny_config(family: str):
@@ -123,8 +164,14 @@ def add_tiny_tokenizer(w, vocab_size: int) -> None:
     w.add_pad_token_id(0)
 
 
-def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", unknown_type_tensor: str | None = None,
-                     tokenizer: bool = True) -> Path:
+def write_llama_gguf(
+    model,
+    path: Path,
+    qtype=None,
+    name: str = "tiny-llama",
+    unknown_type_tensor: str | None = None,
+    tokenizer: bool = True,
+) -> Path:
     """Write a llama ``model`` as GGUF at ``path``.
 
     ``qtype``: a ``gguf.GGMLQuantizationType`` for 2-D weights (default F32; 1-D norms stay F32).
@@ -146,7 +193,11 @@ def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", un
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == gguf.GGMLQuantizationType.F32 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(
+        gguf.LlamaFileType.ALL_F32
+        if qtype == gguf.GGMLQuantizationType.F32
+        else gguf.LlamaFileType.MOSTLY_Q8_0
+    )
     if tokenizer:
         add_tiny_tokenizer(w, cfg.vocab_size)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
@@ -155,7 +206,7 @@ def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", un
             continue
         arr = t.float().numpy()
         base = hf_name.removesuffix(".weight").removesuffix(".bias")
-        suffix = hf_name[len(base):]
+        suffix = hf_name[len(base) :]
         g = names.get_name(base)
         assert g is not None, hf_name
         if g.endswith("attn_q"):
@@ -178,21 +229,23 @@ def write_llama_gguf(model, path: Path, qtype=None, name: str = "tiny-llama", un
 
 def set_tensor_type(path: Path, tensor: str, type_id: int) -> None:
     """Overwrite one tensor's ggml type id in a GGUF's tensor table, in place."""
-    from core.gguf_meta import read_gguf_header
+    from attnscope.core.loading.gguf_meta import read_gguf_header
 
     h = read_gguf_header(path)
     raw = bytearray(path.read_bytes())
     key = tensor.encode()
     # tensor info: u64 len, name, u32 n_dims, u64 dims[n], u32 type, u64 offset
     i = raw.index(len(key).to_bytes(8, "little") + key)
-    n_dims = int.from_bytes(raw[i + 8 + len(key): i + 12 + len(key)], "little")
+    n_dims = int.from_bytes(raw[i + 8 + len(key) : i + 12 + len(key)], "little")
     pos = i + 12 + len(key) + 8 * n_dims
-    raw[pos: pos + 4] = type_id.to_bytes(4, "little")
+    raw[pos : pos + 4] = type_id.to_bytes(4, "little")
     assert any(t.name == tensor for t in h.tensors)
     path.write_bytes(bytes(raw))
 
 
-def hf_cache_repo(cache: Path, repo_id: str, src: Path, revision: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+def hf_cache_repo(
+    cache: Path, repo_id: str, src: Path, revision: str = "0123456789abcdef0123456789abcdef01234567"
+) -> Path:
     """Copy the files of ``src`` into a hub-cache repo laid out as huggingface_hub does; return the snapshot.
 
     ``models--org--name/blobs/<sha256>`` holds each file once, ``snapshots/<rev>/<file>`` links to
@@ -224,8 +277,14 @@ def lmstudio_file(root: Path, publisher: str, repo: str, gguf_file: Path) -> Pat
     return out
 
 
-def ollama_model(root: Path, model: str, tag: str, gguf_file: Path, namespace: str = "library",
-                 host: str = "registry.ollama.ai") -> Path:
+def ollama_model(
+    root: Path,
+    model: str,
+    tag: str,
+    gguf_file: Path,
+    namespace: str = "library",
+    host: str = "registry.ollama.ai",
+) -> Path:
     """Store a GGUF as Ollama does: a manifest whose model layer names ``blobs/sha256-<hex>``; return the blob."""
     data = gguf_file.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
@@ -238,10 +297,22 @@ def ollama_model(root: Path, model: str, tag: str, gguf_file: Path, namespace: s
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": "sha256:" + "0" * 64, "size": 2},
+        "config": {
+            "mediaType": "application/vnd.docker.container.image.v1+json",
+            "digest": "sha256:" + "0" * 64,
+            "size": 2,
+        },
         "layers": [
-            {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)},
-            {"mediaType": "application/vnd.ollama.image.params", "digest": f"sha256:{pdig}", "size": len(params)},
+            {
+                "mediaType": "application/vnd.ollama.image.model",
+                "digest": f"sha256:{digest}",
+                "size": len(data),
+            },
+            {
+                "mediaType": "application/vnd.ollama.image.params",
+                "digest": f"sha256:{pdig}",
+                "size": len(params),
+            },
         ],
     }
     m = root / "manifests" / host / namespace / model / tag

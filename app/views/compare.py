@@ -1,4 +1,4 @@
-"""Compare tab: run B next to the window's run A, head by head (:mod:`core.compare`).
+"""Compare tab: run B next to the window's run A, head by head (:mod:`attnscope.core.analysis.compare`).
 
 Run A is the window's session as it is (prompt + decode steps). Run B is chosen here: another
 model sharing the tokenizer, the same model at another precision, on the other backend, or on an
@@ -11,7 +11,7 @@ The panel draws only: the layers × heads table of Jensen–Shannon distances (s
 changed first), the logits' KL(A‖B) and top-1 agreement per position, and for the selected head
 A, B and A − B side by side (A − B on a diverging map centred on 0 with a symmetric range). Maps longer than :data:`MAX_CELLS`
 are shown like the heatmap's long maps: an overview (A and B max-pooled, A − B by the signed
-max-|A − B| per block, :mod:`core.compare_pool`, so a changed sink column or diagonal survives), and
+max-|A − B| per block, :mod:`attnscope.core.analysis.compare_pool`, so a changed sink column or diagonal survives), and
 on zoom an exact tile of all three for the visible region, computed on the engine thread from both
 runs' exact weights; the three views are linked. Hover reads both weights; a click on a row plots
 A's and B's rows as lines.
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.views.sinks import style_plot
+from attnscope.app.views.state import SavedControls
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -44,9 +46,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.sinks import style_plot
-from app.views.state import SavedControls
-
 KINDS = {
     "model": "Another model (same tokenizer)",
     "dtype": "Same model, another precision",
@@ -54,7 +53,9 @@ KINDS = {
     "prompt": "Same model, edited prompt",
 }
 DTYPES = ("float32", "bfloat16", "float16")
-MAX_CELLS = 512  # maps longer than this show a pooled overview (this many blocks a side) + exact tiles on zoom
+MAX_CELLS = (
+    512  # maps longer than this show a pooled overview (this many blocks a side) + exact tiles on zoom
+)
 COLUMNS = ("Rank", "Layer", "Head", "JS mean", "JS max", "Max at row")
 
 # engine-thread state: run B's session (only ever touched from jobs)
@@ -75,10 +76,10 @@ class RunBSpec:
 
 def _run_b_job(spec: RunBSpec):
     def job(ctx):
-        from core.compare import compare_sessions
-        from core.errors import SessionError
-        from core.models import is_default_source
-        from core.session import Session
+        from attnscope.core.analysis.compare import compare_sessions
+        from attnscope.core.errors import SessionError
+        from attnscope.core.loading.resolve import is_default_source
+        from attnscope.core.session import Session
 
         sa = ctx.session
         if sa is None or sa.seq_len == 0:
@@ -87,7 +88,7 @@ def _run_b_job(spec: RunBSpec):
             sa.position_logits()
         except SessionError:  # the window's prefill kept only the last logits: replay A once
             ctx.progress("Re-running A to keep every position's logits…", 0.02)
-            gen = sa.ids[sa.n_prompt:]
+            gen = sa.ids[sa.n_prompt :]
             sa.prefill(sa.prompt, chat_template=sa.chat_template, all_logits=True, cancelled=ctx.cancelled)
             if gen:
                 sa.feed(gen, cancelled=ctx.cancelled)
@@ -98,18 +99,23 @@ def _run_b_job(spec: RunBSpec):
         ctx.progress(f"Loading run B ({spec.backend}, {spec.dtype})…", 0.05)
         sb = Session.load(ref, backend=spec.backend, dtype=spec.dtype)
         if ctx.cancelled():
-            from core.errors import Cancelled
+            from attnscope.core.errors import Cancelled
 
             raise Cancelled("compare cancelled")
         ctx.progress("Running B…", 0.2)
         sb.prefill(spec.prompt, chat_template=sa.chat_template, all_logits=True, cancelled=ctx.cancelled)
-        gen = sa.ids[sa.n_prompt:]
+        gen = sa.ids[sa.n_prompt :]
         if gen:
             sb.feed(gen, cancelled=ctx.cancelled)
         _ENGINE["b"] = sb
         total = sa.info.n_layers * sa.info.n_heads
-        res = compare_sessions(sa, sb, weighting=spec.weighting, cancelled=ctx.cancelled,
-                               progress=lambda d, t: ctx.progress(f"Comparing heads {d}/{total}…", 0.3 + 0.7 * d / t))
+        res = compare_sessions(
+            sa,
+            sb,
+            weighting=spec.weighting,
+            cancelled=ctx.cancelled,
+            progress=lambda d, t: ctx.progress(f"Comparing heads {d}/{total}…", 0.3 + 0.7 * d / t),
+        )
         labels = ([t.text for t in sa.tokens], [t.text for t in sb.tokens])
         return res, labels
 
@@ -138,21 +144,25 @@ def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
 
 def _maps_job(layer: int, head: int, n: int, weighting: str):
     """A's and B's maps of one head over the aligned ``n × n``. Up to :data:`MAX_CELLS` the exact maps
-    (payload ``(key, wa, wb, 1)``); longer, the overview :class:`core.compare_pool.PairOverview`
+    (payload ``(key, wa, wb, 1)``); longer, the overview :class:`attnscope.core.analysis.compare_pool.PairOverview`
     (payload ``(key, a, b, overview)``), computed in row bands: never a whole long map on either side."""
 
     def job(ctx):
-        from core.compare import head_maps
-        from core.errors import Cancelled, SessionError
+        from attnscope.core.analysis.compare import head_maps
+        from attnscope.core.errors import Cancelled, SessionError
 
         sb = _ENGINE["b"]
         if sb is None or ctx.session is None:
             raise SessionError("run B first")
         if n > MAX_CELLS:
-            from core.compare_pool import pooled_pair
+            from attnscope.core.analysis.compare_pool import pooled_pair
 
-            ov = pooled_pair(lambda rows: head_maps(ctx.session, sb, layer, head, n, rows=rows, weighting=weighting),
-                             n, MAX_CELLS, cancelled=ctx.cancelled)
+            ov = pooled_pair(
+                lambda rows: head_maps(ctx.session, sb, layer, head, n, rows=rows, weighting=weighting),
+                n,
+                MAX_CELLS,
+                cancelled=ctx.cancelled,
+            )
             return (layer, head), ov.a, ov.b, ov
         f = 1
         band = f * max(1, (1 << 22) // (n * f))
@@ -160,7 +170,9 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
         for r0 in range(0, n, band):
             if ctx.cancelled():
                 raise Cancelled("cancelled")
-            wa, wb = head_maps(ctx.session, sb, layer, head, n, rows=slice(r0, min(r0 + band, n)), weighting=weighting)
+            wa, wb = head_maps(
+                ctx.session, sb, layer, head, n, rows=slice(r0, min(r0 + band, n)), weighting=weighting
+            )
             pa.append(_pool_by(wa, f))
             pb.append(_pool_by(wb, f))
         return (layer, head), np.concatenate(pa), np.concatenate(pb), f
@@ -172,13 +184,21 @@ def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int,
     """The exact ``rows r0:r1 × cols c0:c1`` tile of A and B (engine thread, both runs' weights)."""
 
     def job(ctx):
-        from core.compare import head_maps
-        from core.errors import SessionError
+        from attnscope.core.analysis.compare import head_maps
+        from attnscope.core.errors import SessionError
 
         if _ENGINE["b"] is None or ctx.session is None:
             raise SessionError("run B first")
-        wa, wb = head_maps(ctx.session, _ENGINE["b"], layer, head, n, rows=slice(r0, r1), cols=slice(c0, c1),
-                           weighting=weighting)
+        wa, wb = head_maps(
+            ctx.session,
+            _ENGINE["b"],
+            layer,
+            head,
+            n,
+            rows=slice(r0, r1),
+            cols=slice(c0, c1),
+            weighting=weighting,
+        )
         return (layer, head), n, r0, c0, wa, wb
 
     return job
@@ -186,9 +206,11 @@ def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int,
 
 def _row_job(layer: int, head: int, row: int, n: int, weighting: str):
     def job(ctx):
-        from core.compare import head_maps
+        from attnscope.core.analysis.compare import head_maps
 
-        wa, wb = head_maps(ctx.session, _ENGINE["b"], layer, head, n, rows=slice(row, row + 1), weighting=weighting)
+        wa, wb = head_maps(
+            ctx.session, _ENGINE["b"], layer, head, n, rows=slice(row, row + 1), weighting=weighting
+        )
         return row, wa[0], wb[0]
 
     return job
@@ -214,7 +236,7 @@ class _NumItem(QTableWidgetItem):
 
 
 class CompareView(QWidget, SavedControls):
-    """The Compare tab. ``main`` is the :class:`app.main_window.MainWindow`."""
+    """The Compare tab. ``main`` is the :class:`attnscope.app.main_window.MainWindow`."""
 
     STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo")
 
@@ -226,7 +248,7 @@ class CompareView(QWidget, SavedControls):
         self.maps: tuple[np.ndarray, np.ndarray] | None = None
         self.map_key: tuple[int, int] | None = None
         self.pool = 1
-        self.overview = None  # core.compare_pool.PairOverview of a long head
+        self.overview = None  # attnscope.core.analysis.compare_pool.PairOverview of a long head
         self.tile = None  # (wa, wb, r0, c0): the exact tile drawn over the overview
         self._levels = ((0.0, 1.0), (-1.0, 1.0))
         self._titles = ("", "", "")
@@ -256,11 +278,14 @@ class CompareView(QWidget, SavedControls):
         self.weighting_combo = QComboBox()
         self.weighting_combo.addItem("attention weights", "attention")
         self.weighting_combo.addItem("value-weighted", "value-weighted")
-        self.weighting_combo.setToolTip("Weights α, or the row-normalised value-weighted maps "
-                                        "α_ij‖v_j W_O^h‖ (Kobayashi et al. 2020)")
+        self.weighting_combo.setToolTip(
+            "Weights α, or the row-normalised value-weighted maps α_ij‖v_j W_O^h‖ (Kobayashi et al. 2020)"
+        )
         top.addWidget(self.weighting_combo)
         self.run_button = QPushButton("Run B && compare")
-        self.run_button.setToolTip("Load and run B on the engine thread, then compare every head (Esc cancels)")
+        self.run_button.setToolTip(
+            "Load and run B on the engine thread, then compare every head (Esc cancels)"
+        )
         top.addWidget(self.run_button)
 
         prow = QHBoxLayout()
@@ -269,9 +294,13 @@ class CompareView(QWidget, SavedControls):
         self.prompt_edit.setPlaceholderText("run B's prompt (defaults to A's)")
         prow.addWidget(self.prompt_edit, 1)
         self.export_table_button = QPushButton("Export table…")
-        self.export_table_button.setToolTip("The ranked heads table and the logits as CSV or JSON, naming both runs")
+        self.export_table_button.setToolTip(
+            "The ranked heads table and the logits as CSV or JSON, naming both runs"
+        )
         self.export_maps_button = QPushButton("Export maps…")
-        self.export_maps_button.setToolTip("A, B and A − B of the selected head as PNG/SVG/PDF + a JSON sidecar")
+        self.export_maps_button.setToolTip(
+            "A, B and A − B of the selected head as PNG/SVG/PDF + a JSON sidecar"
+        )
         prow.addWidget(self.export_table_button)
         prow.addWidget(self.export_maps_button)
 
@@ -294,8 +323,10 @@ class CompareView(QWidget, SavedControls):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.setSortingEnabled(True)
         self.table.setMinimumWidth(330)
-        self.table.setToolTip("Jensen–Shannon distance (base 2) between A's and B's rows, over the aligned "
-                              "query rows 1..n-1. Click a head to see its maps; click a header to sort.")
+        self.table.setToolTip(
+            "Jensen–Shannon distance (base 2) between A's and B's rows, over the aligned "
+            "query rows 1..n-1. Click a head to see its maps; click a header to sort."
+        )
 
         # -- maps: A, B, A − B
         self.maps_widget = pg.GraphicsLayoutWidget()
@@ -324,11 +355,15 @@ class CompareView(QWidget, SavedControls):
         self._tile_timer.timeout.connect(self._maybe_request_tile)
         for p in self.plots:
             p.vb.sigRangeChanged.connect(self._on_range_changed)
-        self.bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False, width=12)
+        self.bar = pg.ColorBarItem(
+            values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False, width=12
+        )
         self.bar.setImageItem(self.images[2], insert_in=self.plots[2])
         self.hover = QLabel("Hover a map to read A's and B's weights; click a row to plot both rows.")
         self.hover.setStyleSheet("color:#333;")
-        self.hover.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long readout never widens the tab
+        self.hover.setSizePolicy(
+            QSizePolicy.Ignored, QSizePolicy.Preferred
+        )  # a long readout never widens the tab
         self.maps_widget.scene().sigMouseMoved.connect(self._on_hover)
         self.maps_widget.scene().sigMouseClicked.connect(self._on_click)
 
@@ -348,13 +383,36 @@ class CompareView(QWidget, SavedControls):
         lp.setLabel("bottom", "position")
         lp.setLabel("left", "KL(A‖B), bits")
         lp.addLegend(offset=(-10, 10))
-        lp.setTitle("Logits per position: KL(A‖B) and where the top-1 token differs", color="#222", size="9pt")
-        self.kl_curve = lp.plot([], [], pen=pg.mkPen("#3b6fb6", width=1.5), symbol="o", symbolSize=4,
-                                symbolBrush="#3b6fb6", symbolPen=None, name="KL(A‖B)")
-        self.disagree = lp.plot([], [], pen=None, symbol="x", symbolSize=9, symbolBrush="#b02a2a",
-                                symbolPen=pg.mkPen("#b02a2a"), name="top-1 differs")
+        lp.setTitle(
+            "Logits per position: KL(A‖B) and where the top-1 token differs", color="#222", size="9pt"
+        )
+        self.kl_curve = lp.plot(
+            [],
+            [],
+            pen=pg.mkPen("#3b6fb6", width=1.5),
+            symbol="o",
+            symbolSize=4,
+            symbolBrush="#3b6fb6",
+            symbolPen=None,
+            name="KL(A‖B)",
+        )
+        self.disagree = lp.plot(
+            [],
+            [],
+            pen=None,
+            symbol="x",
+            symbolSize=9,
+            symbolBrush="#b02a2a",
+            symbolPen=pg.mkPen("#b02a2a"),
+            name="top-1 differs",
+        )
 
-        for w, h in ((self.maps_widget, 160), (self.row_plot, 110), (self.logit_plot, 110), (self.table, 120)):
+        for w, h in (
+            (self.maps_widget, 160),
+            (self.row_plot, 110),
+            (self.logit_plot, 110),
+            (self.table, 120),
+        ):
             w.setMinimumHeight(h)
         left = QSplitter(Qt.Vertical)  # table over the logits
         left.addWidget(self.table)
@@ -430,7 +488,7 @@ class CompareView(QWidget, SavedControls):
     def _browse(self) -> None:
         cls = None
         try:
-            from app.model_picker import ModelPickerDialog as cls
+            from attnscope.app.model_picker import ModelPickerDialog as cls
         except ImportError:
             pass
         if cls is None:
@@ -447,9 +505,14 @@ class CompareView(QWidget, SavedControls):
         snap = self.main.snapshot
         kind = self.kind_combo.currentData()
         prompt = self.prompt_edit.text() if kind == "prompt" else (snap.prompt if snap is not None else "")
-        return RunBSpec(kind=kind, model=self.model_edit.text().strip() or None, backend=self.backend_combo.currentText(),
-                        dtype=self.dtype_combo.currentText(), prompt=prompt or "",
-                        weighting=self.weighting_combo.currentData())
+        return RunBSpec(
+            kind=kind,
+            model=self.model_edit.text().strip() or None,
+            backend=self.backend_combo.currentText(),
+            dtype=self.dtype_combo.currentText(),
+            prompt=prompt or "",
+            weighting=self.weighting_combo.currentData(),
+        )
 
     def run_b(self) -> int | None:
         """Submit run B + the comparison to the engine thread. Returns the job id (None when refused)."""
@@ -474,7 +537,7 @@ class CompareView(QWidget, SavedControls):
         self.main.statusBar().showMessage(f"Compare: {message}", 8000)
 
     def set_result(self, payload) -> None:
-        """Show a :class:`core.compare.CompareResult` (GUI thread)."""
+        """Show a :class:`attnscope.core.analysis.compare.CompareResult` (GUI thread)."""
         res, labels = payload
         self.run_button.setEnabled(True)
         self.result, self.labels = res, labels
@@ -483,9 +546,14 @@ class CompareView(QWidget, SavedControls):
         self.table.setSortingEnabled(False)
         self.table.setRowCount(len(ranked))
         for i, d in enumerate(ranked):
-            cells = (_NumItem(i + 1, str(i + 1)), _NumItem(d.layer, str(d.layer)), _NumItem(d.head, str(d.head)),
-                     _NumItem(d.js_mean, f"{d.js_mean:.3g}"), _NumItem(d.js_max, f"{d.js_max:.3g}"),
-                     _NumItem(d.js_argmax, str(d.js_argmax)))
+            cells = (
+                _NumItem(i + 1, str(i + 1)),
+                _NumItem(d.layer, str(d.layer)),
+                _NumItem(d.head, str(d.head)),
+                _NumItem(d.js_mean, f"{d.js_mean:.3g}"),
+                _NumItem(d.js_max, f"{d.js_max:.3g}"),
+                _NumItem(d.js_argmax, str(d.js_argmax)),
+            )
             for c, it in enumerate(cells):
                 self.table.setItem(i, c, it)
         self.table.setSortingEnabled(True)
@@ -496,7 +564,8 @@ class CompareView(QWidget, SavedControls):
         self.summary.setText(
             f"A: {a.label()} · B: {b.label()} · {al.description} · compared: {res.weighting}\n"
             f"most changed: L{ranked[0].layer} H{ranked[0].head} (JS mean {ranked[0].js_mean:.3g}) · "
-            f"logits: mean KL(A‖B) {klm} bits, top-1 agreement {agree}")
+            f"logits: mean KL(A‖B) {klm} bits, top-1 agreement {agree}"
+        )
         self.summary.setToolTip(self.summary.text())
         self._draw_logits()
         self.table.selectRow(0)
@@ -513,7 +582,10 @@ class CompareView(QWidget, SavedControls):
         if not rows or self.result is None:
             return
         r = rows[0].row()
-        layer, head = int(self.table.item(r, 1).data(Qt.UserRole)), int(self.table.item(r, 2).data(Qt.UserRole))
+        layer, head = (
+            int(self.table.item(r, 1).data(Qt.UserRole)),
+            int(self.table.item(r, 2).data(Qt.UserRole)),
+        )
         self.request_maps(layer, head)
 
     # -- maps ---------------------------------------------------------------------------------------
@@ -521,8 +593,13 @@ class CompareView(QWidget, SavedControls):
         if self.result is None:
             return
         n = self.result.alignment.n
-        self.main.engine.submit("compare-maps", _maps_job(layer, head, n, self.result.weighting), self.set_maps,
-                                self._on_failed, label="compare maps")
+        self.main.engine.submit(
+            "compare-maps",
+            _maps_job(layer, head, n, self.result.weighting),
+            self.set_maps,
+            self._on_failed,
+            label="compare maps",
+        )
 
     def set_maps(self, payload) -> None:
         """Draw A, B and A − B: the exact maps, or a long head's overview (:class:`PairOverview`)."""
@@ -544,7 +621,9 @@ class CompareView(QWidget, SavedControls):
         lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
         for img, w in zip(self.images[:2], (wa, wb), strict=True):
             img.setImage(w, levels=(0.0, hi), lut=lut, autoLevels=False)
-        self.images[2].setImage(np.asarray(d, np.float32), levels=(-m, m), lut=diverging_lut(), autoLevels=False)
+        self.images[2].setImage(
+            np.asarray(d, np.float32), levels=(-m, m), lut=diverging_lut(), autoLevels=False
+        )
         for img in self.images:  # view coordinates are token positions, pooled or not
             img.setRect(0, 0, side[1], side[0])
         for t in self.tile_images:
@@ -557,13 +636,18 @@ class CompareView(QWidget, SavedControls):
         else:
             f = ov.n / (len(ov.row_edges) - 1)
             # short: a long title widens the graphics layout past the view (the hover line says more)
-            self._titles = (f"A · L{layer} H{head}{vw} · max-pooled ~{f:.0f}²", "B · max-pooled",
-                            f"A − B (±{m:.3g}) · signed max-|A−B|")
+            self._titles = (
+                f"A · L{layer} H{head}{vw} · max-pooled ~{f:.0f}²",
+                "B · max-pooled",
+                f"A − B (±{m:.3g}) · signed max-|A−B|",
+            )
         for p, t in zip(self.plots, self._titles, strict=True):
             p.setTitle(t, color="#222")
         if ov is not None:
-            self.hover.setText(f"Long map ({ov.n} tokens): overview of blocks of ~{f:.1f} cells (A, B: block max; "
-                               "A − B: the largest |difference| with its sign). Zoom in (wheel/drag) for exact tiles.")
+            self.hover.setText(
+                f"Long map ({ov.n} tokens): overview of blocks of ~{f:.1f} cells (A, B: block max; "
+                "A − B: the largest |difference| with its sign). Zoom in (wheel/drag) for exact tiles."
+            )
         self.plots[0].setRange(xRange=(0, side[1]), yRange=(0, side[0]), padding=0.01)
         if self.main.layer != layer or self.main.head != head:
             try:
@@ -582,8 +666,12 @@ class CompareView(QWidget, SavedControls):
 
         (x0, x1), (y0, y1) = self.plots[0].vb.viewRange()
         n_r, n_c = self._side()
-        return (max(0, int(math.floor(y0))), min(n_r, int(math.ceil(y1))),
-                max(0, int(math.floor(x0))), min(n_c, int(math.ceil(x1))))
+        return (
+            max(0, int(math.floor(y0))),
+            min(n_r, int(math.ceil(y1))),
+            max(0, int(math.floor(x0))),
+            min(n_c, int(math.ceil(x1))),
+        )
 
     def _side(self) -> tuple[int, int]:
         if self.overview is not None:
@@ -615,8 +703,13 @@ class CompareView(QWidget, SavedControls):
         mr, mc = (r1 - r0) // 4, (c1 - c0) // 4
         want = (max(0, r0 - mr), min(ov.n, r1 + mr), max(0, c0 - mc), min(ov.n, c1 + mc))
         layer, head = self.map_key
-        self.main.engine.submit("compare-tile", _tile_job(layer, head, ov.n, *want, self.result.weighting),
-                                self.set_tile, self._on_failed, label="compare tile")
+        self.main.engine.submit(
+            "compare-tile",
+            _tile_job(layer, head, ov.n, *want, self.result.weighting),
+            self.set_tile,
+            self._on_failed,
+            label="compare tile",
+        )
 
     def set_tile(self, payload) -> None:
         """Draw the exact tile of A, B and A − B over the overview (dropped if the head changed)."""
@@ -632,16 +725,25 @@ class CompareView(QWidget, SavedControls):
         m = float(np.abs(d).max()) or 1e-12
         lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
         nr, nc = wa.shape
-        for t, w, lt in ((self.tile_images[0], wa, lut), (self.tile_images[1], wb, lut),
-                         (self.tile_images[2], d, diverging_lut())):
+        for t, w, lt in (
+            (self.tile_images[0], wa, lut),
+            (self.tile_images[1], wb, lut),
+            (self.tile_images[2], d, diverging_lut()),
+        ):
             t.setImage(w, lut=lt, autoLevels=False)
             t.setRect(c0, r0, nc, nr)
         self._show_levels((0.0, hi), (-m, m))
-        names = (f"A · exact tile (0–{hi:.3g})", f"B · exact tile (0–{hi:.3g})", f"A − B · exact tile (±{m:.3g})")
+        names = (
+            f"A · exact tile (0–{hi:.3g})",
+            f"B · exact tile (0–{hi:.3g})",
+            f"A − B · exact tile (±{m:.3g})",
+        )
         for p, title in zip(self.plots, names, strict=True):
             p.setTitle(title, color="#222")
-        self.hover.setText(f"Exact tile: rows {r0}..{r0 + nr - 1} × keys {c0}..{c0 + nc - 1} of A, B and A − B, "
-                           "recomputed from both runs. Hover a cell for its weights.")
+        self.hover.setText(
+            f"Exact tile: rows {r0}..{r0 + nr - 1} × keys {c0}..{c0 + nc - 1} of A, B and A − B, "
+            "recomputed from both runs. Hover a cell for its weights."
+        )
 
     def _show_levels(self, ab: tuple[float, float], d: tuple[float, float]) -> None:
         """Colour ranges of A and B (``ab``) and of A − B (``d``), overview and tile alike."""
@@ -662,7 +764,7 @@ class CompareView(QWidget, SavedControls):
             if tr <= r < tr + ta.shape[0] and tc <= c < tc + ta.shape[1]:
                 a, b = float(ta[r - tr, c - tc]), float(tb[r - tr, c - tc])
                 return a, b, a - b, True
-        from core.compare_pool import block_of
+        from attnscope.core.analysis.compare_pool import block_of
 
         ov = self.overview
         i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
@@ -688,12 +790,14 @@ class CompareView(QWidget, SavedControls):
         wa, wb, d, exact = self.values_at(r, c)
         la, lb = self.labels
         if not exact:
-            from core.compare_pool import block_of
+            from attnscope.core.analysis.compare_pool import block_of
 
             ov = self.overview
             i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
-            where = (f"rows {ov.row_edges[i]}–{ov.row_edges[i + 1] - 1}, keys {ov.col_edges[j]}–"
-                     f"{ov.col_edges[j + 1] - 1} (block max; A − B: largest |difference|)")
+            where = (
+                f"rows {ov.row_edges[i]}–{ov.row_edges[i + 1] - 1}, keys {ov.col_edges[j]}–"
+                f"{ov.col_edges[j + 1] - 1} (block max; A − B: largest |difference|)"
+            )
         else:
             ta = la[r] if r < len(la) else "?"
             tk = la[c] if c < len(la) else "?"
@@ -707,25 +811,31 @@ class CompareView(QWidget, SavedControls):
             return
         row = rc[0]  # view coordinates are token positions, overview or not
         layer, head = self.map_key
-        self.main.engine.submit("compare-row", _row_job(layer, head, row, self.result.alignment.n,
-                                                        self.result.weighting), self.set_rows, self._on_failed,
-                                label="compare row")
+        self.main.engine.submit(
+            "compare-row",
+            _row_job(layer, head, row, self.result.alignment.n, self.result.weighting),
+            self.set_rows,
+            self._on_failed,
+            label="compare row",
+        )
 
     def set_rows(self, payload) -> None:
         row, ra, rb = payload
         x = np.arange(len(ra), dtype=float)
         self.row_a.setData(x[: row + 1], ra[: row + 1])
         self.row_b.setData(x[: row + 1], rb[: row + 1])
-        self.row_plot.getPlotItem().setTitle(f"Query row {row}: A (blue) and B (orange, dashed)", color="#222",
-                                             size="9pt")
+        self.row_plot.getPlotItem().setTitle(
+            f"Query row {row}: A (blue) and B (orange, dashed)", color="#222", size="9pt"
+        )
 
     # -- export -------------------------------------------------------------------------------------
     def _export_table_dialog(self) -> None:
         if self.result is None:
             self.summary.setText("Nothing to export yet: run B first.")
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Export comparison table", "compare.csv",
-                                              "CSV (*.csv);;JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export comparison table", "compare.csv", "CSV (*.csv);;JSON (*.json)"
+        )
         if path:
             self.export_table(path)
 
@@ -735,8 +845,8 @@ class CompareView(QWidget, SavedControls):
         Raises:
             ValueError: another suffix. OSError: could not write.
         """
-        from core.commands.compare import write_csv
-        from core.export import sidecar_path
+        from attnscope.core.cli.commands.compare import write_csv
+        from attnscope.core.io.export import sidecar_path
 
         path = Path(path)
         if path.suffix.lower() not in (".csv", ".json"):
@@ -755,29 +865,46 @@ class CompareView(QWidget, SavedControls):
             self.summary.setText("Nothing to export yet: run B and select a head first.")
             return
         layer, head = self.map_key
-        path, _ = QFileDialog.getSaveFileName(self, "Export A, B and A − B", f"compare_L{layer}_H{head}.png",
-                                              "PNG (*.png);;SVG (*.svg);;PDF (*.pdf)")
+        path, _ = QFileDialog.getSaveFileName(
+            self,
+            "Export A, B and A − B",
+            f"compare_L{layer}_H{head}.png",
+            "PNG (*.png);;SVG (*.svg);;PDF (*.pdf)",
+        )
         if path:
             self.export_maps(path)
 
     def export_maps(self, path) -> list[Path]:
         """The three maps as drawn (PNG/SVG/PDF by suffix) and a JSON sidecar naming both runs
         (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting."""
-        from app.export import render_widget
-        from core.export import sidecar_path, write_json
+        from attnscope.app.export import render_widget
+        from attnscope.core.io.export import sidecar_path, write_json
 
         out = render_widget(self.maps_widget, path, title="AttnScope · Compare")
         layer, head = self.map_key
         res = self.result
         d = next(x for x in res.ranked() if (x.layer, x.head) == (layer, head))
-        meta = {"kind": "compare maps", "layer": layer, "head": head, "weighting": res.weighting,
-                "maps": ["A", "B", "A - B"], "pooled": self.pool,
-                "pooling": (None if self.overview is None else
-                            "A, B: block max; A - B: signed max-|A - B| per block"
-                            + ("; exact tile in view" if self.tile is not None else "")),
-                "diverging": "A - B on CET-D1, symmetric range centred on 0",
-                "js_mean": d.js_mean, "js_max": d.js_max, "alignment": res.alignment.to_json(),
-                "run_a": res.run_a.to_json(), "run_b": res.run_b.to_json(), "image": out.name}
+        meta = {
+            "kind": "compare maps",
+            "layer": layer,
+            "head": head,
+            "weighting": res.weighting,
+            "maps": ["A", "B", "A - B"],
+            "pooled": self.pool,
+            "pooling": (
+                None
+                if self.overview is None
+                else "A, B: block max; A - B: signed max-|A - B| per block"
+                + ("; exact tile in view" if self.tile is not None else "")
+            ),
+            "diverging": "A - B on CET-D1, symmetric range centred on 0",
+            "js_mean": d.js_mean,
+            "js_max": d.js_max,
+            "alignment": res.alignment.to_json(),
+            "run_a": res.run_a.to_json(),
+            "run_b": res.run_b.to_json(),
+            "image": out.name,
+        }
         side = write_json(sidecar_path(out), meta)
         self.main.statusBar().showMessage(f"Wrote {out} and {side.name}", 6000)
         return [out, side]

@@ -1,16 +1,19 @@
 """Experiments panel: change the attention of every layer, compare with the unmodified run.
 
-The runs are :func:`core.experiments.run_experiments` jobs on the engine thread, in a separate KV
+The runs are :func:`attnscope.core.analysis.experiments.run_experiments` jobs on the engine thread, in a separate KV
 cache (the session's own sequence is untouched); each result row shows the effect on the
 next-token distribution (KL(base ‖ exp) in nats, top-1 token before → after) and on the prompt's
 perplexity. The plot shows, for the selected row, each position's negative log-likelihood of the
-actual next token in both runs. Definitions: :mod:`core.experiments`.
+actual next token in both runs. Definitions: :mod:`attnscope.core.analysis.experiments`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.views.sinks import style_plot
+from attnscope.app.views.state import SavedControls
+from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
@@ -28,12 +31,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.sinks import style_plot
-from app.views.state import SavedControls
-from core.experiments import KINDS, Experiment, ExperimentResult, default_experiments
-
-COLUMNS = ("Experiment", "Parameters", "T", "KL(base‖exp)\nnext token", "Top-1 next token\nbase → experiment",
-           "p_exp of\nbase top-1", "Prompt perplexity\nbase → experiment", "Top-1 agreement\n(all positions)")
+COLUMNS = (
+    "Experiment",
+    "Parameters",
+    "T",
+    "KL(base‖exp)\nnext token",
+    "Top-1 next token\nbase → experiment",
+    "p_exp of\nbase top-1",
+    "Prompt perplexity\nbase → experiment",
+    "Top-1 agreement\n(all positions)",
+)
 SHORT = {
     "evict_first": "Evict first k",
     "sinks_window": "Sinks + window",
@@ -46,8 +53,8 @@ AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequenc
 
 def _experiments_job(experiments: list[Experiment] | None):
     def job(ctx):
-        from core.errors import SessionError
-        from core.experiments import run_experiments
+        from attnscope.core.analysis.experiments import run_experiments
+        from attnscope.core.errors import SessionError
 
         if ctx.session is None:
             raise SessionError("no model loaded")
@@ -102,10 +109,19 @@ class ExperimentsView(QWidget, SavedControls):
         self.from_spin = QSpinBox()
         self.from_spin.setRange(0, 1_000_000)
         self.from_spin.setSpecialValueText("auto")
-        self.from_spin.setToolTip("Positions from here on are fed one token at a time through the KV cache (decode); "
-                                  "auto = the prompt length, at most seq_len − 1, so the next token always comes "
-                                  "from a decode step")
-        for w in (self.k_label, self.k_spin, self.window_label, self.window_spin, QLabel("decode from"), self.from_spin):
+        self.from_spin.setToolTip(
+            "Positions from here on are fed one token at a time through the KV cache (decode); "
+            "auto = the prompt length, at most seq_len − 1, so the next token always comes "
+            "from a decode step"
+        )
+        for w in (
+            self.k_label,
+            self.k_spin,
+            self.window_label,
+            self.window_spin,
+            QLabel("decode from"),
+            self.from_spin,
+        ):
             top.addWidget(w)
         self.run_button = QPushButton("Run")
         self.run_button.setToolTip("Run the chosen experiment against the unmodified run of this sequence")
@@ -133,9 +149,13 @@ class ExperimentsView(QWidget, SavedControls):
         hh.setSectionResizeMode(QHeaderView.ResizeToContents)
         hh.setSectionResizeMode(1, QHeaderView.Stretch)
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.horizontalHeaderItem(3).setToolTip("Σ p_base · (log p_base − log p_exp) over the vocabulary, nats")
+        self.table.horizontalHeaderItem(3).setToolTip(
+            "Σ p_base · (log p_base − log p_exp) over the vocabulary, nats"
+        )
         self.table.horizontalHeaderItem(2).setToolTip("seq_len: tokens in the sequence (prompt + generated)")
-        self.table.horizontalHeaderItem(6).setToolTip("exp(mean −log p(x_i | x_<i)) over the prompt's tokens 1..P−1")
+        self.table.horizontalHeaderItem(6).setToolTip(
+            "exp(mean −log p(x_i | x_<i)) over the prompt's tokens 1..P−1"
+        )
 
         self.plot = pg.PlotWidget(background="w")
         style_plot(self.plot)
@@ -144,12 +164,32 @@ class ExperimentsView(QWidget, SavedControls):
         pi.setLabel("left", "−log p(actual token)  (nats)")
         pi.showGrid(x=True, y=True, alpha=0.25)
         pi.addLegend(offset=(60, 10), labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 200))
-        self.base_curve = pi.plot([], [], pen=pg.mkPen("#555", width=1.5), symbol="o", symbolSize=4,
-                                  symbolBrush="#555", symbolPen=None, name="unmodified")
-        self.exp_curve = pi.plot([], [], pen=pg.mkPen("#c0392b", width=1.5), symbol="o", symbolSize=4,
-                                 symbolBrush="#c0392b", symbolPen=None, name="experiment")
-        self.decode_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#888", style=Qt.DotLine),
-                                           label="decode rows →", labelOpts={"position": 0.95, "color": "#555"})
+        self.base_curve = pi.plot(
+            [],
+            [],
+            pen=pg.mkPen("#555", width=1.5),
+            symbol="o",
+            symbolSize=4,
+            symbolBrush="#555",
+            symbolPen=None,
+            name="unmodified",
+        )
+        self.exp_curve = pi.plot(
+            [],
+            [],
+            pen=pg.mkPen("#c0392b", width=1.5),
+            symbol="o",
+            symbolSize=4,
+            symbolBrush="#c0392b",
+            symbolPen=None,
+            name="experiment",
+        )
+        self.decode_line = pg.InfiniteLine(
+            angle=90,
+            pen=pg.mkPen("#888", style=Qt.DotLine),
+            label="decode rows →",
+            labelOpts={"position": 0.95, "color": "#555"},
+        )
         pi.addItem(self.decode_line)
         self.decode_line.hide()
 
@@ -182,23 +222,29 @@ class ExperimentsView(QWidget, SavedControls):
             w.setVisible(kind == "sinks_window")
         texts = {
             "evict_first": "Each row at position i ≥ k sees keys k..i: the first k tokens are gone from the KV cache "
-                           "(keys keep their positions). Token 0 is the attention sink: watch the perplexity.",
+            "(keys keep their positions). Token 0 is the attention sink: watch the perplexity.",
             "sinks_window": "StreamingLLM's cache: the row at i sees the first k tokens and the last `window` ones. "
-                            "k = 0 is plain window attention.",
+            "k = 0 is plain window attention.",
             "no_causal_prefill": "Prefill without the causal mask: every prompt row also sees the future, so it can "
-                                 "read the token it should predict (perplexity collapses).",
+            "read the token it should predict (perplexity collapses).",
             "decode_top_left": "is_causal=True with a KV cache: the mask is aligned top-left, so a decode row "
-                               "(1 query, S keys) sees only token 0. Prefill (L = S) is unaffected.",
+            "(1 query, S keys) sees only token 0. Prefill (L = S) is unaffected.",
             "no_scale": "Scores q·k without 1/√head_dim: softmax saturates towards one-hot.",
         }
-        self.help.setText(texts[kind] + "  Every run uses a separate KV cache: your sequence is not changed. "
-                          f"Opening this tab runs all five on sequences up to {AUTO_RUN_MAX_TOKENS} tokens.")
+        self.help.setText(
+            texts[kind] + "  Every run uses a separate KV cache: your sequence is not changed. "
+            f"Opening this tab runs all five on sequences up to {AUTO_RUN_MAX_TOKENS} tokens."
+        )
 
     def experiment(self) -> Experiment:
         """The experiment described by the controls."""
         f = self.from_spin.value()
-        return Experiment(self.kind_combo.currentData(), k=self.k_spin.value(), window=self.window_spin.value(),
-                          decode_from=f if f > 0 else None)
+        return Experiment(
+            self.kind_combo.currentData(),
+            k=self.k_spin.value(),
+            window=self.window_spin.value(),
+            decode_from=f if f > 0 else None,
+        )
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
@@ -210,8 +256,10 @@ class ExperimentsView(QWidget, SavedControls):
         for b in (self.run_button, self.run_all_button):
             b.setEnabled(enabled)
         if not self._torch(snap):
-            self.help.setText(f"Experiments change the attention function of the torch backend; this session runs "
-                              f"on {snap.backend}. Reload the model with the torch backend to run them.")
+            self.help.setText(
+                f"Experiments change the attention function of the torch backend; this session runs "
+                f"on {snap.backend}. Reload the model with the torch backend to run them."
+            )
 
     @staticmethod
     def _torch(snap) -> bool:
@@ -222,7 +270,11 @@ class ExperimentsView(QWidget, SavedControls):
         if snap is None or snap.seq_len < 2 or self._running or not self._torch(snap):
             return
         key = (self._run_key, snap.seq_len)
-        if self._auto_done_for != key and snap.seq_len <= AUTO_RUN_MAX_TOKENS and not self._has_results_for(snap.seq_len):
+        if (
+            self._auto_done_for != key
+            and snap.seq_len <= AUTO_RUN_MAX_TOKENS
+            and not self._has_results_for(snap.seq_len)
+        ):
             self._auto_done_for = key
             self.run(None)
 
@@ -246,7 +298,9 @@ class ExperimentsView(QWidget, SavedControls):
         self._running = True
         self.run_button.setEnabled(False)
         self.run_all_button.setEnabled(False)
-        self.main.engine.enqueue(_experiments_job(experiments), self.add_results, self._on_error, label="experiment")
+        self.main.engine.enqueue(
+            _experiments_job(experiments), self.add_results, self._on_error, label="experiment"
+        )
 
     def _on_error(self, message: str) -> None:
         self._done()
@@ -283,14 +337,25 @@ class ExperimentsView(QWidget, SavedControls):
             changed = r.top1_changed
             cells = [
                 _item(SHORT[ex.kind], Qt.AlignLeft | Qt.AlignVCenter),
-                _item(", ".join(p for p in (ex.params, f"decode from {ex.decode_from}") if p), Qt.AlignLeft | Qt.AlignVCenter),
+                _item(
+                    ", ".join(p for p in (ex.params, f"decode from {ex.decode_from}") if p),
+                    Qt.AlignLeft | Qt.AlignVCenter,
+                ),
                 _item(str(r.seq_len)),
                 _item(f"{r.kl_next:.4f}"),
-                _item(f"{_tok(r.top1_base)} → {_tok(r.top1_exp)}" + ("  changed" if changed else "  same"),
-                      Qt.AlignLeft | Qt.AlignVCenter),
+                _item(
+                    f"{_tok(r.top1_base)} → {_tok(r.top1_exp)}" + ("  changed" if changed else "  same"),
+                    Qt.AlignLeft | Qt.AlignVCenter,
+                ),
                 _item(f"{r.p_exp_of_base_top1:.3f}"),
-                _item(f"{r.ppl_base:.2f} → {r.ppl_exp:.2f}" + (f"  (×{r.ppl_exp / r.ppl_base:.2g})"
-                                                                if np.isfinite(r.ppl_base) and r.ppl_base > 0 else "")),
+                _item(
+                    f"{r.ppl_base:.2f} → {r.ppl_exp:.2f}"
+                    + (
+                        f"  (×{r.ppl_exp / r.ppl_base:.2g})"
+                        if np.isfinite(r.ppl_base) and r.ppl_base > 0
+                        else ""
+                    )
+                ),
                 _item(f"{100 * r.top1_agreement:.0f}%"),
             ]
             cells[0].setToolTip(ex.title)
@@ -313,9 +378,14 @@ class ExperimentsView(QWidget, SavedControls):
         pi = self.plot.getPlotItem()
         pi.legend.clear()
         pi.legend.addItem(self.base_curve, "unmodified")
-        pi.legend.addItem(self.exp_curve, r.experiment.title + (f" ({r.experiment.params})" if r.experiment.params else ""))
-        pi.setTitle(f"{r.experiment.title}: −log p of each actual next token (prompt = positions 1..{r.n_prompt - 1})",
-                    color="#222", size="10pt")
+        pi.legend.addItem(
+            self.exp_curve, r.experiment.title + (f" ({r.experiment.params})" if r.experiment.params else "")
+        )
+        pi.setTitle(
+            f"{r.experiment.title}: −log p of each actual next token (prompt = positions 1..{r.n_prompt - 1})",
+            color="#222",
+            size="10pt",
+        )
         self.decode_line.setValue(r.experiment.decode_from + 0.5)  # predicted by decode rows to the right
         self.decode_line.show()
         pi.enableAutoRange()

@@ -3,7 +3,7 @@
 For the selected layer and the KV group of the selected head (query head ``h`` reads KV head
 ``h // group_size``): each query head's map as a small heatmap (exact, or max-pooled beyond 256
 tokens), the cached keys of the KV head they all read, the Jensen–Shannon distance between each
-pair of heads (mean over query rows, base 2, in [0, 1]; :mod:`core.gqa`), and for the whole
+pair of heads (mean over query rows, base 2, in [0, 1]; :mod:`attnscope.core.analysis.gqa`), and for the whole
 layer the mean within-group vs across-group distance; a plot repeats the two means for every
 layer. Click a small map to select that head.
 """
@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.heatmap import qt_colormap
+from attnscope.app.views.state import SavedControls
+from attnscope.core.analysis.pooling import block_edges
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -26,14 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.heatmap import qt_colormap
-from app.views.state import SavedControls
-from core.pooling import block_edges
-
 
 def _report_job(layer: int, kv_head: int, n: int, cancelled):
     def job(ctx):
-        from core.gqa import group_report
+        from attnscope.core.analysis.gqa import group_report
 
         return group_report(ctx.session, layer, kv_head, n, cancelled=cancelled)
 
@@ -42,7 +41,7 @@ def _report_job(layer: int, kv_head: int, n: int, cancelled):
 
 def _layers_job(n: int, cancelled):
     def job(ctx):
-        from core.gqa import layer_table
+        from attnscope.core.analysis.gqa import layer_table
 
         return n, layer_table(ctx.session, n, cancelled=cancelled)
 
@@ -56,7 +55,7 @@ def _shade(v: float) -> QColor:
 
 
 class GqaView(QWidget, SavedControls):
-    """The GQA tab. ``window`` is the :class:`app.main_window.MainWindow` (selection, engine, step)."""
+    """The GQA tab. ``window`` is the :class:`attnscope.app.main_window.MainWindow` (selection, engine, step)."""
 
     STATE_CONTROLS = ("range_combo",)  # saved in session files
 
@@ -75,8 +74,9 @@ class GqaView(QWidget, SavedControls):
         top.addWidget(QLabel("Range"))
         self.range_combo = QComboBox()
         self.range_combo.addItems(["Fixed [0, 1]", "Shared auto (this group)"])
-        self.range_combo.setToolTip("Colour range of the small maps; shared auto = 99.5th percentile of "
-                                    "the group's non-zero weights")
+        self.range_combo.setToolTip(
+            "Colour range of the small maps; shared auto = 99.5th percentile of the group's non-zero weights"
+        )
         self.range_combo.currentIndexChanged.connect(lambda _i: self._draw_maps())
         top.addWidget(self.range_combo)
         lay.addLayout(top)
@@ -141,9 +141,13 @@ class GqaView(QWidget, SavedControls):
             return
         g = w.snapshot.info.group_size
         n = w.visible_len
-        w.submit_view("gqa", _report_job(w.layer, w.head // g, n, w.cancel_token("gqa")), self._on_report, "GQA group")
+        w.submit_view(
+            "gqa", _report_job(w.layer, w.head // g, n, w.cancel_token("gqa")), self._on_report, "GQA group"
+        )
         if self.layers is None or self.layers[0] != n:
-            w.submit_view("gqa-layers", _layers_job(n, w.cancel_token("gqa-layers")), self._on_layers, "GQA layers")
+            w.submit_view(
+                "gqa-layers", _layers_job(n, w.cancel_token("gqa-layers")), self._on_layers, "GQA layers"
+            )
 
     def on_selection(self, layer: int, head: int) -> None:
         if self.window.tabs.currentWidget() is self:
@@ -206,8 +210,9 @@ class GqaView(QWidget, SavedControls):
         self.plots[0].setLabel("left", "query")
         self.plots[g].setLabel("bottom", "head_dim channel")
         self.plots[g].setLabel("left", "position")
-        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=qt_colormap(self.cmap), interactive=False,
-                                        width=12, label="weight")
+        self.colorbar = pg.ColorBarItem(
+            values=(0, 1), colorMap=qt_colormap(self.cmap), interactive=False, width=12, label="weight"
+        )
         self.colorbar.setImageItem(self.images[:g])
         self.glw.addItem(self.colorbar, row=0, col=g)
         for p in self.plots[1:g]:
@@ -236,8 +241,12 @@ class GqaView(QWidget, SavedControls):
         k.setImage(r.keys, autoLevels=False, levels=(-r.keys_absmax, r.keys_absmax))
         k.setColorMap(cmap)
         k.setRect(0, 0, r.keys.shape[1], r.n)
-        self.plots[g].setTitle(f"KV head {r.kv_head}: cached keys (post-RoPE), colours −{r.keys_absmax:.2g} … "
-                               f"+{r.keys_absmax:.2g}", color="k", size="10pt")
+        self.plots[g].setTitle(
+            f"KV head {r.kv_head}: cached keys (post-RoPE), colours −{r.keys_absmax:.2g} … "
+            f"+{r.keys_absmax:.2g}",
+            color="k",
+            size="10pt",
+        )
         self.plots[g].setRange(xRange=(0, r.keys.shape[1]), yRange=(0, r.n), padding=0.02)
 
     def _fill_pairs(self, r) -> None:
@@ -257,8 +266,11 @@ class GqaView(QWidget, SavedControls):
                 t.setItem(i, j, item)
         t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
         t.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        rows = (f"all {r.rows_used} query rows after row 0" if r.rows_used == r.n - 1
-                else f"the last {r.rows_used} of {r.n - 1} query rows")
+        rows = (
+            f"all {r.rows_used} query rows after row 0"
+            if r.rows_used == r.n - 1
+            else f"the last {r.rows_used} of {r.n - 1} query rows"
+        )
         self.pair_title.setText(f"<b>JS distance between the group's heads</b> (base 2, mean over {rows})")
 
     def _fill_layer(self, r, info) -> None:
@@ -268,7 +280,9 @@ class GqaView(QWidget, SavedControls):
         t.setHorizontalHeaderLabels(["heads", "mean JS"])
         rows = []
         for k in range(info.n_kv_heads):
-            rows.append((f"within KV group {k}", f"q{k * g}–q{(k + 1) * g - 1}", float(r.within[k]), k == r.kv_head))
+            rows.append(
+                (f"within KV group {k}", f"q{k * g}–q{(k + 1) * g - 1}", float(r.within[k]), k == r.kv_head)
+            )
         rows.append(("within groups (all)", "", r.within_mean, False))
         rows.append(("across groups", "", r.across_mean, False))
         t.setRowCount(len(rows))
@@ -287,8 +301,12 @@ class GqaView(QWidget, SavedControls):
             t.setItem(i, 0, a)
             t.setItem(i, 1, b)
         t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        ratio = r.within_mean / r.across_mean if r.across_mean and np.isfinite(r.across_mean) else float("nan")
-        self.layer_title.setText(f"<b>Layer {r.layer}: within vs across groups</b> (within/across = {ratio:.2f})")
+        ratio = (
+            r.within_mean / r.across_mean if r.across_mean and np.isfinite(r.across_mean) else float("nan")
+        )
+        self.layer_title.setText(
+            f"<b>Layer {r.layer}: within vs across groups</b> (within/across = {ratio:.2f})"
+        )
 
     def _draw_layers_plot(self) -> None:
         p = self.layers_plot
@@ -297,15 +315,32 @@ class GqaView(QWidget, SavedControls):
             return
         _n, (within, across, rows_used) = self.layers
         x = np.arange(len(within))
-        p.plot(x, within, pen=pg.mkPen((59, 82, 139), width=2), symbol="o", symbolSize=5,
-               symbolBrush=(59, 82, 139), name="within a KV group")
-        p.plot(x, across, pen=pg.mkPen((230, 120, 20), width=2), symbol="s", symbolSize=5,
-               symbolBrush=(230, 120, 20), name="across groups")
+        p.plot(
+            x,
+            within,
+            pen=pg.mkPen((59, 82, 139), width=2),
+            symbol="o",
+            symbolSize=5,
+            symbolBrush=(59, 82, 139),
+            name="within a KV group",
+        )
+        p.plot(
+            x,
+            across,
+            pen=pg.mkPen((230, 120, 20), width=2),
+            symbol="s",
+            symbolSize=5,
+            symbolBrush=(230, 120, 20),
+            name="across groups",
+        )
         if self.report is not None:
-            p.addItem(pg.InfiniteLine(self.report.layer, angle=90, pen=pg.mkPen((200, 30, 30), style=Qt.DashLine)))
+            p.addItem(
+                pg.InfiniteLine(self.report.layer, angle=90, pen=pg.mkPen((200, 30, 30), style=Qt.DashLine))
+            )
         self.layers_title.setText(
             f"<b>Every layer</b> (mean JS over {rows_used} rows each): <span style='color:#3b528b'>● within a KV "
-            f"group</span> vs <span style='color:#e67814'>■ across groups</span>; dashed: this layer")
+            f"group</span> vs <span style='color:#e67814'>■ across groups</span>; dashed: this layer"
+        )
 
     # -- interaction -------------------------------------------------------------------------------
     def _plot_at(self, pos):
@@ -332,4 +367,6 @@ class GqaView(QWidget, SavedControls):
             b = int(np.searchsorted(edges, k, side="right") - 1)
             v = float(r.maps[i, a, b])
             what = "block max ≤" if r.pooled else "weight"
-            self.readout.setText(f"q{r.heads[i]}: query #{q} → key #{k}: {what} {v:.4f}   (click to select this head)")
+            self.readout.setText(
+                f"q{r.heads[i]}: query #{q} → key #{k}: {what} {v:.4f}   (click to select this head)"
+            )

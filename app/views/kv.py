@@ -1,13 +1,13 @@
 """KV-cache panel: live bytes per layer and in total, growth with seq_len, schemes, a calculator.
 
-* Live: the session's cache tensors as measured on the engine thread (:func:`core.kv_live.kv_live`),
+* Live: the session's cache tensors as measured on the engine thread (:func:`attnscope.core.analysis.kv_live.kv_live`),
   per layer (bars) and in total, next to the formula ``2 × n_layers × n_kv_heads × head_dim ×
   seq_len × bytes`` (handbook §7).
 * Growth: measured totals at every sequence length this panel has seen (prefill, each step)
   on the formula's line; and the projection of the same model under MHA / GQA / MQA up to the
   model's maximum context.
 * Calculator: any configuration (layers, query heads, KV heads, head_dim, tokens, dtype, batch,
-  sliding window and the layers that have it) through :mod:`core.kv`; the "Llama-2-70B" preset
+  sliding window and the layers that have it) through :mod:`attnscope.core.analysis.kv_formula`; the "Llama-2-70B" preset
   reproduces the handbook's table (80 layers, head_dim 128, 8192 tokens, bf16: MHA 21.5 GB,
   GQA-8 2.7 GB, MQA 0.34 GB).
 
@@ -24,6 +24,16 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.views.sinks import style_plot
+from attnscope.app.views.state import SavedControls
+from attnscope.core.analysis.kv_formula import (
+    KVConfig,
+    compare_schemes,
+    format_bytes,
+    windows_from_spec,
+    windows_spec,
+)
+from attnscope.core.analysis.kv_live import KVLive
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -42,11 +52,6 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-
-from app.views.sinks import style_plot
-from app.views.state import SavedControls
-from core.kv import KVConfig, compare_schemes, format_bytes, windows_from_spec, windows_spec
-from core.kv_live import KVLive
 
 SCHEME_COLOURS = {"MHA": "#c0392b", "GQA": "#2e86c1", "MQA": "#27ae60", "MLA": "#8e44ad"}
 CALC_DTYPES = ("bf16", "fp16", "fp32", "fp8")
@@ -79,7 +84,9 @@ class WheelToPage(QObject):
             w = w.parentWidget()
         if w is not None:
             d = event.angleDelta()
-            QApplication.sendEvent(w.horizontalScrollBar() if abs(d.x()) > abs(d.y()) else w.verticalScrollBar(), event)
+            QApplication.sendEvent(
+                w.horizontalScrollBar() if abs(d.x()) > abs(d.y()) else w.verticalScrollBar(), event
+            )
         return True  # never to the plot
 
 
@@ -121,8 +128,8 @@ def fmt3(x: float) -> str:
 
 
 def _kv_job(ctx):
-    from core.errors import SessionError
-    from core.kv_live import kv_live
+    from attnscope.core.analysis.kv_live import kv_live
+    from attnscope.core.errors import SessionError
 
     if ctx.session is None:
         raise SessionError("no model loaded")
@@ -136,8 +143,9 @@ def _item(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
     return it
 
 
-def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context: int = 0,
-                      given: str = "this model") -> None:
+def fill_scheme_table(
+    table: QTableWidget, rows_now, rows_max=None, max_context: int = 0, given: str = "this model"
+) -> None:
     """Rows: scheme, KV heads, bytes now, (bytes at max context), × smaller than MHA.
 
     Each size column is printed in one decimal unit chosen by its largest entry, 3 significant
@@ -158,17 +166,23 @@ def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context:
             it = _item(f"{fmt3(row.total_bytes / size)} {unit}")
             cfg = row.config
             if cfg.windows is None:
-                it.setToolTip(f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × {cfg.n_layers} "
-                              f"layers × {row.seq_len:,} tokens × batch {cfg.batch} × {cfg.dtype}")
+                it.setToolTip(
+                    f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × {cfg.n_layers} "
+                    f"layers × {row.seq_len:,} tokens × batch {cfg.batch} × {cfg.dtype}"
+                )
             else:
                 kept = cfg.without_windows().total_bytes(row.seq_len)
-                it.setToolTip(f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × "
-                              f"{int(cfg.layer_tokens(row.seq_len).sum()):,} layer-tokens (Σ min({row.seq_len:,}, W) "
-                              f"over {cfg.n_layers} layers) × batch {cfg.batch} × {cfg.dtype}; "
-                              f"every key kept: {kept:,} bytes")
+                it.setToolTip(
+                    f"{row.total_bytes:,} bytes = {cfg.elements_per_token_per_layer} elements × "
+                    f"{int(cfg.layer_tokens(row.seq_len).sum()):,} layer-tokens (Σ min({row.seq_len:,}, W) "
+                    f"over {cfg.n_layers} layers) × batch {cfg.batch} × {cfg.dtype}; "
+                    f"every key kept: {kept:,} bytes"
+                )
             table.setItem(i, c, it)
     for i, r in enumerate(rows_now):
-        table.setItem(i, 0, _item(r.label + (f"  ({given})" if r.is_given else ""), Qt.AlignLeft | Qt.AlignVCenter))
+        table.setItem(
+            i, 0, _item(r.label + (f"  ({given})" if r.is_given else ""), Qt.AlignLeft | Qt.AlignVCenter)
+        )
         table.setItem(i, 1, _item(str(r.config.n_kv_heads)))
         table.setItem(i, len(heads) - 1, _item("1×" if r.vs_mha == 1 else f"{r.vs_mha:.3g}× smaller"))
     header = table.horizontalHeader()
@@ -181,8 +195,18 @@ def fill_scheme_table(table: QTableWidget, rows_now, rows_max=None, max_context:
 class KVView(QWidget, SavedControls):
     """The KV cache tab."""
 
-    STATE_CONTROLS = ("preset_combo", "calc_layers", "calc_heads", "calc_kv", "calc_dim", "calc_tokens",
-                      "calc_batch", "calc_dtype", "calc_window", "calc_sliding")  # saved in session files
+    STATE_CONTROLS = (
+        "preset_combo",
+        "calc_layers",
+        "calc_heads",
+        "calc_kv",
+        "calc_dim",
+        "calc_tokens",
+        "calc_batch",
+        "calc_dtype",
+        "calc_window",
+        "calc_sliding",
+    )  # saved in session files
 
     def __init__(self, main, parent: QWidget | None = None):
         super().__init__(parent)
@@ -222,8 +246,16 @@ class KVView(QWidget, SavedControls):
         gp.addLegend(offset=(10, 10), labelTextColor="#222")
         self.formula_curve = gp.plot([], [], pen=pg.mkPen("#2e86c1", width=2), name="formula (this model)")
         self.need_curve = gp.plot([], [], pen=pg.mkPen("#1e8449", width=2, style=Qt.DashLine))  # windows
-        self.measured_points = gp.plot([], [], pen=None, symbol="o", symbolSize=8, symbolBrush="#e67e22",
-                                       symbolPen="#7f3f00", name="measured after prefill / step")
+        self.measured_points = gp.plot(
+            [],
+            [],
+            pen=None,
+            symbol="o",
+            symbolSize=8,
+            symbolBrush="#e67e22",
+            symbolPen="#7f3f00",
+            name="measured after prefill / step",
+        )
         freeze_plot(self.growth_plot)
 
         # projection to max context, MHA / GQA / MQA
@@ -236,8 +268,12 @@ class KVView(QWidget, SavedControls):
         pp.showGrid(x=True, y=True, alpha=0.25)
         pp.addLegend(offset=(10, 10), labelTextColor="#222")
         self.proj_curves: dict[str, pg.PlotDataItem] = {}
-        self.now_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#e67e22", width=1, style=Qt.DashLine),
-                                        label="now", labelOpts={"position": 0.55, "color": "#a04000"})
+        self.now_line = pg.InfiniteLine(
+            angle=90,
+            pen=pg.mkPen("#e67e22", width=1, style=Qt.DashLine),
+            label="now",
+            labelOpts={"position": 0.55, "color": "#a04000"},
+        )
         pp.addItem(self.now_line)
         self.kept_curve: pg.PlotDataItem | None = None  # AttnScope keeps (windowed models only)
         freeze_plot(self.proj_plot)
@@ -266,20 +302,34 @@ class KVView(QWidget, SavedControls):
         self.calc_batch = self._spin(1, 100_000, 1, "Sequences in the batch")
         self.calc_dtype = QComboBox()
         self.calc_dtype.addItems(CALC_DTYPES)
-        self.calc_window = self._spin(0, 100_000_000, 0, "Sliding window in keys (0 = none): a windowed layer "
-                                      "caches min(tokens, window) tokens")
+        self.calc_window = self._spin(
+            0,
+            100_000_000,
+            0,
+            "Sliding window in keys (0 = none): a windowed layer caches min(tokens, window) tokens",
+        )
         self.calc_window.setSpecialValueText("none")
         self.calc_sliding = QComboBox()
         self.calc_sliding.setEditable(True)
         self.calc_sliding.addItems(["all", "5:1", "3:1", "1:1"])
-        self.calc_sliding.setToolTip("Layers with the window: all; S:G = S sliding layers then G global ones, "
-                                     "repeated (Gemma 3: 5:1); or a list of layers such as 0-4,6-10")
+        self.calc_sliding.setToolTip(
+            "Layers with the window: all; S:G = S sliding layers then G global ones, "
+            "repeated (Gemma 3: 5:1); or a list of layers such as 0-4,6-10"
+        )
         self.calc_sliding.setMinimumContentsLength(6)
         self.calc_sliding.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         grid = QGridLayout()
-        pairs = [("Layers", self.calc_layers), ("Query heads", self.calc_heads), ("KV heads", self.calc_kv),
-                 ("head_dim", self.calc_dim), ("Tokens", self.calc_tokens), ("Batch", self.calc_batch),
-                 ("dtype", self.calc_dtype), ("Window", self.calc_window), ("Sliding layers", self.calc_sliding)]
+        pairs = [
+            ("Layers", self.calc_layers),
+            ("Query heads", self.calc_heads),
+            ("KV heads", self.calc_kv),
+            ("head_dim", self.calc_dim),
+            ("Tokens", self.calc_tokens),
+            ("Batch", self.calc_batch),
+            ("dtype", self.calc_dtype),
+            ("Window", self.calc_window),
+            ("Sliding layers", self.calc_sliding),
+        ]
         for i, (text, w) in enumerate(pairs):
             grid.addWidget(QLabel(text), i // 3, 2 * (i % 3), Qt.AlignRight)
             grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
@@ -302,14 +352,16 @@ class KVView(QWidget, SavedControls):
         schemes = QGroupBox("This model under MHA / GQA / MQA")
         sl = QVBoxLayout(schemes)
         sl.addWidget(self.scheme_table)
-        note = QLabel("Layers, query heads, head_dim, dtype and sliding windows kept; only the KV heads change. "
-                      "Live: the bytes of the K and V tensors the session's cache holds now. For a plain cache they "
-                      "equal 2 × layers × KV heads × head_dim × seq_len × bytes per element. A layer with a "
-                      "sliding window of W keys needs only min(seq_len, W) of them: the model's cache (and this "
-                      "table) counts that; AttnScope still keeps every key so that every early row can be "
-                      "inspected. The cache grows linearly with the context (past the windows, only the global "
-                      "layers grow): the projection follows it to the model's maximum context. "
-                      "Hover a size for its exact bytes.")
+        note = QLabel(
+            "Layers, query heads, head_dim, dtype and sliding windows kept; only the KV heads change. "
+            "Live: the bytes of the K and V tensors the session's cache holds now. For a plain cache they "
+            "equal 2 × layers × KV heads × head_dim × seq_len × bytes per element. A layer with a "
+            "sliding window of W keys needs only min(seq_len, W) of them: the model's cache (and this "
+            "table) counts that; AttnScope still keeps every key so that every early row can be "
+            "inspected. The cache grows linearly with the context (past the windows, only the global "
+            "layers grow): the projection follows it to the model's maximum context. "
+            "Hover a size for its exact bytes."
+        )
         note.setWordWrap(True)
         note.setStyleSheet("color:#555;")
         sl.addWidget(note)
@@ -323,8 +375,15 @@ class KVView(QWidget, SavedControls):
         lay.addLayout(bottom)
 
         self.preset_combo.currentIndexChanged.connect(self._on_preset)
-        for w in (self.calc_layers, self.calc_heads, self.calc_kv, self.calc_dim, self.calc_tokens, self.calc_batch,
-                  self.calc_window):
+        for w in (
+            self.calc_layers,
+            self.calc_heads,
+            self.calc_kv,
+            self.calc_dim,
+            self.calc_tokens,
+            self.calc_batch,
+            self.calc_window,
+        ):
             w.valueChanged.connect(lambda _v: self.recalculate())
         self.calc_dtype.currentIndexChanged.connect(lambda _i: self.recalculate())
         self.calc_sliding.currentTextChanged.connect(lambda _t: self.recalculate())
@@ -370,7 +429,11 @@ class KVView(QWidget, SavedControls):
         cfg, kept = live.config, live.kept_config
         T = live.seq_len
         ok = live.total_bytes == live.formula_bytes
-        check = ("<span style='color:#1e8449'>✓ equal</span>" if ok else "<span style='color:#b02a2a'>≠ measured</span>")
+        check = (
+            "<span style='color:#1e8449'>✓ equal</span>"
+            if ok
+            else "<span style='color:#b02a2a'>≠ measured</span>"
+        )
         if live.windowed:
             self.live_label.setText(
                 f"<b>Model needs {format_bytes(live.model_bytes)}</b> ({live.model_bytes:,} B) at seq_len {T:,}<br>"
@@ -379,17 +442,20 @@ class KVView(QWidget, SavedControls):
                 f"= {layer_formula(kept, T)} {check}<br>"
                 f"{format_bytes(cfg.bytes_per_token)} per token until the windows fill, then "
                 f"{format_bytes(cfg.steady_bytes_per_token)} · bars: <span style='color:{NEED_COLOUR}'>■</span> needed, "
-                f"<span style='color:{KEPT_COLOUR}'>■</span> kept")
+                f"<span style='color:{KEPT_COLOUR}'>■</span> kept"
+            )
             self.live_label.setToolTip(
                 f"{cfg.describe_windows()}: those layers attend to the last W keys only, so the model's cache "
                 f"needs min(seq_len, W) tokens there.\nAttnScope keeps every key of every layer, so that every "
-                f"early row stays inspectable (the Mask and Heatmap tabs show the whole prompt).")
+                f"early row stays inspectable (the Mask and Heatmap tabs show the whole prompt)."
+            )
         else:
             self.live_label.setText(
                 f"<b>{format_bytes(live.total_bytes)}</b> ({live.total_bytes:,} bytes) at seq_len {T:,}<br>"
                 f"formula {layer_formula(cfg, T)} ({cfg.dtype}) = {live.formula_bytes:,} {check}"
                 f"<br>{format_bytes(cfg.bytes_per_token)} per token · "
-                f"{format_bytes(int(live.layer_bytes.max()) if len(live.layer_bytes) else 0)} per layer")
+                f"{format_bytes(int(live.layer_bytes.max()) if len(live.layer_bytes) else 0)} per layer"
+            )
             self.live_label.setToolTip("")
         self.update_status()
         hm = getattr(self.main, "heatmap", None)
@@ -422,7 +488,10 @@ class KVView(QWidget, SavedControls):
         legend = gp.legend
         legend.removeItem(self.formula_curve)
         legend.removeItem(self.need_curve)
-        legend.addItem(self.formula_curve, "formula: AttnScope keeps (every key)" if live.windowed else "formula (this model)")
+        legend.addItem(
+            self.formula_curve,
+            "formula: AttnScope keeps (every key)" if live.windowed else "formula (this model)",
+        )
         if live.windowed:
             legend.addItem(self.need_curve, "the model needs (windows)")
         pts = sorted(self.history.items())
@@ -439,23 +508,32 @@ class KVView(QWidget, SavedControls):
         pu, ps = unit_for(float(top_bytes))
         pp.setLabel("left", f"KV cache ({pu})")
         if first:
-            for curve in list(self.proj_curves.values()) + ([self.kept_curve] if self.kept_curve is not None else []):
+            for curve in list(self.proj_curves.values()) + (
+                [self.kept_curve] if self.kept_curve is not None else []
+            ):
                 pp.removeItem(curve)
                 pp.legend.removeItem(curve)
             self.proj_curves, self.kept_curve = {}, None
         for r in live.schemes_max:
             name = f"{r.label} ({r.config.n_kv_heads} KV heads)" + (" · this model" if r.is_given else "")
             curve = self.proj_curves.get(r.scheme)
-            pen = pg.mkPen(SCHEME_COLOURS.get(r.scheme, "#555"), width=3 if r.is_given else 1.5,
-                           style=Qt.SolidLine if r.is_given else Qt.DashLine)
+            pen = pg.mkPen(
+                SCHEME_COLOURS.get(r.scheme, "#555"),
+                width=3 if r.is_given else 1.5,
+                style=Qt.SolidLine if r.is_given else Qt.DashLine,
+            )
             if curve is None:
                 curve = pp.plot([], [], pen=pen, name=name)
                 self.proj_curves[r.scheme] = curve
             curve.setData(xs, r.config.project(xs) / ps)
         if live.windowed:
             if self.kept_curve is None:
-                self.kept_curve = pp.plot([], [], pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.DotLine),
-                                          name="AttnScope keeps (every key, this model)")
+                self.kept_curve = pp.plot(
+                    [],
+                    [],
+                    pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.DotLine),
+                    name="AttnScope keeps (every key, this model)",
+                )
             kx = np.array([0, max_ctx], dtype=np.int64)
             self.kept_curve.setData(kx, kept.project(kx) / ps)
         self.now_line.setValue(T)
@@ -488,22 +566,30 @@ class KVView(QWidget, SavedControls):
             label.setToolTip(f"{layer_formula(cfg, T)} ({cfg.dtype}) = {need:,} bytes")
             return
         label.setText(f"KV cache {format_bytes(need)} (model) · {format_bytes(kept)} kept")
-        label.setToolTip(f"The model needs {need:,} bytes: {layer_formula(cfg, T)} ({cfg.dtype}); "
-                         f"{cfg.describe_windows()}.\nAttnScope keeps every key of every layer, so that every "
-                         f"early row stays inspectable: {layer_formula(cfg.without_windows(), T)} = {kept:,} bytes")
+        label.setToolTip(
+            f"The model needs {need:,} bytes: {layer_formula(cfg, T)} ({cfg.dtype}); "
+            f"{cfg.describe_windows()}.\nAttnScope keeps every key of every layer, so that every "
+            f"early row stays inspectable: {layer_formula(cfg.without_windows(), T)} = {kept:,} bytes"
+        )
 
     # -- calculator ---------------------------------------------------------------------------------------
     def calc_windows(self) -> tuple[int | None, ...] | None:
         """Per-layer windows of the calculator (None without a window). Raises ValueError on a bad layer list."""
-        return windows_from_spec(self.calc_window.value() or None, self.calc_sliding.currentText(),
-                                 self.calc_layers.value())
+        return windows_from_spec(
+            self.calc_window.value() or None, self.calc_sliding.currentText(), self.calc_layers.value()
+        )
 
     def calc_config(self) -> KVConfig:
         """The calculator's configuration. Raises ValueError on a bad sliding-layer list."""
-        return KVConfig(n_layers=self.calc_layers.value(), n_kv_heads=self.calc_kv.value(),
-                        head_dim=self.calc_dim.value(), n_heads=self.calc_heads.value(),
-                        dtype=self.calc_dtype.currentText(), batch=self.calc_batch.value(),
-                        windows=self.calc_windows())
+        return KVConfig(
+            n_layers=self.calc_layers.value(),
+            n_kv_heads=self.calc_kv.value(),
+            head_dim=self.calc_dim.value(),
+            n_heads=self.calc_heads.value(),
+            dtype=self.calc_dtype.currentText(),
+            batch=self.calc_batch.value(),
+            windows=self.calc_windows(),
+        )
 
     def _on_preset(self) -> None:
         name = self.preset_combo.currentData()
@@ -512,20 +598,37 @@ class KVView(QWidget, SavedControls):
             if info is None:
                 return
             dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(str(info.dtype), "bf16")
-            ws = self.live.config.windows if self.live is not None and self.live.config.name == info.name else None
+            ws = (
+                self.live.config.windows
+                if self.live is not None and self.live.config.name == info.name
+                else None
+            )
             window = max((w for w in ws or () if w is not None), default=0)
-            values = (info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim,
-                      int(info.max_context or 4096), dtype, 1, window, windows_spec(ws) if ws else "all")
+            values = (
+                info.n_layers,
+                info.n_heads,
+                info.n_kv_heads,
+                info.head_dim,
+                int(info.max_context or 4096),
+                dtype,
+                1,
+                window,
+                windows_spec(ws) if ws else "all",
+            )
         else:
             values = PRESETS[name]
-        values = tuple(values) + (0, "all")[len(values) - 7:]  # presets without a window
+        values = tuple(values) + (0, "all")[len(values) - 7 :]  # presets without a window
         widgets = (self.calc_layers, self.calc_heads, self.calc_kv, self.calc_dim, self.calc_tokens)
         for w, v in zip(widgets, values[:5], strict=True):
             w.blockSignals(True)
             w.setValue(int(v))
             w.blockSignals(False)
-        for w, setter, v in ((self.calc_dtype, "setCurrentText", values[5]), (self.calc_batch, "setValue", values[6]),
-                             (self.calc_window, "setValue", values[7]), (self.calc_sliding, "setCurrentText", values[8])):
+        for w, setter, v in (
+            (self.calc_dtype, "setCurrentText", values[5]),
+            (self.calc_batch, "setValue", values[6]),
+            (self.calc_window, "setValue", values[7]),
+            (self.calc_sliding, "setCurrentText", values[8]),
+        ):
             w.blockSignals(True)
             getattr(w, setter)(v)
             w.blockSignals(False)
@@ -550,12 +653,16 @@ class KVView(QWidget, SavedControls):
         self.calc_result.setStyleSheet("font-weight:bold;")
         T = self.calc_tokens.value()
         total = cfg.total_bytes(T)
-        text = (f"KV cache: {format_bytes(total)}  ({total:,} bytes) · "
-                f"{format_bytes(cfg.bytes_per_token)} per token · {cfg.scheme}")
+        text = (
+            f"KV cache: {format_bytes(total)}  ({total:,} bytes) · "
+            f"{format_bytes(cfg.bytes_per_token)} per token · {cfg.scheme}"
+        )
         if cfg.windows is not None:
             kept = cfg.without_windows().total_bytes(T)
-            text += f"<br><span style='font-weight:normal'>{cfg.describe_windows()}; every key kept: " \
-                    f"{format_bytes(kept)} ({kept:,} bytes)</span>"
+            text += (
+                f"<br><span style='font-weight:normal'>{cfg.describe_windows()}; every key kept: "
+                f"{format_bytes(kept)} ({kept:,} bytes)</span>"
+            )
         self.calc_result.setText(text)
         rows = compare_schemes(cfg, T, gqa_kv_heads=kv if 1 < kv < heads else None)
         fill_scheme_table(self.calc_table, rows, given="your config")
@@ -564,8 +671,12 @@ class KVView(QWidget, SavedControls):
         """``(label, KV heads, bytes)`` of the calculator table (for tests)."""
         cfg = self.calc_config()
         kv, heads = self.calc_kv.value(), self.calc_heads.value()
-        return [(r.label, r.config.n_kv_heads, r.total_bytes)
-                for r in compare_schemes(cfg, self.calc_tokens.value(), gqa_kv_heads=kv if 1 < kv < heads else None)]
+        return [
+            (r.label, r.config.n_kv_heads, r.total_bytes)
+            for r in compare_schemes(
+                cfg, self.calc_tokens.value(), gqa_kv_heads=kv if 1 < kv < heads else None
+            )
+        ]
 
 
 def map_window(windows, layer: int, mode: str) -> int | None:

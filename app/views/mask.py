@@ -3,7 +3,7 @@ before softmax, the weights after it, and each row's entropy.
 
 Step 0 is prefill (``L = S = n_prompt``); step ``t`` is decode step ``t`` (``L = 1`` query over
 ``S = n_prompt + t`` keys), where the L ≠ S offset of the bottom-right aligned causal mask,
-``tril(ones(L, S), k = S − L)``, is written out with its numbers. Data: :mod:`core.maskview`.
+``tril(ones(L, S), k = S − L)``, is written out with its numbers. Data: :mod:`attnscope.core.analysis.maskview`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.heatmap import qt_colormap, token_label
+from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
-
-from app.heatmap import qt_colormap, token_label
-from core.colormaps import to_rgb
 
 BLOCKED_RGB = (215, 215, 215)
 ALLOWED_RGB = (70, 130, 180)
@@ -33,7 +32,7 @@ TIPS = (
 
 def _report_job(layer: int, head: int, step: int):
     def job(ctx):
-        from core.maskview import mask_report
+        from attnscope.core.analysis.maskview import mask_report
 
         return mask_report(ctx.session, layer, head, step)
 
@@ -41,7 +40,7 @@ def _report_job(layer: int, head: int, step: int):
 
 
 class MaskView(QWidget):
-    """The Mask tab. ``window`` is the :class:`app.main_window.MainWindow`."""
+    """The Mask tab. ``window`` is the :class:`attnscope.app.main_window.MainWindow`."""
 
     def __init__(self, window, parent: QWidget | None = None):
         super().__init__(parent)
@@ -79,10 +78,22 @@ class MaskView(QWidget):
         self.ent_plot = self.plots.pop()
         self.ent_plot.setLabel("bottom", "H = −Σ w ln w")
         self.images = [pg.ImageItem() for _ in range(3)]
-        self.score_bar = pg.ColorBarItem(values=(0, 1), colorMap=qt_colormap(), interactive=False, width=10,
-                                         orientation="horizontal", label="score (masked = −∞, grey)")
-        self.weight_bar = pg.ColorBarItem(values=(0, 1), colorMap=qt_colormap(), interactive=False, width=10,
-                                          orientation="horizontal", label="weight")
+        self.score_bar = pg.ColorBarItem(
+            values=(0, 1),
+            colorMap=qt_colormap(),
+            interactive=False,
+            width=10,
+            orientation="horizontal",
+            label="score (masked = −∞, grey)",
+        )
+        self.weight_bar = pg.ColorBarItem(
+            values=(0, 1),
+            colorMap=qt_colormap(),
+            interactive=False,
+            width=10,
+            orientation="horizontal",
+            label="weight",
+        )
         self.glws[1].addItem(self.score_bar, row=1, col=0)
         self.glws[2].addItem(self.weight_bar, row=1, col=0)
         self.mask_note = pg.TextItem("", color=(20, 20, 20), anchor=(0.5, 0.5))
@@ -127,11 +138,15 @@ class MaskView(QWidget):
         n_rows = r.row_stop - r.row_start
         g = info.group_size
         if r.kind == "decode":
-            what = (f"<b>decode step {r.step}</b>: L = 1 new query (position {r.row_start}) over S = {r.S} "
-                    f"cached keys (positions 0..{r.S - 1})")
-            why = (f"The offset S − L = {r.offset} shifts the causal diagonal: the single query row i = 0 sees keys "
-                   f"j ≤ 0 + {r.offset}, i.e. every cached key. (tril with k = 0 would let it see key 0 only: the "
-                   f"classic decode bug.)")
+            what = (
+                f"<b>decode step {r.step}</b>: L = 1 new query (position {r.row_start}) over S = {r.S} "
+                f"cached keys (positions 0..{r.S - 1})"
+            )
+            why = (
+                f"The offset S − L = {r.offset} shifts the causal diagonal: the single query row i = 0 sees keys "
+                f"j ≤ 0 + {r.offset}, i.e. every cached key. (tril with k = 0 would let it see key 0 only: the "
+                f"classic decode bug.)"
+            )
         else:
             what = f"<b>prefill</b> (step 0): L = {r.L} new queries over S = {r.S} keys"
             why = "L = S, so the offset is 0: the ordinary lower triangle, query i sees keys 0..i."
@@ -175,14 +190,26 @@ class MaskView(QWidget):
             x = np.arange(r.S) + 0.5
             s = np.where(finite[0], r.scores[0], np.nan)
             sb = to_rgb(np.nan_to_num(s, nan=lo), self.cmap, lo, hi)
-            self.plots[1].addItem(pg.BarGraphItem(x=x[finite[0]], height=s[finite[0]], width=0.85,
-                                                  brushes=[pg.mkBrush(*c) for c in sb[finite[0]]], pen=None))
+            self.plots[1].addItem(
+                pg.BarGraphItem(
+                    x=x[finite[0]],
+                    height=s[finite[0]],
+                    width=0.85,
+                    brushes=[pg.mkBrush(*c) for c in sb[finite[0]]],
+                    pen=None,
+                )
+            )
             self.plots[1].addItem(pg.InfiniteLine(0, angle=0, pen=pg.mkPen((120, 120, 120))))
             self.plots[1].setRange(xRange=(0, r.S), yRange=(min(lo, 0), max(hi, 0)), padding=0.05)
             wb = to_rgb(r.weights[0], self.cmap, 0.0, 1.0)
-            self.plots[2].addItem(pg.BarGraphItem(x=x, height=r.weights[0], width=0.85,
-                                                  brushes=[pg.mkBrush(*c) for c in wb], pen=None))
-            self.plots[2].setRange(xRange=(0, r.S), yRange=(0, max(float(r.weights.max()), 1e-3)), padding=0.05)
+            self.plots[2].addItem(
+                pg.BarGraphItem(
+                    x=x, height=r.weights[0], width=0.85, brushes=[pg.mkBrush(*c) for c in wb], pen=None
+                )
+            )
+            self.plots[2].setRange(
+                xRange=(0, r.S), yRange=(0, max(float(r.weights.max()), 1e-3)), padding=0.05
+            )
             self.plots[1].setLabel("left", "score")
             self.plots[2].setLabel("left", "weight")
         else:
@@ -202,8 +229,16 @@ class MaskView(QWidget):
         # entropy bars, one per row, against ln(allowed keys)
         e = self.ent_plot
         y = np.arange(r.row_start, r.row_stop) + 0.5 if not decode else np.array([0.5])
-        e.addItem(pg.BarGraphItem(x0=0, y=y, height=0.8, width=r.max_entropy, brush=(225, 228, 235),
-                                  pen=pg.mkPen((170, 170, 180))))
+        e.addItem(
+            pg.BarGraphItem(
+                x0=0,
+                y=y,
+                height=0.8,
+                width=r.max_entropy,
+                brush=(225, 228, 235),
+                pen=pg.mkPen((170, 170, 180)),
+            )
+        )
         e.addItem(pg.BarGraphItem(x0=0, y=y, height=0.8, width=r.entropy, brush=(59, 82, 139), pen=None))
         e.setXRange(0, max(float(r.max_entropy.max()), 1e-3), padding=0.05)
         if decode:
@@ -232,7 +267,11 @@ class MaskView(QWidget):
         stride = max(1, math.ceil(r.S * 60 / vb_w))
         p.getAxis("bottom").setTicks([[(j + 0.5, token_label(toks[j])) for j in range(0, r.S, stride)], []])
         if decode:
-            left = [[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []] if p is self.plots[0] else None
+            left = (
+                [[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []]
+                if p is self.plots[0]
+                else None
+            )
             p.getAxis("left").setTicks(left)
         else:
             p.getAxis("left").setTicks(self._row_ticks(p, toks, r))
@@ -260,4 +299,5 @@ class MaskView(QWidget):
             self.readout.setText(
                 f"query {toks[i].text!r} #{i} → key {toks[j].text!r} #{j}: "
                 f"{'attend' if ok else 'blocked'}, score {'−∞' if not np.isfinite(s) else f'{s:.4f}'}, "
-                f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats")
+                f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats"
+            )

@@ -1,12 +1,14 @@
 """Decode side panel: sampling settings and the top-10 next-token probabilities at the current step.
 
-The numbers come from :func:`core.timeline.next_tokens` (engine thread): ``p_model`` is the
+The numbers come from :func:`attnscope.core.analysis.timeline.next_tokens` (engine thread): ``p_model`` is the
 model's softmax (temperature 1), ``p_sampled`` the distribution the sampler draws from after
-temperature, top-k and top-p (:func:`core.sampling.filtered_probs`). The panel only draws them.
+temperature, top-k and top-p (:func:`attnscope.core.sampling.filtered_probs`). The panel only draws them.
 """
 
 from __future__ import annotations
 
+from attnscope.core.analysis.timeline import NextTokenTable
+from attnscope.core.sampling import Sampling
 from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QPainter
 from PySide6.QtWidgets import (
@@ -22,9 +24,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.sampling import Sampling
-from core.timeline import NextTokenTable
-
 
 class SamplingControls(QGroupBox):
     """Greedy / sample, temperature, top-k, top-p, seed. Emits ``samplingChanged(Sampling)``."""
@@ -37,7 +36,9 @@ class SamplingControls(QGroupBox):
         form.setContentsMargins(6, 6, 6, 6)
         self.mode_combo = QComboBox()
         self.mode_combo.addItems(["Greedy", "Sample"])
-        self.mode_combo.setToolTip("Greedy takes the most likely token; Sample draws from the filtered distribution")
+        self.mode_combo.setToolTip(
+            "Greedy takes the most likely token; Sample draws from the filtered distribution"
+        )
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.05, 5.0)
         self.temperature.setSingleStep(0.05)
@@ -51,11 +52,15 @@ class SamplingControls(QGroupBox):
         self.top_p.setRange(0.01, 1.0)
         self.top_p.setSingleStep(0.05)
         self.top_p.setValue(1.0)
-        self.top_p.setToolTip("Nucleus: keep the smallest set of likely tokens whose mass reaches p (1 = off)")
+        self.top_p.setToolTip(
+            "Nucleus: keep the smallest set of likely tokens whose mass reaches p (1 = off)"
+        )
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
-        self.seed.setToolTip("Random seed of the sampler. A sampled token depends only on the seed and its\n"
-                             "position: stepping back and again, or a reopened session, draws the same token.")
+        self.seed.setToolTip(
+            "Random seed of the sampler. A sampled token depends only on the seed and its\n"
+            "position: stepping back and again, or a reopened session, draws the same token."
+        )
         form.addRow("Mode", self.mode_combo)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-k", self.top_k)
@@ -69,10 +74,14 @@ class SamplingControls(QGroupBox):
         self._sync_enabled()
 
     def sampling(self) -> Sampling:
-        """The settings as a :class:`core.sampling.Sampling` (temperature 0 = greedy)."""
+        """The settings as a :class:`attnscope.core.sampling.Sampling` (temperature 0 = greedy)."""
         greedy = self.mode_combo.currentIndex() == 0
-        return Sampling(temperature=0.0 if greedy else float(self.temperature.value()),
-                        top_k=int(self.top_k.value()), top_p=float(self.top_p.value()), seed=int(self.seed.value()))
+        return Sampling(
+            temperature=0.0 if greedy else float(self.temperature.value()),
+            top_k=int(self.top_k.value()),
+            top_p=float(self.top_p.value()),
+            seed=int(self.seed.value()),
+        )
 
     def set_sampling(self, s: Sampling) -> None:
         """Show ``s`` without emitting (e.g. the session's settings after load)."""
@@ -128,7 +137,11 @@ class TopTokenBars(QWidget):
         p.fillRect(self.rect(), Qt.white)
         if self.table is None or not self.table.rows:
             p.setPen(Qt.darkGray)
-            p.drawText(self.rect(), Qt.AlignCenter | Qt.TextWordWrap, "Run a prompt to see the next-token distribution.")
+            p.drawText(
+                self.rect(),
+                Qt.AlignCenter | Qt.TextWordWrap,
+                "Run a prompt to see the next-token distribution.",
+            )
             return
         t = self.table
         w = self.width()
@@ -154,11 +167,16 @@ class TopTokenBars(QWidget):
             p.fillRect(QRect(bar_x, y + 2, bar_w, h_main), QColor(236, 239, 244))
             p.fillRect(QRect(bar_x, y + 2, max(1, round(bar_w * r.p_model)), h_main), QColor(59, 82, 139))
             if sampling:
-                p.fillRect(QRect(bar_x, y + 2 + h_main + 1, max(0, round(bar_w * r.p_sampled)), 4),
-                           QColor(230, 120, 20))
+                p.fillRect(
+                    QRect(bar_x, y + 2 + h_main + 1, max(0, round(bar_w * r.p_sampled)), 4),
+                    QColor(230, 120, 20),
+                )
             p.setFont(small)
-            p.drawText(QRect(bar_x + bar_w + 4, y, 56, self.ROW - 2), Qt.AlignVCenter | Qt.AlignLeft,
-                       f"{100 * r.p_model:.1f}%")
+            p.drawText(
+                QRect(bar_x + bar_w + 4, y, 56, self.ROW - 2),
+                Qt.AlignVCenter | Qt.AlignLeft,
+                f"{100 * r.p_model:.1f}%",
+            )
         y = 6 + len(t.rows) * self.ROW
         p.setFont(small)
         p.setPen(QColor(90, 90, 90))
@@ -205,7 +223,9 @@ class DecodePanel(QScrollArea):
         lay.addWidget(box)
         lay.addStretch(1)
         # never narrower than its content (no horizontal scroll bar: it would clip the numbers)
-        self.setMinimumWidth(max(215, inner.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width()))
+        self.setMinimumWidth(
+            max(215, inner.minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width())
+        )
 
     def sampling(self) -> Sampling:
         """The settings the controls show (:meth:`SamplingControls.sampling`)."""
@@ -221,5 +241,6 @@ class DecodePanel(QScrollArea):
             self.header.setText("—")
             return
         where = "after prefill" if table.step == 0 else f"after decode step {table.step}"
-        self.header.setText(f"Top {len(table.rows)} at position {table.position} ({where}) · "
-                            f"entropy {table.entropy:.2f} nats")
+        self.header.setText(
+            f"Top {len(table.rows)} at position {table.position} ({where}) · entropy {table.entropy:.2f} nats"
+        )

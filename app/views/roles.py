@@ -1,7 +1,7 @@
 """Head roles panel: every head's role scores and automatic label, in a sortable table.
 
-Scores and labels are :class:`core.roles.RoleTable` (engine thread; definitions in
-:mod:`core.roles`): previous-token, sink/delimiter and positional/local on the session's
+Scores and labels are :class:`attnscope.core.analysis.roles.RoleTable` (engine thread; definitions in
+:mod:`attnscope.core.analysis.roles`): previous-token, sink/delimiter and positional/local on the session's
 sequence, induction on a repeated random-token probe run in a separate KV cache (computed once
 per model). Click a header to sort; click a row to select the head, double-click (or Enter) to
 open it in the heatmap. The label threshold re-labels at once; the local window recomputes.
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from attnscope.app.views.state import SavedControls
+from attnscope.core.analysis.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
@@ -28,9 +30,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.state import SavedControls
-from core.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
-
 COLUMNS = ("Layer", "Head", "KV head", "Label", *(ROLE_TITLES[r] for r in ROLES))
 ROLE_COLOURS = {
     "previous_token": "#d6eaf8",
@@ -42,7 +41,7 @@ ROLE_COLOURS = {
 SCORE_TIPS = {
     "previous_token": "mean over rows i ≥ 2 of the weight on key i−1 (this sequence)",
     "induction": "repeated random tokens [bos] r r: mean over the second copy's rows of the weight on "
-                 "key i−R+1, the token after the previous occurrence (Olsson et al. 2022)",
+    "key i−R+1, the token after the previous occurrence (Olsson et al. 2022)",
     "sink": "mean over rows i ≥ 1 of the weight on token 0 and delimiter/special tokens (this sequence)",
     "local": "mean over rows i ≥ 1 of the weight on the `window` most recent keys, without i−1 and token 0",
 }
@@ -50,8 +49,8 @@ SCORE_TIPS = {
 
 def _roles_job(window: int):
     def job(ctx):
-        from core.errors import SessionError
-        from core.roles import role_table
+        from attnscope.core.analysis.roles import role_table
+        from attnscope.core.errors import SessionError
 
         if ctx.session is None:
             raise SessionError("no model loaded")
@@ -96,15 +95,19 @@ class RolesView(QWidget, SavedControls):
         self.threshold_spin.setRange(0.0, 1.0)
         self.threshold_spin.setSingleStep(0.05)
         self.threshold_spin.setValue(DEFAULT_THRESHOLD)
-        self.threshold_spin.setToolTip("A head gets the best of previous-token / induction / local at or above "
-                                       "this score; else sink/delimiter if that reaches it; else mixed")
+        self.threshold_spin.setToolTip(
+            "A head gets the best of previous-token / induction / local at or above "
+            "this score; else sink/delimiter if that reaches it; else mixed"
+        )
         top.addWidget(self.threshold_spin)
         top.addSpacing(10)
         top.addWidget(QLabel("Local window"))
         self.window_spin = QSpinBox()
         self.window_spin.setRange(2, 64)
         self.window_spin.setValue(DEFAULT_WINDOW)
-        self.window_spin.setToolTip("Keys counted by the positional/local score: the w most recent (recomputes)")
+        self.window_spin.setToolTip(
+            "Keys counted by the positional/local score: the w most recent (recomputes)"
+        )
         top.addWidget(self.window_spin)
         top.addSpacing(10)
         top.addWidget(QLabel("Show"))
@@ -131,12 +134,15 @@ class RolesView(QWidget, SavedControls):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(0, Qt.AscendingOrder)
-        self.table.setToolTip("Click a header to sort · click: select the head · double-click: open it in the heatmap")
+        self.table.setToolTip(
+            "Click a header to sort · click: select the head · double-click: open it in the heatmap"
+        )
 
         self.note = QLabel(
             "Scores are mean attention weights in [0, 1]. Previous-token, sink/delimiter and local are measured on "
             "this sequence; induction on repeated random tokens (computed once per model). Hover a header for its "
-            "definition.")
+            "definition."
+        )
         self.note.setWordWrap(True)
         self.note.setStyleSheet("color:#555;")
 
@@ -154,7 +160,9 @@ class RolesView(QWidget, SavedControls):
         self.table.cellActivated.connect(self._on_activated)
         # a sort the user asks for shows the top of the new order (Qt keeps the scroll offset, so the
         # best-scoring heads would sit out of view); after the table's own sort, hence the 0 ms timer
-        self.table.horizontalHeader().sectionClicked.connect(lambda _c: QTimer.singleShot(0, self.table.scrollToTop))
+        self.table.horizontalHeader().sectionClicked.connect(
+            lambda _c: QTimer.singleShot(0, self.table.scrollToTop)
+        )
 
     # -- hooks -------------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
@@ -189,7 +197,9 @@ class RolesView(QWidget, SavedControls):
         if snap is None or snap.seq_len == 0:
             return
         self.summary.setText("Computing role scores (the induction probe runs once per model)…")
-        self.main.engine.submit("roles", _roles_job(self.window_spin.value()), self.set_table, label="head roles")
+        self.main.engine.submit(
+            "roles", _roles_job(self.window_spin.value()), self.set_table, label="head roles"
+        )
 
     # -- drawing -----------------------------------------------------------------------------------------
     def set_table(self, table: RoleTable) -> None:
@@ -217,8 +227,12 @@ class RolesView(QWidget, SavedControls):
             for head in range(t.n_heads):
                 label = str(t.labels[layer, head])
                 bg = QBrush(QColor(ROLE_COLOURS.get(label, "#ffffff")))
-                cells = [(str(layer), layer), (str(head), head), (str(head // t.group_size), head // t.group_size),
-                         (ROLE_TITLES[label], None)]
+                cells = [
+                    (str(layer), layer),
+                    (str(head), head),
+                    (str(head // t.group_size), head // t.group_size),
+                    (ROLE_TITLES[label], None),
+                ]
                 for c, (text, val) in enumerate(cells):
                     it = _Item(text)
                     it.setData(Qt.UserRole, val if val is not None else text)
@@ -246,10 +260,20 @@ class RolesView(QWidget, SavedControls):
         counts = Counter(str(x) for x in t.labels.ravel())
         parts = [f"{ROLE_TITLES[k]} {counts[k]}" for k in (*ROLES, "mixed") if counts[k]]
         ind = t.heads_with("induction")[:4]
-        ind_text = ("; induction heads: " + ", ".join(f"L{a}H{b} ({t.scores['induction'][a, b]:.2f})" for a, b in ind)
-                    ) if ind else ""
-        self.summary.setText(f"{t.n_layers * t.n_heads} heads at threshold {t.threshold:.2f}: " + ", ".join(parts)
-                             + ind_text + f" · local window {t.window} · seq_len {t.seq_len}")
+        ind_text = (
+            (
+                "; induction heads: "
+                + ", ".join(f"L{a}H{b} ({t.scores['induction'][a, b]:.2f})" for a, b in ind)
+            )
+            if ind
+            else ""
+        )
+        self.summary.setText(
+            f"{t.n_layers * t.n_heads} heads at threshold {t.threshold:.2f}: "
+            + ", ".join(parts)
+            + ind_text
+            + f" · local window {t.window} · seq_len {t.seq_len}"
+        )
         self._apply_filter()
 
     def _apply_filter(self) -> None:

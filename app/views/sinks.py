@@ -1,6 +1,6 @@
 """Sinks panel: a layers × heads table of attention-sink scores, and one head's sink mass over time.
 
-The numbers are :class:`core.sinks.SinkReport` (engine thread): the sink score of a head is the
+The numbers are :class:`attnscope.core.analysis.sinks.SinkReport` (engine thread): the sink score of a head is the
 mean over query rows ``i >= 1`` of its weight on token 0, computed for every head from ``q``,
 ``k_0`` and the LSE rows (linear in the sequence). The panel only draws: cells coloured by score,
 sink heads (score >= the threshold shown) flagged with ●, the table at any earlier step of the
@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.views.state import SavedControls
+from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, SinkReport
+from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QPen
 from PySide6.QtWidgets import (
@@ -32,10 +35,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.state import SavedControls
-from core.colormaps import to_rgb
-from core.sinks import DEFAULT_THRESHOLD, SinkReport
-
 METRICS = {
     "sink": "Token 0 (sink score)",
     "sink_set": "Token 0 + delimiters / special tokens",
@@ -45,8 +44,8 @@ FLAG = "●"
 
 
 def _report_job(ctx):
-    from core.errors import SessionError
-    from core.sinks import session_sink_report
+    from attnscope.core.analysis.sinks import session_sink_report
+    from attnscope.core.errors import SessionError
 
     if ctx.session is None:
         raise SessionError("no model loaded")
@@ -54,9 +53,9 @@ def _report_job(ctx):
 
 
 def _vw_job(ctx):
-    """Value-weighted share of token 0 per row, ``(L, H, T)`` (:func:`core.value_weighted.value_weighted_sink_rows`)."""
-    from core.errors import SessionError
-    from core.value_weighted import value_weighted_sink_rows
+    """Value-weighted share of token 0 per row, ``(L, H, T)`` (:func:`attnscope.core.analysis.value_weighted.value_weighted_sink_rows`)."""
+    from attnscope.core.analysis.value_weighted import value_weighted_sink_rows
+    from attnscope.core.errors import SessionError
 
     if ctx.session is None:
         raise SessionError("no model loaded")
@@ -95,8 +94,9 @@ class FramedSelectionDelegate(QStyledItemDelegate):
             painter.restore()
 
 
-def fill_score_table(table: QTableWidget, values: np.ndarray, flags: np.ndarray | None, group_size: int,
-                     cmap: str = "viridis") -> None:
+def fill_score_table(
+    table: QTableWidget, values: np.ndarray, flags: np.ndarray | None, group_size: int, cmap: str = "viridis"
+) -> None:
     """Fill a layers × heads ``QTableWidget`` with scores, coloured cells and flagged heads."""
     L, H = values.shape
     table.setRowCount(L)
@@ -125,7 +125,7 @@ def fill_score_table(table: QTableWidget, values: np.ndarray, flags: np.ndarray 
 
 
 class SinksView(QWidget, SavedControls):
-    """The Sinks tab. ``window`` is the :class:`app.main_window.MainWindow` it belongs to."""
+    """The Sinks tab. ``window`` is the :class:`attnscope.app.main_window.MainWindow` it belongs to."""
 
     STATE_CONTROLS = ("metric_combo", "threshold_spin", "step_spin")  # saved in session files
 
@@ -148,7 +148,8 @@ class SinksView(QWidget, SavedControls):
             "Token 0 + delimiters: the same for the total weight on token 0, special tokens "
             "(BOS, <|im_start|>…), punctuation and newlines.\n"
             "Value-weighted: the mean over rows i ≥ 1 of token 0's share α_i0‖v_0 W_O^h‖ / Σ_j α_ij‖v_j W_O^h‖ "
-            "of what the head moves (Kobayashi et al. 2020): a sink that takes the weight but moves little scores low.")
+            "of what the head moves (Kobayashi et al. 2020): a sink that takes the weight but moves little scores low."
+        )
         self.metric_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.metric_combo.setMinimumContentsLength(18)
         top.addWidget(self.metric_combo)
@@ -164,7 +165,9 @@ class SinksView(QWidget, SavedControls):
         top.addSpacing(12)
         top.addWidget(QLabel("Table at seq_len"))
         self.step_spin = QSpinBox()
-        self.step_spin.setToolTip("Show the table as it was after this many tokens (prefill, then each decode step)")
+        self.step_spin.setToolTip(
+            "Show the table as it was after this many tokens (prefill, then each decode step)"
+        )
         top.addWidget(self.step_spin)
         top.addSpacing(12)
         self.summary = QLabel("Run a prompt to see the sink table.")
@@ -190,15 +193,29 @@ class SinksView(QWidget, SavedControls):
         pi.setLabel("left", "weight on token 0")
         pi.setYRange(0, 1.02, padding=0)
         pi.showGrid(x=True, y=True, alpha=0.25)
-        self.row_curve = pi.plot([], [], pen=pg.mkPen("#3b6fb6", width=1.5), symbol="o", symbolSize=5,
-                                 symbolBrush="#3b6fb6", symbolPen=None)
+        self.row_curve = pi.plot(
+            [],
+            [],
+            pen=pg.mkPen("#3b6fb6", width=1.5),
+            symbol="o",
+            symbolSize=5,
+            symbolBrush="#3b6fb6",
+            symbolPen=None,
+        )
         self.mean_curve = pi.plot([], [], pen=pg.mkPen("#d0702a", width=2.5))
-        self.threshold_line = pg.InfiniteLine(angle=0, pos=DEFAULT_THRESHOLD,
-                                              pen=pg.mkPen("#b02a2a", width=1, style=Qt.DashLine),
-                                              label="threshold {value:.2f}",
-                                              labelOpts={"position": 0.05, "color": "#b02a2a"})
-        self.decode_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#666", width=1, style=Qt.DotLine),
-                                           label="decode →", labelOpts={"position": 0.06, "color": "#444"})
+        self.threshold_line = pg.InfiniteLine(
+            angle=0,
+            pos=DEFAULT_THRESHOLD,
+            pen=pg.mkPen("#b02a2a", width=1, style=Qt.DashLine),
+            label="threshold {value:.2f}",
+            labelOpts={"position": 0.05, "color": "#b02a2a"},
+        )
+        self.decode_line = pg.InfiniteLine(
+            angle=90,
+            pen=pg.mkPen("#666", width=1, style=Qt.DotLine),
+            label="decode →",
+            labelOpts={"position": 0.06, "color": "#444"},
+        )
         pi.addItem(self.threshold_line)
         pi.addItem(self.decode_line)
         self.decode_line.hide()
@@ -223,8 +240,14 @@ class SinksView(QWidget, SavedControls):
 
     # -- main-window hooks ---------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
-        key = (snap.info.name, snap.backend, snap.prompt, snap.chat_template, snap.seq_len,
-               tuple(t.id for t in snap.tokens[-4:]))
+        key = (
+            snap.info.name,
+            snap.backend,
+            snap.prompt,
+            snap.chat_template,
+            snap.seq_len,
+            tuple(t.id for t in snap.tokens[-4:]),
+        )
         if key != self._seq_key:
             self._seq_key = key
             self._stale = True
@@ -282,7 +305,11 @@ class SinksView(QWidget, SavedControls):
         if self.metric == "sink_vw":
             if self.vw is None:
                 return None
-            return self.vw[1][..., max(n, 2) - 1] if r.seq_len >= 2 else np.zeros(self.vw[0].shape[:2], np.float32)
+            return (
+                self.vw[1][..., max(n, 2) - 1]
+                if r.seq_len >= 2
+                else np.zeros(self.vw[0].shape[:2], np.float32)
+            )
         if r.seq_len < 2:
             return getattr(r, self.metric)
         running = r.running if self.metric == "sink" else r.running_set
@@ -304,10 +331,12 @@ class SinksView(QWidget, SavedControls):
         n = self.step_spin.value()
         when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
         what = {"sink": "token 0", "sink_vw": "token 0, value-weighted"}.get(
-            self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
+            self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens"
+        )
         self.summary.setText(
             f"{int(flags.sum())} of {flags.size} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
-            f"mean {np.nanmean(vals):.2f}")
+            f"mean {np.nanmean(vals):.2f}"
+        )
         self.threshold_line.setValue(self.threshold)
         self._draw_head(self.main.layer, self.main.head)
 
@@ -323,14 +352,19 @@ class SinksView(QWidget, SavedControls):
         self.row_curve.setData(x[1:], per_row[layer, head, 1:])
         self.mean_curve.setData(x[1:], running[layer, head, 1:])
         pi = self.plot.getPlotItem()
-        target = {"sink": "token 0", "sink_vw": "token 0 (value-weighted share)"}.get(self.metric,
-                                                                                     "token 0 + delimiters")
+        target = {"sink": "token 0", "sink_vw": "token 0 (value-weighted share)"}.get(
+            self.metric, "token 0 + delimiters"
+        )
         pi.setLabel("left", f"weight on {target}")
         g = self.main.snapshot.info.group_size if self.main.snapshot is not None else 1
-        pi.setTitle(f"Layer {layer} · query head {head} (KV head {head // g}) · "
-                    f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
-                    f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
-                    f"{running[layer, head, -1]:.3f}</span>", color="#222", size="10pt")
+        pi.setTitle(
+            f"Layer {layer} · query head {head} (KV head {head // g}) · "
+            f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
+            f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
+            f"{running[layer, head, -1]:.3f}</span>",
+            color="#222",
+            size="10pt",
+        )
         if r.n_prompt < r.seq_len:
             self.decode_line.setValue(r.n_prompt - 0.5)
             self.decode_line.show()
@@ -347,7 +381,7 @@ class SinksView(QWidget, SavedControls):
 
     def _set_vw(self, result) -> None:
         """Value-weighted per-row shares arrived (GUI thread): keep them with their running means."""
-        from core.sinks import running_mean_from_row1
+        from attnscope.core.analysis.sinks import running_mean_from_row1
 
         T, rows = result
         if self.report is None or T != self.report.seq_len:

@@ -1,6 +1,6 @@
 """Saving a view's own controls in a session file (``view_state`` / ``restore_view_state`` hooks).
 
-:meth:`app.export.ExportController.view_state` stores, under ``"views"``, what each tab returns from
+:meth:`attnscope.app.export.ExportController.view_state` stores, under ``"views"``, what each tab returns from
 ``view_state()``; opening the session hands it back to ``restore_view_state()``.
 """
 

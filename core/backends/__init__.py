@@ -1,8 +1,8 @@
 """Backends run a model forward and fill a Trace. ``torch`` (CPU / CUDA) and ``mlx`` (Apple silicon, CPU).
 
-A backend offers (see :class:`core.backends.torch_backend.TorchBackend`):
+A backend offers (see :class:`attnscope.core.backends.torch_backend.TorchBackend`):
 
-* ``info``: :class:`core.models.ModelInfo`; ``trace``: a Trace (``weights``, ``sink_scores``...);
+* ``info``: :class:`attnscope.core.loading.resolve.ModelInfo`; ``trace``: a Trace (``weights``, ``sink_scores``...);
 * ``tokenizer``: a transformers tokenizer;
 * ``forward(ids) -> np.ndarray``: feed new token ids, return the last position's logits (float32);
 * ``truncate(n)``: drop every position ``>= n`` from the KV cache and the Trace;

@@ -1,10 +1,10 @@
 """The MLX backend: the torch backend's API on MLX (Apple silicon GPU; CPU elsewhere).
 
-The model is one of the small self-contained MLX models in :mod:`core.backends.mlx_models`
+The model is one of the small self-contained MLX models in :mod:`attnscope.core.backends.mlx_arch`
 (Llama family incl. SmolLM2 and Mistral, Qwen2, Qwen3), loaded from the same Hugging Face folder
-the torch backend uses (:func:`core.models.resolve`: the default GGUF is converted once into
+the torch backend uses (:func:`attnscope.core.loading.resolve.resolve`: the default GGUF is converted once into
 safetensors in Hugging Face row order). Attention is fused (``mx.fast.scaled_dot_product_attention``)
-and every layer records its post-RoPE query rows and their LSE in an :class:`core.capture_mlx.MlxTrace`.
+and every layer records its post-RoPE query rows and their LSE in an :class:`attnscope.core.trace.mlx_trace.MlxTrace`.
 
 Threads: MLX streams belong to the thread that created them, so create the backend and call
 ``forward``/``truncate``/``reset`` and the trace from ONE thread (the GUI's engine thread);
@@ -27,13 +27,19 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
-from core.backends.mlx_models import CausalLM, KVCache, ModelArgs
-from core.capture_mlx import MlxTrace
-from core.errors import Cancelled, ModelLoadError
-from core.ids import as_token_ids
-from core.models import ModelInfo, ProgressFn, _first_line, model_source, quiet_transformers, resolve
-from core.quantize import file_quantization
+from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
+from attnscope.core.errors import Cancelled, ModelLoadError
+from attnscope.core.ids import as_token_ids
+from attnscope.core.loading.quantize import file_quantization
+from attnscope.core.loading.resolve import (
+    ModelInfo,
+    ProgressFn,
+    _first_line,
+    model_source,
+    quiet_transformers,
+    resolve,
+)
+from attnscope.core.trace.mlx_trace import MlxTrace
 
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -55,7 +61,9 @@ def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
     """
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"{folder} has no *.safetensors weights: the MLX backend cannot read pytorch_model.bin")
+        raise ModelLoadError(
+            f"{folder} has no *.safetensors weights: the MLX backend cannot read pytorch_model.bin"
+        )
     weights: dict[str, mx.array] = {}
     for f in files:
         try:
@@ -68,8 +76,10 @@ def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
         for part in ("scales", "biases"):  # an mlx-lm quantised, tied lm_head
             weights.pop(f"lm_head.{part}", None)
     # packed quantised weights (uint32) stay as they are; scales, biases and float weights take dtype
-    return {k: v.astype(dtype) if v.dtype != dtype and mx.issubdtype(v.dtype, mx.floating) else v
-            for k, v in weights.items()}
+    return {
+        k: v.astype(dtype) if v.dtype != dtype and mx.issubdtype(v.dtype, mx.floating) else v
+        for k, v in weights.items()
+    }
 
 
 def build_model(args: ModelArgs, weights: dict[str, mx.array], quantization: dict | None = None) -> CausalLM:
@@ -87,24 +97,38 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array], quantization: dic
     model = CausalLM(args)
     if quantization:
         try:
-            nn.quantize(model, group_size=int(quantization["group_size"]), bits=int(quantization["bits"]),
-                        mode=quantization.get("mode", "affine"),
-                        class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+            nn.quantize(
+                model,
+                group_size=int(quantization["group_size"]),
+                bits=int(quantization["bits"]),
+                mode=quantization.get("mode", "affine"),
+                class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights,
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise ModelLoadError(f"cannot read the MLX quantization {quantization!r}: {_first_line(e)}") from None
+            raise ModelLoadError(
+                f"cannot read the MLX quantization {quantization!r}: {_first_line(e)}"
+            ) from None
     expected = dict(tree_flatten(model.parameters()))
     missing = sorted(expected.keys() - weights.keys())
     extra = sorted(weights.keys() - expected.keys())
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"missing {len(missing)} tensor(s) ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+            parts.append(
+                f"missing {len(missing)} tensor(s) ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+            )
         if extra:
-            parts.append(f"unexpected {len(extra)} tensor(s) ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})")
-        raise ModelLoadError(f"the weights do not match a {args.model_type} model of this config: {'; '.join(parts)}")
+            parts.append(
+                f"unexpected {len(extra)} tensor(s) ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})"
+            )
+        raise ModelLoadError(
+            f"the weights do not match a {args.model_type} model of this config: {'; '.join(parts)}"
+        )
     for k, v in expected.items():
         if weights[k].shape != v.shape:
-            raise ModelLoadError(f"tensor {k} has shape {tuple(weights[k].shape)}, the config implies {tuple(v.shape)}")
+            raise ModelLoadError(
+                f"tensor {k} has shape {tuple(weights[k].shape)}, the config implies {tuple(v.shape)}"
+            )
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
@@ -118,8 +142,13 @@ def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str
     """``mlx.nn.quantize`` the decoder layers' ``nn.Linear`` (not embeddings, not lm_head) in place,
     affine ``bits``-bit with one scale and bias per ``group_size`` weights; return the description
     recorded as the runtime quantisation. Layers whose input size ``group_size`` does not divide stay float."""
+
     def pick(path: str, m) -> bool:
-        return isinstance(m, nn.Linear) and path.startswith("model.layers.") and m.weight.shape[-1] % group_size == 0
+        return (
+            isinstance(m, nn.Linear)
+            and path.startswith("model.layers.")
+            and m.weight.shape[-1] % group_size == 0
+        )
 
     n = 0
 
@@ -138,8 +167,14 @@ def float_weight(layer) -> mx.array:
     """A linear layer's weight as a float ``(out, in)`` array: ``mx.dequantize`` of a ``QuantizedLinear``'s
     packed weight (scales and biases per group), the weight itself otherwise."""
     if hasattr(layer, "scales"):
-        return mx.dequantize(layer.weight, layer.scales, layer.get("biases"), group_size=layer.group_size,
-                             bits=layer.bits, mode=getattr(layer, "mode", "affine"))
+        return mx.dequantize(
+            layer.weight,
+            layer.scales,
+            layer.get("biases"),
+            group_size=layer.group_size,
+            bits=layer.bits,
+            mode=getattr(layer, "mode", "affine"),
+        )
     return layer.weight
 
 
@@ -158,15 +193,20 @@ class MlxBackend:
         self.reset()
 
     @classmethod
-    def load(cls, model: str | os.PathLike | None = None, dtype: str = "auto",
-             progress: ProgressFn | None = None, quantize: str = "none") -> MlxBackend:
+    def load(
+        cls,
+        model: str | os.PathLike | None = None,
+        dtype: str = "auto",
+        progress: ProgressFn | None = None,
+        quantize: str = "none",
+    ) -> MlxBackend:
         """Load ``model`` (None = embedded default, a .gguf file or an HF folder) for MLX.
 
         An mlx-lm quantised folder (config ``"quantization": {"group_size", "bits"}``) loads its
         packed weights as ``nn.QuantizedLinear`` (:func:`build_model`).
 
         Args:
-            dtype: "auto" (default: :func:`core.precision.decide`), "float32", "bfloat16" or "float16":
+            dtype: "auto" (default: :func:`attnscope.core.loading.precision.decide`), "float32", "bfloat16" or "float16":
                 weights, activations and cache
                 (a quantised folder's scales and biases too).
             quantize: "none", "int8" or "int4": ``mlx.nn.quantize`` of the decoder's linear layers
@@ -178,7 +218,7 @@ class MlxBackend:
             ModelLoadError: unusable reference or weights; UnsupportedModelError: a family or
                 config setting the MLX models do not implement (message says which).
         """
-        from core.precision import decide
+        from attnscope.core.loading.precision import decide
 
         dtype, dtype_reason = decide(model, dtype, mlx_device().replace(":", "-"))
         if dtype not in DTYPES:
@@ -214,14 +254,24 @@ class MlxBackend:
         from mlx.utils import tree_flatten
 
         info = ModelInfo(
-            name=name, source=model_source(model), architecture=args.model_type, n_layers=args.num_hidden_layers,
-            n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, head_dim=args.head_dim,
-            hidden_size=args.hidden_size, max_context=args.max_position_embeddings, rope_theta=args.rope_theta,
-            sliding_window=args.sliding_window, vocab_size=args.vocab_size, dtype=dtype,
+            name=name,
+            source=model_source(model),
+            architecture=args.model_type,
+            n_layers=args.num_hidden_layers,
+            n_heads=args.n_heads,
+            n_kv_heads=args.n_kv_heads,
+            head_dim=args.head_dim,
+            hidden_size=args.hidden_size,
+            max_context=args.max_position_embeddings,
+            rope_theta=args.rope_theta,
+            sliding_window=args.sliding_window,
+            vocab_size=args.vocab_size,
+            dtype=dtype,
             n_params=sum(v.size for _, v in tree_flatten(m.parameters())),
             has_chat_template=bool(getattr(tok, "chat_template", None)),
             quantization_file=file_quantization(folder if file_q else model_source(model)),
-            quantization_runtime=runtime, dtype_reason=dtype_reason,
+            quantization_runtime=runtime,
+            dtype_reason=dtype_reason,
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0
@@ -237,7 +287,9 @@ class MlxBackend:
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._thread:
-            raise RuntimeError("the MLX backend must be used from the thread that created it (MLX streams are per thread)")
+            raise RuntimeError(
+                "the MLX backend must be used from the thread that created it (MLX streams are per thread)"
+            )
 
     def forward(
         self,
@@ -259,7 +311,7 @@ class MlxBackend:
             RuntimeError: called from another thread than the one that created the backend.
         """
         self._check_thread()
-        ids = as_token_ids(ids)  # one flat sequence: a batch is refused (core.ids)
+        ids = as_token_ids(ids)  # one flat sequence: a batch is refused (attnscope.core.ids)
         if len(ids) == 0:
             raise ValueError("no token ids to feed")
         arr = np.asarray(ids, dtype=np.int64)
@@ -305,7 +357,7 @@ class MlxBackend:
 
     def value_norms(self, layer: int) -> np.ndarray:
         """``‖v_j W_O^h‖`` for every query head ``h`` and cached key ``j`` of ``layer``: ``(n_heads, seq_len)``
-        float32 (see :mod:`core.value_weighted`; Kobayashi et al. 2020), from the cached values and
+        float32 (see :mod:`attnscope.core.analysis.value_weighted`; Kobayashi et al. 2020), from the cached values and
         ``o_proj``, in float32.
 
         Raises:
@@ -321,7 +373,9 @@ class MlxBackend:
         w = float_weight(self.model.model.layers[layer].self_attn.o_proj).astype(mx.float32)  # (hidden, H*D)
         H, D = self.info.n_heads, values.shape[-1]
         g = H // values.shape[0]
-        out = mx.stack([mx.linalg.norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, axis=-1) for h in range(H)])
+        out = mx.stack(
+            [mx.linalg.norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, axis=-1) for h in range(H)]
+        )
         return np.array(out, dtype=np.float32)  # (n_heads, S)
 
     def kv_cache_bytes(self) -> int:

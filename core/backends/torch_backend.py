@@ -3,8 +3,8 @@
 ``register_attention()`` adds ``"attnscope"`` to transformers' ``AttentionInterface``; a model loaded
 with ``attn_implementation="attnscope"`` then calls :func:`attnscope_attention` in every layer
 with post-RoPE queries and the cached keys/values. The function runs the fused kernel
-(:func:`core.attention.sdpa_with_lse`) and records the new query rows and their LSE in the
-layer's :class:`core.capture.TorchTrace`.
+(:func:`attnscope.core.attention.fused.sdpa_with_lse`) and records the new query rows and their LSE in the
+layer's :class:`attnscope.core.trace.torch_trace.TorchTrace`.
 
 The mask: ``register_attention()`` also puts :func:`attnscope_mask` in transformers'
 ``AttentionMaskInterface``, so that a caller's padding mask reaches the attention function instead
@@ -12,7 +12,7 @@ of being dropped (transformers passes ``attention_mask=None`` to a function miss
 mask function returns None when every key is real; our function then applies the mask itself:
 causal, bottom-right aligned, plus the layer's sliding window (``module.sliding_window``) where it
 has one. A padding mask, a custom 4-d mask or a batch of several sequences is refused with one line
-(:data:`core.ids.BATCH_REFUSAL`): the Trace holds one sequence.
+(:data:`attnscope.core.ids.BATCH_REFUSAL`): the Trace holds one sequence.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-
-from core.attention import sdpa_with_lse
-from core.capture import TorchTrace
-from core.errors import Cancelled, ModelLoadError, UnsupportedModelError
-from core.ids import BATCH_REFUSAL, as_token_ids
-from core.rope_length import LengthDependentRope, RopeRecompute
+from attnscope.core.attention.fused import sdpa_with_lse
+from attnscope.core.attention.rope_length import LengthDependentRope, RopeRecompute
+from attnscope.core.errors import Cancelled, ModelLoadError, UnsupportedModelError
+from attnscope.core.ids import BATCH_REFUSAL, as_token_ids
+from attnscope.core.trace.torch_trace import TorchTrace
 
 ATTN_NAME = "attnscope"
 PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
@@ -51,7 +50,9 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
             of several sequences while capturing.
     """
     if kwargs.get("softcap") is not None:
-        raise UnsupportedModelError("attention logit soft-capping is not supported by AttnScope's attention path")
+        raise UnsupportedModelError(
+            "attention logit soft-capping is not supported by AttnScope's attention path"
+        )
     if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
         raise UnsupportedModelError("learned attention sinks are not supported by AttnScope's attention path")
     if attention_mask is not None:
@@ -62,21 +63,39 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
     causal = getattr(module, "is_causal", True)
     capture: TorchTrace | None = getattr(module, "_attnscope_trace", None)
     if query.shape[0] != 1 and capture is not None and capture.enabled:
-        raise UnsupportedModelError(f"the model was called with a batch of {query.shape[0]} sequences: {BATCH_REFUSAL}")
+        raise UnsupportedModelError(
+            f"the model was called with a batch of {query.shape[0]} sequences: {BATCH_REFUSAL}"
+        )
     overrides = getattr(capture, "overrides", None) if capture is not None else None
-    if overrides is not None:  # experiments (core.experiments) may change mask and scale
+    if overrides is not None:  # experiments (attnscope.core.analysis.experiments) may change mask and scale
         out, lse = overrides.attend(module, query, key, value, scaling, window)
     else:
         # half-precision rows keep the kernel's LSE here; the trace rebuilds it for the rows a view reads
-        out, lse = sdpa_with_lse(query, key, value, scale=scaling, causal=causal, sliding_window=window,
-                                 exact_half=False)
+        out, lse = sdpa_with_lse(
+            query, key, value, scale=scaling, causal=causal, sliding_window=window, exact_half=False
+        )
     if capture is not None:
-        capture.record(module.layer_idx, query, lse, key, scaling if scaling is not None else query.shape[-1] ** -0.5, window)
+        capture.record(
+            module.layer_idx,
+            query,
+            lse,
+            key,
+            scaling if scaling is not None else query.shape[-1] ** -0.5,
+            window,
+        )
     return out.transpose(1, 2).contiguous(), None
 
 
-def attnscope_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                   attention_mask=None, **kwargs):
+def attnscope_mask(
+    batch_size,
+    q_length,
+    kv_length,
+    q_offset=0,
+    kv_offset=0,
+    mask_function=None,
+    attention_mask=None,
+    **kwargs,
+):
     """transformers mask function for ``"attnscope"`` (``AttentionMaskInterface``).
 
     Args:
@@ -126,8 +145,9 @@ def pick_device(requested: str | None = None) -> str:
             why = "this torch build has no CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
             raise ModelLoadError(f"device {requested!r} is not available: {why}; use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {requested!r} is not available: "
-                                 f"torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+            raise ModelLoadError(
+                f"device {requested!r} is not available: torch sees {torch.cuda.device_count()} CUDA GPU(s)"
+            )
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError(f"device {requested!r} is not available on this machine; use --device cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):
@@ -158,7 +178,7 @@ class TorchBackend:
             raise UnsupportedModelError(
                 f"found {n} attention modules with a layer index, expected {info.n_layers}: this family's layout is not supported"
             )
-        # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see core.rope_length
+        # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see attnscope.core.attention.rope_length
         self.rope = LengthDependentRope(model)
         self.notices: list[RopeRecompute] = []  # KV-cache recomputes of the current sequence
         # Chunked attention (Llama 4: layer_types "chunked_attention", attention_chunk_size): its mask
@@ -170,16 +190,31 @@ class TorchBackend:
         self.reset()
 
     @classmethod
-    def load(cls, model=None, device: str | None = None, dtype: str = "auto", progress=None,
-             quantize: str = "none", device_map=None, max_memory: dict | None = None) -> TorchBackend:
+    def load(
+        cls,
+        model=None,
+        device: str | None = None,
+        dtype: str = "auto",
+        progress=None,
+        quantize: str = "none",
+        device_map=None,
+        max_memory: dict | None = None,
+    ) -> TorchBackend:
         """Load for torch on ``device``, or spread over devices with ``device_map`` (then the ids
-        go to the input embeddings' device: :func:`core.device_map.input_device`)."""
-        from core.device_map import input_device
-        from core.models import load_torch
+        go to the input embeddings' device: :func:`attnscope.core.loading.device_map.input_device`)."""
+        from attnscope.core.loading.device_map import input_device
+        from attnscope.core.loading.resolve import load_torch
 
         device = pick_device(device)
-        m, tok, info = load_torch(model, device=device, dtype=dtype, progress=progress or (lambda *_: None),
-                                  quantize=quantize, device_map=device_map, max_memory=max_memory)
+        m, tok, info = load_torch(
+            model,
+            device=device,
+            dtype=dtype,
+            progress=progress or (lambda *_: None),
+            quantize=quantize,
+            device_map=device_map,
+            max_memory=max_memory,
+        )
         if device_map is not None:
             device = input_device(m)
         return cls(m, tok, info, device)
@@ -212,10 +247,10 @@ class TorchBackend:
         after each and ``cancelled()`` checked before each (raising :class:`Cancelled`, after
         rolling the cache back to where it was).
 
-        A model whose RoPE frequencies depend on the length (:mod:`core.rope_length`) runs every
+        A model whose RoPE frequencies depend on the length (:mod:`attnscope.core.attention.rope_length`) runs every
         chunk with the frequencies of the whole sequence; when those differ from the ones the
         cache was built with, the whole sequence is re-run from position 0 and a
-        :class:`core.rope_length.RopeRecompute` is appended to :attr:`notices`.
+        :class:`attnscope.core.attention.rope_length.RopeRecompute` is appended to :attr:`notices`.
 
         Raises:
             ValueError: ``ids`` is not one flat sequence of ints (a batch is refused).
@@ -227,7 +262,8 @@ class TorchBackend:
         if self.attention_chunk and start + len(ids) > self.attention_chunk:
             raise UnsupportedModelError(
                 f"this model attends in chunks of {self.attention_chunk} tokens (attention_chunk_size), which "
-                f"AttnScope's attention path does not apply: sequences up to {self.attention_chunk} tokens only")
+                f"AttnScope's attention path does not apply: sequences up to {self.attention_chunk} tokens only"
+            )
         if not self.rope.active:
             return self._run(ids, progress, cancelled, all_logits)
         total = start + len(ids)
@@ -241,7 +277,7 @@ class TorchBackend:
                 self._rebuild(old)
                 raise
             self.notices.append(self.rope.notice(start, total))
-            return logits[-len(ids):] if all_logits else logits
+            return logits[-len(ids) :] if all_logits else logits
         return self._run_at(ids, total, key, progress, cancelled, all_logits)
 
     def _run_at(self, ids, total, key, progress, cancelled, all_logits):
@@ -269,15 +305,21 @@ class TorchBackend:
         """The chunk loop of :meth:`forward`."""
         start = self.seq_len
         outs = []
-        if self.trace.enabled:  # one allocation for the whole capture (see core.capture._RowStore)
+        if (
+            self.trace.enabled
+        ):  # one allocation for the whole capture (see attnscope.core.trace.torch_trace._RowStore)
             self.trace.reserve(start + len(ids), dtype=self.model.dtype, device=self.device)
         try:
             for c0 in range(0, len(ids), PREFILL_CHUNK):
                 if cancelled is not None and cancelled():
                     raise Cancelled("prefill cancelled")
                 chunk = torch.tensor([ids[c0 : c0 + PREFILL_CHUNK]], device=self.device)
-                res = self.model(input_ids=chunk, **{self._cache_kw: self.cache}, use_cache=True,
-                                 logits_to_keep=0 if all_logits else 1)
+                res = self.model(
+                    input_ids=chunk,
+                    **{self._cache_kw: self.cache},
+                    use_cache=True,
+                    logits_to_keep=0 if all_logits else 1,
+                )
                 self.seq_len += chunk.shape[1]
                 self._ids += ids[c0 : c0 + PREFILL_CHUNK]
                 outs.append(res.logits[0].float().cpu().numpy())
@@ -318,7 +360,7 @@ class TorchBackend:
     @torch.inference_mode()
     def value_norms(self, layer: int) -> np.ndarray:
         """``‖v_j W_O^h‖`` for every query head ``h`` and cached key ``j`` of ``layer``: ``(n_heads, seq_len)``
-        float32 (see :mod:`core.value_weighted`; Kobayashi et al. 2020). From the KV cache's values and
+        float32 (see :mod:`attnscope.core.analysis.value_weighted`; Kobayashi et al. 2020). From the KV cache's values and
         the layer's output projection, in float32.
 
         Raises:
@@ -329,8 +371,11 @@ class TorchBackend:
             raise IndexError(f"layer {layer} out of range 0..{self.info.n_layers - 1}")
         if self.seq_len == 0 or len(self.cache.layers) <= layer:
             raise RuntimeError("nothing cached yet: run a prompt first")
-        mod = next(m for m in self.model.modules() if getattr(m, "_attnscope_trace", None) is self.trace
-                   and getattr(m, "layer_idx", None) == layer)
+        mod = next(
+            m
+            for m in self.model.modules()
+            if getattr(m, "_attnscope_trace", None) is self.trace and getattr(m, "layer_idx", None) == layer
+        )
         values = self.cache.layers[layer].values[0, :, : self.seq_len].float()  # (n_kv_heads, S, D)
         proj = next((getattr(mod, n) for n in ("o_proj", "c_proj", "dense") if hasattr(mod, n)), None)
         if proj is None:
@@ -344,7 +389,9 @@ class TorchBackend:
         H, D = self.info.n_heads, values.shape[-1]
         g = H // values.shape[0]
         # v_j W_O^h = W_O[:, hD:(h+1)D] v_j: (S, D) @ (D, hidden) per head, one head at a time
-        out = [torch.linalg.vector_norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, dim=-1) for h in range(H)]
+        out = [
+            torch.linalg.vector_norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, dim=-1) for h in range(H)
+        ]
         return torch.stack(out).cpu().numpy().astype(np.float32)  # (n_heads, S)
 
     def kv_cache_bytes(self) -> int:

@@ -16,7 +16,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-VERSION="$("$PYTHON" -c 'import core; print(core.__version__)')"
+VERSION="$("$PYTHON" -c 'import attnscope; print(attnscope.__version__)')"
 ARCH="$(uname -m)"
 APP="dist/AttnScope.app"
 DMG="dist/attnscope-${VERSION}-macos-${ARCH}.dmg"

@@ -10,7 +10,7 @@
 $ErrorActionPreference = "Stop"
 $Root = Resolve-Path "$PSScriptRoot\..\.."
 Set-Location $Root
-$Version = python -c "import core; print(core.__version__)"
+$Version = python -c "import attnscope; print(attnscope.__version__)"
 $t0 = Get-Date
 python -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build\pyinstaller packaging\attnscope.spec
 if ($LASTEXITCODE -ne 0) { throw "PyInstaller failed" }

@@ -1,6 +1,6 @@
 """Short CUDA benchmark: ``python tests/gpu/bench_gpu.py [--sizes 2048,8192] [--json FILE]``.
 
-Runs :func:`core.bench.run_bench` on the GPU (the same code path as ``attnscope bench``; the
+Runs :func:`attnscope.core.bench.overhead.run_bench` on the GPU (the same code path as ``attnscope bench``; the
 torch backend's attention then goes through the fused CUDA kernel) and prints the table. Exits 0
 with a one-line note where there is no CUDA. Memory figures are the CUDA allocator's peak growth.
 The memory limit for (c) eager defaults to 80 % of the GPU's memory, so eager runs where it fits.
@@ -30,12 +30,19 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device: skipped")
         return 0
-    from core.bench import BenchOptions, format_table, run_bench
+    from attnscope.core.bench.overhead import BenchOptions, format_table, run_bench
 
     total = torch.cuda.get_device_properties(0).total_memory
-    opts = BenchOptions(sizes=tuple(int(x) for x in args.sizes.split(",")), repeats=args.repeats,
-                        decode_steps=args.decode_steps, head_repeats=3, matmul_n=8192, device="cuda",
-                        memory=args.memory, memory_limit=int(0.8 * total))
+    opts = BenchOptions(
+        sizes=tuple(int(x) for x in args.sizes.split(",")),
+        repeats=args.repeats,
+        decode_steps=args.decode_steps,
+        head_repeats=3,
+        matmul_n=8192,
+        device="cuda",
+        memory=args.memory,
+        memory_limit=int(0.8 * total),
+    )
     res = run_bench(opts, log=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))
     print(format_table(res))
     if args.json:

@@ -39,14 +39,21 @@ def _qkv(L, S, dtype, H=9, Hkv=3, D=64, seed=0):
     [(64, 64, None), (1, 300, None), (37, 300, None), (512, 2048, None), (300, 300, 16), (1, 300, 16)],
 )
 def test_fused_cuda_kernel_taken_and_equal_to_math(dtype, L, S, window):
-    from core import attention as A
+    from attnscope.core.attention import fused as A
 
     q, k, v = _qkv(L, S, dtype)
     Hkv = k.shape[1]
     structural = not (window is None and L in (1, S))
     is_causal = window is None and L == S and L > 1
-    bias5 = A.mask_bias(L, S, Hkv, causal=structural, sliding_window=window if window and window < S else None,
-                        dtype=q.dtype, device=q.device)
+    bias5 = A.mask_bias(
+        L,
+        S,
+        Hkv,
+        causal=structural,
+        sliding_window=window if window and window < S else None,
+        dtype=q.dtype,
+        device=q.device,
+    )
     assert A._cuda_fused(q, k, v, 64**-0.5, is_causal, bias5) is not None, "fell back to the unfused path"
     out, lse = A.sdpa_with_lse(q, k, v, causal=True, sliding_window=window)
     ref_out, ref_lse = A.math_with_lse(q, k, v, causal=True, sliding_window=window)
@@ -58,21 +65,24 @@ def test_fused_cuda_kernel_taken_and_equal_to_math(dtype, L, S, window):
 
 @pytest.fixture(scope="module")
 def folder():
-    from core.models import resolve
+    from attnscope.core.loading.resolve import resolve
 
     return resolve(None)[0]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_session_on_cuda_weights_equal_eager(folder, dtype):
+    from attnscope.core.session import Session
     from transformers import AutoModelForCausalLM
-
-    from core.session import Session
 
     s = Session.load(device="cuda", dtype=str(dtype).removeprefix("torch."))
     s.prefill(PROMPT, chat_template=False)
     s.step(3)
-    eager = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").to("cuda").eval()
+    eager = (
+        AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+        .to("cuda")
+        .eval()
+    )
     with torch.no_grad():
         ref = eager(torch.tensor([s.ids], device="cuda"), output_attentions=True).attentions
     worst = 0.0
@@ -89,7 +99,7 @@ def test_session_on_cuda_weights_equal_eager(folder, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_weights_from_fused_lse_equal_math_lse(dtype):
     """Weights recomputed with the fused kernel's LSE equal those from the math path's LSE."""
-    from core import attention as A
+    from attnscope.core.attention import fused as A
 
     q, k, v = _qkv(200, 200, dtype, seed=1)
     _, lse = A.sdpa_with_lse(q, k, v, causal=True)
@@ -101,7 +111,7 @@ def test_weights_from_fused_lse_equal_math_lse(dtype):
 
 
 def test_logits_cuda_equal_cpu():
-    from core.session import Session
+    from attnscope.core.session import Session
 
     gpu = Session.load(device="cuda")
     cpu = Session.load(device="cpu")
@@ -112,10 +122,19 @@ def test_logits_cuda_equal_cpu():
 
 
 def test_quick_bench_on_cuda():
-    from core.bench import BenchOptions, run_bench
+    from attnscope.core.bench.overhead import BenchOptions, run_bench
 
-    res = run_bench(BenchOptions(sizes=(256,), repeats=1, decode_steps=4, head_repeats=2, matmul_n=1024,
-                                 memory=False, device="cuda"))
+    res = run_bench(
+        BenchOptions(
+            sizes=(256,),
+            repeats=1,
+            decode_steps=4,
+            head_repeats=2,
+            matmul_n=1024,
+            memory=False,
+            device="cuda",
+        )
+    )
     assert res["machine"]["device"] == "cuda" and res["machine"]["gpu"]
     for c in ("sdpa", "scope", "eager"):
         d = res["sizes"][0]["configs"][c]

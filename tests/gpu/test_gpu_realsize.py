@@ -19,19 +19,33 @@ pytestmark = [
 
 # Llama-3.1-8B's config.json (meta-llama/Llama-3.1-8B), weights random
 LLAMA_8B = dict(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    bos_token_id=128000, eos_token_id=128001,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    bos_token_id=128000,
+    eos_token_id=128001,
 )
 T = 512
 
 
 def _model_8b(seed: int = 0):
+    from attnscope.core.backends.torch_backend import ATTN_NAME, register_attention
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from core.backends.torch_backend import ATTN_NAME, register_attention
 
     register_attention()
     cfg = AutoConfig.for_model("llama", **LLAMA_8B)
@@ -42,8 +56,8 @@ def _model_8b(seed: int = 0):
 
 
 def _backend(m):
-    from core.backends.torch_backend import TorchBackend
-    from core.models import info_from_config
+    from attnscope.core.backends.torch_backend import TorchBackend
+    from attnscope.core.loading.resolve import info_from_config
 
     info = info_from_config(m.config, name="llama-8b-shaped", source="synthetic", dtype="bfloat16")
     return TorchBackend(m, tokenizer=None, info=info, device="cuda")
@@ -77,7 +91,7 @@ def test_8b_shaped_bf16_capture_equals_eager(ids):
 
 @pytest.mark.parametrize("mode, budget_gb", [("int8", 9.6), ("int4", 6.2)])
 def test_8b_shaped_quantised_fits_its_budget(ids, mode, budget_gb):
-    from core.quantize import quantize_model, weight_bytes
+    from attnscope.core.loading.quantize import quantize_model, weight_bytes
 
     m = _model_8b()
     desc = quantize_model(m, mode)
@@ -94,15 +108,20 @@ def test_8b_shaped_quantised_fits_its_budget(ids, mode, budget_gb):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_two_device_map_keeps_rows_on_each_layers_device(tmp_path):
+    from attnscope.core.backends.torch_backend import TorchBackend
     from tiny_models import eager_reference, save_tiny
     from transformers import AutoModelForCausalLM
 
-    from core.backends.torch_backend import TorchBackend
-
     folder = tmp_path / "llama"
     save_tiny("llama", folder)
-    dm = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "model.norm": 1,
-          "model.rotary_emb": 0, "lm_head": 1}
+    dm = {
+        "model.embed_tokens": 0,
+        "model.layers.0": 0,
+        "model.layers.1": 1,
+        "model.norm": 1,
+        "model.rotary_emb": 0,
+        "lm_head": 1,
+    }
     b = TorchBackend.load(str(folder), dtype="float32", device_map=dm)
     assert b.device == "cuda:0"
     ids = [1, 40, 41, 42, 7, 8, 9, 100, 101, 102]
@@ -110,7 +129,9 @@ def test_two_device_map_keeps_rows_on_each_layers_device(tmp_path):
     assert b.trace.layers[0].store.q.device == torch.device("cuda:0")
     assert b.trace.layers[1].store.q.device == torch.device("cuda:1")
     assert b.trace.layers[1].keys.device == torch.device("cuda:1")
-    eager = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     _, ref = eager_reference(eager, ids)
     for layer in range(2):
         for head in range(4):

@@ -1,0 +1,1 @@
+"""Headless ``attnscope`` subcommands, one module each (see :mod:`attnscope.core.cli.main`)."""

@@ -1,0 +1,158 @@
+"""``attnscope bench``: prefill, decode, memory and map timings of AttnScope against transformers.
+
+Prints a table (stdout; progress on stderr) and, with ``--json FILE``, writes the raw figures,
+the ratios, the issue's targets (met or not) and the machine's description. See
+:mod:`attnscope.core.bench.overhead` for what is measured and how.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+NAME = "bench"
+HELP = "benchmark capture against transformers SDPA and eager+output_attentions"
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--sizes takes comma-separated integers, got {text!r}") from None
+    if not sizes:
+        raise ValueError("--sizes is empty")
+    return sizes
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--model", default=None, help="HF model folder or .gguf (default: embedded SmolLM2-135M-Instruct)"
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="write raw figures, ratios and targets as JSON"
+    )
+    p.add_argument("--sizes", default=None, help="comma-separated prefill lengths (default 512,2048,8192)")
+    p.add_argument("--repeats", type=int, default=None, help="prefill timings per configuration (default 3)")
+    p.add_argument(
+        "--decode-steps", type=int, default=None, help="decode steps after each prefill (default 64)"
+    )
+    p.add_argument(
+        "--head-repeats", type=int, default=None, help="one-head map timings per repeat (default 3)"
+    )
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=24.0,
+        help="memory budget in GB; eager+output_attentions is skipped where it would not fit (default 24)",
+    )
+    p.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="skip the peak-RSS runs (each configuration in a fresh process)",
+    )
+    p.add_argument("--no-eager", dest="eager", action="store_false", help="leave out eager+output_attentions")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="real-size bench at this precision (auto: the checkpoint's own): GGUF conversion, cold/warm "
+        "load, prefill, decode, one head's map and peak RSS, capture vs SDPA, each in a fresh process",
+    )
+    p.add_argument(
+        "--quantize",
+        default=None,
+        choices=("none", "int8", "int4"),
+        help="real-size bench with weight-only quantised linear layers (implies --dtype auto)",
+    )
+    p.add_argument(
+        "--views",
+        action="store_true",
+        help="long-prompt views instead (issue 15): head grid at 2,000/8,000 tokens, mean of all layers "
+        "and one head at 8,192; with --long-model a 32,000-token prefill and a streamed 16k PNG",
+    )
+    p.add_argument(
+        "--long-model",
+        default=None,
+        metavar="GGUF",
+        help="with --views: long-context model (Gemma 3 270M's GGUF) for the 32k rows",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
+    )
+
+
+def options_from_args(args):
+    from attnscope.core.bench.overhead import QUICK, BenchOptions
+
+    kw = dict(QUICK) if args.quick else {}
+    if args.sizes is not None:
+        kw["sizes"] = _sizes(args.sizes)
+    for name in ("repeats", "decode_steps", "head_repeats"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    if args.memory_limit_gb <= 0:
+        raise ValueError(f"--memory-limit-gb must be positive, got {args.memory_limit_gb}")
+    kw["memory_limit"] = int(args.memory_limit_gb * 1e9)
+    kw["memory"] = args.memory
+    kw["configs"] = ("sdpa", "scope", "eager") if args.eager else ("sdpa", "scope")
+    opts = BenchOptions(model=args.model, device=args.device, **kw)
+    opts.check()
+    if (args.device or "").startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: this machine has no CUDA device torch can use")
+    return opts
+
+
+def run(args) -> int:
+    from attnscope.core.bench.overhead import format_table, run_bench
+
+    out = Path(args.json) if args.json else None
+    if out is not None and not out.parent.exists():
+        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    if getattr(args, "views", False):
+        from attnscope.core.bench.views import main as views_main
+
+        argv = ["--smol", str(_sizes(args.sizes)[-1] if args.sizes else 8192)]
+        if args.long_model:
+            argv += ["--long-model", args.long_model]
+        return views_main(argv + (["--json", str(out)] if out is not None else []))
+    if getattr(args, "dtype", None) is not None or getattr(args, "quantize", None) is not None:
+        return _run_size(args, out)
+    opts = options_from_args(args)
+    result = run_bench(opts, log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
+    print(format_table(result))
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _run_size(args, out: Path | None) -> int:
+    """``--dtype``/``--quantize``: the real-size bench (:mod:`attnscope.core.bench.size`)."""
+    from attnscope.core.bench.size import SizeOptions, format_size_table, run_size_bench
+
+    kw = {}
+    if args.sizes is not None:
+        kw["sizes"] = _sizes(args.sizes)
+    if args.decode_steps is not None:
+        kw["decode_steps"] = args.decode_steps
+    if args.quick:
+        kw.update(sizes=(64,), decode_steps=2)
+    opts = SizeOptions(
+        model=args.model,
+        dtype=args.dtype or "auto",
+        quantize=args.quantize or "none",
+        device=args.device,
+        **kw,
+    )
+    result = run_size_bench(opts, log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
+    print(format_size_table(result))
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+    return 0 if not any("error" in result.get(p, {}) for p in ("convert", "scope", "sdpa")) else 1

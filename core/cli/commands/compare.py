@@ -1,0 +1,119 @@
+"""``attnscope compare``: how far run B's attention is from run A's, head by head, as JSON (and CSV).
+
+Run A is ``--model/--backend/--dtype`` on ``--prompt``; run B takes each of those from A unless
+``--model-b``, ``--backend-b``, ``--dtype-b`` (``--quantize-b`` where the models support it) or
+``--prompt-b`` says otherwise. The JSON (:meth:`attnscope.core.analysis.compare.CompareResult.to_json`) holds
+``heads``: ``{"layer", "head", "js_mean", "js_max"}`` sorted by ``js_mean``, most changed first
+(base-2 Jensen–Shannon distance over the aligned query rows, :mod:`attnscope.core.analysis.compare`); ``logits``:
+per position ``KL(A‖B)`` in bits and top-1 agreement; ``alignment``: token-aligned or by the shared
+prefix; ``run_a``/``run_b``: model, sha256, dtype, backend, prompt, ids.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import json
+from pathlib import Path
+
+from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
+
+NAME = "compare"
+HELP = "compare two runs head by head (Jensen-Shannon distance per layer and head, logits KL) as JSON"
+
+
+def _supports_quantize() -> bool:
+    from attnscope.core.session import Session
+
+    return "quantize" in inspect.signature(Session.load).parameters
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    add_prompt_arguments(p)
+    dtypes = next((a.choices for a in p._actions if a.dest == "dtype"), None)
+    p.add_argument("--model-b", default=None, help="run B's model (default: the same as A)")
+    p.add_argument("--prompt-b", default=None, help="run B's prompt (default: the same as A)")
+    p.add_argument("--dtype-b", default=None, choices=dtypes, help="run B's dtype (default: A's)")
+    p.add_argument(
+        "--backend-b", default=None, choices=("torch", "mlx"), help="run B's backend (default: A's)"
+    )
+    if _supports_quantize():
+        quants = next((a.choices for a in p._actions if a.dest == "quantize"), None)
+        p.add_argument(
+            "--quantize-b",
+            default=None,
+            choices=quants,
+            help="run B's weight-only quantisation (default: A's)",
+        )
+    p.add_argument(
+        "--weighting",
+        default="attention",
+        choices=("attention", "value-weighted"),
+        help="compare the weights, or the row-normalised value-weighted maps (Kobayashi et al. 2020)",
+    )
+    p.add_argument(
+        "--low-memory",
+        action="store_true",
+        help="drop A's model weights (keeping its trace) before loading B",
+    )
+    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file")
+    p.add_argument("--csv", default=None, metavar="FILE", help="also write the ranked heads table as CSV")
+
+
+def write_csv(result, path: Path) -> Path:
+    """The ranked heads table: ``rank, layer, head, js_mean, js_max, js_argmax_row``."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["rank", "layer", "head", "js_mean", "js_max", "js_argmax_row"])
+        for i, d in enumerate(result.ranked(), 1):
+            w.writerow([i, d.layer, d.head, f"{d.js_mean:.9g}", f"{d.js_max:.9g}", d.js_argmax])
+    return path
+
+
+def run(args) -> int:
+    from attnscope.core.analysis.compare import run_pair
+    from attnscope.core.errors import SessionError
+
+    out = Path(args.json)
+    for f in (out, Path(args.csv) if args.csv else None):
+        if f is not None and not f.parent.exists():
+            raise FileNotFoundError(f"folder {f.parent} does not exist")
+    for name in ("prompt", "prompt_b"):
+        v = getattr(args, name)
+        if v is not None and not v.strip():
+            raise SessionError(f"--{name.replace('_', '-')} is empty: give some text")
+    if args.steps:
+        raise SessionError("compare runs the prompts only: --steps is not supported")
+    kw = {}
+    if getattr(args, "quantize_b", None) and args.quantize_b != "none":
+        kw["quantize_b"] = args.quantize_b
+    if getattr(args, "quantize", None) and args.quantize != "none":
+        kw["quantize"] = args.quantize
+    res = run_pair(
+        args.model,
+        args.model_b,
+        args.prompt,
+        args.prompt_b,
+        backend=args.backend,
+        backend_b=args.backend_b,
+        dtype=args.dtype,
+        dtype_b=args.dtype_b,
+        device=args.device,
+        chat_template=args.chat_template,
+        weighting=args.weighting,
+        low_memory=args.low_memory,
+        **kw,
+    )
+    out.write_text(json.dumps(res.to_json(), indent=1), encoding="utf-8")
+    if args.csv:
+        write_csv(res, Path(args.csv))
+    top = res.ranked()[:3]
+    tops = ", ".join(f"L{d.layer}H{d.head} {d.js_mean:.3g}" for d in top)
+    agree = res.to_json()["top1_agreement"]
+    print(
+        f"{res.alignment.description}; most changed heads: {tops}; top-1 agreement {agree:.0%}; wrote {out}"
+        if agree is not None
+        else f"wrote {out}"
+    )
+    return 0

@@ -1,0 +1,412 @@
+"""``attnscope export``: heads' exact attention maps as images or data, headless.
+
+One head (rows = query positions, columns = key positions, zero above the diagonal, rows sum to 1)::
+
+    attnscope export --prompt TEXT [--steps N] --layer L --head H --out map.png|.svg|.pdf|.npy|.csv|.safetensors
+
+Every head of a layer (``--layer L``) or every layer × head (no ``--layer``) into a folder::
+
+    attnscope export --prompt TEXT --all-heads [--layer L] --format svg --out DIR
+
+Every decode step of one head as an animation::
+
+    attnscope export --prompt TEXT --steps 20 --layer L --head H --frames steps.gif|.mp4
+
+From a saved session (model, prompt, replayed tokens and view; ``--layer``/``--head`` default to the
+session's view), and saving one::
+
+    attnscope export --session fox.attnscope --out map.pdf
+    attnscope export --prompt TEXT --steps 5 --save-session fox.attnscope
+
+Data files and PDFs get a sidecar ``<file>.json`` (model + hash, backend, dtype, device, prompt,
+tokens, step, layer, head, mask, ``exact: true``); batches a ``manifest.json``. ``.png`` is the plain map (one
+colour per cell) unless ``--figure``; ``.svg``/``.pdf`` are labelled figures drawn with Qt's own SVG
+and PDF devices on the offscreen platform (no display needed). For a single head the tokens are
+printed, one per line, as ``position<TAB>id<TAB>label``; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
+
+NAME = "export"
+HELP = "export attention maps as PNG/SVG/PDF or NPY/CSV/safetensors (+ JSON provenance), batches, animations"
+FORMATS = (".png", ".svg", ".pdf", ".npy", ".csv", ".safetensors")
+
+
+#: flags a saved session also sets: (dest, the session file's field). Given explicitly next to --session,
+#: the flag wins (what ran goes into every sidecar); --no-chat-template would change the tokens: a conflict.
+SESSION_FLAGS = (("backend", "backend"), ("device", "device"), ("dtype", "dtype"))
+_DEFAULTS: dict = {}
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    add_prompt_arguments(p, required=False)
+    # None = "not given", so an explicit flag can be told from the default next to --session
+    for dest in (*(d for d, _ in SESSION_FLAGS), "chat_template"):
+        _DEFAULTS[dest] = p.get_default(dest)
+        p.set_defaults(**{dest: None})
+    p.add_argument(
+        "--session",
+        metavar="FILE",
+        help="take model, prompt, tokens and view from a saved .attnscope session",
+    )
+    p.add_argument(
+        "--save-session", metavar="FILE", help="also save the session (model, prompt, tokens, view) to FILE"
+    )
+    p.add_argument(
+        "--layer", type=int, default=None, help="layer (0-based); with --all-heads: only this layer"
+    )
+    p.add_argument("--head", type=int, default=None, help="query head (0-based)")
+    p.add_argument(
+        "--out", help="output file (.png .svg .pdf .npy .csv .safetensors), or a folder with --all-heads"
+    )
+    p.add_argument(
+        "--all-heads",
+        action="store_true",
+        help="every head of --layer, or every layer x head, into --out DIR",
+    )
+    p.add_argument(
+        "--format",
+        default="png",
+        choices=("png", "svg", "pdf", "npy", "csv", "safetensors"),
+        help="file format with --all-heads (default png)",
+    )
+    p.add_argument(
+        "--frames",
+        metavar="FILE",
+        help="every decode step of --layer/--head as an animation (.gif, or .mp4 with imageio-ffmpeg)",
+    )
+    p.add_argument("--fps", type=float, default=4.0, help="frames per second for --frames (default 4)")
+    p.add_argument(
+        "--figure",
+        action="store_true",
+        help="PNG as a labelled figure (tokens, colour bar) instead of the plain map",
+    )
+    p.add_argument(
+        "--cmap", default=None, help="colour map: viridis, magma, inferno, plasma, cividis (default viridis)"
+    )
+    p.add_argument(
+        "--scale",
+        default=None,
+        choices=("linear", "log", "power"),
+        help="colour scale (default: linear below 2,048 tokens, log from there; said in the metadata)",
+    )
+    p.add_argument("--gamma", type=float, default=None, help="exponent of the power scale (default 0.5)")
+    p.add_argument(
+        "--range",
+        dest="range_mode",
+        default=None,
+        choices=("fixed", "auto", "shared"),
+        help="colour range: fixed [0, 1], auto (this map's 99.5th percentile) or shared (the "
+        "layer's); default fixed",
+    )
+    p.add_argument(
+        "--dpi", type=float, default=None, help="dots per inch (PNG metadata; figure font and page size)"
+    )
+    p.add_argument(
+        "--size",
+        default=None,
+        help="image size WxH in pixels (plain PNG: exact size; figures: canvas; "
+        "a long map's plain PNG: a max-pooled overview of that size)",
+    )
+    p.add_argument(
+        "--weighting",
+        default="attention",
+        choices=("attention", "value-weighted"),
+        help="what a cell measures: the attention weight, or α·‖v W_O‖ row-normalised "
+        "(value-weighted, Kobayashi et al. 2020; maps under 2,048 tokens)",
+    )
+    p.add_argument(
+        "--full-size",
+        action="store_true",
+        help="a long map's plain PNG at one pixel per cell (streamed; needed above 4096 tokens; "
+        "default for maps from 2,048 tokens: a 2048x2048 max-pooled overview)",
+    )
+
+
+def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
+    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar."""
+    from attnscope.core.io.export import DATA_FORMATS, save_map_png, write_data
+
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix in DATA_FORMATS:
+        write_data(w, out)
+    elif suffix == "png":
+        save_map_png(w, out, cmap=cmap)
+    else:
+        raise ValueError(f"unsupported output {out.name!r}: use .png, .npy, .csv or .safetensors")
+
+
+# SVG/PDF figures (and labelled PNG figures) are drawn with Qt's paint devices. core never imports
+# Qt or app, so the entry point that has them (attnscope.app.cli) installs a loader here at start-up.
+FIGURE_RENDERER: Callable[[], Callable] | None = None
+#: loader of the labelled animation-frame renderer (``attnscope.app.export.figure_frame``); None: bare frames
+FRAME_RENDERER: Callable[[], Callable] | None = None
+
+
+def figure_renderer() -> Callable:
+    """The figure renderer installed by the entry point (``attnscope.app.export.save_heatmap_figure``).
+
+    Raises:
+        ValueError: no renderer installed (core used without the app package).
+    """
+    if FIGURE_RENDERER is None:
+        raise ValueError(
+            "SVG/PDF and labelled figures need the app package: run them through `attnscope export`"
+        )
+    return FIGURE_RENDERER()
+
+
+def _check_args(args) -> None:
+    from attnscope.core.errors import SessionError
+    from attnscope.core.io.colormaps import COLORMAPS
+    from attnscope.core.io.export import ANIMATION_FORMATS, parse_size
+
+    if args.session and args.prompt is not None:
+        raise SessionError("give either --prompt or --session, not both")
+    if not args.session:  # flags not given take the usual defaults
+        for dest, default in _DEFAULTS.items():
+            if getattr(args, dest, None) is None:
+                setattr(args, dest, default)
+    if not args.session and args.prompt is None:
+        raise SessionError("give a prompt with --prompt TEXT, or a saved session with --session FILE")
+    if args.prompt is not None and not args.prompt.strip():
+        raise SessionError("the prompt is empty: give some text with --prompt")
+    if args.steps < 0:
+        raise SessionError(f"--steps must be >= 0, got {args.steps}")
+    if not (args.out or args.frames or args.save_session):
+        raise SessionError("nothing to write: give --out, --frames or --save-session")
+    if args.cmap is not None and args.cmap not in COLORMAPS:
+        raise ValueError(f"unknown colour map {args.cmap!r}; choose one of {', '.join(COLORMAPS)}")
+    if args.dpi is not None and not 10 <= args.dpi <= 2400:
+        raise ValueError(f"--dpi must be between 10 and 2400, got {args.dpi:g}")
+    if args.fps <= 0:
+        raise ValueError(f"--fps must be > 0, got {args.fps:g}")
+    parse_size(args.size)
+    if args.all_heads:
+        if args.head is not None:
+            raise ValueError(
+                "--all-heads exports every head: drop --head (use --layer to limit to one layer)"
+            )
+        if args.frames:
+            raise ValueError("--frames animates one head: use it without --all-heads")
+        if not args.out:
+            raise ValueError("--all-heads needs --out DIR")
+        out = Path(args.out)
+        if out.suffix.lower() in FORMATS:
+            raise ValueError(f"--all-heads writes many files: --out must be a folder, not {out.name!r}")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a folder")
+        if not out.parent.exists():
+            raise FileNotFoundError(f"folder {out.parent} does not exist")
+    elif args.out:
+        out = Path(args.out)
+        if out.suffix.lower() not in FORMATS:
+            raise ValueError(f"unsupported output {out.name!r}: use one of {', '.join(FORMATS)}")
+        if not out.parent.exists():
+            raise FileNotFoundError(f"folder {out.parent} does not exist")
+    if args.frames:
+        fr = Path(args.frames)
+        if fr.suffix.lower().lstrip(".") not in ANIMATION_FORMATS:
+            raise ValueError(f"unsupported animation {fr.name!r}: use .gif or .mp4")
+        if not fr.parent.exists():
+            raise FileNotFoundError(f"folder {fr.parent} does not exist")
+        if fr.suffix.lower() == ".mp4":
+            from attnscope.core.io.export import mp4_unavailable
+
+            why = mp4_unavailable()
+            if why:  # before the model loads, not after
+                raise ValueError(why)
+    if args.save_session and not Path(args.save_session).parent.exists():
+        raise FileNotFoundError(f"folder {Path(args.save_session).parent} does not exist")
+
+
+def _progress_line(label: str):
+    """``progress(done, total, name)`` printing ``label 12/270 L01_H02.png`` on stderr."""
+    tty = sys.stderr.isatty()
+    t0 = time.monotonic()
+
+    def show(done: int, total: int, name: str) -> None:
+        line = f"{label} {done}/{total} {name} ({time.monotonic() - t0:.1f} s)"
+        if tty:
+            print(f"\r{line}\x1b[K", end="\n" if done == total else "", file=sys.stderr, flush=True)
+        elif done == total or done % max(1, total // 10) == 0:
+            print(line, file=sys.stderr, flush=True)
+
+    return show
+
+
+def _open(args):
+    """The Session (prompt run, or saved session replayed) and the view dict to default from."""
+    from attnscope.core.cli.main import open_session
+
+    if not args.session:
+        return open_session(args), {}
+    from attnscope.core.io import sessionfile
+
+    sf = sessionfile.load(args.session)
+    sf = _session_overrides(sf, args)
+    s, warnings = sessionfile.replay(sf, model=args.model, device=args.device)
+    for w in warnings:
+        print(f"attnscope: warning: {w}", file=sys.stderr)
+    if args.steps:
+        s.step(args.steps)
+    return s, dict(sf.view)
+
+
+def _session_overrides(sf, args):
+    """The session file with the explicitly given --backend/--dtype in place of its own (a note on
+    stderr for each); --device and --model go to the replay.
+
+    Raises:
+        SessionError: --no-chat-template next to a session saved with the chat template (another
+        token sequence: use --prompt instead).
+    """
+    import dataclasses
+
+    from attnscope.core.errors import SessionError
+
+    if args.chat_template is False and sf.chat_template:
+        raise SessionError(
+            f"--no-chat-template conflicts with {Path(args.session).name}, saved with the chat "
+            "template: drop the flag, or give the prompt with --prompt"
+        )
+    changes = {}
+    for dest, field in SESSION_FLAGS:
+        given, saved = getattr(args, dest, None), getattr(sf, field)
+        if given is not None and str(given) != str(saved):
+            print(
+                f"attnscope: note: --{dest} {given} overrides the session's {field} {saved}", file=sys.stderr
+            )
+            if field != "device":  # the device goes to replay(device=...)
+                changes[field] = given
+    if args.model is not None and args.model != sf.model:
+        print(
+            f"attnscope: note: --model {args.model} overrides the session's model {sf.model}", file=sys.stderr
+        )
+    return dataclasses.replace(sf, **changes) if changes else sf
+
+
+def run(args) -> int:
+    from attnscope.core.io import export as E
+
+    _check_args(args)
+    s, view = _open(args)
+    cmap = args.cmap or view.get("cmap") or "viridis"
+    from attnscope.core.io.export_long import default_scale
+
+    scale_choice = args.scale or view.get("scale")  # None: by the map's length (log from 2,048 tokens)
+    scale = scale_choice or default_scale(s.seq_len)
+    gamma = args.gamma if args.gamma is not None else float(view.get("gamma") or 0.5)
+    if not gamma > 0:
+        raise ValueError(f"--gamma must be > 0, got {gamma}")
+    range_mode = args.range_mode or view.get("range_mode") or "fixed"
+    size = E.parse_size(args.size)
+    info = s.info
+    layer = args.layer if args.layer is not None else view.get("layer")
+    head = args.head if args.head is not None else view.get("head")
+
+    if args.save_session:
+        from attnscope.core.io import sessionfile
+
+        v = dict(view)
+        v.update(
+            {
+                k: val
+                for k, val in (
+                    ("layer", layer),
+                    ("head", head),
+                    ("cmap", cmap),
+                    ("scale", scale),
+                    ("gamma", gamma),
+                    ("range_mode", range_mode),
+                )
+                if val is not None
+            }
+        )
+        path = sessionfile.save(sessionfile.SessionFile.from_session(s, view=v), args.save_session)
+        print(f"saved session {path}", file=sys.stderr)
+
+    if args.all_heads:
+        if args.layer is not None and not 0 <= args.layer < info.n_layers:
+            raise IndexError(f"layer {args.layer} out of range 0..{info.n_layers - 1}")
+        pairs = E.heads_in_scope(info.n_layers, info.n_heads, args.layer)
+        needs_qt = args.format in ("svg", "pdf") or (args.format == "png" and args.figure)
+        t0 = time.monotonic()
+        written = E.export_batch(
+            s,
+            args.out,
+            args.format,
+            pairs,
+            cmap=cmap,
+            scale=scale,
+            size=size,
+            dpi=args.dpi,
+            figure=args.figure,
+            renderer=figure_renderer() if needs_qt else None,
+            progress=_progress_line("export"),
+            gamma=gamma,
+            range_mode=range_mode,
+        )
+        print(
+            f"wrote {len(pairs)} {args.format} files ({len(written)} with sidecars and manifest) to {args.out} "
+            f"in {time.monotonic() - t0:.1f} s",
+            file=sys.stderr,
+        )
+    elif args.out or args.frames:
+        if layer is None or head is None:
+            raise ValueError("give --layer and --head (or --all-heads)")
+        if not 0 <= layer < info.n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{info.n_layers - 1}")
+        if not 0 <= head < info.n_heads:
+            raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
+        if args.out:
+            out = Path(args.out)
+            fmt = out.suffix.lower().lstrip(".")
+            needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
+            files = E.export_head(
+                s,
+                layer,
+                head,
+                out,
+                cmap=cmap,
+                scale=scale_choice,
+                size=size,
+                dpi=args.dpi,
+                figure=args.figure,
+                renderer=figure_renderer() if needs_qt else None,
+                gamma=gamma,
+                range_mode=range_mode,
+                full_size=args.full_size,
+                weighting=args.weighting,
+            )
+            print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+        if args.frames:
+            files = E.export_animation(
+                s,
+                layer,
+                head,
+                args.frames,
+                cmap=cmap,
+                scale=scale,
+                gamma=gamma,
+                range_mode=range_mode,
+                fps=args.fps,
+                frame_renderer=FRAME_RENDERER() if FRAME_RENDERER is not None else None,
+            )
+            print(
+                f"wrote {s.n_generated + 1} frames (decode steps 0..{s.n_generated}) to "
+                + ", ".join(str(f) for f in files),
+                file=sys.stderr,
+            )
+        for t in s.tokens:
+            print(f"{t.position}\t{t.id}\t{t.text!r}")
+    return 0

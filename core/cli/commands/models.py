@@ -1,0 +1,196 @@
+"""``attnscope models``: every local model AttnScope can find, what it is, and whether it fits.
+
+Lists the same entries as the model picker (:mod:`attnscope.core.loading.catalog`): the embedded default, the
+Hugging Face cache, LM Studio, Ollama and user-added paths, with a fit estimate
+(:mod:`attnscope.core.loading.fit`) for ``--context`` tokens on ``--backend``/``--device``. Also manages the
+user-added paths (``--add`` / ``--remove``) and the GGUF conversion cache (``--list-cache`` /
+``--clear-cache``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+NAME = "models"
+HELP = "list local models (HF cache, LM Studio, Ollama, added paths) with size and fit estimate"
+DEFAULT_CONTEXT = 4096
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--context",
+        type=int,
+        default=DEFAULT_CONTEXT,
+        help=f"context length for the fit estimate, tokens (default {DEFAULT_CONTEXT}; capped at each model's max)",
+    )
+    p.add_argument(
+        "--backend", choices=("torch", "mlx"), default="torch", help="backend for the fit estimate"
+    )
+    p.add_argument(
+        "--device", default="cpu", help="device for the fit estimate: cpu or cuda[:N] (default cpu)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="load dtype for the fit estimate (default auto: what each model loads at, shown as 'loads at')",
+    )
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the entries and fit estimates as JSON ('-' for stdout only)",
+    )
+    p.add_argument("--add", metavar="PATH", help="remember a model folder, library folder or .gguf file")
+    p.add_argument("--remove", metavar="PATH", help="forget a user-added path (files are not deleted)")
+    p.add_argument("--list-cache", action="store_true", help="list the GGUF conversion cache")
+    p.add_argument(
+        "--clear-cache",
+        action="store_true",
+        help="delete the GGUF conversion cache (GGUFs convert again on next load)",
+    )
+
+
+def _count(n: int) -> str:
+    if not n:
+        return "?"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def rows(entries, fits) -> list[list[str]]:
+    """Table cells per entry: name, source, arch, params, layers, heads/kv (group), head_dim, ctx, the file's
+    precision, the precision it loads at, size, fit."""
+    from attnscope.core.loading.fit import human_bytes
+
+    out = []
+    for e, f in zip(entries, fits, strict=True):
+        heads = f"{e.n_heads}/{e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
+        fit = (
+            f"{f.verdict} ({human_bytes(f.total_bytes)})"
+            if (e.supported and f is not None)
+            else "unsupported"
+        )
+        out.append(
+            [
+                e.name,
+                e.source,
+                e.architecture or "?",
+                _count(e.n_params),
+                str(e.n_layers or "?"),
+                heads,
+                str(e.head_dim or "?"),
+                str(e.max_context or "?"),
+                e.dtype,
+                f.dtype if f is not None else "—",
+                human_bytes(e.size_bytes),
+                fit,
+            ]
+        )
+    return out
+
+
+HEADERS = [
+    "name",
+    "source",
+    "arch",
+    "params",
+    "layers",
+    "heads/kv (group)",
+    "head_dim",
+    "ctx",
+    "dtype/quant",
+    "loads at",
+    "size",
+    "fit",
+]
+
+
+def format_table(cells: list[list[str]], headers: list[str] = HEADERS) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cache(args) -> int:
+    from attnscope.core.loading.fit import human_bytes
+    from attnscope.core.loading.resolve import cache_root, clear_converted, list_converted
+
+    if args.list_cache:
+        items = list_converted()
+        print(f"conversion cache: {cache_root() / 'converted'}")
+        for c in items:
+            state = "" if c.complete else "  (incomplete)"
+            print(f"  {human_bytes(c.size_bytes):>9}  {c.name}  <- {c.source or '?'}{state}")
+        print(f"{len(items)} converted model(s), {human_bytes(sum(c.size_bytes for c in items))}")
+    if args.clear_cache:
+        freed = clear_converted()
+        print(f"cleared the conversion cache: {human_bytes(freed)} freed")
+    return 0
+
+
+def run(args) -> int:
+    from attnscope.core.loading import catalog
+    from attnscope.core.loading.fit import estimate_entry, free_memory, human_bytes
+
+    if args.context < 1:
+        raise ValueError(f"--context must be >= 1, got {args.context}")
+    if args.list_cache or args.clear_cache:
+        return _cache(args)
+    if args.add:
+        p = catalog.add_user_path(args.add)
+        print(f"added {p}")
+    if args.remove:
+        if not catalog.remove_user_path(args.remove):
+            raise ValueError(
+                f"{args.remove} is not a user-added path (see {catalog.config_dir() / catalog.USER_FILE})"
+            )
+        print(f"removed {Path(args.remove).expanduser().absolute()}")
+    entries = catalog.scan()
+    free, memory = free_memory(args.backend, args.device)
+    fits = [
+        estimate_entry(e, args.context, args.backend, args.device, args.dtype, free_bytes=free, memory=memory)
+        if e.supported
+        else None
+        for e in entries
+    ]
+    if args.json != "-":
+        print(format_table(rows(entries, fits)))
+        print(
+            f"\n{len(entries)} model(s); fit at {args.context} tokens, {args.dtype}, {args.backend} on {args.device}: "
+            f"{human_bytes(free)} free {memory}"
+        )
+        refused = [e for e in entries if not e.supported]
+        if refused:
+            print("\nnot supported:")
+            for e in refused:
+                print(f"  {e.name}: {e.reason}")
+    if args.json:
+        doc = {
+            "context": args.context,
+            "backend": args.backend,
+            "device": args.device,
+            "dtype": args.dtype,
+            "free_bytes": free,
+            "memory": memory,
+            "models": [],
+        }
+        for e, f in zip(entries, fits, strict=True):
+            d = asdict(e)
+            d["path"] = str(e.path)
+            d["group_size"] = e.group_size
+            d["fit"] = None if f is None else {**asdict(f), "total_bytes": f.total_bytes}
+            doc["models"].append(d)
+        text = json.dumps(doc, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text)
+    return 0

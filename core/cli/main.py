@@ -1,0 +1,168 @@
+"""``attnscope`` command line: GUI launch options plus headless subcommands.
+
+Each subcommand is a module in :mod:`attnscope.core.cli.commands` exposing ``NAME``, ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int``; they are discovered at start-up, so a new
+command is one new file. Errors the user can fix are printed as one line
+(``attnscope: error: ...``) with a non-zero exit code, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Callable, Sequence
+
+from attnscope.core import __version__
+from attnscope.core.errors import AttnScopeError
+
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model/--backend/--device/--dtype/--quantize``, shared by every command that loads a model."""
+    p.add_argument(
+        "--model",
+        default=None,
+        help="HF model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--backend", choices=("torch", "mlx"), default="torch", help="compute backend (default: torch)"
+    )
+    p.add_argument(
+        "--device", default=None, help="torch device, e.g. cpu or cuda (default: cuda if available)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="model precision (default auto: the checkpoint's own, float32 where this device has no "
+        "fast bf16/fp16 matmul and float32 fits)",
+    )
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=("none", "int8", "int4"),
+        help="weight-only quantisation of the linear layers (torchao; MLX: mlx.nn.quantize); "
+        "int4 runs at bfloat16 (default none)",
+    )
+    p.add_argument(
+        "--device-map",
+        default=None,
+        choices=("auto", "balanced", "sequential"),
+        help="spread the layers over GPUs, then CPU, then disk (accelerate; torch only)",
+    )
+
+
+def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--prompt/--no-chat-template/--steps`` shared by commands that run a prompt."""
+    p.add_argument("--prompt", required=required, help="prompt text")
+    p.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="feed the prompt as is, without the model's chat template",
+    )
+    p.add_argument("--steps", type=int, default=0, help="greedy decode steps after prefill (default 0)")
+
+
+def open_session(args, progress: Callable[[str, float], None] | None = None):
+    """Load the model named by ``args`` and run ``args.prompt`` + ``args.steps`` steps."""
+    from attnscope.core.errors import SessionError
+    from attnscope.core.session import Session
+
+    if getattr(args, "steps", 0) < 0:
+        raise SessionError(f"--steps must be >= 0, got {args.steps}")
+    if getattr(args, "prompt", None) is not None and not args.prompt.strip():
+        raise SessionError("the prompt is empty: give some text with --prompt")
+    s = Session.load(
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        progress=progress,
+        quantize=getattr(args, "quantize", "none"),
+        device_map=getattr(args, "device_map", None),
+    )
+    if getattr(args, "prompt", None) is not None:
+        s.prefill(args.prompt, chat_template=args.chat_template)
+        if args.steps:
+            s.step(args.steps)
+        for note in s.notices:
+            print(f"attnscope: note: {note}", file=sys.stderr)
+    return s
+
+
+def _commands() -> dict:
+    import attnscope.core.cli.commands as pkg
+
+    mods = {}
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"attnscope.core.cli.commands.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            mods[mod.NAME] = mod
+    return mods
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``attnscope export: error: … (see … --help)``), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
+    commands = _commands() if commands is None else commands
+    p = OneLineParser(
+        prog="attnscope",
+        description="AttnScope: step through decode and inspect every attention head. "
+        "Without a command, opens the window.",
+    )
+    p.add_argument("--version", action="version", version=f"attnscope {__version__}")
+    add_model_arguments(p)
+    p.add_argument(
+        "--screenshot", metavar="PATH", help="render the main window offscreen to PATH (PNG) and exit"
+    )
+    add_prompt_arguments(p, required=False)
+    p.add_argument("--layer", type=int, default=None, help="layer to show (0-based)")
+    p.add_argument("--head", type=int, default=None, help="query head to show (0-based)")
+    p.add_argument("--view", default="heatmap", help="panel to show (with --screenshot)")
+    p.add_argument("--size", default="1400x900", help="window size WxH for --screenshot")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, mod in commands.items():
+        sp = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(sp)
+    return p
+
+
+def main(argv: Sequence[str] | None = None, gui: Callable[[argparse.Namespace], int] | None = None) -> int:
+    """Parse ``argv`` and run a subcommand, or hand GUI options to ``gui``. Returns the exit code."""
+    commands = _commands()
+    parser = build_parser(commands)
+    args = parser.parse_args(argv)
+    try:
+        if args.command:
+            return int(commands[args.command].run(args) or 0)
+        if gui is None:
+            parser.error("no command given (the GUI is not available in this entry point)")
+        return int(gui(args) or 0)
+    except (
+        AttnScopeError,
+        ValueError,
+        IndexError,
+        FileNotFoundError,
+        PermissionError,
+        IsADirectoryError,
+    ) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"attnscope: error: {msg}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("attnscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

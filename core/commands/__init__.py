@@ -1,1 +1,0 @@
-"""Headless ``attnscope`` subcommands, one module each (see :mod:`core.cli`)."""

@@ -1,0 +1,928 @@
+"""Exports with provenance: data files + sidecar JSON, batches of heads, decode-step animations.
+
+Qt-free. What each export holds:
+
+* **Data** (``.npy``, ``.csv``, ``.safetensors``): one head's exact weights, ``(n_query, n_key)``
+  float32, rows = query positions, columns = key positions, each allowed row summing to 1, masked
+  cells 0. Next to each data file a sidecar ``<file>.json`` (:func:`sidecar_path`) says where the
+  numbers come from (:func:`head_metadata`): model name and SHA-256 of its file, backend, dtype,
+  device, prompt, token ids and texts, decode step, layer, head, mask, and ``exact: true`` (the
+  weights are recomputed from the captured post-RoPE queries, the cached keys and the kernel's LSE,
+  ``exp(q·Kᵀ·scale + mask − LSE)``, not read from a second softmax). ``.safetensors`` files carry
+  the same JSON in their header metadata (key ``"attnscope"``). CSV values use ``%.9g``, enough
+  digits for a float32 to read back bit-identical.
+* **Images**: ``.png`` here (Pillow, :mod:`attnscope.core.io.render`: one colour-map colour per cell); labelled
+  figures and ``.svg``/``.pdf`` need a *renderer* passed in by the caller (the app's Qt renderer,
+  :func:`attnscope.app.export.save_heatmap_figure`), since this package never imports Qt.
+* **Batches** (:func:`export_batch`): every head of a layer, or every layer × head, one file each,
+  plus a ``manifest.json`` (shared metadata once, then one entry per file). Progress and cancel
+  through callbacks (engine job: ``ctx.progress``/``ctx.cancelled``; CLI: a stderr line).
+* **Decode-step animations** (:func:`decode_frames`, :func:`save_animation`): one frame per decode
+  step. Because the mask is causal, the map after step ``s`` is exactly the top-left
+  ``(n_prompt + s)²`` block of the final map (rows already computed never see later keys), so
+  frames are crops of one exact map, not a replay. GIF via Pillow; MP4 only when the optional
+  ``imageio-ffmpeg`` package (which ships its own ffmpeg binary) is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from attnscope.core import __version__
+from attnscope.core.errors import Cancelled
+from attnscope.core.loading.quantize import record as quant_record
+
+SCHEMA = "attnscope.export/1"
+DATA_FORMATS = ("npy", "csv", "safetensors")
+IMAGE_FORMATS = ("png", "svg", "pdf")
+BATCH_FORMATS = IMAGE_FORMATS + DATA_FORMATS
+ANIMATION_FORMATS = ("gif", "mp4")
+SAFETENSORS_KEY = "weights"
+EXACT_NOTE = (
+    "recomputed in float32 as exp(q·Kᵀ·scale + mask − LSE) from the captured post-RoPE queries, "
+    "the cached keys and the fused kernel's log-sum-exp; not a second softmax, not pooled"
+)
+
+#: ``renderer(weights, path, *, tokens, q_offset, k_offset, title, cmap, scale, size, dpi, metadata)``
+#: writes one labelled figure (PNG/SVG/PDF by ``path``'s suffix).
+Renderer = Callable[..., Path]
+#: ``frame_renderer(weights, n, *, tokens, title, cmap, scale, gamma, vmin, vmax)`` → a PIL image of the
+#: figure of ``weights`` (``(T, T)``) with only positions ``0 .. n-1`` shown (later ones blank)
+FrameRenderer = Callable[..., object]
+Progress = Callable[[int, int, str], None]
+
+
+# -- provenance --------------------------------------------------------------------------------------
+def model_sha256(source: str | os.PathLike | None) -> str | None:
+    """SHA-256 identifying a model's weights, or None when ``source`` is not on disk.
+
+    A file (GGUF, safetensors) hashes as itself (:func:`attnscope.core.loading.resolve.file_sha256`, memoised). A
+    Hugging Face folder hashes as the SHA-256 of the text ``"<name> <sha256>\\n"`` over its
+    ``config.json`` and weight files (``*.safetensors``, ``*.bin``, ``*.gguf``) in name order.
+    """
+    from attnscope.core.loading.resolve import file_sha256
+
+    if not source:
+        return None
+    p = Path(source)
+    if p.is_file():
+        return file_sha256(p)
+    if p.is_dir():
+        files = sorted(
+            f
+            for f in p.iterdir()
+            if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".gguf"))
+        )
+        if not files:
+            return None
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{f.name} {file_sha256(f)}\n".encode())
+        return h.hexdigest()
+    return None
+
+
+def layer_sliding_window(session, layer: int) -> int | None:
+    """The sliding window the kernel applied in ``layer`` (None = full causal), as captured."""
+    layers = getattr(session.trace, "layers", None)
+    if layers is not None and 0 <= layer < len(layers):
+        return getattr(layers[layer], "sliding_window", None)
+    return session.info.sliding_window
+
+
+def mask_info(session, layer: int) -> dict:
+    """Description of the mask applied in ``layer``: kind, alignment, sliding window, one-line text.
+
+    Convention (DESIGN.md, :mod:`attnscope.core.attention.masks`): query ``i`` attends key ``j`` iff ``j <= i`` (bottom-right
+    aligned causal, ``tril(k=S-L)``), and with a window ``W`` also ``j > i - W``.
+    """
+    w = layer_sliding_window(session, layer)
+    text = "causal, bottom-right aligned (query i sees keys j <= i)"
+    text += f", sliding window {w} (keys j > i - {w})" if w else ", no sliding window"
+    return {"kind": "causal", "alignment": "bottom-right", "sliding_window": w, "description": text}
+
+
+def session_metadata(session) -> dict:
+    """Metadata shared by every export of the current sequence (no layer/head)."""
+    info = session.info
+    toks = session.tokens
+    sampling = getattr(session, "sampling", None)
+    return {
+        "schema": SCHEMA,
+        "attnscope_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "model": {
+            "name": info.name,
+            "source": info.source,
+            "sha256": model_sha256(info.source),
+            "architecture": info.architecture,
+            "n_layers": info.n_layers,
+            "n_heads": info.n_heads,
+            "n_kv_heads": info.n_kv_heads,
+            "head_dim": info.head_dim,
+            "group_size": info.group_size,
+            "sliding_window": info.sliding_window,
+            "n_params": info.n_params,
+        },
+        "backend": getattr(session.backend, "name", "?"),
+        "dtype": info.dtype,
+        "quantization": quant_record(
+            info
+        ),  # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode"}
+        "device": str(getattr(session.backend, "device", "cpu")),
+        "prompt": session.prompt,
+        "chat_template": bool(session.chat_template),
+        "sampling": asdict(sampling) if sampling is not None else None,
+        "n_prompt": session.n_prompt,
+        "step": session.n_generated,
+        "seq_len": session.seq_len,
+        "token_ids": [t.id for t in toks],
+        "token_texts": [t.text for t in toks],
+        "token_raw": [t.raw for t in toks],
+        "exact": True,
+        "exact_note": EXACT_NOTE,
+    }
+
+
+def head_metadata(
+    session, layer: int, head: int, n: int | None = None, mode: str = "head", base: dict | None = None
+) -> dict:
+    """Complete sidecar metadata for one head's map (``base`` = a :func:`session_metadata` to reuse).
+
+    ``n``: the map covers positions ``0 .. n-1`` (the view at decode step ``n - n_prompt``; default the
+    whole sequence): ``step``, ``seq_len`` and the token lists then describe that step. ``mode``: an
+    aggregate of :mod:`attnscope.core.analysis.aggregate` ("group", "layer", "all": the mean of exact weights over the heads
+    listed in ``aggregate_heads``) instead of the single head.
+    """
+    meta = dict(base if base is not None else session_metadata(session))
+    T = session.seq_len
+    n = T if n is None else int(n)
+    if not 1 <= n <= T:
+        raise IndexError(f"n={n} out of range 1..{T}")
+    if n < T:
+        meta.update(
+            {
+                "step": n - session.n_prompt,
+                "seq_len": n,
+                "token_ids": meta["token_ids"][:n],
+                "token_texts": meta["token_texts"][:n],
+                "token_raw": meta["token_raw"][:n],
+                "session_seq_len": T,
+            }
+        )
+    meta.update(
+        {
+            "kind": "attention_weights",
+            "layer": int(layer),
+            "head": int(head),
+            "kv_head": int(head) // session.info.group_size,
+            "aggregate": mode,
+            "rows": [0, n],
+            "cols": [0, n],
+            "axes": ["query position", "key position"],
+            "mask": mask_info(session, layer),
+        }
+    )
+    if mode != "head":
+        from attnscope.core.analysis import aggregate
+
+        meta["aggregate_heads"] = [list(p) for p in aggregate.heads_in(session.info, layer, head, mode)]
+        meta["aggregate_description"] = aggregate.describe(session.info, layer, head, mode)
+    return meta
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """``map.npy`` → ``map.npy.json`` (the full file name is kept, so .npy and .csv never collide)."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def write_json(path: Path, data: dict) -> Path:
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+# -- data files ----------------------------------------------------------------------------------------
+def _format(path: Path, allowed: Sequence[str]) -> str:
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in allowed:
+        raise ValueError(f"unsupported output {path.name!r}: use .{', .'.join(allowed)}")
+    return fmt
+
+
+def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = None) -> list[Path]:
+    """Write a 2-D float32 matrix as .npy/.csv/.safetensors (by suffix), plus its sidecar JSON.
+
+    Returns the paths written (data file first). ``metadata=None`` writes no sidecar.
+
+    Raises:
+        ValueError: unknown suffix or not a 2-D matrix. OSError: the file cannot be written.
+    """
+    path = Path(path)
+    fmt = _format(path, DATA_FORMATS)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"expected a 2-D matrix, got shape {w.shape}")
+    meta = None
+    if metadata is not None:
+        meta = dict(metadata)
+        meta["array"] = {
+            "file": path.name,
+            "format": fmt,
+            "shape": list(w.shape),
+            "dtype": "float32",
+            **({"tensor": SAFETENSORS_KEY} if fmt == "safetensors" else {}),
+        }
+    if fmt == "npy":
+        np.save(path, w)
+    elif fmt == "csv":
+        np.savetxt(path, w, delimiter=",", fmt="%.9g")
+    else:
+        from safetensors.numpy import save_file
+
+        header = {"attnscope": json.dumps(meta, ensure_ascii=False)} if meta is not None else None
+        save_file({SAFETENSORS_KEY: w}, str(path), metadata=header)
+    written = [path]
+    if meta is not None:
+        written.append(write_json(sidecar_path(path), meta))
+    return written
+
+
+def read_data(path: str | os.PathLike) -> np.ndarray:
+    """Read back a matrix written by :func:`write_data` (float32)."""
+    path = Path(path)
+    fmt = _format(path, DATA_FORMATS)
+    if fmt == "npy":
+        return np.load(path)
+    if fmt == "csv":
+        return np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))[SAFETENSORS_KEY]
+
+
+# -- images ---------------------------------------------------------------------------------------------
+def parse_size(text: str | None) -> tuple[int, int] | None:
+    """``"1200x800"`` → ``(1200, 800)``; None passes through. Raises ValueError on anything else."""
+    if text is None:
+        return None
+    try:
+        w, h = (int(x) for x in str(text).lower().split("x"))
+    except ValueError:
+        raise ValueError(f"size must look like 1200x800, got {text!r}") from None
+    if not (16 <= w <= 20000 and 16 <= h <= 20000):
+        raise ValueError(f"size {w}x{h} out of range (16..20000 pixels a side)")
+    return w, h
+
+
+def save_map_png(
+    w: np.ndarray,
+    path: str | os.PathLike,
+    cmap: str = "viridis",
+    scale: str = "linear",
+    size: tuple[int, int] | None = None,
+    dpi: float | None = None,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    metadata: dict | None = None,
+    gamma: float = 0.5,
+) -> Path:
+    """A plain map PNG: one colour-map colour per cell, rows = queries, columns = keys.
+
+    ``size`` = exact ``(width, height)`` in pixels (nearest-neighbour, so every pixel still carries its
+    cell's colour); default: square cells, longest side up to 2048 px. ``dpi`` is recorded in the PNG
+    (pHYs). ``metadata`` goes into a PNG text chunk ``"attnscope"`` as JSON.
+    """
+    from attnscope.core.io.colormaps import to_rgb
+    from attnscope.core.io.render import heatmap_image
+    from PIL import Image, PngImagePlugin
+
+    path = Path(path)
+    if size is None:
+        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale, gamma=gamma)
+    else:  # nearest, in integers: pixel (x, y) shows cell (⌊(2y+1)·n_query / 2·height⌋, ⌊(2x+1)·n_key / 2·width⌋)
+        rgb = to_rgb(np.asarray(w), cmap, vmin, vmax, scale, gamma)
+        ys = (2 * np.arange(size[1]) + 1) * rgb.shape[0] // (2 * size[1])
+        xs = (2 * np.arange(size[0]) + 1) * rgb.shape[1] // (2 * size[0])
+        img = Image.fromarray(np.ascontiguousarray(rgb[ys][:, xs]), mode="RGB")
+    kw: dict = {}
+    if dpi:
+        kw["dpi"] = (float(dpi), float(dpi))
+    if metadata is not None:
+        info = PngImagePlugin.PngInfo()
+        info.add_itxt("attnscope", json.dumps(metadata, ensure_ascii=False))
+        kw["pnginfo"] = info
+    img.save(path, format="PNG", **kw)
+    return path
+
+
+def embed_metadata(path: str | os.PathLike, metadata: dict) -> Path:
+    """Put ``metadata`` (JSON) inside an image already written: a PNG's iTXt chunk ``"attnscope"``
+    (pixels and DPI kept), an SVG's ``<desc>``. PDFs (and other files) are left alone: their metadata
+    goes into a sidecar. Returns ``path``.
+
+    Raises:
+        OSError: the file cannot be read or written.
+    """
+    from xml.sax.saxutils import escape
+
+    path = Path(path)
+    text = json.dumps(metadata, ensure_ascii=False)
+    fmt = path.suffix.lower()
+    if fmt == ".png":
+        from PIL import Image, PngImagePlugin
+
+        with Image.open(path) as img:
+            img.load()
+            info = PngImagePlugin.PngInfo()
+            for k, v in img.text.items() if hasattr(img, "text") else ():
+                if k != "attnscope":
+                    info.add_itxt(k, v)
+            info.add_itxt("attnscope", text)
+            kw = {"dpi": img.info["dpi"]} if "dpi" in img.info else {}
+            tmp = path.with_name(path.name + ".part")
+            img.save(tmp, format="PNG", pnginfo=info, **kw)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    elif fmt == ".svg":
+        import re
+
+        svg = path.read_text(encoding="utf-8")
+        desc = f"<desc>{escape(text)}</desc>"
+        svg, n = re.subn(r"<desc>.*?</desc>", lambda _: desc, svg, count=1, flags=re.S)
+        if not n:
+            svg = re.sub(r"(<svg\b(?:[^>\"]|\"[^\"]*\")*>)", lambda m: m.group(1) + desc, svg, count=1)
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_text(svg, encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
+def head_title(session, layer: int, head: int, n: int | None = None, mode: str = "head") -> str:
+    """Figure title: ``"SmolLM2-135M-Instruct · Layer 3 · query head 4 (reads KV head 1) · step 2 · seq_len 29"``."""
+    from attnscope.core.analysis import aggregate
+
+    n = session.seq_len if n is None else n
+    return (
+        f"{session.info.name} · {aggregate.describe(session.info, layer, head, mode)}"
+        f" · step {n - session.n_prompt} · seq_len {n}"
+    )
+
+
+def head_map(
+    session, layer: int, head: int, n: int | None = None, mode: str = "head", weighting: str = "attention"
+) -> np.ndarray:
+    """The exact map an export writes: ``(n, n)`` float32 of one head (or a ``mode`` mean, :mod:`attnscope.core.analysis.aggregate`).
+
+    ``weighting="value-weighted"``: the row-normalised α_ij·‖v_j W_O^h‖ map the heatmap shows under
+    that scale (:func:`attnscope.core.analysis.value_weighted.value_weighted_tile`; Kobayashi et al. 2020).
+
+    Raises:
+        ValueError: unknown ``weighting`` or ``mode``. IndexError: ``n`` out of range.
+    """
+    from attnscope.core.analysis.value_weighted import check_weighting, value_weighted_tile
+
+    if check_weighting(weighting) == "value-weighted":
+        if n is not None and not 1 <= n <= session.seq_len:
+            raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+        sel = slice(0, session.seq_len if n is None else int(n))
+        return value_weighted_tile(session, layer, head, mode, sel, sel)
+    if mode == "head":
+        sel = None if n is None else slice(0, int(n))
+        if n is not None and not 1 <= n <= session.seq_len:
+            raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+        return session.weights(layer, head, sel, sel)
+    from attnscope.core.analysis import aggregate
+
+    return aggregate.map_at(session, layer, head, mode, n)
+
+
+RANGE_MODES = ("fixed", "auto", "shared")
+
+
+def colour_range(
+    session, layer: int, w: np.ndarray, range_mode: str = "fixed", n: int | None = None
+) -> tuple[float, float]:
+    """``(vmin, vmax)`` of the colour scale, as the heatmap's Range control computes it.
+
+    ``"fixed"``: ``[0, 1]`` (probabilities); ``"auto"``: ``[0, robust_max(w)]`` (99.5th percentile of
+    the non-zero weights of this map); ``"shared"``: ``[0, layer_robust_max]`` over the heads of
+    ``layer`` (first ``n`` positions), so a layer's maps are comparable (:mod:`attnscope.core.analysis.aggregate`).
+
+    Raises:
+        ValueError: unknown ``range_mode``.
+    """
+    from attnscope.core.analysis import aggregate
+
+    if range_mode == "fixed":
+        return 0.0, 1.0
+    if range_mode == "auto":
+        return 0.0, aggregate.robust_max(w)
+    if range_mode == "shared":
+        return 0.0, aggregate.layer_robust_max(session, layer, n)
+    raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
+
+
+def _colour_meta(cmap: str, scale: str, gamma: float, range_mode: str, vmin: float, vmax: float) -> dict:
+    """How an image was coloured, as recorded in its metadata (``gamma`` only for the power scale)."""
+    return {
+        "cmap": cmap,
+        "scale": scale,
+        "gamma": gamma if scale == "power" else None,
+        "range": range_mode,
+        "vmin": vmin,
+        "vmax": vmax,
+    }
+
+
+def export_head(
+    session,
+    layer: int,
+    head: int,
+    path: str | os.PathLike,
+    *,
+    cmap: str = "viridis",
+    scale: str | None = None,
+    size: tuple[int, int] | None = None,
+    dpi: float | None = None,
+    figure: bool = False,
+    renderer: Renderer | None = None,
+    base: dict | None = None,
+    n: int | None = None,
+    mode: str = "head",
+    gamma: float = 0.5,
+    range_mode: str = "fixed",
+    full_size: bool = False,
+    weighting: str = "attention",
+) -> list[Path]:
+    """Export one head's map to ``path`` (format by suffix). Returns the files written.
+
+    ``weighting`` is what a cell measures (``"attention"``, or ``"value-weighted"`` as in
+    :func:`head_map`, below :data:`attnscope.core.io.export_long.LONG_MAP` tokens); the metadata records it.
+
+    ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
+    formats and PDFs get a sidecar ``<file>.json`` (PNG and SVG carry the metadata inside); ``.png``
+    is the plain map unless ``figure`` (labelled, needs ``renderer``); ``.svg``/``.pdf`` always need
+    ``renderer``. Images are coloured as the heatmap shows them: ``cmap``, ``scale`` (``gamma`` for
+    the power scale) and ``range_mode`` (:func:`colour_range`); the metadata records them under
+    ``"colour"``. ``scale=None`` picks it by length (:func:`attnscope.core.io.export_long.default_scale`: log
+    from 2,048 tokens; recorded as ``"scale_chosen": "by length"``). A long map's bare PNG
+    (from :data:`attnscope.core.io.export_long.LONG_MAP` tokens) streams and is a max-pooled overview unless
+    ``full_size`` (:func:`attnscope.core.io.export_long.export_long_png`; the pooling is in the metadata).
+
+    Raises:
+        ValueError: unknown suffix, aggregate or range, a figure without a renderer, a full-size
+            long PNG above the size limit without ``full_size``.
+        IndexError: layer/head/n.
+    """
+    from attnscope.core.io import export_long
+
+    path = Path(path)
+    fmt = _format(path, BATCH_FORMATS)
+    meta = head_metadata(session, layer, head, n=n, mode=mode, base=base)
+    meta["weighting"] = weighting
+    n_map = session.seq_len if n is None else int(n)
+    if weighting != "attention" and n_map >= export_long.LONG_MAP:
+        raise ValueError(
+            f"value-weighted maps export up to {export_long.LONG_MAP - 1} tokens; this one has {n_map}"
+        )
+    by_length = scale is None
+    scale = export_long.default_scale(n_map) if by_length else scale
+    if fmt == "png" and not figure and n_map >= export_long.LONG_MAP:
+        vmin, vmax = export_long.long_colour_range(session, layer, head, n_map, mode, range_mode)
+        meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
+        meta["colour"]["scale_chosen"] = "by length" if by_length else "by the user"
+        return [
+            export_long.export_long_png(
+                session,
+                layer,
+                head,
+                path,
+                n=n_map,
+                mode=mode,
+                size=size,
+                full_size=full_size,
+                cmap=cmap,
+                scale=scale,
+                gamma=gamma,
+                vmin=vmin,
+                vmax=vmax,
+                metadata=meta,
+                dpi=dpi,
+            )
+        ]
+    w = head_map(session, layer, head, n, mode, weighting)
+    if fmt in DATA_FORMATS:
+        return write_data(w, path, meta)
+    vmin, vmax = colour_range(session, layer, w, range_mode, n)
+    meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
+    if by_length:
+        meta["colour"]["scale_chosen"] = "by length"
+    if fmt == "png" and not figure:
+        return [
+            save_map_png(
+                w,
+                path,
+                cmap=cmap,
+                scale=scale,
+                size=size,
+                dpi=dpi,
+                metadata=meta,
+                gamma=gamma,
+                vmin=vmin,
+                vmax=vmax,
+            )
+        ]
+    if renderer is None:
+        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.export); none was given")
+    title = head_title(session, layer, head, w.shape[0], mode)
+    out = Path(
+        renderer(
+            w,
+            path,
+            tokens=session.tokens[: w.shape[0]],
+            title=title,
+            cmap=cmap,
+            scale=scale,
+            size=size,
+            dpi=dpi,
+            metadata=meta,
+            gamma=gamma,
+            vmin=vmin,
+            vmax=vmax,
+        )
+    )
+    if fmt == "pdf":  # PNG keeps the metadata in a text chunk, SVG in <desc>; a PDF gets it beside it
+        return [out, write_json(sidecar_path(out), meta)]
+    return [out]
+
+
+# -- batches ---------------------------------------------------------------------------------------------
+def heads_in_scope(n_layers: int, n_heads: int, layer: int | None = None) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs: every head of ``layer``, or every layer × head when ``layer`` is None.
+
+    Raises:
+        IndexError: ``layer`` out of range.
+    """
+    if layer is not None:
+        if not 0 <= layer < n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{n_layers - 1}")
+        return [(layer, h) for h in range(n_heads)]
+    return [(ll, h) for ll in range(n_layers) for h in range(n_heads)]
+
+
+def batch_file_name(layer: int, head: int, fmt: str, n_layers: int = 100, n_heads: int = 100) -> str:
+    """``L03_H04.png``: zero-padded so files sort by layer then head."""
+    lw, hw = max(2, len(str(n_layers - 1))), max(2, len(str(n_heads - 1)))
+    return f"L{layer:0{lw}d}_H{head:0{hw}d}.{fmt}"
+
+
+def export_batch(
+    session,
+    out_dir: str | os.PathLike,
+    fmt: str,
+    pairs: Sequence[tuple[int, int]],
+    *,
+    cmap: str = "viridis",
+    scale: str = "linear",
+    size: tuple[int, int] | None = None,
+    dpi: float | None = None,
+    figure: bool = False,
+    renderer: Renderer | None = None,
+    progress: Progress | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    gamma: float = 0.5,
+    range_mode: str = "fixed",
+) -> list[Path]:
+    """Export each ``(layer, head)`` of ``pairs`` to ``out_dir/L.._H...<fmt>`` and write ``manifest.json``.
+
+    Colours as :func:`export_head` (``cmap``, ``scale``, ``gamma``, ``range_mode``).
+
+    One head's map is computed at a time (peak memory one ``seq_len²`` float32 map). ``progress(done,
+    total, file_name)`` after each file; ``cancelled()`` before each. The manifest holds the shared
+    metadata once and ``files: [{file, layer, head, kv_head, mask}]``; it is written also when the batch
+    is cancelled (listing what was written).
+
+    Returns every path written (data files, sidecars, images, the manifest last).
+
+    Raises:
+        ValueError: unknown format; SVG/PDF (or a PNG figure) without a renderer.
+        FileNotFoundError: ``out_dir``'s parent does not exist.
+        Cancelled: ``cancelled()`` became true (message says how many files were written).
+    """
+    fmt = fmt.lower().lstrip(".")
+    if fmt not in BATCH_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(BATCH_FORMATS)}")
+    if (fmt in ("svg", "pdf") or (fmt == "png" and figure)) and renderer is None:
+        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.export); none was given")
+    if range_mode not in RANGE_MODES:
+        raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
+    out = Path(out_dir)
+    if not out.parent.exists():
+        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    out.mkdir(exist_ok=True)
+    info = session.info
+    base = session_metadata(session)
+    written: list[Path] = []
+    entries: list[dict] = []
+    total = len(pairs)
+    stopped = None
+    for i, (layer, head) in enumerate(pairs):
+        if cancelled is not None and cancelled():
+            stopped = i
+            break
+        name = batch_file_name(layer, head, fmt, info.n_layers, info.n_heads)
+        written += export_head(
+            session,
+            layer,
+            head,
+            out / name,
+            cmap=cmap,
+            scale=scale,
+            size=size,
+            dpi=dpi,
+            figure=figure,
+            renderer=renderer,
+            base=base,
+            gamma=gamma,
+            range_mode=range_mode,
+        )
+        entries.append(
+            {
+                "file": name,
+                "layer": layer,
+                "head": head,
+                "kv_head": head // info.group_size,
+                "mask": mask_info(session, layer)["description"],
+            }
+        )
+        if progress is not None:
+            progress(i + 1, total, name)
+    manifest = dict(base)
+    manifest.update(
+        {
+            "kind": "batch",
+            "format": fmt,
+            "cmap": cmap,
+            "scale": scale,
+            "gamma": gamma if scale == "power" else None,
+            "range": range_mode,
+            "files": entries,
+            "complete": stopped is None,
+        }
+    )
+    written.append(write_json(out / "manifest.json", manifest))
+    if stopped is not None:
+        raise Cancelled(f"batch export stopped after {stopped} of {total} files")
+    return written
+
+
+# -- decode-step animations ----------------------------------------------------------------------------
+N_FRAME_LEVELS = 254  # palette: 254 colour-map steps, then black (captions) and white (not yet generated)
+BLACK, WHITE = 254, 255
+
+
+def frame_palette(cmap: str = "viridis") -> np.ndarray:
+    """``(256, 3)`` uint8 palette of animation frames: the colour map in 254 steps, black, white."""
+    from attnscope.core.io.colormaps import lut
+
+    table = lut(cmap)
+    pal = np.empty((256, 3), dtype=np.uint8)
+    pal[:N_FRAME_LEVELS] = table[np.round(np.linspace(0, 255, N_FRAME_LEVELS)).astype(int)]
+    pal[BLACK] = 0
+    pal[WHITE] = 255
+    return pal
+
+
+def decode_frames(
+    session,
+    layer: int,
+    head: int,
+    *,
+    cmap: str = "viridis",
+    scale: str = "linear",
+    max_size: int = 640,
+    caption: bool = True,
+    first_step: int = 0,
+    cancelled: Callable[[], bool] | None = None,
+    gamma: float = 0.5,
+    range_mode: str = "fixed",
+    levels: tuple[float, float] | None = None,
+):
+    """One palette image per decode step of ``(layer, head)``: steps ``first_step .. n_generated``.
+
+    Every frame has the final map's size (``seq_len`` cells a side, ``cell`` pixels each, the largest
+    integer keeping the map within ``max_size``); frame ``s`` shows the exact map after step ``s``
+    (its top-left ``(n_prompt + s)²`` block, see module doc) and white where nothing was generated yet.
+    With ``caption`` a white strip above the map reads ``L3 H4 · step s/N · seq_len T · 'token'``.
+    Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale, fixed range) through
+    :func:`frame_palette`; ``scale``/``gamma``/``range_mode`` colour as :func:`export_head` does (the
+    range from the final map, so every frame shares one scale; ``levels = (vmin, vmax)`` gives it
+    precomputed).
+
+    Returns:
+        list of PIL ``"P"`` images, ``n_generated - first_step + 1`` of them.
+
+    Raises:
+        SessionError: nothing has run. IndexError: layer/head out of range.
+    """
+    from attnscope.core.io.colormaps import normalize
+    from PIL import Image, ImageDraw, ImageFont
+
+    w = session.weights(layer, head)
+    T, n0 = w.shape[0], session.n_prompt
+    cell = max(1, max_size // T)
+    vmin, vmax = levels or colour_range(session, layer, w, range_mode)
+    idx = np.round(normalize(w, vmin, vmax, scale, gamma) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
+    cap_h = 18 if caption else 0
+    font = ImageFont.load_default(size=13) if caption else None
+    pal = frame_palette(cmap).reshape(-1).tolist()
+    toks = session.tokens
+    frames = []
+    for s in range(first_step, session.n_generated + 1):
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"stopped after {len(frames)} frames")
+        n = n0 + s
+        grid = np.full((T, T), WHITE, dtype=np.uint8)
+        grid[:n, :n] = idx[:n, :n]
+        if cell > 1:
+            grid = np.repeat(np.repeat(grid, cell, axis=0), cell, axis=1)
+        frame = np.full((cap_h + grid.shape[0], grid.shape[1]), WHITE, dtype=np.uint8)
+        frame[cap_h:] = grid
+        img = Image.fromarray(frame, mode="P")
+        img.putpalette(pal)
+        if caption:
+            tok = _ascii_label(toks[n - 1].text) if s > 0 else "(prompt)"
+            text = f"L{layer} H{head}  step {s}/{session.n_generated}  seq_len {n}  new token {tok}"
+            ImageDraw.Draw(img).text((3, 2), text, fill=BLACK, font=font)
+        frames.append(img)
+    return frames
+
+
+def _ascii_label(text: str) -> str:
+    """A token label in ASCII (Pillow's default font lacks most symbols): ``'↵'`` → ``'\\n'``, others as ``\\uXXXX``."""
+    text = text.replace("↵", "\n").replace("⇥", "\t").replace("␍", "\r")
+    return repr(text).encode("ascii", "backslashreplace").decode("ascii")
+
+
+def export_animation(
+    session,
+    layer: int,
+    head: int,
+    path: str | os.PathLike,
+    *,
+    cmap: str = "viridis",
+    scale: str = "linear",
+    gamma: float = 0.5,
+    range_mode: str = "fixed",
+    fps: float = 4.0,
+    cancelled: Callable[[], bool] | None = None,
+    frame_renderer: FrameRenderer | None = None,
+) -> list[Path]:
+    """Every decode step of ``(layer, head)`` as an animation (:func:`decode_frames`,
+    :func:`save_animation`) plus its sidecar ``<file>.json``: the head's metadata for the whole
+    sequence, the frames (step ``i`` shows positions ``0 .. n_prompt + i − 1``), fps and colours.
+
+    ``frame_renderer`` (the app's :func:`attnscope.app.export.figure_frame`): each frame is the labelled figure
+    (token axes, colour bar, a caption with the step) instead of the bare map with a caption.
+
+    Returns ``[animation, sidecar]``. Raises what those two raise.
+    """
+    w = session.weights(layer, head)
+    vmin, vmax = colour_range(session, layer, w, range_mode)
+    if frame_renderer is None:
+        frames = decode_frames(
+            session,
+            layer,
+            head,
+            cmap=cmap,
+            scale=scale,
+            gamma=gamma,
+            cancelled=cancelled,
+            levels=(vmin, vmax),
+        )
+    else:
+        toks, n0, frames = session.tokens, session.n_prompt, []
+        for s in range(session.n_generated + 1):
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"stopped after {len(frames)} frames")
+            n = n0 + s
+            new = f"new token {toks[n - 1].text!r}" if s > 0 else "prompt"
+            caption = f"L{layer} H{head} · step {s}/{session.n_generated} · seq_len {n} · {new}"
+            frames.append(
+                frame_renderer(
+                    w,
+                    n,
+                    tokens=toks,
+                    title=caption,
+                    cmap=cmap,
+                    scale=scale,
+                    gamma=gamma,
+                    vmin=vmin,
+                    vmax=vmax,
+                )
+            )
+    out = save_animation(frames, path, fps=fps)
+    meta = head_metadata(session, layer, head)
+    meta.update(
+        {
+            "kind": "animation",
+            "frames": len(frames),
+            "fps": fps,
+            "frame_steps": list(range(session.n_generated + 1)),
+            "colour": _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax),
+        }
+    )
+    return [out, write_json(sidecar_path(out), meta)]
+
+
+def mp4_unavailable() -> str | None:
+    """None when MP4 export works here, else the one-line reason (shown by the window and the CLI).
+
+    MP4 needs the optional package ``imageio-ffmpeg`` and the ffmpeg binary it ships; the packaged app
+    leaves both out unless built with ``ATTNSCOPE_WITH_MP4=1`` (packaging/bundle_rules.py: +165 MB).
+    """
+    import importlib.util
+    import sys
+
+    frozen = getattr(sys, "frozen", False)
+    why = (
+        "this packaged build leaves out imageio-ffmpeg and its 165 MB ffmpeg (rebuild with "
+        "ATTNSCOPE_WITH_MP4=1)"
+        if frozen
+        else "it needs the optional package imageio-ffmpeg (pip install imageio-ffmpeg), which ships ffmpeg"
+    )
+    if importlib.util.find_spec("imageio_ffmpeg") is None:
+        return f"MP4 is unavailable: {why}; GIF works without it"
+    try:
+        import imageio_ffmpeg
+
+        exe = imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception as e:  # the package without its binary (a trimmed bundle)
+        return f"MP4 is unavailable: imageio-ffmpeg finds no ffmpeg binary ({str(e).splitlines()[0][:120]}); GIF works"
+    return None if exe and os.path.exists(exe) else "MP4 is unavailable: no ffmpeg binary; GIF works"
+
+
+def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last: float = 1.5) -> Path:
+    """Write frames as an animated ``.gif`` (Pillow, loops forever) or ``.mp4`` (H.264 via imageio-ffmpeg).
+
+    ``hold_last`` seconds keep the last frame on screen (GIF only).
+
+    Raises:
+        ValueError: no frames, unknown suffix, or MP4 without the optional ``imageio-ffmpeg`` package.
+    """
+    path = Path(path)
+    fmt = _format(path, ANIMATION_FORMATS)
+    if not frames:
+        raise ValueError("no frames to write")
+    if not path.parent.exists():
+        raise FileNotFoundError(f"folder {path.parent} does not exist")
+    if fps <= 0:
+        raise ValueError(f"fps must be > 0, got {fps}")
+    if fmt == "gif":
+        ms = int(round(1000 / fps))
+        durations = [ms] * len(frames)
+        durations[-1] = max(ms, int(hold_last * 1000))
+        frames[0].save(
+            path,
+            format="GIF",
+            save_all=True,
+            append_images=list(frames[1:]),
+            duration=durations,
+            loop=0,
+            optimize=False,
+            disposal=1,
+        )
+        return path
+    why = mp4_unavailable()
+    if why is not None:
+        raise ValueError(why)
+    import imageio_ffmpeg
+
+    rgb = [np.asarray(f.convert("RGB")) for f in frames]
+    h, w = rgb[0].shape[:2]
+    H, W = math.ceil(h / 16) * 16, math.ceil(w / 16) * 16  # H.264 wants macro-blocks of 16
+    writer = imageio_ffmpeg.write_frames(
+        str(path),
+        (W, H),
+        fps=fps,
+        codec="libx264",
+        pix_fmt_in="rgb24",
+        macro_block_size=1,
+        quality=8,
+        ffmpeg_log_level="error",
+    )
+    writer.send(None)
+    for a in rgb:
+        padded = np.full((H, W, 3), 255, dtype=np.uint8)
+        padded[:h, :w] = a
+        writer.send(np.ascontiguousarray(padded))
+    writer.close()
+    return path

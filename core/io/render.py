@@ -1,0 +1,45 @@
+"""Headless heatmap images (Pillow): what `attnscope export --out map.png` writes without Qt.
+
+Rows are queries (top to bottom), columns keys (left to right), so the causal triangle sits
+below the diagonal exactly as in the GUI; values on a fixed [0, 1] scale by default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from attnscope.core.io.colormaps import to_rgb
+from PIL import Image
+
+
+def heatmap_image(
+    weights: np.ndarray,
+    cmap: str = "viridis",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    scale: str = "linear",
+    cell: int | None = None,
+    max_size: int = 2048,
+    gamma: float = 0.5,
+) -> Image.Image:
+    """An RGB image of a ``(n_query, n_key)`` matrix, each cell ``cell × cell`` pixels (nearest).
+
+    ``cell`` defaults to the largest integer keeping the image within ``max_size`` pixels (≥ 1).
+    """
+    w = np.asarray(weights)
+    if w.ndim != 2 or w.size == 0:
+        raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
+    if cell is None:
+        cell = max(1, max_size // max(w.shape))
+    img = Image.fromarray(to_rgb(w, cmap, vmin, vmax, scale, gamma), mode="RGB")
+    if cell > 1:
+        img = img.resize((w.shape[1] * cell, w.shape[0] * cell), Image.NEAREST)
+    return img
+
+
+def save_heatmap_png(weights: np.ndarray, path: str | Path, **kw) -> Path:
+    """Write :func:`heatmap_image` as PNG and return the path."""
+    path = Path(path)
+    heatmap_image(weights, **kw).save(path, format="PNG")
+    return path

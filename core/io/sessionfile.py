@@ -1,0 +1,335 @@
+"""Saved sessions (``.attnscope``): one JSON file that reopens exactly the same view and numbers.
+
+The file records *what to recompute*, not the numbers: the model reference (path, or ``"default"``
+for the embedded model) with the SHA-256 of its weights, backend, dtype, device, the prompt and
+chat-template flag, the sampling settings, every token id (prompt + generated), and the view
+(layer, head, tab, colour map, scale, query row, ...: a free-form dict the GUI fills).
+
+Reopening (:func:`replay`): load the model (a different hash is a warning, not an error: the
+colleague may hold a re-download of the same model), prefill the prompt, check that it tokenizes to
+the recorded prompt ids, then *feed* the recorded generated ids (:meth:`attnscope.core.session.Session.feed`)
+instead of sampling again, so a sampled continuation comes back token for token. The forwards are
+the same ones the original run made (prefill in the same chunks, then one forward per token), so on
+the same backend, dtype and device the weights are bit-identical.
+
+    sf = SessionFile.from_session(s, view={"layer": 3, "head": 4})
+    save(sf, "fox.attnscope")
+    s2, warnings = replay(load("fox.attnscope"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from attnscope.core import __version__
+from attnscope.core.errors import AttnScopeError, SessionError
+from attnscope.core.loading.quantize import record as quant_record
+from attnscope.core.sampling import Sampling
+
+FORMAT = "attnscope.session"
+VERSION = 1
+SUFFIX = ".attnscope"
+
+
+class SessionFileError(AttnScopeError):
+    """A session file cannot be read (not JSON, wrong format, missing or bad fields)."""
+
+
+@dataclass(frozen=True)
+class SessionFile:
+    """The contents of a ``.attnscope`` file.
+
+    Attributes:
+        model: ``"default"`` (the embedded model) or a path to a GGUF file / HF folder.
+        model_name: display name when saved.
+        model_sha256: SHA-256 of the weights (:func:`attnscope.core.io.export.model_sha256`), None if unknown.
+        backend, dtype, device: as when saved ("torch", "float32", "cpu"...).
+        prompt, chat_template: the prompt as typed and whether the chat template wrapped it.
+        sampling: the settings in force when saved (:class:`attnscope.core.sampling.Sampling`).
+        token_ids: every position's id, prompt first (``n_prompt`` of them), then generated ones.
+        n_prompt: number of prompt ids.
+        view: view settings, e.g. ``{"layer": 3, "head": 4, "tab": "heatmap", "cmap": "viridis"}``.
+        created, attnscope_version: provenance.
+        quantization: how the weights were stored and ran (:func:`attnscope.core.loading.quantize.record`); its
+            ``"mode"`` is the ``--quantize`` a reopened session loads with ({} in older files: none).
+    """
+
+    model: str
+    model_name: str
+    model_sha256: str | None
+    backend: str
+    dtype: str
+    device: str
+    prompt: str
+    chat_template: bool
+    sampling: Sampling
+    token_ids: tuple[int, ...]
+    n_prompt: int
+    view: dict = field(default_factory=dict)
+    created: str = ""
+    attnscope_version: str = __version__
+    # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode": "int8"} (attnscope.core.loading.quantize.record)
+    quantization: dict = field(default_factory=dict)
+
+    @property
+    def generated_ids(self) -> tuple[int, ...]:
+        return self.token_ids[self.n_prompt :]
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.token_ids) - self.n_prompt
+
+    @classmethod
+    def from_session(cls, session, view: dict | None = None) -> SessionFile:
+        """Capture ``session`` (after a prompt) and ``view``.
+
+        Raises:
+            SessionError: nothing has run yet.
+        """
+        from attnscope.core.io.export import model_sha256
+
+        if session.prompt is None or session.seq_len == 0:
+            raise SessionError("nothing to save: run a prompt first")
+        return cls(
+            model=model_reference(session.info.source),
+            model_name=session.info.name,
+            model_sha256=model_sha256(session.info.source),
+            backend=getattr(session.backend, "name", "torch"),
+            dtype=session.info.dtype,
+            device=str(getattr(session.backend, "device", "cpu")),
+            prompt=session.prompt,
+            chat_template=bool(session.chat_template),
+            sampling=session.sampling,
+            token_ids=tuple(session.ids),
+            n_prompt=session.n_prompt,
+            view=dict(view or {}),
+            created=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            quantization=quant_record(session.info),
+        )
+
+    @property
+    def quantize(self) -> str:
+        """The ``--quantize`` mode this session ran with (``"none"`` when not recorded)."""
+        mode = str(self.quantization.get("mode", "none"))
+        return mode if mode in ("none", "int8", "int4") else "none"
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "attnscope_version": self.attnscope_version,
+            "created": self.created,
+            "model": {"ref": self.model, "name": self.model_name, "sha256": self.model_sha256},
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "device": self.device,
+            "prompt": self.prompt,
+            "chat_template": self.chat_template,
+            "sampling": asdict(self.sampling),
+            "n_prompt": self.n_prompt,
+            "token_ids": list(self.token_ids),
+            "view": self.view,
+            "quantization": self.quantization,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SessionFile:
+        """Validate and build. Raises SessionFileError naming the first bad field."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise SessionFileError('not an AttnScope session file (no "format": "attnscope.session")')
+        if not isinstance(d.get("version"), int) or d["version"] > VERSION:
+            raise SessionFileError(
+                f"session file version {d.get('version')!r} is newer than this AttnScope "
+                f"reads ({VERSION}): update AttnScope"
+            )
+        try:
+            m = d["model"]
+            ids = d["token_ids"]
+            n_prompt = d["n_prompt"]
+            if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
+                raise SessionFileError("token_ids must be a list of non-negative integers")
+            if not isinstance(n_prompt, int) or not 0 < n_prompt <= len(ids):
+                raise SessionFileError(f"n_prompt {n_prompt!r} does not fit {len(ids)} token ids")
+            if not isinstance(d["prompt"], str) or not d["prompt"].strip():
+                raise SessionFileError("the prompt is empty")
+            view = d.get("view") or {}
+            if not isinstance(view, dict):
+                raise SessionFileError("view must be an object")
+            return cls(
+                model=str(m["ref"]),
+                model_name=str(m.get("name") or m["ref"]),
+                model_sha256=m.get("sha256"),
+                backend=str(d.get("backend", "torch")),
+                dtype=str(d.get("dtype", "float32")),
+                device=str(d.get("device", "cpu")),
+                prompt=d["prompt"],
+                chat_template=bool(d["chat_template"]),
+                sampling=Sampling(**d.get("sampling", {})),
+                token_ids=tuple(ids),
+                n_prompt=n_prompt,
+                view=view,
+                created=str(d.get("created", "")),
+                attnscope_version=str(d.get("attnscope_version", "")),
+                quantization=_quantization(d.get("quantization")),
+            )
+        except KeyError as e:
+            raise SessionFileError(f"session file lacks the field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise SessionFileError(f"bad session file: {e}") from None
+
+
+def _quantization(q) -> dict:
+    """A file's ``"quantization"`` entry, validated: an object of strings ({} when absent)."""
+    if q is None:
+        return {}
+    if not isinstance(q, dict) or not all(isinstance(v, str) for v in q.values()):
+        raise SessionFileError("quantization must be an object of strings (file, runtime, mode)")
+    return dict(q)
+
+
+def model_reference(source: str) -> str:
+    """``"default"`` when ``source`` is the embedded model (its GGUF, or the pre-converted folder a
+    packaged app names), else the absolute path (:func:`attnscope.core.loading.resolve.model_source` decides both)."""
+    from attnscope.core.loading.resolve import is_default_source, model_source
+
+    return "default" if is_default_source(source) else model_source(source)
+
+
+def save(sf: SessionFile, path: str | os.PathLike) -> Path:
+    """Write ``sf`` as JSON (UTF-8). Adds the ``.attnscope`` suffix when the name has none.
+
+    Raises:
+        FileNotFoundError: the folder does not exist. OSError: cannot write.
+    """
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(SUFFIX)
+    if not path.parent.exists():
+        raise FileNotFoundError(f"folder {path.parent} does not exist")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(sf.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str | os.PathLike) -> SessionFile:
+    """Read and validate a session file.
+
+    Raises:
+        FileNotFoundError: no such file. SessionFileError: not a valid session file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such session file: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SessionFileError(f"{path.name} is not a session file (not JSON: {e})") from None
+    return SessionFile.from_dict(data)
+
+
+def same_model(session, sf: SessionFile) -> bool:
+    """True when ``session`` already runs the model reference ``sf`` names, on its backend and dtype.
+
+    The weights' hash is not compared here: reloading the same reference would give the same file;
+    :func:`replay` warns when the hash differs.
+    """
+    if (
+        session is None
+        or session.info.dtype != sf.dtype
+        or getattr(session.backend, "name", "") != sf.backend
+    ):
+        return False
+    if quant_record(session.info)["mode"] != sf.quantize:
+        return False
+    return model_reference(session.info.source) == sf.model
+
+
+def replay(
+    sf: SessionFile,
+    session=None,
+    model: str | os.PathLike | None = None,
+    device: str | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> tuple[object, list[str]]:
+    """Rebuild the saved sequence. Returns ``(session, warnings)``.
+
+    ``session``: reuse it when it already runs the same model (:func:`same_model`), else a new one is
+    loaded from ``model`` (overrides the file's reference, e.g. the colleague's own copy) or the file's
+    reference. ``device`` defaults to the saved device. Warnings (one line each): a different weights
+    hash, a different device than saved (numbers may differ in the last bits).
+
+    Raises:
+        ModelLoadError: the model cannot be loaded. SessionError: the prompt tokenizes differently
+        (another tokenizer) or a token id is out of the vocabulary. Cancelled: ``cancelled()``.
+    """
+    from attnscope.core.io.export import model_sha256
+    from attnscope.core.session import Session
+
+    warnings: list[str] = []
+    say = progress or (lambda *_: None)
+    if session is None or model is not None or not same_model(session, sf):
+        ref = model if model is not None else (None if sf.model == "default" else sf.model)
+        session = Session.load(
+            ref,
+            backend=sf.backend,
+            device=device or _usable_device(sf.device, warnings),
+            dtype=sf.dtype,
+            progress=progress,
+            quantize=sf.quantize,
+        )
+    sha = model_sha256(session.info.source)
+    if sf.model_sha256 and sha != sf.model_sha256:
+        warnings.append(
+            f"the model's weights differ from the saved session's (sha256 {str(sha)[:12]}… ≠ "
+            f"{sf.model_sha256[:12]}…): numbers may differ"
+        )
+    if str(session.backend.device) != sf.device:
+        warnings.append(
+            f"running on {session.backend.device}, saved on {sf.device}: numbers may differ in the last bits"
+        )
+    if hasattr(session, "set_sampling"):
+        session.set_sampling(sf.sampling)
+    else:
+        session.sampling = sf.sampling
+    say("Prefill…", 0.0)
+    session.prefill(
+        sf.prompt,
+        chat_template=sf.chat_template,
+        progress=lambda d, t: say(f"Prefill {d}/{t} tokens", 0.5 * d / max(1, t)),
+        cancelled=cancelled,
+    )
+    if tuple(session.ids) != sf.token_ids[: sf.n_prompt]:
+        raise SessionError(
+            f"the prompt tokenizes to {session.n_prompt} ids here, not the saved {sf.n_prompt}: "
+            "another tokenizer or chat template"
+        )
+    if sf.n_generated:
+        session.feed(
+            list(sf.generated_ids),
+            cancelled=cancelled,
+            progress=lambda d, t: say(f"Replay {d}/{t} tokens", 0.5 + 0.5 * d / max(1, t)),
+        )
+    say("Session restored.", 1.0)
+    return session, warnings
+
+
+def _usable_device(saved: str, warnings: list[str]) -> str | None:
+    """The saved device if this machine has it, else None (auto), with a warning."""
+    if saved.startswith("cuda"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return saved
+        except ImportError:
+            pass
+        warnings.append(f"saved on {saved}, which this machine lacks: using the CPU")
+        return "cpu"
+    return saved if saved in ("cpu", "mps") or saved.startswith("cpu") else None

@@ -1,0 +1,98 @@
+"""``--device-map auto|balanced|sequential``: one model across several devices, through accelerate.
+
+transformers' ``from_pretrained(device_map=..., max_memory=..., offload_folder=...)`` places whole
+decoder layers on the GPUs in turn, then on the CPU, then on disk (accelerate's
+``infer_auto_device_map``; "balanced" spreads layers evenly over the GPUs, "sequential" fills GPU 0
+first), and hooks each layer so that its inputs move to its device. AttnScope's attention function
+runs inside each layer, so every layer's queries, LSE and cached keys live on that layer's
+execution device; the Trace keeps them there (:class:`attnscope.core.trace.torch_trace.TorchTrace`, one row store per
+device) and only a requested tile of weights (``n_q × n_k`` float32) comes to the host.
+
+Layers offloaded to CPU or disk execute on the CPU (accelerate copies their weights in for each
+forward), so on a CPU-only machine a ``device_map`` with disk offload computes exactly what the
+plain CPU model computes (tests/test_device_map.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from attnscope.core.errors import ModelLoadError
+
+DEVICE_MAPS = ("auto", "balanced", "sequential")
+
+
+def check_device_map(value: str | None) -> str | None:
+    """Validate ``--device-map``: None/"" (one device) or one of :data:`DEVICE_MAPS`.
+
+    Raises:
+        ModelLoadError: any other value (one line naming the choices).
+    """
+    if value in (None, "", "none"):
+        return None
+    v = str(value).strip().lower()
+    if v not in DEVICE_MAPS:
+        raise ModelLoadError(f"unknown device map {value!r}: choose one of {', '.join(DEVICE_MAPS)}")
+    return v
+
+
+def load_kwargs(
+    device_map: str | dict | None, offload_folder: Path | None = None, max_memory: dict | None = None
+) -> dict:
+    """Keyword arguments for ``from_pretrained``: ``{}`` without a device map, else ``device_map``
+    (a strategy name, or an explicit ``{module name: device}`` dict as accelerate takes), the disk
+    offload folder (created) and ``max_memory`` (``{0: "20GiB", "cpu": "30GiB"}``) where given."""
+    if device_map is None:
+        return {}
+    kw: dict = {"device_map": device_map}
+    if offload_folder is not None:
+        Path(offload_folder).mkdir(parents=True, exist_ok=True)
+        kw["offload_folder"] = str(offload_folder)
+    if max_memory:
+        kw["max_memory"] = max_memory
+    return kw
+
+
+def execution_device(where) -> str:
+    """The torch device a placement computes on: an int ``N`` → ``"cuda:N"``; "cpu" and "disk" → "cpu"."""
+    if isinstance(where, int):
+        return f"cuda:{where}"
+    w = str(where)
+    return "cpu" if w in ("cpu", "disk", "meta") else w
+
+
+def input_device(model) -> str:
+    """Where the token ids must go: the execution device of the input embeddings (accelerate's
+    ``hf_device_map``), or the device of the model's first parameter without a map."""
+    dm = getattr(model, "hf_device_map", None)
+    if dm:
+        emb = next((v for k, v in dm.items() if "embed" in k), None)
+        return execution_device(emb if emb is not None else next(iter(dm.values())))
+    return str(next(model.parameters()).device)
+
+
+def placement(model) -> dict[str, int]:
+    """Parameter bytes per placement (``"cuda:0"``, ``"cpu"``, ``"disk"``) from ``hf_device_map``;
+    ``{device: bytes}`` of the whole model without one. The per-device fit of a loaded model."""
+    dm = getattr(model, "hf_device_map", None)
+    sizes: Counter = Counter()
+    if not dm:
+        for p in model.parameters():
+            sizes[str(p.device)] += p.numel() * p.element_size()
+        return dict(sizes)
+    mods = dict(model.named_modules())
+    for name, where in dm.items():
+        mod = mods.get(name) if name else model
+        if mod is None:
+            continue
+        key = f"cuda:{where}" if isinstance(where, int) else str(where)
+        # an offloaded parameter sits on "meta": count its bytes from shape and dtype
+        sizes[key] += sum(p.numel() * p.element_size() for p in mod.parameters())
+    return dict(sizes)
+
+
+def describe(model) -> str:
+    """One line for the status bar: ``"layers on cuda:0 (7.1 GB), cuda:1 (7.0 GB), disk (1.0 GB)"``."""
+    parts = [f"{k} ({v / 1e9:.1f} GB)" for k, v in placement(model).items()]
+    return "layers on " + ", ".join(parts) if parts else ""

