@@ -15,6 +15,7 @@ API for notebooks and scripts, re-exported lazily so that ``import attnscope`` s
     s = Session.load()                 # the embedded SmolLM2-135M-Instruct
     s.prefill("The capital of France is")
     w = s.weights(layer=0, head=3)     # (T, T) float32, rows sum to 1
+    export_head(s, 0, 3, "head.npy")   # the map plus a JSON sidecar with its provenance
 
 See the README's "Python API" section for the whole surface.
 """
@@ -30,6 +31,8 @@ _PUBLIC = {
     "Session": "attnscope.core.session",
     "AttnScopeError": "attnscope.core.errors",
     "kv_cache_bytes": "attnscope.core.analysis.kv_formula",
+    "export_head": "attnscope.core.io.export",
+    "Sampling": "attnscope.core.sampling",
 }
 
 __all__ = ["__version__", *_PUBLIC]
