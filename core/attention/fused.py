@@ -21,6 +21,8 @@ in float32), so float16 ``q·k`` beyond 65504 does not overflow; fully masked ro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from attnscope.core.attention import reference
@@ -133,6 +135,7 @@ def sdpa_with_lse(
     sliding_window: int | None = None,
     mask=None,
     exact_half: bool = True,
+    mask_cache: MaskCache | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output and per-row LSE through a fused kernel where one exists.
 
@@ -157,17 +160,29 @@ def sdpa_with_lse(
         pass over every row: the model path does this and lets the trace rebuild the LSE of the
         rows a view asks for (:meth:`attnscope.core.trace.torch_trace.TorchTrace.weights`), so prefill stays at the
         kernel's speed. Rows with ``|lse| > 16`` are always redone in float64.
+        ``mask_cache``: a :class:`MaskCache` the caller owns (a Trace: every layer of a forward chunk
+        has the same structural mask, built once then); None builds the mask on each call.
 
     Raises:
         ValueError: on incompatible shapes, a window without the causal mask, a bad mask array.
     """
-    out, lse = _sdpa_kernel_lse(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
+    out, lse = _sdpa_kernel_lse(
+        q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask, mask_cache=mask_cache
+    )
     return out, exact_lse(
-        q, k, lse, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask, half_rows=exact_half
+        q,
+        k,
+        lse,
+        scale=scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        mask=mask,
+        half_rows=exact_half,
+        mask_cache=mask_cache,
     )
 
 
-def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask):
+def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask, mask_cache=None):
     """:func:`sdpa_with_lse` with the kernel's own float32 LSE (before :func:`exact_lse`)."""
     g = check_qkv(q.shape, k.shape, v.shape)
     B, H, L, D = q.shape
@@ -193,7 +208,9 @@ def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask):
             split = _prefix_then_diagonal(q, k, v, scale)  # a prefill chunk after cached keys
             if split is not None:
                 return split
-        bias5, empty = _bias_and_empty(L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device)
+        bias5, empty = _bias_and_empty(
+            L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device, mask_cache
+        )
         qg, kg, vg = _gqa_views(q, k, v)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             qg,
@@ -208,7 +225,9 @@ def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask):
         lse = lse.reshape(B, H, L).float()
         return _zero_empty_rows(out, lse, empty)
     if q.device.type == "cuda":
-        bias5, empty = _bias_and_empty(L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device)
+        bias5, empty = _bias_and_empty(
+            L, S, B, Hkv, G, structural, window, mask, q.dtype, q.device, mask_cache
+        )
         fused = _cuda_fused(q, k, v, scale, is_causal, bias5)
         if fused is not None:
             out, lse = fused
@@ -254,24 +273,53 @@ def _prefix_then_diagonal(q, k, v, scale):
     return out, lse
 
 
-# The structural mask (causal + window, no extra array) of the last call: every layer of one
-# forward chunk has the same (L, S, window), so it is built once per chunk, not once per layer
-# (saves ~3 % of a chunked 2048-token prefill on the CPU, and the per-layer allocations).
-_last_structural: list = [None]  # [(key, (bias5, empty))]: one slot, replaced whole (thread-safe read)
+class MaskCache:
+    """The structural masks (causal + window, no extra array) of the last forward, one slot per use.
+
+    Every layer of one forward chunk has the same ``(L, S, window)``, so with a cache its mask is
+    built once per chunk, not once per layer (saves ~3 % of a chunked 2048-token prefill on the
+    CPU, and the per-layer allocations). Slots: ``"kernel"`` (the fused kernel's bias and empty
+    rows, :func:`_bias_and_empty`) and ``"lse"`` (:func:`exact_lse`'s float32 bias). Owned by
+    whoever runs the forwards (a :class:`attnscope.core.trace.torch_trace.TorchTrace` keeps one, used from
+    the backend's thread) and passed explicitly: the attention path keeps no module-level state.
+    """
+
+    __slots__ = ("_slots",)
+
+    def __init__(self) -> None:
+        self._slots: dict[str, tuple] = {}
+
+    def get(self, slot: str, key: tuple, build: Callable[[], object]):
+        """The value kept in ``slot`` when it was built for ``key``, else ``build()`` (then kept there)."""
+        kept = self._slots.get(slot)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        value = build()
+        self._slots[slot] = (key, value)
+        return value
+
+    def key(self, slot: str) -> tuple | None:
+        """The key ``slot`` holds a mask for (None: empty)."""
+        kept = self._slots.get(slot)
+        return None if kept is None else kept[0]
+
+    def clear(self) -> None:
+        self._slots = {}
 
 
-def _bias_and_empty(L, S, B, Hkv, G, causal, window, mask, dtype, device):
-    """``(bias5, empty)``: :func:`mask_bias` and :func:`_empty_rows` of one call (None, None if unmasked)."""
-    cacheable = mask is None
-    key = (L, S, B, Hkv, G, causal, window, dtype, str(device))
-    last = _last_structural[0]
-    if cacheable and last is not None and last[0] == key:
-        return last[1]
-    bias5 = mask_bias(L, S, Hkv, causal=causal, sliding_window=window, array=mask, dtype=dtype, device=device)
-    hit = (bias5, None if bias5 is None else _empty_rows(bias5, B, Hkv, G, L))
-    if cacheable:
-        _last_structural[0] = (key, hit)
-    return hit
+def _bias_and_empty(L, S, B, Hkv, G, causal, window, mask, dtype, device, cache: MaskCache | None = None):
+    """``(bias5, empty)``: :func:`mask_bias` and :func:`_empty_rows` of one call (None, None if unmasked);
+    kept in ``cache`` (slot ``"kernel"``) when there is no array mask."""
+
+    def build():
+        bias5 = mask_bias(
+            L, S, Hkv, causal=causal, sliding_window=window, array=mask, dtype=dtype, device=device
+        )
+        return bias5, None if bias5 is None else _empty_rows(bias5, B, Hkv, G, L)
+
+    if mask is not None or cache is None:
+        return build()
+    return cache.get("kernel", (L, S, B, Hkv, G, causal, window, dtype, str(device)), build)
 
 
 def _zero_empty_rows(out, lse, empty):
@@ -455,9 +503,6 @@ def _lse_all(q, k, scale, bias5, dtype):
     return torch.cat(out, dim=-1).reshape(B, H, L)
 
 
-_last_exact_bias: list = [None]  # [(key, bias5)] of the last structural mask exact_lse built (one slot)
-
-
 def exact_lse(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -468,6 +513,7 @@ def exact_lse(
     sliding_window: int | None = None,
     mask=None,
     half_rows: bool = True,
+    mask_cache: MaskCache | None = None,
 ) -> torch.Tensor:
     """A kernel's LSE made exact enough that ``exp(s − lse)`` is right to ~1e-6 relative.
 
@@ -489,6 +535,10 @@ def exact_lse(
         * other rows keep their value; fully masked rows stay ``-inf``.
 
         ``half_rows=False`` skips the first rule (the kernel's LSE of float16/bfloat16 inputs is kept).
+
+        ``mask_cache``: a :class:`MaskCache` that keeps the structural mask between calls with the
+        same geometry (every layer of a forward; slot ``"lse"``); None builds it each call. An
+        array ``mask`` is never cached.
     """
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -496,27 +546,24 @@ def exact_lse(
     lse64 = lse.double()
     bias5: list = []
 
+    def build():
+        return mask_bias(
+            L,
+            S,
+            Hkv,
+            causal=causal,
+            sliding_window=sliding_window,
+            array=mask,
+            dtype=torch.float32,
+            device=q.device,
+        )
+
     def bias():
         if not bias5:
-            key = (L, S, Hkv, causal, sliding_window, str(q.device))
-            last = _last_exact_bias[0]
-            if mask is None and last is not None and last[0] == key:  # every layer of a chunk
-                bias5.append(last[1])
+            if mask is None and mask_cache is not None:  # every layer of a chunk: one mask
+                bias5.append(mask_cache.get("lse", (L, S, Hkv, causal, sliding_window, str(q.device)), build))
             else:
-                bias5.append(
-                    mask_bias(
-                        L,
-                        S,
-                        Hkv,
-                        causal=causal,
-                        sliding_window=sliding_window,
-                        array=mask,
-                        dtype=torch.float32,
-                        device=q.device,
-                    )
-                )
-                if mask is None:
-                    _last_exact_bias[0] = (key, bias5[0])
+                bias5.append(build())
         return bias5[0]
 
     if half_rows and lse.dtype != torch.float64 and q.dtype in (torch.float16, torch.bfloat16):

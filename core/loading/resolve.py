@@ -644,7 +644,7 @@ def load_torch(
         ModelLoadError / UnsupportedModelError: see :func:`resolve`.
     """
     import torch
-    from attnscope.core.backends.torch_backend import ATTN_NAME, register_attention
+    from attnscope.core.backends.hf_attention import ATTN_NAME, register_attention
     from attnscope.core.loading.device_map import check_device_map
     from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
     from attnscope.core.loading.precision import decide

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from attnscope.core.attention.fused import MaskCache
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.trace.base import TraceGeometry, as_slice
 
@@ -111,6 +112,7 @@ class TorchTrace(TraceGeometry):
         self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
         self.group_size = n_heads // n_kv_heads
         self.enabled = True
+        self.mask_cache = MaskCache()  # the forwards' structural masks, built once per chunk (fused)
         self.reset()
 
     def reserve(self, n_rows: int, dtype: torch.dtype, device) -> None:
