@@ -11,25 +11,18 @@ def _gui(args) -> int:
     return run_gui(args)
 
 
-def _figure_renderer():
-    from attnscope.app.export import save_heatmap_figure  # Qt, imported only when a figure is asked for
+def _qt_renderers():
+    """The labelled figure and animation-frame renderers (Qt), imported only when an export asks."""
+    from attnscope.app.figure import figure_frame, save_heatmap_figure
+    from attnscope.core.io.render import Renderers
 
-    return save_heatmap_figure
-
-
-def _frame_renderer():
-    from attnscope.app.export import figure_frame  # labelled animation frames (token axes, colour bar)
-
-    return figure_frame
+    return Renderers(figure=save_heatmap_figure, frame=figure_frame)
 
 
 def main(argv=None) -> int:
-    import attnscope.core.cli.commands.export as export_command
     from attnscope.core.cli.main import main as core_main
 
-    export_command.FIGURE_RENDERER = _figure_renderer
-    export_command.FRAME_RENDERER = _frame_renderer
-    return core_main(sys.argv[1:] if argv is None else argv, gui=_gui)
+    return core_main(sys.argv[1:] if argv is None else argv, gui=_gui, renderers=_qt_renderers)
 
 
 def gui_main() -> int:

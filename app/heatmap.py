@@ -345,7 +345,7 @@ class HeatmapView(QWidget):
 
     def export_widget(self):
         """What Export → view renders: the plot (title, axes, map, colour bar), not the option bar
-        above it or the hint line below (:func:`attnscope.app.export.export_target`)."""
+        above it or the hint line below (:func:`attnscope.app.paint.export_target`)."""
         return self.glw
 
     def value_range(self) -> tuple[float, float]:

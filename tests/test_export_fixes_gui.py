@@ -13,6 +13,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 from attnscope.app import export as AE
+from attnscope.app import figure as AF
+from attnscope.app import paint as AP
 from attnscope.app.svg_fixups import fix_svg
 from attnscope.core.io import export as E
 from attnscope.core.io.colormaps import to_rgb
@@ -67,7 +69,7 @@ def _scale(transform: str) -> float:
 # -- SVG with a clicked row -------------------------------------------------------------------------------
 def test_svg_clicked_row_outline_is_thin_and_cells_crisp(qtbot, tmp_path):  # issue 12 §7 major
     v, w = _heatmap(qtbot)
-    out = AE.render_widget(v, tmp_path / "row.svg")
+    out = AP.render_widget(v, tmp_path / "row.svg")
     root = ET.parse(out).getroot()
     # every non-scaling stroke is drawn its intended width in user space (1.5 px outline, 1–2 px frames)
     parents = {c: p for p in root.iter() for c in p}
@@ -120,7 +122,7 @@ def test_svg_fixups_whole_kind():
 
 def test_svg_figure_of_a_long_map_is_crisp(tmp_path):
     w = _map(300)  # > VECTOR_MAX_CELLS: one image
-    out = AE.save_heatmap_figure(w, tmp_path / "big.svg", tokens=_tokens(300), size=(900, 800), dpi=100)
+    out = AF.save_heatmap_figure(w, tmp_path / "big.svg", tokens=_tokens(300), size=(900, 800), dpi=100)
     root = ET.parse(out).getroot()
     images = list(root.iter(SVG + "image"))
     assert images and all("pixelated" in im.get("style") for im in images)
@@ -128,35 +130,35 @@ def test_svg_figure_of_a_long_map_is_crisp(tmp_path):
 
 # -- PDF --------------------------------------------------------------------------------------------------------
 def test_pdf_images_are_lossless(qtbot, tmp_path):  # issue 12 §7 minor
-    out = AE.save_heatmap_figure(
+    out = AF.save_heatmap_figure(
         _map(300), tmp_path / "big.pdf", tokens=_tokens(300), size=(900, 800), dpi=100
     )
     data = out.read_bytes()
     assert b"/DCTDecode" not in data and b"/FlateDecode" in data and b"/Image" in data
     v, _ = _heatmap(qtbot)
-    data = AE.render_widget(v, tmp_path / "view.pdf").read_bytes()
+    data = AP.render_widget(v, tmp_path / "view.pdf").read_bytes()
     assert b"/DCTDecode" not in data and b"/Image" in data
 
 
 # -- Export → view: DPI, provenance, sizes ----------------------------------------------------------------------------
 def test_view_png_records_the_chosen_dpi(qtbot, tmp_path):  # issue 12 §7: 384 recorded for 192
     v, _ = _heatmap(qtbot)
-    out = AE.render_widget(v, tmp_path / "v.png", size=(700, 600), dpi=192)
+    out = AP.render_widget(v, tmp_path / "v.png", size=(700, 600), dpi=192)
     img = Image.open(out)
     assert img.size == (1400, 1200) and img.info["dpi"] == pytest.approx((192, 192), abs=0.03)
-    AE.render_widget(v, tmp_path / "v96.png", size=(700, 600), dpi=96)
+    AP.render_widget(v, tmp_path / "v96.png", size=(700, 600), dpi=96)
     assert Image.open(tmp_path / "v96.png").info["dpi"] == pytest.approx((96, 96), abs=0.03)
 
 
 def test_embedded_provenance_png_and_svg(qtbot, tmp_path):
     v, _ = _heatmap(qtbot)
     meta = {"kind": "view", "prompt": "a\x0cb <&>", "token_texts": ["ör", "␛"]}
-    png = E.embed_metadata(AE.render_widget(v, tmp_path / "v.png", dpi=192), meta)
+    png = E.embed_metadata(AP.render_widget(v, tmp_path / "v.png", dpi=192), meta)
     img = Image.open(png)
     assert json.loads(img.text["attnscope"]) == meta and img.info["dpi"] == pytest.approx(
         (192, 192), abs=0.03
     )
-    svg = E.embed_metadata(AE.render_widget(v, tmp_path / "v.svg"), meta)
+    svg = E.embed_metadata(AP.render_widget(v, tmp_path / "v.svg"), meta)
     assert json.loads(ET.parse(svg).getroot().find(SVG + "desc").text) == meta
 
 
@@ -168,7 +170,7 @@ def test_small_size_is_whole_with_the_title_elided(
     v, _ = _heatmap(qtbot, title=title, show=show)
     yellow_rgb = to_rgb(np.array([[1.0]]), "viridis", 0, 1)[0, 0]
     for size in ((320, 240), (600, 450), (900, 700)):
-        out = AE.render_widget(v, tmp_path / f"v{size[0]}.png", size=size, dpi=96)
+        out = AP.render_widget(v, tmp_path / f"v{size[0]}.png", size=size, dpi=96)
         img = np.asarray(Image.open(out).convert("RGB")).astype(int)
         assert img.shape[:2] == (size[1], size[0])
         yellow = np.all(np.abs(img - yellow_rgb) <= 12, axis=2)
@@ -180,15 +182,15 @@ def test_small_size_is_whole_with_the_title_elided(
     with pytest.raises(
         ValueError, match=r"^60 × 40 px is too small for this view: it needs at least \d+ × \d+ px"
     ):
-        AE.render_widget(v, tmp_path / "tiny.png", size=(60, 40), dpi=96)
+        AP.render_widget(v, tmp_path / "tiny.png", size=(60, 40), dpi=96)
     assert not (tmp_path / "tiny.png").exists()
 
 
 # -- animations ---------------------------------------------------------------------------------------------------------
 def test_figure_frame_has_labels_and_colour_bar(tmp_path):
     w = _map(10)
-    frame = AE.figure_frame(w, 7, tokens=_tokens(10), title="L0 H0 · step 1/3 · seq_len 7 · new token 't6'")
-    assert frame.mode == "P" and frame.size == AE.FRAME_SIZE
+    frame = AF.figure_frame(w, 7, tokens=_tokens(10), title="L0 H0 · step 1/3 · seq_len 7 · new token 't6'")
+    assert frame.mode == "P" and frame.size == AF.FRAME_SIZE
     rgb = np.asarray(frame.convert("RGB")).astype(int)
     dark = np.all(rgb < 80, axis=2)
     assert dark[:, :80].sum() > 200  # query labels and axis title on the left
@@ -200,9 +202,9 @@ def test_animation_frames_are_figures(smol_ran, tmp_path):
     s = smol_ran
     s.prefill("The quick brown fox", chat_template=False)
     s.step(2)
-    out, side = E.export_animation(s, 0, 0, tmp_path / "a.gif", frame_renderer=AE.figure_frame)
+    out, side = E.export_animation(s, 0, 0, tmp_path / "a.gif", frame_renderer=AF.figure_frame)
     img = Image.open(out)
-    assert img.n_frames == 3 and img.size == AE.FRAME_SIZE
+    assert img.n_frames == 3 and img.size == AF.FRAME_SIZE
     assert json.loads(side.read_text())["frames"] == 3
 
 

@@ -12,6 +12,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 from attnscope.app import export as AE
+from attnscope.app import figure as AF
+from attnscope.app import paint as AP
 from attnscope.core.io.colormaps import to_rgb
 from attnscope.core.tokens import Token
 from PIL import Image
@@ -36,10 +38,10 @@ def _paint(path, w, size=(900, 800), dpi=120.0, **kw):
     """Paint the figure into ``path`` and return the map's rectangle (x, y, width, height) in figure px."""
     rects = []
     labels = [t.text for t in _tokens(w.shape[0])]
-    AE.paint_to_file(
+    AP.paint_to_file(
         path,
         size,
-        lambda p: rects.append(AE.paint_heatmap(p, size, w, labels, labels, title="T itle", dpi=dpi, **kw)),
+        lambda p: rects.append(AF.paint_heatmap(p, size, w, labels, labels, title="T itle", dpi=dpi, **kw)),
         dpi=dpi,
         title="T itle",
         metadata={"layer": 3},
@@ -120,7 +122,7 @@ def test_single_pdf_gets_a_sidecar(smol_ran, tmp_path):
     """A PDF cannot carry the JSON metadata (PNG has a text chunk, SVG a <desc>): it goes beside it."""
     from attnscope.core.io import export as E
 
-    files = E.export_head(smol_ran, 4, 7, tmp_path / "f.pdf", renderer=AE.save_heatmap_figure)
+    files = E.export_head(smol_ran, 4, 7, tmp_path / "f.pdf", renderer=AF.save_heatmap_figure)
     assert files == [tmp_path / "f.pdf", tmp_path / "f.pdf.json"]
     assert (tmp_path / "f.pdf").read_bytes().startswith(b"%PDF-")
     meta = json.loads((tmp_path / "f.pdf.json").read_text())
@@ -157,14 +159,14 @@ def test_large_maps_are_images_and_pooling_keeps_spikes(tmp_path):
 
 def test_save_heatmap_figure_defaults_and_errors(tmp_path):
     w = _map(6)
-    p = AE.save_heatmap_figure(w, tmp_path / "d.png", tokens=_tokens(6), title="x", dpi=100)
+    p = AF.save_heatmap_figure(w, tmp_path / "d.png", tokens=_tokens(6), title="x", dpi=100)
     assert Image.open(p).size == (800, 700)  # 8 × 7 inches at 100 dpi
     with pytest.raises(ValueError, match="unsupported image"):
-        AE.save_heatmap_figure(w, tmp_path / "d.tif")
+        AF.save_heatmap_figure(w, tmp_path / "d.tif")
     with pytest.raises(FileNotFoundError):
-        AE.save_heatmap_figure(w, tmp_path / "no" / "d.png")
+        AF.save_heatmap_figure(w, tmp_path / "no" / "d.png")
     with pytest.raises(ValueError, match="non-empty 2-D"):
-        AE.save_heatmap_figure(np.zeros((0, 0)), tmp_path / "e.png")
+        AF.save_heatmap_figure(np.zeros((0, 0)), tmp_path / "e.png")
 
 
 def test_render_widget_size_dpi_and_whole_tables(qtbot, tmp_path):
@@ -177,17 +179,17 @@ def test_render_widget_size_dpi_and_whole_tables(qtbot, tmp_path):
     t.resize(300, 200)
     t.show()
     qtbot.waitExposed(t)
-    AE.render_widget(t, tmp_path / "t.png", dpi=96)
+    AP.render_widget(t, tmp_path / "t.png", dpi=96)
     full = Image.open(tmp_path / "t.png").size
     assert full[1] >= 40 * t.rowHeight(0)  # every row, not the 200 px on screen
     assert t.size().width() == 300 and t.size().height() == 200  # put back
-    AE.render_widget(t, tmp_path / "s.png", size=(400, 300), dpi=192)
+    AP.render_widget(t, tmp_path / "s.png", size=(400, 300), dpi=192)
     assert Image.open(tmp_path / "s.png").size == (800, 600)  # size × dpi / 96
-    AE.render_widget(t, tmp_path / "t.svg", size=(400, 300))
+    AP.render_widget(t, tmp_path / "t.svg", size=(400, 300))
     root = ET.parse(tmp_path / "t.svg").getroot()
     assert root.get("viewBox") == "0 0 400 300"
     assert "row 3" in ["".join(x.itertext()) for x in root.iter(SVG + "text")]
-    AE.render_widget(t, tmp_path / "t.pdf", size=(400, 300))
+    AP.render_widget(t, tmp_path / "t.pdf", size=(400, 300))
     assert (tmp_path / "t.pdf").read_bytes().startswith(b"%PDF-")
 
 
@@ -262,7 +264,7 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     # (the 5th figure waits on the engine thread until Cancel was pressed: 270 small SVGs can take
     # under a second, so cancelling "a bit later" would race the end of the job)
     written, reached, released = [], threading.Event(), threading.Event()
-    render = AE.save_heatmap_figure
+    render = AF.save_heatmap_figure
 
     def held_renderer(*args, **kwargs):
         written.append(render(*args, **kwargs))

@@ -121,7 +121,7 @@ def test_mp4_unavailable_is_one_line_before_loading(tmp_path, capsys, monkeypatc
 
 @pytest.mark.slow
 def test_cli_frames_are_labelled_figures(tmp_path):
-    from attnscope.app.export import FRAME_SIZE
+    from attnscope.app.figure import FRAME_SIZE
     from PIL import Image
     from test_cli import attnscope
 

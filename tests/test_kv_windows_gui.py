@@ -218,7 +218,7 @@ def test_roles_sort_keeps_the_top_in_view(win, qtbot):
 def test_exported_figure_hatches_masked_cells(tmp_path, qtbot):
     """The labelled figure (SVG/PDF/--figure PNG) draws masked cells as the window does: the map's
     weight-0 colour appears nowhere when every zero is a masked cell."""
-    from attnscope.app.export import figure_mask, save_heatmap_figure
+    from attnscope.app.figure import figure_mask, save_heatmap_figure
     from attnscope.core.io.colormaps import to_rgb
     from attnscope.core.tokens import Token
     from PIL import Image

@@ -877,7 +877,7 @@ class CompareView(QWidget, SavedControls):
     def export_maps(self, path) -> list[Path]:
         """The three maps as drawn (PNG/SVG/PDF by suffix) and a JSON sidecar naming both runs
         (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting."""
-        from attnscope.app.export import render_widget
+        from attnscope.app.paint import render_widget
         from attnscope.core.io.export import sidecar_path, write_json
 
         out = render_widget(self.maps_widget, path, title="AttnScope · Compare")

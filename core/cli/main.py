@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 
 from attnscope.core import __version__
 from attnscope.core.errors import AttnScopeError
+from attnscope.core.io.render import Renderers
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -137,14 +139,24 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None, gui: Callable[[argparse.Namespace], int] | None = None) -> int:
-    """Parse ``argv`` and run a subcommand, or hand GUI options to ``gui``. Returns the exit code."""
+def main(
+    argv: Sequence[str] | None = None,
+    gui: Callable[[argparse.Namespace], int] | None = None,
+    renderers: Callable[[], Renderers] | None = None,
+) -> int:
+    """Parse ``argv`` and run a subcommand, or hand GUI options to ``gui``. Returns the exit code.
+
+    ``renderers``: a loader of the labelled figure/frame renderers (the app's entry point passes
+    Qt's), handed to the commands whose ``run`` takes a ``renderers`` argument; None: Pillow only.
+    """
     commands = _commands()
     parser = build_parser(commands)
     args = parser.parse_args(argv)
     try:
         if args.command:
-            return int(commands[args.command].run(args) or 0)
+            run = commands[args.command].run
+            takes = "renderers" in inspect.signature(run).parameters
+            return int((run(args, renderers=renderers) if takes else run(args)) or 0)
         if gui is None:
             parser.error("no command given (the GUI is not available in this entry point)")
         return int(gui(args) or 0)

@@ -13,7 +13,7 @@ Qt-free. What each export holds:
   digits for a float32 to read back bit-identical.
 * **Images**: ``.png`` here (Pillow, :mod:`attnscope.core.io.render`: one colour-map colour per cell); labelled
   figures and ``.svg``/``.pdf`` need a *renderer* passed in by the caller (the app's Qt renderer,
-  :func:`attnscope.app.export.save_heatmap_figure`), since this package never imports Qt.
+  :func:`attnscope.app.figure.save_heatmap_figure`), since this package never imports Qt.
 * **Batches** (:func:`export_batch`): every head of a layer, or every layer × head, one file each,
   plus a ``manifest.json`` (shared metadata once, then one entry per file). Progress and cancel
   through callbacks (engine job: ``ctx.progress``/``ctx.cancelled``; CLI: a stderr line).
@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from attnscope.core import __version__
 from attnscope.core.errors import Cancelled
+from attnscope.core.io.render import FrameRenderer, Renderer
 from attnscope.core.loading.quantize import record as quant_record
 
 SCHEMA = "attnscope.export/1"
@@ -51,12 +52,6 @@ EXACT_NOTE = (
     "the cached keys and the fused kernel's log-sum-exp; not a second softmax, not pooled"
 )
 
-#: ``renderer(weights, path, *, tokens, q_offset, k_offset, title, cmap, scale, size, dpi, metadata)``
-#: writes one labelled figure (PNG/SVG/PDF by ``path``'s suffix).
-Renderer = Callable[..., Path]
-#: ``frame_renderer(weights, n, *, tokens, title, cmap, scale, gamma, vmin, vmax)`` → a PIL image of the
-#: figure of ``weights`` (``(T, T)``) with only positions ``0 .. n-1`` shown (later ones blank)
-FrameRenderer = Callable[..., object]
 Progress = Callable[[int, int, str], None]
 
 
@@ -541,7 +536,7 @@ def export_head(
             )
         ]
     if renderer is None:
-        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.export); none was given")
+        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.figure); none was given")
     title = head_title(session, layer, head, w.shape[0], mode)
     out = Path(
         renderer(
@@ -621,7 +616,7 @@ def export_batch(
     if fmt not in BATCH_FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(BATCH_FORMATS)}")
     if (fmt in ("svg", "pdf") or (fmt == "png" and figure)) and renderer is None:
-        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.export); none was given")
+        raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.figure); none was given")
     if range_mode not in RANGE_MODES:
         raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
     out = Path(out_dir)
@@ -790,7 +785,7 @@ def export_animation(
     :func:`save_animation`) plus its sidecar ``<file>.json``: the head's metadata for the whole
     sequence, the frames (step ``i`` shows positions ``0 .. n_prompt + i − 1``), fps and colours.
 
-    ``frame_renderer`` (the app's :func:`attnscope.app.export.figure_frame`): each frame is the labelled figure
+    ``frame_renderer`` (the app's :func:`attnscope.app.figure.figure_frame`): each frame is the labelled figure
     (token axes, colour bar, a caption with the step) instead of the bare map with a caption.
 
     Returns ``[animation, sidecar]``. Raises what those two raise.

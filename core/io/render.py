@@ -6,11 +6,39 @@ below the diagonal exactly as in the GUI; values on a fixed [0, 1] scale by defa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from attnscope.core.io.colormaps import to_rgb
 from PIL import Image
+
+#: ``renderer(weights, path, *, tokens, title, colour, size, dpi, metadata)`` writes one labelled
+#: figure (PNG/SVG/PDF by ``path``'s suffix) and returns its path.
+Renderer = Callable[..., Path]
+#: ``frame_renderer(weights, n, *, tokens, title, colour)`` → a PIL image of the figure of
+#: ``weights`` (``(T, T)``) with only positions ``0 .. n-1`` shown (later ones blank).
+FrameRenderer = Callable[..., object]
+
+
+@dataclass(frozen=True)
+class Renderers:
+    """What draws the images an export writes, passed explicitly by the caller (core never imports Qt).
+
+    ``figure``: labelled figures (``.svg``, ``.pdf``, ``--figure`` PNGs), e.g. the app's
+    :func:`attnscope.app.figure.save_heatmap_figure`; None: only plain maps (Pillow,
+    :func:`heatmap_image`) can be written. ``frame``: labelled animation frames
+    (:func:`attnscope.app.figure.figure_frame`); None: Pillow's bare frames with a caption
+    (:func:`attnscope.core.io.export.decode_frames`).
+    """
+
+    figure: Renderer | None = None
+    frame: FrameRenderer | None = None
+
+
+#: the renderers every process has: Pillow only (no labelled figures)
+PILLOW = Renderers()
 
 
 def heatmap_image(

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
+from attnscope.core.io.render import PILLOW, Renderers
 
 NAME = "export"
 HELP = "export attention maps as PNG/SVG/PDF or NPY/CSV/safetensors (+ JSON provenance), batches, animations"
@@ -145,24 +146,17 @@ def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
         raise ValueError(f"unsupported output {out.name!r}: use .png, .npy, .csv or .safetensors")
 
 
-# SVG/PDF figures (and labelled PNG figures) are drawn with Qt's paint devices. core never imports
-# Qt or app, so the entry point that has them (attnscope.app.cli) installs a loader here at start-up.
-FIGURE_RENDERER: Callable[[], Callable] | None = None
-#: loader of the labelled animation-frame renderer (``attnscope.app.export.figure_frame``); None: bare frames
-FRAME_RENDERER: Callable[[], Callable] | None = None
-
-
-def figure_renderer() -> Callable:
-    """The figure renderer installed by the entry point (``attnscope.app.export.save_heatmap_figure``).
+def figure_renderer(renderers) -> Callable:
+    """The labelled-figure renderer of ``renderers`` (a :class:`attnscope.core.io.render.Renderers`).
 
     Raises:
-        ValueError: no renderer installed (core used without the app package).
+        ValueError: it has none (core used without the app package, whose entry point passes Qt's).
     """
-    if FIGURE_RENDERER is None:
+    if renderers.figure is None:
         raise ValueError(
             "SVG/PDF and labelled figures need the app package: run them through `attnscope export`"
         )
-    return FIGURE_RENDERER()
+    return renderers.figure
 
 
 def _check_args(args) -> None:
@@ -295,10 +289,14 @@ def _session_overrides(sf, args):
     return dataclasses.replace(sf, **changes) if changes else sf
 
 
-def run(args) -> int:
+def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
+    """Run ``attnscope export``. ``renderers``: a loader of the figure/frame renderers (the app's
+    entry point passes Qt's, loaded only when called); None: Pillow only (plain PNG maps, bare
+    frames; figures refused with one line)."""
     from attnscope.core.io import export as E
 
     _check_args(args)
+    load = renderers if renderers is not None else (lambda: PILLOW)  # called only when a figure is drawn
     s, view = _open(args)
     cmap = args.cmap or view.get("cmap") or "viridis"
     from attnscope.core.io.export_long import default_scale
@@ -351,7 +349,7 @@ def run(args) -> int:
             size=size,
             dpi=args.dpi,
             figure=args.figure,
-            renderer=figure_renderer() if needs_qt else None,
+            renderer=figure_renderer(load()) if needs_qt else None,
             progress=_progress_line("export"),
             gamma=gamma,
             range_mode=range_mode,
@@ -382,7 +380,7 @@ def run(args) -> int:
                 size=size,
                 dpi=args.dpi,
                 figure=args.figure,
-                renderer=figure_renderer() if needs_qt else None,
+                renderer=figure_renderer(load()) if needs_qt else None,
                 gamma=gamma,
                 range_mode=range_mode,
                 full_size=args.full_size,
@@ -400,7 +398,7 @@ def run(args) -> int:
                 gamma=gamma,
                 range_mode=range_mode,
                 fps=args.fps,
-                frame_renderer=FRAME_RENDERER() if FRAME_RENDERER is not None else None,
+                frame_renderer=load().frame,
             )
             print(
                 f"wrote {s.n_generated + 1} frames (decode steps 0..{s.n_generated}) to "

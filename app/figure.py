@@ -1,0 +1,407 @@
+"""The labelled heatmap figure, painted with QPainter on any of :mod:`attnscope.app.paint`'s devices.
+
+* :func:`save_heatmap_figure`: a publication figure of one map: cells as vector rectangles (up to
+  :data:`VECTOR_MAX_CELLS`, else one unsmoothed image, max-pooled when there are more cells than
+  pixels), token labels on both axes, a colour bar, a title. Used by the CLI (``attnscope export
+  ... --format svg``) and batch exports; safe on the engine thread (it paints on files, not widgets).
+  It is the ``renderer`` that :func:`attnscope.core.io.export.export_head` takes.
+* :func:`figure_frame`: one animation frame of that figure (a decode step), the ``frame_renderer`` of
+  :func:`attnscope.core.io.export.export_animation`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from attnscope.app.paint import ensure_gui, paint_to_file
+from attnscope.core.analysis.pooling import max_pool
+from attnscope.core.io.colormaps import normalize, to_rgb
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QImage, QPainter, QPen
+
+VECTOR_MAX_CELLS = 65536  # up to 256 × 256 tokens the cells are rectangles; beyond, one image
+FIGURE_SIZE_IN = (8.0, 7.0)  # default figure size in inches
+FIGURE_DPI = 150.0
+MAX_LABEL_CHARS = 12
+
+
+def token_label(text: str, n: int = MAX_LABEL_CHARS) -> str:
+    """Axis label of a token: blank tokens shown with ␣, long ones cut with …"""
+    if text.strip() == "":
+        text = text.replace(" ", "␣")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# -- heatmap figure ----------------------------------------------------------------------------------------
+def _ticks(vmin: float, vmax: float, scale: str) -> list[float]:
+    if scale == "log":
+        lo = max(vmin, 1e-6)
+        return [
+            10.0**k for k in range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(vmax) + 1e-9) + 1)
+        ]
+    return [vmin + (vmax - vmin) * f for f in (0, 0.25, 0.5, 0.75, 1.0)]
+
+
+def _tick_text(v: float, scale: str) -> str:
+    if scale == "log":
+        return f"1e{round(math.log10(v))}" if v < 0.01 else f"{v:g}"
+    return f"{v:.2f}"
+
+
+def figure_layout(
+    n_rows: int, n_cols: int, size: tuple[int, int], dpi: float, label_w: float, label_h: float
+) -> tuple[QRectF, float]:
+    """The map's rectangle and cell size (px) inside a ``size`` figure; cells square, ≥ 1 px when possible."""
+    f = dpi / 72.0
+    pad = 8 * f
+    tick = 3 * f
+    title_h = 14 * f + pad
+    left = pad + label_h + pad / 2 + label_w + tick
+    bottom = tick + label_w + pad / 2 + label_h + pad
+    right = pad + 12 * f + tick + 4 * label_h + label_h + 2 * pad
+    top = pad + title_h
+    aw, ah = max(1.0, size[0] - left - right), max(1.0, size[1] - top - bottom)
+    cell = min(aw / n_cols, ah / n_rows)
+    if cell >= 2:
+        cell = math.floor(cell)  # whole pixels: PNG cells are exact blocks
+    return QRectF(left, top, cell * n_cols, cell * n_rows), cell
+
+
+def paint_heatmap(
+    p: QPainter,
+    size: tuple[int, int],
+    weights: np.ndarray,
+    q_labels: list[str],
+    k_labels: list[str],
+    *,
+    title: str = "",
+    cmap: str = "viridis",
+    scale: str = "linear",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    dpi: float = FIGURE_DPI,
+    colorbar_label: str = "attention weight",
+    q_axis: str = "query position",
+    k_axis: str = "key position",
+    gamma: float = 0.5,
+    masked: np.ndarray | None = None,
+) -> QRectF:
+    """Paint a labelled map (rows = queries top to bottom, columns = keys) into ``size``; returns the map's rect.
+
+    Cell colours are :func:`attnscope.core.io.colormaps.to_rgb` of the values: exactly the colours of the plain PNG.
+    ``masked`` (bool, the map's shape): cells the mask hid, drawn as a grey hatch outside the colour
+    map (light grey in a raster map) instead of the colour of weight 0, as the window's heatmap does.
+    """
+    w = np.asarray(weights, dtype=np.float32)
+    n_rows, n_cols = w.shape
+    f = dpi / 72.0
+    font = QFont()
+    font.setPixelSize(max(1, round(7.5 * f)))
+    title_font = QFont(font)
+    title_font.setPixelSize(max(1, round(10 * f)))
+    title_font.setBold(True)
+    fm = QFontMetricsF(font)
+    q_short = [token_label(t) for t in q_labels]
+    k_short = [token_label(t) for t in k_labels]
+    label_w = max([fm.horizontalAdvance(t) for t in q_short + k_short] + [fm.horizontalAdvance("0")])
+    label_h = fm.height()
+    rect, cell = figure_layout(n_rows, n_cols, size, dpi, label_w, label_h)
+    p.setRenderHint(QPainter.Antialiasing, False)
+    p.setRenderHint(QPainter.SmoothPixmapTransform, False)
+
+    # title
+    p.setFont(title_font)
+    p.setPen(QColor(20, 20, 20))
+    tfm = QFontMetricsF(title_font)
+    p.drawText(
+        QRectF(8 * f, 6 * f, size[0] - 16 * f, tfm.height() + 2),
+        Qt.AlignHCenter | Qt.AlignTop,
+        tfm.elidedText(title, Qt.ElideRight, size[0] - 16 * f),
+    )
+
+    # cells
+    rgb = to_rgb(w, cmap, vmin, vmax, scale, gamma)
+    if n_rows * n_cols <= VECTOR_MAX_CELLS and cell >= 1:
+        ov = min(0.5, cell / 4)
+        for i in range(n_rows):
+            row = rgb[i]
+            change = np.flatnonzero(np.any(row[1:] != row[:-1], axis=1)) + 1
+            starts = np.concatenate(([0], change))
+            ends = np.concatenate((change, [n_cols]))
+            y = rect.top() + i * cell
+            # Each rectangle reaches half a pixel into its right and lower neighbours, which are painted
+            # after it: vector viewers anti-alias edges, and abutting rectangles would show hairline seams.
+            dy = ov if i < n_rows - 1 else 0.0
+            for a, b in zip(starts, ends, strict=True):
+                r, g, bl = (int(c) for c in row[a])
+                dx = ov if b < n_cols else 0.0
+                p.fillRect(
+                    QRectF(rect.left() + a * cell, y, (b - a) * cell + dx, cell + dy), QColor(r, g, bl)
+                )
+        if masked is not None and masked.shape == w.shape and masked.any():
+            hatch = QBrush(QColor(150, 150, 150), Qt.BDiagPattern)
+            for i in np.flatnonzero(masked.any(axis=1)):
+                m = np.concatenate(([False], masked[i], [False]))
+                edges = np.flatnonzero(m[1:] != m[:-1])
+                for a, b in zip(edges[::2], edges[1::2], strict=True):
+                    r_ = QRectF(rect.left() + a * cell, rect.top() + i * cell, (b - a) * cell, cell)
+                    p.fillRect(r_, QColor(255, 255, 255))
+                    p.fillRect(r_, hatch)
+    else:
+        img_rgb = rgb
+        mk = masked if masked is not None and masked.shape == w.shape else None
+        if cell < 1:  # more cells than pixels: keep the strongest weight of each block visible
+            pooled = max_pool(w, max(1, int(rect.height())), max(1, int(rect.width())))
+            img_rgb = to_rgb(pooled, cmap, vmin, vmax, scale, gamma)
+            if mk is not None:  # a block is masked when all its cells are
+                mk = max_pool((~mk).astype(np.float32), pooled.shape[0], pooled.shape[1]) == 0
+        if mk is not None and mk.any():
+            img_rgb = np.array(img_rgb, copy=True)
+            img_rgb[mk] = (225, 225, 225)
+        data = np.ascontiguousarray(img_rgb, dtype=np.uint8)
+        img = QImage(data.data, data.shape[1], data.shape[0], data.shape[1] * 3, QImage.Format_RGB888).copy()
+        p.drawImage(rect, img)
+
+    # frame
+    pen = QPen(QColor(60, 60, 60))
+    pen.setWidthF(0.6 * f)
+    p.setPen(pen)
+    p.setBrush(Qt.NoBrush)
+    p.drawRect(rect)
+
+    # token labels: every stride-th, so labels never overlap
+    p.setFont(font)
+    p.setPen(QColor(20, 20, 20))
+    stride = max(1, math.ceil(label_h * 1.05 / max(cell, 1e-9)))
+    tick = 3 * f
+    for i in range(0, n_rows, stride):
+        y = rect.top() + (i + 0.5) * cell
+        p.drawLine(QPointF(rect.left() - tick, y), QPointF(rect.left(), y))
+        p.drawText(
+            QRectF(rect.left() - tick - label_w - 2 * f, y - label_h / 2, label_w + f, label_h),
+            Qt.AlignRight | Qt.AlignVCenter,
+            q_short[i],
+        )
+    for j in range(0, n_cols, stride):
+        x = rect.left() + (j + 0.5) * cell
+        p.drawLine(QPointF(x, rect.bottom()), QPointF(x, rect.bottom() + tick))
+        p.save()
+        p.translate(x, rect.bottom() + tick + 2 * f)
+        p.rotate(-90)
+        p.drawText(
+            QRectF(-label_w, -label_h / 2, label_w, label_h), Qt.AlignRight | Qt.AlignVCenter, k_short[j]
+        )
+        p.restore()
+    # axis titles
+    p.drawText(
+        QRectF(rect.left(), rect.bottom() + tick + 2 * f + label_w + 4 * f, rect.width(), label_h),
+        Qt.AlignHCenter | Qt.AlignTop,
+        k_axis,
+    )
+    p.save()
+    p.translate(rect.left() - tick - label_w - 6 * f - label_h, rect.center().y())
+    p.rotate(-90)
+    p.drawText(QRectF(-rect.height() / 2, 0, rect.height(), label_h), Qt.AlignHCenter | Qt.AlignTop, q_axis)
+    p.restore()
+
+    # colour bar (top = vmax): the 256 colours of the map as a 1 × 256 image stretched over the bar (one
+    # small element in SVG/PDF; 256 rectangles would be 100 kB of SVG, a Qt gradient 45 kB of PDF);
+    # ticks are placed through the same normalisation as the cells
+    from attnscope.core.io.colormaps import lut
+
+    bar = QRectF(rect.right() + 10 * f, rect.top(), 12 * f, max(rect.height(), 60 * f))
+    strip = np.ascontiguousarray(lut(cmap)[::-1].reshape(-1, 1, 3))
+    p.drawImage(bar, QImage(strip.data, 1, strip.shape[0], 3, QImage.Format_RGB888).copy())
+    p.setPen(pen)
+    p.drawRect(bar)
+    p.setPen(QColor(20, 20, 20))
+    for v in _ticks(vmin, vmax, scale):
+        y = bar.bottom() - bar.height() * float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
+        p.drawLine(QPointF(bar.right(), y), QPointF(bar.right() + tick, y))
+        p.drawText(
+            QRectF(bar.right() + tick + f, y - label_h / 2, 4 * label_h, label_h),
+            Qt.AlignLeft | Qt.AlignVCenter,
+            _tick_text(v, scale),
+        )
+    p.save()
+    p.translate(bar.right() + tick + 4 * label_h + 2 * f, bar.center().y())
+    p.rotate(90)
+    p.drawText(
+        QRectF(-bar.height() / 2, -label_h, bar.height(), label_h),
+        Qt.AlignHCenter | Qt.AlignBottom,
+        colorbar_label,
+    )
+    p.restore()
+    return rect
+
+
+def figure_mask(shape, q_tokens, k_tokens, metadata: dict | None) -> np.ndarray | None:
+    """Cells of a ``shape`` map the mask hid (bool), from the tokens' positions (a later key: causal)
+    and the provenance's sliding window (``metadata["mask"]["sliding_window"]``; not for the mean of
+    all layers, where a cell is masked only if every layer masks it). None without positions."""
+    if q_tokens is None or k_tokens is None:
+        return None
+    q = np.array([t.position for t in q_tokens][: shape[0]], dtype=np.int64)[:, None]
+    k = np.array([t.position for t in k_tokens][: shape[1]], dtype=np.int64)[None, :]
+    if q.shape[0] != shape[0] or k.shape[1] != shape[1]:
+        return None
+    out = k > q
+    mask = (metadata or {}).get("mask")
+    window = mask.get("sliding_window") if isinstance(mask, dict) else None
+    if window and (metadata or {}).get("aggregate") != "all":
+        out |= k <= q - int(window)
+    return out
+
+
+def save_heatmap_figure(
+    weights: np.ndarray,
+    path: str | os.PathLike,
+    *,
+    tokens=None,
+    q_tokens=None,
+    k_tokens=None,
+    title: str = "",
+    cmap: str = "viridis",
+    scale: str = "linear",
+    size: tuple[int, int] | None = None,
+    dpi: float | None = None,
+    metadata: dict | None = None,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    gamma: float = 0.5,
+) -> Path:
+    """Write the labelled figure of ``weights`` ``(n_query, n_key)`` to PNG/SVG/PDF (by suffix).
+
+    ``tokens`` (attnscope.core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
+    ``size``: pixels ``(width, height)``, default :data:`FIGURE_SIZE_IN` × ``dpi``; ``dpi`` default
+    :data:`FIGURE_DPI`, sets font sizes (points) and the physical size of SVG/PDF (``size / dpi`` inches).
+
+    Raises:
+        ValueError: unknown suffix, empty matrix. FileNotFoundError: missing folder. OSError: write failed.
+    """
+    w = np.asarray(weights)
+    if w.ndim != 2 or w.size == 0:
+        raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
+    dpi = float(dpi or FIGURE_DPI)
+    if size is None:
+        size = (round(FIGURE_SIZE_IN[0] * dpi), round(FIGURE_SIZE_IN[1] * dpi))
+    qt = q_tokens if q_tokens is not None else tokens
+    kt = k_tokens if k_tokens is not None else tokens
+    q_labels = [t.text for t in qt][: w.shape[0]] if qt is not None else [str(i) for i in range(w.shape[0])]
+    k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
+    masked = figure_mask(w.shape, qt, kt, metadata)
+    # the colour bar's label names the masked cells' grey (hatched in vector maps, light in raster ones)
+    bar = "attention weight · grey: masked" if masked is not None and masked.any() else "attention weight"
+    return paint_to_file(
+        path,
+        size,
+        lambda p: paint_heatmap(
+            p,
+            size,
+            w,
+            q_labels,
+            k_labels,
+            title=title,
+            cmap=cmap,
+            scale=scale,
+            vmin=vmin,
+            vmax=vmax,
+            dpi=dpi,
+            gamma=gamma,
+            masked=masked,
+            colorbar_label=bar,
+        ),
+        dpi=dpi,
+        title=title,
+        metadata=metadata,
+        crisp_svg=True,
+    )
+
+
+FRAME_SIZE = (720, 640)  # animation frames: figure pixels
+FRAME_DPI = 100.0
+
+
+def _frame_palette(cmap: str):
+    """A PIL palette image: 240 steps of ``cmap`` and 16 greys (text, frame, background)."""
+    from attnscope.core.io.colormaps import lut
+    from PIL import Image
+
+    table = lut(cmap)
+    pal = np.concatenate(
+        [
+            table[np.round(np.linspace(0, 255, 240)).astype(int)],
+            np.repeat(np.linspace(0, 255, 16).round().astype(np.uint8)[:, None], 3, axis=1),
+        ]
+    )
+    img = Image.new("P", (1, 1))
+    img.putpalette(pal.astype(np.uint8).reshape(-1).tolist())
+    return img
+
+
+def figure_frame(
+    weights: np.ndarray,
+    n: int,
+    *,
+    tokens=None,
+    title: str = "",
+    cmap: str = "viridis",
+    scale: str = "linear",
+    gamma: float = 0.5,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    size: tuple[int, int] = FRAME_SIZE,
+    dpi: float = FRAME_DPI,
+):
+    """One animation frame: the labelled figure (:func:`paint_heatmap`: token axes, colour bar, ``title``
+    as caption) of the ``(T, T)`` map ``weights`` with positions ``n .. T-1`` blank (not generated
+    yet), so every frame has the same layout. Returns a PIL palette image (240 colour-map steps +
+    16 greys; the cells are the map's colours to within one step of 256). Any thread (QImage)."""
+    from PIL import Image
+
+    ensure_gui()
+    w = np.asarray(weights, dtype=np.float32)
+    T = w.shape[0]
+    labels = (
+        [(t.text if i < n else "") for i, t in enumerate(list(tokens)[:T])]
+        if tokens is not None
+        else [(str(i) if i < n else "") for i in range(T)]
+    )
+    img = QImage(int(size[0]), int(size[1]), QImage.Format_RGB32)
+    img.fill(Qt.white)
+    p = QPainter(img)
+    try:
+        rect = paint_heatmap(
+            p,
+            size,
+            w,
+            labels,
+            labels,
+            title=title,
+            cmap=cmap,
+            scale=scale,
+            vmin=vmin,
+            vmax=vmax,
+            dpi=dpi,
+            gamma=gamma,
+        )
+        if n < T:
+            cell = rect.width() / T
+            p.fillRect(QRectF(rect.left(), rect.top() + n * cell, rect.width(), (T - n) * cell + 1), Qt.white)
+            p.fillRect(QRectF(rect.left() + n * cell, rect.top(), (T - n) * cell + 1, n * cell), Qt.white)
+            pen = QPen(QColor(60, 60, 60))
+            pen.setWidthF(0.6 * dpi / 72.0)
+            p.setPen(pen)
+            p.drawRect(rect)
+    finally:
+        p.end()
+    bits = img.constBits()
+    arr = np.frombuffer(bits, dtype=np.uint8, count=img.bytesPerLine() * img.height())
+    arr = arr.reshape(img.height(), img.bytesPerLine())[:, : img.width() * 4].reshape(
+        img.height(), img.width(), 4
+    )
+    rgb = Image.fromarray(np.ascontiguousarray(arr[..., 2::-1]), mode="RGB")  # BGRA → RGB
+    return rgb.quantize(palette=_frame_palette(cmap), dither=Image.Dither.NONE)
