@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.errors import Cancelled
+from attnscope.core.remote.dispatch import remotable
 
 MODES = ("head", "group", "layer", "all")
 MODE_LABELS = {
@@ -79,6 +80,7 @@ def _check_cancel(cancelled: Callable[[], bool] | None) -> None:
         raise Cancelled("cancelled")
 
 
+@remotable
 def map_tile(
     session,
     layer: int,
@@ -126,6 +128,7 @@ def map_tile(
     return acc.astype(np.float32, copy=False)
 
 
+@remotable
 def map_at(
     session,
     layer: int,
@@ -174,6 +177,7 @@ class PooledMap:
         return self.done < 1.0
 
 
+@remotable
 def pooled_map(
     session,
     layer: int,
@@ -256,6 +260,7 @@ def robust_max(w: np.ndarray, q: float = 99.5) -> float:
     return float(max(np.percentile(nz, q), 1e-6))
 
 
+@remotable
 def layer_robust_max(
     session,
     layer: int,
@@ -277,6 +282,7 @@ def layer_robust_max(
     return best
 
 
+@remotable
 def thumbnails(
     session,
     n: int | None = None,

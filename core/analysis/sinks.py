@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from attnscope.core.attention.masks import causal_allowed
+from attnscope.core.remote.dispatch import remotable
 
 DEFAULT_THRESHOLD = 0.5  # a head with sink score >= this is flagged as a sink head
 
@@ -256,6 +257,7 @@ def sink_report(
     )
 
 
+@remotable
 def session_sink_report(session, threshold: float = DEFAULT_THRESHOLD) -> SinkReport:
     """:func:`sink_report` for a :class:`attnscope.core.session.Session` after a prompt (+ steps).
 

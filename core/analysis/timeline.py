@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from attnscope.core.remote.dispatch import remotable
 from attnscope.core.sampling import GREEDY, Sampling, filtered_probs, softmax
 from attnscope.core.tokens import token_text
 
@@ -81,6 +82,7 @@ class NextTokenTable:
     entropy: float
 
 
+@remotable
 def next_tokens(
     session, step: int | None = None, k: int = 10, sampling: Sampling | None = None
 ) -> NextTokenTable:
