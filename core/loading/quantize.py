@@ -220,12 +220,7 @@ def quantize_model(model, mode: str) -> str:
     quantize_ = _import_torchao()
     params = [p for p in model.parameters() if not is_quantised(p)]
     device = params[0].device if params else torch.device("cpu")
-    if mode == "int4" and device.type not in ("cpu", "cuda"):
-        raise ModelLoadError(f"--quantize int4 runs on cpu or cuda, not {device.type}: use --quantize int8")
-    if mode == "int4" and model.dtype != torch.bfloat16:
-        raise ModelLoadError(
-            f"--quantize int4 needs a bfloat16 model (this one is {model.dtype}): load it with --dtype bfloat16"
-        )
+    check_device(mode, device, model.dtype)
     targets = set(linear_targets(model))
     if mode == "int4":  # torchao skips (with a log line) weights whose rows do not split into groups
         mods = dict(model.named_modules())
@@ -236,6 +231,42 @@ def quantize_model(model, mode: str) -> str:
         text = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
         raise ModelLoadError(f"--quantize {mode} failed on {device.type}: {text}") from None
     _own_float_tensors(model)
+    return runtime_line(model, mode, targets)
+
+
+def check_device(mode: str, device, dtype) -> None:
+    """Raise ModelLoadError where ``device`` (a torch.device) or the model's ``dtype`` (a torch
+    dtype) cannot run ``mode``: int4 needs a CPU or CUDA device and bfloat16 activations."""
+    import torch
+
+    if mode == "int4" and device.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"--quantize int4 runs on cpu or cuda, not {device.type}: use --quantize int8")
+    if mode == "int4" and dtype != torch.bfloat16:
+        raise ModelLoadError(
+            f"--quantize int4 needs a bfloat16 model (this one is {dtype}): load it with --dtype bfloat16"
+        )
+
+
+def quantize_one(quantize_, parent, child: str, config, mode: str) -> None:
+    """Quantise the linear layer ``parent.<child>`` in place with torchao's ``quantize_`` and the
+    config :func:`_config` gave (the streamed loader's step, :mod:`attnscope.core.loading.stream_load`).
+
+    Raises:
+        ModelLoadError: torchao fails (first line of its error).
+    """
+    try:
+        quantize_(parent, config, filter_fn=lambda _m, name: name == child)
+    except Exception as e:  # torchao raises assorted errors for kernels a device lacks
+        text = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
+        raise ModelLoadError(f"--quantize {mode} failed: {text}") from None
+
+
+def runtime_line(model, mode: str, targets: set[str]) -> str:
+    """The one-line description :func:`quantize_model` returns, counting the quantised ``targets``.
+
+    Raises:
+        ModelLoadError: none of them was quantised.
+    """
     n = sum(1 for n, m in model.named_modules() if n in targets and is_quantised(m.weight))
     if n == 0:
         raise ModelLoadError(f"--quantize {mode}: no linear layer of this model could be quantised")

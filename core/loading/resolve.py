@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import struct
@@ -623,6 +624,16 @@ def is_default_source(source: str | os.PathLike | None) -> bool:
     return here in candidates
 
 
+def _stream_progress(progress: ProgressFn, name: str) -> ProgressFn:
+    # the streamed quantised load reports per tensor; the load step owns 0.96-0.99 of the bar
+    return lambda _msg, frac: progress(f"Loading and quantising {name}…", 0.96 + 0.03 * frac)
+
+
+def _logical_numel(p) -> int:
+    # a quantised weight's logical shape (torchao subclasses keep it: packed int4 too)
+    return int(math.prod(p.shape))
+
+
 def load_torch(
     model: str | os.PathLike | None,
     device: str = "cpu",
@@ -649,7 +660,8 @@ def load_torch(
     from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
     from attnscope.core.loading.precision import decide
     from attnscope.core.loading.quantize import check_mode, file_quantization, load_dtype, quantize_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from attnscope.core.loading.stream_load import load_quantised
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     quantize = check_mode(quantize)
     dm = device_map if isinstance(device_map, dict) else check_device_map(device_map)
@@ -660,24 +672,37 @@ def load_torch(
     folder, name = resolve(model, progress, dtype)
     register_attention()
     progress(f"Loading {name}…", 0.96)
+    streamed = None
     try:
         tok = AutoTokenizer.from_pretrained(folder)
-        m = AutoModelForCausalLM.from_pretrained(
-            folder,
-            dtype=getattr(torch, dtype),
-            attn_implementation=ATTN_NAME,
-            **dm_kwargs(dm, cache_root() / "offload" / name, max_memory),
-        )
+        if quantize != "none" and dm is None:  # quantise tensor by tensor: no whole float model
+            check_architecture(AutoConfig.from_pretrained(folder).model_type)
+            streamed = load_quantised(
+                folder, quantize, dtype, device, ATTN_NAME, _stream_progress(progress, name)
+            )
+        if streamed is None:
+            m = AutoModelForCausalLM.from_pretrained(
+                folder,
+                dtype=getattr(torch, dtype),
+                attn_implementation=ATTN_NAME,
+                **dm_kwargs(dm, cache_root() / "offload" / name, max_memory),
+            )
+    except ModelLoadError:
+        raise
     except Exception as e:
         raise ModelLoadError(f"cannot load {name}: {_first_line(e)}") from None
-    check_architecture(m.config.model_type)
-    if dm is None:
-        m.to(device)
-    m.eval()
-    n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
-    if quantize != "none":
-        progress(f"Quantising {name} to {quantize}…", 0.98)
-    runtime = quantize_model(m, quantize)
+    if streamed is not None:
+        m, runtime = streamed
+        n_params = sum(_logical_numel(p) for p in m.parameters())
+    else:
+        check_architecture(m.config.model_type)
+        if dm is None:
+            m.to(device)
+        m.eval()
+        n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
+        if quantize != "none":
+            progress(f"Quantising {name} to {quantize}…", 0.98)
+        runtime = quantize_model(m, quantize)
     info = info_from_config(
         m.config,
         name=name,
