@@ -38,7 +38,7 @@ def as_token_ids(ids, vocab_size: int | None = None) -> list[int]:
         if hasattr(t, "item") and getattr(t, "ndim", 0) == 0:
             t = t.item()
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            if isinstance(t, (list, tuple)) or getattr(t, "ndim", 0):
+            if isinstance(t, (list, tuple)) or getattr(t, "ndim", 0) != 0:
                 raise ValueError(f"token ids must be one flat sequence, got a nested one: {BATCH_REFUSAL}")
             raise ValueError(f"token ids must be integers, got {type(t).__name__} {t!r}")
         out.append(int(t))

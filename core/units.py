@@ -46,7 +46,7 @@ def format_bytes(n: float | int | None, *, binary: bool = False, digits: int = 3
     if not x.is_finite():
         raise ValueError(f"not a byte count: {n!r}")
     if x < 0:
-        return "-" + format_bytes(-x if isinstance(n, int) else -float(n), binary=binary, digits=digits)
+        return "-" + format_bytes(-n if isinstance(n, int) else -float(n), binary=binary, digits=digits)
     base, units = (1024, BINARY_UNITS) if binary else (1000, DECIMAL_UNITS)
     if x < base:
         whole = int(x.quantize(Decimal(1), rounding=ROUND_HALF_UP))

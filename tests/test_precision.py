@@ -51,6 +51,16 @@ def test_auto_picks_float32_without_fast_bf16_when_it_fits_and_says_why():
     assert dtype == "bfloat16" and "would not fit" in why
 
 
+def test_auto_keeps_the_own_precision_when_free_memory_is_unknown(monkeypatch):
+    """available_bytes() may not know (None): keep bf16 and say so (it was a TypeError in _gb)."""
+    import attnscope.core.loading.precision as P
+
+    monkeypatch.setattr(P, "available_bytes", lambda device: None)
+    dtype, why = choose_dtype("auto", Checkpoint("bfloat16", BIG, origin="config dtype"), half_support=SLOW)
+    assert dtype == "bfloat16"
+    assert why.endswith("float32 (4.94 GB) may not fit (free memory unknown)")
+
+
 def test_quantised_gguf_loads_bf16_unless_small():
     big = Checkpoint("bfloat16", BIG, quantised=True, origin="GGUF Q4_0")
     assert choose_dtype("auto", big, half_support=FAST)[0] == "bfloat16"

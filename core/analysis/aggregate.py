@@ -113,7 +113,7 @@ def map_tile(
             last[0] = done
 
         return mean_band(session.trace, pairs, r, c, cancelled=cancelled, progress=each_head).cpu().numpy()
-    acc = None
+    acc: np.ndarray | None = None
     for i, (lyr, h) in enumerate(pairs):
         _check_cancel(cancelled)
         w = session.weights(lyr, h, rows, cols)
@@ -123,6 +123,7 @@ def map_tile(
             acc += w
         if progress is not None:
             progress(i + 1, len(pairs))
+    assert acc is not None, "heads_in() gives at least one head"
     if len(pairs) > 1:
         acc /= len(pairs)
     return acc.astype(np.float32, copy=False)
@@ -211,6 +212,7 @@ def pooled_map(
     pairs = heads_in(session.info, layer, head, mode)
     session.weights(layer, head, slice(0, 1), slice(0, 1))  # the session's own checks (ran, range)
     re, ce = block_edges(n, out), block_edges(n, out if out_cols is None else out_cols)
+    on_partial: Callable[[np.ndarray, float], None] | None
     if partial is not None:
 
         def on_partial(img, frac):

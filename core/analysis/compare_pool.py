@@ -68,7 +68,9 @@ def pooled_pair(
     re, ce = block_edges(n, out), block_edges(n, out)
     R = len(re) - 1
     per = max(1, BAND_CELLS // max(1, n * int(np.diff(re).max())))  # row blocks per band
-    pa, pb, pd = [], [], []
+    pa: list[np.ndarray] = []
+    pb: list[np.ndarray] = []
+    pd: list[np.ndarray] = []
     for a0 in range(0, R, per):
         if cancelled is not None and cancelled():
             from attnscope.core.errors import Cancelled

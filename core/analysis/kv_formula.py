@@ -61,7 +61,7 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[key]
 
 
-def _check_sizes(**sizes: int) -> None:
+def _check_sizes(**sizes: int | None) -> None:
     for name, v in sizes.items():
         if v is None:
             continue
@@ -166,7 +166,8 @@ class KVConfig:
     n_layers: int
     n_kv_heads: int
     head_dim: int
-    n_heads: int | None = None
+    # None (the default) means n_kv_heads (MHA): __post_init__ fills it in, so it reads as an int
+    n_heads: int = None  # type: ignore[assignment]
     dtype: str = "bf16"
     batch: int = 1
     kv_latent_dim: int | None = None
@@ -443,7 +444,7 @@ def sliding_layers_from_spec(spec: str, n_layers: int) -> tuple[bool, ...]:
             raise ValueError(f"sliding layers {spec!r}: expected 'SLIDING:GLOBAL' such as '5:1'")
         period = int(a) + int(b)
         return tuple(i % period < int(a) for i in range(n_layers))
-    chosen = set()
+    chosen: set[int] = set()
     for part in s.split(","):
         lo, dash, hi = part.partition("-")
         if not lo.isdigit() or (dash and not hi.isdigit()):

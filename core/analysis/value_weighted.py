@@ -184,7 +184,7 @@ def value_weighted_tile(
     from attnscope.core.analysis.aggregate import heads_in
 
     pairs = heads_in(session.info, layer, head, mode)
-    acc = None
+    acc: np.ndarray | None = None
     norms_of: dict[int, np.ndarray] = {}
     for lyr, h in pairs:
         _check_cancel(cancelled)
@@ -195,4 +195,5 @@ def value_weighted_tile(
             np.float64
         )
         acc = w if acc is None else acc + w
+    assert acc is not None, "heads_in() gives at least one head"
     return (acc / len(pairs)).astype(np.float32)

@@ -263,7 +263,7 @@ def kv_cache_table_70b() -> WorkedExample:
     """Handbook §7: a 70B model's KV cache at 8192 tokens in bf16 (80 layers, head_dim 128)."""
     cfg = kv.KVConfig(n_layers=80, n_kv_heads=8, head_dim=128, n_heads=64, dtype="bf16", name="70B")
     rows = {r.scheme: r for r in kv.compare_schemes(cfg, 8192)}
-    steps = (
+    steps: tuple[Step, ...] = (
         Step("MHA, 64 KV heads (GB)", _a(rows["MHA"].total_bytes / 1e9), _a(21.5), 0.05),
         Step("GQA, 8 KV heads (GB)", _a(rows["GQA"].total_bytes / 1e9), _a(2.7), 0.05),
         Step("MQA, 1 KV head (GB)", _a(rows["MQA"].total_bytes / 1e9), _a(0.34), 0.005),

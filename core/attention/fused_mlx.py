@@ -203,8 +203,10 @@ def _fast_mask(m: Mask, L: int, S: int, B: int, n_kv_heads: int, dtype):
         if m.array is not None:
             a = to_4d(_as_mx(m.array))
             allowed = a if allowed is None else mx.logical_and(a, allowed)
+        assert allowed is not None, "a mask that is not none is causal or has an array"
         return to_4d(allowed)
     b5 = mask_bias_mlx(m, L, S, n_kv_heads, dtype=dtype)
+    assert b5 is not None, "an additive mask array gives a bias"
     b, h1, g1, Lb, Sb = b5.shape
     return b5.reshape(b, h1 * g1, Lb, Sb)
 
@@ -273,7 +275,7 @@ def sdpa_with_lse_mlx(
     mrow = mx.concatenate(ms, axis=-1) if len(ms) > 1 else ms[0]  # (B, Hkv, G, L)
     ell = mx.concatenate(ells, axis=-1) if len(ells) > 1 else ells[0]
     lse = mrow + ell
-    if smax and mx.max(mx.stack(smax)).item() * max(1.0, 1.0 / max(abs(scale), 1e-30)) > FP16_SAFE_SCORE:
+    if smax and float(mx.max(mx.stack(smax))) * max(1.0, 1.0 / max(abs(scale), 1e-30)) > FP16_SAFE_SCORE:
         return sdpa_with_lse_mlx(q, k, v, scale, m, fused=False, parts=parts)  # float16 scores would overflow
     if fused:
         out = mx.fast.scaled_dot_product_attention(

@@ -50,6 +50,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -342,7 +344,7 @@ class HFRunner:
             AutoModelForCausalLM.from_pretrained(
                 folder, dtype=torch.float32, attn_implementation=attn_implementation
             )
-            .to(device)
+            .to(device)  # type: ignore[arg-type]  # transformers' @wraps on .to() hides the bound self
             .eval()
         )
         self._DynamicCache = DynamicCache
@@ -352,7 +354,7 @@ class HFRunner:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = None
+        self.cache: Any = None  # a transformers DynamicCache from prefill on
         self.kept: list = []
 
     def _run(self, ids: list[int]) -> int:
@@ -439,7 +441,10 @@ def token_ids(vocab_size: int, T: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab_size, size=T).tolist()
 
 
-def _timed(fn: Callable[[], object], device: str) -> tuple[object, float, float]:
+R = TypeVar("R")
+
+
+def _timed(fn: Callable[[], R], device: str) -> tuple[R, float, float]:
     """Run ``fn``; return (result, wall seconds, process CPU seconds)."""
     _sync(device)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -454,7 +459,7 @@ def _timed(fn: Callable[[], object], device: str) -> tuple[object, float, float]
 def _decode(runner, tid: int, steps: int, device: str) -> list[float]:
     secs = []
     for _ in range(steps):
-        tid, wall, _ = _timed(lambda t=tid: runner.step(t), device)
+        tid, wall, _ = _timed(partial(runner.step, tid), device)
         secs.append(wall)
     return secs
 
@@ -579,7 +584,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None) 
     log(f"matmul peak ({opts.matmul_n}³ float32)")
     mm_start = matmul_peak(opts.matmul_n, device=device)
 
-    per_size = []
+    per_size: list[dict[str, Any]] = []
     for T in sizes:
         ids = token_ids(vocab, T, opts.seed)
         active = list(opts.configs)
@@ -589,28 +594,31 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None) 
             if not ok:
                 skipped["eager"] = why
                 active.remove("eager")
-        rec = {c: {"prefill_s": [], "prefill_cpu_s": [], "decode_step_s": []} for c in active}
-        head_s, sink_s = [], []
+        rec: dict[str, dict[str, list[float]]] = {
+            c: {"prefill_s": [], "prefill_cpu_s": [], "decode_step_s": []} for c in active
+        }
+        head_s: list[float] = []
+        sink_s: list[float] = []
         for rep in range(opts.repeats):
             order = active[rep % len(active) :] + active[: rep % len(active)]
             for c in order:
                 r = runners[c]
                 log(f"T={T} repeat {rep + 1}/{opts.repeats}: {LABELS[c]} prefill")
-                tid, wall, cpu = _timed(lambda r=r, ids=ids: r.prefill(ids), device)
+                tid, wall, cpu = _timed(partial(r.prefill, ids), device)
                 rec[c]["prefill_s"].append(wall)
                 rec[c]["prefill_cpu_s"].append(cpu)
                 if c == "scope":
                     head_s += _time_head_maps(r.trace, geom, opts.head_repeats, rep, device)
-                    _, wall, _ = _timed(lambda r=r: r.trace.sink_scores(), device)
+                    _, wall, _ = _timed(r.trace.sink_scores, device)
                     sink_s.append(wall)
                 rec[c]["decode_step_s"] += _decode(r, tid, opts.decode_steps, device)
                 r.reset()
                 gc.collect()
-        configs = {}
+        configs: dict[str, dict[str, Any]] = {}
         flops = prefill_flops(geom, T)
         for c in active:
             d = rec[c]
-            med = _median(d["prefill_s"])
+            med = statistics.median(d["prefill_s"])  # repeats >= 1 timings
             configs[c] = {
                 "prefill_s": d["prefill_s"],
                 "prefill_median_s": med,
@@ -674,7 +682,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None) 
 
     for entry in per_size:
         entry["ratios"] = size_ratios(entry["configs"])
-    result = {
+    result: dict[str, Any] = {
         "schema": SCHEMA,
         "machine": machine,
         "model": geom,
@@ -698,7 +706,7 @@ def _time_head_maps(trace, geom: dict, n: int, rep: int, device: str) -> list[fl
     for i in range(n):
         k = rep * n + i
         layer, head = (k * 7 + 3) % L, (k * 4 + 1) % H
-        _, wall, _ = _timed(lambda layer=layer, head=head: trace.weights(layer, head), device)
+        _, wall, _ = _timed(partial(trace.weights, layer, head), device)
         secs.append(wall)
     return secs
 

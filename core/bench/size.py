@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def phase_convert(spec: dict) -> dict:
     model, dtype = spec["model"], spec["dtype"]
     path = None if model in (None, "", "default") else os.path.expanduser(model)
     is_gguf = path is not None and os.path.isfile(path)
-    cached = bool(is_gguf and _is_converted(converted_dir(Path(path), dtype)))
+    cached = bool(path is not None and is_gguf and _is_converted(converted_dir(Path(path), dtype)))
     t0 = time.perf_counter()
     folder, _name = resolve(model, dtype=dtype)
     secs = time.perf_counter() - t0
@@ -102,8 +103,10 @@ def _time(fn, device: str):
 def phase_scope(spec: dict) -> dict:
     import torch  # noqa: F401 - imported before the clock starts
     from attnscope.core.backends.torch_backend import TorchBackend
+    from attnscope.core.loading.stream_load import release_freed
 
-    device, out = spec["device"], {"phase": "scope"}
+    device = spec["device"]
+    out: dict[str, Any] = {"phase": "scope"}
     b, out["cold_load_s"] = _time(
         lambda: TorchBackend.load(
             spec["model"], device=device, dtype=spec["dtype"], quantize=spec["quantize"]
@@ -112,6 +115,7 @@ def phase_scope(spec: dict) -> dict:
     )
     del b
     gc.collect()
+    release_freed()  # the C heap's freed pages back to the OS before the second load
     b, out["warm_load_s"] = _time(
         lambda: TorchBackend.load(
             spec["model"], device=device, dtype=spec["dtype"], quantize=spec["quantize"]
@@ -156,10 +160,17 @@ def phase_sdpa(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     quiet_transformers()
-    device, out = spec["device"], {"phase": "sdpa"}
+    device = spec["device"]
+    out: dict[str, Any] = {"phase": "sdpa"}
     folder, dtype = spec["folder"], spec["dtype"]
 
     def load():
+        if spec["quantize"] != "none":  # the same tensor-by-tensor quantised load as AttnScope's
+            from attnscope.core.loading.stream_load import load_quantised
+
+            got = load_quantised(folder, spec["quantize"], dtype, device, "sdpa")
+            if got is not None:
+                return got[0]
         m = AutoModelForCausalLM.from_pretrained(
             folder, dtype=getattr(torch, dtype), attn_implementation="sdpa"
         )
@@ -264,7 +275,7 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
         "decode_steps": opts.decode_steps,
         "seed": opts.seed,
     }
-    result = {
+    result: dict[str, Any] = {
         "schema": SCHEMA,
         "options": asdict(opts),
         "device": device,

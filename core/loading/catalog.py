@@ -335,7 +335,8 @@ def describe_hf_folder(
     except (OSError, ValueError):
         cfg = {}
     geo = config_geometry(cfg)
-    n_params, dtypes = 0, Counter()
+    n_params = 0
+    dtypes: Counter[str] = Counter()
     for shard in sorted(folder.glob("*.safetensors")):
         try:
             header = check_safetensors(shard)
@@ -353,7 +354,8 @@ def describe_hf_folder(
     if not dtype and dtypes:
         st = dtypes.most_common(1)[0][0]
         dtype = _ST_DTYPES.get(st, st.lower())
-    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    text_cfg = cfg.get("text_config")
+    text_cfg = text_cfg if isinstance(text_cfg, dict) else {}
     entry = CatalogEntry(
         source=source,
         name=name or folder.name,

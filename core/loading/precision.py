@@ -245,6 +245,11 @@ def choose_dtype(
             "float32",
             f"float32: the checkpoint is {own}{src} but {why} (no fast {own} matmul), and float32 fits{room}",
         )
+    if free is None:  # the free memory is unknown: the checkpoint's own precision is the safe choice
+        return own, (
+            f"{own}: the checkpoint's own precision{src}; {why}, and float32 ({_gb(f32)}) may not fit "
+            "(free memory unknown)"
+        )
     return own, (
         f"{own}: the checkpoint's own precision{src}; {why}, but float32 ({_gb(f32)}) would not fit "
         f"in {_gb(free)}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 NAME = "bench"
 HELP = "benchmark capture against transformers SDPA and eager+output_attentions"
@@ -89,7 +90,7 @@ def add_arguments(p) -> None:
 def options_from_args(args):
     from attnscope.core.bench.overhead import QUICK, BenchOptions
 
-    kw = dict(QUICK) if args.quick else {}
+    kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     if args.sizes is not None:
         kw["sizes"] = _sizes(args.sizes)
     for name in ("repeats", "decode_steps", "head_repeats"):
@@ -137,7 +138,7 @@ def _run_size(args, out: Path | None) -> int:
     """``--dtype``/``--quantize``: the real-size bench (:mod:`attnscope.core.bench.size`)."""
     from attnscope.core.bench.size import SizeOptions, format_size_table, run_size_bench
 
-    kw = {}
+    kw: dict[str, Any] = {}
     if args.sizes is not None:
         kw["sizes"] = _sizes(args.sizes)
     if args.decode_steps is not None:
