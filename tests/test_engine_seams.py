@@ -94,5 +94,41 @@ def test_torch_trace_owns_a_mask_cache():
     assert isinstance(a.mask_cache, MaskCache) and a.mask_cache is not b.mask_cache
 
 
+def test_arch_config_maps_query_heads_to_kv_heads():
+    from attnscope.core.arch import ArchConfig, arch_of
+
+    smol = ArchConfig(30, 9, 3, 64)  # SmolLM2-135M: 9 query heads over 3 KV heads
+    assert smol.group_size == 3
+    assert [smol.kv_head(h) for h in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert list(smol.group(1)) == [3, 4, 5]
+    assert smol.kv_heads().tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for k in range(3):  # group and kv_head are inverse
+        assert all(smol.kv_head(h) == k for h in smol.group(k))
+    mqa, mha = ArchConfig(18, 4, 1, 256), ArchConfig(2, 4, 4, 8)  # Gemma 3 270M: MQA
+    assert list(mqa.group(0)) == [0, 1, 2, 3] and mqa.kv_head(3) == 0
+    assert [mha.kv_head(h) for h in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(IndexError):
+        smol.kv_head(9)
+    with pytest.raises(IndexError):
+        smol.group(3)
+    with pytest.raises(ValueError, match="not a multiple"):
+        ArchConfig(2, 9, 2, 64)
+    assert arch_of(smol) is smol
+
+
+def test_model_info_and_traces_share_the_arch(tmp_path):
+    from attnscope.core.arch import ArchConfig, arch_of
+    from attnscope.core.loading.resolve import ModelInfo
+    from attnscope.core.trace.torch_trace import TorchTrace
+
+    info = ModelInfo("m", "src", "llama", 2, 6, 2, 16, 96, 128, 1e4, None, 100, "float32")
+    assert info.arch == ArchConfig(2, 6, 2, 16) and arch_of(info) == info.arch
+    assert info.group_size == 3 and info.kv_head(4) == 1 and list(info.group(1)) == [3, 4, 5]
+    trace = TorchTrace(2, 6, 2, 16)
+    assert trace.arch == info.arch and trace.group_size == 3 and trace.kv_head(5) == 1
+    with pytest.raises(ValueError, match="not a multiple"):
+        TorchTrace(2, 6, 4, 16)
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])

@@ -136,7 +136,6 @@ class MaskView(QWidget):
         r = self.report
         info = self.window.snapshot.info
         n_rows = r.row_stop - r.row_start
-        g = info.group_size
         if r.kind == "decode":
             what = (
                 f"<b>decode step {r.step}</b>: L = 1 new query (position {r.row_start}) over S = {r.S} "
@@ -154,7 +153,7 @@ class MaskView(QWidget):
                 why += f" Showing the last {n_rows} of {r.L} rows (they see the most keys)."
         window = r.window_note.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         self.header.setText(
-            f"Layer {r.layer} · query head {r.head} (reads KV head {r.head // g}) · {what}.<br>"
+            f"Layer {r.layer} · query head {r.head} (reads KV head {info.kv_head(r.head)}) · {what}.<br>"
             f"<tt>{r.formula.replace('<', '&lt;')}</tt><br>{why} {window} "
             f"Mask: <span style='color:#4682b4'>■</span> attend, <span style='color:#aaa'>■</span> blocked; "
             f"scores are q·kᵀ·scale, −∞ where blocked. "

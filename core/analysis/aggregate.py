@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.analysis.pooling import block_edges
+from attnscope.core.arch import arch_of
 from attnscope.core.errors import Cancelled
 from attnscope.core.remote.dispatch import remotable
 
@@ -50,12 +51,11 @@ def heads_in(info, layer: int, head: int, mode: str = "head") -> list[tuple[int,
         raise IndexError(f"layer {layer} out of range 0..{info.n_layers - 1}")
     if not 0 <= head < info.n_heads:
         raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
-    g = info.n_heads // info.n_kv_heads
+    arch = arch_of(info)
     if mode == "head":
         return [(layer, head)]
     if mode == "group":
-        kv = head // g
-        return [(layer, h) for h in range(kv * g, (kv + 1) * g)]
+        return [(layer, h) for h in arch.group(arch.kv_head(head))]
     if mode == "layer":
         return [(layer, h) for h in range(info.n_heads)]
     return [(lyr, h) for lyr in range(info.n_layers) for h in range(info.n_heads)]
@@ -63,12 +63,12 @@ def heads_in(info, layer: int, head: int, mode: str = "head") -> list[tuple[int,
 
 def describe(info, layer: int, head: int, mode: str = "head") -> str:
     """Title text, e.g. ``"Layer 3 · mean of KV group 1 (q3, q4, q5)"``."""
-    g = info.n_heads // info.n_kv_heads
-    kv = head // g
+    arch = arch_of(info)
+    kv = arch.kv_head(head)
     if mode == "head":
         return f"Layer {layer} · query head {head} (reads KV head {kv})"
     if mode == "group":
-        members = ", ".join(f"q{h}" for h in range(kv * g, (kv + 1) * g))
+        members = ", ".join(f"q{h}" for h in arch.group(kv))
         return f"Layer {layer} · mean of KV group {kv} ({members})"
     if mode == "layer":
         return f"Layer {layer} · mean of all {info.n_heads} query heads"

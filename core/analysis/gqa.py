@@ -204,8 +204,8 @@ def group_report(
     n = session.seq_len if n is None else n
     if not 1 <= n <= session.seq_len:
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
-    g = info.n_heads // info.n_kv_heads
-    heads = tuple(range(kv_head * g, (kv_head + 1) * g))
+    g = info.group_size
+    heads = tuple(info.group(kv_head))
     maps = []
     for h in heads:
         _check_cancel(cancelled)
@@ -257,7 +257,7 @@ def layer_table(
     """
     info = session.info
     n = session.seq_len if n is None else n
-    g = info.n_heads // info.n_kv_heads
+    g = info.group_size
     rows = sample_rows(n, max_rows)
     within, across = np.zeros(info.n_layers), np.zeros(info.n_layers)
     for lyr in range(info.n_layers):

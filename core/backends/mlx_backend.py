@@ -372,9 +372,9 @@ class MlxBackend:
         values = cache.values[0, :, : cache.offset, :].astype(mx.float32)  # (n_kv_heads, S, D)
         w = float_weight(self.model.model.layers[layer].self_attn.o_proj).astype(mx.float32)  # (hidden, H*D)
         H, D = self.info.n_heads, values.shape[-1]
-        g = H // values.shape[0]
+        kv = self.info.kv_head
         out = mx.stack(
-            [mx.linalg.norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, axis=-1) for h in range(H)]
+            [mx.linalg.norm(values[kv(h)] @ w[:, h * D : (h + 1) * D].T, axis=-1) for h in range(H)]
         )
         return np.array(out, dtype=np.float32)  # (n_heads, S)
 

@@ -288,10 +288,10 @@ class TorchBackend:
             eye = torch.eye(proj.in_features, dtype=self.model.dtype, device=values.device)
             w = (proj(eye) - proj(torch.zeros_like(eye[:1]))).float().T  # (hidden, H*D), bias removed
         H, D = self.info.n_heads, values.shape[-1]
-        g = H // values.shape[0]
+        kv = self.info.kv_head
         # v_j W_O^h = W_O[:, hD:(h+1)D] v_j: (S, D) @ (D, hidden) per head, one head at a time
         out = [
-            torch.linalg.vector_norm(values[h // g] @ w[:, h * D : (h + 1) * D].T, dim=-1) for h in range(H)
+            torch.linalg.vector_norm(values[kv(h)] @ w[:, h * D : (h + 1) * D].T, dim=-1) for h in range(H)
         ]
         return torch.stack(out).cpu().numpy().astype(np.float32)  # (n_heads, S)
 

@@ -178,7 +178,7 @@ def head_metadata(
             "kind": "attention_weights",
             "layer": int(layer),
             "head": int(head),
-            "kv_head": int(head) // session.info.group_size,
+            "kv_head": session.info.kv_head(int(head)),
             "aggregate": mode,
             "rows": [0, n],
             "cols": [0, n],
@@ -654,7 +654,7 @@ def export_batch(
                 "file": name,
                 "layer": layer,
                 "head": head,
-                "kv_head": head // info.group_size,
+                "kv_head": info.kv_head(head),
                 "mask": mask_info(session, layer)["description"],
             }
         )

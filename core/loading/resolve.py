@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+from attnscope.core.arch import ArchConfig
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -91,9 +92,22 @@ class ModelInfo:
     dtype_reason: str = ""  # why it loaded at ``dtype`` (attnscope.core.loading.precision.choose_dtype), shown in the status bar
 
     @property
+    def arch(self) -> ArchConfig:
+        """The attention geometry (:class:`attnscope.core.arch.ArchConfig`): head mapping, group size."""
+        return ArchConfig(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim)
+
+    @property
     def group_size(self) -> int:
         """Query heads per KV head (GQA group size)."""
-        return self.n_heads // self.n_kv_heads
+        return self.arch.group_size
+
+    def kv_head(self, head: int) -> int:
+        """The KV head query head ``head`` reads (:meth:`attnscope.core.arch.ArchConfig.kv_head`)."""
+        return self.arch.kv_head(head)
+
+    def group(self, kv_head: int) -> range:
+        """The query heads reading KV head ``kv_head`` (:meth:`attnscope.core.arch.ArchConfig.group`)."""
+        return self.arch.group(kv_head)
 
 
 def info_from_config(

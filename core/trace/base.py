@@ -6,6 +6,7 @@ Kept free of torch and MLX so that either backend imports only its own array lib
 from __future__ import annotations
 
 import numpy as np
+from attnscope.core.arch import ArchConfig
 from attnscope.core.attention.masks import causal_allowed
 
 
@@ -26,24 +27,34 @@ def as_slice(sel: slice | None, n: int) -> slice:
 class TraceGeometry:
     """Queries common to :class:`attnscope.core.trace.torch_trace.TorchTrace` and :class:`attnscope.core.trace.mlx_trace.MlxTrace`.
 
-    A subclass provides ``n_layers``, ``n_heads``, ``group_size`` and ``layers``: one record per
+    A subclass provides ``arch`` (:class:`attnscope.core.arch.ArchConfig`) and ``layers``: one record per
     layer with ``n_rows()`` (query positions captured), ``keys`` (``(n_kv_heads, S, head_dim)``, or
     None before the first forward) and ``sliding_window`` (int or None).
     """
+
+    arch: ArchConfig
+
+    def _set_arch(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+        """Set :attr:`arch` and its counts as attributes (``n_layers`` … ``group_size``).
+
+        Raises:
+            ValueError: ``n_heads`` not a multiple of ``n_kv_heads``.
+        """
+        self.arch = ArchConfig(n_layers, n_heads, n_kv_heads, head_dim)
+        self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
+        self.group_size = self.arch.group_size
 
     @property
     def seq_len(self) -> int:
         return self.layers[0].n_rows() if self.layers else 0
 
     def kv_head(self, head: int) -> int:
-        """The KV head query head ``head`` reads: ``head // group_size`` (transformers' repeat_kv).
+        """The KV head query head ``head`` reads (:meth:`attnscope.core.arch.ArchConfig.kv_head`).
 
         Raises:
             IndexError: ``head`` outside ``0 .. n_heads - 1``.
         """
-        if not 0 <= head < self.n_heads:
-            raise IndexError(f"head {head} out of range 0..{self.n_heads - 1}")
-        return head // self.group_size
+        return self.arch.kv_head(head)
 
     def _rec(self, layer: int):
         if not 0 <= layer < self.n_layers:

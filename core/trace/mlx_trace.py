@@ -78,10 +78,7 @@ class MlxTrace(TraceGeometry):
     """
 
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int):
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-        self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
-        self.group_size = n_heads // n_kv_heads
+        self._set_arch(n_layers, n_heads, n_kv_heads, head_dim)  # ValueError: not a multiple
         self.enabled = True
         self.layers = [MlxLayerRecord() for _ in range(n_layers)]
 
@@ -218,7 +215,7 @@ class MlxTrace(TraceGeometry):
                 raise IndexError(f"key {key} out of range 0..{rec.keys.shape[1] - 1}")
             q = rec.q().astype(mx.float32)  # (H, T, D)
             k0 = rec.keys[:, key].astype(mx.float32)  # (Hkv, D)
-            k0 = mx.repeat(k0, self.group_size, axis=0)  # (H, D): H vectors of D, tiny
+            k0 = k0[mx.array(self.arch.kv_heads())]  # (H, D): each head's KV row, tiny
             s = (q * k0[:, None, :]).sum(axis=-1) * rec.scale  # (H, T)
             w = mx.exp((s - rec.lse()) - rec.ell())
             vis = causal_allowed(np.arange(q.shape[1]), np.array([key]), rec.sliding_window)[:, 0]

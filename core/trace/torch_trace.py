@@ -107,10 +107,7 @@ class TorchTrace(TraceGeometry):
     """
 
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int):
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-        self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
-        self.group_size = n_heads // n_kv_heads
+        self._set_arch(n_layers, n_heads, n_kv_heads, head_dim)  # ValueError: not a multiple
         self.enabled = True
         self.mask_cache = MaskCache()  # the forwards' structural masks, built once per chunk (fused)
         self.reset()
@@ -343,7 +340,7 @@ class TorchTrace(TraceGeometry):
             dt = torch.float64 if _wide(rec.lse()) else torch.float32
             q = rec.q().to(dt)  # (H, T, D)
             k0 = rec.keys[:, key].to(dt)  # (Hkv, D)
-            k0 = k0.repeat_interleave(self.group_size, dim=0)  # (H, D): H vectors of D, tiny
+            k0 = k0[torch.from_numpy(self.arch.kv_heads()).to(k0.device)]  # (H, D): each head's KV row, tiny
             s = torch.einsum("htd,hd->ht", q, k0) * rec.scale
             w = torch.exp(s - rec.lse().to(dt)).float()
             vis = torch.from_numpy(

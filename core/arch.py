@@ -1,0 +1,90 @@
+"""The attention geometry of a model and the one place the query-head -> KV-head mapping is written.
+
+Grouped-query attention (Ainslie et al. 2023, "GQA"): ``n_heads`` query heads share ``n_kv_heads``
+key/value heads in contiguous groups of ``group_size = n_heads // n_kv_heads``; query head ``h``
+reads KV head ``h // group_size`` (the grouping transformers' ``repeat_kv`` and mlx-lm's
+``mx.repeat(..., axis=1)`` imply; DESIGN.md "Conventions"). MHA is ``group_size = 1``, MQA
+``n_kv_heads = 1``.
+
+Everything that maps heads (the traces, the analyses, the views' labels) asks an
+:class:`ArchConfig`: :meth:`ArchConfig.kv_head`, :meth:`ArchConfig.group`. :func:`arch_of` builds one
+from anything with the four attention attributes (a :class:`attnscope.core.loading.resolve.ModelInfo`,
+a trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Attention geometry: counts of layers and heads, head size in elements.
+
+    Raises:
+        ValueError: a count below 1, or ``n_heads`` not a multiple of ``n_kv_heads``.
+    """
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_heads < 1 or self.n_kv_heads < 1 or self.n_layers < 0:
+            raise ValueError(
+                f"attention geometry needs n_heads, n_kv_heads >= 1 (got {self.n_heads}, {self.n_kv_heads})"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 for MHA, ``n_heads`` for MQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The KV head query head ``head`` reads: ``head // group_size``.
+
+        Raises:
+            IndexError: ``head`` outside ``0 .. n_heads - 1``.
+        """
+        head = int(head)
+        if not 0 <= head < self.n_heads:
+            raise IndexError(f"head {head} out of range 0..{self.n_heads - 1}")
+        return head // self.group_size
+
+    def group(self, kv_head: int) -> range:
+        """The query heads that read KV head ``kv_head``: ``range(kv·g, (kv + 1)·g)``.
+
+        Raises:
+            IndexError: ``kv_head`` outside ``0 .. n_kv_heads - 1``.
+        """
+        kv_head = int(kv_head)
+        if not 0 <= kv_head < self.n_kv_heads:
+            raise IndexError(f"KV head {kv_head} out of range 0..{self.n_kv_heads - 1}")
+        g = self.group_size
+        return range(kv_head * g, (kv_head + 1) * g)
+
+    def kv_heads(self) -> np.ndarray:
+        """``(n_heads,)`` int64: the KV head of every query head (``kv_heads()[h] == kv_head(h)``)."""
+        return np.arange(self.n_heads, dtype=np.int64) // self.group_size
+
+
+def arch_of(obj) -> ArchConfig:
+    """The :class:`ArchConfig` of ``obj``: ``obj`` itself or its own ``arch`` when it has one, else one built from its
+    ``n_layers``, ``n_heads``, ``n_kv_heads`` (and ``head_dim``, 0 when absent) attributes.
+
+    Raises:
+        AttributeError: ``obj`` lacks a head count. ValueError: see :class:`ArchConfig`.
+    """
+    if isinstance(obj, ArchConfig):
+        return obj
+    arch = getattr(obj, "arch", None)
+    if isinstance(arch, ArchConfig):
+        return arch
+    return ArchConfig(
+        int(obj.n_layers), int(obj.n_heads), int(obj.n_kv_heads), int(getattr(obj, "head_dim", 0) or 0)
+    )
