@@ -102,8 +102,10 @@ class ModelArgs:
     num_attention_heads: int
     vocab_size: int
     rms_norm_eps: float
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
+    # None (the default) is filled in by __post_init__ (num_attention_heads; hidden_size // heads;
+    # from the family below), so after construction these read as their types: the ignores say so
+    num_key_value_heads: int = None  # type: ignore[assignment]
+    head_dim: int = None  # type: ignore[assignment]
     max_position_embeddings: int = 2048
     rope_theta: float = DEFAULT_ROPE_THETA
     rope_type: str = "default"
@@ -115,7 +117,7 @@ class ModelArgs:
     sliding_window: int | None = None
     use_sliding_window: bool = False
     max_window_layers: int | None = None
-    layer_types: list[str] | None = None
+    layer_types: list[str] = None  # type: ignore[assignment]
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -287,12 +289,13 @@ class KVCache:
             grow = ((n + self.step - 1) // self.step) * self.step
             new_k = mx.zeros((B, h, grow, d), keys.dtype)
             new_v = mx.zeros((B, h, grow, values.shape[3]), values.dtype)
-            if self.keys is None:
+            if self.keys is None or self.values is None:
                 self.keys, self.values = new_k, new_v
             else:
                 self.keys = mx.concatenate([self.keys[..., :prev, :], new_k], axis=2)
                 self.values = mx.concatenate([self.values[..., :prev, :], new_v], axis=2)
         self.offset = prev + n
+        assert self.keys is not None and self.values is not None  # allocated above
         self.keys[..., prev : self.offset, :] = keys
         self.values[..., prev : self.offset, :] = values
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
@@ -309,13 +312,13 @@ class KVCache:
 
     def nbytes(self) -> int:
         """Bytes of the valid positions of K and V (the preallocated tail is not counted)."""
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             return 0
         _, h, _, d = self.keys.shape
         return self.offset * h * (d + self.values.shape[3]) * self.keys.itemsize
 
     def state(self) -> list[mx.array]:
-        return [] if self.keys is None else [self.keys, self.values]
+        return [] if self.keys is None or self.values is None else [self.keys, self.values]
 
 
 # -- attention ------------------------------------------------------------------------------------
