@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 # safetensors dtype names -> torch dtype names (https://github.com/huggingface/safetensors, format spec)
@@ -88,7 +89,7 @@ def read_tensor(f, data_start: int, entry: dict):
     begin, end = entry["data_offsets"]
     buf = torch.empty(end - begin, dtype=torch.uint8)
     f.seek(data_start + begin)
-    if end > begin and f.readinto(memoryview(buf.numpy())) != end - begin:
+    if end > begin and f.readinto(buf.numpy().data) != end - begin:
         raise ValueError("short read: truncated safetensors file")
     return buf.view(getattr(torch, name)).reshape(entry["shape"])
 
@@ -185,7 +186,7 @@ def load_quantised(folder, mode: str, dtype: str, device: str, attn_implementati
     return model, q.runtime_line(model, mode, targets)
 
 
-_TRIM = []
+_TRIM: list[Callable[[int], int] | None] = []  # glibc's malloc_trim once looked up, or None
 
 
 def release_freed() -> None:
