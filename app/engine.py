@@ -163,17 +163,18 @@ class Engine(QObject):
             int, Callable
         ] = {}  # job id -> on_partial (progressive results), GUI thread only
         self._last_id = 0
-        self.thread = QThread()
-        self.thread.setObjectName("attnscope-engine")
+        # not ``self.thread``: that would shadow QObject.thread() (the thread an object lives in)
+        self._thread = QThread()
+        self._thread.setObjectName("attnscope-engine")
         self.worker = EngineWorker()
-        self.worker.moveToThread(self.thread)
+        self.worker.moveToThread(self._thread)
         self.worker.finished.connect(self._on_finished)
         self.worker.failed.connect(self._on_failed)
         self.worker.progress.connect(self.progress)
         self.worker.partial.connect(self._on_partial)
         self.worker.busy.connect(self._on_busy)
-        self.thread.finished.connect(self.worker.deleteLater)  # the standard QThread worker teardown
-        self.thread.start()
+        self._thread.finished.connect(self.worker.deleteLater)  # the standard QThread worker teardown
+        self._thread.start()
 
     # -- submitting ------------------------------------------------------------------------------
     def enqueue(self, fn, on_done=None, on_error=None, label: str = "working") -> int:
@@ -235,11 +236,11 @@ class Engine(QObject):
     def shutdown(self, timeout_ms: int = 5000) -> None:
         """Stop the engine thread (after the running job, which is asked to cancel). Idempotent."""
         self._shut_down = True
-        if not self.thread.isRunning():
+        if not self._thread.isRunning():
             return
         self.cancel()
-        self.thread.quit()
-        self.thread.wait(timeout_ms)
+        self._thread.quit()
+        self._thread.wait(timeout_ms)
 
     # -- results (GUI thread) -------------------------------------------------------------------
     @Slot(object, object)
