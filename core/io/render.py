@@ -62,7 +62,7 @@ def heatmap_image(
         cell = max(1, max_size // max(w.shape))
     img = Image.fromarray(to_rgb(w, cmap, vmin, vmax, scale, gamma), mode="RGB")
     if cell > 1:
-        img = img.resize((w.shape[1] * cell, w.shape[0] * cell), Image.NEAREST)
+        img = img.resize((w.shape[1] * cell, w.shape[0] * cell), Image.Resampling.NEAREST)
     return img
 
 
