@@ -390,10 +390,10 @@ def head_map(
         sel = slice(0, session.seq_len if n is None else int(n))
         return value_weighted_tile(session, layer, head, mode, sel, sel)
     if mode == "head":
-        sel = None if n is None else slice(0, int(n))
+        part = None if n is None else slice(0, int(n))
         if n is not None and not 1 <= n <= session.seq_len:
             raise IndexError(f"n={n} out of range 1..{session.seq_len}")
-        return session.weights(layer, head, sel, sel)
+        return session.weights(layer, head, part, part)
     from attnscope.core.analysis import aggregate
 
     return aggregate.map_at(session, layer, head, mode, n)
@@ -740,7 +740,7 @@ def decode_frames(
     font = ImageFont.load_default(size=13) if caption else None
     pal = frame_palette(cmap).reshape(-1).tolist()
     toks = session.tokens
-    frames = []
+    frames: list[Image.Image] = []
     for s in range(first_step, session.n_generated + 1):
         if cancelled is not None and cancelled():
             raise Cancelled(f"stopped after {len(frames)} frames")
