@@ -25,11 +25,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnscope.core import __version__
 from attnscope.core.errors import AttnScopeError, SessionError
 from attnscope.core.loading.quantize import record as quant_record
 from attnscope.core.sampling import Sampling
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 FORMAT = "attnscope.session"
 VERSION = 1
@@ -257,7 +261,7 @@ def replay(
     device: str | None = None,
     progress: Callable[[str, float], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
-) -> tuple[object, list[str]]:
+) -> tuple[Session, list[str]]:
     """Rebuild the saved sequence. Returns ``(session, warnings)``.
 
     ``session``: reuse it when it already runs the same model (:func:`same_model`), else a new one is
