@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from attnscope.app.paint import ensure_gui, paint_to_file
 from attnscope.core.analysis.pooling import max_pool
-from attnscope.core.io.colormaps import normalize, to_rgb
+from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QImage, QPainter, QPen
 
@@ -78,20 +78,17 @@ def paint_heatmap(
     k_labels: list[str],
     *,
     title: str = "",
-    cmap: str = "viridis",
-    scale: str = "linear",
-    vmin: float = 0.0,
-    vmax: float = 1.0,
+    colour: ColourSpec = DEFAULT_COLOUR,
     dpi: float = FIGURE_DPI,
     colorbar_label: str = "attention weight",
     q_axis: str = "query position",
     k_axis: str = "key position",
-    gamma: float = 0.5,
     masked: np.ndarray | None = None,
 ) -> QRectF:
     """Paint a labelled map (rows = queries top to bottom, columns = keys) into ``size``; returns the map's rect.
 
-    Cell colours are :func:`attnscope.core.io.colormaps.to_rgb` of the values: exactly the colours of the plain PNG.
+    Cell colours are ``colour``'s (:meth:`attnscope.core.io.colormaps.ColourSpec.to_rgb`: map, scale and
+    range): exactly the colours of the plain PNG.
     ``masked`` (bool, the map's shape): cells the mask hid, drawn as a grey hatch outside the colour
     map (light grey in a raster map) instead of the colour of weight 0, as the window's heatmap does.
     """
@@ -123,7 +120,7 @@ def paint_heatmap(
     )
 
     # cells
-    rgb = to_rgb(w, cmap, vmin, vmax, scale, gamma)
+    rgb = colour.to_rgb(w)
     if n_rows * n_cols <= VECTOR_MAX_CELLS and cell >= 1:
         ov = min(0.5, cell / 4)
         for i in range(n_rows):
@@ -155,7 +152,7 @@ def paint_heatmap(
         mk = masked if masked is not None and masked.shape == w.shape else None
         if cell < 1:  # more cells than pixels: keep the strongest weight of each block visible
             pooled = max_pool(w, max(1, int(rect.height())), max(1, int(rect.width())))
-            img_rgb = to_rgb(pooled, cmap, vmin, vmax, scale, gamma)
+            img_rgb = colour.to_rgb(pooled)
             if mk is not None:  # a block is masked when all its cells are
                 mk = max_pool((~mk).astype(np.float32), pooled.shape[0], pooled.shape[1]) == 0
         if mk is not None and mk.any():
@@ -210,21 +207,19 @@ def paint_heatmap(
     # colour bar (top = vmax): the 256 colours of the map as a 1 × 256 image stretched over the bar (one
     # small element in SVG/PDF; 256 rectangles would be 100 kB of SVG, a Qt gradient 45 kB of PDF);
     # ticks are placed through the same normalisation as the cells
-    from attnscope.core.io.colormaps import lut
-
     bar = QRectF(rect.right() + 10 * f, rect.top(), 12 * f, max(rect.height(), 60 * f))
-    strip = np.ascontiguousarray(lut(cmap)[::-1].reshape(-1, 1, 3))
+    strip = np.ascontiguousarray(colour.lut()[::-1].reshape(-1, 1, 3))
     p.drawImage(bar, QImage(strip.data, 1, strip.shape[0], 3, QImage.Format_RGB888).copy())
     p.setPen(pen)
     p.drawRect(bar)
     p.setPen(QColor(20, 20, 20))
-    for v in _ticks(vmin, vmax, scale):
-        y = bar.bottom() - bar.height() * float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
+    for v in _ticks(colour.vmin, colour.vmax, colour.scale):
+        y = bar.bottom() - bar.height() * float(colour.normalize(np.array([v]))[0])
         p.drawLine(QPointF(bar.right(), y), QPointF(bar.right() + tick, y))
         p.drawText(
             QRectF(bar.right() + tick + f, y - label_h / 2, 4 * label_h, label_h),
             Qt.AlignLeft | Qt.AlignVCenter,
-            _tick_text(v, scale),
+            _tick_text(v, colour.scale),
         )
     p.save()
     p.translate(bar.right() + tick + 4 * label_h + 2 * f, bar.center().y())
@@ -264,18 +259,16 @@ def save_heatmap_figure(
     q_tokens=None,
     k_tokens=None,
     title: str = "",
-    cmap: str = "viridis",
-    scale: str = "linear",
+    colour: ColourSpec = DEFAULT_COLOUR,
     size: tuple[int, int] | None = None,
     dpi: float | None = None,
     metadata: dict | None = None,
-    vmin: float = 0.0,
-    vmax: float = 1.0,
-    gamma: float = 0.5,
 ) -> Path:
     """Write the labelled figure of ``weights`` ``(n_query, n_key)`` to PNG/SVG/PDF (by suffix).
 
     ``tokens`` (attnscope.core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
+    ``colour``: map, scale and range of the cells and the colour bar (a scale still to be chosen by
+    length is chosen for the map's rows).
     ``size``: pixels ``(width, height)``, default :data:`FIGURE_SIZE_IN` × ``dpi``; ``dpi`` default
     :data:`FIGURE_DPI`, sets font sizes (points) and the physical size of SVG/PDF (``size / dpi`` inches).
 
@@ -285,6 +278,7 @@ def save_heatmap_figure(
     w = np.asarray(weights)
     if w.ndim != 2 or w.size == 0:
         raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
+    colour = colour.for_length(w.shape[0])
     dpi = float(dpi or FIGURE_DPI)
     if size is None:
         size = (round(FIGURE_SIZE_IN[0] * dpi), round(FIGURE_SIZE_IN[1] * dpi))
@@ -305,12 +299,8 @@ def save_heatmap_figure(
             q_labels,
             k_labels,
             title=title,
-            cmap=cmap,
-            scale=scale,
-            vmin=vmin,
-            vmax=vmax,
+            colour=colour,
             dpi=dpi,
-            gamma=gamma,
             masked=masked,
             colorbar_label=bar,
         ),
@@ -325,12 +315,11 @@ FRAME_SIZE = (720, 640)  # animation frames: figure pixels
 FRAME_DPI = 100.0
 
 
-def _frame_palette(cmap: str):
-    """A PIL palette image: 240 steps of ``cmap`` and 16 greys (text, frame, background)."""
-    from attnscope.core.io.colormaps import lut
+def _frame_palette(colour: ColourSpec):
+    """A PIL palette image: 240 steps of ``colour``'s map and 16 greys (text, frame, background)."""
     from PIL import Image
 
-    table = lut(cmap)
+    table = colour.lut()
     pal = np.concatenate(
         [
             table[np.round(np.linspace(0, 255, 240)).astype(int)],
@@ -348,11 +337,7 @@ def figure_frame(
     *,
     tokens=None,
     title: str = "",
-    cmap: str = "viridis",
-    scale: str = "linear",
-    gamma: float = 0.5,
-    vmin: float = 0.0,
-    vmax: float = 1.0,
+    colour: ColourSpec = DEFAULT_COLOUR,
     size: tuple[int, int] = FRAME_SIZE,
     dpi: float = FRAME_DPI,
 ):
@@ -381,12 +366,8 @@ def figure_frame(
             labels,
             labels,
             title=title,
-            cmap=cmap,
-            scale=scale,
-            vmin=vmin,
-            vmax=vmax,
+            colour=colour,
             dpi=dpi,
-            gamma=gamma,
         )
         if n < T:
             cell = rect.width() / T
@@ -404,4 +385,4 @@ def figure_frame(
         img.height(), img.width(), 4
     )
     rgb = Image.fromarray(np.ascontiguousarray(arr[..., 2::-1]), mode="RGB")  # BGRA → RGB
-    return rgb.quantize(palette=_frame_palette(cmap), dither=Image.Dither.NONE)
+    return rgb.quantize(palette=_frame_palette(colour), dither=Image.Dither.NONE)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from attnscope.core.errors import Cancelled
 from attnscope.core.io import export as E
-from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from attnscope.core.loading.resolve import file_sha256
 from PIL import Image, ImageSequence
 
@@ -115,7 +115,7 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
     w = s.weights(5, 0)
     T = s.seq_len
     meta = E.head_metadata(s, 5, 0)
-    path = E.save_map_png(w, tmp_path / "m.png", cmap="magma", dpi=300, metadata=meta)
+    path = E.save_map_png(w, tmp_path / "m.png", ColourSpec(cmap="magma"), dpi=300, metadata=meta)
     img = Image.open(path)
     cell = 2048 // T
     assert img.size == (T * cell, T * cell)
@@ -127,7 +127,7 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
     np.testing.assert_array_equal(a, np.repeat(np.repeat(expected, cell, axis=0), cell, axis=1))
 
     # a chosen size: nearest-neighbour, pixel (x, y) shows cell (floor((y+½)·T/H), floor((x+½)·T/W))
-    E.save_map_png(w, tmp_path / "s.png", size=(301, 157), scale="log")
+    E.save_map_png(w, tmp_path / "s.png", ColourSpec(scale="log"), size=(301, 157))
     b = np.asarray(Image.open(tmp_path / "s.png").convert("RGB"))
     assert b.shape == (157, 301, 3)
     ys = [int((y + 0.5) * T // 157) for y in range(157)]  # exact in floats: (y + ½)·T is a multiple of ½
@@ -146,10 +146,7 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
         out,
         "png",
         E.heads_in_scope(30, 9, layer=4),
-        cmap="plasma",
-        scale="power",
-        gamma=0.25,
-        range_mode="shared",
+        colour=ColourSpec(cmap="plasma", scale="power", gamma=0.25, range_mode="shared"),
     )
     top = aggregate.layer_robust_max(s, 4)
     assert top < 1.0
@@ -172,25 +169,24 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     man = json.loads((out / "manifest.json").read_text())
     assert (man["scale"], man["gamma"], man["range"]) == ("power", 0.25, "shared")
     # auto: each map's own robust max; fixed stays [0, 1]
-    E.export_head(s, 4, 2, tmp_path / "auto.png", range_mode="auto")
+    E.export_head(s, 4, 2, tmp_path / "auto.png", colour=ColourSpec(range_mode="auto"))
     w = s.weights(4, 2)
     a = np.asarray(Image.open(tmp_path / "auto.png").convert("RGB"))[
         :: 2048 // s.seq_len, :: 2048 // s.seq_len
     ]
     np.testing.assert_array_equal(a, to_rgb(w, vmax=aggregate.robust_max(w)))
     with pytest.raises(ValueError, match="unknown colour range"):
-        E.export_batch(s, out, "png", [(0, 0)], range_mode="widest")
+        E.export_batch(s, out, "png", [(0, 0)], colour=ColourSpec(range_mode="widest"))
     # decode frames share the same colouring
-    frames = E.decode_frames(s, 4, 2, scale="power", gamma=0.25, range_mode="auto", caption=False)
+    power_auto = ColourSpec(scale="power", gamma=0.25, range_mode="auto")
+    frames = E.decode_frames(s, 4, 2, colour=power_auto, caption=False)
     idx = np.asarray(frames[-1])[:: 640 // s.seq_len, :: 640 // s.seq_len]
     from attnscope.core.io.colormaps import normalize
 
     want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 253).astype(np.uint8)
     np.testing.assert_array_equal(idx, want)
     # an animation gets its provenance sidecar like any other export
-    gif, side = E.export_animation(
-        s, 4, 2, tmp_path / "steps.gif", scale="power", gamma=0.25, range_mode="auto"
-    )
+    gif, side = E.export_animation(s, 4, 2, tmp_path / "steps.gif", colour=power_auto)
     meta = json.loads(side.read_text())
     assert side == tmp_path / "steps.gif.json" and Image.open(gif).n_frames == s.n_generated + 1
     assert (meta["kind"], meta["layer"], meta["head"], meta["frames"]) == (

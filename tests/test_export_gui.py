@@ -14,7 +14,7 @@ import pytest
 from attnscope.app import export as AE
 from attnscope.app import figure as AF
 from attnscope.app import paint as AP
-from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from attnscope.core.tokens import Token
 from PIL import Image
 from PySide6.QtCore import Qt
@@ -67,7 +67,7 @@ def test_void_qt_calls_keep_none_alive(qapp):
 
 def test_figure_png_cells_carry_the_colour_map_colour(tmp_path):
     w = _map(14)
-    x, y, cw, ch = _paint(tmp_path / "f.png", w, cmap="magma")
+    x, y, cw, ch = _paint(tmp_path / "f.png", w, colour=ColourSpec(cmap="magma"))
     img = Image.open(tmp_path / "f.png")
     assert img.size == (900, 800)
     assert img.info["dpi"] == pytest.approx((120, 120), abs=0.02)  # PNG stores whole dots per metre

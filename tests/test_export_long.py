@@ -11,7 +11,7 @@ from attnscope.core.analysis import aggregate
 from attnscope.core.analysis.pooling import max_pool
 from attnscope.core.io import export as E
 from attnscope.core.io import export_long as XL
-from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from PIL import Image
 from tiny_models import save_tiny
 
@@ -35,7 +35,7 @@ def _pixels(path):
 def test_streamed_png_equals_pillow(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.random((37, 53)).astype(np.float32) ** 4
-    E.save_map_png(w, tmp_path / "pil.png", cmap="magma", scale="log", vmax=0.8, size=(53, 37))
+    E.save_map_png(w, tmp_path / "pil.png", ColourSpec(cmap="magma", scale="log", vmax=0.8), size=(53, 37))
     bands = [
         to_rgb(w[a : a + 5], "magma", 0.0, 0.8, "log") for a in range(0, 37, 5)
     ]  # 8 bands, last of 2 rows
@@ -60,8 +60,10 @@ def test_full_size_stream_equals_the_in_memory_map(sess, tmp_path, mode):
     s = sess
     n = s.seq_len
     w = aggregate.map_at(s, 1, 1, mode)
-    E.save_map_png(w, tmp_path / "mem.png", scale="log", size=(n, n))
-    XL.export_long_png(s, 1, 1, tmp_path / "st.png", n=n, mode=mode, full_size=True, scale="log")
+    E.save_map_png(w, tmp_path / "mem.png", ColourSpec(scale="log"), size=(n, n))
+    XL.export_long_png(
+        s, 1, 1, tmp_path / "st.png", n=n, mode=mode, full_size=True, colour=ColourSpec(scale="log")
+    )
     a, _ = _pixels(tmp_path / "mem.png")
     b, info = _pixels(tmp_path / "st.png")
     assert a.shape == (n, n, 3)
@@ -72,7 +74,7 @@ def test_full_size_stream_equals_the_in_memory_map(sess, tmp_path, mode):
 def test_overview_is_max_pooled_and_says_so(sess, tmp_path):
     s = sess
     n = s.seq_len
-    XL.export_long_png(s, 0, 2, tmp_path / "ov.png", n=n, size=(9, 6), scale="linear", metadata={"x": 1})
+    XL.export_long_png(s, 0, 2, tmp_path / "ov.png", n=n, size=(9, 6), colour=ColourSpec(), metadata={"x": 1})
     img, info = _pixels(tmp_path / "ov.png")
     assert img.shape == (6, 9, 3)
     np.testing.assert_array_equal(img, to_rgb(max_pool(s.weights(0, 2), 6, 9), "viridis"))
@@ -112,7 +114,7 @@ def test_export_head_routes_long_maps(sess, tmp_path, monkeypatch):
     assert meta["pooling"]["kind"] == "max"
     np.testing.assert_array_equal(img, to_rgb(max_pool(s.weights(1, 0), 8, 8), "viridis", scale="log"))
     # the user's choice wins and is said
-    (out,) = E.export_head(s, 1, 0, tmp_path / "lin.png", scale="linear", full_size=True)
+    (out,) = E.export_head(s, 1, 0, tmp_path / "lin.png", colour=ColourSpec(), full_size=True)
     img, info = _pixels(out)
     assert img.shape == (n, n, 3)
     assert json.loads(info["attnscope"])["colour"]["scale_chosen"] == "by the user"

@@ -6,6 +6,8 @@ CC0) live in ``assets/colormaps/*.csv`` as 256 RGB rows in [0, 1].
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -14,6 +16,10 @@ import numpy as np
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # core/io/ -> the folder holding core/ and assets/
 COLORMAPS = ("viridis", "magma", "inferno", "plasma", "cividis")
 DEFAULT_COLORMAP = "viridis"
+SCALES = ("linear", "log", "power")
+#: how a colour range is found: ``fixed`` [0, 1] (probabilities), ``auto`` (this map's robust max),
+#: ``shared`` (the layer's robust max); :func:`attnscope.core.io.export.colour_range`
+RANGE_MODES = ("fixed", "auto", "shared")
 
 
 @cache
@@ -71,3 +77,82 @@ def to_rgb(
     """Colour a 2-D array: ``(H, W)`` values → ``(H, W, 3)`` uint8 RGB (:func:`normalize`, then the LUT)."""
     idx = np.round(normalize(values, vmin, vmax, scale, gamma) * 255).astype(np.intp)
     return lut(cmap)[idx]
+
+
+@dataclass(frozen=True)
+class ColourSpec:
+    """How a map's values become colours, as one value the GUI, the CLI and every export pass around.
+
+    ``cmap``: one of :data:`COLORMAPS`. ``scale``: ``"linear"``, ``"log"`` or ``"power"``
+    (:func:`normalize`), or None in a request = "chosen by the map's length"
+    (:meth:`for_length`; log from 2,048 tokens). ``gamma``: exponent of the power scale (> 0).
+    ``range_mode``: how ``vmin``/``vmax`` are found (:data:`RANGE_MODES`); ``vmin``/``vmax``: the
+    colour range itself, in weight units (``[0, 1]`` until a range is resolved, :meth:`with_range`).
+
+    Raises:
+        ValueError: unknown colour map, scale or range mode; ``gamma <= 0``.
+    """
+
+    cmap: str = DEFAULT_COLORMAP
+    scale: str | None = "linear"
+    gamma: float = 0.5
+    range_mode: str = "fixed"
+    vmin: float = 0.0
+    vmax: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.cmap not in COLORMAPS:
+            raise ValueError(f"unknown colour map {self.cmap!r}; choose one of {', '.join(COLORMAPS)}")
+        if self.scale is not None and self.scale not in SCALES:
+            raise ValueError(f"unknown scale {self.scale!r}; choose linear, log or power")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}")
+        if self.range_mode not in RANGE_MODES:
+            raise ValueError(f"unknown colour range {self.range_mode!r}: use {', '.join(RANGE_MODES)}")
+
+    def with_range(self, vmin: float, vmax: float) -> ColourSpec:
+        """This spec with the colour range ``[vmin, vmax]`` (resolved for one map)."""
+        return dataclasses.replace(self, vmin=float(vmin), vmax=float(vmax))
+
+    def for_length(self, n: int) -> ColourSpec:
+        """This spec with a concrete scale: a None scale becomes the default for ``n`` tokens
+        (:func:`attnscope.core.io.export_long.default_scale`)."""
+        if self.scale is not None:
+            return self
+        from attnscope.core.io.export_long import default_scale
+
+        return dataclasses.replace(self, scale=default_scale(n))
+
+    def normalize(self, values: np.ndarray) -> np.ndarray:
+        """Values → [0, 1] float64 (:func:`normalize` with this spec's range and scale)."""
+        return normalize(values, self.vmin, self.vmax, self._scale(), self.gamma)
+
+    def to_rgb(self, values: np.ndarray) -> np.ndarray:
+        """``(H, W)`` values → ``(H, W, 3)`` uint8 RGB (:func:`to_rgb` with this spec)."""
+        return to_rgb(values, self.cmap, self.vmin, self.vmax, self._scale(), self.gamma)
+
+    def lut(self) -> np.ndarray:
+        """The colour map's ``(256, 3)`` uint8 table (:func:`lut`)."""
+        return lut(self.cmap)
+
+    def metadata(self) -> dict:
+        """How an image was coloured, as its metadata records it (``gamma`` only for the power scale)."""
+        return {
+            "cmap": self.cmap,
+            "scale": self.scale,
+            "gamma": self.gamma if self.scale == "power" else None,
+            "range": self.range_mode,
+            "vmin": self.vmin,
+            "vmax": self.vmax,
+        }
+
+    def _scale(self) -> str:
+        if self.scale is None:
+            raise ValueError("the colour scale is still to be chosen by length: call for_length(n) first")
+        return self.scale
+
+
+#: viridis, linear, fixed [0, 1]: what every export uses unless told otherwise
+DEFAULT_COLOUR = ColourSpec()
+#: the same with the scale left to the map's length (linear below 2,048 tokens, log from there)
+COLOUR_BY_LENGTH = ColourSpec(scale=None)

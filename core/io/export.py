@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from attnscope.core import __version__
 from attnscope.core.errors import Cancelled
+from attnscope.core.io.colormaps import COLOUR_BY_LENGTH, DEFAULT_COLOUR, RANGE_MODES, ColourSpec
 from attnscope.core.io.render import FrameRenderer, Renderer
 from attnscope.core.loading.quantize import record as quant_record
 
@@ -281,30 +282,26 @@ def parse_size(text: str | None) -> tuple[int, int] | None:
 def save_map_png(
     w: np.ndarray,
     path: str | os.PathLike,
-    cmap: str = "viridis",
-    scale: str = "linear",
+    colour: ColourSpec = DEFAULT_COLOUR,
     size: tuple[int, int] | None = None,
     dpi: float | None = None,
-    vmin: float = 0.0,
-    vmax: float = 1.0,
     metadata: dict | None = None,
-    gamma: float = 0.5,
 ) -> Path:
-    """A plain map PNG: one colour-map colour per cell, rows = queries, columns = keys.
+    """A plain map PNG: one colour-map colour per cell (``colour``: map, scale, range), rows =
+    queries, columns = keys.
 
     ``size`` = exact ``(width, height)`` in pixels (nearest-neighbour, so every pixel still carries its
     cell's colour); default: square cells, longest side up to 2048 px. ``dpi`` is recorded in the PNG
     (pHYs). ``metadata`` goes into a PNG text chunk ``"attnscope"`` as JSON.
     """
-    from attnscope.core.io.colormaps import to_rgb
     from attnscope.core.io.render import heatmap_image
     from PIL import Image, PngImagePlugin
 
     path = Path(path)
     if size is None:
-        img = heatmap_image(w, cmap=cmap, vmin=vmin, vmax=vmax, scale=scale, gamma=gamma)
+        img = heatmap_image(w, colour)
     else:  # nearest, in integers: pixel (x, y) shows cell (⌊(2y+1)·n_query / 2·height⌋, ⌊(2x+1)·n_key / 2·width⌋)
-        rgb = to_rgb(np.asarray(w), cmap, vmin, vmax, scale, gamma)
+        rgb = colour.to_rgb(np.asarray(w))
         ys = (2 * np.arange(size[1]) + 1) * rgb.shape[0] // (2 * size[1])
         xs = (2 * np.arange(size[0]) + 1) * rgb.shape[1] // (2 * size[0])
         img = Image.fromarray(np.ascontiguousarray(rgb[ys][:, xs]), mode="RGB")
@@ -399,9 +396,6 @@ def head_map(
     return aggregate.map_at(session, layer, head, mode, n)
 
 
-RANGE_MODES = ("fixed", "auto", "shared")
-
-
 def colour_range(
     session, layer: int, w: np.ndarray, range_mode: str = "fixed", n: int | None = None
 ) -> tuple[float, float]:
@@ -425,26 +419,13 @@ def colour_range(
     raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
 
 
-def _colour_meta(cmap: str, scale: str, gamma: float, range_mode: str, vmin: float, vmax: float) -> dict:
-    """How an image was coloured, as recorded in its metadata (``gamma`` only for the power scale)."""
-    return {
-        "cmap": cmap,
-        "scale": scale,
-        "gamma": gamma if scale == "power" else None,
-        "range": range_mode,
-        "vmin": vmin,
-        "vmax": vmax,
-    }
-
-
 def export_head(
     session,
     layer: int,
     head: int,
     path: str | os.PathLike,
     *,
-    cmap: str = "viridis",
-    scale: str | None = None,
+    colour: ColourSpec = COLOUR_BY_LENGTH,
     size: tuple[int, int] | None = None,
     dpi: float | None = None,
     figure: bool = False,
@@ -452,8 +433,6 @@ def export_head(
     base: dict | None = None,
     n: int | None = None,
     mode: str = "head",
-    gamma: float = 0.5,
-    range_mode: str = "fixed",
     full_size: bool = False,
     weighting: str = "attention",
 ) -> list[Path]:
@@ -465,9 +444,10 @@ def export_head(
     ``n``/``mode`` as in :func:`head_metadata` (default: the whole sequence, the single head). Data
     formats and PDFs get a sidecar ``<file>.json`` (PNG and SVG carry the metadata inside); ``.png``
     is the plain map unless ``figure`` (labelled, needs ``renderer``); ``.svg``/``.pdf`` always need
-    ``renderer``. Images are coloured as the heatmap shows them: ``cmap``, ``scale`` (``gamma`` for
-    the power scale) and ``range_mode`` (:func:`colour_range`); the metadata records them under
-    ``"colour"``. ``scale=None`` picks it by length (:func:`attnscope.core.io.export_long.default_scale`: log
+    ``renderer``. Images are coloured as the heatmap shows them by ``colour``
+    (:class:`attnscope.core.io.colormaps.ColourSpec`: map, scale, power-scale gamma, and its
+    ``range_mode`` resolved to ``vmin``/``vmax`` by :func:`colour_range`); the metadata records it under
+    ``"colour"``. A None ``colour.scale`` (the default) picks it by length (:func:`attnscope.core.io.export_long.default_scale`: log
     from 2,048 tokens; recorded as ``"scale_chosen": "by length"``). A long map's bare PNG
     (from :data:`attnscope.core.io.export_long.LONG_MAP` tokens) streams and is a max-pooled overview unless
     ``full_size`` (:func:`attnscope.core.io.export_long.export_long_png`; the pooling is in the metadata).
@@ -488,11 +468,13 @@ def export_head(
         raise ValueError(
             f"value-weighted maps export up to {export_long.LONG_MAP - 1} tokens; this one has {n_map}"
         )
-    by_length = scale is None
-    scale = export_long.default_scale(n_map) if by_length else scale
+    by_length = colour.scale is None
+    colour = colour.for_length(n_map)
     if fmt == "png" and not figure and n_map >= export_long.LONG_MAP:
-        vmin, vmax = export_long.long_colour_range(session, layer, head, n_map, mode, range_mode)
-        meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
+        colour = colour.with_range(
+            *export_long.long_colour_range(session, layer, head, n_map, mode, colour.range_mode)
+        )
+        meta["colour"] = colour.metadata()
         meta["colour"]["scale_chosen"] = "by length" if by_length else "by the user"
         return [
             export_long.export_long_png(
@@ -504,11 +486,7 @@ def export_head(
                 mode=mode,
                 size=size,
                 full_size=full_size,
-                cmap=cmap,
-                scale=scale,
-                gamma=gamma,
-                vmin=vmin,
-                vmax=vmax,
+                colour=colour,
                 metadata=meta,
                 dpi=dpi,
             )
@@ -516,25 +494,12 @@ def export_head(
     w = head_map(session, layer, head, n, mode, weighting)
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
-    vmin, vmax = colour_range(session, layer, w, range_mode, n)
-    meta["colour"] = _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax)
+    colour = colour.with_range(*colour_range(session, layer, w, colour.range_mode, n))
+    meta["colour"] = colour.metadata()
     if by_length:
         meta["colour"]["scale_chosen"] = "by length"
     if fmt == "png" and not figure:
-        return [
-            save_map_png(
-                w,
-                path,
-                cmap=cmap,
-                scale=scale,
-                size=size,
-                dpi=dpi,
-                metadata=meta,
-                gamma=gamma,
-                vmin=vmin,
-                vmax=vmax,
-            )
-        ]
+        return [save_map_png(w, path, colour, size=size, dpi=dpi, metadata=meta)]
     if renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.figure); none was given")
     title = head_title(session, layer, head, w.shape[0], mode)
@@ -544,14 +509,10 @@ def export_head(
             path,
             tokens=session.tokens[: w.shape[0]],
             title=title,
-            cmap=cmap,
-            scale=scale,
+            colour=colour,
             size=size,
             dpi=dpi,
             metadata=meta,
-            gamma=gamma,
-            vmin=vmin,
-            vmax=vmax,
         )
     )
     if fmt == "pdf":  # PNG keeps the metadata in a text chunk, SVG in <desc>; a PDF gets it beside it
@@ -585,20 +546,17 @@ def export_batch(
     fmt: str,
     pairs: Sequence[tuple[int, int]],
     *,
-    cmap: str = "viridis",
-    scale: str = "linear",
+    colour: ColourSpec = DEFAULT_COLOUR,
     size: tuple[int, int] | None = None,
     dpi: float | None = None,
     figure: bool = False,
     renderer: Renderer | None = None,
     progress: Progress | None = None,
     cancelled: Callable[[], bool] | None = None,
-    gamma: float = 0.5,
-    range_mode: str = "fixed",
 ) -> list[Path]:
     """Export each ``(layer, head)`` of ``pairs`` to ``out_dir/L.._H...<fmt>`` and write ``manifest.json``.
 
-    Colours as :func:`export_head` (``cmap``, ``scale``, ``gamma``, ``range_mode``).
+    Colours as :func:`export_head` (``colour``; its range resolved per map).
 
     One head's map is computed at a time (peak memory one ``seq_len²`` float32 map). ``progress(done,
     total, file_name)`` after each file; ``cancelled()`` before each. The manifest holds the shared
@@ -617,8 +575,6 @@ def export_batch(
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(BATCH_FORMATS)}")
     if (fmt in ("svg", "pdf") or (fmt == "png" and figure)) and renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.figure); none was given")
-    if range_mode not in RANGE_MODES:
-        raise ValueError(f"unknown colour range {range_mode!r}: use {', '.join(RANGE_MODES)}")
     out = Path(out_dir)
     if not out.parent.exists():
         raise FileNotFoundError(f"folder {out.parent} does not exist")
@@ -639,15 +595,12 @@ def export_batch(
             layer,
             head,
             out / name,
-            cmap=cmap,
-            scale=scale,
+            colour=colour,
             size=size,
             dpi=dpi,
             figure=figure,
             renderer=renderer,
             base=base,
-            gamma=gamma,
-            range_mode=range_mode,
         )
         entries.append(
             {
@@ -665,10 +618,10 @@ def export_batch(
         {
             "kind": "batch",
             "format": fmt,
-            "cmap": cmap,
-            "scale": scale,
-            "gamma": gamma if scale == "power" else None,
-            "range": range_mode,
+            "cmap": colour.cmap,
+            "scale": colour.scale,
+            "gamma": colour.gamma if colour.scale == "power" else None,
+            "range": colour.range_mode,
             "files": entries,
             "complete": stopped is None,
         }
@@ -701,14 +654,11 @@ def decode_frames(
     layer: int,
     head: int,
     *,
-    cmap: str = "viridis",
-    scale: str = "linear",
+    colour: ColourSpec = DEFAULT_COLOUR,
     max_size: int = 640,
     caption: bool = True,
     first_step: int = 0,
     cancelled: Callable[[], bool] | None = None,
-    gamma: float = 0.5,
-    range_mode: str = "fixed",
     levels: tuple[float, float] | None = None,
 ):
     """One palette image per decode step of ``(layer, head)``: steps ``first_step .. n_generated``.
@@ -718,9 +668,9 @@ def decode_frames(
     (its top-left ``(n_prompt + s)²`` block, see module doc) and white where nothing was generated yet.
     With ``caption`` a white strip above the map reads ``L3 H4 · step s/N · seq_len T · 'token'``.
     Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale, fixed range) through
-    :func:`frame_palette`; ``scale``/``gamma``/``range_mode`` colour as :func:`export_head` does (the
-    range from the final map, so every frame shares one scale; ``levels = (vmin, vmax)`` gives it
-    precomputed).
+    :func:`frame_palette`; ``colour`` colours as :func:`export_head` does (its ``range_mode``
+    resolved on the final map, so every frame shares one scale; ``levels = (vmin, vmax)`` gives that
+    range precomputed).
 
     Returns:
         list of PIL ``"P"`` images, ``n_generated - first_step + 1`` of them.
@@ -728,17 +678,16 @@ def decode_frames(
     Raises:
         SessionError: nothing has run. IndexError: layer/head out of range.
     """
-    from attnscope.core.io.colormaps import normalize
     from PIL import Image, ImageDraw, ImageFont
 
     w = session.weights(layer, head)
     T, n0 = w.shape[0], session.n_prompt
     cell = max(1, max_size // T)
-    vmin, vmax = levels or colour_range(session, layer, w, range_mode)
-    idx = np.round(normalize(w, vmin, vmax, scale, gamma) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
+    colour = colour.with_range(*(levels or colour_range(session, layer, w, colour.range_mode)))
+    idx = np.round(colour.normalize(w) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
     cap_h = 18 if caption else 0
     font = ImageFont.load_default(size=13) if caption else None
-    pal = frame_palette(cmap).reshape(-1).tolist()
+    pal = frame_palette(colour.cmap).reshape(-1).tolist()
     toks = session.tokens
     frames: list[Image.Image] = []
     for s in range(first_step, session.n_generated + 1):
@@ -773,10 +722,7 @@ def export_animation(
     head: int,
     path: str | os.PathLike,
     *,
-    cmap: str = "viridis",
-    scale: str = "linear",
-    gamma: float = 0.5,
-    range_mode: str = "fixed",
+    colour: ColourSpec = DEFAULT_COLOUR,
     fps: float = 4.0,
     cancelled: Callable[[], bool] | None = None,
     frame_renderer: FrameRenderer | None = None,
@@ -791,17 +737,10 @@ def export_animation(
     Returns ``[animation, sidecar]``. Raises what those two raise.
     """
     w = session.weights(layer, head)
-    vmin, vmax = colour_range(session, layer, w, range_mode)
+    colour = colour.with_range(*colour_range(session, layer, w, colour.range_mode))
     if frame_renderer is None:
         frames = decode_frames(
-            session,
-            layer,
-            head,
-            cmap=cmap,
-            scale=scale,
-            gamma=gamma,
-            cancelled=cancelled,
-            levels=(vmin, vmax),
+            session, layer, head, colour=colour, cancelled=cancelled, levels=(colour.vmin, colour.vmax)
         )
     else:
         toks, n0, frames = session.tokens, session.n_prompt, []
@@ -817,11 +756,7 @@ def export_animation(
                     n,
                     tokens=toks,
                     title=caption,
-                    cmap=cmap,
-                    scale=scale,
-                    gamma=gamma,
-                    vmin=vmin,
-                    vmax=vmax,
+                    colour=colour,
                 )
             )
     out = save_animation(frames, path, fps=fps)
@@ -832,7 +767,7 @@ def export_animation(
             "frames": len(frames),
             "fps": fps,
             "frame_steps": list(range(session.n_generated + 1)),
-            "colour": _colour_meta(cmap, scale, gamma, range_mode, vmin, vmax),
+            "colour": colour.metadata(),
         }
     )
     return [out, write_json(sidecar_path(out), meta)]

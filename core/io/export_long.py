@@ -27,11 +27,13 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core.errors import Cancelled
+from attnscope.core.io.colormaps import ColourSpec
 
 LONG_MAP = 2048  # from this many tokens a map gets the long-map defaults (log scale, pooled overview)
 OVERVIEW_SIDE = 2048  # default side of a long map's bare PNG overview (pixels)
 FULL_SIZE_LIMIT = 4096  # one pixel per cell above this side needs full_size=True (16k: 268 M pixels)
 BAND_ROWS = 256  # rows per streamed band
+LONG_COLOUR = ColourSpec(scale="log")  # a long map's colours unless told otherwise
 
 
 def default_scale(n: int) -> str:
@@ -128,14 +130,10 @@ def map_bands(
             progress(k + 1, len(starts))
 
 
-def coloured(
-    bands: Iterable[np.ndarray], cmap: str, vmin: float, vmax: float, scale: str, gamma: float
-) -> Iterable[np.ndarray]:
-    """RGB uint8 bands of weight bands (:func:`attnscope.core.io.colormaps.to_rgb`)."""
-    from attnscope.core.io.colormaps import to_rgb
-
+def coloured(bands: Iterable[np.ndarray], colour: ColourSpec) -> Iterable[np.ndarray]:
+    """RGB uint8 bands of weight bands (:meth:`attnscope.core.io.colormaps.ColourSpec.to_rgb`)."""
     for b in bands:
-        yield to_rgb(b, cmap, vmin, vmax, scale, gamma)
+        yield colour.to_rgb(b)
 
 
 def long_colour_range(
@@ -168,11 +166,7 @@ def export_long_png(
     mode: str = "head",
     size: tuple[int, int] | None = None,
     full_size: bool = False,
-    cmap: str = "viridis",
-    scale: str = "log",
-    gamma: float = 0.5,
-    vmin: float = 0.0,
-    vmax: float = 1.0,
+    colour: ColourSpec = LONG_COLOUR,
     metadata: dict | None = None,
     dpi: float | None = None,
     cancelled: Callable[[], bool] | None = None,
@@ -181,7 +175,8 @@ def export_long_png(
     """A long map's bare PNG, never holding the map: streamed at one pixel per cell when
     ``full_size`` (or ``size`` is ``(n, n)``), else a max-pooled overview of ``size`` (default
     :data:`OVERVIEW_SIDE` a side, at most ``n``). ``metadata`` gains ``"pooling"`` (``None`` at full
-    size) and ``"image_size"``.
+    size) and ``"image_size"``. ``colour``: map, scale and the resolved range
+    (:func:`long_colour_range`); default viridis, log, [0, 1].
 
     Raises:
         ValueError: one pixel per cell above :data:`FULL_SIZE_LIMIT` a side without ``full_size``;
@@ -202,12 +197,7 @@ def export_long_png(
         meta["pooling"] = None
         meta["image_size"] = [n, n]
         bands = coloured(
-            map_bands(session, layer, head, n, mode, cancelled=cancelled, progress=progress),
-            cmap,
-            vmin,
-            vmax,
-            scale,
-            gamma,
+            map_bands(session, layer, head, n, mode, cancelled=cancelled, progress=progress), colour
         )
         return write_png_rows(path, n, n, bands, meta, dpi)
     w, h = size if size is not None else (min(n, OVERVIEW_SIDE), min(n, OVERVIEW_SIDE))
@@ -222,7 +212,5 @@ def export_long_png(
         "one-cell features (a sink column, the diagonal) stay visible",
     }
     meta["image_size"] = [w, h]
-    from attnscope.core.io.colormaps import to_rgb
-
-    rgb = to_rgb(pm.image, cmap, vmin, vmax, scale, gamma)
+    rgb = colour.to_rgb(pm.image)
     return write_png_rows(path, w, h, [rgb], meta, dpi)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from PIL import Image
 
 #: ``renderer(weights, path, *, tokens, title, colour, size, dpi, metadata)`` writes one labelled
@@ -43,31 +43,24 @@ PILLOW = Renderers()
 
 def heatmap_image(
     weights: np.ndarray,
-    cmap: str = "viridis",
-    vmin: float = 0.0,
-    vmax: float = 1.0,
-    scale: str = "linear",
+    colour: ColourSpec = DEFAULT_COLOUR,
     cell: int | None = None,
     max_size: int = 2048,
-    gamma: float = 0.5,
 ) -> Image.Image:
-    """An RGB image of a ``(n_query, n_key)`` matrix, each cell ``cell × cell`` pixels (nearest).
+    """An RGB image of a ``(n_query, n_key)`` matrix coloured by ``colour`` (its scale and range),
+    each cell ``cell × cell`` pixels (nearest).
 
     ``cell`` defaults to the largest integer keeping the image within ``max_size`` pixels (≥ 1).
+
+    Raises:
+        ValueError: not a non-empty 2-D matrix; an empty colour range.
     """
     w = np.asarray(weights)
     if w.ndim != 2 or w.size == 0:
         raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
     if cell is None:
         cell = max(1, max_size // max(w.shape))
-    img = Image.fromarray(to_rgb(w, cmap, vmin, vmax, scale, gamma), mode="RGB")
+    img = Image.fromarray(colour.to_rgb(w), mode="RGB")
     if cell > 1:
         img = img.resize((w.shape[1] * cell, w.shape[0] * cell), Image.Resampling.NEAREST)
     return img
-
-
-def save_heatmap_png(weights: np.ndarray, path: str | Path, **kw) -> Path:
-    """Write :func:`heatmap_image` as PNG and return the path."""
-    path = Path(path)
-    heatmap_image(weights, **kw).save(path, format="PNG")
-    return path

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
+from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from attnscope.core.io.render import PILLOW, Renderers
 
 NAME = "export"
@@ -133,7 +134,7 @@ def add_arguments(p) -> None:
     )
 
 
-def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
+def write_weights(w: np.ndarray, out: Path, colour: ColourSpec = DEFAULT_COLOUR) -> None:
     """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar."""
     from attnscope.core.io.export import DATA_FORMATS, save_map_png, write_data
 
@@ -141,7 +142,7 @@ def write_weights(w: np.ndarray, out: Path, cmap: str = "viridis") -> None:
     if suffix in DATA_FORMATS:
         write_data(w, out)
     elif suffix == "png":
-        save_map_png(w, out, cmap=cmap)
+        save_map_png(w, out, colour)
     else:
         raise ValueError(f"unsupported output {out.name!r}: use .png, .npy, .csv or .safetensors")
 
@@ -299,14 +300,15 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     load = renderers if renderers is not None else (lambda: PILLOW)  # called only when a figure is drawn
     s, view = _open(args)
     cmap = args.cmap or view.get("cmap") or "viridis"
-    from attnscope.core.io.export_long import default_scale
-
     scale_choice = args.scale or view.get("scale")  # None: by the map's length (log from 2,048 tokens)
-    scale = scale_choice or default_scale(s.seq_len)
     gamma = args.gamma if args.gamma is not None else float(view.get("gamma") or 0.5)
     if not gamma > 0:
         raise ValueError(f"--gamma must be > 0, got {gamma}")
     range_mode = args.range_mode or view.get("range_mode") or "fixed"
+    # what the user asked for (scale None: by the map's length), and with the scale settled for the
+    # whole sequence (batches, animations, the saved session)
+    asked = ColourSpec(cmap=cmap, scale=scale_choice, gamma=gamma, range_mode=range_mode)
+    colour = asked.for_length(s.seq_len)
     size = E.parse_size(args.size)
     info = s.info
     layer = args.layer if args.layer is not None else view.get("layer")
@@ -322,10 +324,10 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 for k, val in (
                     ("layer", layer),
                     ("head", head),
-                    ("cmap", cmap),
-                    ("scale", scale),
-                    ("gamma", gamma),
-                    ("range_mode", range_mode),
+                    ("cmap", colour.cmap),
+                    ("scale", colour.scale),
+                    ("gamma", colour.gamma),
+                    ("range_mode", colour.range_mode),
                 )
                 if val is not None
             }
@@ -344,15 +346,12 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
             args.out,
             args.format,
             pairs,
-            cmap=cmap,
-            scale=scale,
+            colour=colour,
             size=size,
             dpi=args.dpi,
             figure=args.figure,
             renderer=figure_renderer(load()) if needs_qt else None,
             progress=_progress_line("export"),
-            gamma=gamma,
-            range_mode=range_mode,
         )
         print(
             f"wrote {len(pairs)} {args.format} files ({len(written)} with sidecars and manifest) to {args.out} "
@@ -375,14 +374,11 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 layer,
                 head,
                 out,
-                cmap=cmap,
-                scale=scale_choice,
+                colour=asked,
                 size=size,
                 dpi=args.dpi,
                 figure=args.figure,
                 renderer=figure_renderer(load()) if needs_qt else None,
-                gamma=gamma,
-                range_mode=range_mode,
                 full_size=args.full_size,
                 weighting=args.weighting,
             )
@@ -393,10 +389,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 layer,
                 head,
                 args.frames,
-                cmap=cmap,
-                scale=scale,
-                gamma=gamma,
-                range_mode=range_mode,
+                colour=colour,
                 fps=args.fps,
                 frame_renderer=load().frame,
             )
