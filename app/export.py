@@ -58,38 +58,74 @@ class ExportController:
 
     # -- view state --------------------------------------------------------------------------------------
     def current_view_key(self) -> str:
-        return self.win.state.tab
+        w = self.win.tabs.currentWidget()
+        return next((k for k, v in self.win.views.items() if v is w), "heatmap")
 
     def view_state(self) -> dict:
-        """What is on screen, from the :class:`attnscope.app.state.ViewState`: layer, head, tab, colour
-        map, heatmap options, query row, timeline step, and each tab's settings under ``"views"``
-        (:meth:`attnscope.app.state.ViewState.to_view_dict`)."""
-        return self.win.state.to_view_dict()
+        """What is on screen: layer, head, tab, colour map, heatmap options, query row, timeline step,
+        plus each view's own ``view_state()`` (an optional hook) under ``"views"``."""
+        win = self.win
+        state = {
+            "layer": win.layer,
+            "head": win.head,
+            "tab": self.current_view_key(),
+            "cmap": win.cmap_combo.currentText(),
+            "query_row": win.query_row,
+        }
+        hm = win.heatmap
+        for key in ("aggregate", "weighting", "scale", "gamma", "range_mode"):
+            if hasattr(hm, key):
+                state[key] = getattr(hm, key)
+        tl = getattr(win, "timeline", None)
+        if tl is not None:
+            state["timeline_step"] = None if tl.at_latest else tl.step
+        views = {k: v.view_state() for k, v in win.views.items() if hasattr(v, "view_state")}
+        if views:
+            state["views"] = views
+        return state
 
-    def restore_view(self, view: dict) -> None:
-        """Apply a session's ``view`` dict (any version) to the state, in one batch; unknown, mistyped
-        or out-of-range entries are skipped (:meth:`attnscope.app.state.ViewState.parse_view_dict`)."""
-        st = self.win.state
-        values = st.parse_view_dict(view, st.colour)
-        snap = st.snapshot
-        info = None if snap is None else snap.info
-        layer, head = values.pop("layer", st.layer), values.pop("head", st.head)
-        if info is not None and 0 <= layer < info.n_layers and 0 <= head < info.n_heads:
-            values.update(layer=layer, head=head)
-        if not (snap is not None and 0 <= values.get("step", 0) <= snap.n_generated):
-            values.pop("step", None)
-        if values.get("tab") not in self.win.views:
-            values.pop("tab", None)
-        if not (snap is not None and 0 <= values.get("query_row", -1) < snap.seq_len):
-            values.pop("query_row", None)
-        settings = {**st.settings}
-        for key, entry in values.pop("settings").items():
-            settings[key] = {**settings.get(key, {}), **entry}
-        st.update(settings=settings, **values)
+    def restore_view(self, state: dict) -> None:
+        """Apply a :meth:`view_state` dict; unknown or out-of-range entries are skipped."""
+        win = self.win
+        hm = win.heatmap
+        if state.get("cmap"):
+            win.cmap_combo.setCurrentText(str(state["cmap"]))
+        if hasattr(hm, "set_scale") and state.get("scale"):
+            hm.set_scale(state["scale"], state.get("gamma"))
+        if hasattr(hm, "set_aggregate") and state.get("aggregate"):
+            try:
+                hm.set_aggregate(state["aggregate"])
+            except ValueError:
+                pass
+        if hasattr(hm, "set_range_mode") and state.get("range_mode"):
+            try:
+                hm.set_range_mode(state["range_mode"])
+            except ValueError:
+                pass
+        tl = getattr(win, "timeline", None)
+        if tl is not None and state.get("timeline_step") is not None:
+            try:
+                tl.set_step(int(state["timeline_step"]))
+            except (IndexError, ValueError):
+                pass
+        try:
+            win.select(int(state.get("layer", win.layer)), int(state.get("head", win.head)))
+        except (IndexError, ValueError):
+            pass
+        for key, vs in (state.get("views") or {}).items():
+            view = win.views.get(key)
+            if view is not None and hasattr(view, "restore_view_state"):
+                view.restore_view_state(vs)
+        if state.get("tab") in win.views:
+            win.show_view(state["tab"])
+        row = state.get("query_row")
+        if isinstance(row, int) and win.snapshot is not None and 0 <= row < win.snapshot.seq_len:
+            win.query_row = row
+            win._show_token_strip()
 
     def _visible_n(self) -> int | None:
-        st = self.win.state
-        return None if st.at_latest else st.visible_len
+        tl = getattr(self.win, "timeline", None)
+        return None if tl is None or tl.at_latest else self.win.visible_len
 
     def _need_run(self) -> bool:
         if self.win.snapshot is None or self.win.snapshot.seq_len == 0:
@@ -153,11 +189,11 @@ class ExportController:
             snap, warnings, reloaded = result
             win = self.win
             if reloaded:
-                win.commands.loaded(snap)
+                win._on_loaded(snap)
             win.prompt_edit.setPlainText(sf.prompt)
             win.chat_check.setChecked(sf.chat_template)
             win.decode_panel.set_sampling(sf.sampling)  # what the replayed session samples with
-            win.commands.ran(snap)
+            win._on_ran(snap)
             self.restore_view(sf.view)
             self.last_warnings = list(warnings)
             msg = f"Opened {Path(path).name}: {snap.n_prompt} prompt + {snap.n_generated} replayed tokens"
@@ -174,7 +210,7 @@ class ExportController:
                 message = CancelledMessage(f"Opening {Path(path).name} cancelled ({message})")
             else:
                 message = f"Could not open the session: {message}"
-            self.win.commands.command_failed(message)
+            self.win._on_command_failed(message)
 
         return self.win.engine.enqueue(job, done, failed, label="open session")
 
