@@ -6,7 +6,7 @@ import sys
 
 
 def _gui(args) -> int:
-    from attnscope.app.main_window import run_gui
+    from attnscope.app.launch import run_gui
 
     return run_gui(args)
 

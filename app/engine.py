@@ -6,8 +6,10 @@ their results (numpy arrays, frozen dataclasses) come back through a queued sign
 to the job's callback on the GUI thread.
 
 * ``enqueue(...)``: commands (load, prefill, step) run in order, none is dropped.
-* ``submit(channel, ...)``: view requests; a newer request on the same channel replaces one that has
-  not started yet (napari's "a newer request cancels a stale one").
+* ``submit(channel, request)``: view requests (:class:`Request`); a newer request on the same channel
+  replaces one that has not started yet and cancels a running one (napari's "a newer request cancels
+  a stale one"); a result whose state key no longer matches the :class:`attnscope.app.state.ViewState`
+  is dropped; with no sequence to look at, nothing is submitted.
 * ``cancel()``: sets a flag long jobs check between chunks (prefill, batch export).
 
 MLX streams belong to the thread that made them, so the MLX backend is created and used here too.
@@ -41,6 +43,29 @@ class Job:
     channel: str | None
     label: str
     id: int = 0
+    token: Callable[[], bool] | None = None  # a view request's cancel token (Engine.cancel_token)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A view's request for data: the job, where its result goes, and the state it is for.
+
+    ``job(ctx)`` runs on the engine thread; ``ctx.cancelled()`` turns true once a newer request on the
+    same channel (or a new sequence) makes it stale, and ``ctx.require()`` is the session.
+    ``key()`` (GUI thread) reads the state the result depends on, e.g. ``(state.layer, state.head,
+    state.visible_len)``: it is read when submitted and again when the result (or a partial one)
+    arrives, and the result is dropped if it changed. ``needs``: ``"sequence"`` (the default) submits
+    only while the state has a sequence (a prompt ran), ``"model"`` only while a model is loaded,
+    ``"nothing"`` always.
+    """
+
+    job: Callable[[JobContext], Any]
+    on_done: Callable[[Any], None]
+    label: str = "updating"
+    key: Callable[[], Any] | None = None
+    on_partial: Callable[[Any], None] | None = None
+    on_error: Callable[[str], None] | None = None
+    needs: str = "sequence"
 
 
 @dataclass
@@ -51,14 +76,24 @@ class JobContext:
     session: Any = None
     job_id: int = 0  # the job running now
     cancel_upto: int = 0  # every job with an id <= this was cancelled (set from the GUI thread)
+    token: Callable[[], bool] | None = None  # the running view request's cancel token
 
     def progress(self, message: str, fraction: float = -1.0) -> None:
         """Report progress (fraction in [0, 1], or -1 when unknown) to the GUI."""
         self.worker.progress.emit(message, float(fraction))
 
     def cancelled(self) -> bool:
-        """True once the user cancelled this job (while it ran or while it waited in the queue)."""
-        return self.job_id <= self.cancel_upto
+        """True once the user cancelled this job (while it ran or while it waited in the queue), or a
+        newer request superseded this view request."""
+        return self.job_id <= self.cancel_upto or (self.token is not None and self.token())
+
+    def require(self):
+        """The session. Raises :class:`attnscope.core.errors.SessionError` ("no model loaded") without one."""
+        if self.session is None:
+            from attnscope.core.errors import SessionError
+
+            raise SessionError("no model loaded")
+        return self.session
 
     def partial(self, result) -> None:
         """Hand an intermediate result (a coarse overview, the layers done so far) to the job's
@@ -107,7 +142,7 @@ class EngineWorker(QObject):
                 job = self._queue.popleft()
             self.busy.emit(True, job.label)
             try:
-                self.ctx.job_id = job.id
+                self.ctx.job_id, self.ctx.token = job.id, job.token
                 result = job.fn(self.ctx)
             except Cancelled as e:
                 self.failed.emit(job, CancelledMessage(str(e) or "cancelled"))
@@ -152,9 +187,11 @@ class Engine(QObject):
     error = Signal(str)
     idle = Signal()
 
-    def __init__(self, parent: QObject | None = None):
+    def __init__(self, parent: QObject | None = None, state=None):
         super().__init__(parent)
         collect_garbage_on_gui_thread()
+        self.state = state  # the ViewState requests are checked against (None: no state keys)
+        self._generations: dict[str, int] = {}  # channel -> newest request's generation
         self._ids = itertools.count(1)
         self._shut_down = False  # set by shutdown(): later submissions are dropped
         self._outstanding: set[int] = set()  # submitted, not yet reported back
@@ -182,16 +219,75 @@ class Engine(QObject):
         return self._put(Job(fn, on_done, on_error, None, label))
 
     def submit(
-        self, channel: str, fn, on_done=None, on_error=None, label: str = "updating", on_partial=None
-    ) -> int:
-        """Run a view request; replaces a not-yet-started request on the same ``channel``.
+        self, channel: str, request, on_done=None, on_error=None, label: str = "updating", on_partial=None
+    ) -> int | None:
+        """Run a view request on ``channel``: a :class:`Request`, or a bare job ``fn(ctx)`` with its
+        callbacks (no state key). Returns the job id, or None when the request needs a sequence and
+        the state has none.
 
-        ``on_partial(result)`` (GUI thread) receives what the job hands to ``ctx.partial`` while it runs.
+        A newer request on the same channel replaces this one if it has not started, and turns its
+        ``ctx.cancelled()`` true if it has; a request stopped that way, one that ran against another
+        sequence than the one it was made for, and one whose ``key()`` changed meanwhile report
+        nothing (no error, no callback). ``on_partial(result)`` (GUI thread) receives what the job
+        hands to ``ctx.partial`` while it runs.
         """
-        job_id = self._put(Job(fn, on_done, on_error, channel, label))
-        if on_partial is not None and job_id in self._outstanding:
-            self._partials[job_id] = on_partial
+        if not isinstance(request, Request):
+            request = Request(
+                request, on_done, label=label, on_partial=on_partial, on_error=on_error, needs="nothing"
+            )
+        state = self.state
+        if state is not None and (
+            (request.needs == "sequence" and not state.has_sequence)
+            or (request.needs == "model" and not state.has_model)
+        ):
+            return None  # "no model loaded" / "run a prompt first": nothing to ask for yet
+        token = self.cancel_token(channel)
+        key = None if request.key is None else request.key()
+        # the sequence this request was made for; if the engine holds another one when it runs (a
+        # prefill was cancelled, a step ran in between), it is stale: dropped, the newer state asks again
+        expected = None
+        if state is not None and state.snapshot is not None:
+            expected = tuple(t.id for t in state.snapshot.tokens)
+        superseded = object()
+        job_fn = request.job  # only the job travels to the engine thread, never the callbacks
+
+        def run(ctx):
+            s = ctx.session
+            if expected is not None and s is not None and tuple(getattr(s, "ids", expected)) != expected:
+                return superseded
+            try:
+                return job_fn(ctx)
+            except Cancelled:  # superseded, or the user's Cancel: a view says nothing either way
+                return superseded
+
+        def current() -> bool:
+            return not token() and (request.key is None or request.key() == key)
+
+        def done(result):
+            if result is not superseded and current():
+                request.on_done(result)
+
+        def partial(result):
+            if current():
+                request.on_partial(result)
+
+        job_id = self._put(Job(run, done, request.on_error, channel, request.label, token=token))
+        if request.on_partial is not None and job_id in self._outstanding:
+            self._partials[job_id] = partial
         return job_id
+
+    def cancel_token(self, channel: str) -> Callable[[], bool]:
+        """A ``cancelled()`` callable for a view job on ``channel``: true once a newer request on that
+        channel exists (or :meth:`cancel_views` ran)."""
+        gen = self._generations.get(channel, 0) + 1
+        self._generations[channel] = gen
+        return lambda: self._generations.get(channel) != gen
+
+    def cancel_views(self) -> None:
+        """Stop every running or queued view job now (a new prompt makes them all stale): each one's
+        ``ctx.cancelled()`` turns true, and the blocked aggregates check it before every block."""
+        for channel in list(self._generations):
+            self._generations[channel] += 1
 
     def _put(self, job: Job) -> int:
         job.id = self._last_id = next(self._ids)

@@ -113,6 +113,12 @@ class HeadGridCanvas(QWidget):
         self.note = text
         self.update()
 
+    def clear_thumbnails(self) -> None:
+        """Forget the thumbnails (a new model or no sequence): the placeholder shows again."""
+        self.thumbs = None
+        self._image = None
+        self.update()
+
     def set_placeholder(self, text: str) -> None:
         """What the canvas says while it has no thumbnails (nothing run yet, or computing them)."""
         self.placeholder = text

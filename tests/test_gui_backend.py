@@ -63,7 +63,7 @@ def test_cancelled_load_keeps_model(window):
 
 
 def test_a_cancel_is_a_status_line_an_error_a_dialog(window, monkeypatch):
-    import attnscope.app.main_window as MW
+    import attnscope.app.status as MW  # the status line says errors (it was the window's job)
     from attnscope.app.engine import CancelledMessage
 
     shown = []

@@ -236,13 +236,16 @@ class _NumItem(QTableWidgetItem):
 
 
 class CompareView(QWidget, SavedControls):
-    """The Compare tab. ``main`` is the :class:`attnscope.app.main_window.MainWindow`."""
+    """The Compare tab, built with the :class:`attnscope.app.state.ViewState` (run A is its sequence)
+    and the :class:`attnscope.app.engine.Engine`."""
 
     STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo")
 
-    def __init__(self, main, parent: QWidget | None = None):
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.main = main
+        self.state, self.engine = state, engine
+        state.events.snapshot.connect(self.on_snapshot)
+        state.events.selection.connect(lambda sel: self.on_selection(*sel))
         self.result = None
         self.labels: tuple[list[str], list[str]] = ([], [])
         self.maps: tuple[np.ndarray, np.ndarray] | None = None
@@ -448,7 +451,7 @@ class CompareView(QWidget, SavedControls):
         self.export_maps_button.clicked.connect(self._export_maps_dialog)
         self._on_kind()
 
-    # -- main-window hooks --------------------------------------------------------------------------
+    # -- state ------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
         if snap is None:
             return
@@ -468,7 +471,7 @@ class CompareView(QWidget, SavedControls):
     # -- run B --------------------------------------------------------------------------------------
     def _on_kind(self, *_):
         kind = self.kind_combo.currentData()
-        snap = self.main.snapshot
+        snap = self.state.snapshot
         self.model_edit.setEnabled(kind == "model")
         self.browse_button.setEnabled(kind == "model")
         self.dtype_combo.setEnabled(kind in ("model", "dtype"))
@@ -502,7 +505,7 @@ class CompareView(QWidget, SavedControls):
 
     def spec(self) -> RunBSpec:
         """Run B as the controls say (defaults from A)."""
-        snap = self.main.snapshot
+        snap = self.state.snapshot
         kind = self.kind_combo.currentData()
         prompt = self.prompt_edit.text() if kind == "prompt" else (snap.prompt if snap is not None else "")
         return RunBSpec(
@@ -516,7 +519,7 @@ class CompareView(QWidget, SavedControls):
 
     def run_b(self) -> int | None:
         """Submit run B + the comparison to the engine thread. Returns the job id (None when refused)."""
-        snap = self.main.snapshot
+        snap = self.state.snapshot
         if snap is None or snap.seq_len == 0:
             self.summary.setText("Run a prompt first: run A is the window's sequence.")
             return None
@@ -529,12 +532,12 @@ class CompareView(QWidget, SavedControls):
             return None
         self.summary.setText("Running B and comparing every head…")
         self.run_button.setEnabled(False)
-        return self.main.engine.enqueue(_run_b_job(spec), self.set_result, self._on_failed, label="compare")
+        return self.engine.enqueue(_run_b_job(spec), self.set_result, self._on_failed, label="compare")
 
     def _on_failed(self, message: str) -> None:
         self.run_button.setEnabled(True)
         self.summary.setText(f"Compare stopped: {message}")
-        self.main.statusBar().showMessage(f"Compare: {message}", 8000)
+        self.state.say(f"Compare: {message}", 8000)
 
     def set_result(self, payload) -> None:
         """Show a :class:`attnscope.core.analysis.compare.CompareResult` (GUI thread)."""
@@ -593,7 +596,7 @@ class CompareView(QWidget, SavedControls):
         if self.result is None:
             return
         n = self.result.alignment.n
-        self.main.engine.submit(
+        self.engine.submit(
             "compare-maps",
             _maps_job(layer, head, n, self.result.weighting),
             self.set_maps,
@@ -649,9 +652,9 @@ class CompareView(QWidget, SavedControls):
                 "A − B: the largest |difference| with its sign). Zoom in (wheel/drag) for exact tiles."
             )
         self.plots[0].setRange(xRange=(0, side[1]), yRange=(0, side[0]), padding=0.01)
-        if self.main.layer != layer or self.main.head != head:
+        if self.state.layer != layer or self.state.head != head:
             try:
-                self.main.select(layer, head)
+                self.state.select(layer, head)
             except IndexError:
                 pass
 
@@ -703,7 +706,7 @@ class CompareView(QWidget, SavedControls):
         mr, mc = (r1 - r0) // 4, (c1 - c0) // 4
         want = (max(0, r0 - mr), min(ov.n, r1 + mr), max(0, c0 - mc), min(ov.n, c1 + mc))
         layer, head = self.map_key
-        self.main.engine.submit(
+        self.engine.submit(
             "compare-tile",
             _tile_job(layer, head, ov.n, *want, self.result.weighting),
             self.set_tile,
@@ -811,7 +814,7 @@ class CompareView(QWidget, SavedControls):
             return
         row = rc[0]  # view coordinates are token positions, overview or not
         layer, head = self.map_key
-        self.main.engine.submit(
+        self.engine.submit(
             "compare-row",
             _row_job(layer, head, row, self.result.alignment.n, self.result.weighting),
             self.set_rows,
@@ -857,7 +860,7 @@ class CompareView(QWidget, SavedControls):
         else:
             write_csv(self.result, path)
             sidecar_path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
-        self.main.statusBar().showMessage(f"Wrote {path}", 6000)
+        self.state.say(f"Wrote {path}", 6000)
         return path
 
     def _export_maps_dialog(self) -> None:
@@ -906,12 +909,12 @@ class CompareView(QWidget, SavedControls):
             "image": out.name,
         }
         side = write_json(sidecar_path(out), meta)
-        self.main.statusBar().showMessage(f"Wrote {out} and {side.name}", 6000)
+        self.state.say(f"Wrote {out} and {side.name}", 6000)
         return [out, side]
 
 
 def install_view(window) -> CompareView:
     """Create the Compare tab and register it with ``window.add_view("compare", ...)``."""
-    view = CompareView(window)
+    view = CompareView(window.state, window.engine)
     window.add_view("compare", "Compare", view)
     return view

@@ -54,12 +54,10 @@ AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequenc
 def _experiments_job(experiments: list[Experiment] | None):
     def job(ctx):
         from attnscope.core.analysis.experiments import run_experiments
-        from attnscope.core.errors import SessionError
 
-        if ctx.session is None:
-            raise SessionError("no model loaded")
-        exps = experiments if experiments is not None else default_experiments(ctx.session.seq_len)
-        return run_experiments(ctx.session, exps, progress=ctx.progress, cancelled=ctx.cancelled)
+        s = ctx.require()
+        exps = experiments if experiments is not None else default_experiments(s.seq_len)
+        return run_experiments(s, exps, progress=ctx.progress, cancelled=ctx.cancelled)
 
     return job
 
@@ -81,9 +79,11 @@ class ExperimentsView(QWidget, SavedControls):
 
     STATE_CONTROLS = ("kind_combo", "k_spin", "window_spin", "from_spin")  # saved in session files
 
-    def __init__(self, main, parent: QWidget | None = None):
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.main = main
+        self.state, self.engine = state, engine
+        state.events.snapshot.connect(self.on_snapshot)
+        state.events.loaded.connect(lambda _snap: self.on_model_loaded())
         self.results: list[ExperimentResult] = []
         self._run_key = None
         self._auto_done_for = None
@@ -246,8 +246,10 @@ class ExperimentsView(QWidget, SavedControls):
             decode_from=f if f > 0 else None,
         )
 
-    # -- hooks ---------------------------------------------------------------------------------------------
+    # -- state ---------------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
+        if snap is None:
+            return
         key = (snap.info.name, snap.prompt, snap.chat_template, snap.n_prompt)
         if key != self._run_key:
             self._run_key = key
@@ -266,7 +268,7 @@ class ExperimentsView(QWidget, SavedControls):
         return snap.backend == "torch"
 
     def refresh(self) -> None:
-        snap = self.main.snapshot
+        snap = self.state.snapshot
         if snap is None or snap.seq_len < 2 or self._running or not self._torch(snap):
             return
         key = (self._run_key, snap.seq_len)
@@ -286,29 +288,29 @@ class ExperimentsView(QWidget, SavedControls):
         try:
             ex = self.experiment()
         except ValueError as e:
-            self.main.show_error(str(e))
+            self.state.fail(str(e))
             return
         self.run([ex])
 
     def run(self, experiments: list[Experiment] | None) -> None:
         """Queue ``experiments`` (None: one of each kind with defaults) on the engine."""
-        if self.main.snapshot is None or self.main.snapshot.seq_len < 2:
-            self.main.show_error("Run a prompt of at least 2 tokens before an experiment.")
+        if self.state.snapshot is None or self.state.snapshot.seq_len < 2:
+            self.state.fail("Run a prompt of at least 2 tokens before an experiment.")
             return
         self._running = True
         self.run_button.setEnabled(False)
         self.run_all_button.setEnabled(False)
-        self.main.engine.enqueue(
+        self.engine.enqueue(
             _experiments_job(experiments), self.add_results, self._on_error, label="experiment"
         )
 
     def _on_error(self, message: str) -> None:
         self._done()
-        self.main.show_error(f"Experiment failed: {message}")
+        self.state.fail(f"Experiment failed: {message}")
 
     def _done(self) -> None:
         self._running = False
-        snap = self.main.snapshot
+        snap = self.state.snapshot
         ok = snap is not None and snap.seq_len >= 2 and self._torch(snap)
         self.run_button.setEnabled(ok)
         self.run_all_button.setEnabled(ok)
@@ -328,7 +330,7 @@ class ExperimentsView(QWidget, SavedControls):
     def add_results(self, results: list[ExperimentResult]) -> None:
         """Append result rows (GUI thread) and show the first new one in the plot."""
         self._done()
-        self.main.statusBar().showMessage(f"{len(results)} experiment(s) done", 4000)
+        self.state.say(f"{len(results)} experiment(s) done", 4000)
         first = len(self.results)
         self.results.extend(results)
         self.table.setRowCount(len(self.results))
@@ -393,6 +395,6 @@ class ExperimentsView(QWidget, SavedControls):
 
 def install_view(window) -> ExperimentsView:
     """Create the Experiments tab and register it with ``window.add_view("experiments", ...)``."""
-    view = ExperimentsView(window)
+    view = ExperimentsView(window.state, window.engine)
     window.add_view("experiments", "Experiments", view)
     return view

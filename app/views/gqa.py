@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.engine import Request
 from attnscope.app.heatmap import qt_colormap
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.pooling import block_edges
@@ -30,20 +31,20 @@ from PySide6.QtWidgets import (
 )
 
 
-def _report_job(layer: int, kv_head: int, n: int, cancelled):
+def _report_job(layer: int, kv_head: int, n: int):
     def job(ctx):
         from attnscope.core.analysis.gqa import group_report
 
-        return group_report(ctx.session, layer, kv_head, n, cancelled=cancelled)
+        return group_report(ctx.require(), layer, kv_head, n, cancelled=ctx.cancelled)
 
     return job
 
 
-def _layers_job(n: int, cancelled):
+def _layers_job(n: int):
     def job(ctx):
         from attnscope.core.analysis.gqa import layer_table
 
-        return n, layer_table(ctx.session, n, cancelled=cancelled)
+        return n, layer_table(ctx.require(), n, cancelled=ctx.cancelled)
 
     return job
 
@@ -55,16 +56,22 @@ def _shade(v: float) -> QColor:
 
 
 class GqaView(QWidget, SavedControls):
-    """The GQA tab. ``window`` is the :class:`attnscope.app.main_window.MainWindow` (selection, engine, step)."""
+    """The GQA tab, built with the :class:`attnscope.app.state.ViewState` (selection, step, colours)
+    and the :class:`attnscope.app.engine.Engine`."""
 
     STATE_CONTROLS = ("range_combo",)  # saved in session files
 
-    def __init__(self, window, parent: QWidget | None = None):
+    KEY = "gqa"
+
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.window = window
+        self.state, self.engine = state, engine
         self.report = None
         self.layers = None  # (n, (within, across, rows_used))
-        self.cmap = "viridis"
+        self.cmap = state.colormap
+        state.events.selection.connect(self.on_selection)
+        state.events.snapshot.connect(self.on_snapshot)
+        state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         top = QHBoxLayout()
@@ -134,23 +141,26 @@ class GqaView(QWidget, SavedControls):
         self.glw.scene().sigMouseClicked.connect(self._on_click)
         self.glw.scene().sigMouseMoved.connect(self._on_mouse)
 
-    # -- hooks from the main window ------------------------------------------------------------
+    # -- state ------------------------------------------------------------------------------------
+    def _group_key(self) -> tuple[int, int, int]:
+        """(layer, KV head of the selected head, visible_len): what the group report is for."""
+        s = self.state
+        kv = s.snapshot.info.kv_head(s.head) if s.snapshot is not None else 0
+        return s.layer, kv, s.visible_len
+
     def refresh(self) -> None:
-        w = self.window
-        if w.snapshot is None or w.snapshot.seq_len == 0:
-            return
-        g = w.snapshot.info.group_size
-        n = w.visible_len
-        w.submit_view(
-            "gqa", _report_job(w.layer, w.head // g, n, w.cancel_token("gqa")), self._on_report, "GQA group"
+        layer, kv, n = self._group_key()
+        self.engine.submit(
+            "gqa", Request(_report_job(layer, kv, n), self._on_report, "GQA group", key=self._group_key)
         )
         if self.layers is None or self.layers[0] != n:
-            w.submit_view(
-                "gqa-layers", _layers_job(n, w.cancel_token("gqa-layers")), self._on_layers, "GQA layers"
+            self.engine.submit(
+                "gqa-layers",
+                Request(_layers_job(n), self._on_layers, "GQA layers", key=lambda: self.state.visible_len),
             )
 
-    def on_selection(self, layer: int, head: int) -> None:
-        if self.window.tabs.currentWidget() is self:
+    def on_selection(self, _selection=None) -> None:
+        if self.state.tab == self.KEY:
             self.refresh()
 
     def on_snapshot(self, snap) -> None:
@@ -162,11 +172,8 @@ class GqaView(QWidget, SavedControls):
 
     # -- drawing ----------------------------------------------------------------------------------
     def _on_report(self, r) -> None:
-        w = self.window
-        if w.snapshot is None or r.n != w.visible_len:
-            return  # stale
         self.report = r
-        info = w.snapshot.info
+        info = self.state.snapshot.info
         members = ", ".join(f"q{h}" for h in r.heads)
         pooled = f" (max-pooled to {r.maps.shape[-1]}×{r.maps.shape[-1]})" if r.pooled else ""
         self.header.setText(
@@ -181,9 +188,6 @@ class GqaView(QWidget, SavedControls):
         self._draw_layers_plot()
 
     def _on_layers(self, result) -> None:
-        n, table = result
-        if self.window.snapshot is None or n != self.window.visible_len:
-            return
         self.layers = result
         self._draw_layers_plot()
 
@@ -233,7 +237,7 @@ class GqaView(QWidget, SavedControls):
             self.images[i].setImage(r.maps[i], autoLevels=False, levels=(0.0, hi))
             self.images[i].setColorMap(cmap)
             self.images[i].setRect(0, 0, r.n, r.n)
-            sel = h == self.window.head
+            sel = h == self.state.head
             self.plots[i].setTitle(f"q{h}" + ("  (selected)" if sel else ""), color="#c01818" if sel else "k")
         self.plots[0].setRange(xRange=(0, r.n), yRange=(0, r.n), padding=0.02)
         del P
@@ -352,7 +356,7 @@ class GqaView(QWidget, SavedControls):
     def _on_click(self, ev) -> None:
         i, _p = self._plot_at(ev.scenePos())
         if i is not None and self.report is not None:
-            self.window.select(self.report.layer, self.report.heads[i])
+            self.state.select(self.report.layer, self.report.heads[i])
 
     def _on_mouse(self, pos) -> None:
         i, p = self._plot_at(pos)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.engine import Request
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.kv_formula import (
@@ -34,7 +35,7 @@ from attnscope.core.analysis.kv_formula import (
     windows_spec,
 )
 from attnscope.core.analysis.kv_live import KVLive
-from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QAbstractScrollArea,
@@ -129,11 +130,8 @@ def fmt3(x: float) -> str:
 
 def _kv_job(ctx):
     from attnscope.core.analysis.kv_live import kv_live
-    from attnscope.core.errors import SessionError
 
-    if ctx.session is None:
-        raise SessionError("no model loaded")
-    return kv_live(ctx.session)
+    return kv_live(ctx.require())
 
 
 def _item(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
@@ -193,7 +191,13 @@ def fill_scheme_table(
 
 
 class KVView(QWidget, SavedControls):
-    """The KV cache tab."""
+    """The KV cache tab, built with the :class:`attnscope.app.state.ViewState` and the
+    :class:`attnscope.app.engine.Engine`. ``statusChanged(text, tooltip)``: the status bar's KV figure
+    (what the model needs, and what AttnScope keeps); ``windowsChanged``: the model's sliding windows
+    were measured (the heatmap redraws its masked cells)."""
+
+    statusChanged = Signal(str, str)
+    windowsChanged = Signal()
 
     STATE_CONTROLS = (
         "preset_combo",
@@ -208,9 +212,11 @@ class KVView(QWidget, SavedControls):
         "calc_sliding",
     )  # saved in session files
 
-    def __init__(self, main, parent: QWidget | None = None):
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.main = main
+        self.state, self.engine = state, engine
+        state.events.snapshot.connect(self.on_snapshot)
+        state.events.loaded.connect(lambda _snap: self.on_model_loaded())
         self.live: KVLive | None = None
         self.history: dict[int, int] = {}  # seq_len -> measured bytes, for the current sequence
         self._run_key = None
@@ -399,8 +405,13 @@ class KVView(QWidget, SavedControls):
         s.setGroupSeparatorShown(True)
         return s
 
-    # -- main-window hooks ---------------------------------------------------------------------------
+    # -- state ---------------------------------------------------------------------------------------
+    def _measure(self) -> None:
+        self.engine.submit("kv", Request(_kv_job, self.set_live, "KV cache", needs="model"))
+
     def on_snapshot(self, snap) -> None:
+        if snap is None:
+            return
         key = (snap.info.name, snap.prompt, snap.chat_template, snap.n_prompt)
         if key != self._run_key:
             self._run_key = key
@@ -408,16 +419,14 @@ class KVView(QWidget, SavedControls):
         self.history = {n: b for n, b in self.history.items() if n <= snap.seq_len}
         self.update_status()  # the model's windows are known from the last measurement of this model
         if snap.seq_len > 0:  # cheap: sizes of the cache tensors
-            self.main.engine.submit("kv", _kv_job, self.set_live, label="KV cache")
+            self._measure()
 
     def on_model_loaded(self) -> None:
         """Measure the new model's (empty) cache: its windows feed the status bar from the first run."""
-        if self.main.snapshot is not None:
-            self.main.engine.submit("kv", _kv_job, self.set_live, label="KV cache")
+        self._measure()
 
     def refresh(self) -> None:
-        if self.main.snapshot is not None:
-            self.main.engine.submit("kv", _kv_job, self.set_live, label="KV cache")
+        self._measure()
 
     # -- live ----------------------------------------------------------------------------------------
     def set_live(self, live: KVLive) -> None:
@@ -458,9 +467,7 @@ class KVView(QWidget, SavedControls):
             )
             self.live_label.setToolTip("")
         self.update_status()
-        hm = getattr(self.main, "heatmap", None)
-        if hm is not None and hasattr(hm, "set_mask_window"):
-            hm.set_mask_window(self.heatmap_window())  # the windows may be new: redraw the masked cells
+        self.windowsChanged.emit()  # the windows may be new: the heatmap redraws the masked cells
         n = len(live.layer_bytes)
         need = cfg.layer_bytes(T).astype(float) if n == cfg.n_layers else live.layer_bytes.astype(float)
         lmax = float(live.layer_bytes.max()) if n else 0.0
@@ -544,9 +551,10 @@ class KVView(QWidget, SavedControls):
         if first and self.preset_combo.currentData() is None:
             self._on_preset()
 
-    def heatmap_window(self) -> int | None:
-        """The sliding window of the heatmap's current map (None: causal only, or not known yet)."""
-        key, snap, live = getattr(self.main, "map_key", None), self.main.snapshot, self.live
+    def heatmap_window(self, key: tuple[int, int, str, int] | None) -> int | None:
+        """The sliding window of the heatmap's map ``key`` = ``(layer, head, aggregate, n)`` (None: causal
+        only, or not known yet)."""
+        snap, live = self.state.snapshot, self.live
         if key is None or snap is None or live is None or live.config.name != snap.info.name:
             return None
         layer, _head, mode, _n = key
@@ -554,22 +562,23 @@ class KVView(QWidget, SavedControls):
 
     def update_status(self) -> None:
         """The status bar's KV figure: what the model needs, and (if more) what AttnScope keeps."""
-        live, snap = self.live, self.main.snapshot
-        label = getattr(self.main, "kv_label", None)
-        if live is None or snap is None or label is None or live.config.name != snap.info.name:
+        live, snap = self.live, self.state.snapshot
+        if live is None or snap is None or live.config.name != snap.info.name:
             return
         cfg = live.config
         T = snap.seq_len
         need, kept = cfg.total_bytes(T), cfg.without_windows().total_bytes(T)
         if cfg.windows is None:
-            label.setText(f"KV cache {format_bytes(need)} ({need:,} bytes)")
-            label.setToolTip(f"{layer_formula(cfg, T)} ({cfg.dtype}) = {need:,} bytes")
+            self.statusChanged.emit(
+                f"KV cache {format_bytes(need)} ({need:,} bytes)",
+                f"{layer_formula(cfg, T)} ({cfg.dtype}) = {need:,} bytes",
+            )
             return
-        label.setText(f"KV cache {format_bytes(need)} (model) · {format_bytes(kept)} kept")
-        label.setToolTip(
+        self.statusChanged.emit(
+            f"KV cache {format_bytes(need)} (model) · {format_bytes(kept)} kept",
             f"The model needs {need:,} bytes: {layer_formula(cfg, T)} ({cfg.dtype}); "
             f"{cfg.describe_windows()}.\nAttnScope keeps every key of every layer, so that every "
-            f"early row stays inspectable: {layer_formula(cfg.without_windows(), T)} = {kept:,} bytes"
+            f"early row stays inspectable: {layer_formula(cfg.without_windows(), T)} = {kept:,} bytes",
         )
 
     # -- calculator ---------------------------------------------------------------------------------------
@@ -594,7 +603,7 @@ class KVView(QWidget, SavedControls):
     def _on_preset(self) -> None:
         name = self.preset_combo.currentData()
         if name is None:
-            info = self.main.snapshot.info if self.main.snapshot is not None else None
+            info = self.state.snapshot.info if self.state.snapshot is not None else None
             if info is None:
                 return
             dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(str(info.dtype), "bf16")
@@ -693,9 +702,15 @@ def map_window(windows, layer: int, mode: str) -> int | None:
 def install_view(window) -> KVView:
     """Create the KV cache tab and register it with ``window.add_view("kv", ...)``; the heatmap asks it
     for the sliding window of the map it shows, to draw the cells outside it as masked."""
-    view = KVView(window)
+    view = KVView(window.state, window.engine)
     window.add_view("kv", "KV cache", view)
-    hm = getattr(window, "heatmap", None)
-    if hm is not None and hasattr(hm, "set_mask_window"):
-        hm.mask_window_provider = view.heatmap_window
+    hm, label = window.heatmap, window.kv_label
+
+    def set_label(text: str, tip: str) -> None:
+        label.setText(text)
+        label.setToolTip(tip)
+
+    view.statusChanged.connect(set_label)
+    hm.mask_window_provider = lambda: view.heatmap_window(window.maps.map_key)
+    view.windowsChanged.connect(lambda: hm.set_mask_window(hm.mask_window_provider()))
     return view

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.engine import Request
 from attnscope.app.heatmap import qt_colormap, token_label
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
@@ -34,19 +35,24 @@ def _report_job(layer: int, head: int, step: int):
     def job(ctx):
         from attnscope.core.analysis.maskview import mask_report
 
-        return mask_report(ctx.session, layer, head, step)
+        return mask_report(ctx.require(), layer, head, step)
 
     return job
 
 
 class MaskView(QWidget):
-    """The Mask tab. ``window`` is the :class:`attnscope.app.main_window.MainWindow`."""
+    """The Mask tab, built with the :class:`attnscope.app.state.ViewState` (selection, step, colours)
+    and the :class:`attnscope.app.engine.Engine`."""
 
-    def __init__(self, window, parent: QWidget | None = None):
+    KEY = "mask"
+
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.window = window
+        self.state, self.engine = state, engine
         self.report = None
-        self.cmap = "viridis"
+        self.cmap = state.colormap
+        state.events.selection.connect(self.on_selection)
+        state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         self.header = QLabel("Run a prompt to see the masks that were applied.")
@@ -109,14 +115,14 @@ class MaskView(QWidget):
             p.getAxis(ax).setTextPen("k")
 
     # -- hooks -----------------------------------------------------------------------------------
-    def refresh(self) -> None:
-        w = self.window
-        if w.snapshot is None or w.snapshot.seq_len == 0:
-            return
-        w.submit_view("mask", _report_job(w.layer, w.head, w.timeline.step), self._on_report, "mask")
+    def _key(self) -> tuple[int, int, int]:
+        return self.state.layer, self.state.head, self.state.step
 
-    def on_selection(self, layer: int, head: int) -> None:
-        if self.window.tabs.currentWidget() is self:
+    def refresh(self) -> None:
+        self.engine.submit("mask", Request(_report_job(*self._key()), self._on_report, "mask", key=self._key))
+
+    def on_selection(self, _selection=None) -> None:
+        if self.state.tab == self.KEY:
             self.refresh()
 
     def set_colormap(self, name: str) -> None:
@@ -126,15 +132,12 @@ class MaskView(QWidget):
 
     # -- drawing ----------------------------------------------------------------------------------
     def _on_report(self, r) -> None:
-        w = self.window
-        if w.snapshot is None or r.step != w.timeline.step or (r.layer, r.head) != (w.layer, w.head):
-            return  # stale: a newer request follows
         self.report = r
         self._draw()
 
     def _draw(self) -> None:
         r = self.report
-        info = self.window.snapshot.info
+        info = self.state.snapshot.info
         n_rows = r.row_stop - r.row_start
         if r.kind == "decode":
             what = (
@@ -249,9 +252,9 @@ class MaskView(QWidget):
 
     def _update_ticks(self, *_):
         r = self.report
-        if r is None or self.window.snapshot is None:
+        if r is None or self.state.snapshot is None:
             return
-        toks = list(self.window.snapshot.tokens)
+        toks = list(self.state.snapshot.tokens)
         decode = r.row_stop - r.row_start == 1
         for p in self.plots:
             self._ticks(p, toks, r, decode)
@@ -292,7 +295,7 @@ class MaskView(QWidget):
         i = r.row_start if r.row_stop - r.row_start == 1 else int(np.floor(pt.y()))
         if r.row_start <= i < r.row_stop and 0 <= j < r.S:
             a = i - r.row_start
-            toks = self.window.snapshot.tokens
+            toks = self.state.snapshot.tokens
             ok = bool(r.allowed[a, j])
             s = r.scores[a, j]
             self.readout.setText(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from attnscope.app.engine import Request
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
 from PySide6.QtCore import Qt, QTimer
@@ -50,11 +51,8 @@ SCORE_TIPS = {
 def _roles_job(window: int):
     def job(ctx):
         from attnscope.core.analysis.roles import role_table
-        from attnscope.core.errors import SessionError
 
-        if ctx.session is None:
-            raise SessionError("no model loaded")
-        return role_table(ctx.session, window=window, cancelled=ctx.cancelled, progress=ctx.progress)
+        return role_table(ctx.require(), window=window, cancelled=ctx.cancelled, progress=ctx.progress)
 
     return job
 
@@ -82,12 +80,12 @@ class RolesView(QWidget, SavedControls):
 
     STATE_CONTROLS = ("threshold_spin", "window_spin", "filter_combo")  # saved in session files
 
-    def __init__(self, main, parent: QWidget | None = None):
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.main = main
+        self.state, self.engine = state, engine
         self.table_data: RoleTable | None = None
-        self._stale = True
-        self._seq_key = None
+        self.table_key: tuple | None = None  # the state's sequence_key the table was computed for
+        state.events.selection.connect(lambda sel: self.on_selection(*sel))
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Label threshold"))
@@ -164,13 +162,7 @@ class RolesView(QWidget, SavedControls):
             lambda _c: QTimer.singleShot(0, self.table.scrollToTop)
         )
 
-    # -- hooks -------------------------------------------------------------------------------------------
-    def on_snapshot(self, snap) -> None:
-        key = (snap.info.name, snap.backend, snap.prompt, snap.chat_template, snap.seq_len)
-        if key != self._seq_key:
-            self._seq_key = key
-            self._stale = True
-
+    # -- state ------------------------------------------------------------------------------------------
     def on_selection(self, layer: int, head: int) -> None:
         """Highlight the main window's head in the table (without re-selecting it)."""
         row = self.row_of(layer, head)
@@ -189,23 +181,30 @@ class RolesView(QWidget, SavedControls):
         return None
 
     def refresh(self) -> None:
-        if self._stale or self.table_data is None:
+        if self.table_data is None or self.table_key != self.state.sequence_key:
             self._request()
 
     def _request(self) -> None:
-        snap = self.main.snapshot
-        if snap is None or snap.seq_len == 0:
+        if not self.state.has_sequence:
             return
         self.summary.setText("Computing role scores (the induction probe runs once per model)…")
-        self.main.engine.submit(
-            "roles", _roles_job(self.window_spin.value()), self.set_table, label="head roles"
+        key = self.state.sequence_key
+        self.engine.submit(
+            "roles",
+            Request(
+                _roles_job(self.window_spin.value()),
+                lambda t: self.set_table(t, key),
+                "head roles",
+                key=lambda: self.state.sequence_key,
+            ),
         )
 
     # -- drawing -----------------------------------------------------------------------------------------
-    def set_table(self, table: RoleTable) -> None:
-        """Show ``table`` (GUI thread), labelled with the threshold shown."""
-        self._stale = False
-        self.main.statusBar().showMessage("Head roles ready", 3000)
+    def set_table(self, table: RoleTable, key: tuple | None = None) -> None:
+        """Show ``table`` (GUI thread), labelled with the threshold shown; computed for the state's
+        ``sequence_key`` ``key`` (default: now)."""
+        self.table_key = self.state.sequence_key if key is None else key
+        self.state.say("Head roles ready", 3000)
         if abs(table.threshold - self.threshold_spin.value()) > 1e-9:
             table = table.relabel(self.threshold_spin.value())
         self.table_data = table
@@ -256,7 +255,7 @@ class RolesView(QWidget, SavedControls):
         self.table.setSortingEnabled(True)
         if sort_col >= 0:
             self.table.sortItems(sort_col, sort_order)
-        self.on_selection(self.main.layer, self.main.head)
+        self.on_selection(self.state.layer, self.state.head)
         counts = Counter(str(x) for x in t.labels.ravel())
         parts = [f"{ROLE_TITLES[k]} {counts[k]}" for k in (*ROLES, "mixed") if counts[k]]
         ind = t.heads_with("induction")[:4]
@@ -291,17 +290,17 @@ class RolesView(QWidget, SavedControls):
     def _on_clicked(self, row: int, _col: int) -> None:
         h = self.head_at(row)
         if h is not None:
-            self.main.select(*h)
+            self.state.select(*h)
 
     def _on_activated(self, row: int, _col: int) -> None:
         h = self.head_at(row)
         if h is not None:
-            self.main.select(*h)
-            self.main.show_view("heatmap")
+            self.state.select(*h)
+            self.state.tab = "heatmap"
 
 
 def install_view(window) -> RolesView:
     """Create the Head roles tab and register it with ``window.add_view("roles", ...)``."""
-    view = RolesView(window)
+    view = RolesView(window.state, window.engine)
     window.add_view("roles", "Head roles", view)
     return view

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.engine import Request
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, SinkReport
 from attnscope.core.io.colormaps import to_rgb
@@ -45,21 +46,16 @@ FLAG = "●"
 
 def _report_job(ctx):
     from attnscope.core.analysis.sinks import session_sink_report
-    from attnscope.core.errors import SessionError
 
-    if ctx.session is None:
-        raise SessionError("no model loaded")
-    return session_sink_report(ctx.session)
+    return session_sink_report(ctx.require())
 
 
 def _vw_job(ctx):
     """Value-weighted share of token 0 per row, ``(L, H, T)`` (:func:`attnscope.core.analysis.value_weighted.value_weighted_sink_rows`)."""
     from attnscope.core.analysis.value_weighted import value_weighted_sink_rows
-    from attnscope.core.errors import SessionError
 
-    if ctx.session is None:
-        raise SessionError("no model loaded")
-    return ctx.session.seq_len, value_weighted_sink_rows(ctx.session, cancelled=ctx.cancelled)
+    s = ctx.require()
+    return s.seq_len, value_weighted_sink_rows(s, cancelled=ctx.cancelled)
 
 
 def style_plot(pw: pg.PlotWidget) -> None:
@@ -125,18 +121,22 @@ def fill_score_table(
 
 
 class SinksView(QWidget, SavedControls):
-    """The Sinks tab. ``window`` is the :class:`attnscope.app.main_window.MainWindow` it belongs to."""
+    """The Sinks tab, built with the :class:`attnscope.app.state.ViewState` (sequence, step, selection,
+    colours) and the :class:`attnscope.app.engine.Engine`."""
 
     STATE_CONTROLS = ("metric_combo", "threshold_spin", "step_spin")  # saved in session files
 
-    def __init__(self, main, parent: QWidget | None = None):
+    def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.main = main
+        self.state, self.engine = state, engine
         self.report: SinkReport | None = None
+        self.report_key: tuple | None = None  # the state's sequence_key the report was computed for
         self.vw: tuple[np.ndarray, np.ndarray] | None = None  # value-weighted (per row, running), "sink_vw"
-        self._stale = True
         self._restored_step: int | None = None  # a reopened session's step, applied when its report arrives
-        self._seq_key = None
+        state.events.snapshot.connect(self.on_snapshot)
+        state.events.selection.connect(lambda sel: self._draw_head(*sel))
+        state.events.changed.connect(self._on_changed)
+        state.events.colour.connect(lambda _spec: self._redraw())
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Score"))
@@ -238,32 +238,31 @@ class SinksView(QWidget, SavedControls):
         self.table.cellActivated.connect(self._on_cell_activated)
         self.table.cellDoubleClicked.connect(self._on_cell_activated)
 
-    # -- main-window hooks ---------------------------------------------------------------------
-    def on_snapshot(self, snap) -> None:
-        key = (
-            snap.info.name,
-            snap.backend,
-            snap.prompt,
-            snap.chat_template,
-            snap.seq_len,
-            tuple(t.id for t in snap.tokens[-4:]),
-        )
-        if key != self._seq_key:
-            self._seq_key = key
-            self._stale = True
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def current(self) -> bool:
+        """True when the report shown is the current sequence's."""
+        return self.report is not None and self.report_key == self.state.sequence_key
+
+    def on_snapshot(self, _snap) -> None:
+        if self.report_key != self.state.sequence_key:
             self.vw = None
             self._restored_step = None  # a step restored for another sequence no longer applies
 
-    def on_selection(self, layer: int, head: int) -> None:
-        self._draw_head(layer, head)
+    def _on_changed(self, names) -> None:
+        if "step" in names and "snapshot" not in names:  # the timeline moved (not a new sequence)
+            self.follow_timeline(self.state.visible_len)
 
     def refresh(self) -> None:
-        snap = self.main.snapshot
-        if snap is None or snap.seq_len == 0:
-            return
-        if self._stale or self.report is None:
+        if not self.current and self.state.has_sequence:
             self.summary.setText("Computing sink scores…")
-            self.main.engine.submit("sinks", _report_job, self.set_report, label="sink scores")
+            key = self.state.sequence_key
+            self.engine.submit(
+                "sinks", Request(_report_job, lambda r: self.set_report(r, key), "sink scores", key=self._seq)
+            )
+
+    def _seq(self) -> tuple:
+        return self.state.sequence_key
 
     # -- drawing ---------------------------------------------------------------------------------
     @property
@@ -280,13 +279,13 @@ class SinksView(QWidget, SavedControls):
         super().restore_view_state(state)
         step = state.get("step_spin") if isinstance(state, dict) else None
         self._restored_step = step if isinstance(step, int) and step >= 2 else None
-        if self._restored_step is not None and self.report is not None and not self._stale:
-            self.set_report(self.report)
+        if self._restored_step is not None and self.current:
+            self.set_report(self.report, self.report_key)
 
-    def set_report(self, report: SinkReport) -> None:
-        """Show ``report`` (GUI thread)."""
+    def set_report(self, report: SinkReport, key: tuple | None = None) -> None:
+        """Show ``report`` (GUI thread), computed for the state's ``sequence_key`` ``key`` (default: now)."""
         self.report = report
-        self._stale = False
+        self.report_key = self.state.sequence_key if key is None else key
         T = report.seq_len
         step, self._restored_step = self._restored_step, None
         self.step_spin.blockSignals(True)
@@ -294,6 +293,8 @@ class SinksView(QWidget, SavedControls):
         self.step_spin.setValue(step if step is not None and 2 <= step <= T else T)
         self.step_spin.setEnabled(T > 2)
         self.step_spin.blockSignals(False)
+        if hasattr(self, "push_settings"):
+            self.push_settings()  # the step was set with the spin box's signals blocked
         self._redraw()
 
     def table_values(self) -> np.ndarray | None:
@@ -322,12 +323,12 @@ class SinksView(QWidget, SavedControls):
         vals = self.table_values()
         if vals is None:  # value-weighted shares not computed yet for this sequence
             self.summary.setText("Computing value-weighted sink shares…")
-            self.main.engine.submit("sinks-vw", _vw_job, self._set_vw, label="value-weighted sinks")
+            self.engine.submit(
+                "sinks-vw", Request(_vw_job, self._set_vw, "value-weighted sinks", key=self._seq)
+            )
             return
         flags = vals >= self.threshold
-        snap = self.main.snapshot
-        g = snap.info.group_size if snap is not None else 1
-        fill_score_table(self.table, vals, flags, g, self.main.cmap_combo.currentText())
+        fill_score_table(self.table, vals, flags, self.state.group_size, self.state.colormap)
         n = self.step_spin.value()
         when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
         what = {"sink": "token 0", "sink_vw": "token 0, value-weighted"}.get(
@@ -338,7 +339,7 @@ class SinksView(QWidget, SavedControls):
             f"mean {np.nanmean(vals):.2f}"
         )
         self.threshold_line.setValue(self.threshold)
-        self._draw_head(self.main.layer, self.main.head)
+        self._draw_head(self.state.layer, self.state.head)
 
     def _draw_head(self, layer: int, head: int) -> None:
         r = self.report
@@ -356,9 +357,10 @@ class SinksView(QWidget, SavedControls):
             self.metric, "token 0 + delimiters"
         )
         pi.setLabel("left", f"weight on {target}")
-        g = self.main.snapshot.info.group_size if self.main.snapshot is not None else 1
+        snap = self.state.snapshot
+        kv = snap.info.kv_head(head) if snap is not None else head
         pi.setTitle(
-            f"Layer {layer} · query head {head} (KV head {head // g}) · "
+            f"Layer {layer} · query head {head} (KV head {kv}) · "
             f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
             f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
             f"{running[layer, head, -1]:.3f}</span>",
@@ -396,18 +398,16 @@ class SinksView(QWidget, SavedControls):
 
     # -- clicks -----------------------------------------------------------------------------------
     def _on_cell_clicked(self, layer: int, head: int) -> None:
-        self.main.select(layer, head)
+        self.state.select(layer, head)
 
     def _on_cell_activated(self, layer: int, head: int) -> None:
-        self.main.select(layer, head)
-        self.main.show_view("heatmap")
+        self.state.select(layer, head)
+        self.state.tab = "heatmap"
 
 
 def install_view(window) -> SinksView:
-    """Create the Sinks tab and register it with ``window.add_view("sinks", ...)``."""
-    view = SinksView(window)
+    """Create the Sinks tab and register it with ``window.add_view("sinks", ...)``; the timeline's
+    step (``state.step``) picks the table's seq_len too."""
+    view = SinksView(window.state, window.engine)
     window.add_view("sinks", "Sinks", view)
-    timeline = getattr(window, "timeline", None)
-    if timeline is not None:  # the main timeline's step picks the table's seq_len too
-        timeline.stepChanged.connect(lambda _step: view.follow_timeline(window.visible_len))
     return view

@@ -1,7 +1,8 @@
-"""Saving a view's own controls in a session file (``view_state`` / ``restore_view_state`` hooks).
+"""A view's own controls as its settings in the :class:`attnscope.app.state.ViewState`.
 
-:meth:`attnscope.app.export.ExportController.view_state` stores, under ``"views"``, what each tab returns from
-``view_state()``; opening the session hands it back to ``restore_view_state()``.
+:meth:`SavedControls.bind_settings` keeps ``state.settings[key]`` equal to what the controls show
+(``view_state()``), and applies a new entry set from outside (a reopened session) through
+``restore_view_state()``. Session files store ``state.settings`` under ``"views"``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,33 @@ class SavedControls:
     hand-edited session never breaks the window."""
 
     STATE_CONTROLS: tuple[str, ...] = ()
+
+    def bind_settings(self, state, key: str) -> None:
+        """Keep ``state.settings[key]`` on this view's controls, both ways and without loops: a
+        control's change writes the state; a state entry that differs from the controls is restored
+        into them. The state starts with the controls' values."""
+        self._settings_key = key
+
+        def push(*_args) -> None:
+            state.set_tab_settings(key, self.view_state())
+
+        for name in self.STATE_CONTROLS:
+            w = getattr(self, name)
+            if isinstance(w, QComboBox):
+                w.currentTextChanged.connect(push)
+            elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
+                w.valueChanged.connect(push)
+            elif isinstance(w, QAbstractButton):
+                w.toggled.connect(push)
+
+        def pull(settings: dict) -> None:
+            want = settings.get(key)
+            if want is not None and want != self.view_state():
+                self.restore_view_state(want)
+
+        state.events.settings.connect(pull)
+        self.push_settings = push  # for a view that sets its controls with their signals blocked
+        push()
 
     def view_state(self) -> dict:
         state = {}

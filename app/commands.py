@@ -1,0 +1,232 @@
+"""The window's commands: load a model, Run (prefill), Step, Back, switch backend, open a session.
+
+:class:`Commands` queues each command on the engine (:mod:`attnscope.app.jobs`), in order, and
+turns what comes back, a :class:`attnscope.core.session.Snapshot`, into the
+:class:`attnscope.app.state.ViewState` (``snapshot``, ``step``, the model fields) and the controls
+around the prompt. It is the one place that knows what "loaded", "ran" and "failed" do to the
+window; :class:`attnscope.app.export.ExportController` reaches it through :meth:`loaded`,
+:meth:`ran` and :meth:`command_failed`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnscope.app import jobs
+from attnscope.app.engine import CancelledMessage
+
+
+def window_wording(message: str) -> str:
+    """A core message in the window's words: command-line advice (``use --backend torch``) becomes
+    the menu that does it."""
+    for flag, menu in (
+        ("use --backend torch", "choose Backend → torch"),
+        ("use --backend mlx", "choose Backend → MLX"),
+        ("--no-chat-template", "the Chat template box"),
+    ):
+        message = message.replace(flag, menu)
+    return message
+
+
+class Commands:
+    """Commands of a :class:`attnscope.app.main_window.MainWindow` ``win`` (its prompt box, chat check,
+    decode panel, status line, map panel and timeline)."""
+
+    def __init__(self, win):
+        self.win, self.state, self.engine = win, win.state, win.engine
+
+    # -- loading ----------------------------------------------------------------------------------
+    def load_model(self, model: str | None) -> None:
+        """Load ``model`` (None = embedded default) on the engine thread; the old one stays on failure.
+
+        ``state.model`` changes only once the model is loaded (:meth:`loaded`), from the path the
+        loaded model records (:func:`attnscope.core.loading.resolve.model_source`), so a failed or
+        cancelled load leaves every control on the model that runs."""
+        s = self.state
+        name = "the default model" if model is None or str(model) == "default" else Path(str(model)).name
+        self.state.say(f"Loading {name}…")
+        job = jobs.load_job(model, s.backend, s.device, s.dtype, self.win.decode_panel.sampling(), s.quantize)
+        self.engine.enqueue(job, self.loaded, self.load_failed, label="loading model")
+
+    def loaded(self, snap) -> None:
+        """A model was loaded (or a session reopened on another one): the clear empty state on it."""
+        from attnscope.core.loading.resolve import is_default_source
+
+        win, info = self.win, snap.info
+        win.status.last_error = None
+        self.state.update(model=None if is_default_source(info.source) else info.source, backend=snap.backend)
+        self.apply(snap)  # the new model's snapshot first: what reacts to the new ranges sees it
+        win.layer_spin.setRange(0, info.n_layers - 1)
+        win.head_spin.setRange(0, info.n_heads - 1)
+        win.chat_check.setEnabled(info.has_chat_template)
+        win.chat_check.setChecked(info.has_chat_template)
+        win.status.show_model(snap)
+        self.show_empty(snap)
+        self.state.events.loaded.emit(snap)
+
+    def load_failed(self, message: str) -> None:
+        s = self.state
+        if s.snapshot is not None:  # the previous model (its backend, device and dtype) stays
+            s.update(backend=s.snapshot.backend, device=s.snapshot.device, dtype=s.snapshot.info.dtype)
+        if isinstance(message, CancelledMessage):
+            self.win.status.show_error(message)  # "loading cancelled; the previous model is still loaded"
+        else:
+            self.win.status.show_error(f"Could not load the model: {window_wording(message)}")
+        self.win.set_running(s.snapshot is not None)
+
+    def show_empty(self, snap, why: str = "") -> None:
+        """The clear empty state (a new model, or a cancelled prefill): no map, no tokens, no next-token
+        table, the timeline at 0 / 0, Step and Back off, the panels covered until Run."""
+        self.state.query_row = None
+        self.win.maps.clear(why)
+        self.win.decode_panel.set_table(None)
+        self.apply(snap)
+        self.win.set_running(True)
+
+    # -- running ----------------------------------------------------------------------------------
+    def run_prompt(self) -> None:
+        win = self.win
+        prompt = win.prompt_edit.toPlainText()
+        if not prompt.strip():
+            win.status.show_error("The prompt is empty: type some text first.")
+            return
+        self.engine.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
+        win.heatmap.mark_stale("stale: previous prompt (running the new one…)")
+        chat = win.chat_check.isChecked() and win.chat_check.isEnabled()
+        self.engine.enqueue(jobs.prefill_job(prompt, chat), self.ran, self.command_failed, label="prefill")
+
+    def step(self, n: int = 1) -> None:
+        snap = self.state.snapshot
+        if snap is None or snap.seq_len == 0:
+            self.win.status.show_error("Run a prompt before stepping.")
+            return
+        want = snap.n_generated + n
+
+        def done(snap) -> None:
+            self.ran(snap)
+            if snap.n_generated < want and snap.seq_len:  # cancelled part-way: the tokens made so far stay
+                self.win.status.show_error(
+                    CancelledMessage(
+                        f"decode cancelled after {n - (want - snap.n_generated)} of {n} "
+                        "tokens; the tokens made so far stay"
+                    )
+                )
+
+        self.engine.enqueue(jobs.step_job(n), done, self.command_failed, label="decode")
+
+    def step_back(self, n: int = 1) -> None:
+        snap = self.state.snapshot
+        if snap is None or snap.n_generated < n:
+            self.state.say("Nothing to step back: no generated token.", 4000)
+            return
+        self.engine.enqueue(jobs.back_job(n), self.ran, self.command_failed, label="step back")
+
+    def command_failed(self, message: str) -> None:
+        """A prefill, decode or replay failed or was cancelled: say so, then show what the engine holds
+        now (a cancelled prefill leaves the session empty: the clear empty state, never the old map
+        with controls that no longer match it)."""
+        self.win.status.show_error(message)
+        self.engine.enqueue(jobs.sync_job, lambda snap: self._synced(snap, message), label="sync")
+
+    def _synced(self, snap, why: str = "") -> None:
+        if snap is None:
+            return
+        if snap.seq_len == 0:
+            cancelled = isinstance(why, CancelledMessage)
+            self.show_empty(
+                snap,
+                "Cancelled: no sequence now. Press Run (Ctrl+Enter) to start again."
+                if cancelled
+                else "No sequence now: press Run (Ctrl+Enter).",
+            )
+            if why:
+                self.state.say(f"{why[:1].upper()}{why[1:]}: no sequence now; press Run (Ctrl+Enter).", 15000)
+        else:
+            self.ran(snap)
+
+    def ran(self, snap) -> None:
+        """A prefill, step or replay finished: show ``snap`` and ask every shown panel for its data."""
+        self.state.query_row = None
+        self.apply(snap)
+        self.win.set_running(True)
+        self.after_step()
+
+    def after_step(self) -> None:
+        """The sequence or the timeline's step changed: the map, the next-token table, the open tab."""
+        self.win.maps.request_weights()
+        self.request_next_tokens()
+        self.win.refresh_current_view()
+
+    def apply(self, snap) -> None:
+        """Put ``snap`` in the state (with the timeline's step) and the status bar."""
+        win = self.win
+        win.status.show_snapshot(snap)
+        win.timeline.set_range(snap.n_prompt, snap.n_generated)
+        self.state.update(snapshot=snap, step=win.timeline.step)
+
+    # -- next token and sampling -----------------------------------------------------------------
+    def set_sampling(self, sampling) -> None:
+        self.engine.enqueue(
+            jobs.sampling_job(sampling), lambda _s: self.request_next_tokens(), label="sampling"
+        )
+
+    def request_next_tokens(self) -> None:
+        from attnscope.app.engine import Request
+
+        step = self.state.step
+        self.engine.submit(
+            "next",
+            Request(
+                jobs.next_job(step),
+                self.win.decode_panel.set_table,
+                "next token",
+                key=lambda: self.state.step,
+            ),
+        )
+
+    # -- backend ----------------------------------------------------------------------------------
+    def set_backend(self, name: str) -> None:
+        """Switch the compute backend ("torch" or "mlx") and reload the current model on it."""
+        import importlib.util
+
+        s = self.state
+        if name == s.backend:
+            return
+        if name == "mlx" and importlib.util.find_spec("mlx") is None:
+            self.win.status.show_error(
+                "MLX is not installed: pip install 'attnscope[mlx]' (mlx[cpu] on Linux)."
+            )
+            s.events.backend.emit(s.backend)  # the menu goes back to the backend that runs
+            return
+        s.backend = name
+        if not s.has_sequence:
+            self.load_model(s.model)
+            return
+        # keep the run: reload the model on the new backend and replay the prompt and every generated
+        # token there (the old backend and run stay if that fails or is cancelled)
+        snap = s.snapshot
+        s.say(
+            f"Switching to {name}: reloading the model and replaying "
+            f"{snap.n_prompt} prompt + {snap.n_generated} generated tokens…"
+        )
+        self.engine.enqueue(
+            jobs.switch_backend_job(name, s.device, s.dtype, s.to_view_dict()),
+            self._backend_switched,
+            self.load_failed,
+            label="switch backend",
+        )
+
+    def _backend_switched(self, result) -> None:
+        snap, warnings = result
+        win = self.win
+        view = self.state.to_view_dict()
+        sampling = win.decode_panel.sampling()
+        self.loaded(snap)
+        win.prompt_edit.setPlainText(snap.prompt or win.prompt_edit.toPlainText())
+        win.chat_check.setChecked(snap.chat_template)
+        win.decode_panel.set_sampling(sampling)  # the replayed session kept these settings
+        self.ran(snap)
+        win.exports.restore_view(view)
+        msg = f"Now on {snap.backend}: replayed {snap.n_prompt} prompt + {snap.n_generated} generated tokens."
+        s = " · ".join(warnings)
+        self.state.say(msg + (" · " + s if warnings else ""), 12000)

@@ -1,0 +1,121 @@
+"""Entry points of the window: ``attnscope gui`` (open it) and ``--screenshot`` (render it offscreen to a PNG)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from attnscope.app.main_window import APP_NAME, MainWindow
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtWidgets import QApplication
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--size must look like 1400x900, got {text!r}") from None
+    if w < 200 or h < 200:
+        raise ValueError(f"--size too small: {text}")
+    return w, h
+
+
+def _quiet_offscreen_warnings() -> None:
+    """Drop the offscreen platform plugin's harmless "does not support propagateSizeHints()" lines."""
+    from PySide6.QtCore import qInstallMessageHandler
+
+    def handler(_mode, _context, message):
+        if "propagateSizeHints" not in message:
+            print(message, file=sys.stderr)
+
+    qInstallMessageHandler(handler)
+
+
+def run_gui(args) -> int:
+    """Open the window (or, with ``--screenshot``, render it offscreen to a PNG and exit)."""
+    if args.screenshot:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+        _quiet_offscreen_warnings()
+        out = Path(args.screenshot)
+        if out.suffix.lower() != ".png":
+            raise ValueError(f"--screenshot must name a .png file, got {out.name!r}")
+        if not out.parent.exists():
+            raise FileNotFoundError(f"folder {out.parent} does not exist")
+        if args.prompt is not None and not args.prompt.strip():
+            raise ValueError("the prompt is empty: give some text with --prompt")
+    size = _parse_size(args.size)
+    QSettings.setDefaultFormat(QSettings.IniFormat)  # configuration at the entry point, not at import
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName(APP_NAME)
+    app.setOrganizationName(APP_NAME)
+    win = MainWindow(
+        model=args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        quantize=getattr(args, "quantize", "none"),
+    )
+    win.resize(*size)
+    if args.prompt is not None:
+        win.prompt_edit.setPlainText(args.prompt)
+    if not args.screenshot:
+        win.show()
+        if args.prompt is not None:
+            QTimer.singleShot(0, lambda: _after_load(win, args))
+        return app.exec()
+    return _screenshot(app, win, args)
+
+
+def _after_load(win: MainWindow, args) -> None:
+    win.chat_check.setChecked(args.chat_template and win.chat_check.isEnabled())
+    win.run_prompt()
+    if args.steps:
+        win.step(args.steps)
+
+
+def _screenshot(app, win: MainWindow, args) -> int:
+    win.show()
+
+    def settle(what: str) -> None:
+        if not win.engine.wait_idle(timeout=600):
+            raise RuntimeError(f"timed out while {what}")
+        if win.last_error:
+            raise ValueError(win.last_error)
+
+    try:
+        settle("loading the model")
+        win.chat_check.setChecked(args.chat_template and win.chat_check.isEnabled())
+        if args.prompt is not None:
+            win.run_prompt()
+            settle("running the prompt")
+            if args.steps:
+                win.step(args.steps)
+                settle("decoding")
+        win.select(
+            args.layer if args.layer is not None else win.layer,
+            args.head if args.head is not None else win.head,
+        )
+        win.show_view(args.view)
+        win.refresh_current_view()
+        settle("drawing")
+        for _ in range(5):
+            app.processEvents()
+        if not win.grab().save(str(args.screenshot), "PNG"):
+            raise OSError(f"could not write {args.screenshot}")
+        print(f"saved {args.screenshot}")
+        return 0
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+    finally:
+        win.close()
+        _dispose(app, win)
+
+
+def _dispose(app, win: MainWindow) -> None:
+    """Delete the window while the QApplication still exists (avoids a crash at interpreter exit)."""
+    from PySide6.QtCore import QEvent
+
+    win.deleteLater()
+    app.sendPostedEvents(None, QEvent.DeferredDelete)
+    app.processEvents()

@@ -1,0 +1,105 @@
+"""The window's menus and shortcuts, built in one place (File, Export, Run, View, Backend, Help).
+
+:func:`build_menus` is the seam for a new command: add its action to the menu it belongs to here.
+View → Show <tab> entries are added by :func:`add_view_action` as tabs are registered.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+
+BACKENDS = (
+    ("torch", "&torch (CUDA when available, else CPU)"),
+    ("mlx", "&MLX (Apple silicon; slow CPU build on Linux)"),
+)
+
+
+def action(win, menu, text: str, slot, shortcut=None) -> QAction:
+    """An action in ``menu`` (and on the window, so its shortcut works everywhere in it)."""
+    a = QAction(text, win)
+    if shortcut is not None:
+        a.setShortcut(QKeySequence(shortcut))
+        a.setShortcutContext(Qt.WindowShortcut)
+    a.triggered.connect(slot)
+    menu.addAction(a)
+    win.addAction(a)
+    return a
+
+
+def build_menus(win) -> None:
+    """Menus of :class:`attnscope.app.main_window.MainWindow` ``win``; sets ``win.menus`` (name ->
+    QMenu), ``win.open_action``, ``win.view_menu`` and ``win.backend_actions`` (name -> checkable
+    action, kept on ``state.backend``)."""
+    mb, ex, cmd = win.menuBar(), win.exports, win.commands
+    menus = win.menus = {}
+    file_menu = menus["file"] = mb.addMenu("&File")
+    win.open_action = action(win, file_menu, "&Open model…", win.open_model_dialog, QKeySequence.Open)
+    action(win, file_menu, "Open model &folder…", win.open_folder_dialog)
+    action(win, file_menu, "Load &default model", lambda: cmd.load_model(None))
+    file_menu.addSeparator()
+    action(win, file_menu, "&Save session…", ex.save_session_dialog, "Ctrl+S")
+    action(win, file_menu, "Open s&ession…", ex.open_session_dialog, "Ctrl+Shift+O")
+    file_menu.addSeparator()
+    action(win, file_menu, "&Quit", win.close, QKeySequence.Quit)
+
+    export_menu = menus["export"] = mb.addMenu("&Export")
+    action(win, export_menu, "Export &view as PNG/SVG/PDF…", ex.export_view_dialog, "Ctrl+E")
+    action(
+        win,
+        export_menu,
+        "Export &data (.npy, .csv, .safetensors + JSON)…",
+        ex.export_data_dialog,
+        "Ctrl+Shift+E",
+    )
+    action(win, export_menu, "&Batch export…", ex.batch_export_dialog, "Ctrl+Shift+B")
+
+    run_menu = menus["run"] = mb.addMenu("&Run")
+    action(win, run_menu, "&Run prompt", cmd.run_prompt, "Ctrl+Return")
+    action(win, run_menu, "&Step", lambda: cmd.step(1), "F10")
+    action(win, run_menu, "Step ×&N", lambda: cmd.step(win.steps_spin.value()), "Ctrl+F10")
+    action(win, run_menu, "Step &back", lambda: cmd.step_back(1), "Shift+F10")
+    action(win, run_menu, "&Cancel", win.engine.cancel, "Esc")
+
+    view_menu = win.view_menu = menus["view"] = mb.addMenu("&View")
+    action(win, view_menu, "Next layer", lambda: win.layer_spin.stepBy(1), "PgDown")
+    action(win, view_menu, "Previous layer", lambda: win.layer_spin.stepBy(-1), "PgUp")
+    action(win, view_menu, "Next head", lambda: win.head_spin.stepBy(1), "]")
+    action(win, view_menu, "Previous head", lambda: win.head_spin.stepBy(-1), "[")
+    view_menu.addSeparator()
+    for i, key in enumerate(win.views):  # tabs registered before the menu existed
+        add_view_action(win, key, win.tabs.tabText(i))
+
+    backend_menu = menus["backend"] = mb.addMenu("&Backend")
+    group = QActionGroup(win)
+    group.setExclusive(True)
+    win.backend_actions = {}
+    for name, label in BACKENDS:
+        a = QAction(label, win, checkable=True)
+        a.triggered.connect(lambda _checked=False, n=name: cmd.set_backend(n))
+        group.addAction(a)
+        backend_menu.addAction(a)
+        win.backend_actions[name] = a
+
+    def check_backend(name: str) -> None:
+        if name in win.backend_actions:
+            win.backend_actions[name].setChecked(True)
+
+    win.state.events.backend.connect(check_backend)
+    check_backend(win.state.backend)
+
+    help_menu = menus["help"] = mb.addMenu("&Help")
+    action(win, help_menu, "&About AttnScope", win.about)
+
+
+def add_view_action(win, key: str, title: str) -> None:
+    """View → Show <title>, with Ctrl+1…Ctrl+9 for the first nine tabs."""
+    idx = list(win.views).index(key)
+    # (QAction.triggered passes `checked`: the lambda takes it first, or it would become the key)
+    action(
+        win,
+        win.view_menu,
+        f"Show {title}",
+        lambda _checked=False, k=key: win.show_view(k),
+        f"Ctrl+{idx + 1}" if idx < 9 else None,
+    )

@@ -1,0 +1,140 @@
+"""The window's status bar: the model line, seq_len and KV-cache bytes, progress, Cancel and messages.
+
+:class:`StatusLine` builds its widgets into a ``QStatusBar``, follows the engine's progress and busy
+signals, says the :class:`attnscope.app.state.ViewState`'s ``message`` and ``error`` events, and
+writes the labels of each new snapshot.
+"""
+
+from __future__ import annotations
+
+from attnscope.app.engine import CancelledMessage
+from attnscope.core.units import format_bytes
+from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
+from superqt import QElidingLabel
+
+APP_NAME = "AttnScope"
+
+#: job labels that get Cancel and a status text while they run
+LONG_JOBS = (
+    "loading model",
+    "prefill",
+    "decode",
+    "open session",
+    "batch export",
+    "switch backend",
+    "compare",
+)
+
+
+class StatusLine:
+    """The status bar's widgets (``model_label``, ``seq_label``, ``kv_label``, ``progress``,
+    ``cancel_button``) and what they say."""
+
+    def __init__(self, window, state, engine):
+        self.window, self.state = window, state
+        self.bar = sb = window.statusBar()
+        self.last_error: str | None = None
+        self._busy_message: str | None = None
+        self._notices_shown: tuple[str, ...] = ()  # Snapshot.notices already said
+        self.model_label = QElidingLabel("No model")  # a long model line ends in "…", never clipped mid-word
+        self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.seq_label = QLabel("seq_len 0")
+        self.kv_label = QLabel("KV cache 0 B")
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(180)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        self.cancel_button = QToolButton()
+        self.cancel_button.setText("Cancel")
+        self.cancel_button.setToolTip("Stop the running prefill or decode (Esc)")
+        self.cancel_button.hide()
+        sb.addWidget(self.model_label, 1)
+        for w in (self.progress, self.cancel_button, self.seq_label, self.kv_label):
+            sb.addPermanentWidget(w)
+        self.cancel_button.clicked.connect(engine.cancel)
+        engine.progress.connect(self.on_progress)
+        engine.busy.connect(self.on_busy)
+        engine.error.connect(self.show_error)
+        state.events.message.connect(lambda m: self.say(*m))
+        state.events.error.connect(self.show_error)
+
+    def say(self, text: str, timeout_ms: int = 0) -> None:
+        self.bar.showMessage(text, timeout_ms)
+
+    def show_error(self, message: str) -> None:
+        """Show ``message`` in the status bar and, when the window is visible, a dialog."""
+        self.last_error = message
+        self.bar.showMessage(message, 15000)
+        if isinstance(message, CancelledMessage):
+            return  # the user asked for it: the status line says what stopped, no dialog
+        if self.window.isVisible() and QApplication.platformName() not in ("offscreen", "minimal"):
+            QMessageBox.warning(self.window, APP_NAME, message)
+
+    def on_progress(self, message: str, fraction: float) -> None:
+        self._busy_message = message
+        self.bar.showMessage(message)
+        if fraction < 0:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(fraction * 1000))
+
+    def on_busy(self, on: bool, label: str) -> None:
+        long_job = label in LONG_JOBS
+        self.progress.setVisible(on)
+        self.cancel_button.setVisible(on and long_job)
+        if on:
+            self.progress.setRange(0, 0)
+            if long_job:
+                self._busy_message = f"{label.capitalize()}…"
+                self.bar.showMessage(self._busy_message)
+        else:
+            # clear our own progress text, never an error or result message shown since
+            if self.bar.currentMessage() == self._busy_message:
+                self.bar.clearMessage()
+            self._busy_message = None
+
+    def show_model(self, snap) -> None:
+        """The model line and the "ready" message of a newly loaded model."""
+        info = snap.info
+        text = (
+            f"{info.name} · {info.architecture} · {info.n_layers} layers · {info.n_heads} query heads / "
+            f"{info.n_kv_heads} KV heads · head_dim {info.head_dim} · {snap.backend} {snap.device}"
+        )
+        why = getattr(info, "dtype_reason", "")  # attnscope.core.loading.precision: why this dtype
+        quant = "; ".join(
+            q
+            for q in (
+                f"file {info.quantization_file}" if info.quantization_file else "",
+                info.quantization_runtime,
+            )
+            if q
+        )  # attnscope.core.loading.quantize.record
+        if info.quantization_runtime:  # "int8 weight-only (torchao 0.18.0, ...)" -> "int8 weight-only"
+            text += f" · {info.quantization_runtime.split(' (')[0]}"
+        self.model_label.setText(text)
+        self.model_label.setToolTip(why or info.dtype)
+        self.bar.showMessage(
+            f"{info.name} ready{f' at {why}' if why else ''}{f' ({quant})' if quant else ''}. "
+            "Type a prompt and press Run (Ctrl+Enter).",
+            8000,
+        )
+
+    def show_snapshot(self, snap) -> None:
+        """seq_len and KV-cache bytes of ``snap``; the engine's notices, each said once."""
+        from attnscope.core.analysis.kv_formula import dtype_bytes
+
+        info = snap.info
+        self.seq_label.setText(
+            f"seq_len {snap.seq_len}  ({snap.n_prompt} prompt + {snap.n_generated} generated)"
+        )
+        self.kv_label.setText(f"KV cache {format_bytes(snap.kv_cache_bytes)} ({snap.kv_cache_bytes:,} bytes)")
+        self.kv_label.setToolTip(
+            f"2 × {info.n_layers} layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
+            f"{snap.seq_len} tokens × {dtype_bytes(info.dtype)} bytes = {snap.kv_cache_bytes:,} bytes"
+        )
+        # what the engine did by itself (a lossy tokenization, a RoPE cache re-run): said once each
+        new = [n for n in snap.notices if n not in self._notices_shown]
+        self._notices_shown = tuple(snap.notices)
+        if new:
+            self.bar.showMessage("Note: " + " · ".join(new), 20000)

@@ -1,0 +1,68 @@
+"""The window's tab widget: pages that scroll, and the overlay that covers a page until a prompt ran."""
+
+from __future__ import annotations
+
+from attnscope.app.heatmap import HeatmapView
+from PySide6.QtCore import QEvent, Qt
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QTabWidget, QWidget
+
+
+class ViewPage(QScrollArea):
+    """A tab page that scrolls its view when the window is smaller than the view's minimum size."""
+
+
+class EmptyOverlay(QLabel):
+    """Covers a tab page while there is no sequence (a new model, nothing run yet), so that a panel
+    never shows the previous model's or prompt's results as if they were current."""
+
+    def __init__(self, page: QWidget):
+        super().__init__("Run a prompt to see this panel.", page)
+        self.setAlignment(Qt.AlignCenter)
+        self.setStyleSheet("background: rgba(255, 255, 255, 240); color: #666; font-size: 13pt;")
+        page.installEventFilter(self)
+        self.hide()
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() == QEvent.Resize:
+            self.setGeometry(obj.rect())
+        return False
+
+    def set_shown(self, on: bool) -> None:
+        if on:
+            self.setGeometry(self.parentWidget().rect())
+            self.raise_()
+        self.setVisible(on)
+
+
+class ViewTabs(QTabWidget):
+    """Tabs whose pages scroll, so that no panel forces a large minimum window size.
+
+    ``currentWidget()`` / ``setCurrentWidget()`` speak of the views themselves, not their pages.
+    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas) are added as they are.
+    """
+
+    def addTab(self, widget: QWidget, title: str) -> int:
+        page = widget
+        if not isinstance(widget, (QScrollArea, HeatmapView)):
+            page = ViewPage()
+            page.setWidgetResizable(True)
+            page.setFrameShape(QFrame.NoFrame)
+            page.setWidget(widget)
+        return super().addTab(page, title)
+
+    def currentWidget(self) -> QWidget:
+        w = super().currentWidget()
+        return w.widget() if isinstance(w, ViewPage) else w
+
+    def setCurrentWidget(self, widget: QWidget) -> None:
+        page = self.page_of(widget)
+        if page is not None:
+            self.setCurrentIndex(self.indexOf(page))
+
+    def page_of(self, widget: QWidget) -> QWidget | None:
+        """The tab page holding view ``widget`` (the view itself, or its scrolling page)."""
+        for i in range(self.count()):
+            page = self.widget(i)
+            if page is widget or (isinstance(page, ViewPage) and page.widget() is widget):
+                return page
+        return None
