@@ -39,8 +39,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-pg.setConfigOptions(imageAxisOrder="row-major", antialias=False)
-
 MAX_LABEL_CHARS = 12
 SCALES = ("linear", "log", "power")
 RANGE_MODES = {

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from attnscope.app import qt_options
 from attnscope.app.main_window import APP_NAME, MainWindow
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
@@ -46,6 +47,7 @@ def run_gui(args) -> int:
             raise ValueError("the prompt is empty: give some text with --prompt")
     size = _parse_size(args.size)
     QSettings.setDefaultFormat(QSettings.IniFormat)  # configuration at the entry point, not at import
+    qt_options.configure()  # pyqtgraph: row-major images, no antialiasing
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName(APP_NAME)
     app.setOrganizationName(APP_NAME)

@@ -9,6 +9,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+
+def pytest_configure(config):
+    """What the app's entry point (attnscope.app.launch.run_gui) sets once: pyqtgraph's options."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyqtgraph") is not None:
+        from attnscope.app import qt_options
+
+        qt_options.configure()
+
 SMOL_PROMPT = (
     "The quick brown fox jumps over the lazy dog. Attention lets every token look back at the "
     "tokens before it, and the quick brown fox"
