@@ -104,30 +104,21 @@ class Session:
         ``device_map``: ``auto|balanced|sequential`` (torch only, :mod:`attnscope.core.loading.device_map`): layers
         across GPUs, then CPU, then disk, through accelerate.
 
+        The backend comes from :mod:`attnscope.core.backends.registry` (``backend`` is its name);
+        options it does not take are not passed (MLX picks its own device).
+
         Raises:
             ModelLoadError: the model reference is unusable (message says why).
-            SessionError: unknown backend.
+            SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
-        if backend == "torch":
-            from attnscope.core.backends.torch_backend import TorchBackend
+        from attnscope.core.backends.registry import get
 
-            return cls(
-                TorchBackend.load(
-                    model,
-                    device=device,
-                    dtype=dtype,
-                    progress=progress,
-                    quantize=quantize,
-                    device_map=device_map,
-                )
+        spec = get(backend)  # SessionError: unknown backend
+        return cls(
+            spec.load(
+                model, device=device, dtype=dtype, progress=progress, quantize=quantize, device_map=device_map
             )
-        if backend == "mlx":
-            if device_map is not None:
-                raise SessionError("--device-map is for the torch backend (MLX uses one unified memory)")
-            from attnscope.core.backends.mlx_backend import MlxBackend
-
-            return cls(MlxBackend.load(model, dtype=dtype, progress=progress, quantize=quantize))
-        raise SessionError(f"unknown backend {backend!r}: choose torch or mlx")
+        )
 
     # -- running -----------------------------------------------------------------------------
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -128,6 +129,198 @@ def test_model_info_and_traces_share_the_arch(tmp_path):
     assert trace.arch == info.arch and trace.group_size == 3 and trace.kv_head(5) == 1
     with pytest.raises(ValueError, match="not a multiple"):
         TorchTrace(2, 6, 4, 16)
+
+
+# -- declared protocols --------------------------------------------------------------------------------
+def _protocol_methods(proto) -> dict:
+    import inspect
+
+    return {
+        n: inspect.signature(getattr(proto, n))
+        for n, v in vars(proto).items()
+        if callable(v) and not n.startswith("_")
+    }
+
+
+def _conforms(cls, proto) -> list[str]:
+    """What ``cls`` lacks of ``proto``'s methods: a method, or a parameter (by name and default; a
+    positional-only protocol parameter by position)."""
+    import inspect
+
+    problems = []
+    for name, want in _protocol_methods(proto).items():
+        impl = getattr(cls, name, None)
+        if impl is None or not callable(impl):
+            problems.append(f"{cls.__name__}.{name} missing")
+            continue
+        got = inspect.signature(impl)
+        gp = list(got.parameters.values())
+        for i, p in enumerate(want.parameters.values()):
+            if p.kind is p.POSITIONAL_ONLY:
+                if i >= len(gp) or gp[i].kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                    problems.append(f"{cls.__name__}.{name}: no positional parameter {i} ({p.name})")
+                continue
+            q = got.parameters.get(p.name)
+            if q is None:
+                problems.append(f"{cls.__name__}.{name}: no parameter {p.name!r}")
+            elif p.default is not p.empty and p.default is not Ellipsis and q.default != p.default:
+                problems.append(f"{cls.__name__}.{name}({p.name}=...) default {q.default!r} != {p.default!r}")
+            elif p.kind is p.KEYWORD_ONLY and q.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+                problems.append(f"{cls.__name__}.{name}: {p.name!r} not keyword")
+    return problems
+
+
+def _backend_classes():
+    from attnscope.core.backends.torch_backend import TorchBackend
+
+    out = [TorchBackend]
+    try:
+        from attnscope.core.backends.mlx_backend import MlxBackend
+    except ImportError:  # pragma: no cover - MLX absent
+        return out
+    return out + [MlxBackend]
+
+
+def _trace_classes():
+    from attnscope.core.trace.torch_trace import TorchTrace
+
+    out = [TorchTrace]
+    try:
+        from attnscope.core.trace.mlx_trace import MlxTrace
+    except ImportError:  # pragma: no cover
+        return out
+    return out + [MlxTrace]
+
+
+def test_backend_and_trace_classes_have_every_protocol_method_and_parameter():
+    from attnscope.core.backends.base import Backend
+    from attnscope.core.trace.base import Trace
+
+    assert {"forward", "fork", "kv_layer_bytes", "layer_windows", "release_weights"} <= set(
+        _protocol_methods(Backend)
+    )
+    assert {"weights", "row_mass", "sink_scores", "diagonal", "record"} <= set(_protocol_methods(Trace))
+    assert len(_backend_classes()) == 2 and len(_trace_classes()) == 2, "MLX is part of the test environment"
+    for cls in _backend_classes():
+        assert _conforms(cls, Backend) == []
+    for cls in _trace_classes():
+        assert _conforms(cls, Trace) == []
+
+
+def test_the_check_catches_a_missing_method_and_a_wrong_parameter():
+    from attnscope.core.trace.base import Trace
+    from attnscope.core.trace.torch_trace import TorchTrace
+
+    class Broken(TorchTrace):
+        def weights(self, layer, head, rows=None):  # cols missing
+            return super().weights(layer, head, rows)
+
+        sink_scores = None  # not callable
+
+    problems = _conforms(Broken, Trace)
+    assert "Broken.weights: no parameter 'cols'" in problems
+    assert "Broken.sink_scores missing" in problems
+
+
+@pytest.fixture(scope="module")
+def tiny_sessions(tmp_path_factory):
+    from attnscope.core.session import Session
+    from tiny_models import save_tiny
+
+    folder = tmp_path_factory.mktemp("tiny_seams")
+    save_tiny("llama", folder, seed=4)
+    out = {"torch": Session.load(str(folder))}
+    try:
+        out["mlx"] = Session.load(str(folder), backend="mlx", dtype="float32")
+    except ImportError:  # pragma: no cover
+        pass
+    for s in out.values():
+        s.prefill("one two three four five six", chat_template=False)
+    return out
+
+
+def test_loaded_backends_and_traces_are_instances_of_the_protocols(tiny_sessions):
+    from attnscope.core.backends.base import Backend
+    from attnscope.core.trace.base import Trace
+
+    assert set(tiny_sessions) == {"torch", "mlx"}
+    for name, s in tiny_sessions.items():
+        assert isinstance(s.backend, Backend) and s.backend.name == name
+        assert isinstance(s.trace, Trace)
+        assert s.backend.kv_layer_bytes().sum() == s.kv_cache_bytes() == s.backend.kv_cache_bytes()
+        assert s.backend.cache_dtype() == "float32"
+        assert s.backend.layer_windows() == (None,) * s.info.n_layers
+
+
+def test_shared_trace_summaries_agree_across_backends(tiny_sessions):
+    """sink_scores, row_mass and diagonal are written once (TraceGeometry) over each trace's tensor
+    maths; on the same weights both backends give the same numbers, equal to the summed weights."""
+    t, m = tiny_sessions["torch"].trace, tiny_sessions["mlx"].trace
+    for trace in (t, m):
+        full = np.stack(
+            [np.stack([trace.weights(lyr, h) for h in range(trace.n_heads)]) for lyr in range(trace.n_layers)]
+        )  # (L, H, T, T)
+        np.testing.assert_allclose(trace.row_mass([0, 2, 2]), full[..., [0, 2]].sum(-1), atol=2e-6)
+        np.testing.assert_allclose(trace.sink_scores(), full[..., 1:, 0].mean(-1), atol=2e-6)
+        np.testing.assert_allclose(trace.diagonal(1)[..., 1:], np.diagonal(full, -1, 2, 3), atol=2e-6)
+        assert trace.row_mass([]).shape == full.shape[:3] and not trace.row_mass([]).any()
+        with pytest.raises(IndexError):
+            trace.row_mass([trace.seq_len])
+        with pytest.raises(ValueError):
+            trace.diagonal(-1)
+    np.testing.assert_allclose(t.sink_scores(), m.sink_scores(), atol=1e-5)
+    np.testing.assert_allclose(t.row_mass([0, 3]), m.row_mass([0, 3]), atol=1e-5)
+
+
+def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
+    from attnscope.core.errors import UnsupportedModelError
+
+    for s in tiny_sessions.values():
+        before = s.trace.weights(0, 1).copy()
+        with s.backend.fork(capture=True) as b:
+            assert b is not s.backend and b.seq_len == 0
+            b.forward(s.ids[:3])
+            assert b.trace.seq_len == 3
+        np.testing.assert_array_equal(s.trace.weights(0, 1), before)
+        assert s.backend.supports_overrides == (s.backend.name == "torch")
+    with pytest.raises(UnsupportedModelError, match="torch backend"):
+        with tiny_sessions["mlx"].backend.fork(overrides=object()):
+            pass
+
+
+# -- the registry ---------------------------------------------------------------------------------------
+def test_registry_names_and_refusals(tmp_path):
+    from attnscope.core.backends import BACKENDS, registry
+    from attnscope.core.backends.support import backend_problem
+    from attnscope.core.errors import SessionError
+    from attnscope.core.session import Session
+
+    assert registry.names() == BACKENDS == ("torch", "mlx")
+    with pytest.raises(SessionError, match="unknown backend 'jax': choose torch or mlx"):
+        Session.load(None, backend="jax")
+    with pytest.raises(SessionError, match="--device-map is for the torch backend"):
+        Session.load(str(tmp_path), backend="mlx", device_map="auto")  # refused before any loading
+    assert backend_problem("gpt2", "mlx") == (
+        "the MLX backend does not run gpt2 models (it runs llama, mistral, qwen2, qwen3)"
+    )
+    assert backend_problem("gpt2", "torch") is None and backend_problem("", "mlx") is None
+    assert backend_problem("llama", "nope") is None
+    assert registry.get("torch").backend_class().__name__ == "TorchBackend"
+
+
+def test_no_feature_module_branches_on_the_backend():
+    """issue 10: ``grep -rn "backend.name ==\\|backend.model" core/`` finds only the backends."""
+    import re
+
+    pat = re.compile(r"backend\.name ==|backend\.model")
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in CORE.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pat.search(line)
+    ]
+    allowed = ("core/backends/", "core/remote/")  # the backends themselves (remote: its own stand-in)
+    assert [h for h in hits if not h.startswith(allowed)] == []
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -28,7 +28,7 @@ trace (q rows + LSE, and the KV cache the keys live in: ``O(layers × heads × T
 e.g. 235 MB for SmolLM2 at T = 2048 in float32, against 1.1 G floats for all maps) and, for the
 logits, ``n × vocab`` float32 each (197 kB per position for SmolLM2). When two *models* cannot both
 be held, :func:`run_pair` with ``low_memory=True`` runs A first, keeps A's trace, KV cache, logits
-and value norms, and drops A's model weights (``backend.model``) before loading B.
+and value norms, and drops A's model weights (``Backend.release_weights``) before loading B.
 """
 
 from __future__ import annotations
@@ -360,8 +360,9 @@ def head_maps(
 def release_model(session) -> None:
     """Drop a session's model weights, keeping its trace, KV cache and logits (``weights`` still works;
     ``value_norms``, ``prefill`` and ``step`` no longer do). For :func:`run_pair`'s ``low_memory``."""
-    if hasattr(session.backend, "model"):
-        session.backend.model = None
+    release = getattr(session.backend, "release_weights", None)
+    if release is not None:
+        release()
     gc.collect()
 
 

@@ -210,11 +210,11 @@ class Overrides:
 # -- separate runs on the same model ------------------------------------------------------------------
 @contextmanager
 def separate_backend(session, overrides=None, capture: bool = True) -> Iterator:
-    """A backend on the session's model with its own empty KV cache and Trace.
+    """A backend on the session's model with its own empty KV cache and Trace
+    (:meth:`attnscope.core.backends.base.Backend.fork`).
 
-    The user's cache and Trace are not touched. For torch, the attention modules' single
-    ``_attnscope_trace`` attribute is pointed at the new Trace for the duration of the block and
-    restored afterwards (also on error); ``overrides`` is set on that Trace (the experiment hook).
+    The user's cache and Trace are not touched; ``overrides`` is set on the new Trace (the
+    experiment hook), for backends whose ``supports_overrides`` is true.
 
     Args:
         session: a :class:`attnscope.core.session.Session`.
@@ -222,30 +222,10 @@ def separate_backend(session, overrides=None, capture: bool = True) -> Iterator:
         capture: record queries/LSE in the new Trace (roles need it; experiments do not).
 
     Raises:
-        UnsupportedModelError: ``overrides`` with a backend other than torch.
+        UnsupportedModelError: ``overrides`` with a backend that does not support them (MLX).
     """
-    b = session.backend
-    if b.name == "torch":
-        from attnscope.core.backends.torch_backend import TorchBackend
-
-        saved = [(m, m._attnscope_trace) for m in b.model.modules() if hasattr(m, "_attnscope_trace")]
-        try:
-            scratch = TorchBackend(b.model, b.tokenizer, b.info, b.device)
-            scratch.trace.overrides = overrides
-            scratch.trace.enabled = capture
-            yield scratch
-        finally:
-            for m, t in saved:
-                m._attnscope_trace = t
-        return
-    if overrides is not None:
-        raise UnsupportedModelError(f"experiments need the torch backend (this session runs on {b.name})")
-    if b.name == "mlx":
-        from attnscope.core.backends.mlx_backend import MlxBackend
-
-        yield MlxBackend(b.model, b.tokenizer, b.info)
-        return
-    raise UnsupportedModelError(f"backend {b.name!r} cannot run a separate sequence")
+    with session.backend.fork(overrides, capture) as scratch:
+        yield scratch
 
 
 @dataclass(frozen=True)
@@ -280,7 +260,7 @@ def run_sequence(
     T = len(ids)
     if not 1 <= decode_from <= T:
         raise ValueError(f"decode_from must be in 1..{T}, got {decode_from}")
-    from attnscope.core.backends.torch_backend import PREFILL_CHUNK
+    from attnscope.core.backends.base import PREFILL_CHUNK
 
     tgt = np.asarray(ids[1:] + [0], dtype=np.int64)
     logp = np.zeros(T, dtype=np.float64)
@@ -393,7 +373,7 @@ def run_experiments(
         Cancelled: cancelled between forwards.
     """
     session._require_run()
-    if session.backend.name != "torch":
+    if not getattr(session.backend, "supports_overrides", False):  # undeclared: not supported
         raise UnsupportedModelError(
             f"experiments need the torch backend (this session runs on {session.backend.name})"
         )

@@ -20,59 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from attnscope.core.analysis.kv_formula import KVConfig, SchemeRow, compare_schemes, config_layer_windows
+from attnscope.core.analysis.kv_formula import KVConfig, SchemeRow, compare_schemes
 
 
 def layer_windows(backend) -> tuple[int | None, ...]:
-    """Per-layer sliding windows of the loaded model (keys; None = global), ``n_layers`` entries.
-
-    Torch: from the model's transformers config (:func:`attnscope.core.analysis.kv_formula.config_layer_windows`: ``layer_types``
-    + ``sliding_window``, ``use_sliding_window``, Mistral's window on every layer). MLX: the
-    backend's own ``ModelArgs.layer_window``. A backend with neither: no windows.
-    """
-    n = backend.info.n_layers
-    args = getattr(backend, "args", None)
-    if args is not None and hasattr(args, "layer_window"):
-        return tuple(args.layer_window(i) for i in range(n))
-    model = getattr(backend, "model", None)
-    config = getattr(model, "config", None)
-    if config is None:
-        return (None,) * n
-    config = getattr(config, "get_text_config", lambda: config)()
-    return config_layer_windows(config, n)
+    """Per-layer sliding windows of the loaded model (keys; None = global), ``n_layers`` entries:
+    :meth:`attnscope.core.backends.base.Backend.layer_windows` (torch: the transformers config's
+    ``layer_types`` + ``sliding_window``; MLX: ``ModelArgs.layer_window``)."""
+    return tuple(backend.layer_windows())
 
 
 def live_layer_bytes(backend) -> np.ndarray:
-    """Bytes the KV cache tensors of each layer hold now (K and V), ``(n_layers,)`` int64.
-
-    Torch: ``numel × element_size`` of each layer's key and value tensors in the
-    ``DynamicCache``; MLX: each layer cache's ``nbytes()`` (cached positions only).
-    """
-    n = backend.info.n_layers
-    out = np.zeros(n, dtype=np.int64)
-    if backend.name == "torch":
-        for i, layer in enumerate(backend.cache.layers[:n]):
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if t is not None and t.numel():
-                    out[i] += t.numel() * t.element_size()
-        return out
-    caches = getattr(backend, "caches", None)
-    if caches is not None:
-        for i, c in enumerate(caches[:n]):
-            out[i] = int(c.nbytes())
-        return out
-    raise ValueError(f"cannot measure the KV cache of backend {backend.name!r}")
+    """Bytes the KV cache tensors of each layer hold now (K and V), ``(n_layers,)`` int64:
+    :meth:`attnscope.core.backends.base.Backend.kv_layer_bytes` (torch: ``numel × element_size`` of
+    the ``DynamicCache`` tensors; MLX: each layer cache's ``nbytes()``, cached positions only)."""
+    return np.asarray(backend.kv_layer_bytes(), dtype=np.int64)
 
 
 def cache_dtype(session) -> str:
     """Element type of the session's cache, as a :mod:`attnscope.core.analysis.kv_formula` dtype name (e.g. ``"float32"``)."""
-    b = session.backend
-    if b.name == "torch":
-        for layer in b.cache.layers:
-            k = getattr(layer, "keys", None)
-            if k is not None and k.numel():
-                return str(k.dtype).removeprefix("torch.")
-    return str(session.info.dtype)
+    return str(session.backend.cache_dtype())
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ head reading text without repeats sinks most of its attention, and is still an i
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -64,50 +63,22 @@ def diagonal_weights(trace, offset: int) -> np.ndarray:
         ``(n_layers, n_heads, T)`` float32; ``out[l, h, i] = w[i, i − offset]``, 0 where
         ``i < offset`` or the key is outside the layer's sliding window.
 
-    Cost ``O(layers × heads × T × head_dim)``: one dot product per row, from q, the cached keys
-    and the LSE (torch); other traces go through ``trace.weights`` on row blocks.
+    :meth:`attnscope.core.trace.base.TraceGeometry.diagonal`: cost ``O(layers × heads × T × head_dim)``
+    on torch (one dot product per row, from q, the cached keys and the LSE); other traces go
+    through ``trace.weights`` on row blocks.
 
     Raises:
         ValueError: negative offset.
     """
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
-    T = trace.seq_len
-    out = np.zeros((trace.n_layers, trace.n_heads, T), dtype=np.float32)
-    if offset >= T:
-        return out
-    from attnscope.core.trace.torch_trace import TorchTrace
-
-    if not isinstance(trace, TorchTrace):
-        return _diagonal_blocked(trace, offset)
-    import torch
-
-    G = trace.group_size
-    for layer in range(trace.n_layers):
-        rec = trace._rec(layer)
-        q = rec.q().float()[:, offset:]  # (H, T − off, D)
-        H, n, D = q.shape
-        k = rec.keys[:, : T - offset].float()  # (Hkv, T − off, D): key i − off for row i
-        s = torch.einsum("kgtd,ktd->kgt", q.reshape(-1, G, n, D), k).reshape(H, n) * rec.scale
-        w = torch.exp(s - rec.lse().float()[:, offset:])
-        if rec.sliding_window is not None and offset >= rec.sliding_window:
-            w = torch.zeros_like(w)
-        out[layer, :, offset:] = w.cpu().numpy()
-    return out
+    return trace.diagonal(offset)
 
 
 def _diagonal_blocked(trace, offset: int, block: int = 256) -> np.ndarray:
-    """:func:`diagonal_weights` through ``trace.weights(layer, head, rows, cols)`` tiles."""
-    T = trace.seq_len
-    out = np.zeros((trace.n_layers, trace.n_heads, T), dtype=np.float32)
-    for layer in range(trace.n_layers):
-        for head in range(trace.n_heads):
-            for r0 in range(offset, T, block):
-                r1 = min(T, r0 + block)
-                c0 = r0 - offset
-                w = trace.weights(layer, head, slice(r0, r1), slice(c0, r1 - offset))  # (n, n)
-                out[layer, head, r0:r1] = np.diagonal(w)
-    return out
+    """:func:`diagonal_weights` through ``trace.weights(layer, head, rows, cols)`` tiles, whatever the
+    trace (the generic path every trace has; the test oracle for the torch one's batched product)."""
+    from attnscope.core.trace.base import TraceGeometry
+
+    return TraceGeometry._diagonal(trace, offset, block)
 
 
 # -- scores on the user's sequence ------------------------------------------------------------------
@@ -186,9 +157,6 @@ def induction_scores_from_trace(trace, length: int, off: int) -> np.ndarray:
     return d[..., off + length : off + 2 * length].mean(-1).astype(np.float32)
 
 
-_INDUCTION_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def induction_scores(
     session,
     length: int = PROBE_LEN,
@@ -200,7 +168,7 @@ def induction_scores(
     """Induction scores ``(n_layers, n_heads)`` float32 of the session's model (module docstring).
 
     Runs ``n_probes`` probes (seeds ``seed .. seed + n_probes − 1``) in a separate KV cache and
-    averages. Cached per model object and parameters. The session's sequence is untouched.
+    averages. Cached per model and parameters (in ``session.backend.memo``). The session's sequence is untouched.
 
     Raises:
         ValueError: the probe does not fit in the model's context.
@@ -209,14 +177,10 @@ def induction_scores(
     from attnscope.core.analysis.experiments import separate_backend
     from attnscope.core.errors import Cancelled
 
-    model = session.backend.model
-    key = (length, n_probes, seed)
-    try:
-        cached = _INDUCTION_CACHE.get(model, {})
-    except TypeError:  # not weak-referenceable
-        cached = {}
-    if key in cached:
-        return cached[key]
+    memo = getattr(session.backend, "memo", {})  # per model: the backend's (Backend.memo)
+    key = ("induction", length, n_probes, seed)
+    if key in memo:
+        return memo[key]
     info = session.info
     vocab = min(info.vocab_size or len(session.tokenizer), len(session.tokenizer))
     acc = np.zeros((info.n_layers, info.n_heads), dtype=np.float64)
@@ -232,10 +196,7 @@ def induction_scores(
             b.forward(ids)
             acc += induction_scores_from_trace(b.trace, length, off)
     res = (acc / n_probes).astype(np.float32)
-    try:
-        _INDUCTION_CACHE.setdefault(model, {})[key] = res
-    except TypeError:
-        pass
+    memo[key] = res
     return res
 
 

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.remote.dispatch import remotable
 
 DEFAULT_THRESHOLD = 0.5  # a head with sink score >= this is flagged as a sink head
@@ -77,39 +76,23 @@ def weight_on_keys(trace, positions: Sequence[int]) -> np.ndarray:
     """Total weight every row of every head puts on the keys at ``positions``.
 
     Args:
-        trace: a :class:`attnscope.core.trace.torch_trace.TorchTrace` (fast path) or any trace with
-            ``weight_on_key(key)`` (e.g. the MLX one).
+        trace: a :class:`attnscope.core.trace.base.Trace`, or any object with ``weight_on_key(key)``,
+            ``n_layers``, ``n_heads`` and ``seq_len`` (summed key by key).
         positions: key positions (duplicates are counted once).
 
     Returns:
-        ``(n_layers, n_heads, T)`` float32; row ``i`` sums ``w[i, j]`` over ``j`` in
-        ``positions`` that it may see (``j <= i``, inside a sliding window).
+        ``(n_layers, n_heads, T)`` float32 (:meth:`attnscope.core.trace.base.TraceGeometry.row_mass`); row
+        ``i`` sums ``w[i, j]`` over ``j`` in ``positions`` that it may see (``j <= i``, inside a
+        sliding window).
+
+    Raises:
+        IndexError: a position outside ``0 .. T - 1``.
     """
-    pos = sorted({int(p) for p in positions})
-    T = trace.seq_len
-    if not pos:
-        return np.zeros((trace.n_layers, trace.n_heads, T), dtype=np.float32)
-    if any(p < 0 or p >= T for p in pos):
-        raise IndexError(f"key positions must be in 0..{T - 1}")
-    from attnscope.core.trace.torch_trace import TorchTrace
+    if hasattr(trace, "row_mass"):
+        return trace.row_mass(positions)
+    from attnscope.core.trace.base import key_positions, summed_weight_on_keys
 
-    if not isinstance(trace, TorchTrace):
-        return np.sum([trace.weight_on_key(p) for p in pos], axis=0).astype(np.float32)
-    import torch
-
-    out = []
-    G = trace.group_size
-    idx = torch.tensor(pos)
-    for layer in range(trace.n_layers):
-        rec = trace._rec(layer)
-        q = rec.q().float()  # (H, T, D)
-        H, Tq, D = q.shape
-        k = rec.keys[:, idx.to(rec.keys.device)].float()  # (Hkv, P, D)
-        s = torch.einsum("kgtd,kpd->kgtp", q.reshape(-1, G, Tq, D), k).reshape(H, Tq, len(pos)) * rec.scale
-        w = torch.exp(s - rec.lse().float()[..., None])  # (H, T, P)
-        vis = torch.from_numpy(causal_allowed(np.arange(Tq), np.array(pos), rec.sliding_window)).to(w.device)
-        out.append(w.masked_fill(~vis[None], 0.0).sum(-1))
-    return torch.stack(out).cpu().numpy().astype(np.float32)
+    return summed_weight_on_keys(trace, key_positions(trace, positions))
 
 
 def running_mean_from_row1(per_row: np.ndarray) -> np.ndarray:

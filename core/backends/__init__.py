@@ -8,6 +8,9 @@ A backend offers (see :class:`attnscope.core.backends.torch_backend.TorchBackend
 * ``truncate(n)``: drop every position ``>= n`` from the KV cache and the Trace;
 * ``reset()``: empty cache and Trace; ``kv_cache_bytes()``: bytes the cache holds now;
 * ``device``: a short string ("cpu", "cuda:0", "mlx:cpu").
+
+The protocol, declared: :class:`attnscope.core.backends.base.Backend` (with the chunked prefill loop
+both share); the name -> class table: :mod:`attnscope.core.backends.registry`.
 """
 
-BACKENDS = ("torch", "mlx")
+BACKENDS = ("torch", "mlx")  # = attnscope.core.backends.registry.names() (a test checks)

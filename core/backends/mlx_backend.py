@@ -22,13 +22,16 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
+from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
-from attnscope.core.errors import Cancelled, ModelLoadError
+from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
 from attnscope.core.loading.quantize import file_quantization
 from attnscope.core.loading.resolve import (
@@ -41,7 +44,7 @@ from attnscope.core.loading.resolve import (
 )
 from attnscope.core.trace.mlx_trace import MlxTrace
 
-PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
+PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
@@ -179,12 +182,17 @@ def float_weight(layer) -> mx.array:
 
 
 class MlxBackend:
-    """Owns an MLX model, its per-layer KV caches and the Trace. One thread: see the module docstring."""
+    """Owns an MLX model, its per-layer KV caches and the Trace. One thread: see the module docstring.
+
+    Implements :class:`attnscope.core.backends.base.Backend`."""
 
     name = "mlx"
+    supports_overrides = False  # the MLX attention has no experiment hook (fork(overrides=...) refuses)
 
     def __init__(self, model: CausalLM, tokenizer, info: ModelInfo):
         self.model, self.tokenizer, self.info = model, tokenizer, info
+        self.memo: dict = {}  # analyses' results that depend on the model alone (Backend.memo)
+        self.notices: list = []  # nothing recomputes by itself on MLX (no length-dependent RoPE)
         self.args = model.args
         self.device = mlx_device()
         self.trace = MlxTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
@@ -318,23 +326,18 @@ class MlxBackend:
         if arr.min() < 0 or arr.max() >= self.info.vocab_size:  # MLX gathers do not bounds-check
             raise ValueError(f"token id out of range 0..{self.info.vocab_size - 1}")
         start = self.seq_len
-        outs = []
-        try:
-            for c0 in range(0, len(ids), PREFILL_CHUNK):
-                if cancelled is not None and cancelled():
-                    raise Cancelled("prefill cancelled")
-                chunk = mx.array(arr[None, c0 : c0 + PREFILL_CHUNK].astype(np.int32))
-                logits = self.model(chunk, self.caches, self.trace, last_only=not all_logits)
-                logits = logits[0].astype(mx.float32)
-                mx.eval(logits, *self.trace.pending(), *(a for c in self.caches for a in c.state()))
-                self.seq_len += chunk.shape[1]
-                outs.append(np.array(logits))
-                if progress is not None:
-                    progress(min(c0 + PREFILL_CHUNK, len(ids)), len(ids))
-        except BaseException:
-            self._rollback(start)
-            raise
-        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
+
+        def run_chunk(part: np.ndarray) -> np.ndarray:
+            chunk = mx.array(part[None].astype(np.int32))  # (1, n)
+            logits = self.model(chunk, self.caches, self.trace, last_only=not all_logits)
+            logits = logits[0].astype(mx.float32)
+            mx.eval(logits, *self.trace.pending(), *(a for c in self.caches for a in c.state()))
+            self.seq_len += chunk.shape[1]
+            return np.array(logits)
+
+        return chunked_forward(
+            arr, PREFILL_CHUNK, run_chunk, lambda: self._rollback(start), progress, cancelled, all_logits
+        )
 
     def _rollback(self, n: int) -> None:
         # unlike truncate(), also undoes a chunk that failed half-way (some layers recorded)
@@ -378,6 +381,43 @@ class MlxBackend:
         )
         return np.array(out, dtype=np.float32)  # (n_heads, S)
 
+    def kv_layer_bytes(self) -> np.ndarray:
+        """Bytes of each layer's cached K and V (``KVCache.nbytes()``: cached positions only, the
+        preallocated tail not counted), ``(n_layers,)`` int64."""
+        n = self.info.n_layers
+        out = np.zeros(n, dtype=np.int64)
+        for i, c in enumerate(self.caches[:n]):
+            out[i] = int(c.nbytes())
+        return out
+
     def kv_cache_bytes(self) -> int:
         """Bytes of the cached positions' K and V (all layers); the preallocated tail is not counted."""
-        return sum(c.nbytes() for c in self.caches)
+        return int(self.kv_layer_bytes().sum())
+
+    def cache_dtype(self) -> str:
+        """The cache's element type: the dtype the model was loaded at (weights, activations, cache)."""
+        return str(self.info.dtype)
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (``ModelArgs.layer_window``; None = global)."""
+        return tuple(self.args.layer_window(i) for i in range(self.info.n_layers))
+
+    @contextmanager
+    def fork(self, overrides=None, capture: bool = True) -> Iterator[MlxBackend]:
+        """An :class:`MlxBackend` on this model with its own empty caches and Trace (``with`` block);
+        ``capture=False`` records nothing.
+
+        Raises:
+            UnsupportedModelError: ``overrides`` given (experiments need the torch backend).
+        """
+        if overrides is not None:
+            raise UnsupportedModelError(
+                f"experiments need the torch backend (this session runs on {self.name})"
+            )
+        scratch = MlxBackend(self.model, self.tokenizer, self.info)
+        scratch.trace.enabled = capture
+        yield scratch
+
+    def release_weights(self) -> None:
+        """Drop the model (its weights); Trace, caches and logits stay, so ``trace.weights`` still works."""
+        self.model = None

@@ -10,6 +10,7 @@ def backend_problem(architecture: str, backend: str) -> str | None:
     """Why ``backend`` cannot run a model of family ``architecture`` (one line), or None when it can
     or when the family is unknown ("": the load itself says what is wrong). The torch backend runs
     every family the catalog marks supported."""
-    if backend == "mlx" and architecture and architecture not in MLX_FAMILIES:
-        return f"the MLX backend does not run {architecture} models (it runs {', '.join(MLX_FAMILIES)})"
-    return None
+    from attnscope.core.backends.registry import SPECS  # the registry imports MLX_FAMILIES from here
+
+    spec = SPECS.get(backend)
+    return None if spec is None else spec.problem(architecture)

@@ -10,22 +10,25 @@ or a batch of several sequences is refused with one line (:data:`attnscope.core.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from attnscope.core.attention.rope_length import LengthDependentRope, RopeRecompute
+from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
+from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.hf_attention import (  # noqa: F401 (re-exported: the torch seam's names)
     ATTN_NAME,
     attnscope_attention,
     attnscope_mask,
     register_attention,
 )
-from attnscope.core.errors import Cancelled, ModelLoadError, UnsupportedModelError
+from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
 from attnscope.core.trace.torch_trace import TorchTrace
 
-PREFILL_CHUNK = 512  # tokens per prefill chunk: progress and cancel happen between chunks
+PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
 
 
 def pick_device(requested: str | None = None) -> str:
@@ -57,14 +60,18 @@ def pick_device(requested: str | None = None) -> str:
 
 
 class TorchBackend:
-    """Owns a transformers model, its KV cache and the Trace. Not thread-safe: one engine thread."""
+    """Owns a transformers model, its KV cache and the Trace. Not thread-safe: one engine thread.
+
+    Implements :class:`attnscope.core.backends.base.Backend`."""
 
     name = "torch"
+    supports_overrides = True  # fork(overrides=...): experiments change mask and scale per layer
 
     def __init__(self, model, tokenizer, info, device: str = "cpu"):
         from transformers import DynamicCache
 
         self.model, self.tokenizer, self.info, self.device = model, tokenizer, info, device
+        self.memo: dict = {}  # analyses' results that depend on the model alone (Backend.memo)
         self._DynamicCache = DynamicCache
         # transformers renamed past_key_values -> cache (deprecated in 5.2x, removed in 5.40)
         params = inspect.signature(model.forward).parameters
@@ -205,31 +212,25 @@ class TorchBackend:
     def _run(self, ids, progress, cancelled, all_logits):
         """The chunk loop of :meth:`forward`."""
         start = self.seq_len
-        outs = []
         if (
             self.trace.enabled
         ):  # one allocation for the whole capture (see attnscope.core.trace.torch_trace._RowStore)
             self.trace.reserve(start + len(ids), dtype=self.model.dtype, device=self.device)
-        try:
-            for c0 in range(0, len(ids), PREFILL_CHUNK):
-                if cancelled is not None and cancelled():
-                    raise Cancelled("prefill cancelled")
-                chunk = torch.tensor([ids[c0 : c0 + PREFILL_CHUNK]], device=self.device)
-                res = self.model(
-                    input_ids=chunk,
-                    **{self._cache_kw: self.cache},
-                    use_cache=True,
-                    logits_to_keep=0 if all_logits else 1,
-                )
-                self.seq_len += chunk.shape[1]
-                self._ids += ids[c0 : c0 + PREFILL_CHUNK]
-                outs.append(res.logits[0].float().cpu().numpy())
-                if progress is not None:
-                    progress(min(c0 + PREFILL_CHUNK, len(ids)), len(ids))
-        except BaseException:
-            self.truncate(start)
-            raise
-        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
+
+        def run_chunk(part: list[int]) -> np.ndarray:
+            res = self.model(
+                input_ids=torch.tensor([part], device=self.device),
+                **{self._cache_kw: self.cache},
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+            )
+            self.seq_len += len(part)
+            self._ids += part
+            return res.logits[0].float().cpu().numpy()
+
+        return chunked_forward(
+            ids, PREFILL_CHUNK, run_chunk, lambda: self.truncate(start), progress, cancelled, all_logits
+        )
 
     def truncate(self, n: int) -> None:
         """Drop positions ``>= n`` from the KV cache and the Trace (nothing is recomputed, unless a
@@ -295,11 +296,65 @@ class TorchBackend:
         ]
         return torch.stack(out).cpu().numpy().astype(np.float32)  # (n_heads, S)
 
-    def kv_cache_bytes(self) -> int:
-        """Bytes the KV cache tensors hold now (K and V of every layer)."""
-        total = 0
-        for layer in self.cache.layers:
+    def kv_layer_bytes(self) -> np.ndarray:
+        """Bytes each layer's K and V tensors in the ``DynamicCache`` hold now (``numel × element_size``),
+        ``(n_layers,)`` int64."""
+        n = self.info.n_layers
+        out = np.zeros(n, dtype=np.int64)
+        for i, layer in enumerate(self.cache.layers[:n]):
             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
                 if t is not None and t.numel():
-                    total += t.numel() * t.element_size()
-        return total
+                    out[i] += t.numel() * t.element_size()
+        return out
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache tensors hold now (K and V of every layer)."""
+        return int(self.kv_layer_bytes().sum())
+
+    def cache_dtype(self) -> str:
+        """The cached keys' element type (``"float32"``, ``"bfloat16"``…); the model's dtype before a prompt."""
+        for layer in self.cache.layers:
+            k = getattr(layer, "keys", None)
+            if k is not None and k.numel():
+                return str(k.dtype).removeprefix("torch.")
+        return str(self.info.dtype)
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window from the model's transformers config
+        (:func:`attnscope.core.analysis.kv_formula.config_layer_windows`: ``layer_types`` + ``sliding_window``,
+        ``use_sliding_window``, Mistral's window on every layer); no config: no windows."""
+        from attnscope.core.analysis.kv_formula import config_layer_windows
+
+        n = self.info.n_layers
+        config = getattr(self.model, "config", None)
+        if config is None:
+            return (None,) * n
+        config = getattr(config, "get_text_config", lambda: config)()
+        return config_layer_windows(config, n)
+
+    @contextmanager
+    def fork(self, overrides=None, capture: bool = True) -> Iterator[TorchBackend]:
+        """A :class:`TorchBackend` on this model with its own empty cache and Trace (``with`` block).
+
+        The attention modules' single ``_attnscope_trace`` attribute is pointed at the new Trace for
+        the block and restored afterwards (also on error); ``overrides`` (an object with
+        ``attend(...)``, :class:`attnscope.core.analysis.experiments.Overrides`) is set on that Trace and
+        changes every layer's attention; ``capture=False`` records nothing (experiments need logits only).
+        """
+        saved = [(m, m._attnscope_trace) for m in self.model.modules() if hasattr(m, "_attnscope_trace")]
+        try:
+            scratch = TorchBackend(self.model, self.tokenizer, self.info, self.device)
+            scratch.trace.overrides = overrides
+            scratch.trace.enabled = capture
+            yield scratch
+        finally:
+            for m, t in saved:
+                m._attnscope_trace = t
+
+    def release_weights(self) -> None:
+        """Drop the model (its weights); Trace, cache and logits stay, so ``trace.weights`` still works."""
+        self.model = None
+
+    def layer_matrix_params(self) -> int:
+        """Elements of the decoder layers' weight matrices (2-d parameters; for ``attnscope bench``)."""
+        return sum(p.numel() for p in self.model.model.layers.parameters() if p.dim() == 2)

@@ -416,10 +416,8 @@ def make_runner(config: str, model, device: str):
 
 def model_geometry(runner: ScopeRunner) -> dict:
     """Attention geometry and parameter counts of the loaded model (JSON-ready)."""
-    m = runner.backend.model
     info = runner.backend.info
-    layers = m.model.layers
-    n_linear = sum(p.numel() for p in layers.parameters() if p.dim() == 2)
+    n_linear = runner.backend.layer_matrix_params()
     return {
         "name": info.name,
         "architecture": info.architecture,

@@ -1,9 +1,14 @@
-"""What the torch and MLX traces share: selection rules, the GQA head mapping and the applied mask.
+"""What every trace offers (:class:`Trace`) and what the torch and MLX traces share
+(:class:`TraceGeometry`): selection rules, the GQA head mapping, the applied mask, the sink scores
+and the weight on a set of keys; each trace adds only its tensor maths.
 
 Kept free of torch and MLX so that either backend imports only its own array library.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from attnscope.core.arch import ArchConfig
@@ -22,6 +27,27 @@ def as_slice(sel: slice | None, n: int) -> slice:
     if step != 1:
         raise ValueError("row/column selections must be contiguous slices")
     return slice(start, stop)
+
+
+def key_positions(trace, positions: Sequence[int]) -> list[int]:
+    """``positions`` sorted, duplicates dropped, checked against ``trace.seq_len``.
+
+    Raises:
+        IndexError: a position outside ``0 .. T - 1``.
+    """
+    pos = sorted({int(p) for p in positions})
+    T = trace.seq_len
+    if any(p < 0 or p >= T for p in pos):
+        raise IndexError(f"key positions must be in 0..{T - 1}")
+    return pos
+
+
+def summed_weight_on_keys(trace, positions: list[int]) -> np.ndarray:
+    """``Σ_p trace.weight_on_key(p)``, ``(n_layers, n_heads, T)`` float32: the row mass of any trace that
+    offers ``weight_on_key`` (``positions`` as :func:`key_positions` returns them; zeros when empty)."""
+    if not positions:
+        return np.zeros((trace.n_layers, trace.n_heads, trace.seq_len), dtype=np.float32)
+    return np.sum([trace.weight_on_key(p) for p in positions], axis=0).astype(np.float32)
 
 
 class TraceGeometry:
@@ -64,6 +90,68 @@ class TraceGeometry:
             raise RuntimeError("nothing captured yet: run a prompt first")
         return rec
 
+    # -- summaries shared by every trace (the tensor maths is the subclass's weight_on_key) -----------
+    def sink_scores(self, key: int = 0) -> np.ndarray:
+        """Sink score per head, ``(n_layers, n_heads)`` float32.
+
+        Definition (issue "inspector", sinks): the mean over query rows ``i >= 1`` of the weight
+        on key 0 (row 0 can only attend to itself, so it is left out). For ``key > 0`` the mean
+        is over rows ``i > key``; zeros when no row comes after ``key``.
+        """
+        w = self.weight_on_key(key)
+        if w.shape[-1] <= key + 1:
+            return np.zeros(w.shape[:2], dtype=np.float32)
+        return w[..., key + 1 :].mean(axis=-1)
+
+    def row_mass(self, positions: Sequence[int]) -> np.ndarray:
+        """Total weight every row of every head puts on the keys at ``positions``.
+
+        Returns ``(n_layers, n_heads, T)`` float32; row ``i`` sums ``w[i, j]`` over ``j`` in
+        ``positions`` (duplicates counted once) that it may see (``j <= i``, inside a sliding
+        window). Cost O(layers × heads × T × len(positions) × D), no T × T work.
+
+        Raises:
+            IndexError: a position outside ``0 .. T - 1``. RuntimeError: nothing captured yet.
+        """
+        pos = key_positions(self, positions)
+        if not pos:
+            return np.zeros((self.n_layers, self.n_heads, self.seq_len), dtype=np.float32)
+        return self._row_mass(pos)
+
+    def _row_mass(self, positions: list[int]) -> np.ndarray:
+        """:meth:`row_mass` of valid, sorted, distinct ``positions`` (a trace with a batched product
+        overrides this)."""
+        return summed_weight_on_keys(self, positions)
+
+    def diagonal(self, offset: int) -> np.ndarray:
+        """Weight each row puts on the key ``offset`` positions before it, every layer and head.
+
+        Returns ``(n_layers, n_heads, T)`` float32; ``out[l, h, i] = w[i, i − offset]``, 0 where
+        ``i < offset`` or the key is outside the layer's sliding window.
+
+        Raises:
+            ValueError: negative offset. RuntimeError: nothing captured yet.
+        """
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        if offset >= self.seq_len:
+            return np.zeros((self.n_layers, self.n_heads, self.seq_len), dtype=np.float32)
+        return self._diagonal(offset)
+
+    def _diagonal(self, offset: int, block: int = 256) -> np.ndarray:
+        """:meth:`diagonal` (``0 <= offset < T``) through :meth:`weights` tiles of ``block`` rows: the
+        diagonal of each ``(n, n)`` tile (a trace with a batched product overrides this)."""
+        T = self.seq_len
+        out = np.zeros((self.n_layers, self.n_heads, T), dtype=np.float32)
+        for layer in range(self.n_layers):
+            for head in range(self.n_heads):
+                for r0 in range(offset, T, block):
+                    r1 = min(T, r0 + block)
+                    c0 = r0 - offset
+                    w = self.weights(layer, head, slice(r0, r1), slice(c0, r1 - offset))  # (n, n)
+                    out[layer, head, r0:r1] = np.diagonal(w)
+        return out
+
     def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
         """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape ``(n_q, n_k)``,
         bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; DESIGN.md "Masks")."""
@@ -71,3 +159,102 @@ class TraceGeometry:
         T, S = rec.n_rows(), rec.keys.shape[1]
         r, c = as_slice(rows, T), as_slice(cols, S)
         return causal_allowed(np.arange(r.start, r.stop), np.arange(c.start, c.stop), rec.sliding_window)
+
+
+@runtime_checkable
+class Trace(Protocol):
+    """What a forward pass leaves behind so that any head's weights can be recomputed exactly
+    (:mod:`attnscope.core.trace.torch_trace` explains the maths). Every query returns numpy on the host
+    (``weights_block``: a float32 torch tensor, for :mod:`attnscope.core.analysis.blocked`).
+
+    Attributes:
+        arch: the attention geometry (:class:`attnscope.core.arch.ArchConfig`), and its counts
+            ``n_layers``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``group_size``.
+        enabled: record in forwards (False: the forwards run, nothing is kept).
+        layers: one record per layer with ``n_rows()``, ``keys`` and ``sliding_window``.
+        seq_len: rows captured (= positions in the KV cache).
+    """
+
+    arch: ArchConfig
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    group_size: int
+    enabled: bool
+    layers: list
+    seq_len: int
+
+    # -- recording (the backend's attention calls these inside its forward) -----------------------
+    def record(
+        self, layer: int, query: Any, lse: Any, keys: Any, scale: float, sliding_window: int | None, /
+    ) -> None:
+        """Append one forward's query rows and LSE for ``layer``; ``keys``: the cache's keys (torch) or
+        the layer's cache (MLX)."""
+        ...
+
+    def reserve(self, n_rows: int, dtype: Any = ..., device: Any = ...) -> None:
+        """Make room for ``n_rows`` rows per layer (optional: recording grows too)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget every row."""
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Forget every row at position ``>= n``."""
+        ...
+
+    # -- queries ----------------------------------------------------------------------------------
+    def kv_head(self, head: int) -> int:
+        """The KV head query head ``head`` reads."""
+        ...
+
+    def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
+        """The mask that was applied, ``(n_q, n_k)`` bool."""
+        ...
+
+    def scores(
+        self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
+    ) -> np.ndarray:
+        """Scaled scores before softmax, ``-inf`` where masked, ``(n_q, n_k)`` float32."""
+        ...
+
+    def weights(
+        self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
+    ) -> np.ndarray:
+        """Exact attention weights of one head, ``(n_q, n_k)`` float32."""
+        ...
+
+    def weights_block(
+        self,
+        layer: int,
+        heads: Any,
+        rows: slice | None = None,
+        cols: slice | None = None,
+        *,
+        log: bool = False,
+        fast: bool = False,
+    ) -> Any:
+        """Weights of several heads of ``layer``, ``(len(heads), n_q, n_k)`` float32 torch tensor."""
+        ...
+
+    def lse(self, layer: int) -> np.ndarray:
+        """LSE rows of ``layer``, ``(n_heads, T)`` float64."""
+        ...
+
+    def weight_on_key(self, key: int = 0) -> np.ndarray:
+        """Weight every row of every head puts on key ``key``, ``(n_layers, n_heads, T)`` float32."""
+        ...
+
+    def row_mass(self, positions: Sequence[int]) -> np.ndarray:
+        """Total weight on the keys at ``positions``, ``(n_layers, n_heads, T)`` float32."""
+        ...
+
+    def diagonal(self, offset: int) -> np.ndarray:
+        """Weight each row puts on the key ``offset`` before it, ``(n_layers, n_heads, T)`` float32."""
+        ...
+
+    def sink_scores(self, key: int = 0) -> np.ndarray:
+        """Mean weight on ``key`` over the rows after it, ``(n_layers, n_heads)`` float32."""
+        ...

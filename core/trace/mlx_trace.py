@@ -221,10 +221,3 @@ class MlxTrace(TraceGeometry):
             vis = causal_allowed(np.arange(q.shape[1]), np.array([key]), rec.sliding_window)[:, 0]
             out.append(mx.where(mx.array(vis)[None, :], w, 0.0))
         return np.array(mx.stack(out))
-
-    def sink_scores(self, key: int = 0) -> np.ndarray:
-        """Sink score per head, ``(n_layers, n_heads)`` float32: the mean weight on ``key`` over rows ``i > key``."""
-        w = self.weight_on_key(key)
-        if w.shape[-1] <= key + 1:
-            return np.zeros(w.shape[:2], dtype=np.float32)
-        return w[..., key + 1 :].mean(axis=-1)

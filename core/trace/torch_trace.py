@@ -349,14 +349,41 @@ class TorchTrace(TraceGeometry):
             out.append(w.masked_fill(~vis.to(w.device)[None, :], 0.0))
         return torch.stack([o.cpu() for o in out]).numpy()  # layers may sit on several devices (device_map)
 
-    def sink_scores(self, key: int = 0) -> np.ndarray:
-        """Sink score per head, ``(n_layers, n_heads)`` float32.
+    def _row_mass(self, positions: list[int]) -> np.ndarray:
+        """:meth:`attnscope.core.trace.base.TraceGeometry.row_mass` in one product per layer: the rows'
+        scores against the ``P`` selected keys, ``(H, T, P)``, GQA by viewing q as ``(Hkv, G, T, D)``."""
+        out = []
+        G = self.group_size
+        idx = torch.tensor(positions)
+        for layer in range(self.n_layers):
+            rec = self._rec(layer)
+            q = rec.q().float()  # (H, T, D)
+            H, Tq, D = q.shape
+            k = rec.keys[:, idx.to(rec.keys.device)].float()  # (Hkv, P, D)
+            s = (
+                torch.einsum("kgtd,kpd->kgtp", q.reshape(-1, G, Tq, D), k).reshape(H, Tq, len(positions))
+                * rec.scale
+            )  # (H, T, P)
+            w = torch.exp(s - rec.lse().float()[..., None])  # (H, T, P)
+            vis = causal_allowed(np.arange(Tq), np.array(positions), rec.sliding_window)  # (T, P)
+            vis = torch.from_numpy(vis).to(w.device)
+            out.append(w.masked_fill(~vis[None], 0.0).sum(-1))
+        return torch.stack([o.cpu() for o in out]).numpy().astype(np.float32)
 
-        Definition (issue "inspector", sinks): the mean over query rows ``i >= 1`` of the weight
-        on key 0 (row 0 can only attend to itself, so it is left out). For ``key > 0`` the mean
-        is over rows ``i > key``.
-        """
-        w = self.weight_on_key(key)
-        if w.shape[-1] <= key + 1:
-            return np.zeros(w.shape[:2], dtype=np.float32)
-        return w[..., key + 1 :].mean(axis=-1)
+    def _diagonal(self, offset: int, block: int = 256) -> np.ndarray:
+        """:meth:`attnscope.core.trace.base.TraceGeometry.diagonal` as one dot product per row: row ``i``
+        against key ``i − offset``, GQA by viewing q as ``(Hkv, G, T − off, D)`` (``block`` unused)."""
+        T = self.seq_len
+        out = np.zeros((self.n_layers, self.n_heads, T), dtype=np.float32)
+        G = self.group_size
+        for layer in range(self.n_layers):
+            rec = self._rec(layer)
+            q = rec.q().float()[:, offset:]  # (H, T − off, D)
+            H, n, D = q.shape
+            k = rec.keys[:, : T - offset].float()  # (Hkv, T − off, D): key i − off for row i
+            s = torch.einsum("kgtd,ktd->kgt", q.reshape(-1, G, n, D), k).reshape(H, n) * rec.scale
+            w = torch.exp(s - rec.lse().float()[:, offset:])
+            if rec.sliding_window is not None and offset >= rec.sliding_window:
+                w = torch.zeros_like(w)
+            out[layer, :, offset:] = w.cpu().numpy()
+        return out
