@@ -114,45 +114,46 @@ def test_thumbnails_equal_direct(sess):
     np.testing.assert_allclose(aggregate.thumbnails(s, n, size=6), th, rtol=1e-6, atol=1e-8)
 
 
-def test_cancel_stops_the_work(sess):
-    """Deterministic: the callback turns true after k checks; no block is computed after that."""
+def test_cancel_stops_the_work(sess, monkeypatch):
+    """Deterministic: the callback turns true after k checks; no block is computed after that
+    (every view computes its weights through ``blocked._block``, one call per band block)."""
     s = sess
     trace = s.trace
     calls = []
-    original = trace.weights_block
+    original = blocked._block
 
     def counting(*a, **kw):
-        calls.append(a[0])
+        calls.append(a[1:])
         return original(*a, **kw)
 
-    trace.weights_block = counting
-    try:
-        for k in (0, 1, 3):
-            calls.clear()
-            checks = []
+    monkeypatch.setattr(blocked, "_block", counting)
+    for k in (0, 1, 3):
+        calls.clear()
+        checks = []
 
-            def cancelled(k=k, checks=checks):
-                checks.append(1)
-                return len(checks) > k
+        def cancelled(k=k, checks=checks):
+            checks.append(1)
+            return len(checks) > k
 
-            with pytest.raises(Cancelled):
-                blocked.thumbnails(trace, s.seq_len, size=8, cancelled=cancelled, budget=64)
-            assert len(calls) == k  # exactly the blocks before the cancel
-            calls.clear()
-            checks.clear()
-            with pytest.raises(Cancelled):
-                blocked.pooled_mean(
-                    trace,
-                    aggregate.heads_in(s.info, 0, 0, "all"),
-                    s.seq_len,
-                    8,
-                    block_rows=4,
-                    cancelled=cancelled,
-                )
-            assert len(calls) == k
-    finally:
-        del trace.weights_block
-    assert trace.weights_block == original
+        with pytest.raises(Cancelled):
+            blocked.thumbnails(trace, s.seq_len, size=8, cancelled=cancelled, budget=64)
+        assert len(calls) == k  # exactly the blocks before the cancel
+        calls.clear()
+        checks.clear()
+        with pytest.raises(Cancelled):
+            blocked.pooled_mean(
+                trace,
+                aggregate.heads_in(s.info, 0, 0, "all"),
+                s.seq_len,
+                8,
+                block_rows=4,
+                cancelled=cancelled,
+            )
+        assert len(calls) == k
+    # without a cancel the same views do compute blocks (the counter sees the real work)
+    calls.clear()
+    blocked.thumbnails(trace, s.seq_len, size=8, budget=64)
+    assert len(calls) > 3
 
 
 def test_partial_results_come_coarse_first(sess):
@@ -187,3 +188,82 @@ def test_bad_pooling_is_one_clear_error(sess):
         blocked.pooled_heads(sess.trace, 0, [0], sess.seq_len, 4, 4, "median")
     with pytest.raises(IndexError):
         blocked.pooled_heads(sess.trace, 0, [0], sess.seq_len + 1, 4)
+
+
+# Tiled computation (column tiles, rows restricted to those that see a tile, row/column segment
+# reductions of every shape): a longer synthetic trace, tiles forced small, against the direct maps.
+
+
+@pytest.fixture(scope="module")
+def long_trace():
+    from attnscope.core.bench.views import synthetic_trace
+
+    tr = synthetic_trace(n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16, T=300, seed=3)
+    tr.layers[1].sliding_window = 37  # a windowed layer: keys > p − 37 only
+    return tr
+
+
+def _direct(tr, layer, heads, n):
+    return [tr.weights(layer, h, slice(0, n), slice(0, n)) for h in heads]
+
+
+@pytest.mark.parametrize("pooling", ["max", "mean"])
+@pytest.mark.parametrize("out", [97, 100, 7, 300])  # mixed sizes (many / few blocks), uniform, one cell
+def test_tiled_pooled_heads_equal_direct(long_trace, monkeypatch, pooling, out):
+    monkeypatch.setattr(blocked, "MIN_TILE_COLS", 1)
+    tr = long_trace
+    ref_pool = max_pool if pooling == "max" else mean_pool
+    for layer in (0, 1):
+        for n, heads in ((300, range(6)), (251, [4, 1])):  # GQA-grouped heads; a subset out of order
+            want = np.stack([ref_pool(w, out, out) for w in _direct(tr, layer, heads, n)])
+            for tile in (blocked.TILE, 2400):  # one tile per band; tiles ~10 keys wide (6 heads × 40 rows)
+                got = blocked.pooled_heads(tr, layer, heads, n, out, out, pooling, block_rows=40, tile=tile)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("pooling", ["max", "mean"])
+def test_tiled_pooled_mean_equals_direct(long_trace, monkeypatch, pooling):
+    monkeypatch.setattr(blocked, "MIN_TILE_COLS", 1)
+    tr = long_trace
+    pairs = [(layer, h) for layer in range(2) for h in range(6)]
+    n = 287
+    full = np.mean([tr.weights(lyr, h, slice(0, n), slice(0, n)) for lyr, h in pairs], axis=0)
+    ref = max_pool(full, 61, 50) if pooling == "max" else mean_pool(full, 61, 50)
+    img, _, _ = blocked.pooled_mean(tr, pairs, n, 61, 50, pooling, block_rows=33)
+    np.testing.assert_allclose(img, ref, rtol=1e-5, atol=1e-7)
+    band = blocked._mean_band(
+        tr, blocked._by_layer(pairs), {}, slice(100, 140), slice(0, 140), n, False, None, None, tile=200
+    )
+    np.testing.assert_allclose(band.numpy(), full[100:140, :140], rtol=1e-5, atol=1e-7)
+
+
+def test_tiles_and_rows_cover_the_visible_keys():
+    edges = np.array([0, 10, 20, 30, 40, 50])
+    assert blocked.col_tiles(0, 50, 20, edges) == [(0, 20), (20, 40), (40, 50)]
+    assert blocked.col_tiles(5, 50, 100, edges) == [(5, 50)]
+    assert blocked.col_tiles(0, 45, 20, None) == [(0, 20), (20, 45)]  # a sliver joins the last tile
+    assert blocked.tile_rows(100, 200, 150, 180, None) == (150, 200)  # rows above the tile see none of it
+    assert blocked.tile_rows(100, 200, 0, 50, None) == (100, 200)
+    assert blocked.tile_rows(100, 200, 60, 90, 37) == (100, 126)  # rows > 89 + 36 see no key of it
+    assert blocked.snap_bands([(0, 23), (23, 46), (46, 60)], np.array([0, 20, 40, 60])) == [
+        (0, 20),
+        (20, 40),
+        (40, 60),
+    ]
+
+
+def test_threads_is_an_explicit_setting(long_trace):
+    import torch
+
+    before = torch.get_num_threads()
+    with blocked.torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with blocked.torch_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        blocked.torch_threads(0)
+    a = blocked.pooled_heads(long_trace, 0, range(6), 300, 20, threads=1)
+    np.testing.assert_array_equal(a, blocked.pooled_heads(long_trace, 0, range(6), 300, 20))
+    assert torch.get_num_threads() == before
+    assert not hasattr(blocked, "_ThreadsForLoad")

@@ -56,6 +56,7 @@ def value_weighted_thumbnails(
     *,
     budget: int = blocked.BUDGET,
     fast: bool = True,
+    threads: int | None = None,
     cancelled: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
     partial: Callable[[np.ndarray, float], None] | None = None,
@@ -65,7 +66,8 @@ def value_weighted_thumbnails(
     the head's output norm at that query row, pooled by ``"max"`` or ``"mean"``, masked cells as 0).
 
     Same call shape as :func:`attnscope.core.analysis.aggregate.thumbnails`: ``progress(heads_done, n_layers ×
-    n_heads)`` as each layer completes, ``partial(thumbs, fraction)`` after each layer but the last.
+    n_heads)`` as each layer completes, ``partial(thumbs, fraction)`` after each layer but the last ``threads``: torch threads
+    for the work (:class:`attnscope.core.analysis.blocked.torch_threads`; None: torch's current count).
 
     Raises:
         IndexError: ``n`` outside ``1..seq_len``. ValueError: unknown pooling.
@@ -77,7 +79,7 @@ def value_weighted_thumbnails(
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
     session.weights(0, 0, slice(0, 1), slice(0, 1))  # the session's own checks (ran)
     trace = session.trace
-    with blocked._ThreadsForLoad():
+    with blocked.torch_threads(threads):
         return blocked.layer_by_layer(
             trace.n_layers,
             trace.n_heads,
