@@ -31,13 +31,17 @@ import numpy as np
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
+from attnscope.core.backends.mlx_gguf import describe as describe_packed
+from attnscope.core.backends.mlx_gguf import gguf_path_of, load_packed, logical_params
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
 from attnscope.core.loading.quantize import file_quantization
 from attnscope.core.loading.resolve import (
+    DEFAULT_MODEL_NAME,
     ModelInfo,
     ProgressFn,
     _first_line,
+    is_default_ref,
     model_source,
     quiet_transformers,
     resolve,
@@ -105,7 +109,12 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array], quantization: dic
                 group_size=int(quantization["group_size"]),
                 bits=int(quantization["bits"]),
                 mode=quantization.get("mode", "affine"),
-                class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights,
+                # mlx-lm's per-layer overrides: ``quantization[<layer path>] = {"group_size", "bits"}``
+                class_predicate=lambda p, m: (
+                    hasattr(m, "to_quantized")
+                    and f"{p}.scales" in weights
+                    and (quantization[p] if isinstance(quantization.get(p), dict) else True)
+                ),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelLoadError(
@@ -235,19 +244,36 @@ class MlxBackend:
             raise ModelLoadError(f"unknown quantisation {quantize!r}: choose one of none, int8, int4")
         progress = progress or (lambda *_: None)
         t0 = time.perf_counter()
-        folder, name = resolve(model, progress, dtype, backend="mlx")
-        progress(f"Loading {name} for MLX…", 0.96)
-        try:
-            cfg = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_first_line(e)}") from None
+        # a Q4_0/Q4_1/Q8_0 GGUF stays quantised (attnscope.core.backends.mlx_gguf); others convert
+        packed, gguf = None, gguf_path_of(model) if quantize == "none" else None
+        if gguf is not None:
+            try:
+                packed = load_packed(gguf, DTYPES[dtype], progress)
+            except Exception as e:
+                raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
+        if packed is not None:
+            cfg, packed_weights, packed_q, tok = packed
+            folder, name = gguf, DEFAULT_MODEL_NAME if is_default_ref(model) else gguf.stem
+        else:
+            folder, name = resolve(model, progress, dtype, backend="mlx")
+            progress(f"Loading {name} for MLX…", 0.96)
+            try:
+                cfg = json.loads((folder / "config.json").read_text())
+            except (OSError, ValueError) as e:
+                raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_first_line(e)}") from None
         try:
             args = ModelArgs.from_dict(cfg)
         except KeyError as e:
             raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
         file_q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else None
-        m = build_model(args, load_weights(folder, args, DTYPES[dtype]), file_q)
-        runtime = ""
+        if packed is not None:
+            if args.tie_word_embeddings:
+                packed_weights = {k: v for k, v in packed_weights.items() if not k.startswith("lm_head.")}
+            m = build_model(args, packed_weights, packed_q)
+            runtime = describe_packed(packed_q, file_quantization(gguf))
+        else:
+            m = build_model(args, load_weights(folder, args, DTYPES[dtype]), file_q)
+            runtime = ""
         if file_q:
             runtime = f"MLX {file_q['bits']}-bit (group {file_q['group_size']}, nn.QuantizedLinear)"
         elif quantize != "none":
@@ -256,11 +282,10 @@ class MlxBackend:
         from transformers import AutoTokenizer
 
         try:
-            tok = AutoTokenizer.from_pretrained(folder)
+            if packed is None:
+                tok = AutoTokenizer.from_pretrained(folder)
         except Exception as e:
             raise ModelLoadError(f"cannot load the tokenizer of {name}: {_first_line(e)}") from None
-        from mlx.utils import tree_flatten
-
         info = ModelInfo(
             name=name,
             source=model_source(model),
@@ -275,9 +300,9 @@ class MlxBackend:
             sliding_window=args.sliding_window,
             vocab_size=args.vocab_size,
             dtype=dtype,
-            n_params=sum(v.size for _, v in tree_flatten(m.parameters())),
+            n_params=logical_params(m),  # quantised weights at their float count
             has_chat_template=bool(getattr(tok, "chat_template", None)),
-            quantization_file=file_quantization(folder if file_q else model_source(model)),
+            quantization_file=file_quantization(folder if file_q or packed else model_source(model)),
             quantization_runtime=runtime,
             dtype_reason=dtype_reason,
         )
