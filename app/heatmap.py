@@ -357,11 +357,6 @@ class HeatmapView(QWidget):
     def set_colormap(self, name: str) -> None:
         self.colorbar.setColorMap(qt_colormap(name))
 
-    def set_levels(self, lo: float, hi: float) -> None:
-        """Fixed colour range (used by the "Fixed" mode; default [0, 1])."""
-        self.levels = (lo, hi)
-        self._redraw()
-
     def _norm(self, data: np.ndarray) -> np.ndarray:
         vmin, vmax = self.value_range()
         return normalize(data, vmin, vmax, self.scale, self.gamma).astype(np.float32)

@@ -13,6 +13,7 @@ from attnscope.core.errors import Cancelled
 from attnscope.core.io import export as E
 from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from attnscope.core.loading.resolve import file_sha256
+from export_files import read_data
 from PIL import Image, ImageSequence
 
 SIDECAR_KEYS = {
@@ -76,7 +77,7 @@ def test_data_equals_weights_and_sidecar_is_complete(stepped, tmp_path, suffix):
     written = E.export_head(s, 3, 4, path)
     assert written == [path, tmp_path / f"L3_H4.{suffix}.json"]
     expected = s.weights(3, 4)
-    back = E.read_data(path)
+    back = read_data(path)
     # bit-identical, CSV included (%.9g round-trips float32)
     assert back.dtype == np.float32 and back.shape == (s.seq_len, s.seq_len)
     np.testing.assert_array_equal(back, expected)
@@ -395,7 +396,7 @@ def test_cli_all_heads_session_and_frames(tmp_path, smol_session):
     smol_session.step(2)
     for h in range(9):
         np.testing.assert_array_equal(
-            E.read_data(out / f"L04_H{h:02d}.safetensors"), smol_session.weights(4, h)
+            read_data(out / f"L04_H{h:02d}.safetensors"), smol_session.weights(4, h)
         )
     saved = json.loads(sess.read_text())
     assert saved["token_ids"] == smol_session.ids and saved["view"]["cmap"] == "plasma"

@@ -244,7 +244,7 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     # data of the map on screen (+ sidecar)
     ex.export_data(tmp_path / "m.safetensors")
     assert win.engine.wait_idle(60) and win.last_error is None
-    from attnscope.core.io.export import read_data
+    from export_files import read_data
 
     np.testing.assert_array_equal(read_data(tmp_path / "m.safetensors"), win.weights)
     assert json.loads((tmp_path / "m.safetensors.json").read_text())["head"] == 4

@@ -137,11 +137,6 @@ def _pool_by(w: np.ndarray, f: int) -> np.ndarray:
     return (s / np.maximum(c, 1)).astype(np.float32)
 
 
-def _mean_pool(w: np.ndarray, size: int) -> np.ndarray:
-    """Mean over blocks so that neither side exceeds ``size`` (:func:`_pool_by`)."""
-    return _pool_by(w, max(1, -(-max(w.shape) // size)))
-
-
 def _maps_job(layer: int, head: int, n: int, weighting: str):
     """A's and B's maps of one head over the aligned ``n × n``. Up to :data:`MAX_CELLS` the exact maps
     (payload ``(key, wa, wb, 1)``); longer, the overview :class:`attnscope.core.analysis.compare_pool.PairOverview`
@@ -489,17 +484,9 @@ class CompareView(QWidget, SavedControls):
                 self.prompt_edit.setText(snap.prompt or "")
 
     def _browse(self) -> None:
-        cls = None
-        try:
-            from attnscope.app.model_picker import ModelPickerDialog as cls
-        except ImportError:
-            pass
-        if cls is None:
-            path = QFileDialog.getExistingDirectory(self, "Run B's model folder")
-            if path:
-                self.model_edit.setText(path)
-            return
-        dlg = cls(self)
+        from attnscope.app.model_picker import ModelPickerDialog
+
+        dlg = ModelPickerDialog(self)
         dlg.modelChosen.connect(self.model_edit.setText)
         dlg.exec()
 

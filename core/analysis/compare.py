@@ -219,10 +219,6 @@ class CompareResult:
             "top1_agreement": float(self.top1_agree.mean()) if len(self.top1_agree) else None,
         }
 
-    def table_rows(self) -> list[dict]:
-        """The ranked table as flat rows (for CSV)."""
-        return [d.to_json() for d in self.ranked()]
-
 
 def logits_divergence(
     la: np.ndarray, lb: np.ndarray

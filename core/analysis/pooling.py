@@ -25,22 +25,6 @@ def max_pool(w: np.ndarray, out_rows: int, out_cols: int) -> np.ndarray:
     return np.maximum.reduceat(rows, ce[:-1], axis=1)
 
 
-def head_thumbnails(session, size: int = 40, cancelled=None) -> np.ndarray:
-    """Pooled maps of every head, ``(n_layers, n_heads, P, P)`` float32 with ``P = min(seq_len, size)``.
-
-    Computed one head at a time (peak memory one T × T map), checking ``cancelled()`` per layer.
-    """
-    info, T = session.info, session.seq_len
-    P = min(T, size)
-    out = np.zeros((info.n_layers, info.n_heads, P, P), dtype=np.float32)
-    for layer in range(info.n_layers):
-        if cancelled is not None and cancelled():
-            break
-        for head in range(info.n_heads):
-            out[layer, head] = max_pool(session.weights(layer, head), P, P)
-    return out
-
-
 def mean_pool(w: np.ndarray, out_rows: int, out_cols: int) -> np.ndarray:
     """Mean over the same near-equal blocks as :func:`max_pool` (masked cells count as 0): float32.
 

@@ -38,11 +38,6 @@ def visible_len(n_prompt: int, n_generated: int, step: int | None) -> int:
     return n_prompt + step
 
 
-def session_len(session, step: int | None) -> int:
-    """:func:`visible_len` for a :class:`attnscope.core.session.Session`."""
-    return visible_len(session.n_prompt, session.n_generated, step)
-
-
 @dataclass(frozen=True)
 class NextTokenRow:
     """One candidate next token.

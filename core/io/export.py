@@ -252,19 +252,6 @@ def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = N
     return written
 
 
-def read_data(path: str | os.PathLike) -> np.ndarray:
-    """Read back a matrix written by :func:`write_data` (float32)."""
-    path = Path(path)
-    fmt = _format(path, DATA_FORMATS)
-    if fmt == "npy":
-        return np.load(path)
-    if fmt == "csv":
-        return np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
-    from safetensors.numpy import load_file
-
-    return load_file(str(path))[SAFETENSORS_KEY]
-
-
 # -- images ---------------------------------------------------------------------------------------------
 def parse_size(text: str | None) -> tuple[int, int] | None:
     """``"1200x800"`` → ``(1200, 800)``; None passes through. Raises ValueError on anything else."""

@@ -327,13 +327,10 @@ def replay(
 def _usable_device(saved: str, warnings: list[str]) -> str | None:
     """The saved device if this machine has it, else None (auto), with a warning."""
     if saved.startswith("cuda"):
-        try:
-            import torch
+        import torch
 
-            if torch.cuda.is_available():
-                return saved
-        except ImportError:
-            pass
+        if torch.cuda.is_available():
+            return saved
         warnings.append(f"saved on {saved}, which this machine lacks: using the CPU")
         return "cpu"
     return saved if saved in ("cpu", "mps") or saved.startswith("cpu") else None

@@ -36,7 +36,6 @@ from pathlib import Path
 DTYPES = ("float32", "bfloat16", "float16")
 CHOICES = ("auto", *DTYPES)
 SMALL_FLOAT32_BYTES = 1 << 30  # quantised GGUFs at most this big at float32 load at float32
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _ALIASES = {
     "fp32": "float32",
     "f32": "float32",
@@ -320,8 +319,3 @@ def entry_dtype(
 ) -> tuple[str, str]:
     """``(dtype, reason)`` a catalog entry loads at for ``requested`` (:func:`choose_dtype`)."""
     return choose_dtype(requested, entry_checkpoint(entry), device, free_bytes, half_support)
-
-
-def bytes_per_param(dtype: str) -> int:
-    """2 for bfloat16/float16, 4 for float32."""
-    return _BYTES[normalise(dtype) or "float32"]

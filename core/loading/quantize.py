@@ -344,11 +344,9 @@ _METHOD_ALIASES = {
 
 
 def cuda_available() -> bool:
-    """True when torch sees a CUDA GPU (False without torch)."""
-    try:
-        import torch
-    except ImportError:
-        return False
+    """True when torch (a dependency) sees a CUDA GPU."""
+    import torch
+
     return bool(torch.cuda.is_available())
 
 
