@@ -56,10 +56,7 @@ class Commands:
         win.status.last_error = None
         self.state.update(model=None if is_default_source(info.source) else info.source, backend=snap.backend)
         self.apply(snap)  # the new model's snapshot first: what reacts to the new ranges sees it
-        win.layer_spin.setRange(0, info.n_layers - 1)
-        win.head_spin.setRange(0, info.n_heads - 1)
-        win.chat_check.setEnabled(info.has_chat_template)
-        win.chat_check.setChecked(info.has_chat_template)
+        win.controls.set_ranges(info)
         win.status.show_model(snap)
         self.show_empty(snap)
         self.state.events.loaded.emit(snap)

@@ -17,17 +17,17 @@ sequence or step changes) and ``view_state()`` / ``restore_view_state()`` (its s
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from attnscope.app.bind import bind, bind_colour_combo, bind_spin
+from attnscope.app.bind import bind
 from attnscope.app.commands import Commands, window_wording
+from attnscope.app.controls import WIDGETS, Controls
 from attnscope.app.engine import Engine
 from attnscope.app.export import ExportController
 from attnscope.app.head_grid import HeadGridView
 from attnscope.app.heatmap import HeatmapView
 from attnscope.app.maps import MapPanel
-from attnscope.app.menus import add_view_action, build_menus
+from attnscope.app.menus import about_text, add_view_action, build_menus
 from attnscope.app.state import ViewState
 from attnscope.app.status import APP_NAME, StatusLine
 from attnscope.app.tabs import EmptyOverlay, ViewTabs
@@ -36,20 +36,13 @@ from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
 from attnscope.app.views.mask import MaskView
 from attnscope.app.views.next_token import DecodePanel
-from attnscope.core.io.colormaps import ASSETS, COLORMAPS
+from attnscope.core.io.colormaps import ASSETS
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QFileDialog,
-    QHBoxLayout,
-    QLabel,
     QMainWindow,
     QMessageBox,
-    QPlainTextEdit,
-    QPushButton,
-    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -66,14 +59,6 @@ def human_bytes(n: int) -> str:
     from attnscope.core.units import format_bytes
 
     return format_bytes(n)
-
-
-def sample_prompts() -> list[str]:
-    try:
-        lines = (ASSETS / "prompts.txt").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return ["The quick brown fox jumps over the lazy dog."]
-    return [ln.replace("\\n", "\n") for ln in lines if ln.strip()]
 
 
 def _delegate(owner: str, name: str, doc: str = "") -> property:
@@ -153,56 +138,11 @@ class MainWindow(QMainWindow):
         outer = QVBoxLayout(central)
         outer.setContentsMargins(6, 6, 6, 2)
 
-        # prompt row
-        prompt_row = QHBoxLayout()
-        self.prompt_edit = QPlainTextEdit()
-        self.prompt_edit.setPlaceholderText("Type a prompt, then Run (Ctrl+Enter)")
-        self.prompt_edit.setPlainText(sample_prompts()[0])
-        self.prompt_edit.setFixedHeight(58)
-        prompt_row.addWidget(self.prompt_edit, 1)
-        buttons = QVBoxLayout()
-        self.run_button = QPushButton("Run")
-        self.run_button.setToolTip("Prefill the prompt (Ctrl+Enter)")
-        self.chat_check = QCheckBox("Chat template")
-        self.chat_check.setChecked(True)
-        self.chat_check.setToolTip("Wrap the prompt in the model's chat template (instruct models)")
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.chat_check)
-        prompt_row.addLayout(buttons)
-        outer.addLayout(prompt_row)
-
-        # controls row
-        ctl = QHBoxLayout()
-        self.back_button = QPushButton("◀ Back")
-        self.back_button.setToolTip("Undo one decode step: the KV cache is truncated (Shift+F10)")
-        self.step_button = QPushButton("Step ▶")
-        self.step_button.setToolTip("Decode one token (F10)")
-        self.steps_spin = QSpinBox()
-        self.steps_spin.setRange(1, 4096)
-        self.steps_spin.setValue(8)
-        self.steps_spin.setToolTip("Tokens for Step ×N")
-        self.stepn_button = QPushButton("Step ×N")
-        self.stepn_button.setToolTip("Decode N tokens (Ctrl+F10)")
-        for w in (self.back_button, self.step_button, QLabel("N"), self.steps_spin, self.stepn_button):
-            ctl.addWidget(w)
-        ctl.addSpacing(18)
-        ctl.addWidget(QLabel("Layer"))
-        self.layer_spin = QSpinBox()
-        self.layer_spin.setToolTip("Layer, 0-based (Page Up / Page Down)")
-        ctl.addWidget(self.layer_spin)
-        ctl.addWidget(QLabel("Head"))
-        self.head_spin = QSpinBox()
-        self.head_spin.setToolTip("Query head, 0-based ([ and ])")
-        ctl.addWidget(self.head_spin)
-        self.group_label = QLabel("")
-        self.group_label.setStyleSheet("color:#335;")
-        ctl.addWidget(self.group_label)
-        ctl.addStretch(1)
-        ctl.addWidget(QLabel("Colours"))
-        self.cmap_combo = QComboBox()
-        self.cmap_combo.addItems(COLORMAPS)
-        ctl.addWidget(self.cmap_combo)
-        outer.addLayout(ctl)
+        self.controls = Controls(self.state)
+        for name in WIDGETS:
+            setattr(self, name, getattr(self.controls, name))
+        outer.addLayout(self.controls.prompt_row)
+        outer.addLayout(self.controls.selection_row)
         self.timeline = TimelineBar()
         outer.addWidget(self.timeline)
 
@@ -230,9 +170,6 @@ class MainWindow(QMainWindow):
     def _bind(self) -> None:
         """Widgets ⇄ state, and who hears what."""
         st, cmd = self.state, self.commands
-        bind_spin(st, "layer", self.layer_spin)
-        bind_spin(st, "head", self.head_spin)
-        bind_colour_combo(st, self.cmap_combo)
         bind(
             st,
             "step",
@@ -249,7 +186,7 @@ class MainWindow(QMainWindow):
             self._tab_key,
             lambda key: self.tabs.setCurrentWidget(self.views[key]) if key in self.views else None,
         )
-        st.events.selection.connect(self._on_selection)
+        st.events.selection.connect(lambda sel: self.selectionChanged.emit(*sel))
         st.events.snapshot.connect(self._on_snapshot)
         st.events.changed.connect(self._on_changed)
         st.events.tab.connect(lambda _key: self.refresh_current_view())
@@ -299,12 +236,7 @@ class MainWindow(QMainWindow):
         """A ``cancelled()`` callable for a view job on ``channel`` (:meth:`Engine.cancel_token`)."""
         return self.engine.cancel_token(channel)
 
-    def _on_selection(self, selection) -> None:
-        self._update_group_label()
-        self.selectionChanged.emit(*selection)
-
     def _on_snapshot(self, snap) -> None:
-        self._update_group_label()
         self.snapshotChanged.emit(snap)
         # panels that need a sequence are covered until there is one
         for key, view in self.views.items():
@@ -328,52 +260,22 @@ class MainWindow(QMainWindow):
             st.query_row = None
         self.commands.after_step()
 
-    def _update_group_label(self) -> None:
-        if self.snapshot is None:
-            return
-        g = self.snapshot.info.group_size
-        kv = self.head // g
-        members = ", ".join(f"q{h}" for h in range(kv * g, (kv + 1) * g))
-        self.group_label.setText(f"reads KV head {kv}  (GQA group: {members})")
-
     def _on_grid_click(self, layer: int, head: int) -> None:
         self.select(layer, head)
         self.show_view("heatmap")
 
-    def set_running(self, has_model: bool) -> None:
-        """Enable Run once a model is loaded; Step once a prompt ran; Back once a token was generated."""
-        snap = self.snapshot
-        ran = snap is not None and snap.seq_len > 0
-        self.run_button.setEnabled(has_model)
-        for w in (self.step_button, self.stepn_button):
-            w.setEnabled(has_model and ran)
-        self.back_button.setEnabled(has_model and ran and snap.n_generated > 0)
-
-    # -- commands (Commands does them) -----------------------------------------------------------
-    def load_model(self, model: str | None) -> None:
-        self.commands.load_model(model)
-
-    def run_prompt(self) -> None:
-        self.commands.run_prompt()
-
-    def step(self, n: int = 1) -> None:
-        self.commands.step(n)
-
-    def step_back(self, n: int = 1) -> None:
-        self.commands.step_back(n)
-
-    def set_backend(self, name: str) -> None:
-        self.commands.set_backend(name)
-
-    def request_weights(self) -> None:
-        self.maps.request_weights()
-
-    def show_error(self, message: str) -> None:
-        """Show ``message`` in the status bar and, when the window is visible, a dialog."""
-        self.status.show_error(message)
-
-    def _show_token_strip(self) -> None:  # the name tests have used
-        self.maps.show_token_strip()
+    # -- commands, done by the controllers (the names tests and scripts use) ---------------------
+    load_model = property(lambda self: self.commands.load_model)
+    run_prompt = property(lambda self: self.commands.run_prompt)
+    step = property(lambda self: self.commands.step)
+    step_back = property(lambda self: self.commands.step_back)
+    set_backend = property(lambda self: self.commands.set_backend)
+    set_running = property(lambda self: self.controls.set_running)
+    request_weights = property(lambda self: self.maps.request_weights)
+    show_error = property(lambda self: self.status.show_error, doc="Status bar line (+ dialog when shown).")
+    _show_token_strip = property(lambda self: self.maps.show_token_strip)
+    export_heatmap_png = property(lambda self: self.maps.save_png)
+    export_heatmap_data = property(lambda self: self.maps.save_data)
 
     # -- files -------------------------------------------------------------------------------------
     def open_model_dialog(self) -> None:
@@ -397,27 +299,6 @@ class MainWindow(QMainWindow):
         if path:
             self.load_model(path)
 
-    def export_heatmap_png(self, path: str | os.PathLike) -> Path:
-        """Save the heatmap as shown (labels, colour bar) to a PNG. Raises OSError on failure."""
-        path = Path(path)
-        if not self.heatmap.glw.grab().save(str(path), "PNG"):
-            raise OSError(f"could not write {path}")
-        self.statusBar().showMessage(f"Saved {path}", 5000)
-        return path
-
-    def export_heatmap_data(self, path: str | os.PathLike) -> Path:
-        """Save the current head's weights as .npy or .csv (by suffix)."""
-        from attnscope.core.cli.commands.export import write_weights
-
-        path = Path(path)
-        try:
-            write_weights(self.weights, path)
-        except (OSError, ValueError) as e:
-            self.show_error(str(e))
-            raise
-        self.statusBar().showMessage(f"Saved {path}", 5000)
-        return path
-
     # drag and drop a model folder or .gguf
     def dragEnterEvent(self, e) -> None:
         urls = e.mimeData().urls() if e.mimeData().hasUrls() else []
@@ -430,21 +311,8 @@ class MainWindow(QMainWindow):
         self.load_model(e.mimeData().urls()[0].toLocalFile())
 
     def about_text(self) -> str:
-        """Help → About: the version, the model that runs (name, source) and the backend, device, dtype."""
-        from attnscope.core import __version__
-
-        lines = [
-            f"{APP_NAME} {__version__}",
-            "Step through decode and inspect every attention head.",
-            "Weights are exact recomputations from captured queries, cached keys and LSE.",
-        ]
-        snap = self.snapshot
-        if snap is None:
-            lines.append("Model: none loaded yet")
-        else:
-            lines.append(f"Model: {snap.info.name} ({snap.info.architecture}) from {snap.info.source}")
-            lines.append(f"Backend: {snap.backend} on {snap.device}, {snap.info.dtype}")
-        return "\n".join(lines)
+        """Help → About: the version, the model that runs and its backend, device, dtype."""
+        return about_text(self.snapshot)
 
     def about(self) -> None:
         QMessageBox.about(self, f"About {APP_NAME}", self.about_text())

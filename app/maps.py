@@ -10,7 +10,9 @@ scale, gamma and colour range in ``state.colour`` (the colour map comes from the
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 from attnscope.app import jobs
@@ -49,15 +51,13 @@ class MapPanel:
         state.events.colour.connect(self._on_colour)
         state.events.query_row.connect(lambda _row: self.show_token_strip())
         state.events.settings.connect(self._on_settings)
-        for control in (
-            heatmap.aggregate_combo,
-            heatmap.weighting_combo,
-            heatmap.range_combo,
-            heatmap.scale_combo,
-        ):
+        for control in (heatmap.aggregate_combo, heatmap.weighting_combo):
             control.currentIndexChanged.connect(self.push_settings)
-        heatmap.gamma_spin.valueChanged.connect(self.push_settings)
+        heatmap.range_combo.currentIndexChanged.connect(self.push_colour)
+        heatmap.scale_combo.currentIndexChanged.connect(self.push_colour)
+        heatmap.gamma_spin.valueChanged.connect(self.push_colour)
         self.push_settings()
+        self.push_colour()
 
     # -- state ----------------------------------------------------------------------------------
     def heatmap_settings(self) -> dict:
@@ -65,9 +65,12 @@ class MapPanel:
         return {k: getattr(hm, k) for k in HEATMAP_KEYS if hasattr(hm, k)}
 
     def push_settings(self, *_args) -> None:
-        """The state := the heatmap's options as shown."""
+        """``state.settings["heatmap"]`` := the heatmap's aggregate and weighting as shown."""
+        self.state.set_tab_settings("heatmap", self.heatmap_settings())
+
+    def push_colour(self, *_args) -> None:
+        """``state.colour`` := the heatmap's scale, gamma and colour range as shown."""
         hm, st = self.heatmap, self.state
-        st.set_tab_settings("heatmap", self.heatmap_settings())
         try:
             st.colour = replace(st.colour, scale=hm.scale, gamma=hm.gamma, range_mode=hm.range_mode)
         except ValueError:  # not a colour spec (cannot happen with the heatmap's own choices)
@@ -162,7 +165,7 @@ class MapPanel:
         when = "" if self.state.at_latest else f" · step {self.state.step} of {snap.n_generated}"
         title = f"{describe(snap.info, layer, head, mode)} · seq_len {n}{when}"
         title += f" · {hm.apply_length_defaults(n)}"
-        self.push_settings()  # the scale may follow the length (set with the combo's signals blocked)
+        self.push_colour()  # the scale may follow the length (set with the combo's signals blocked)
         if getattr(hm, "weighting", "attention") == "value-weighted":
             title += (
                 " · value-weighted α·‖v W_O‖, row-normalised"
@@ -291,3 +294,26 @@ class MapPanel:
         self._show_thumbs(thumbs, weighting, "")
         self.grid.canvas.set_selected(self.state.layer, self.state.head)
         self.grid.show_scale()
+
+    # -- saving what is shown ----------------------------------------------------------------------
+    def save_png(self, path: str | os.PathLike) -> Path:
+        """Save the heatmap as shown (labels, colour bar) to a PNG. Raises OSError on failure."""
+        path = Path(path)
+        if not self.heatmap.glw.grab().save(str(path), "PNG"):
+            raise OSError(f"could not write {path}")
+        self.state.say(f"Saved {path}", 5000)
+        return path
+
+    def save_data(self, path: str | os.PathLike) -> Path:
+        """Save the current head's weights as .npy or .csv (by suffix). Raises OSError or ValueError
+        (said in the status bar too)."""
+        from attnscope.core.cli.commands.export import write_weights
+
+        path = Path(path)
+        try:
+            write_weights(self.weights, path)
+        except (OSError, ValueError) as e:
+            self.state.fail(str(e))
+            raise
+        self.state.say(f"Saved {path}", 5000)
+        return path

@@ -103,3 +103,22 @@ def add_view_action(win, key: str, title: str) -> None:
         lambda _checked=False, k=key: win.show_view(k),
         f"Ctrl+{idx + 1}" if idx < 9 else None,
     )
+
+
+def about_text(snap) -> str:
+    """Help → About for snapshot ``snap`` (None: no model yet): the version, the model that runs
+    (name, source) and the backend, device, dtype."""
+    from attnscope.app.status import APP_NAME
+    from attnscope.core import __version__
+
+    lines = [
+        f"{APP_NAME} {__version__}",
+        "Step through decode and inspect every attention head.",
+        "Weights are exact recomputations from captured queries, cached keys and LSE.",
+    ]
+    if snap is None:
+        lines.append("Model: none loaded yet")
+    else:
+        lines.append(f"Model: {snap.info.name} ({snap.info.architecture}) from {snap.info.source}")
+        lines.append(f"Backend: {snap.backend} on {snap.device}, {snap.info.dtype}")
+    return "\n".join(lines)

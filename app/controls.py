@@ -1,0 +1,132 @@
+"""The rows above the tabs: the prompt with Run and Chat template, then Back / Step / Step ×N, the
+layer and head spin boxes with the head's GQA group, and the colour map.
+
+:class:`Controls` builds them and binds the layer, head and colour map to the
+:class:`attnscope.app.state.ViewState` (:mod:`attnscope.app.bind`); the buttons are connected by
+the window to :class:`attnscope.app.commands.Commands`.
+"""
+
+from __future__ import annotations
+
+from attnscope.app.bind import bind_colour_combo, bind_spin
+from attnscope.core.io.colormaps import ASSETS, COLORMAPS
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+)
+
+#: the attributes a window gets from its Controls
+WIDGETS = (
+    "prompt_edit",
+    "run_button",
+    "chat_check",
+    "back_button",
+    "step_button",
+    "steps_spin",
+    "stepn_button",
+    "layer_spin",
+    "head_spin",
+    "group_label",
+    "cmap_combo",
+)
+
+
+def sample_prompts() -> list[str]:
+    """The sample prompts shipped in ``assets/prompts.txt`` (``\\n`` in a line is a newline)."""
+    try:
+        lines = (ASSETS / "prompts.txt").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ["The quick brown fox jumps over the lazy dog."]
+    return [ln.replace("\\n", "\n") for ln in lines if ln.strip()]
+
+
+class Controls:
+    """The prompt row (``prompt_row``) and the selection row (``selection_row``), as layouts."""
+
+    def __init__(self, state):
+        self.state = state
+        self.prompt_row = QHBoxLayout()
+        self.prompt_edit = QPlainTextEdit()
+        self.prompt_edit.setPlaceholderText("Type a prompt, then Run (Ctrl+Enter)")
+        self.prompt_edit.setPlainText(sample_prompts()[0])
+        self.prompt_edit.setFixedHeight(58)
+        self.prompt_row.addWidget(self.prompt_edit, 1)
+        buttons = QVBoxLayout()
+        self.run_button = QPushButton("Run")
+        self.run_button.setToolTip("Prefill the prompt (Ctrl+Enter)")
+        self.chat_check = QCheckBox("Chat template")
+        self.chat_check.setChecked(True)
+        self.chat_check.setToolTip("Wrap the prompt in the model's chat template (instruct models)")
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.chat_check)
+        self.prompt_row.addLayout(buttons)
+
+        ctl = self.selection_row = QHBoxLayout()
+        self.back_button = QPushButton("◀ Back")
+        self.back_button.setToolTip("Undo one decode step: the KV cache is truncated (Shift+F10)")
+        self.step_button = QPushButton("Step ▶")
+        self.step_button.setToolTip("Decode one token (F10)")
+        self.steps_spin = QSpinBox()
+        self.steps_spin.setRange(1, 4096)
+        self.steps_spin.setValue(8)
+        self.steps_spin.setToolTip("Tokens for Step ×N")
+        self.stepn_button = QPushButton("Step ×N")
+        self.stepn_button.setToolTip("Decode N tokens (Ctrl+F10)")
+        for w in (self.back_button, self.step_button, QLabel("N"), self.steps_spin, self.stepn_button):
+            ctl.addWidget(w)
+        ctl.addSpacing(18)
+        ctl.addWidget(QLabel("Layer"))
+        self.layer_spin = QSpinBox()
+        self.layer_spin.setToolTip("Layer, 0-based (Page Up / Page Down)")
+        ctl.addWidget(self.layer_spin)
+        ctl.addWidget(QLabel("Head"))
+        self.head_spin = QSpinBox()
+        self.head_spin.setToolTip("Query head, 0-based ([ and ])")
+        ctl.addWidget(self.head_spin)
+        self.group_label = QLabel("")
+        self.group_label.setStyleSheet("color:#335;")
+        ctl.addWidget(self.group_label)
+        ctl.addStretch(1)
+        ctl.addWidget(QLabel("Colours"))
+        self.cmap_combo = QComboBox()
+        self.cmap_combo.addItems(COLORMAPS)
+        ctl.addWidget(self.cmap_combo)
+
+        bind_spin(state, "layer", self.layer_spin)
+        bind_spin(state, "head", self.head_spin)
+        bind_colour_combo(state, self.cmap_combo)
+        state.events.selection.connect(lambda _sel: self.update_group_label())
+        state.events.snapshot.connect(lambda _snap: self.update_group_label())
+
+    def set_ranges(self, info) -> None:
+        """Layer and head spin boxes for a model with ``info.n_layers`` and ``info.n_heads``; the chat
+        template box on when the model has a template."""
+        self.layer_spin.setRange(0, info.n_layers - 1)
+        self.head_spin.setRange(0, info.n_heads - 1)
+        self.chat_check.setEnabled(info.has_chat_template)
+        self.chat_check.setChecked(info.has_chat_template)
+
+    def update_group_label(self) -> None:
+        """ "reads KV head k (GQA group: q…)" for the selected head."""
+        snap = self.state.snapshot
+        if snap is None:
+            return
+        info = snap.info
+        kv = info.kv_head(self.state.head)
+        members = ", ".join(f"q{h}" for h in info.group(kv))
+        self.group_label.setText(f"reads KV head {kv}  (GQA group: {members})")
+
+    def set_running(self, has_model: bool) -> None:
+        """Enable Run once a model is loaded; Step once a prompt ran; Back once a token was generated."""
+        snap = self.state.snapshot
+        ran = snap is not None and snap.seq_len > 0
+        self.run_button.setEnabled(has_model)
+        for w in (self.step_button, self.stepn_button):
+            w.setEnabled(has_model and ran)
+        self.back_button.setEnabled(has_model and ran and snap.n_generated > 0)
