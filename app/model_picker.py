@@ -84,6 +84,14 @@ SOURCE_LABELS = {
 }
 
 
+def loads_at_label(f: FitEstimate | None) -> str:
+    """The *Loads at* cell: the load dtype, and the quantisation of the linear layers when asked
+    (``"bfloat16 + int8"``); ``"—"`` without an estimate."""
+    if f is None:
+        return "—"
+    return f.dtype if f.quantize in ("", "none") else f"{f.dtype} + {f.quantize}"
+
+
 def count_label(n: int) -> str:
     """``134515008`` → ``'134.5M'``."""
     if not n:
@@ -145,7 +153,10 @@ class CatalogModel(QAbstractTableModel):
         if orientation == Qt.Horizontal and role == Qt.DisplayRole:
             return COLUMNS[section]
         if orientation == Qt.Horizontal and role == Qt.ToolTipRole and section == FIT_COLUMN:
-            return "weights + KV cache + capture buffers at the chosen context, against free memory now"
+            return (
+                "weights (at the Quantise choice) + KV cache + capture buffers at the chosen context "
+                "+ the runtime, against free memory now"
+            )
         return None
 
     def _cell(self, e: CatalogEntry, f: FitEstimate | None, col: int):
@@ -174,7 +185,7 @@ class CatalogModel(QAbstractTableModel):
         if col == 8:
             return e.dtype, e.dtype
         if col == LOADS_AT_COLUMN:
-            return (f.dtype if f is not None else "—"), (f.dtype if f is not None else "")
+            return loads_at_label(f), (f.dtype if f is not None else "")
         if col == 10:
             return human_bytes(e.size_bytes), e.size_bytes
         if not e.supported:
@@ -485,6 +496,7 @@ class ModelPickerDialog(QDialog):
         self.backend.currentTextChanged.connect(self.update_fits)
         self.device.currentTextChanged.connect(self.update_fits)
         self.dtype.currentTextChanged.connect(self.update_fits)
+        self.quantize.currentTextChanged.connect(self.update_fits)
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self.table.doubleClicked.connect(self._on_double_click)
         self.add_folder_btn.clicked.connect(self._add_folder)
@@ -535,6 +547,10 @@ class ModelPickerDialog(QDialog):
             self.dtype.currentText(),
         )
 
+    def _quantize_choice(self) -> str:
+        q = getattr(self, "quantize", None)  # built after the fit settings' widgets
+        return q.currentText() if q is not None else "none"
+
     def _free_memory(self, backend: str, device: str) -> tuple[int | None, str]:
         key = (backend, device)
         if key not in self._free:
@@ -546,7 +562,16 @@ class ModelPickerDialog(QDialog):
         self.model.backend = backend
         free, label = self._free_memory(backend, device)
         return [
-            estimate_entry(e, ctx, backend, device, dtype, free_bytes=free, memory=label)
+            estimate_entry(
+                e,
+                ctx,
+                backend,
+                device,
+                dtype,
+                free_bytes=free,
+                memory=label,
+                quantize=self._quantize_choice(),
+            )
             if e.supported and e.n_layers
             else None
             for e in entries
@@ -641,10 +666,13 @@ class ModelPickerDialog(QDialog):
             else f"free {f.memory} unknown"
         )
         conv = f" (converted to {f.dtype})" if e.format == "gguf" else f" at {f.dtype}"
+        if f.quantize not in ("", "none"):
+            conv += f", linear layers {f.quantize}"
+        runtime = f" + runtime {human_bytes(f.runtime_bytes)}" if f.runtime_bytes else ""
         fit = (
             f"<br><span style='color:{colour}'><b>{f.verdict}</b></span> at {f.context:,} tokens: weights "
             f"{human_bytes(f.weights_bytes)}{conv} + KV cache {human_bytes(f.kv_cache_bytes)} + capture "
-            f"{human_bytes(f.capture_bytes)} = <b>{human_bytes(f.total_bytes)}</b> of {free}."
+            f"{human_bytes(f.capture_bytes)}{runtime} = <b>{human_bytes(f.total_bytes)}</b> of {free}."
         )
         why = f"<br>Loads at {html.escape(f.dtype_reason)}." if f.dtype_reason else ""
         return head + geo + fit + why

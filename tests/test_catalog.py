@@ -18,6 +18,7 @@ from attnscope.core.loading import catalog
 from attnscope.core.loading.fit import (
     FITS,
     NO_FIT,
+    RUNTIME_BYTES,
     TIGHT,
     UNKNOWN,
     _meminfo_available,
@@ -326,7 +327,8 @@ def test_fit_components_by_hand():
     assert f.weights_bytes == 538_060_032
     assert f.kv_cache_bytes == 377_487_360
     assert f.capture_bytes == 575_078_400
-    assert f.total_bytes == 538_060_032 + 377_487_360 + 575_078_400
+    assert f.runtime_bytes == RUNTIME_BYTES["torch"]
+    assert f.total_bytes == 538_060_032 + 377_487_360 + 575_078_400 + RUNTIME_BYTES["torch"]
     assert f.verdict == FITS
     bf = estimate(
         n_params=1000,
@@ -367,7 +369,16 @@ def test_fit_verdict_thresholds(free, verdict, monkeypatch):
 
     monkeypatch.setattr(fit, "free_memory", lambda *a: (None, "RAM"))
     # total = 1000 bytes: weights 250 × 4, no context
-    f = estimate(n_params=250, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=1, context=0, free_bytes=free)
+    f = estimate(
+        n_params=250,
+        n_layers=1,
+        n_heads=1,
+        n_kv_heads=1,
+        head_dim=1,
+        context=0,
+        free_bytes=free,
+        runtime=False,
+    )
     assert f.total_bytes == 1000 and f.verdict == verdict
 
 

@@ -1,11 +1,16 @@
 """Will this model fit? Memory a model needs at a chosen context, against the memory free now.
 
-    total = weights + KV cache + capture buffers
+    total = weights + KV cache + capture buffers + runtime
 
 * weights: ``n_params × bytes(dtype)`` at the load dtype, for a folder and a GGUF alike (a GGUF
   is converted tensor by tensor straight to the load dtype, :mod:`attnscope.core.loading.gguf_convert`). ``dtype``
   ``"auto"`` is resolved per model by :func:`attnscope.core.loading.precision.entry_dtype` (the checkpoint's own
   precision, float32 where the device has no fast bf16/fp16 matmul and float32 fits).
+  With ``--quantize`` (:mod:`attnscope.core.loading.quantize`) the decoder's linear weights take
+  :data:`QUANT_BYTES` bytes each (int8: 1; int4: ½ + a bfloat16 scale and zero per 128) and the
+  rest (embeddings, ``lm_head``, norms: :func:`embedding_params`) stays at the load dtype.
+* runtime: what the process holds besides (Python, torch/transformers or MLX, the tokenizer,
+  one prefill chunk's activations, the allocator's slack): :data:`RUNTIME_BYTES`, measured.
 * KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.analysis.kv_formula.kv_cache_bytes`).
 * capture buffers (:class:`attnscope.core.trace.torch_trace.TorchTrace`): per layer the post-RoPE query rows,
   ``n_heads × T × head_dim`` elements in the model's dtype (float32 by default, as the Trace keeps
@@ -23,11 +28,20 @@ beyond, ``unknown`` when free memory cannot be read.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from attnscope.core.analysis.kv_formula import dtype_bytes, kv_cache_bytes
 
 TIGHT_FRACTION = 0.8
+# Bytes per decoder linear weight at each --quantize mode (scales: int8 one per output row, ≈ 0;
+# int4 a bfloat16 scale and zero per group of 128 weights: 4 / 128 byte).
+QUANT_BYTES = {"int8": 1.0, "int4": 0.5 + 4 / 128}
+# Peak RSS besides weights, KV cache and capture, per backend. torch: measured on this project's
+# CPU machine (`attnscope bench`, peak RSS of the capture prefill minus the three terms above):
+# Llama-3.2-1B-shaped bf16 at 2048 tokens 0.63 GB, int8 at 512 tokens see README "Real-size
+# models"; 0.6 GB is their middle. MLX (CPU build): SmolLM2 loaded and prefilled, 0.4 GB.
+RUNTIME_BYTES = {"torch": 600_000_000, "mlx": 400_000_000}
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
 LSE_BYTES = 4  # LSE rows are float32 whatever the model dtype
 
@@ -45,10 +59,12 @@ class FitEstimate:
     dtype: str
     verdict: str  # FITS / TIGHT / NO_FIT / UNKNOWN
     dtype_reason: str = ""  # why ``dtype`` (attnscope.core.loading.precision.choose_dtype), for "auto"
+    runtime_bytes: int = 0  # the process besides weights, cache and capture (RUNTIME_BYTES)
+    quantize: str = "none"  # the --quantize mode the weights were counted at
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes + self.capture_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.capture_bytes + self.runtime_bytes
 
     def summary(self) -> str:
         """One line: ``fits: 1.2 GB of 20.1 GB free RAM (weights 0.5 GB, KV 0.3 GB, capture 0.4 GB)``."""
@@ -59,7 +75,8 @@ class FitEstimate:
         )
         return (
             f"{self.verdict}: {human_bytes(self.total_bytes)} of {free} (weights {human_bytes(self.weights_bytes)}, "
-            f"KV cache {human_bytes(self.kv_cache_bytes)}, capture {human_bytes(self.capture_bytes)} at {self.context} tokens)"
+            f"KV cache {human_bytes(self.kv_cache_bytes)}, capture {human_bytes(self.capture_bytes)} at {self.context} tokens"
+            f"{f', runtime {human_bytes(self.runtime_bytes)}' if self.runtime_bytes else ''})"
         )
 
 
@@ -114,9 +131,91 @@ def free_memory(backend: str = "torch", device: str = "cpu") -> tuple[int | None
         return _meminfo_available(), label
 
 
-def weights_bytes(n_params: int, fmt: str = "hf", dtype: str = "float32") -> int:
-    """Bytes of the loaded weights at ``dtype`` (a GGUF too: it is converted to the load dtype)."""
-    return int(n_params) * dtype_bytes(dtype)
+def weights_bytes(
+    n_params: int,
+    fmt: str = "hf",
+    dtype: str = "float32",
+    quantize: str = "none",
+    linear_params: int | None = None,
+) -> int:
+    """Bytes of the loaded weights at ``dtype`` (a GGUF too: it is converted to the load dtype).
+
+    With ``quantize`` ``"int8"``/``"int4"``, ``linear_params`` of them (the decoder's linear
+    weights; default: all) take :data:`QUANT_BYTES` bytes each, the rest ``dtype``'s.
+    """
+    if quantize in (None, "", "none"):
+        return int(n_params) * dtype_bytes(dtype)
+    lin = int(n_params) if linear_params is None else max(0, min(int(linear_params), int(n_params)))
+    return int(lin * QUANT_BYTES[quantize]) + (int(n_params) - lin) * dtype_bytes(dtype)
+
+
+_PACKED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # GGUF types MLX keeps packed (core/backends/mlx_gguf.py)
+
+
+def mlx_packed_bytes(path, dtype: str) -> int | None:
+    """Weight bytes of a GGUF the MLX backend keeps packed: Q4_0/Q4_1 ½ byte and Q8_0 1 byte per
+    weight, plus a scale and a bias at ``dtype`` per 32; float tensors at ``dtype``. None when the
+    file has another quantised type (then it is converted: :func:`weights_bytes`) or is unreadable."""
+    try:
+        return _mlx_packed_bytes(str(path), dtype, Path(path).stat().st_mtime_ns)
+    except OSError:
+        return None
+
+
+@lru_cache(maxsize=512)
+def _mlx_packed_bytes(path: str, dtype: str, _mtime: int) -> int | None:
+    try:
+        from attnscope.core.loading.gguf_meta import read_gguf_header
+
+        tensors = read_gguf_header(path).tensors
+    except Exception:  # noqa: BLE001 - unreadable: not packed, the conversion estimate applies
+        return None
+    b = dtype_bytes(dtype)
+    total, packed = 0.0, False
+    for t in tensors:
+        bits = _PACKED_BITS.get(t.type_name)
+        if bits is not None:
+            total += t.n_elements * (bits / 8 + 2 * b / 32)
+            packed = True
+        elif t.type_name in ("F32", "F16", "BF16"):
+            total += t.n_elements * b
+        else:
+            return None
+    return int(total) if packed else None
+
+
+def embedding_params(path, fmt: str = "hf") -> int | None:
+    """Parameters outside the decoder's linear layers that matter for size: the input embedding,
+    plus ``lm_head`` when it is not tied to it (``vocab × hidden`` each). Read from config.json
+    (``vocab_size``, ``hidden_size``, ``tie_word_embeddings``) or the GGUF's ``token_embd`` /
+    ``output`` tensors; None when unreadable. Cached per (path, mtime)."""
+    try:
+        p = Path(path)
+        cfg_path = p / "config.json" if fmt != "gguf" else p
+        return _embedding_params(str(p), fmt, cfg_path.stat().st_mtime_ns)
+    except OSError:
+        return None
+
+
+@lru_cache(maxsize=512)
+def _embedding_params(path: str, fmt: str, _mtime: int) -> int | None:
+    import json
+
+    try:
+        if fmt == "gguf":
+            from attnscope.core.loading.gguf_meta import read_gguf_header
+
+            sizes = {t.name: t.n_elements for t in read_gguf_header(path).tensors}
+            if "token_embd.weight" not in sizes:
+                return None
+            return int(sizes["token_embd.weight"]) + int(sizes.get("output.weight", 0))
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        vocab, hidden = int(text["vocab_size"]), int(text["hidden_size"])
+        tied = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+        return vocab * hidden * (1 if tied else 2)
+    except Exception:  # noqa: BLE001 - any unreadable metadata: unknown, the estimate counts all as linear
+        return None
 
 
 def estimate(
@@ -133,32 +232,42 @@ def estimate(
     dtype: str = "float32",
     free_bytes: int | None = None,
     memory: str | None = None,
+    quantize: str = "none",
+    linear_params: int | None = None,
+    runtime: bool = True,
 ) -> FitEstimate:
     """Fit estimate from a model's geometry. ``free_bytes`` overrides the measurement (tests, or a
-    caller that must count the model still loaded).
+    caller that must count the model still loaded). ``quantize``/``linear_params``: see
+    :func:`weights_bytes`; ``runtime=False`` leaves :data:`RUNTIME_BYTES` out.
 
     Raises:
-        ValueError: a negative size, or an unknown dtype.
+        ValueError: a negative size, or an unknown dtype or quantisation.
     """
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
-    w = weights_bytes(n_params, fmt, dtype)
+    quantize = quantize or "none"
+    if quantize != "none" and quantize not in QUANT_BYTES:
+        raise ValueError(f"unknown quantisation {quantize!r}")
+    w = weights_bytes(n_params, fmt, dtype, quantize, linear_params)
+    rt = RUNTIME_BYTES.get(backend, RUNTIME_BYTES["torch"]) if runtime else 0
     kv = kv_cache_bytes(n_layers, n_kv_heads, head_dim, context, dtype)
     cap = capture_bytes(n_layers, n_heads, head_dim, context, dtype)
     if free_bytes is None:
         free_bytes, measured = free_memory(backend, device)
         memory = memory or measured
     memory = memory or ("unified memory" if backend == "mlx" else "RAM")
-    total = w + kv + cap
+    verdict = _verdict(w + kv + cap + rt, free_bytes)
+    return FitEstimate(
+        w, kv, cap, free_bytes, memory, int(context), dtype, verdict, runtime_bytes=rt, quantize=quantize
+    )
+
+
+def _verdict(total: int, free_bytes: int | None) -> str:
     if free_bytes is None:
-        verdict = UNKNOWN
-    elif total <= TIGHT_FRACTION * free_bytes:
-        verdict = FITS
-    elif total <= free_bytes:
-        verdict = TIGHT
-    else:
-        verdict = NO_FIT
-    return FitEstimate(w, kv, cap, free_bytes, memory, int(context), dtype, verdict)
+        return UNKNOWN
+    if total <= TIGHT_FRACTION * free_bytes:
+        return FITS
+    return TIGHT if total <= free_bytes else NO_FIT
 
 
 def estimate_entry(
@@ -169,10 +278,12 @@ def estimate_entry(
     dtype: str = "auto",
     free_bytes: int | None = None,
     memory: str | None = None,
+    quantize: str = "none",
 ) -> FitEstimate:
     """:func:`estimate` for a :class:`attnscope.core.loading.catalog.CatalogEntry` (``context`` capped at its max context)
     at ``dtype``; ``"auto"`` is the dtype this entry would load at (:func:`attnscope.core.loading.precision.entry_dtype`),
-    recorded with its reason in the estimate."""
+    recorded with its reason in the estimate. ``quantize`` (``none|int8|int4``) counts the decoder's
+    linear weights at that size (int4 loads at bfloat16: :func:`attnscope.core.loading.quantize.load_dtype`)."""
     from dataclasses import replace
 
     from attnscope.core.loading.precision import entry_dtype
@@ -180,6 +291,20 @@ def estimate_entry(
     ctx = min(context, entry.max_context) if entry.max_context else context
     dev = f"mlx-{device}" if backend == "mlx" else device
     dtype, reason = entry_dtype(entry, dtype, dev, free_bytes)
+    quantize = quantize or "none"
+    linear = None
+    if quantize != "none":
+        from attnscope.core.loading.quantize import load_dtype
+
+        dtype, forced = load_dtype(quantize, dtype)
+        reason = f"{dtype}: {forced}" if forced else reason
+        emb = embedding_params(entry.path, entry.format)
+        linear = None if emb is None else entry.n_params - emb
+    packed = (
+        mlx_packed_bytes(entry.path, dtype)
+        if backend == "mlx" and entry.format == "gguf" and quantize == "none"
+        else None
+    )
     est = estimate(
         n_params=entry.n_params,
         n_layers=entry.n_layers,
@@ -193,5 +318,13 @@ def estimate_entry(
         dtype=dtype,
         free_bytes=free_bytes,
         memory=memory,
+        quantize=quantize,
+        linear_params=linear,
     )
+    if packed is not None:  # kept quantised: at its packed size (mlx_packed_bytes)
+        est = replace(
+            est,
+            weights_bytes=packed,
+            verdict=_verdict(est.total_bytes - est.weights_bytes + packed, est.free_bytes),
+        )
     return replace(est, dtype_reason=reason)

@@ -38,6 +38,12 @@ def add_arguments(p) -> None:
         help="load dtype for the fit estimate (default auto: what each model loads at, shown as 'loads at')",
     )
     p.add_argument(
+        "--quantize",
+        default="none",
+        choices=("none", "int8", "int4"),
+        help="count the linear layers' weights at this weight-only quantisation (as --quantize loads them)",
+    )
+    p.add_argument(
         "--json",
         metavar="FILE",
         help="also write the entries and fit estimates as JSON ('-' for stdout only)",
@@ -85,7 +91,7 @@ def rows(entries, fits) -> list[list[str]]:
                 str(e.head_dim or "?"),
                 str(e.max_context or "?"),
                 e.dtype,
-                f.dtype if f is not None else "—",
+                "—" if f is None else f.dtype if f.quantize in ("", "none") else f"{f.dtype} + {f.quantize}",
                 human_bytes(e.size_bytes),
                 fit,
             ]
@@ -155,8 +161,18 @@ def run(args) -> int:
         print(f"removed {Path(args.remove).expanduser().absolute()}")
     entries = catalog.scan()
     free, memory = free_memory(args.backend, args.device)
+    quantize = getattr(args, "quantize", "none")
     fits = [
-        estimate_entry(e, args.context, args.backend, args.device, args.dtype, free_bytes=free, memory=memory)
+        estimate_entry(
+            e,
+            args.context,
+            args.backend,
+            args.device,
+            args.dtype,
+            free_bytes=free,
+            memory=memory,
+            quantize=quantize,
+        )
         if e.supported
         else None
         for e in entries
@@ -164,7 +180,8 @@ def run(args) -> int:
     if args.json != "-":
         print(format_table(rows(entries, fits)))
         print(
-            f"\n{len(entries)} model(s); fit at {args.context} tokens, {args.dtype}, {args.backend} on {args.device}: "
+            f"\n{len(entries)} model(s); fit at {args.context} tokens, {args.dtype}"
+            f"{'' if quantize == 'none' else f' + {quantize}'}, {args.backend} on {args.device}: "
             f"{human_bytes(free)} free {memory}"
         )
         refused = [e for e in entries if not e.supported]
@@ -178,6 +195,7 @@ def run(args) -> int:
             "backend": args.backend,
             "device": args.device,
             "dtype": args.dtype,
+            "quantize": quantize,
             "free_bytes": free,
             "memory": memory,
             "models": [],
