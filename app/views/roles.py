@@ -229,7 +229,7 @@ class RolesView(QWidget, SavedControls):
                 cells = [
                     (str(layer), layer),
                     (str(head), head),
-                    (str(head // t.group_size), head // t.group_size),
+                    (str(t.kv_head(head)), t.kv_head(head)),
                     (ROLE_TITLES[label], None),
                 ]
                 for c, (text, val) in enumerate(cells):

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from attnscope.core.arch import ArchConfig
 
 ROLES: tuple[str, ...] = ("previous_token", "induction", "sink", "local")
 ROLE_TITLES: dict[str, str] = {
@@ -266,7 +267,7 @@ class RoleTable:
                 d = {
                     "layer": layer,
                     "head": head,
-                    "kv_head": head // self.group_size,
+                    "kv_head": self.kv_head(head),
                     "label": str(self.labels[layer, head]),
                 }
                 for r in ROLES:
@@ -274,6 +275,10 @@ class RoleTable:
                     d[r] = None if np.isnan(v) else round(v, 6)
                 out.append(d)
         return out
+
+    def kv_head(self, head: int) -> int:
+        """The KV head query head ``head`` reads (:meth:`attnscope.core.arch.ArchConfig.kv_head`)."""
+        return ArchConfig(self.n_layers, self.n_heads, self.n_heads // self.group_size).kv_head(head)
 
     def heads_with(self, role: str) -> list[tuple[int, int]]:
         """``(layer, head)`` labelled ``role``, best score first."""
