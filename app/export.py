@@ -14,7 +14,6 @@ from pathlib import Path
 
 from attnscope.app.figure import FIGURE_DPI, figure_frame, save_heatmap_figure
 from attnscope.app.paint import SCREEN_DPI, export_target, render_widget
-from attnscope.core.io.colormaps import ColourSpec
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import (
     QComboBox,
@@ -58,74 +57,38 @@ class ExportController:
 
     # -- view state --------------------------------------------------------------------------------------
     def current_view_key(self) -> str:
-        w = self.win.tabs.currentWidget()
-        return next((k for k, v in self.win.views.items() if v is w), "heatmap")
+        return self.win.state.tab
 
     def view_state(self) -> dict:
-        """What is on screen: layer, head, tab, colour map, heatmap options, query row, timeline step,
-        plus each view's own ``view_state()`` (an optional hook) under ``"views"``."""
-        win = self.win
-        state = {
-            "layer": win.layer,
-            "head": win.head,
-            "tab": self.current_view_key(),
-            "cmap": win.cmap_combo.currentText(),
-            "query_row": win.query_row,
-        }
-        hm = win.heatmap
-        for key in ("aggregate", "weighting", "scale", "gamma", "range_mode"):
-            if hasattr(hm, key):
-                state[key] = getattr(hm, key)
-        tl = getattr(win, "timeline", None)
-        if tl is not None:
-            state["timeline_step"] = None if tl.at_latest else tl.step
-        views = {k: v.view_state() for k, v in win.views.items() if hasattr(v, "view_state")}
-        if views:
-            state["views"] = views
-        return state
+        """What is on screen, from the :class:`attnscope.app.state.ViewState`: layer, head, tab, colour
+        map, heatmap options, query row, timeline step, and each tab's settings under ``"views"``
+        (:meth:`attnscope.app.state.ViewState.to_view_dict`)."""
+        return self.win.state.to_view_dict()
 
-    def restore_view(self, state: dict) -> None:
-        """Apply a :meth:`view_state` dict; unknown or out-of-range entries are skipped."""
-        win = self.win
-        hm = win.heatmap
-        if state.get("cmap"):
-            win.cmap_combo.setCurrentText(str(state["cmap"]))
-        if hasattr(hm, "set_scale") and state.get("scale"):
-            hm.set_scale(state["scale"], state.get("gamma"))
-        if hasattr(hm, "set_aggregate") and state.get("aggregate"):
-            try:
-                hm.set_aggregate(state["aggregate"])
-            except ValueError:
-                pass
-        if hasattr(hm, "set_range_mode") and state.get("range_mode"):
-            try:
-                hm.set_range_mode(state["range_mode"])
-            except ValueError:
-                pass
-        tl = getattr(win, "timeline", None)
-        if tl is not None and state.get("timeline_step") is not None:
-            try:
-                tl.set_step(int(state["timeline_step"]))
-            except (IndexError, ValueError):
-                pass
-        try:
-            win.select(int(state.get("layer", win.layer)), int(state.get("head", win.head)))
-        except (IndexError, ValueError):
-            pass
-        for key, vs in (state.get("views") or {}).items():
-            view = win.views.get(key)
-            if view is not None and hasattr(view, "restore_view_state"):
-                view.restore_view_state(vs)
-        if state.get("tab") in win.views:
-            win.show_view(state["tab"])
-        row = state.get("query_row")
-        if isinstance(row, int) and win.snapshot is not None and 0 <= row < win.snapshot.seq_len:
-            win.query_row = row
-            win._show_token_strip()
+    def restore_view(self, view: dict) -> None:
+        """Apply a session's ``view`` dict (any version) to the state, in one batch; unknown, mistyped
+        or out-of-range entries are skipped (:meth:`attnscope.app.state.ViewState.parse_view_dict`)."""
+        st = self.win.state
+        values = st.parse_view_dict(view, st.colour)
+        snap = st.snapshot
+        info = None if snap is None else snap.info
+        layer, head = values.pop("layer", st.layer), values.pop("head", st.head)
+        if info is not None and 0 <= layer < info.n_layers and 0 <= head < info.n_heads:
+            values.update(layer=layer, head=head)
+        if not (snap is not None and 0 <= values.get("step", 0) <= snap.n_generated):
+            values.pop("step", None)
+        if values.get("tab") not in self.win.views:
+            values.pop("tab", None)
+        if not (snap is not None and 0 <= values.get("query_row", -1) < snap.seq_len):
+            values.pop("query_row", None)
+        settings = {**st.settings}
+        for key, entry in values.pop("settings").items():
+            settings[key] = {**settings.get(key, {}), **entry}
+        st.update(settings=settings, **values)
 
     def _visible_n(self) -> int | None:
-        tl = getattr(self.win, "timeline", None)
-        return None if tl is None or tl.at_latest else self.win.visible_len
+        st = self.win.state
+        return None if st.at_latest else st.visible_len
 
     def _need_run(self) -> bool:
         if self.win.snapshot is None or self.win.snapshot.seq_len == 0:
@@ -148,7 +111,7 @@ class ExportController:
         def job(ctx):
             from attnscope.core.io import sessionfile
 
-            s = _session(ctx)
+            s = ctx.require()
             return [sessionfile.save(sessionfile.SessionFile.from_session(s, view=view), path)]
 
         return self.win.engine.enqueue(job, self._done, self.win.show_error, label="save session")
@@ -189,11 +152,11 @@ class ExportController:
             snap, warnings, reloaded = result
             win = self.win
             if reloaded:
-                win._on_loaded(snap)
+                win.commands.loaded(snap)
             win.prompt_edit.setPlainText(sf.prompt)
             win.chat_check.setChecked(sf.chat_template)
             win.decode_panel.set_sampling(sf.sampling)  # what the replayed session samples with
-            win._on_ran(snap)
+            win.commands.ran(snap)
             self.restore_view(sf.view)
             self.last_warnings = list(warnings)
             msg = f"Opened {Path(path).name}: {snap.n_prompt} prompt + {snap.n_generated} replayed tokens"
@@ -210,7 +173,7 @@ class ExportController:
                 message = CancelledMessage(f"Opening {Path(path).name} cancelled ({message})")
             else:
                 message = f"Could not open the session: {message}"
-            self.win._on_command_failed(message)
+            self.win.commands.command_failed(message)
 
         return self.win.engine.enqueue(job, done, failed, label="open session")
 
@@ -247,7 +210,7 @@ class ExportController:
             def job(ctx):
                 from attnscope.core.io import export as E
 
-                s = _session(ctx)
+                s = ctx.require()
                 meta = E.session_metadata(s)
                 if n is not None and n < s.seq_len:
                     meta = E.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
@@ -281,7 +244,7 @@ class ExportController:
         def job(ctx):
             from attnscope.core.io import export as E
 
-            return E.export_head(_session(ctx), layer, head, path, n=n, mode=mode, weighting=weighting)
+            return E.export_head(ctx.require(), layer, head, path, n=n, mode=mode, weighting=weighting)
 
         return self.win.engine.enqueue(job, self._done, self.win.show_error, label="export data")
 
@@ -326,14 +289,6 @@ class ExportController:
         self.batch_dialog.refresh_scopes()
         self.batch_dialog.show()
         self.batch_dialog.raise_()
-
-
-def _session(ctx):
-    from attnscope.core.errors import SessionError
-
-    if ctx.session is None:
-        raise SessionError("no model loaded")
-    return ctx.session
 
 
 class ExportViewDialog(QDialog):
@@ -554,20 +509,14 @@ class BatchExportDialog(QDialog):
         if scope == "steps" and out.suffix.lower() != "." + fmt:  # the Format decides what is written
             out = out.with_suffix("." + fmt)
             self.path_edit.setText(str(out))
-        layer, head = self.win.layer, self.win.head
-        hm = self.win.heatmap
-        colour = ColourSpec(  # as on screen
-            cmap=self.win.cmap_combo.currentText(),
-            scale=getattr(hm, "scale", "linear") or "linear",
-            gamma=float(getattr(hm, "gamma", 0.5) or 0.5),
-            range_mode=getattr(hm, "range_mode", "fixed") or "fixed",
-        )
+        layer, head = self.win.state.layer, self.win.state.head
+        colour = self.win.state.colour  # as on screen: the heatmap's scale, gamma and range, the colour map
         dpi = self.dpi_spin.value()
 
         def job(ctx):
             from attnscope.core.io import export as E
 
-            s = _session(ctx)
+            s = ctx.require()
 
             def progress(done, total, name):
                 ctx.progress(f"Batch export {done}/{total}: {name}", done / total)

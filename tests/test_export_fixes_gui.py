@@ -227,6 +227,10 @@ class _Engine(QObject):
             def cancelled():
                 return False
 
+            @staticmethod
+            def require():
+                return self.session
+
         try:
             done(job(Ctx()))
         except Exception as e:  # as the engine reports errors
@@ -235,16 +239,15 @@ class _Engine(QObject):
 
 
 def _window(qtbot, session):
-    from PySide6.QtWidgets import QComboBox, QMainWindow
+    from attnscope.app.state import ViewState
+    from PySide6.QtWidgets import QMainWindow
 
     win = QMainWindow()
     qtbot.addWidget(win)
     win.engine = _Engine(session)
     win.snapshot = session.snapshot()
+    win.state = ViewState(snapshot=win.snapshot)  # layer 0, head 0, viridis (what the dialog reads)
     win.layer, win.head = 0, 0
-    win.cmap_combo = QComboBox()
-    win.cmap_combo.addItem("viridis")
-    win.heatmap = None
     return win
 
 
