@@ -272,6 +272,22 @@ def test_shared_trace_summaries_agree_across_backends(tiny_sessions):
     np.testing.assert_allclose(t.row_mass([0, 3]), m.row_mass([0, 3]), atol=1e-5)
 
 
+def test_weights_block_of_both_traces(tiny_sessions):
+    """The generic weights_block (MLX) and the batched torch one: the same stacked exact weights."""
+    t, m = tiny_sessions["torch"].trace, tiny_sessions["mlx"].trace
+    rows, cols = slice(2, 6), slice(0, 5)
+    for trace in (t, m):
+        want = np.stack([trace.weights(1, h, rows, cols) for h in (0, 3)])
+        np.testing.assert_allclose(trace.weights_block(1, [0, 3], rows, cols).numpy(), want, atol=2e-6)
+        logw = trace.weights_block(1, [0, 3], rows, cols, log=True).numpy()
+        assert np.isneginf(logw[want == 0]).all()
+        np.testing.assert_allclose(np.exp(logw), want, atol=2e-6)
+        assert trace.weights_block(0, None).shape == (trace.n_heads, trace.seq_len, trace.seq_len)
+        with pytest.raises(IndexError):
+            trace.weights_block(0, [])
+    np.testing.assert_allclose(t.weights_block(1, None).numpy(), m.weights_block(1, None).numpy(), atol=1e-5)
+
+
 def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
     from attnscope.core.errors import UnsupportedModelError
 

@@ -152,6 +152,33 @@ class TraceGeometry:
                     out[layer, head, r0:r1] = np.diagonal(w)
         return out
 
+    def weights_block(
+        self,
+        layer: int,
+        heads,
+        rows: slice | None = None,
+        cols: slice | None = None,
+        *,
+        log: bool = False,
+        fast: bool = False,
+    ):
+        """Weights of several query heads of ``layer``: ``(len(heads), n_q, n_k)`` float32 torch tensor
+        (the blocked path of :mod:`attnscope.core.analysis.blocked`; ``heads`` None = all). This generic
+        one stacks :meth:`weights` per head (exact float32 whatever ``fast``; the MLX trace uses it);
+        :meth:`attnscope.core.trace.torch_trace.TorchTrace.weights_block` does one batched product.
+        ``log=True`` gives log-weights, ``-inf`` where masked.
+
+        Raises:
+            IndexError: layer or a head out of range, or no heads. RuntimeError: nothing captured yet.
+        """
+        import torch  # the blocked path's tensor type (torch is a dependency of every install)
+
+        heads = list(range(self.n_heads)) if heads is None else [int(h) for h in heads]
+        if not heads:
+            raise IndexError("no heads selected")
+        w = torch.from_numpy(np.stack([self.weights(layer, h, rows, cols) for h in heads]))  # (h, n_q, n_k)
+        return torch.log(w) if log else w
+
     def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
         """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape ``(n_q, n_k)``,
         bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; DESIGN.md "Masks")."""

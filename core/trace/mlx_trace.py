@@ -171,31 +171,7 @@ class MlxTrace(TraceGeometry):
         ell = rec.ell()[head, r.start : r.stop][:, None]
         return np.array(mx.where(allowed, mx.exp((s - m) - ell), 0.0))
 
-    def weights_block(
-        self,
-        layer: int,
-        heads,
-        rows: slice | None = None,
-        cols: slice | None = None,
-        *,
-        log: bool = False,
-        fast: bool = False,
-    ):
-        """Weights of several query heads of ``layer``: ``(len(heads), n_q, n_k)`` float32 torch tensor
-        (the blocked path of :mod:`attnscope.core.analysis.blocked`), the same contract as
-        :meth:`attnscope.core.trace.torch_trace.TorchTrace.weights_block`. Stacks :meth:`weights` per head (exact float32
-        whatever ``fast``); ``log=True`` gives log-weights, ``-inf`` where masked.
-
-        Raises:
-            IndexError: layer or a head out of range. RuntimeError: nothing captured yet.
-        """
-        import torch
-
-        heads = list(range(self.n_heads)) if heads is None else [int(h) for h in heads]
-        if not heads:
-            raise IndexError("no heads selected")
-        w = torch.from_numpy(np.stack([self.weights(layer, h, rows, cols) for h in heads]))  # (h, n_q, n_k)
-        return torch.log(w) if log else w
+    # weights_block: TraceGeometry's, which stacks weights() per head (exact float32 whatever ``fast``)
 
     def lse(self, layer: int) -> np.ndarray:
         """LSE rows of ``layer``, ``(n_heads, T)`` float64 (``m + ℓ`` added in float64)."""
