@@ -71,6 +71,9 @@ class Events:
         for name in names:
             setattr(self, name, Event(name))
 
+    def __getattr__(self, name: str) -> Event:  # only for names that are not events (typing: Event)
+        raise AttributeError(f"no event {name!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class _Field:
@@ -91,6 +94,9 @@ class EventedState:
     _fields: ClassVar[dict[str, _Field]] = {}
     IDENTITY: ClassVar[tuple[str, ...]] = ()  # fields compared by identity
     EXTRA_EVENTS: ClassVar[tuple[str, ...]] = ()  # events that are not fields
+    events: Events
+    _batch_depth: int
+    _pending: dict[str, Any]
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
