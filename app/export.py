@@ -233,13 +233,15 @@ class ExportController:
         """The current map (head or aggregate, at the timeline's step) as .npy/.csv/.safetensors + sidecar."""
         if not self._need_run():
             return None
-        layer, head, n = self.win.layer, self.win.head, self._visible_n()
-        mode = getattr(self.win.heatmap, "aggregate", "head") or "head"
+        st = self.win.state
+        layer, head, n = st.layer, st.head, self._visible_n()
+        shown = st.settings.get("heatmap", {})  # the heatmap's options (app.maps.MapPanel keeps them)
+        mode = shown.get("aggregate") or "head"
         from attnscope.core.analysis.aggregate import LONG_PROMPT
 
         # the scale shown is the one written (and recorded): long overviews are shown as attention
-        shown_n = n or self.win.snapshot.seq_len
-        weighting = self.win.heatmap.weighting if shown_n <= LONG_PROMPT else "attention"
+        shown_n = n or st.snapshot.seq_len
+        weighting = shown.get("weighting", "attention") if shown_n <= LONG_PROMPT else "attention"
 
         def job(ctx):
             from attnscope.core.io import export as E
