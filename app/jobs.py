@@ -111,17 +111,6 @@ def back_job(n):
     return job
 
 
-LONG_JOBS = (
-    "loading model",
-    "prefill",
-    "decode",
-    "open session",
-    "batch export",
-    "switch backend",
-    "compare",
-)  # get Cancel + status text
-
-
 def percent_progress(ctx, what: str):
     """A ``progress(done, total)`` that reports to the status bar at most once per whole percent."""
     last = [-1]
