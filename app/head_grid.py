@@ -39,16 +39,27 @@ class HeadGridCanvas(QWidget):
             "attention"  # what the thumbnails measure (attnscope.core.analysis.value_weighted.WEIGHTINGS)
         )
         self.pooling = "max"
+        self.n: int | None = None  # tokens the thumbnails cover (chooses the colour scale)
+        self.scale = "linear"  # colour scale: export_long.default_scale(n), as the heatmap's
         self._image: QImage | None = None
         self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self.setMouseTracking(True)
 
-    def set_thumbnails(self, thumbs: np.ndarray, group_size: int, weighting: str | None = None) -> None:
+    def set_thumbnails(
+        self, thumbs: np.ndarray, group_size: int, weighting: str | None = None, n: int | None = None
+    ) -> None:
         """Show ``thumbs (L, H, P, P)``; ``weighting`` (``"attention"`` / ``"value-weighted"``) says what
-        they measure (``None``: unchanged)."""
+        they measure (``None``: unchanged); ``n``: the tokens they cover (``None``: unchanged), which
+        chooses the colour scale like the heatmap's default (log over [1e-6, 1] from 2,048 tokens,
+        where most block maxima are far below 1 and linear colours show one flat field)."""
+        from attnscope.core.io.export_long import default_scale
+
         if weighting is not None:
             self.weighting = weighting
+        if n is not None:
+            self.n = int(n)
+            self.scale = default_scale(self.n)
         self.thumbs = np.asarray(thumbs, dtype=np.float32)
         self.group_size = max(1, group_size)
         self._image = self._compose()
@@ -100,7 +111,7 @@ class HeadGridCanvas(QWidget):
             )
         for layer in range(L):
             for h in range(H):
-                rgb = to_rgb(self.thumbs[layer, h], self.cmap)[idx][:, idx]
+                rgb = to_rgb(self.thumbs[layer, h], self.cmap, 0.0, 1.0, self.scale)[idx][:, idx]
                 x, y = self.head_x(h), self.layer_y(layer)
                 canvas[y : y + self.THUMB, x : x + self.THUMB] = rgb
         self._canvas = np.ascontiguousarray(canvas)
@@ -145,7 +156,8 @@ class HeadGridCanvas(QWidget):
             p.drawText(
                 QRect(2, 4, self.LEFT - 4, 36),
                 Qt.AlignLeft | Qt.TextWordWrap,
-                "value-weighted" if self.weighting == "value-weighted" else "attention",
+                ("value-weighted" if self.weighting == "value-weighted" else "attention")
+                + ("\nlog colours" if self.scale == "log" else ""),
             )
             p.setPen(QColor(40, 40, 40))
         p.setPen(QColor(40, 40, 40))
@@ -247,6 +259,10 @@ class HeadGridView(QScrollArea):
         """Title: the scale of the thumbnails on screen (or of those being computed, when it differs)."""
         shown = SCALE_TITLES.get(self.canvas.weighting, self.canvas.weighting)
         text = f"Showing: {shown}"
+        if self.canvas.thumbs is not None and self.canvas.n is not None:
+            from attnscope.core.io.export_long import LONG_MAP, scale_note
+
+            text += " · " + scale_note(self.canvas.n, self.canvas.scale, self.canvas.n >= LONG_MAP)
         if self.canvas.thumbs is not None and self.weighting != self.canvas.weighting:
             text += f" · computing {self.weighting}…"
         self.title.setText(text)

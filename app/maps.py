@@ -282,7 +282,7 @@ class MapPanel:
         canvas = self.grid.canvas
         canvas.set_note(note)
         canvas.cmap = self.state.colormap
-        canvas.set_thumbnails(thumbs, self.state.group_size, weighting)
+        canvas.set_thumbnails(thumbs, self.state.group_size, weighting, n=self.state.visible_len)
 
     def _on_grid_partial(self, result) -> None:
         _n, weighting, thumbs, frac = result

@@ -25,3 +25,17 @@ def test_long_text_has_the_length_asked(smol_session):
     s = smol_session
     text = BV.long_text(s, 300)
     assert abs(len(s.encode(text, chat_template=False)) - 300) <= 2
+
+
+def test_floors_follow_the_rates():
+    """The floors are the work over the measured rates: matmul-bound rows scale with 1/FLOP/s, the
+    mean adds one exponential per cell."""
+    rates = {"tile_matmul_flops": 65e9, "exp_per_s": 1e9}
+    f = BV.floors(8192, rates=rates)
+    cells = 8192 * 8192 / 2
+    assert abs(f["one_head_8192"] - cells * 130 / 65e9) < 1e-12
+    assert abs(f["head_grid_8000"] - 270 * 8000 * 8000 / 2 * 130 / 65e9) < 1e-9
+    assert abs(f["mean_all_8192"] - 270 * cells * (130 / 65e9 + 1e-9)) < 1e-9
+    assert f["mean_all_8192"] > f["head_grid_8000"] > f["head_grid_2000"] > f["one_head_8192"]
+    r = BV.kernel_rates(repeats=2)
+    assert r["tile_matmul_flops"] > 1e8 and r["exp_per_s"] > 1e6

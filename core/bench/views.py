@@ -88,6 +88,9 @@ def views_smol(T: int = 8192, model: str | None = None, log: Callable[[str], Non
     out = {"model": s.info.name, "seq_len": n, "prefill_s": t_prefill, "rows": {}}
     out["matmul_gflops"] = matmul_peak(2048, repeats=3)["peak_flops"] / 1e9
     out["loadavg"] = list(__import__("os").getloadavg())
+    out["torch_threads"] = __import__("torch").get_num_threads()
+    out["kernel_rates"] = kernel_rates()
+    out["floors_s"] = floors(n, s.info.n_layers, s.info.n_heads, s.info.head_dim, out["kernel_rates"])
     rows = out["rows"]
     for m in (2000, 8000):
         if m <= n:
@@ -134,6 +137,48 @@ def synthetic_trace(
     return tr
 
 
+def kernel_rates(repeats: int = 20) -> dict:
+    """What the views' inner loop can reach on this machine with torch's current threads: the
+    float32 matmul of one tile (``(3, 600, 65) @ (3, 65, 600)``, the shape :mod:`attnscope.core.analysis.blocked`
+    computes) in FLOP/s and float32 ``exp_`` of a 1M-element tile in elements/s (best of ``repeats``)."""
+    import torch
+
+    a, b = torch.randn(3, 600, 65), torch.randn(3, 65, 600)
+    out = torch.empty(3, 600, 600)
+    x = torch.randn(1 << 20) - 10
+    y = torch.empty_like(x)
+
+    def best(fn):
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    return {
+        "tile_matmul_flops": 2 * 3 * 600 * 600 * 65 / best(lambda: torch.bmm(a, b, out=out)),
+        "exp_per_s": x.numel() / best(lambda: torch.exp(x, out=y)),
+    }
+
+
+def floors(
+    T: int, n_layers: int = 30, n_heads: int = 9, head_dim: int = 64, rates: dict | None = None
+) -> dict:
+    """Seconds the SmolLM2 rows cannot go below at ``rates`` (:func:`kernel_rates`): the causal half of
+    the scores (``m²/2`` cells of ``2(D + 1)`` FLOP per head; the LSE is one more column of the
+    matmul) and, for the mean (``exp`` per cell; max pooling needs none), the exponentials."""
+    rates = rates or kernel_rates()
+    f, e = rates["tile_matmul_flops"], rates["exp_per_s"]
+    cells = lambda m: m * m / 2  # noqa: E731
+    out = {"one_head_8192": cells(T) * 2 * (head_dim + 1) / f}
+    for m in (2000, 8000):
+        out[f"head_grid_{m}"] = n_layers * n_heads * cells(m) * 2 * (head_dim + 1) / f
+    out["mean_all_8192"] = n_layers * n_heads * cells(T) * (2 * (head_dim + 1) / f + 1 / e)
+    return out
+
+
 def views_synthetic(T: int = 8192, log: Callable[[str], None] = lambda _m: None) -> dict:
     """The SmolLM2 rows on :func:`synthetic_trace` (30 × 9 heads, D = 64): head grid at 2,000 and
     8,000, mean of all layers and one head's overview at ``T``."""
@@ -154,6 +199,8 @@ def views_synthetic(T: int = 8192, log: Callable[[str], None] = lambda _m: None)
     import torch
 
     out["torch_threads"] = torch.get_num_threads()
+    out["kernel_rates"] = kernel_rates()
+    out["floors_s"] = floors(T, L, H, tr.head_dim, out["kernel_rates"])
     _row(out, "one_head_8192", lambda: blocked.pooled_heads(tr, 10, [1], T, 1024), log)
     for m in (2000, 8000):
         if m <= T:
@@ -285,8 +332,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-model", default=None, help="GGUF/folder of a long-context model (Gemma 3 270M)")
     p.add_argument("--long-tokens", type=int, default=32000)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for every row (default: torch's own count, the number of cores)",
+    )
     a = p.parse_args(argv)
+    from attnscope.core.analysis.blocked import torch_threads
 
+    with torch_threads(a.threads):
+        return _run(a)
+
+
+def _run(a) -> int:
     def log(m):
         print(f"bench: {m}", file=sys.stderr, flush=True)
 
@@ -298,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.long_model:
         result["long"] = gemma_long(a.long_model, a.long_tokens, log=log)
     print(format_views(result))
+    smol = result.get("smol") or {}
+    if "floors_s" in smol:
+        print(
+            "floors (s, at this run's kernel rates): "
+            + ", ".join(f"{k} {v:.3g}" for k, v in smol["floors_s"].items())
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1, default=str))
     return 0
