@@ -106,9 +106,9 @@ class Backend(Protocol):
 
 
 def chunked_forward(
-    ids: Sequence[int],
+    ids: Sequence[int] | np.ndarray,
     chunk: int,
-    run_chunk: Callable[[Sequence[int]], np.ndarray],
+    run_chunk: Callable[[Any], np.ndarray],
     rollback: Callable[[], None],
     progress: ProgressCb | None = None,
     cancelled: CancelCb | None = None,
@@ -117,7 +117,7 @@ def chunked_forward(
     """The prefill loop every backend runs: ``ids`` in chunks of ``chunk`` tokens.
 
     ``cancelled()`` is checked before each chunk, ``progress(done, total)`` called after each;
-    ``run_chunk(chunk_ids)`` runs one forward and returns its logits, ``(len(chunk_ids), vocab)``
+    ``run_chunk(chunk_ids)`` (a slice of ``ids``) runs one forward and returns its logits, ``(len(chunk_ids), vocab)``
     float32 (or only the last row, ``(1, vocab)``, without ``all_logits``). On any exception
     (Cancelled included) ``rollback()`` restores the cache and Trace, then the exception propagates.
 

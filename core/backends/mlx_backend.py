@@ -445,4 +445,4 @@ class MlxBackend:
 
     def release_weights(self) -> None:
         """Drop the model (its weights); Trace, caches and logits stay, so ``trace.weights`` still works."""
-        self.model = None
+        self.model = None  # type: ignore[assignment]  # released: only the trace and caches are read now

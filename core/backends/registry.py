@@ -15,6 +15,7 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from attnscope.core.backends.support import MLX_FAMILIES
 from attnscope.core.errors import SessionError
@@ -43,7 +44,7 @@ class BackendSpec:
     families: tuple[str, ...] | None = None
     label: str = ""
 
-    def backend_class(self) -> type:
+    def backend_class(self) -> Any:
         """The backend class (imports its module, and with it the framework)."""
         module, _, cls = self.target.partition(":")
         return getattr(importlib.import_module(module), cls)

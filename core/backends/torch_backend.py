@@ -10,7 +10,7 @@ or a batch of several sequences is refused with one line (:data:`attnscope.core.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -217,7 +217,7 @@ class TorchBackend:
         ):  # one allocation for the whole capture (see attnscope.core.trace.torch_trace._RowStore)
             self.trace.reserve(start + len(ids), dtype=self.model.dtype, device=self.device)
 
-        def run_chunk(part: list[int]) -> np.ndarray:
+        def run_chunk(part: Sequence[int]) -> np.ndarray:
             res = self.model(
                 input_ids=torch.tensor([part], device=self.device),
                 **{self._cache_kw: self.cache},

@@ -59,6 +59,18 @@ class TraceGeometry:
     """
 
     arch: ArchConfig
+    layers: list[Any]  # the subclass's per-layer records
+
+    # -- the subclass's tensor maths ------------------------------------------------------------------
+    def weights(
+        self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
+    ) -> np.ndarray:
+        """Exact weights of one head, ``(n_q, n_k)`` float32 (each trace computes them)."""
+        raise NotImplementedError
+
+    def weight_on_key(self, key: int = 0) -> np.ndarray:
+        """Weight on key ``key``, ``(n_layers, n_heads, T)`` float32 (each trace computes it)."""
+        raise NotImplementedError
 
     def _set_arch(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         """Set :attr:`arch` and its counts as attributes (``n_layers`` … ``group_size``).

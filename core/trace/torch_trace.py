@@ -16,6 +16,7 @@ handbook §4 "Attention sinks") is ``exp(q_i · k_0 · scale − lse_i)``, linea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,6 +111,7 @@ class TorchTrace(TraceGeometry):
         self._set_arch(n_layers, n_heads, n_kv_heads, head_dim)  # ValueError: not a multiple
         self.enabled = True
         self.mask_cache = MaskCache()  # the forwards' structural masks, built once per chunk (fused)
+        self.overrides: Any = None  # experiments' attention hook (TorchBackend.fork; hf_attention reads it)
         self.reset()
 
     def reserve(self, n_rows: int, dtype: torch.dtype, device) -> None:
@@ -365,8 +367,8 @@ class TorchTrace(TraceGeometry):
                 * rec.scale
             )  # (H, T, P)
             w = torch.exp(s - rec.lse().float()[..., None])  # (H, T, P)
-            vis = causal_allowed(np.arange(Tq), np.array(positions), rec.sliding_window)  # (T, P)
-            vis = torch.from_numpy(vis).to(w.device)
+            seen = causal_allowed(np.arange(Tq), np.array(positions), rec.sliding_window)  # (T, P)
+            vis = torch.from_numpy(seen).to(w.device)
             out.append(w.masked_fill(~vis[None], 0.0).sum(-1))
         return torch.stack([o.cpu() for o in out]).numpy().astype(np.float32)
 
