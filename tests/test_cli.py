@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from attnscope.core.io.colormaps import to_rgb
 from PIL import Image
 
@@ -16,6 +17,10 @@ def attnscope(*args, timeout=300):
     )
 
 
+# Each call below is a fresh process that loads torch and the model (tens of seconds on 2 cores):
+# the fast lane keeps test_screenshot (the only test of --screenshot) and tests/test_bad_input.py's
+# one-line errors from this entry point; export to npy/csv/png is tested in process by test_export.py.
+@pytest.mark.slow
 def test_export_npy_csv_png(tmp_path, smol_session):
     prompt = "Attention is all you need."
     r = attnscope(
@@ -87,6 +92,7 @@ def test_export_npy_csv_png(tmp_path, smol_session):
     np.testing.assert_array_equal(img[cell // 2 :: cell, cell // 2 :: cell], expected)
 
 
+@pytest.mark.slow  # the range check in process: tests/test_export.py, tests/test_view_state.py
 def test_export_rejects_out_of_range_head(tmp_path):
     r = attnscope("export", "--prompt", "hi", "--layer", "0", "--head", "9", "--out", str(tmp_path / "w.npy"))
     assert r.returncode == 1
@@ -116,6 +122,7 @@ def test_screenshot(tmp_path):
     assert len(np.unique(arr.reshape(-1, 3), axis=0)) > 50
 
 
+@pytest.mark.slow  # a fresh process loading the model (see above)
 def test_screenshot_bad_layer(tmp_path):
     r = attnscope("--screenshot", str(tmp_path / "s.png"), "--prompt", "hi", "--layer", "40")
     assert r.returncode == 1 and r.stderr.strip().endswith("layer 40 out of range 0..29")

@@ -57,6 +57,7 @@ def test_logits_equal_sdpa(smol_session, reference_models):
     assert int(np.argmax(s.logits)) == int(np.argmax(ref))
 
 
+@pytest.mark.slow  # cached decode vs full recompute stays in the fast lane through tests/test_families.py
 def test_decode_steps_equal_full_recompute(smol_session, reference_models):
     eager, _ = reference_models
     s = smol_session

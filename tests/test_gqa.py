@@ -107,6 +107,7 @@ def test_group_report_tiny(tiny):
         gqa.group_report(s, 0, 2)
 
 
+@pytest.mark.slow  # loads a second SmolLM2 (eager); the fast lane has test_group_report_tiny and brute force
 def test_group_report_smollm2_against_eager(smol_ran, smol_folder):
     """SmolLM2 (9 query heads, 3 KV heads): distances vs brute force on transformers eager weights."""
     import torch

@@ -122,6 +122,7 @@ def test_bad_selection(llama):
         mask_report(s, 0, 0, 4)
 
 
+@pytest.mark.slow  # loads a second SmolLM2 (eager); the tiny llama/mistral tests above cover the same panels
 def test_smollm2_mask_and_aggregates_against_eager(smol_session, smol_folder):
     """SmolLM2: the decode-step row, prefill rows, entropies and a KV-group mean vs transformers eager."""
     import torch

@@ -31,6 +31,7 @@ def test_visible_len_bounds():
         timeline.visible_len(10, 3, -1)
 
 
+@pytest.mark.slow  # three SmolLM2 prefills; the fast lane crops against eager on every step below (tiny)
 def test_cropped_map_equals_fresh_run_smollm2(smol_session):
     s = smol_session
     s.prefill(PROMPT, chat_template=False)
