@@ -49,7 +49,10 @@ _DEFAULTS: dict = {}
 
 
 def add_arguments(p) -> None:
+    from attnscope.core.remote.cli_args import add_engine_arguments
+
     add_model_arguments(p)
+    add_engine_arguments(p)
     add_prompt_arguments(p, required=False)
     # None = "not given", so an explicit flag can be told from the default next to --session
     for dest in (*(d for d, _ in SESSION_FLAGS), "chat_template"):
@@ -245,6 +248,12 @@ def _open(args):
 
     if not args.session:
         return open_session(args), {}
+    if getattr(args, "engine", None):
+        from attnscope.core.errors import SessionError
+
+        raise SessionError(
+            "--session with --engine is not supported yet: open the session in the window connected to the engine"
+        )
     from attnscope.core.io import sessionfile
 
     sf = sessionfile.load(args.session)
