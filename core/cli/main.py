@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from attnscope.core import __version__
 from attnscope.core.errors import AttnScopeError
 from attnscope.core.io.render import Renderers
+from attnscope.core.remote.cli_args import add_engine_arguments
 
 EXIT_USAGE = 2
 EXIT_ERROR = 1
@@ -79,6 +80,10 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
         raise SessionError(f"--steps must be >= 0, got {args.steps}")
     if getattr(args, "prompt", None) is not None and not args.prompt.strip():
         raise SessionError("the prompt is empty: give some text with --prompt")
+    if getattr(args, "engine", None):  # the model runs in an `attnscope serve` engine (core/remote)
+        from attnscope.core.remote.client import open_remote
+
+        return open_remote(args, progress)
     s = Session.load(
         args.model,
         backend=args.backend,
@@ -124,6 +129,7 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"attnscope {__version__}")
     add_model_arguments(p)
+    add_engine_arguments(p)
     p.add_argument(
         "--screenshot", metavar="PATH", help="render the main window offscreen to PATH (PNG) and exit"
     )

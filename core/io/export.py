@@ -86,6 +86,15 @@ def model_sha256(source: str | os.PathLike | None) -> str | None:
     return None
 
 
+def engine_record(session) -> dict:
+    """``{"engine": {"address": "HOST:PORT", "host": name}}`` for a session whose model runs in an
+    ``attnscope serve`` engine (:mod:`attnscope.core.remote`), ``{}`` for an in-process one."""
+    engine = getattr(session, "engine", None)
+    if not isinstance(engine, str):
+        return {}
+    return {"engine": {"address": engine, "host": getattr(session.backend, "host", "")}}
+
+
 def layer_sliding_window(session, layer: int) -> int | None:
     """The sliding window the kernel applied in ``layer`` (None = full causal), as captured."""
     layers = getattr(session.trace, "layers", None)
@@ -118,7 +127,8 @@ def session_metadata(session) -> dict:
         "model": {
             "name": info.name,
             "source": info.source,
-            "sha256": model_sha256(info.source),
+            # a remote session knows the hash the engine computed on its own machine
+            "sha256": getattr(session, "model_sha256", None) or model_sha256(info.source),
             "architecture": info.architecture,
             "n_layers": info.n_layers,
             "n_heads": info.n_heads,
@@ -134,6 +144,7 @@ def session_metadata(session) -> dict:
             info
         ),  # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode"}
         "device": str(getattr(session.backend, "device", "cpu")),
+        **engine_record(session),
         "prompt": session.prompt,
         "chat_template": bool(session.chat_template),
         "sampling": asdict(sampling) if sampling is not None else None,

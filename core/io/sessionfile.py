@@ -79,6 +79,8 @@ class SessionFile:
     attnscope_version: str = __version__
     # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode": "int8"} (attnscope.core.loading.quantize.record)
     quantization: dict = field(default_factory=dict)
+    # {"address": "HOST:PORT", "host": name} when the model ran in an `attnscope serve` engine, else {}
+    engine: dict = field(default_factory=dict)
 
     @property
     def generated_ids(self) -> tuple[int, ...]:
@@ -95,14 +97,16 @@ class SessionFile:
         Raises:
             SessionError: nothing has run yet.
         """
-        from attnscope.core.io.export import model_sha256
+        from attnscope.core.io.export import engine_record, model_sha256
 
         if session.prompt is None or session.seq_len == 0:
             raise SessionError("nothing to save: run a prompt first")
         return cls(
-            model=model_reference(session.info.source),
+            # a remote session: the reference and hash as the engine's machine sees them
+            model=getattr(session, "model_ref", None) or model_reference(session.info.source),
             model_name=session.info.name,
-            model_sha256=model_sha256(session.info.source),
+            model_sha256=getattr(session, "model_sha256", None) or model_sha256(session.info.source),
+            engine=engine_record(session).get("engine", {}),
             backend=getattr(session.backend, "name", "torch"),
             dtype=session.info.dtype,
             device=str(getattr(session.backend, "device", "cpu")),
@@ -139,6 +143,7 @@ class SessionFile:
             "token_ids": list(self.token_ids),
             "view": self.view,
             "quantization": self.quantization,
+            **({"engine": self.engine} if self.engine else {}),
         }
 
     @classmethod
@@ -180,6 +185,7 @@ class SessionFile:
                 created=str(d.get("created", "")),
                 attnscope_version=str(d.get("attnscope_version", "")),
                 quantization=_quantization(d.get("quantization")),
+                engine=_engine(d.get("engine")),
             )
         except KeyError as e:
             raise SessionFileError(f"session file lacks the field {e.args[0]!r}") from None
@@ -194,6 +200,15 @@ def _quantization(q) -> dict:
     if not isinstance(q, dict) or not all(isinstance(v, str) for v in q.values()):
         raise SessionFileError("quantization must be an object of strings (file, runtime, mode)")
     return dict(q)
+
+
+def _engine(e) -> dict:
+    """A file's ``"engine"`` entry (where the model ran), validated: an object of strings ({} when absent)."""
+    if e is None:
+        return {}
+    if not isinstance(e, dict) or not all(isinstance(v, str) for v in e.values()):
+        raise SessionFileError("engine must be an object of strings (address, host)")
+    return dict(e)
 
 
 def model_reference(source: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -212,7 +213,6 @@ class RemoteSession:
         self.token = token
         self.timeout = float(timeout)
         self._ids_counter = itertools.count(1)
-        self._zctx: Any = None
         self._sock: Any = None
         self._monitor: Any = None
         self._instance: str | None = None
@@ -222,6 +222,7 @@ class RemoteSession:
         self._load_args: dict | None = None
         self._clear_local()
         self.model_sha256: str | None = None
+        self.model_ref: str | None = None
 
     # -- connecting -------------------------------------------------------------------------------
     @classmethod
@@ -238,8 +239,12 @@ class RemoteSession:
             EngineLost: nothing answers there within ``connect_timeout`` s. Refused: wrong token.
         """
         s = cls(address, token, timeout)
-        s._open()
-        s._hello(connect_timeout)
+        try:
+            s._open()
+            s._hello(connect_timeout)
+        except BaseException:
+            s.close()
+            raise
         return s
 
     @property
@@ -250,9 +255,9 @@ class RemoteSession:
         import zmq
 
         self._close()
-        if self._zctx is None:
-            self._zctx = zmq.Context()
-        sock = self._zctx.socket(zmq.DEALER)
+        # the process-wide context: never terminated by a garbage collection on some other thread
+        # (a Context's __del__ blocks in term() while any of its sockets is open)
+        sock: Any = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
@@ -278,9 +283,6 @@ class RemoteSession:
     def close(self) -> None:
         """Close the connection (the engine keeps running and keeps its state)."""
         self._close()
-        if self._zctx is not None:
-            self._zctx.term()
-            self._zctx = None
 
     def __enter__(self):
         return self
@@ -513,6 +515,7 @@ class RemoteSession:
             return
         self.info = desc["info"]
         self.model_sha256 = desc.get("model_sha256")
+        self.model_ref = desc.get("model_ref")  # "default" or the path on the engine's machine
         self.backend = RemoteBackend(desc["backend"], desc["device"], desc["host"], self.engine)
         self.tokenizer = RemoteTokenizer(
             self, desc.get("special_ids", ()), self.info.vocab_size, self.info.has_chat_template
@@ -746,6 +749,8 @@ def open_remote(args, progress: Callable[[str, float], None] | None = None) -> R
         s.prefill(args.prompt, chat_template=args.chat_template)
         if getattr(args, "steps", 0):
             s.step(args.steps)
+        for note in s.notices:
+            print(f"attnscope: note: {note}", file=sys.stderr)
     return s
 
 

@@ -80,6 +80,10 @@ def add_arguments(p) -> None:
         metavar="GGUF",
         help="with --views: long-context model (Gemma 3 270M's GGUF) for the 32k rows",
     )
+    from attnscope.core.remote.cli_args import add_engine_arguments
+
+    # --engine HOST:PORT: the map and sink table over the network (core/bench/remote.py)
+    add_engine_arguments(p)
     p.add_argument(
         "--quick",
         action="store_true",
@@ -117,6 +121,8 @@ def run(args) -> int:
     out = Path(args.json) if args.json else None
     if out is not None and not out.parent.exists():
         raise FileNotFoundError(f"folder {out.parent} does not exist")
+    if getattr(args, "engine", None):
+        return _run_remote(args, out)
     if getattr(args, "views", False):
         from attnscope.core.bench.views import main as views_main
 
@@ -157,3 +163,28 @@ def _run_size(args, out: Path | None) -> int:
     if out is not None:
         out.write_text(json.dumps(result, indent=1))
     return 0 if not any("error" in result.get(p, {}) for p in ("convert", "scope", "sdpa")) else 1
+
+
+def _run_remote(args, out: Path | None) -> int:
+    """``--engine HOST:PORT``: one head's map and the sink table, remote against in-process."""
+    from attnscope.core.bench.remote import format_remote_table, run_remote_bench
+    from attnscope.core.remote.client import read_token
+
+    kw = {}
+    if args.sizes is not None:
+        kw["seq_len"] = _sizes(args.sizes)[-1]
+    if args.quick:
+        kw["seq_len"] = 64
+    if args.head_repeats is not None:
+        kw["repeats"] = args.head_repeats
+    result = run_remote_bench(
+        args.engine,
+        token=read_token(args.token_file),
+        device=args.device or "cpu",
+        log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+        **kw,
+    )
+    print(format_remote_table(result))
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+    return 0
