@@ -26,6 +26,7 @@ norms ``w − 1``, ...) are not taken this way: :func:`load_packed` returns None
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 
@@ -96,7 +97,7 @@ def load_packed(path: Path, dtype, progress=None):
         return None
     if progress is not None:
         progress(f"Reading {path.name} (kept quantised)…", 0.3)
-    raw = mx.load(str(path))
+    raw = cast(dict[str, mx.array], mx.load(str(path)))  # a .gguf, no return_metadata: {name: array}
     cfg = config.to_dict()
     n_heads, n_kv = (
         int(cfg["num_attention_heads"]),
@@ -136,7 +137,8 @@ def logical_params(model) -> int:
 
     bits = {p: int(m.bits) for p, m in model.named_modules() if hasattr(m, "scales") and hasattr(m, "bits")}
     n = 0
-    for k, v in tree_flatten(model.parameters()):
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))  # a list without destination=
+    for k, v in flat:
         parent, _, leaf = k.rpartition(".")
         if parent in bits and leaf in ("scales", "biases"):
             continue
