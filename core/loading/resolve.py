@@ -117,6 +117,10 @@ def info_from_config(
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
     n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    if n_heads is None or n_layers is None or hidden is None:
+        sizes = (("num_attention_heads", n_heads), ("num_hidden_layers", n_layers), ("hidden_size", hidden))
+        missing = ", ".join(k for k, v in sizes if v is None)
+        raise ModelLoadError(f"cannot read {name}: its config gives no {missing}")
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     head_dim = getattr(config, "head_dim", None) or hidden // n_heads
     rope = getattr(config, "rope_parameters", None) or {}
@@ -132,7 +136,7 @@ def info_from_config(
         n_kv_heads=int(n_kv),
         head_dim=int(head_dim),
         hidden_size=int(hidden),
-        max_context=int(max_ctx),
+        max_context=int(max_ctx or 0),  # 0: the config states no context length
         rope_theta=float(theta) if theta is not None else None,
         sliding_window=getattr(config, "sliding_window", None),
         vocab_size=int(config.vocab_size),
@@ -614,7 +618,7 @@ def model_source(model: str | os.PathLike | None) -> str:
     Raises:
         ModelLoadError: the default model package is not installed (and nothing pre-converted).
     """
-    if is_default_ref(model):
+    if model is None or is_default_ref(model):
         pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
         if pre not in ("", "default"):
             return str(Path(pre).expanduser().resolve())
@@ -624,7 +628,7 @@ def model_source(model: str | os.PathLike | None) -> str:
 
 def is_default_source(source: str | os.PathLike | None) -> bool:
     """True when ``source`` (a :func:`model_source` path) is the embedded default model."""
-    if is_default_ref(source):
+    if source is None or is_default_ref(source):
         return True
     here = Path(source).expanduser().resolve()
     candidates = []
@@ -711,7 +715,7 @@ def load_torch(
     else:
         check_architecture(m.config.model_type)
         if dm is None:
-            m.to(device)
+            m.to(device)  # type: ignore[arg-type]  # transformers' @wraps on .to() hides the bound self
         m.eval()
         n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
         if quantize != "none":
