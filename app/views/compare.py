@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.engine import Request
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
 from PySide6.QtCore import Qt, QTimer
@@ -583,13 +584,9 @@ class CompareView(QWidget, SavedControls):
         if self.result is None:
             return
         n = self.result.alignment.n
-        self.engine.submit(
-            "compare-maps",
-            _maps_job(layer, head, n, self.result.weighting),
-            self.set_maps,
-            self._on_failed,
-            label="compare maps",
-        )
+        job = _maps_job(layer, head, n, self.result.weighting)
+        on_error = self._on_failed
+        self.engine.submit("compare-maps", Request(job, self.set_maps, "compare maps", on_error=on_error))
 
     def set_maps(self, payload) -> None:
         """Draw A, B and A − B: the exact maps, or a long head's overview (:class:`PairOverview`)."""
@@ -693,13 +690,9 @@ class CompareView(QWidget, SavedControls):
         mr, mc = (r1 - r0) // 4, (c1 - c0) // 4
         want = (max(0, r0 - mr), min(ov.n, r1 + mr), max(0, c0 - mc), min(ov.n, c1 + mc))
         layer, head = self.map_key
-        self.engine.submit(
-            "compare-tile",
-            _tile_job(layer, head, ov.n, *want, self.result.weighting),
-            self.set_tile,
-            self._on_failed,
-            label="compare tile",
-        )
+        job = _tile_job(layer, head, ov.n, *want, self.result.weighting)
+        on_error = self._on_failed
+        self.engine.submit("compare-tile", Request(job, self.set_tile, "compare tile", on_error=on_error))
 
     def set_tile(self, payload) -> None:
         """Draw the exact tile of A, B and A − B over the overview (dropped if the head changed)."""
@@ -801,13 +794,9 @@ class CompareView(QWidget, SavedControls):
             return
         row = rc[0]  # view coordinates are token positions, overview or not
         layer, head = self.map_key
-        self.engine.submit(
-            "compare-row",
-            _row_job(layer, head, row, self.result.alignment.n, self.result.weighting),
-            self.set_rows,
-            self._on_failed,
-            label="compare row",
-        )
+        job = _row_job(layer, head, row, self.result.alignment.n, self.result.weighting)
+        on_error = self._on_failed
+        self.engine.submit("compare-row", Request(job, self.set_rows, "compare row", on_error=on_error))
 
     def set_rows(self, payload) -> None:
         row, ra, rb = payload
