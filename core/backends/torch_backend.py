@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -133,6 +134,12 @@ class TorchBackend:
         self._clear()
         self.notices = []
 
+    def _cache_layers(self) -> list[Any]:
+        """The DynamicCache's layers: transformers types them as a union that includes linear-attention
+        layers without ``keys``/``values``; a plain DynamicCache of the families we run holds
+        DynamicLayers, whose ``keys``/``values`` are ``(1, n_kv_heads, S, D)`` tensors once filled."""
+        return self.cache.layers
+
     def _clear(self) -> None:
         self.cache = self._DynamicCache()
         self.trace.reset()
@@ -249,14 +256,15 @@ class TorchBackend:
         self._ids = self._ids[:n]
         # Crop each layer's tensors ourselves: DynamicCache.crop's argument changed meaning across
         # transformers 5.x releases (final length vs. tokens to remove).
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys = layer.keys[..., :n, :]
-                layer.values = layer.values[..., :n, :]
+        layers = self._cache_layers()
+        for cl in layers:
+            if getattr(cl, "keys", None) is not None and cl.keys.numel():
+                cl.keys = cl.keys[..., :n, :]
+                cl.values = cl.values[..., :n, :]
         self.trace.truncate(n)
         # the trace's key references must follow the cropped cache tensors
         for layer, rec in enumerate(self.trace.layers):
-            rec.keys = self.cache.layers[layer].keys[0]
+            rec.keys = layers[layer].keys[0]
         self.seq_len = n
 
     @torch.inference_mode()
@@ -278,7 +286,7 @@ class TorchBackend:
             for m in self.model.modules()
             if getattr(m, "_attnscope_trace", None) is self.trace and getattr(m, "layer_idx", None) == layer
         )
-        values = self.cache.layers[layer].values[0, :, : self.seq_len].float()  # (n_kv_heads, S, D)
+        values = self._cache_layers()[layer].values[0, :, : self.seq_len].float()  # (n_kv_heads, S, D)
         proj = next((getattr(mod, n) for n in ("o_proj", "c_proj", "dense") if hasattr(mod, n)), None)
         if proj is None:
             raise UnsupportedModelError(f"{type(mod).__name__} has no output projection AttnScope knows")
