@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
-from PIL import Image
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 #: ``renderer(weights, path, *, tokens, title, colour, size, dpi, metadata)`` writes one labelled
 #: figure (PNG/SVG/PDF by ``path``'s suffix) and returns its path.
@@ -55,6 +58,8 @@ def heatmap_image(
     Raises:
         ValueError: not a non-empty 2-D matrix; an empty colour range.
     """
+    from PIL import Image
+
     w = np.asarray(weights)
     if w.ndim != 2 or w.size == 0:
         raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")

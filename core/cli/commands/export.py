@@ -163,6 +163,17 @@ def figure_renderer(renderers) -> Callable:
     return renderers.figure
 
 
+def _needs_figure(args) -> bool:
+    """Whether ``args`` write a labelled figure: SVG, PDF, or a PNG with ``--figure``."""
+    if args.all_heads:
+        fmt = args.format
+    elif args.out:
+        fmt = Path(args.out).suffix.lower().lstrip(".")
+    else:
+        return False
+    return fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
+
+
 def _check_args(args) -> None:
     from attnscope.core.errors import SessionError
     from attnscope.core.io.colormaps import COLORMAPS
@@ -307,6 +318,8 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
 
     _check_args(args)
     load = renderers if renderers is not None else (lambda: PILLOW)  # called only when a figure is drawn
+    # the figure renderer before the model loads (a missing one is refused at once, not after it)
+    figure = figure_renderer(load()) if _needs_figure(args) else None
     s, view = _open(args)
     cmap = args.cmap or view.get("cmap") or "viridis"
     scale_choice = args.scale or view.get("scale")  # None: by the map's length (log from 2,048 tokens)
@@ -348,7 +361,6 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
         if args.layer is not None and not 0 <= args.layer < info.n_layers:
             raise IndexError(f"layer {args.layer} out of range 0..{info.n_layers - 1}")
         pairs = E.heads_in_scope(info.n_layers, info.n_heads, args.layer)
-        needs_qt = args.format in ("svg", "pdf") or (args.format == "png" and args.figure)
         t0 = time.monotonic()
         written = E.export_batch(
             s,
@@ -359,7 +371,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
             size=size,
             dpi=args.dpi,
             figure=args.figure,
-            renderer=figure_renderer(load()) if needs_qt else None,
+            renderer=figure,
             progress=_progress_line("export"),
         )
         print(
@@ -376,8 +388,6 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
             raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
         if args.out:
             out = Path(args.out)
-            fmt = out.suffix.lower().lstrip(".")
-            needs_qt = fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
             files = E.export_head(
                 s,
                 layer,
@@ -387,7 +397,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 size=size,
                 dpi=args.dpi,
                 figure=args.figure,
-                renderer=figure_renderer(load()) if needs_qt else None,
+                renderer=figure,
                 full_size=args.full_size,
                 weighting=args.weighting,
             )
