@@ -328,6 +328,8 @@ def pooled_heads(
     _check_n(trace, n)
     log = pooling == "max"
     pool = _Pooler(len(heads), n, out_rows, out_cols, pooling, log, _device(trace))
+    # bands no taller than a tile of MIN_TILE_COLS keys allows (a taller band's tiles leave the cache)
+    budget = min(budget, max(1, tile // MIN_TILE_COLS) * n)
     plan = _order(snap_bands(bands(n, len(heads), block_rows, budget), pool.re))
     with torch_threads(threads):
         blocks = LayerBlocks(trace, layer, heads, n, fast=fast)
