@@ -349,9 +349,9 @@ class Session:
         Raises:
             SessionError: nothing run yet. IndexError: step out of range.
         """
-        self._require_run()
+        now = self._require_run()
         if step is None:
-            return self._logits
+            return now
         if not 0 <= step <= self.n_generated:
             raise IndexError(f"step {step} out of range 0..{self.n_generated}")
         return self._logits_history[step]
@@ -370,15 +370,13 @@ class Session:
 
     def next_token_probs(self, k: int = 10) -> list[TopToken]:
         """Top-``k`` of the model's next-token distribution at the current step (temperature 1)."""
-        self._require_run()
-        p = softmax(self._logits)
+        p = softmax(self._require_run())
         top = np.argsort(-p)[:k]
         return [TopToken(int(i), token_text(self.tokenizer, int(i))[1], float(p[i])) for i in top]
 
     @property
     def logits(self) -> np.ndarray:
-        self._require_run()
-        return self._logits
+        return self._require_run()
 
     def snapshot(self) -> Snapshot:
         """A frozen copy of what the GUI shows (tokens, KV bytes, next-token top 10)."""
@@ -396,6 +394,8 @@ class Session:
             notices=tuple(str(n) for n in self.notices),
         )
 
-    def _require_run(self) -> None:
+    def _require_run(self) -> np.ndarray:
+        """The current logits ``(vocab,)``; raises SessionError when nothing has run yet."""
         if self._logits is None:
             raise SessionError("nothing has run yet: run a prompt first")
+        return self._logits
