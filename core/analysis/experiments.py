@@ -383,10 +383,12 @@ def run_experiments(
         raise SessionError("experiments need at least 2 tokens in the sequence")
     default_from = max(1, min(P, T - 1))
     exps = [e if e.decode_from is not None else replace(e, decode_from=default_from) for e in experiments]
-    for e in exps:
-        if e.decode_from > T:
-            raise ValueError(f"decode_from={e.decode_from} is past the sequence of {T} tokens")
-    froms = sorted({e.decode_from for e in exps})
+    # each exps[i].decode_from, as an int
+    starts = [default_from if e.decode_from is None else e.decode_from for e in experiments]
+    for f in starts:
+        if f > T:
+            raise ValueError(f"decode_from={f} is past the sequence of {T} tokens")
+    froms = sorted(set(starts))
     n_runs = len(froms) + len(exps)
     done = [0]
 
@@ -402,10 +404,10 @@ def run_experiments(
         base[f] = run_sequence(session, ids, f, None, cancelled, prog("Baseline"))
         done[0] += 1
     out = []
-    for e in exps:
-        r = run_sequence(session, ids, e.decode_from, Overrides(e), cancelled, prog(e.title))
+    for e, start in zip(exps, starts, strict=True):
+        r = run_sequence(session, ids, start, Overrides(e), cancelled, prog(e.title))
         done[0] += 1
-        b = base[e.decode_from]
+        b = base[start]
         pb = np.exp(log_softmax(r.last))
         top_b = _top1(session, b.last)
         out.append(

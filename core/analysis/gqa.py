@@ -206,11 +206,11 @@ def group_report(
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
     g = info.group_size
     heads = tuple(info.group(kv_head))
-    maps = []
+    per_head = []
     for h in heads:
         _check_cancel(cancelled)
         w = session.weights(layer, h, slice(0, n), slice(0, n))
-        maps.append(max_pool(w, size, size) if n > size else w)
+        per_head.append(max_pool(w, size, size) if n > size else w)
     keys = cached_keys(session, layer, kv_head, n)
     if n > size:  # keep the largest-magnitude value of each block of positions, sign included
         edges = np.linspace(0, n, size + 1).round().astype(int)
@@ -225,7 +225,7 @@ def group_report(
     lw = la = None
     if all_layers:
         lw, la, _ = layer_table(session, n, layer_rows, cancelled)
-    maps = np.stack(maps).astype(np.float32)
+    maps = np.stack(per_head).astype(np.float32)
     return GroupReport(
         layer,
         kv_head,
