@@ -45,7 +45,6 @@ FORMATS = (".png", ".svg", ".pdf", ".npy", ".csv", ".safetensors")
 #: flags a saved session also sets: (dest, the session file's field). Given explicitly next to --session,
 #: the flag wins (what ran goes into every sidecar); --no-chat-template would change the tokens: a conflict.
 SESSION_FLAGS = (("backend", "backend"), ("device", "device"), ("dtype", "dtype"))
-_DEFAULTS: dict = {}
 
 
 def add_arguments(p) -> None:
@@ -54,10 +53,11 @@ def add_arguments(p) -> None:
     add_model_arguments(p)
     add_engine_arguments(p)
     add_prompt_arguments(p, required=False)
-    # None = "not given", so an explicit flag can be told from the default next to --session
-    for dest in (*(d for d, _ in SESSION_FLAGS), "chat_template"):
-        _DEFAULTS[dest] = p.get_default(dest)
-        p.set_defaults(**{dest: None})
+    # None = "not given", so an explicit flag can be told from the default next to --session; the
+    # usual defaults travel with the parsed arguments (args.usual_defaults), not in module state
+    dests = (*(d for d, _ in SESSION_FLAGS), "chat_template")
+    usual = {dest: p.get_default(dest) for dest in dests}
+    p.set_defaults(usual_defaults=usual, **dict.fromkeys(dests))
     p.add_argument(
         "--session",
         metavar="FILE",
@@ -182,7 +182,7 @@ def _check_args(args) -> None:
     if args.session and args.prompt is not None:
         raise SessionError("give either --prompt or --session, not both")
     if not args.session:  # flags not given take the usual defaults
-        for dest, default in _DEFAULTS.items():
+        for dest, default in args.usual_defaults.items():
             if getattr(args, dest, None) is None:
                 setattr(args, dest, default)
     if not args.session and args.prompt is None:
