@@ -58,6 +58,7 @@ class MapPanel:
         heatmap.gamma_spin.valueChanged.connect(self.push_colour)
         self.push_settings()
         self.push_colour()
+        self.push_grid()
 
     # -- state ----------------------------------------------------------------------------------
     def heatmap_settings(self) -> dict:
@@ -67,6 +68,10 @@ class MapPanel:
     def push_settings(self, *_args) -> None:
         """``state.settings["heatmap"]`` := the heatmap's aggregate and weighting as shown."""
         self.state.set_tab_settings("heatmap", self.heatmap_settings())
+
+    def push_grid(self) -> None:
+        """``state.settings["grid"]`` := the grid's scale and pooling as shown (its ``view_state()``)."""
+        self.state.set_tab_settings("grid", self.grid.view_state())
 
     def push_colour(self, *_args) -> None:
         """``state.colour`` := the heatmap's scale, gamma and colour range as shown."""
@@ -81,7 +86,10 @@ class MapPanel:
         self.request_weights()
 
     def _on_settings(self, settings: dict) -> None:
-        """A reopened session's heatmap options: applied to the heatmap (unknown values skipped)."""
+        """A reopened session's heatmap and grid options: applied to them (unknown values skipped)."""
+        grid = settings.get("grid")
+        if grid and grid != self.grid.view_state():
+            self.grid.restore_view_state(grid)
         want = settings.get("heatmap") or {}
         if not want or want == self.heatmap_settings():
             return
@@ -283,6 +291,7 @@ class MapPanel:
         canvas.set_note(note)
         canvas.cmap = self.state.colormap
         canvas.set_thumbnails(thumbs, self.state.group_size, weighting, n=self.state.visible_len)
+        self.push_grid()
 
     def _on_grid_partial(self, result) -> None:
         _n, weighting, thumbs, frac = result
