@@ -21,11 +21,15 @@ the thread whose stream made them: call the trace from the thread that runs the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.trace.base import TraceGeometry, as_slice
+
+if TYPE_CHECKING:
+    from attnscope.core.backends.mlx_arch import KVCache
 
 
 @dataclass
@@ -37,7 +41,7 @@ class MlxLayerRecord:
     ell_chunks: list[mx.array] = field(
         default_factory=list
     )  # each (n_heads, L_i) float32: ℓ = log Σ exp(s − m)
-    cache: object | None = None  # the layer's KVCache (fetch_keys() -> (n_kv_heads, S, D))
+    cache: KVCache | None = None  # the layer's KV cache (fetch_keys() -> (n_kv_heads, S, D))
     scale: float = 1.0
     sliding_window: int | None = None
 

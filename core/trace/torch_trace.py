@@ -62,7 +62,7 @@ class _RowStore:
         cap = max(n_rows + HEADROOM_ROWS, self.capacity + self.capacity // 4)
         q = torch.empty((L, H, cap, D), dtype=dtype, device=device)
         lse = torch.empty((L, H, cap), dtype=torch.float64, device=device)
-        if self.q is not None and keep:
+        if self.q is not None and self.lse is not None and keep:
             q[:, :, :keep] = self.q[:, :, :keep]
             lse[:, :, :keep] = self.lse[:, :, :keep]
         self.q, self.lse = q, lse
@@ -81,10 +81,12 @@ class LayerRecord:
 
     def q(self) -> torch.Tensor:
         """``(n_heads, rows, D)`` post-RoPE queries (a view of the store: read it, don't keep it)."""
+        assert self.store is not None and self.store.q is not None, "read after record()"
         return self.store.q[self.layer, :, : self.rows]
 
     def lse(self) -> torch.Tensor:
         """``(n_heads, rows)`` float64 LSE (a view of the store)."""
+        assert self.store is not None and self.store.lse is not None, "read after record()"
         return self.store.lse[self.layer, :, : self.rows]
 
     def n_rows(self) -> int:
@@ -144,6 +146,7 @@ class TorchTrace(TraceGeometry):
         st = rec.store = self._store_on(query.device)
         if st.q is None or n + L > st.capacity or st.q.dtype != query.dtype:  # else: reserved already
             st.ensure(n + L, max(r.rows for r in self.layers), query.dtype, query.device)
+        assert st.q is not None and st.lse is not None  # allocated by ensure()
         st.q[layer, :, n : n + L] = query[0].detach()
         st.lse[layer, :, n : n + L] = lse[0].detach()
         rec.rows = n + L
@@ -244,6 +247,7 @@ class TorchTrace(TraceGeometry):
         key of KV head ``kv``, under the layer's causal (+ window) mask; ``scores`` are the rows' scaled
         scores over all keys when the caller already has them."""
         if scores is None:
+            assert rec.keys is not None, "a recorded layer holds its keys"
             scores = torch.matmul(q, rec.keys[kv].to(q.dtype).T).mul_(rec.scale)  # (n_q, S)
         s = scores.clone()
         diag = r.start  # query position r.start + i sees key j iff j - i <= r.start
