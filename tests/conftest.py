@@ -19,6 +19,7 @@ def pytest_configure(config):
 
         qt_options.configure()
 
+
 SMOL_PROMPT = (
     "The quick brown fox jumps over the lazy dog. Attention lets every token look back at the "
     "tokens before it, and the quick brown fox"
