@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -74,7 +75,7 @@ def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
+            weights.update(cast(dict[str, mx.array], mx.load(str(f))))  # a .safetensors: {name: array}
         except Exception as e:
             raise ModelLoadError(f"cannot read {f.name}: {_first_line(e)}") from None
     weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
@@ -252,6 +253,7 @@ class MlxBackend:
             except Exception as e:
                 raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
         if packed is not None:
+            assert gguf is not None  # packed weights come from a GGUF only
             cfg, packed_weights, packed_q, tok = packed
             folder, name = gguf, DEFAULT_MODEL_NAME if is_default_ref(model) else gguf.stem
         else:
