@@ -218,6 +218,8 @@ class RemoteSession:
         self._instance: str | None = None
         self._gen = -1
         self._link_bps: float | None = None
+        self.last_compute_s = 0.0  # the last request: seconds the engine computed (its reply says)
+        self.last_wall_s = 0.0  # ... and seconds it took here, send to decoded reply
         self.desc: dict = {}
         self._load_args: dict | None = None
         self._clear_local()
@@ -454,7 +456,9 @@ class RemoteSession:
                 if kind == "error":
                     exc = _ERRORS.get(str(reply.get("type")), RemoteError)
                     raise exc(str(reply.get("error") or "the engine refused the request"))
-                self._measure(got, t_recv - t_send - float(reply.get("compute_s") or 0.0))
+                self.last_compute_s = float(reply.get("compute_s") or 0.0)  # the engine's own time
+                self.last_wall_s = time.perf_counter() - t_send
+                self._measure(got, t_recv - t_send - self.last_compute_s)
                 return reply
             if cancelled is not None and not cancel_sent and cancelled():
                 self._sock.send_multipart(
