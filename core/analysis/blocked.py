@@ -65,7 +65,7 @@ class torch_threads:
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be at least 1, not {threads}")
         self.threads = None if threads is None else int(threads)
-        self.saved = None
+        self.saved: int | None = None
 
     def __enter__(self):
         if self.threads is not None and self.threads != torch.get_num_threads():
@@ -454,14 +454,14 @@ def pooled_mean(
     with torch_threads(threads):
         for k, (r0, r1) in enumerate(plan):
             base = k * len(pairs)
+            last = [0]  # heads of this band reported so far
 
-            def head_progress(done, base=base):
+            def head_progress(done, base=base, last=last):
                 if progress is not None:
-                    for i in range(head_progress.last + 1, done + 1):
+                    for i in range(last[0] + 1, done + 1):
                         progress(base + i, total)
-                    head_progress.last = done
+                    last[0] = done
 
-            head_progress.last = 0
             m = _mean_band(
                 trace, groups, cache, slice(r0, r1), slice(0, r1), n, fast, cancelled, head_progress
             )
