@@ -43,9 +43,9 @@ TOKEN = "s3cret-token-for-tests"
 
 
 @contextlib.contextmanager
-def serving(session, token: str | None = TOKEN, **kw):
-    """An EngineServer for ``session`` on a free localhost port, served from a thread."""
-    server = EngineServer(session, host="127.0.0.1", port=0, token=token, **kw)
+def serving(session, token: str | None = TOKEN, port: int = 0, **kw):
+    """An EngineServer for ``session`` on a free localhost port (or ``port``), served from a thread."""
+    server = EngineServer(session, host="127.0.0.1", port=port, token=token, **kw)
     th = threading.Thread(target=server.serve_forever, kwargs={"poll_ms": 20}, daemon=True)
     th.start()
     try:

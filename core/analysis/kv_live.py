@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.analysis.kv_formula import KVConfig, SchemeRow, compare_schemes
+from attnscope.core.remote.dispatch import remotable
 
 
 def layer_windows(backend) -> tuple[int | None, ...]:
@@ -87,6 +88,7 @@ class KVLive:
         return self.config.windows is not None
 
 
+@remotable
 def kv_live(session) -> KVLive:
     """Measure the session's KV cache (engine thread). Works before a prompt too (all zeros)."""
     cfg = KVConfig.from_info(session.info, dtype=cache_dtype(session), windows=layer_windows(session.backend))

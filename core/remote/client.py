@@ -148,6 +148,13 @@ class RemoteBackend:
             "this needs the model in this process: the model runs on the engine at " + self.engine
         )
 
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise SessionError(
+            f"this needs the backend in this process ({name}): the model runs on the engine at {self.engine}"
+        )
+
     @property
     def where(self) -> str:
         """``"torch cpu on HOST"``, as the status bar says it."""
@@ -390,7 +397,9 @@ class RemoteSession:
         import zmq
 
         if self._sock is None:
-            raise EngineLost(f"not connected to the engine at {self.engine}: reconnect first")
+            raise EngineLost(
+                f"not connected to the engine at {self.engine} (the connection was lost): reconnect first"
+            )
         rid = next(self._ids_counter)
         msg = {
             "v": wire.VERSION,

@@ -1,0 +1,173 @@
+"""File → Connect to engine… / Reconnect to engine: the window driving an ``attnscope serve`` engine.
+
+The engine thread's session becomes a :class:`attnscope.core.remote.client.RemoteSession`; every job
+the window submits runs against it unchanged (the ``@remotable`` analysis functions run on the
+engine). Connecting and reconnecting are engine-thread jobs like a model load, so the window never
+waits on the network. The status bar's model line ends with where the model runs ("… · torch cpu on
+gpu-box"). A lost connection is the error's status line (``EngineLost``: "lost the connection to
+the engine at HOST:PORT …: reconnect to go on"); File → Reconnect to engine (enabled while the
+session is remote) replays the prompt and the generated token ids to the same state. The address
+and token are remembered with QSettings (``engine/address``, ``engine/token``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit
+
+
+def connect_job(address: str, token: str | None, sampling=None):
+    """Connect to the engine at ``address`` (loading its default model when it has none) and make
+    it the session; returns its snapshot. The previous session stays when this fails."""
+
+    def job(ctx):
+        from attnscope.core.remote.client import RemoteSession
+
+        ctx.progress(f"Connecting to the engine at {address}…", -1.0)
+        r = RemoteSession.connect(address, token=token)
+        try:
+            if r.info is None:
+                r.load_model(progress=ctx.progress, cancelled=ctx.cancelled)
+            if sampling is not None:
+                r.set_sampling(sampling)
+        except BaseException:
+            r.close()
+            raise
+        old, ctx.session = ctx.session, r
+        if old is not None and hasattr(old, "close"):
+            old.close()
+        return r.snapshot()
+
+    return job
+
+
+def reconnect_job(ctx):
+    """Reconnect the current remote session and replay its run; returns ``(snapshot, warnings)``."""
+    s = ctx.require()
+    if not hasattr(s, "reconnect"):
+        from attnscope.core.errors import SessionError
+
+        raise SessionError("the model runs in this process: there is no engine to reconnect to")
+    warnings = s.reconnect(progress=ctx.progress, cancelled=ctx.cancelled)
+    return s.snapshot(), warnings
+
+
+class ConnectDialog(QDialog):
+    """``host:port`` and token, prefilled from QSettings (token: else ``$ATTNSCOPE_TOKEN``)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Connect to engine")
+        settings = QSettings()
+        self.address = QLineEdit(str(settings.value("engine/address", "127.0.0.1:8765")))
+        self.address.setPlaceholderText("host:port (an 'attnscope serve' engine; tunnel with ssh -L)")
+        self.token = QLineEdit(
+            str(settings.value("engine/token", "") or os.environ.get("ATTNSCOPE_TOKEN", ""))
+        )
+        self.token.setEchoMode(QLineEdit.Password)
+        self.token.setPlaceholderText("the engine's token (empty for --no-token)")
+        form = QFormLayout(self)
+        form.addRow("Engine:", self.address)
+        form.addRow("Token:", self.token)
+        form.addRow(QLabel("ssh -L 8765:localhost:8765 server, then connect to 127.0.0.1:8765"))
+        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def remember(self) -> None:
+        settings = QSettings()
+        settings.setValue("engine/address", self.address.text().strip())
+        settings.setValue("engine/token", self.token.text().strip())
+
+
+class EngineConnector:
+    """The window's remote-engine actions and status text (:func:`install` builds one)."""
+
+    def __init__(self, win):
+        from attnscope.app.menus import action
+
+        self.win = win
+        file_menu = win.menus["file"]
+        self.connect_action = action(win, file_menu, "Connect to &engine…", self.connect_dialog)
+        self.reconnect_action = action(win, file_menu, "&Reconnect to engine", self.reconnect)
+        acts = [a for a in file_menu.actions() if a not in (self.connect_action, self.reconnect_action)]
+        if len(acts) > 3:  # under Open model… / folder… / default, not after Quit
+            for a in (self.connect_action, self.reconnect_action):
+                file_menu.removeAction(a)
+            file_menu.insertActions(acts[3], [self.connect_action, self.reconnect_action])
+        self.reconnect_action.setEnabled(False)
+        win.state.events.loaded.connect(lambda _snap: self.show_where())
+
+    # -- commands ---------------------------------------------------------------------------------
+    def connect_dialog(self) -> None:
+        dlg = ConnectDialog(self.win)
+        if dlg.exec() != QDialog.Accepted:
+            return
+        dlg.remember()
+        self.connect(dlg.address.text().strip(), dlg.token.text().strip() or None)
+
+    def connect(self, address: str, token: str | None) -> None:
+        """Connect on the engine thread; on success the window shows the engine's model and run."""
+        from attnscope.core.remote.client import parse_address
+
+        try:
+            parse_address(address)
+        except ValueError as e:
+            self.win.status.show_error(str(e))
+            return
+        win = self.win
+        win.state.say(f"Connecting to the engine at {address}…")
+        job = connect_job(address, token, win.decode_panel.sampling())
+        win.engine.enqueue(job, self._connected, win.commands.load_failed, label="loading model")
+
+    def _connected(self, snap) -> None:
+        cmd = self.win.commands
+        cmd.loaded(snap)  # the model line, ranges, empty state (show_where runs on state's loaded)
+        if snap.seq_len:
+            cmd.ran(snap)  # the engine already held a run: show it
+
+    def reconnect(self) -> None:
+        self.win.state.say("Reconnecting to the engine…")
+        self.win.engine.enqueue(
+            reconnect_job, self._reconnected, self.win.status.show_error, label="open session"
+        )
+
+    def _reconnected(self, result) -> None:
+        snap, warnings = result
+        cmd = self.win.commands
+        cmd.loaded(snap)
+        if snap.seq_len:
+            cmd.ran(snap)
+        where = self.where() or "the engine"
+        self.win.state.say(
+            f"Reconnected to {where}: {snap.n_prompt} prompt + {snap.n_generated} generated tokens"
+            + (f" ({'; '.join(warnings)})" if warnings else ""),
+            10000,
+        )
+
+    # -- status -----------------------------------------------------------------------------------
+    def where(self) -> str | None:
+        from attnscope.core.remote.client import engine_where
+
+        return engine_where(self.win.engine.session)
+
+    def show_where(self) -> None:
+        """End the model line with where the model runs, for a remote session."""
+        where = self.where()
+        self.reconnect_action.setEnabled(where is not None)
+        if where is None:
+            return
+        label = self.win.status.model_label
+        host = where.rpartition(" on ")[2]
+        if not label.text().endswith(f" on {host}"):
+            label.setText(f"{label.text()} on {host}")
+        label.setToolTip(f"the model runs in the engine at {self.win.engine.session.engine} ({where})")
+
+
+def install(win) -> EngineConnector:
+    """Add the remote-engine actions to ``win`` (a MainWindow); returns the connector."""
+    win.engine_connector = EngineConnector(win)
+    return win.engine_connector
