@@ -523,3 +523,20 @@ def test_session_file_records_the_engine_and_model_hash(remote_qwen3, tmp_path):
     meta = session_metadata(r)
     assert meta["engine"]["address"] == r.engine and meta["model"]["sha256"] == sf.model_sha256
     assert "engine" not in session_metadata(local) if local.seq_len else True
+
+
+def test_views_that_need_local_tensors_say_so_in_one_line(remote_qwen3):
+    from attnscope.core.analysis.kv_live import kv_live
+
+    local, r, _ = remote_qwen3
+    r.prefill("one line please", chat_template=False)
+    local.prefill("one line please", chat_template=False)
+    with pytest.raises(SessionError, match="stay on the engine at 127.0.0.1"):
+        _ = r.trace.layers[0].keys
+    with pytest.raises(SessionError, match="the model runs on the engine"):
+        _ = r.backend.model
+    with pytest.raises(SessionError, match="not available over a remote engine"):
+        _ = r.trace.weights_block
+    a, b = kv_live(r), kv_live(local)  # runs on the engine
+    assert a.seq_len == b.seq_len == r.seq_len and a.total_bytes == b.total_bytes > 0
+    assert np.array_equal(a.layer_bytes, b.layer_bytes)

@@ -178,8 +178,16 @@ class RemoteTokenizer:
 
 
 class _LayerWindow:
-    def __init__(self, w):
+    def __init__(self, w, engine: str):
         self.sliding_window = w
+        self._engine = engine
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise SessionError(
+            f"this view needs the layer's tensors ({name}), which stay on the engine at {self._engine}"
+        )
 
 
 class RemoteTrace:
@@ -188,7 +196,7 @@ class RemoteTrace:
 
     def __init__(self, session: RemoteSession, windows):
         self._s = session
-        self.layers = [_LayerWindow(w) for w in windows]
+        self.layers = [_LayerWindow(w, session.engine) for w in windows]
 
     def weights(self, layer, head, rows=None, cols=None):
         return self._s.weights(layer, head, rows, cols)
