@@ -540,3 +540,19 @@ def test_views_that_need_local_tensors_say_so_in_one_line(remote_qwen3):
     a, b = kv_live(r), kv_live(local)  # runs on the engine
     assert a.seq_len == b.seq_len == r.seq_len and a.total_bytes == b.total_bytes > 0
     assert np.array_equal(a.layer_bytes, b.layer_bytes)
+
+
+def test_a_saved_session_reopens_on_the_engine_with_the_same_numbers(remote_qwen3, tmp_path):
+    from attnscope.core.io import sessionfile
+
+    local, r, server = remote_qwen3
+    r.prefill("reopen me", chat_template=False)
+    r.step(2)
+    want = r.weights(1, 2).copy()
+    sf = sessionfile.SessionFile.from_session(r)
+    r.prefill("something else", chat_template=False)
+    s, warnings = sessionfile.replay(sf, session=r)  # same model on the engine: no reload, replay there
+    assert s is r and warnings == [] and r.ids == list(sf.token_ids)
+    assert np.array_equal(r.weights(1, 2), want)
+    s2, _ = sessionfile.replay(sf)  # and in-process: the same numbers
+    assert np.array_equal(s2.weights(1, 2), want)

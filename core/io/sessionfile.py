@@ -266,7 +266,7 @@ def same_model(session, sf: SessionFile) -> bool:
         return False
     if quant_record(session.info)["mode"] != sf.quantize:
         return False
-    return model_reference(session.info.source) == sf.model
+    return (getattr(session, "model_ref", None) or model_reference(session.info.source)) == sf.model
 
 
 def replay(
@@ -293,7 +293,15 @@ def replay(
 
     warnings: list[str] = []
     say = progress or (lambda *_: None)
-    if session is None or model is not None or not same_model(session, sf):
+    if (
+        session is not None
+        and hasattr(session, "load_model")
+        and (model is not None or not same_model(session, sf))
+    ):
+        # a remote engine (attnscope.core.remote): load there, the reference is a path on its machine
+        ref = model if model is not None else (None if sf.model == "default" else sf.model)
+        session.load_model(ref, backend=sf.backend, dtype=sf.dtype, progress=progress, quantize=sf.quantize)
+    elif session is None or model is not None or not same_model(session, sf):
         ref = model if model is not None else (None if sf.model == "default" else sf.model)
         session = Session.load(
             ref,
@@ -303,7 +311,7 @@ def replay(
             progress=progress,
             quantize=sf.quantize,
         )
-    sha = model_sha256(session.info.source)
+    sha = getattr(session, "model_sha256", None) or model_sha256(session.info.source)
     if sf.model_sha256 and sha != sf.model_sha256:
         warnings.append(
             f"the model's weights differ from the saved session's (sha256 {str(sha)[:12]}… ≠ "

@@ -259,17 +259,16 @@ def _open(args):
 
     if not args.session:
         return open_session(args), {}
-    if getattr(args, "engine", None):
-        from attnscope.core.errors import SessionError
-
-        raise SessionError(
-            "--session with --engine is not supported yet: open the session in the window connected to the engine"
-        )
     from attnscope.core.io import sessionfile
 
     sf = sessionfile.load(args.session)
     sf = _session_overrides(sf, args)
-    s, warnings = sessionfile.replay(sf, model=args.model, device=args.device)
+    remote = None
+    if getattr(args, "engine", None):  # replay on the engine (core/remote): its model, its device
+        from attnscope.core.remote.client import RemoteSession, read_token
+
+        remote = RemoteSession.connect(args.engine, token=read_token(args.token_file))
+    s, warnings = sessionfile.replay(sf, session=remote, model=args.model, device=args.device)
     for w in warnings:
         print(f"attnscope: warning: {w}", file=sys.stderr)
     if args.steps:
