@@ -384,6 +384,21 @@ def test_smollm2_remote_is_bit_identical(smol_session):
             r.step(4)
             _same_run(r, smol_session, [(0, 0), (3, 4), (18, 8), (29, 8)])
             assert r.sink_scores().shape == (30, 9)
+            # cancel a long prefill from here: the engine stops at its next chunk, both sides empty
+            from attnscope.core.errors import Cancelled
+
+            seen = []
+            long_prompt = " ".join(f"word{i}" for i in range(700))  # > 2 prefill chunks of 512
+            with pytest.raises(Cancelled):
+                r.prefill(
+                    long_prompt,
+                    chat_template=False,
+                    progress=lambda d, t: seen.append(d),
+                    cancelled=lambda: bool(seen),
+                )
+            assert seen[0] == 512 and r.seq_len == 0 and engine.seq_len == 0
+            r.prefill(prompt)  # and it goes on
+            assert r.ids == smol_session.ids[: r.seq_len]
         finally:
             r.close()
 
