@@ -275,9 +275,13 @@ def test_window_state_layer_moves_the_spin_box_and_asks_once(qtbot, tiny_folder)
         win.engine.submit = lambda channel, *a, **k: (asked.append(channel), submit(channel, *a, **k))[1]
         layers: list[int] = []
         win.state.events.layer.connect(layers.append)
+        win.show_view("mask")  # the tab on screen asks too, once
+        assert win.engine.wait_idle(60)
+        asked.clear()
         win.state.layer = 1
         assert win.layer_spin.value() == 1 and layers == [1]
-        assert asked.count("heatmap") == 1
+        assert asked.count("heatmap") == 1 and asked.count("mask") == 1
+        assert asked.count("gqa") == 0  # a hidden tab asks when it is shown
         assert win.engine.wait_idle(60) and win.map_key[:2] == (1, 0)
         asked.clear()
         win.head_spin.setValue(1)  # the spin box: state once, one request, no loop
