@@ -37,11 +37,15 @@ is 0.2.7 (March 2025); torchao is PyTorch's own, released with each torch. torch
 
 Whole model (Llama-3.2-1B-shaped, random bf16 weights, 2.47 GB; 512-token capture prefill; peak
 RSS from ``/usr/bin/time -f %M``): none 2.47 GB of weights, peak 2.99 GB; int8 1.50 GB, peak
-4.27-4.71 GB, 2.26 GB resident after the prefill; int4 1.04 GB, peak 3.72 GB. The peak is the
-load (the bf16 model is whole in memory before its layers are quantised; loading through
-transformers' ``TorchAoConfig`` instead, quantising tensor by tensor, measured 4.12 / 3.52 GB:
-no real gain, the mapped checkpoint stays resident). Prefill times on this shared 2-core machine
-(load average 11-20) varied 3x between identical runs and are not reported as speeds.
+4.27-4.71 GB, 2.26 GB resident after the prefill; int4 1.04 GB, peak 3.72 GB, when the bf16 model
+was loaded whole (its memory-mapped pages resident) before its layers were quantised; loading
+through transformers' ``TorchAoConfig`` instead measured 4.12 / 3.52 GB (the mapped checkpoint
+stays resident). :func:`attnscope.core.loading.resolve.load_torch` therefore loads a quantised
+model tensor by tensor (:mod:`attnscope.core.loading.stream_load`): no float copy of the whole
+checkpoint, peak ≈ the quantised model (README "Real-size models" has the measured figures).
+:func:`quantize_model` remains the path for folders that cannot be streamed and for callers that
+hold a float model already. Prefill times on this shared 2-core machine (load average 11-20)
+varied 3x between identical runs and are not reported as speeds.
 
 Memory per quantised weight: int8 1 byte (+ one scale per output row); int4 0.5 byte + a bf16
 scale and zero per group of :data:`INT4_GROUP` weights (4/128 byte). An 8B Llama (7.0 B linear
