@@ -310,7 +310,7 @@ class ConvertedCacheDialog(QDialog):
             for col, text in enumerate((name, human_bytes(c.size_bytes), c.source or "?")):
                 item = QTableWidgetItem(text)
                 if col == 1:
-                    item.setTextAlignment(int(Qt.AlignRight | Qt.AlignVCenter))
+                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(r, col, item)
         self.table.resizeColumnsToContents()
         self.total.setText(
