@@ -57,8 +57,13 @@ def run_gui(args) -> int:
         device=args.device,
         dtype=args.dtype,
         quantize=getattr(args, "quantize", "none"),
+        autoload=not getattr(args, "engine", None),  # --engine: the model is the engine's
     )
     win.resize(*size)
+    if getattr(args, "engine", None):
+        from attnscope.core.remote.client import read_token
+
+        win.engine_connector.connect(args.engine, read_token(getattr(args, "token_file", None)))
     if args.prompt is not None:
         win.prompt_edit.setPlainText(args.prompt)
     if not args.screenshot:

@@ -128,6 +128,9 @@ class MainWindow(QMainWindow):
         for mod in (sinks, kv, roles, experiments, compare):
             mod.install_view(self)
         build_menus(self)
+        from attnscope.app.connect import install as install_engine_connector
+
+        install_engine_connector(self)  # File → Connect to engine… (the remote engine, app/connect.py)
         self.set_running(False)
         if autoload:
             self.load_model(model)
