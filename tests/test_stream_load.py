@@ -57,7 +57,9 @@ def _assert_same(a, b):
         assert torch.equal(pa[k], pb[k]), k
     with torch.inference_mode():
         la, lb = a(torch.tensor([IDS])).logits, b(torch.tensor([IDS])).logits
-    assert torch.equal(la, lb)
+        l1a = a(torch.tensor([IDS]), logits_to_keep=1).logits
+        l1b = b(torch.tensor([IDS]), logits_to_keep=1).logits
+    assert torch.equal(la, lb) and torch.equal(l1a, l1b)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,32 @@ def test_names_that_do_not_match_are_not_streamed(q256, tmp_path):
     index.write_text(json.dumps(idx))
     assert load_quantised(folder, "int8", "float32", "cpu", ATTN_NAME) is None
     assert load_quantised(tmp_path, "int8", "float32", "cpu", ATTN_NAME) is None  # no safetensors at all
+
+
+@pytest.mark.parametrize("n_rows", [1, 7])
+def test_blocked_lm_head_gives_the_same_logits(n_rows):
+    from attnscope.core.loading.stream_load import block_output_projection
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 1000, bias=False).to(torch.bfloat16)
+    x = torch.randn(1, n_rows, 64).to(torch.bfloat16)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = head
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    m = M()
+    with torch.inference_mode():
+        ref = head(x)
+        block_output_projection(m, rows=128)
+        got = m.lm_head(x)
+        got_last = m.lm_head(x[:, -1:])
+    assert got.shape == (1, n_rows, 1000) and torch.equal(got, ref)
+    assert torch.equal(got_last, ref[:, -1:])
 
 
 def test_header_reader_matches_safetensors(q256):
