@@ -12,7 +12,10 @@ from __future__ import annotations
 
 def load_job(model, backend, device, dtype, sampling=None, quantize="none"):
     """Load a model; the new session samples with ``sampling`` (the panel's settings), so the
-    controls on screen are what runs from the first step."""
+    controls on screen are what runs from the first step. While the session is a remote engine's
+    (:class:`attnscope.core.remote.client.RemoteSession`), ``model`` is a path on the engine's
+    machine (File → Open model lists the engine's models) and is loaded there; the session stays
+    remote and a cancel stops the engine's load at its next stage."""
 
     def job(ctx):
         from attnscope.core.errors import Cancelled
@@ -24,10 +27,21 @@ def load_job(model, backend, device, dtype, sampling=None, quantize="none"):
                 raise Cancelled("loading cancelled; the previous model is still loaded")
             ctx.progress(message, fraction)
 
-        s = Session.load(
-            model, backend=backend, device=device, dtype=dtype, progress=progress, quantize=quantize
-        )
-        if ctx.cancelled():
+        if getattr(ctx.session, "remote_call", None) is not None:  # a remote engine: load it there
+            s = ctx.session.load_model(
+                model,
+                backend=backend,
+                device=device,
+                dtype=dtype,
+                progress=ctx.progress,
+                quantize=quantize,
+                cancelled=ctx.cancelled,
+            )
+        else:
+            s = Session.load(
+                model, backend=backend, device=device, dtype=dtype, progress=progress, quantize=quantize
+            )
+        if ctx.cancelled() and s is not ctx.session:  # (an engine's finished load is not undone)
             raise Cancelled("loading cancelled; the previous model is still loaded")
         if sampling is not None:
             s.set_sampling(sampling)

@@ -282,12 +282,22 @@ class MainWindow(QMainWindow):
 
     # -- files -------------------------------------------------------------------------------------
     def open_model_dialog(self) -> None:
+        from attnscope.app import remote_picker
         from attnscope.app.model_picker import ModelPickerDialog
 
         st = self.state
+        session = self.engine.session
+        remote = remote_picker.is_remote(session)  # list and load the engine's models, not this machine's
         dlg = ModelPickerDialog(
-            self, backend=st.backend, device=st.device, dtype=st.dtype, quantize=st.quantize
+            self,
+            backend=st.backend,
+            device=st.device,
+            dtype=st.dtype,
+            quantize=st.quantize,
+            **(remote_picker.picker_options(session) if remote else {}),
         )
+        if remote:
+            remote_picker.adapt(dlg, session)
         if dlg.exec() and dlg.selected_path():
             st.update(
                 backend=dlg.backend.currentText(),

@@ -638,7 +638,9 @@ class ModelPickerDialog(QDialog):
         self._selected = e.model_ref
         refusal = self.backend_refusal(e)
         self.open_btn.setEnabled(e.supported and refusal is None)
-        self.remove_btn.setEnabled(self._user_path_of(e) is not None)
+        self.remove_btn.setEnabled(
+            self._user_path_of(e) is not None and getattr(self, "remote_engine", None) is None
+        )
         text = self.describe(e, f)
         if e.supported and refusal:
             text += f"<br><span style='color:#b00020'><b>Cannot open here:</b> {_esc(refusal)}</span>"

@@ -491,7 +491,9 @@ class RemoteSession:
             self._link_bps = bps if self._link_bps is None else 0.5 * (self._link_bps + bps)
 
     def _request(self, op: str, args: dict | None = None, **kw):
-        return self._call(op, args, sequence=op not in ("hello", "load", "models", "decode"), **kw)["result"]
+        return self._call(
+            op, args, sequence=op not in ("hello", "load", "models", "free_memory", "decode"), **kw
+        )["result"]
 
     def _mutate(self, op: str, args: dict, tokens_from: int, **kw):
         args = dict(args, tokens_from=tokens_from)
@@ -594,6 +596,12 @@ class RemoteSession:
     def models(self) -> list:
         """The engine machine's local models (:func:`attnscope.core.loading.catalog.scan` run there)."""
         return self._request("models")
+
+    def free_memory(self, backend: str = "torch", device: str = "cpu") -> tuple[int | None, str]:
+        """``(free bytes | None, what was measured)`` on the engine's machine
+        (:func:`attnscope.core.loading.fit.free_memory` run there)."""
+        free, label = self._request("free_memory", {"backend": backend, "device": device})
+        return free, label
 
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         return list(self._request("encode", {"prompt": prompt, "chat_template": chat_template}))

@@ -410,6 +410,16 @@ class EngineServer:
 
         return catalog.scan()
 
+    def op_free_memory(self, backend="torch", device="cpu"):
+        """``[free bytes | None, what was measured]`` on the engine's machine
+        (:func:`attnscope.core.loading.fit.free_memory`): the model picker's Fit column."""
+        from attnscope.core.loading.fit import free_memory
+
+        if not (isinstance(backend, str) and isinstance(device, str)):
+            raise ValueError("malformed request: free_memory takes a backend and a device name")
+        free, label = free_memory(backend, device)
+        return [free, label]
+
     def op_prefill(self, prompt, chat_template=True, all_logits=False, tokens_from: int = 0):
         s = self._require()
         self.gen += 1  # even a failed prefill changes the sequence (it is cleared first)
