@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.arch import ArchConfig
+from attnscope.core.remote.dispatch import remotable
 
 ROLES: tuple[str, ...] = ("previous_token", "induction", "sink", "local")
 ROLE_TITLES: dict[str, str] = {
@@ -308,6 +309,7 @@ class RoleTable:
         }
 
 
+@remotable
 def role_table(
     session,
     threshold: float = DEFAULT_THRESHOLD,
@@ -321,7 +323,9 @@ def role_table(
     """All role scores and labels for the session's model and current sequence.
 
     Args:
-        session: a :class:`attnscope.core.session.Session` after a prompt.
+        session: a :class:`attnscope.core.session.Session` after a prompt, or a
+            :class:`attnscope.core.remote.client.RemoteSession`: then the table is computed on the
+            engine, from its model (``@remotable``), and arrives identical (labels as strings).
         induction: run the induction probe (else the induction scores are NaN).
 
     Raises:

@@ -28,6 +28,7 @@ REGISTRY: dict[str, Callable] = {}
 REMOTE_MODULES = (
     "attnscope.core.analysis.aggregate",
     "attnscope.core.analysis.kv_live",
+    "attnscope.core.analysis.roles",
     "attnscope.core.analysis.sinks",
     "attnscope.core.analysis.timeline",
 )

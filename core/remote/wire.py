@@ -5,7 +5,10 @@ JSON; every numpy array inside it is replaced by ``{"__nd__": i, "dtype": "<f4",
 "z": false}`` and its bytes travel as frame ``1 + i``, C-contiguous and little-endian, as
 safetensors lays tensors out after its JSON header (``z``: the frame is zstd-compressed). Other
 values: ``{"__tuple__": [...]}``, ``{"__slice__": [start, stop, step]}``, ``{"__path__": "..."}``,
-``{"__dict__": [[key, value], ...]}`` for dicts whose keys are not all strings, and
+``{"__dict__": [[key, value], ...]}`` for dicts whose keys are not all strings,
+``{"__str_nd__": [s, ...], "dtype": "<U5" | "|O", "shape": [...]}`` for an array of strings (a
+numpy ``str_`` array, or an ``object`` array holding only ``str``, as head-role labels are: the
+strings in C order, in the JSON; no other object array can travel), and
 ``{"__dc__": "attnscope.core.x.Y", "f": {...}}`` for frozen dataclasses. Decoding a dataclass is
 limited to the names the caller allows (the server: :data:`SERVER_DATACLASSES`; the client: any
 dataclass defined in ``attnscope.core``), so a message can build data, never run code.
@@ -65,6 +68,8 @@ def encode(value, compress: bool = False) -> tuple[bytes, list]:
             return x
         if isinstance(x, np.generic):
             return x.item()
+        if isinstance(x, np.ndarray) and x.dtype.kind in "UO":
+            return _str_array(x)
         if isinstance(x, np.ndarray) or _to_numpy(x) is not None:
             a = x if isinstance(x, np.ndarray) else _to_numpy(x)
             if a.dtype.kind not in _KINDS:
@@ -136,6 +141,8 @@ def decode(header: bytes, buffers: list, allow_dataclass=None):
             return x
         if "__nd__" in x:
             return array(x)
+        if "__str_nd__" in x:
+            return _str_array_of(x)
         if "__tuple__" in x:
             return tuple(dec(v) for v in _list(x["__tuple__"]))
         if "__slice__" in x:
@@ -152,6 +159,38 @@ def decode(header: bytes, buffers: list, allow_dataclass=None):
         return {k: dec(v) for k, v in x.items()}
 
     return dec(obj)
+
+
+#: a string array's dtypes on the wire: numpy ``str_`` (``<U``) and ``object`` (of str only)
+_STR_KINDS = "UO"
+
+
+def _str_array(a: np.ndarray) -> dict:
+    """An array of strings as JSON: its strings in C order, its dtype and shape (ValueError for an
+    object array holding anything but str)."""
+    flat = a.ravel(order="C").tolist()
+    if not all(isinstance(v, str) for v in flat):
+        bad = next(type(v).__name__ for v in flat if not isinstance(v, str))
+        raise ValueError(f"cannot send an object array holding a {bad} (only strings travel)")
+    return {"__str_nd__": flat, "dtype": a.dtype.str, "shape": list(a.shape)}
+
+
+def _str_array_of(d: dict) -> np.ndarray:
+    """Inverse of :func:`_str_array` (WireError for anything but strings of a matching count)."""
+    try:
+        dtype, shape = np.dtype(d["dtype"]), tuple(int(s) for s in d["shape"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise WireError(f"malformed string array: {e}") from None
+    flat = d["__str_nd__"]
+    if dtype.kind not in _STR_KINDS or dtype.byteorder == ">" or any(s < 0 for s in shape):
+        raise WireError(f"bad string array: dtype {dtype.str}, shape {shape}")
+    if not isinstance(flat, list) or not all(isinstance(v, str) for v in flat):
+        raise WireError("malformed string array: expected a list of strings")
+    if len(flat) != int(np.prod(shape, dtype=np.int64)):
+        raise WireError(f"string array holds {len(flat)} strings, shape {shape} needs {int(np.prod(shape))}")
+    out = np.empty(len(flat), dtype=dtype)
+    out[:] = flat  # a str_ dtype narrower than a string truncates it, as numpy itself does
+    return out.reshape(shape)
 
 
 def _list(x) -> list:
