@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.errors import Cancelled, SessionError, UnsupportedModelError
+from attnscope.core.remote.dispatch import remotable
 
 KINDS: dict[str, str] = {
     "evict_first": "Evict the first k tokens from the KV cache",
@@ -350,6 +351,7 @@ def _top1(session, logits: np.ndarray) -> tuple[int, str, float]:
     return i, token_text(session.tokenizer, i)[1], float(p[i])
 
 
+@remotable
 def run_experiments(
     session,
     experiments: list[Experiment],
@@ -362,7 +364,9 @@ def run_experiments(
     logits are unchanged afterwards.
 
     Args:
-        session: a torch :class:`attnscope.core.session.Session` after a prompt (+ steps).
+        session: a torch :class:`attnscope.core.session.Session` after a prompt (+ steps), or a
+            :class:`attnscope.core.remote.client.RemoteSession`: then they run on the engine, on
+            its model and sequence (``@remotable``), and the results arrive identical.
         experiments: what to run.
         progress: ``progress(message, fraction)``.
         cancelled: checked between forwards.

@@ -27,6 +27,7 @@ REGISTRY: dict[str, Callable] = {}
 #: the modules whose ``@remotable`` functions an engine server offers (imported by the server)
 REMOTE_MODULES = (
     "attnscope.core.analysis.aggregate",
+    "attnscope.core.analysis.experiments",
     "attnscope.core.analysis.kv_live",
     "attnscope.core.analysis.roles",
     "attnscope.core.analysis.sinks",

@@ -35,7 +35,9 @@ VERSION = 1
 _KINDS = "biuf"
 
 #: the dataclasses a server decodes in requests (what ops take as arguments)
-SERVER_DATACLASSES = frozenset({"attnscope.core.sampling.Sampling"})
+SERVER_DATACLASSES = frozenset(
+    {"attnscope.core.sampling.Sampling", "attnscope.core.analysis.experiments.Experiment"}
+)
 
 #: a reply buffer is zstd-compressed only above this size (smaller ones gain nothing)
 COMPRESS_MIN_BYTES = 1 << 20
