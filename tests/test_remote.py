@@ -517,9 +517,40 @@ def test_cli_export_through_the_engine(tmp_path):
         _stop(proc)
 
 
-def test_ray_engine_actor():
-    pytest.importorskip("ray", reason="Ray is not installed (not in CI: it is very large)")
-    pytest.skip("attnscope serve --ray is not implemented yet")
+@pytest.mark.slow
+def test_ray_engine_actor(tmp_path):
+    """``attnscope serve --ray``: a local Ray instance runs the engine as an actor; a client connects to
+    it as to any engine and gets the in-process numbers (skipped without Ray)."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (not in CI: it is very large)")
+    from attnscope.core.remote import ray_engine
+    from attnscope.core.session import Session
+
+    folder = tmp_path / "qwen3"
+    save_tiny("qwen3", folder, seed=2)
+    local = Session.load(str(folder), device="cpu")
+    local.prefill("ray holds the engine", chat_template=False)
+    local.step(2)
+    import torch
+
+    threads = torch.get_num_threads()  # the actor computes with as many: the same float sums
+    ray.init(num_cpus=threads, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        load = dict(model=str(folder), device="cpu")
+        actor, where = ray_engine.start(
+            token=TOKEN, load=load, load_kwargs={"device": "cpu"}, num_cpus=threads
+        )
+        try:
+            assert where["model"] == local.info.name and where["device"] == "torch cpu"
+            with RemoteSession.connect(f"127.0.0.1:{where['port']}", token=TOKEN) as r:
+                r.prefill("ray holds the engine", chat_template=False)
+                r.step(2)
+                _same_run(r, local, [(0, 0), (1, 3)])
+        finally:
+            assert ray_engine.stop(actor) >= 5
+        with pytest.raises(SessionError, match="the engine actor did not start: .*no-such-model"):
+            ray_engine.start(token=TOKEN, load=dict(model=str(tmp_path / "no-such-model")))
+    finally:
+        ray.shutdown()
 
 
 def test_session_file_records_the_engine_and_model_hash(remote_qwen3, tmp_path):

@@ -43,5 +43,14 @@ and 3.3 ms for the 30 × 9 sink table (target ≤ 30 ms extra). The end-to-end t
 remote map is bit-identical to in-process in every run (``tests/test_remote.py`` checks weights,
 logits and sink tables for SmolLM2 and a tiny Qwen3).
 
-Not done: ``attnscope serve --ray`` (the engine as a Ray actor); the option is there and says so.
+``attnscope serve --ray [ADDRESS]`` (:mod:`.ray_engine`): Ray places one actor with the GPUs and
+CPUs asked for; the actor runs the same EngineServer on a thread, so clients connect to the node's
+address as to any engine and nothing goes through Ray's object store. Ray's default of
+``OMP_NUM_THREADS = num_cpus`` matters: torch's CPU float sums depend on the thread count, so CPU
+numbers are bit-identical to in-process only at the same count (``--ray-cpus``; the test sets it).
+Ray is optional and not in CI (its tests skip without it).
+
+The window's model picker lists the engine's models (``op_models``, with ``op_free_memory`` for its
+Fit column), and Head roles and Experiments run there (``role_table`` and ``run_experiments`` are
+``@remotable``; role labels travel as a string array, :mod:`.wire`).
 """

@@ -6,7 +6,8 @@
 
 A token is required unless the server binds to a loopback address and is started with
 ``--no-token``. ``--token-file FILE`` reads the token from FILE, or writes a new random one there
-(mode 0600) when FILE does not exist; without it a new token is printed once. See
+(mode 0600) when FILE does not exist; without it a new token is printed once. ``--ray [ADDRESS]``
+runs the engine as a Ray actor on that cluster instead (:mod:`attnscope.core.remote.ray_engine`). See
 :mod:`attnscope.core.remote` for the protocol and why ZeroMQ.
 """
 
@@ -48,7 +49,22 @@ def add_arguments(p) -> None:
         const="auto",
         default=None,
         metavar="ADDRESS",
-        help="run the engine as a Ray actor (not available yet)",
+        help="run the engine as a Ray actor on the Ray cluster at ADDRESS (default: auto, the "
+        "cluster this machine belongs to); needs pip install ray",
+    )
+    p.add_argument(
+        "--ray-gpus",
+        type=float,
+        default=None,
+        metavar="N",
+        help="GPUs Ray reserves for the engine actor (default: 1 with --device cuda, else 0)",
+    )
+    p.add_argument(
+        "--ray-cpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="CPUs Ray reserves for the engine actor; torch runs that many threads (default 1)",
     )
 
 
@@ -85,11 +101,11 @@ def _token(args) -> str | None:
 
 
 def run(args) -> int:
-    if args.ray is not None:
-        raise ValueError("--ray is not available yet: run attnscope serve on the Ray node itself")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     token = _token(args)
+    if args.ray is not None:
+        return _run_ray(args, token)
     from attnscope.core.remote.server import EngineServer
 
     session = None
@@ -123,4 +139,75 @@ def run(args) -> int:
     finally:
         server.close()
     print(f"attnscope serve: stopped after {server.served} request(s)", file=sys.stderr)
+    return 0
+
+
+def _run_ray(args, token: str | None) -> int:
+    """``--ray``: the engine as a Ray actor (:mod:`attnscope.core.remote.ray_engine`) until Ctrl+C."""
+    import threading
+
+    from attnscope.core.remote import ray_engine
+
+    ray = ray_engine._ray()
+    gpus = (
+        args.ray_gpus
+        if args.ray_gpus is not None
+        else (1 if str(args.device or "").startswith("cuda") else 0)
+    )
+    try:
+        ray.init(address=args.ray, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ValueError(
+            f"--ray {args.ray}: no Ray cluster there ({str(e).strip().splitlines()[0]})"
+        ) from None
+    load = None
+    if not args.no_load:
+        load = dict(
+            model=args.model,
+            backend=args.backend,
+            device=args.device,
+            dtype=args.dtype,
+            quantize=args.quantize,
+            device_map=args.device_map,
+        )
+    load_kwargs = {
+        k: v for k, v in dict(device=args.device, device_map=args.device_map).items() if v is not None
+    }
+    print(f"attnscope serve: starting the engine as a Ray actor ({gpus:g} GPU)…", file=sys.stderr, flush=True)
+    actor, where = ray_engine.start(
+        host=args.host,
+        port=args.port,
+        token=token,
+        load=load,
+        load_kwargs=load_kwargs,
+        num_gpus=gpus,
+        num_cpus=args.ray_cpus,
+    )
+    what = f"{where['model']} · {where['device']}" if where["model"] else "no model"
+    from attnscope.core.remote.server import is_loopback
+
+    ip, port = where["ip"], where["port"]
+    reach = (
+        f"that node only: ssh -L {port}:localhost:{port} {ip}, then attnscope --engine 127.0.0.1:{port}"
+        if is_loopback(args.host)
+        else f"attnscope --engine {ip}:{port}"
+    )
+    print(
+        f"attnscope serve: {what}; Ray actor on {where['host']} ({ip}) listening on {args.host}:{port} ({reach})",
+        file=sys.stderr,
+        flush=True,
+    )
+    if args.ready_file:
+        Path(args.ready_file).write_text(f"{where['port']}\n", encoding="utf-8")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        served = ray_engine.stop(actor)
+        ray.shutdown()
+        print(f"attnscope serve: stopped after {served} requests", file=sys.stderr)
     return 0
