@@ -247,8 +247,8 @@ def release_freed() -> None:
     508 MB after one ``malloc_trim``). :func:`load_quantised` trims once per decoder layer (and once at
     the end), not after every weight: a trim hands the pages back, so the next weight's temporaries
     fault them in again, zeroed. Measured side by side on a 329 MB bf16 checkpoint (8 layers, hidden
-    1,024), load average ≈ 5: per weight 8.8–11.9 s, peak 0.65 GB; per layer 6.1–7.3 s, peak
-    0.62–0.70 GB; never 4.5–5.8 s, peak 0.96–1.12 GB.
+    1,024), alternating, load average 5.2–5.5: per weight 13.6 / 11.8 s, peak 0.62–0.64 GB; per layer
+    2.3 / 4.1 s, peak 0.62–0.69 GB (never trimming: 4.5–5.8 s, peak 0.96–1.12 GB).
     """
     if not _TRIM:
         import ctypes
