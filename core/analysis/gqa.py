@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from attnscope.core.analysis.aggregate import _check_cancel, robust_max
 from attnscope.core.analysis.pooling import max_pool
+from attnscope.core.remote.dispatch import remotable
 
 
 def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -176,6 +177,7 @@ class GroupReport:
     keys_absmax: float = 1.0
 
 
+@remotable
 def group_report(
     session,
     layer: int,
@@ -192,6 +194,9 @@ def group_report(
     Maps larger than ``size`` are max-pooled to ``size × size``; distances use every row
     ``1 .. n-1`` up to ``max_rows`` rows, the last ``max_rows`` beyond (:func:`sample_rows`); the
     per-layer table uses at most the last ``layer_rows`` rows per layer.
+
+    ``session`` may be a :class:`attnscope.core.remote.client.RemoteSession`: the report is then
+    computed on the engine (``@remotable``) and arrives identical.
 
     Raises:
         IndexError: layer or KV head out of range, ``n`` out of range.
@@ -247,13 +252,15 @@ def group_report(
     )
 
 
+@remotable
 def layer_table(
     session, n: int | None = None, max_rows: int = 32, cancelled: Callable[[], bool] | None = None
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Mean within-group and across-group JS distance for every layer.
 
     Returns ``(within, across, rows_used)``, two ``(n_layers,)`` float64 arrays averaged over
-    ``rows_used`` query rows (all rows ``1 .. n-1``, or the last ``max_rows``).
+    ``rows_used`` query rows (all rows ``1 .. n-1``, or the last ``max_rows``). Runs on the
+    engine for a remote session (``@remotable``).
     """
     info = session.info
     n = session.seq_len if n is None else n

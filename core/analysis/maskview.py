@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.attention.masks import causal_mask
+from attnscope.core.remote.dispatch import remotable
 
 MAX_ROWS = 512  # prefill rows drawn at most (the last ones: they see the most keys)
 
@@ -134,10 +135,14 @@ def step_geometry(n_prompt: int, n_generated: int, step: int) -> tuple[str, int,
     return "decode", 1, n_prompt + step
 
 
+@remotable
 def mask_report(
     session, layer: int, head: int, step: int | None = None, max_rows: int = MAX_ROWS
 ) -> MaskReport:
     """Build the :class:`MaskReport` of ``(layer, head)`` at ``step`` (None = the latest step).
+
+    ``session`` may be a :class:`attnscope.core.remote.client.RemoteSession`: the report is then
+    built on the engine from its trace (``@remotable``) and arrives identical.
 
     Raises:
         IndexError: layer, head or step out of range. SessionError: nothing run yet.

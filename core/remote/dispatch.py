@@ -28,7 +28,9 @@ REGISTRY: dict[str, Callable] = {}
 REMOTE_MODULES = (
     "attnscope.core.analysis.aggregate",
     "attnscope.core.analysis.experiments",
+    "attnscope.core.analysis.gqa",
     "attnscope.core.analysis.kv_live",
+    "attnscope.core.analysis.maskview",
     "attnscope.core.analysis.roles",
     "attnscope.core.analysis.sinks",
     "attnscope.core.analysis.timeline",
