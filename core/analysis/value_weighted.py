@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 from attnscope.core.analysis.aggregate import _check_cancel
 from attnscope.core.errors import SessionError
+from attnscope.core.remote.dispatch import remotable
 
 ATTENTION = "attention"
 VALUE_WEIGHTED = "value-weighted"
@@ -43,6 +44,7 @@ def check_weighting(weighting: str) -> str:
     return weighting
 
 
+@remotable
 def value_norms(session, layer: int) -> np.ndarray:
     """``‖v_j W_O^h‖`` for every query head ``h`` and key ``j`` of ``layer``: ``(n_heads, seq_len)`` float32.
 
@@ -77,6 +79,7 @@ def apply_norms(
     return np.where(tot[:, None] > 0, out / safe[:, None], 0.0).astype(np.float32)
 
 
+@remotable
 def value_weighted(
     session,
     layer: int,
@@ -105,6 +108,7 @@ def value_weighted(
     return apply_norms(w, norms[head, c], normalise, totals)
 
 
+@remotable
 def value_weighted_sink_rows(
     session,
     key: int = 0,
@@ -145,6 +149,7 @@ def value_weighted_sink_rows(
     return out
 
 
+@remotable
 def value_weighted_sink_scores(
     session,
     key: int = 0,
@@ -162,6 +167,7 @@ def value_weighted_sink_scores(
     return rows[..., key + 1 :].mean(axis=-1)
 
 
+@remotable
 def value_weighted_tile(
     session,
     layer: int,

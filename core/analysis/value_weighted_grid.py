@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from attnscope.core.analysis import blocked
 from attnscope.core.analysis.value_weighted import value_norms
+from attnscope.core.remote.dispatch import remotable
 
 
 def _vw_layer(
@@ -48,6 +49,7 @@ def _vw_layer(
     return pool.image()
 
 
+@remotable
 def value_weighted_thumbnails(
     session,
     n: int | None = None,

@@ -34,6 +34,8 @@ REMOTE_MODULES = (
     "attnscope.core.analysis.roles",
     "attnscope.core.analysis.sinks",
     "attnscope.core.analysis.timeline",
+    "attnscope.core.analysis.value_weighted",
+    "attnscope.core.analysis.value_weighted_grid",
 )
 
 #: keyword arguments that are callbacks: kept on the client side, never sent
