@@ -70,6 +70,12 @@ def _delegate(owner: str, name: str, doc: str = "") -> property:
     )
 
 
+REMOTE_PATH_REFUSAL = (
+    "Connected to an engine: a folder or file on this machine cannot load there. "
+    "Choose one of the engine's models with File → Open model…"
+)
+
+
 class MainWindow(QMainWindow):
     """The AttnScope window. ``model=None`` loads the embedded default on start."""
 
@@ -307,7 +313,18 @@ class MainWindow(QMainWindow):
             )
             self.load_model(dlg.selected_path())
 
+    def _engine_path_refused(self) -> bool:
+        """While connected to an engine a path on this machine means nothing there: say so, load nothing."""
+        from attnscope.app import remote_picker
+
+        if not remote_picker.is_remote(self.engine.session):
+            return False
+        self.status.say(REMOTE_PATH_REFUSAL, 15000)
+        return True
+
     def open_folder_dialog(self) -> None:
+        if self._engine_path_refused():
+            return
         path = QFileDialog.getExistingDirectory(self, "Open Hugging Face model folder", str(Path.home()))
         if path:
             self.load_model(path)
@@ -321,7 +338,8 @@ class MainWindow(QMainWindow):
                 e.acceptProposedAction()
 
     def dropEvent(self, e) -> None:
-        self.load_model(e.mimeData().urls()[0].toLocalFile())
+        if not self._engine_path_refused():
+            self.load_model(e.mimeData().urls()[0].toLocalFile())
 
     def about_text(self) -> str:
         """Help → About: the version, the model that runs and its backend, device, dtype."""
