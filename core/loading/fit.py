@@ -39,13 +39,10 @@ TIGHT_FRACTION = 0.8
 QUANT_BYTES = {"int8": 1.0, "int4": 0.5 + 4 / 128}
 # Peak RSS besides weights, KV cache and capture, per backend. torch: measured on this project's
 # CPU machine (`attnscope bench`, peak RSS of the capture prefill minus the three terms above):
-# Llama-3.2-1B-shaped bf16 at 2048 tokens 0.63 GB. With --quantize int8 the peak is higher by about
-# the model's float weights (embeddings, lm_head) once more: 1B int8 at 512 tokens 2.71 GB peak
-# (1.50 GB weights, 1.16 GB besides), 8B int8 11.28 GB (9.08 GB weights, 2.0 GB besides); the
-# transient was found later to be torch's copy of lm_head in a one-row bf16 matmul, which the
-# streamed load now avoids (stream_load.block_output_projection). Re-measured after that for the
-# 8B: 10.49 GB peak (9.08 GB weights, 1.41 GB besides), so this term, kept from the figures above,
-# errs high by about lm_head (8B int8 estimate 11.99 GB, +14 %); the 1B int8 was not re-measured.
+# Llama-3.2-1B-shaped bf16 at 2048 tokens 0.63 GB. Quantised models need nothing more since the
+# streamed load computes lm_head in row blocks (stream_load.block_output_projection; before, torch's
+# one-row bf16 matmul copied lm_head whole): 1B int8 at 512 tokens 2.22 GB peak (estimate 2.16 GB),
+# 8B int8 10.49 GB (estimate 9.89 GB), both measured 1 Dec 2026 after that change.
 # MLX (CPU build): 0.4 GB, not measured at real size.
 RUNTIME_BYTES = {"torch": 600_000_000, "mlx": 400_000_000}
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
@@ -256,11 +253,6 @@ def estimate(
         raise ValueError(f"unknown quantisation {quantize!r}")
     w = weights_bytes(n_params, fmt, dtype, quantize, linear_params)
     rt = RUNTIME_BYTES.get(backend, RUNTIME_BYTES["torch"]) if runtime else 0
-    if runtime and quantize != "none":  # measured: a quantised model's prefill peaks higher, by
-        # about its float (unquantised) weights once more (module docstring)
-        rt += w - weights_bytes(
-            linear_params if linear_params is not None else n_params, fmt, dtype, quantize, None
-        )
     kv = kv_cache_bytes(n_layers, n_kv_heads, head_dim, context, dtype)
     cap = capture_bytes(n_layers, n_heads, head_dim, context, dtype)
     if free_bytes is None:
