@@ -89,6 +89,7 @@ def folders(tmp_path_factory):
 
 def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
     import attnscope.app.views.compare as C
+    from attnscope.core.analysis.compare_b import held
     from gui_helpers import ran_window
 
     monkeypatch.setattr(C, "MAX_CELLS", 24)  # the tiny prompt (~200 tokens) counts as long
@@ -105,7 +106,8 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         assert win.engine.wait_idle(60)
         n = view.result.alignment.n
         assert n > 24 and view.map_key == (1, 2)
-        sa, sb = win.engine.session, C._ENGINE["b"]
+        sa = win.engine.session
+        sb = held(sa)
         A, B = sa.weights(1, 2)[:n, :n], sb.weights(1, 2)[:n, :n]
         ov = view.overview
         assert ov is not None and ov.n == n and ov.a.shape == (24, 24)

@@ -73,29 +73,16 @@ def test_remote_experiments_are_the_in_process_ones(tmp_path):
 @pytest.mark.slow
 def test_experiments_tab_on_a_remote_engine_shows_the_in_process_results(qtbot, tmp_path):
     pytest.importorskip("pytestqt")
-    from attnscope.app.connect import install
-    from attnscope.app.main_window import MainWindow
     from attnscope.core.analysis.experiments import default_experiments, run_experiments
     from attnscope.core.session import Session
+    from remote_window import remote_window
 
     folder = tmp_path / "qwen3"
     save_tiny("qwen3", folder, seed=5)
     prompt = "attention is all you need"
     local = Session.load(str(folder), device="cpu")
     local.prefill(prompt, chat_template=False)
-    w = MainWindow(autoload=False)
-    qtbot.addWidget(w)
-    w.resize(1200, 800)
-    w.show()
-    conn = getattr(w, "engine_connector", None) or install(w)
-    with serving(Session.load(str(folder), device="cpu")) as server:
-        conn.connect(f"127.0.0.1:{server.port}", TOKEN)
-        assert w.engine.wait_idle(60) and w.last_error is None
-        session = w.engine.session
-        w.prompt_edit.setPlainText(prompt)
-        w.chat_check.setChecked(False)
-        w.run_prompt()
-        assert w.engine.wait_idle(60)
+    with remote_window(qtbot, folder, prompt) as w:
         view = w.views["experiments"]
         w.show_view("experiments")
         w.refresh_current_view()  # the tab runs one of each kind by itself on a short sequence
@@ -105,5 +92,3 @@ def test_experiments_tab_on_a_remote_engine_shows_the_in_process_results(qtbot, 
         _same_results(want, view.results)
         assert view.table.rowCount() == len(want) == len(default_experiments(local.seq_len)) >= 3
         w.grab().save("/work/notes/shots/h10_experiments_remote.png")
-        w.engine.shutdown()
-        session.close()

@@ -128,30 +128,17 @@ def test_remote_mask_report_is_the_in_process_one(sessions):
 @pytest.mark.slow
 def test_gqa_and_mask_tabs_on_a_remote_engine_show_the_in_process_reports(qtbot, tmp_path):
     pytest.importorskip("pytestqt")
-    from attnscope.app.connect import install
-    from attnscope.app.main_window import MainWindow
     from attnscope.core.analysis.gqa import group_report
     from attnscope.core.analysis.maskview import mask_report
     from attnscope.core.session import Session
+    from remote_window import remote_window
 
     folder = tmp_path / "qwen3"
     save_tiny("qwen3", folder, seed=5)
     prompt = "attention is all you need"
     local = Session.load(str(folder), device="cpu")
     local.prefill(prompt, chat_template=False)
-    w = MainWindow(autoload=False)
-    qtbot.addWidget(w)
-    w.resize(1200, 800)
-    w.show()
-    conn = getattr(w, "engine_connector", None) or install(w)
-    with serving(Session.load(str(folder), device="cpu")) as server:
-        conn.connect(f"127.0.0.1:{server.port}", TOKEN)
-        assert w.engine.wait_idle(60) and w.last_error is None
-        session = w.engine.session
-        w.prompt_edit.setPlainText(prompt)
-        w.chat_check.setChecked(False)
-        w.run_prompt()
-        assert w.engine.wait_idle(60)
+    with remote_window(qtbot, folder, prompt) as w:
         for key in ("gqa", "mask"):
             view = w.views[key]
             view.report = None
@@ -165,5 +152,3 @@ def test_gqa_and_mask_tabs_on_a_remote_engine_show_the_in_process_reports(qtbot,
             else:
                 _same(mask_report(local, got.layer, got.head, got.step), got)
             w.grab().save(f"/work/notes/shots/h11_{key}_remote.png")
-        w.engine.shutdown()
-        session.close()

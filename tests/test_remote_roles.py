@@ -104,29 +104,16 @@ def test_remote_role_table_is_the_in_process_one(tmp_path, family):
 @pytest.mark.slow
 def test_roles_tab_on_a_remote_engine_shows_the_in_process_table(qtbot, tmp_path):
     pytest.importorskip("pytestqt")
-    from attnscope.app.connect import install
-    from attnscope.app.main_window import MainWindow
     from attnscope.core.analysis.roles import DEFAULT_WINDOW, role_table
     from attnscope.core.session import Session
+    from remote_window import remote_window
 
     folder = tmp_path / "qwen3"
     save_tiny("qwen3", folder, seed=5)
     prompt = "attention is all you need"
     local = Session.load(str(folder), device="cpu")
     local.prefill(prompt, chat_template=False)
-    w = MainWindow(autoload=False)
-    qtbot.addWidget(w)
-    w.resize(1200, 800)
-    w.show()
-    conn = getattr(w, "engine_connector", None) or install(w)
-    with serving(Session.load(str(folder), device="cpu")) as server:
-        conn.connect(f"127.0.0.1:{server.port}", TOKEN)
-        assert w.engine.wait_idle(60) and w.last_error is None
-        session = w.engine.session
-        w.prompt_edit.setPlainText(prompt)
-        w.chat_check.setChecked(False)
-        w.run_prompt()
-        assert w.engine.wait_idle(60)
+    with remote_window(qtbot, folder, prompt) as w:
         view = w.views["roles"]
         w.show_view("roles")
         w.refresh_current_view()
@@ -136,5 +123,3 @@ def test_roles_tab_on_a_remote_engine_shows_the_in_process_table(qtbot, tmp_path
         _same_table(want, view.table_data)
         assert view.table.rowCount() == want.n_layers * want.n_heads == 8
         w.grab().save("/work/notes/shots/h10_roles_remote.png")
-        w.engine.shutdown()
-        session.close()

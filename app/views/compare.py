@@ -2,9 +2,10 @@
 
 Run A is the window's session as it is (prompt + decode steps). Run B is chosen here: another
 model sharing the tokenizer, the same model at another precision, on the other backend, or on an
-edited prompt. B is loaded and run on the engine thread (a second session held there, never on
-the GUI side; the previous B is dropped first), then fed A's generated tokens, so a decode lines
-up too. A's per-position logits are kept by re-running A's sequence once when the window's
+edited prompt. B is loaded and run where A's model is, from the engine thread (a second session
+held next to A by :mod:`attnscope.core.analysis.compare_b`: in this process, or on the remote
+engine the window is connected to; never on the GUI side; the previous B is dropped first), then
+fed A's generated tokens, so a decode lines up too. A's per-position logits are kept by re-running A's sequence once when the window's
 prefill did not keep them (same ops, same numbers).
 
 The panel draws only: the layers × heads table of Jensen–Shannon distances (sortable, most
@@ -19,7 +20,6 @@ A's and B's rows as lines.
 
 from __future__ import annotations
 
-import gc
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +59,6 @@ MAX_CELLS = (
 )
 COLUMNS = ("Rank", "Layer", "Head", "JS mean", "JS max", "Max at row")
 
-# engine-thread state: run B's session (only ever touched from jobs)
-_ENGINE = {"b": None}
-
 
 @dataclass(frozen=True)
 class RunBSpec:
@@ -77,48 +74,31 @@ class RunBSpec:
 
 def _run_b_job(spec: RunBSpec):
     def job(ctx):
-        from attnscope.core.analysis.compare import compare_sessions
+        from attnscope.core.analysis.compare_b import kept_all_logits, run_b
         from attnscope.core.errors import SessionError
-        from attnscope.core.loading.resolve import is_default_source
-        from attnscope.core.session import Session
 
         sa = ctx.session
         if sa is None or sa.seq_len == 0:
             raise SessionError("run a prompt first: run A is the window's sequence")
-        try:
-            sa.position_logits()
-        except SessionError:  # the window's prefill kept only the last logits: replay A once
+        if not kept_all_logits(sa):  # the window's prefill kept only the last logits: replay A once
             ctx.progress("Re-running A to keep every position's logits…", 0.02)
             gen = sa.ids[sa.n_prompt :]
             sa.prefill(sa.prompt, chat_template=sa.chat_template, all_logits=True, cancelled=ctx.cancelled)
             if gen:
                 sa.feed(gen, cancelled=ctx.cancelled)
-        _ENGINE["b"] = None
-        gc.collect()
-        source = spec.model if spec.kind == "model" else sa.info.source
-        ref = None if source and is_default_source(source) else source
-        ctx.progress(f"Loading run B ({spec.backend}, {spec.dtype})…", 0.05)
-        sb = Session.load(ref, backend=spec.backend, dtype=spec.dtype)
-        if ctx.cancelled():
-            from attnscope.core.errors import Cancelled
-
-            raise Cancelled("compare cancelled")
-        ctx.progress("Running B…", 0.2)
-        sb.prefill(spec.prompt, chat_template=sa.chat_template, all_logits=True, cancelled=ctx.cancelled)
-        gen = sa.ids[sa.n_prompt :]
-        if gen:
-            sb.feed(gen, cancelled=ctx.cancelled)
-        _ENGINE["b"] = sb
-        total = sa.info.n_layers * sa.info.n_heads
-        res = compare_sessions(
+        # B is loaded, run and compared where A's model is: here, or on the remote engine
+        res, labels_a, labels_b = run_b(
             sa,
-            sb,
-            weighting=spec.weighting,
+            spec.kind,
+            spec.model,
+            spec.backend,
+            spec.dtype,
+            spec.prompt,
+            spec.weighting,
+            progress=ctx.progress,
             cancelled=ctx.cancelled,
-            progress=lambda d, t: ctx.progress(f"Comparing heads {d}/{total}…", 0.3 + 0.7 * d / t),
         )
-        labels = ([t.text for t in sa.tokens], [t.text for t in sb.tokens])
-        return res, labels
+        return res, (list(labels_a), list(labels_b))
 
     return job
 
@@ -144,21 +124,14 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
     (payload ``(key, a, b, overview)``), computed in row bands: never a whole long map on either side."""
 
     def job(ctx):
-        from attnscope.core.analysis.compare import head_maps
+        # computed where both runs are: here, or on the remote engine (attnscope.core.analysis.compare_b)
+        from attnscope.core.analysis.compare_b import b_maps, b_overview
         from attnscope.core.errors import Cancelled, SessionError
 
-        sb = _ENGINE["b"]
-        if sb is None or ctx.session is None:
+        if ctx.session is None:
             raise SessionError("run B first")
         if n > MAX_CELLS:
-            from attnscope.core.analysis.compare_pool import pooled_pair
-
-            ov = pooled_pair(
-                lambda rows: head_maps(ctx.session, sb, layer, head, n, rows=rows, weighting=weighting),
-                n,
-                MAX_CELLS,
-                cancelled=ctx.cancelled,
-            )
+            ov = b_overview(ctx.session, layer, head, n, MAX_CELLS, weighting, cancelled=ctx.cancelled)
             return (layer, head), ov.a, ov.b, ov
         f = 1
         band = f * max(1, (1 << 22) // (n * f))
@@ -166,8 +139,8 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
         for r0 in range(0, n, band):
             if ctx.cancelled():
                 raise Cancelled("cancelled")
-            wa, wb = head_maps(
-                ctx.session, sb, layer, head, n, rows=slice(r0, min(r0 + band, n)), weighting=weighting
+            wa, wb = b_maps(
+                ctx.session, layer, head, n, rows=slice(r0, min(r0 + band, n)), weighting=weighting
             )
             pa.append(_pool_by(wa, f))
             pb.append(_pool_by(wb, f))
@@ -180,20 +153,13 @@ def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int,
     """The exact ``rows r0:r1 × cols c0:c1`` tile of A and B (engine thread, both runs' weights)."""
 
     def job(ctx):
-        from attnscope.core.analysis.compare import head_maps
+        from attnscope.core.analysis.compare_b import b_maps
         from attnscope.core.errors import SessionError
 
-        if _ENGINE["b"] is None or ctx.session is None:
+        if ctx.session is None:
             raise SessionError("run B first")
-        wa, wb = head_maps(
-            ctx.session,
-            _ENGINE["b"],
-            layer,
-            head,
-            n,
-            rows=slice(r0, r1),
-            cols=slice(c0, c1),
-            weighting=weighting,
+        wa, wb = b_maps(
+            ctx.session, layer, head, n, rows=slice(r0, r1), cols=slice(c0, c1), weighting=weighting
         )
         return (layer, head), n, r0, c0, wa, wb
 
@@ -202,11 +168,9 @@ def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int,
 
 def _row_job(layer: int, head: int, row: int, n: int, weighting: str):
     def job(ctx):
-        from attnscope.core.analysis.compare import head_maps
+        from attnscope.core.analysis.compare_b import b_maps
 
-        wa, wb = head_maps(
-            ctx.session, _ENGINE["b"], layer, head, n, rows=slice(row, row + 1), weighting=weighting
-        )
+        wa, wb = b_maps(ctx.session, layer, head, n, rows=slice(row, row + 1), weighting=weighting)
         return row, wa[0], wb[0]
 
     return job
@@ -485,9 +449,14 @@ class CompareView(QWidget, SavedControls):
                 self.prompt_edit.setText(snap.prompt or "")
 
     def _browse(self) -> None:
+        from attnscope.app import remote_picker
         from attnscope.app.model_picker import ModelPickerDialog
 
-        dlg = ModelPickerDialog(self)
+        session = self.engine.session
+        remote = remote_picker.is_remote(session)  # B loads on the engine: list the engine's models
+        dlg = ModelPickerDialog(self, **(remote_picker.picker_options(session) if remote else {}))
+        if remote:
+            remote_picker.adapt(dlg, session)
         dlg.modelChosen.connect(self.model_edit.setText)
         dlg.exec()
 

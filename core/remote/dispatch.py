@@ -27,6 +27,7 @@ REGISTRY: dict[str, Callable] = {}
 #: the modules whose ``@remotable`` functions an engine server offers (imported by the server)
 REMOTE_MODULES = (
     "attnscope.core.analysis.aggregate",
+    "attnscope.core.analysis.compare_b",
     "attnscope.core.analysis.experiments",
     "attnscope.core.analysis.gqa",
     "attnscope.core.analysis.kv_live",

@@ -400,6 +400,10 @@ class EngineServer:
 
         kw = dict(self.load_kwargs)
         kw.update({k: v for k, v in dict(device=device, device_map=device_map).items() if v is not None})
+        if self.session is not None:  # the Compare tab's run B goes first: never old A + B + new A
+            from attnscope.core.analysis.compare_b import drop
+
+            drop(self.session)
         s = Session.load(model, backend=backend, dtype=dtype, progress=progress, quantize=quantize, **kw)
         self.session = s  # a failed or cancelled load keeps the previous one
         self._loaded()
@@ -532,7 +536,7 @@ class EngineServer:
 
     def _check_call_cells(self, s, name: str, a: dict) -> None:
         short = name.rpartition(".")[2]
-        if short in ("map_tile",):
+        if short in ("map_tile", "b_maps"):
             self._check_cells(s, a.get("rows"), a.get("cols"))
         elif short == "map_at":
             n = a.get("n") if isinstance(a.get("n"), int) else s.seq_len

@@ -1,0 +1,216 @@
+"""Compare over a remote engine (issue 13): run B is loaded, run and compared on the engine
+(``attnscope.core.analysis.compare_b``, ``@remotable``), held there for the maps, tiles and rows, and
+everything arrives identical to in-process, bit for bit; a B the engine cannot hold is one line and
+the engine keeps serving."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import weakref
+
+import numpy as np
+import pytest
+
+pytest.importorskip("zmq", reason="the remote engine needs pyzmq (pip install -e '.[remote]')")
+
+from test_compare import _perturbed_copy  # noqa: E402
+from test_remote import TOKEN, serving  # noqa: E402
+from tiny_models import save_tiny  # noqa: E402
+
+PROMPT = "The cat sat on the mat. The dog sat on the log."
+
+
+def _same_result(want, got) -> None:
+    """Two CompareResults equal field by field: arrays bit-identical, run infos and alignment equal."""
+    assert type(want) is type(got)
+    for f in dataclasses.fields(want):
+        a, b = getattr(want, f.name), getattr(got, f.name)
+        if isinstance(a, np.ndarray):
+            assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, f.name
+            assert np.array_equal(a, b), f.name  # bit-identical, not close
+        else:
+            assert a == b, f.name
+    assert want.ranked() == got.ranked() and want.to_json() == got.to_json()
+
+
+def _differently_tokenized_copy(src, dst) -> None:
+    """``src`` with its tokenizer's byte tokens renumbered (same weights, another tokenizer)."""
+    shutil.copytree(src, dst)
+    p = dst / "tokenizer.json"
+    tok = json.loads(p.read_text())
+    vocab = tok["model"]["vocab"]
+    byte_ids = sorted(i for t, i in vocab.items() if len(t) == 1)
+    flip = dict(zip(byte_ids, reversed(byte_ids), strict=True))
+    tok["model"]["vocab"] = {t: flip.get(i, i) for t, i in vocab.items()}
+    p.write_text(json.dumps(tok))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("base")
+    save_tiny("llama", base, seed=2)
+    last = tmp_path_factory.mktemp("last")
+    _perturbed_copy(base, last, layer=1, head=2)
+    other_tok = tmp_path_factory.mktemp("tok") / "other_tokenizer"
+    _differently_tokenized_copy(base, other_tok)
+    return {"base": base, "last": last, "other_tok": other_tok}
+
+
+@pytest.fixture(scope="module")
+def sessions(folders):
+    """(local session, remote session, the engine's own session) on the same tiny llama, same
+    prompt prefilled with every position's logits, 3 decode steps."""
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
+
+    local = Session.load(str(folders["base"]), device="cpu")
+    local.prefill(PROMPT, chat_template=False, all_logits=True)
+    local.step(3)
+    engine = Session.load(str(folders["base"]), device="cpu")
+    with serving(engine) as server:
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
+        try:
+            r.prefill(PROMPT, chat_template=False, all_logits=True)
+            r.step(3)
+            assert r.ids == local.ids
+            yield local, r, engine
+        finally:
+            r.close()
+
+
+def test_compare_b_is_offered_by_the_engine():
+    import importlib
+
+    from attnscope.core.remote.dispatch import REGISTRY, REMOTE_MODULES
+
+    assert "attnscope.core.analysis.compare_b" in REMOTE_MODULES
+    importlib.import_module("attnscope.core.analysis.compare_b")
+    for fn in ("run_b", "b_maps", "b_overview", "kept_all_logits"):
+        assert f"attnscope.core.analysis.compare_b.{fn}" in REGISTRY
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, weighting, prompt_b",
+    [
+        ("model", "attention", PROMPT),  # another checkpoint sharing the tokenizer
+        ("dtype", "attention", PROMPT),  # the same model at bfloat16
+        ("prompt", "value-weighted", "The dog sat on the mat. The cat sat on the log."),
+    ],
+)
+def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting, prompt_b):
+    from attnscope.core.analysis import compare_b
+    from attnscope.core.analysis.compare_b import b_maps, b_overview, held, kept_all_logits, run_b
+
+    local, r, engine = sessions
+    model = str(folders["last"]) if kind == "model" else None
+    dtype = "bfloat16" if kind == "dtype" else "float32"
+    assert kept_all_logits(local) and kept_all_logits(r)
+    want, la, lb = run_b(local, kind, model, "torch", dtype, prompt_b, weighting)
+    said = []
+    got, ga, gb = run_b(
+        r, kind, model, "torch", dtype, prompt_b, weighting, progress=lambda m, f: said.append(m)
+    )
+    _same_result(want, got)
+    assert (la, lb) == (list(ga), list(gb)) and len(ga) == local.seq_len
+    assert said[0] == "Loading run B (torch, float32)…".replace("float32", dtype)
+    assert said[-1] == f"Comparing heads {local.info.n_layers * local.info.n_heads}/8…"  # relayed
+    n = got.alignment.n
+    assert got.alignment.n == local.seq_len and len(got.kl) == n  # A's decode fed to B, logits kept
+    if kind == "model":
+        assert (got.ranked()[0].layer, got.ranked()[0].head) == (1, 2)
+        assert got.run_b.source == str(folders["last"]) and got.run_a.source == str(folders["base"])
+    if kind == "prompt":
+        assert got.alignment.first_difference is not None and got.weighting == "value-weighted"
+    # B is held on the engine, one per session, and the maps, a tile and a row come from there
+    held(engine)
+    assert engine in compare_b._HELD and r not in compare_b._HELD
+    for layer, head in ((1, 2), (0, 3)):
+        wa, wb = b_maps(local, layer, head, n, weighting=weighting)
+        ra, rb = b_maps(r, layer, head, n, weighting=weighting)
+        assert ra.dtype == np.float32 and np.array_equal(wa, ra) and np.array_equal(wb, rb)
+        tile = dict(rows=slice(3, 11), cols=slice(2, 9), weighting=weighting)
+        assert all(
+            np.array_equal(x, y)
+            for x, y in zip(
+                b_maps(local, layer, head, n, **tile), b_maps(r, layer, head, n, **tile), strict=True
+            )
+        )
+        row = dict(rows=slice(n - 1, n), weighting=weighting)
+        assert all(
+            np.array_equal(x, y)
+            for x, y in zip(
+                b_maps(local, layer, head, n, **row), b_maps(r, layer, head, n, **row), strict=True
+            )
+        )
+        ov_l = b_overview(local, layer, head, n, 5, weighting)
+        ov_r = b_overview(r, layer, head, n, 5, weighting, cancelled=lambda: False)
+        for f in ("a", "b", "d", "row_edges", "col_edges"):
+            assert np.array_equal(getattr(ov_l, f), getattr(ov_r, f)), f
+        assert ov_r.n == n and ov_r.a.shape == (5, 5)
+    with pytest.raises(IndexError, match="out of range"):
+        b_maps(r, local.info.n_layers, 0, n)  # one line from the engine, which keeps serving
+    assert np.array_equal(b_maps(r, 0, 0, n)[1], b_maps(local, 0, 0, n)[1])
+
+
+@pytest.mark.slow
+def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
+    sessions, folders, tmp_path, monkeypatch
+):
+    from attnscope.core.analysis import compare_b
+    from attnscope.core.analysis.compare_b import b_maps, held, run_b
+    from attnscope.core.errors import ModelLoadError, SessionError
+    from attnscope.core.loading import fit
+
+    local, r, engine = sessions
+    run_b(r, "dtype", None, "torch", "float32", PROMPT)
+    first = weakref.ref(held(engine))
+    run_b(r, "dtype", None, "torch", "bfloat16", PROMPT)  # the next run B replaces the first
+    assert first() is None and held(engine).info.dtype == "bfloat16"  # never two Bs held
+
+    # B's model does not exist on the engine's machine
+    with pytest.raises(ModelLoadError) as e:
+        run_b(r, "model", str(tmp_path / "no-such-model"), "torch", "float32", PROMPT)
+    assert "\n" not in str(e.value) and "no-such-model" in str(e.value)
+    with pytest.raises(SessionError, match="run B first"):
+        b_maps(r, 0, 0, 4)  # the previous B went before the refused one was tried
+    # a model whose tokenizer gives A's prompt other ids
+    with pytest.raises(SessionError, match="tokenizes A's prompt differently") as e:
+        run_b(r, "model", str(folders["other_tok"]), "torch", "float32", PROMPT)
+    assert "\n" not in str(e.value)
+    assert engine not in compare_b._HELD
+    # no room next to A (the engine's free memory, measured there: this test's process)
+    monkeypatch.setattr(fit, "free_memory", lambda backend="torch", device="cpu": (1_000_000, "RAM"))
+    with pytest.raises(SessionError, match="run B does not fit next to run A: does not fit") as e:
+        run_b(r, "dtype", None, "torch", "float32", PROMPT)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    # bad arguments, from a hand-made request
+    with pytest.raises(ValueError, match="kind must be one of"):
+        run_b(r, "nonsense", None, "torch", "float32", PROMPT)
+    # the engine still serves, and a good run B works after all that
+    res, _, _ = run_b(r, "model", str(folders["last"]), "torch", "float32", PROMPT)
+    assert (res.ranked()[0].layer, res.ranked()[0].head) == (1, 2)
+    assert r.ids == local.ids and engine.ids == local.ids  # A's sequence untouched by every B
+
+
+@pytest.mark.slow
+def test_loading_another_model_on_the_engine_drops_run_b(folders):
+    from attnscope.core.analysis import compare_b
+    from attnscope.core.analysis.compare_b import run_b
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
+
+    engine = Session.load(str(folders["base"]), device="cpu")
+    with serving(engine) as server:
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
+        try:
+            r.prefill(PROMPT, chat_template=False, all_logits=True)
+            run_b(r, "dtype", None, "torch", "float32", PROMPT)
+            b = weakref.ref(compare_b.held(engine))
+            r.load_model(str(folders["last"]), device="cpu")  # before the new model loads, B goes
+            assert b() is None and engine not in compare_b._HELD
+        finally:
+            r.close()
