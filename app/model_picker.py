@@ -263,22 +263,25 @@ class _ScanThread(QThread):
 
 
 class ConvertedCacheDialog(QDialog):
-    """The GGUF conversion cache: one row per converted model, with size and source; clear one or all."""
+    """The GGUF conversion cache and the quantised-weights cache beside it
+    (:mod:`attnscope.core.loading.quant_cache`): one row per entry, with size, source and kind;
+    clear one or all."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
         from attnscope.core.loading.resolve import cache_root
 
         self.setWindowTitle("Converted models cache")
-        self.resize(760, 300)
+        self.resize(1000, 300)
         lay = QVBoxLayout(self)
         self.where = QLabel(
-            f"GGUF files are converted once per load precision and kept here: {cache_root() / 'converted'}"
+            f"GGUF files are converted once per load precision and kept here: {cache_root() / 'converted'}; "
+            f"models opened with Quantise int8/int4 keep their quantised weights in {cache_root() / 'quantised'}"
         )
         self.where.setWordWrap(True)
         lay.addWidget(self.where)
-        self.table = QTableWidget(0, 3)
-        self.table.setHorizontalHeaderLabels(["Converted model", "Size", "From"])
+        self.table = QTableWidget(0, 4)
+        self.table.setHorizontalHeaderLabels(["Converted model", "Size", "From", "Kind"])
         self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
@@ -307,7 +310,8 @@ class ConvertedCacheDialog(QDialog):
         self.table.setRowCount(len(self.items))
         for r, c in enumerate(self.items):
             name = c.name + ("" if c.complete else " (incomplete)")
-            for col, text in enumerate((name, human_bytes(c.size_bytes), c.source or "?")):
+            kind = getattr(c, "kind", "") or "GGUF conversion"
+            for col, text in enumerate((name, human_bytes(c.size_bytes), c.source or "?", kind)):
                 item = QTableWidgetItem(text)
                 if col == 1:
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
@@ -315,7 +319,7 @@ class ConvertedCacheDialog(QDialog):
         self.table.resizeColumnsToContents()
         self.total.setText(
             f"{len(self.items)} converted model(s), {human_bytes(sum(c.size_bytes for c in self.items))}. "
-            "A cleared model is converted again the next time it is opened."
+            "A cleared model is converted (or quantised) again the next time it is opened."
         )
         self.clear_all.setEnabled(bool(self.items))
         self.clear_one.setEnabled(bool(self.items))

@@ -114,10 +114,12 @@ class StatusLine:
             text += f" · {info.quantization_runtime.split(' (')[0]}"
         self.model_label.setText(text)
         self.model_label.setToolTip(why or info.dtype)
+        note = getattr(info, "load_note", "")  # e.g. the quantised-weights cache was not written
         self.bar.showMessage(
             f"{info.name} ready{f' at {why}' if why else ''}{f' ({quant})' if quant else ''}. "
-            "Type a prompt and press Run (Ctrl+Enter).",
-            8000,
+            + (f"Note: {note}. " if note else "")
+            + "Type a prompt and press Run (Ctrl+Enter).",
+            8000 if not note else 20000,
         )
 
     def show_snapshot(self, snap) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -24,6 +25,17 @@ SMOL_PROMPT = (
     "The quick brown fox jumps over the lazy dog. Attention lets every token look back at the "
     "tokens before it, and the quick brown fox"
 )
+
+
+_QUANTISED_DIRS = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _quantised_cache_per_test(tmp_path_factory, monkeypatch):
+    """Each test's quantised-weights entries (core/loading/quant_cache.py) in a folder of its own
+    (created only when written), never the user's cache, and never seen by another test."""
+    folder = tmp_path_factory.getbasetemp() / f"quantised-{next(_QUANTISED_DIRS)}"
+    monkeypatch.setenv("ATTNSCOPE_QUANT_CACHE_DIR", str(folder))
 
 
 @pytest.fixture(autouse=True)

@@ -93,6 +93,8 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
         quantize=getattr(args, "quantize", "none"),
         device_map=getattr(args, "device_map", None),
     )
+    if getattr(s.info, "load_note", ""):  # e.g. the quantised-weights cache was not written
+        print(f"attnscope: note: {s.info.load_note}", file=sys.stderr)
     if getattr(args, "prompt", None) is not None:
         s.prefill(args.prompt, chat_template=args.chat_template)
         if args.steps:

@@ -90,6 +90,7 @@ class ModelInfo:
         ""  # how they run: attnscope.core.loading.quantize.quantize_model's line, "" when unquantised
     )
     dtype_reason: str = ""  # why it loaded at ``dtype`` (attnscope.core.loading.precision.choose_dtype), shown in the status bar
+    load_note: str = ""  # one line about the load, e.g. that the quantised-weights cache was not written
 
     @property
     def arch(self) -> ArchConfig:
@@ -509,6 +510,7 @@ class ConvertedModel:
     sha256: str
     size_bytes: int
     complete: bool  # False for an interrupted conversion (``.partial-<pid>``)
+    kind: str = ""  # "" for a GGUF conversion; "int8 weights (torchao …)" for loading.quant_cache
 
 
 def _tree_bytes(folder: Path) -> int:
@@ -516,9 +518,12 @@ def _tree_bytes(folder: Path) -> int:
 
 
 def list_converted() -> list[ConvertedModel]:
-    """Every folder in the conversion cache, largest first (sizes in bytes, summed file sizes)."""
+    """Every folder in the conversion cache, largest first (sizes in bytes, summed file sizes), and
+    the quantised-weights entries beside it (:func:`attnscope.core.loading.quant_cache.list_entries`)."""
+    from attnscope.core.loading.quant_cache import list_entries
+
     root = cache_root() / "converted"
-    out = []
+    out = list_entries()
     if root.is_dir():
         for d in root.iterdir():
             if not d.is_dir():
@@ -541,9 +546,11 @@ def list_converted() -> list[ConvertedModel]:
 
 
 def clear_converted(name: str | None = None) -> int:
-    """Delete one converted model (by folder ``name``) or, with None, the whole conversion cache.
+    """Delete one converted model (by folder ``name``) or, with None, the whole conversion cache
+    (quantised-weights entries included).
 
-    The next load of the same GGUF converts it again. Returns the bytes freed.
+    The next load of the same GGUF converts it again (of the same model with ``--quantize``,
+    quantises it again). Returns the bytes freed.
 
     Raises:
         ModelLoadError: ``name`` is not in the cache.
@@ -691,12 +698,13 @@ def load_torch(
     register_attention()
     progress(f"Loading {name}…", 0.96)
     streamed = None
+    notes: list[str] = []  # e.g. the quantised-weights cache not written (attnscope.core.loading.quant_cache)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         if quantize != "none" and dm is None:  # quantise tensor by tensor: no whole float model
             check_architecture(AutoConfig.from_pretrained(folder).model_type)
             streamed = load_quantised(
-                folder, quantize, dtype, device, ATTN_NAME, _stream_progress(progress, name)
+                folder, quantize, dtype, device, ATTN_NAME, _stream_progress(progress, name), notes=notes
             )
         if streamed is None:
             m = AutoModelForCausalLM.from_pretrained(
@@ -734,6 +742,7 @@ def load_torch(
         quantization_file=file_quantization(info.source),
         quantization_runtime=runtime,
         dtype_reason=dtype_reason,
+        load_note="; ".join(notes),
     )
     progress(f"{name} ready.", 1.0)
     return m, tok, info

@@ -105,7 +105,16 @@ def _set(model, key: str, t, is_buffer: bool) -> None:
         mod._parameters[leaf] = torch.nn.Parameter(t, requires_grad=False)
 
 
-def load_quantised(folder, mode: str, dtype: str, device: str, attn_implementation: str, progress=None):
+def load_quantised(
+    folder,
+    mode: str,
+    dtype: str,
+    device: str,
+    attn_implementation: str,
+    progress=None,
+    cache: bool = True,
+    notes: list[str] | None = None,
+):
     """Build the folder's causal LM with its decoder linear layers weight-only ``mode``, streaming.
 
     Args:
@@ -115,6 +124,10 @@ def load_quantised(folder, mode: str, dtype: str, device: str, attn_implementati
         device: ``"cpu"``, ``"cuda"``, ...; each tensor is moved there before it is quantised.
         attn_implementation: the name registered with transformers' attention interface.
         progress: ``progress(message, fraction)`` per tensor (fraction 0–1 of the bytes read).
+        cache: read the quantised weights from, or after quantising write them to, the cache of
+            quantised weights (:mod:`attnscope.core.loading.quant_cache`; a cached load calls no
+            quantiser and gives the same tensors bit for bit).
+        notes: where given, one line is appended when the cache could not be written.
 
     Returns:
         ``(model, runtime_line)`` in eval mode on ``device``: the same model and line
@@ -155,11 +168,25 @@ def load_quantised(folder, mode: str, dtype: str, device: str, attn_implementati
         targets = {n for n in targets if mods[n].in_features % q.INT4_GROUP == 0}
     quantize_ = q._import_torchao()
     config = q._config(mode, torch.device(device).type)
+    from attnscope.core.loading import quant_cache
+
+    cached = None
+    if cache:
+        try:
+            cached = quant_cache.entry_dir(Path(folder), files, mode, dtype, torch.device(device).type)
+        except OSError:  # a checkpoint file vanished: load it the usual way (and fail there)
+            cached = None
+    hit = (
+        cached is not None
+        and quant_cache.is_complete(cached)
+        and quant_cache.load_into(model, cached, ckpt, device, mode, _set, set(params))
+    )
     total = sum(sum(e["data_offsets"][1] - e["data_offsets"][0] for e in h.values()) for _, h in headers)
     done = 0
     last_layer: str | None = None
+    sources = [] if hit else list(zip(files, headers, strict=True))  # a cache hit set every tensor
     with torch.no_grad():
-        for path, (start, header) in zip(files, headers, strict=True):
+        for path, (start, header) in sources:
             with open(path, "rb") as f:
                 for key, entry in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
                     t = read_tensor(f, start, entry)
@@ -186,6 +213,27 @@ def load_quantised(folder, mode: str, dtype: str, device: str, attn_implementati
     left = [n for n, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"]
     if left:
         raise ValueError(f"weights missing from the checkpoint: {', '.join(left[:3])}")
+    if cached is not None and not hit:
+        folder_name = Path(folder).name
+        note = quant_cache.write(
+            model,
+            sorted(ckpt),
+            cached,
+            {
+                "folder": str(Path(folder).resolve()),
+                "mode": mode,
+                "dtype": dtype,
+                "device": torch.device(device).type,
+                "key": cached.name,
+                "torchao": q.library_version(),
+            },
+            None if progress is None else lambda m, f: progress(f"Caching {folder_name} at {mode}: {m}", f),
+        )
+        if note is not None:
+            if notes is not None:
+                notes.append(note)
+            if progress is not None:
+                progress(note, 1.0)
     model.to(device)  # the buffers built on the CPU
     model.eval()
     block_output_projection(model)

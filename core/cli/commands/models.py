@@ -50,12 +50,17 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--add", metavar="PATH", help="remember a model folder, library folder or .gguf file")
     p.add_argument("--remove", metavar="PATH", help="forget a user-added path (files are not deleted)")
-    p.add_argument("--list-cache", action="store_true", help="list the GGUF conversion cache")
+    p.add_argument(
+        "--list-cache",
+        action="store_true",
+        help="list the GGUF conversion cache and the quantised-weights cache (--quantize int8|int4)",
+    )
     p.add_argument(
         "--clear-cache",
         action="store_true",
-        help="delete the GGUF conversion cache (GGUFs convert again on next load)",
+        help="delete both caches (GGUFs convert, --quantize models quantise again on next load)",
     )
+    p.add_argument("--remove-cached", metavar="NAME", help="delete one entry (a name --list-cache shows)")
 
 
 def _count(n: int) -> str:
@@ -134,11 +139,15 @@ def _cache(args) -> int:
         print(f"conversion cache: {cache_root() / 'converted'}")
         for c in items:
             state = "" if c.complete else "  (incomplete)"
-            print(f"  {human_bytes(c.size_bytes):>9}  {c.name}  <- {c.source or '?'}{state}")
+            kind = f"  [{c.kind}]" if getattr(c, "kind", "") else ""
+            print(f"  {human_bytes(c.size_bytes):>9}  {c.name}  <- {c.source or '?'}{kind}{state}")
         print(f"{len(items)} converted model(s), {human_bytes(sum(c.size_bytes for c in items))}")
     if args.clear_cache:
         freed = clear_converted()
         print(f"cleared the conversion cache: {human_bytes(freed)} freed")
+    if getattr(args, "remove_cached", None):
+        freed = clear_converted(args.remove_cached)  # ModelLoadError (one line) for an unknown name
+        print(f"removed {args.remove_cached}: {human_bytes(freed)} freed")
     return 0
 
 
@@ -148,7 +157,7 @@ def run(args) -> int:
 
     if args.context < 1:
         raise ValueError(f"--context must be >= 1, got {args.context}")
-    if args.list_cache or args.clear_cache:
+    if args.list_cache or args.clear_cache or getattr(args, "remove_cached", None):
         return _cache(args)
     if args.add:
         p = catalog.add_user_path(args.add)
