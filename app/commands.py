@@ -45,7 +45,11 @@ class Commands:
         s = self.state
         name = "the default model" if model is None or str(model) == "default" else Path(str(model)).name
         self.state.say(f"Loading {name}…")
-        job = jobs.load_job(model, s.backend, s.device, s.dtype, self.win.decode_panel.sampling(), s.quantize)
+        # --device-map is torch's (accelerate); "none" is one device
+        device_map = s.device_map if s.backend == "torch" and s.device_map not in ("", "none") else None
+        job = jobs.load_job(
+            model, s.backend, s.device, s.dtype, self.win.decode_panel.sampling(), s.quantize, device_map
+        )
         self.engine.enqueue(job, self.loaded, self.load_failed, label="loading model")
 
     def loaded(self, snap) -> None:
@@ -54,7 +58,12 @@ class Commands:
 
         win, info = self.win, snap.info
         win.status.last_error = None
-        self.state.update(model=None if is_default_source(info.source) else info.source, backend=snap.backend)
+        dm = getattr(info, "device_map", "")  # a reopened session's map becomes the next load's
+        self.state.update(
+            model=None if is_default_source(info.source) else info.source,
+            backend=snap.backend,
+            device_map=dm if dm in ("auto", "balanced", "sequential") else "none",
+        )
         self.apply(snap)  # the new model's snapshot first: what reacts to the new ranges sees it
         win.controls.set_ranges(info)
         win.status.show_model(snap)

@@ -10,12 +10,13 @@ for commands). Commands go through ``Engine.enqueue``; view jobs through ``Engin
 from __future__ import annotations
 
 
-def load_job(model, backend, device, dtype, sampling=None, quantize="none"):
+def load_job(model, backend, device, dtype, sampling=None, quantize="none", device_map=None):
     """Load a model; the new session samples with ``sampling`` (the panel's settings), so the
     controls on screen are what runs from the first step. While the session is a remote engine's
     (:class:`attnscope.core.remote.client.RemoteSession`), ``model`` is a path on the engine's
     machine (File → Open model lists the engine's models) and is loaded there; the session stays
-    remote and a cancel stops the engine's load at its next stage."""
+    remote and a cancel stops the engine's load at its next stage. ``device_map``: None (one device)
+    or ``auto|balanced|sequential`` (:mod:`attnscope.core.loading.device_map`)."""
 
     def job(ctx):
         from attnscope.core.errors import Cancelled
@@ -35,11 +36,18 @@ def load_job(model, backend, device, dtype, sampling=None, quantize="none"):
                 dtype=dtype,
                 progress=ctx.progress,
                 quantize=quantize,
+                device_map=device_map,
                 cancelled=ctx.cancelled,
             )
         else:
             s = Session.load(
-                model, backend=backend, device=device, dtype=dtype, progress=progress, quantize=quantize
+                model,
+                backend=backend,
+                device=device,
+                dtype=dtype,
+                progress=progress,
+                quantize=quantize,
+                device_map=device_map,
             )
         if ctx.cancelled() and s is not ctx.session:  # (an engine's finished load is not undone)
             raise Cancelled("loading cancelled; the previous model is still loaded")
@@ -99,6 +107,8 @@ def switch_backend_job(backend, device, dtype, view):
         if old.seq_len == 0:
             raise ValueError("nothing to replay")  # the caller only queues this job after a run
         sf = replace(sessionfile.SessionFile.from_session(old, view=view), backend=backend, dtype=dtype)
+        if backend != "torch":  # --device-map is accelerate's (torch): MLX runs on one device
+            sf = replace(sf, device_map={})
 
         def progress(message, fraction):
             if ctx.cancelled():

@@ -57,6 +57,7 @@ def run_gui(args) -> int:
         device=args.device,
         dtype=args.dtype,
         quantize=getattr(args, "quantize", "none"),
+        device_map=getattr(args, "device_map", None),
         autoload=not getattr(args, "engine", None),  # --engine: the model is the engine's
     )
     win.resize(*size)

@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
     device = _delegate("state", "device")
     dtype = _delegate("state", "dtype")
     quantize = _delegate("state", "quantize")
+    device_map = _delegate("state", "device_map")
     weights = _delegate("maps", "weights")
     weights_key = _delegate("maps", "weights_key")
     map_key = _delegate("maps", "map_key")
@@ -106,6 +107,7 @@ class MainWindow(QMainWindow):
         dtype: str = "auto",
         autoload: bool = True,
         quantize: str = "none",
+        device_map: str | None = None,
     ):
         super().__init__()
         self.setWindowTitle(APP_NAME)
@@ -113,7 +115,14 @@ class MainWindow(QMainWindow):
         if icon.is_file():
             self.setWindowIcon(QIcon(str(icon)))
         self.setAcceptDrops(True)
-        self.state = ViewState(model=model, backend=backend, device=device, dtype=dtype, quantize=quantize)
+        self.state = ViewState(
+            model=model,
+            backend=backend,
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            device_map=device_map or "none",
+        )
         self.engine = Engine(self, state=self.state)
         self.views: dict[str, QWidget] = {}
         self._empty_overlays: dict[str, EmptyOverlay] = {}
@@ -300,6 +309,7 @@ class MainWindow(QMainWindow):
             device=st.device,
             dtype=st.dtype,
             quantize=st.quantize,
+            device_map=st.device_map,
             **(remote_picker.picker_options(session) if remote else {}),
         )
         if remote:
@@ -310,6 +320,7 @@ class MainWindow(QMainWindow):
                 device=dlg.device.currentText(),
                 dtype=dlg.dtype.currentText(),
                 quantize=dlg.quantize.currentText(),
+                device_map=dlg.device_map.currentText(),
             )
             self.load_model(dlg.selected_path())
 

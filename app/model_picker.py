@@ -9,6 +9,10 @@ remembered (:func:`attnscope.core.loading.catalog.add_user_path`). The GGUF conv
 cleared. Open (or a double-click) emits :attr:`ModelPickerDialog.modelChosen` with the entry's
 ``model_ref`` and accepts; the caller does the actual load.
 
+With a *Device map* chosen (``auto|balanced|sequential``, as ``--device-map``) the Fit column shows
+where accelerate will put the layers and what each device then holds
+(:mod:`attnscope.core.loading.fit_devices`, computed off the GUI thread on a meta-device skeleton).
+
 The scan reads metadata only (config.json, safetensors and GGUF headers), off the GUI thread;
 the table shows "Scanning…" until it is back. No model math happens here: the numbers come from
 core.
@@ -23,6 +27,7 @@ from pathlib import Path
 from attnscope.core.backends.support import backend_problem
 from attnscope.core.loading import catalog
 from attnscope.core.loading.catalog import CatalogEntry
+from attnscope.core.loading.device_map import DEVICE_MAPS
 from attnscope.core.loading.fit import (
     FITS,
     NO_FIT,
@@ -32,6 +37,7 @@ from attnscope.core.loading.fit import (
     free_memory,
     human_bytes,
 )
+from attnscope.core.loading.fit_devices import DeviceMapFit, device_fit_entry, measured_free
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
@@ -92,6 +98,22 @@ def loads_at_label(f: FitEstimate | None) -> str:
     return f.dtype if f.quantize in ("", "none") else f"{f.dtype} + {f.quantize}"
 
 
+def device_map_tooltip(d: DeviceMapFit) -> str:
+    """The Fit cell's tooltip under a device map: the strategy, then one line per device."""
+    how = {
+        "auto": "auto (as balanced: the layers spread evenly over the GPUs, then CPU, then disk)",
+        "balanced": "balanced (the layers spread evenly over the GPUs, then CPU, then disk)",
+        "sequential": "sequential (GPU 0 filled first, then the next, then CPU, then disk)",
+    }.get(d.strategy, d.strategy)
+    return (
+        f"Device map {how}, computed by accelerate on the model's skeleton at {d.dtype}"
+        f"{'' if d.quantize in ('', 'none') else f' + {d.quantize}'}, {d.context:,} tokens:\n"
+        + d.summary()
+        + "\nKV cache and capture sit on the device each layer runs on (an offloaded layer runs on the "
+        "first GPU, or the CPU without one)."
+    )
+
+
 def count_label(n: int) -> str:
     """``134515008`` → ``'134.5M'``."""
     if not n:
@@ -130,6 +152,17 @@ class CatalogModel(QAbstractTableModel):
         self.entries: list[CatalogEntry] = []
         self.fits: list[FitEstimate | None] = []
         self.backend = "torch"  # the backend the Fit column is for (a family it cannot run says so)
+        self.device_map = "none"  # the Device map choice the Fit column is for ("none": one device)
+        self.device_fits: dict[int, DeviceMapFit | None] = {}  # row -> per-device fit (absent: pending)
+
+    def set_device_fits(self, device_map: str, fits: dict[int, DeviceMapFit | None]) -> None:
+        """Per-device fits for ``device_map`` (row -> fit; None where the config cannot be read)."""
+        self.device_map, self.device_fits = device_map, dict(fits)
+        if self.entries:
+            self.dataChanged.emit(self.index(0, FIT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN))
+
+    def device_fit(self, row: int) -> DeviceMapFit | None:
+        return self.device_fits.get(row) if self.device_map != "none" else None
 
     def set_entries(self, entries: list[CatalogEntry], fits: list[FitEstimate | None]) -> None:
         self.beginResetModel()
@@ -155,7 +188,8 @@ class CatalogModel(QAbstractTableModel):
         if orientation == Qt.Horizontal and role == Qt.ToolTipRole and section == FIT_COLUMN:
             return (
                 "weights (at the Quantise choice) + KV cache + capture buffers at the chosen context "
-                "+ the runtime, against free memory now"
+                "+ the runtime, against free memory now; with a Device map, what each device holds "
+                "(cuda:0 · cuda:1 · cpu · disk) where accelerate places the layers"
             )
         return None
 
@@ -192,6 +226,13 @@ class CatalogModel(QAbstractTableModel):
             return "unsupported", float("inf")
         if backend_problem(e.architecture, self.backend):
             return f"not on {BACKEND_LABELS.get(self.backend, self.backend)}", float("inf")
+        if self.device_map != "none":
+            row = self.entries.index(e) if e in self.entries else -1
+            if row not in self.device_fits:
+                return "placing layers…", 0
+            d = self.device_fits[row]
+            if d is not None:
+                return f"{d.verdict} · {d.label()}", d.total_bytes
         if f is None:
             return "…", 0
         return f"{f.verdict} · {human_bytes(f.total_bytes)}", f.total_bytes
@@ -215,20 +256,18 @@ class CatalogModel(QAbstractTableModel):
             return float(key) if isinstance(key, int | float) else key
         if role == Qt.ForegroundRole and not e.supported:
             return QBrush(GREY)
-        if (
-            role == Qt.BackgroundRole
-            and col == FIT_COLUMN
-            and e.supported
-            and f is not None
-            and f.verdict in FIT_COLOURS
-        ):
-            return QBrush(FIT_COLOURS[f.verdict])
+        d = self.device_fit(index.row()) if col == FIT_COLUMN else None
+        verdict = d.verdict if d is not None else (f.verdict if f is not None else None)
+        if role == Qt.BackgroundRole and col == FIT_COLUMN and e.supported and verdict in FIT_COLOURS:
+            return QBrush(FIT_COLOURS[verdict])
         if role == Qt.ToolTipRole:
             if not e.supported:
                 return f"Not supported: {e.reason}"
             problem = backend_refusal(e, self.backend)
             if col == FIT_COLUMN and problem:
                 return problem
+            if col == FIT_COLUMN and d is not None:
+                return device_map_tooltip(d)
             if col == FIT_COLUMN and f is not None:
                 return f.summary()
             if col == LOADS_AT_COLUMN and f is not None and f.dtype_reason:
@@ -260,6 +299,24 @@ class _ScanThread(QThread):
             self.done.emit(list(self.scanner()))
         except Exception as e:  # noqa: BLE001 - shown to the user, never a crash of the dialog
             self.done.emit(e)
+
+
+class _DeviceFitThread(QThread):
+    """Per-device fits (:func:`attnscope.core.loading.fit_devices.device_fit_entry`) of every row, off
+    the GUI thread: building a skeleton imports transformers, and a GGUF's config takes seconds."""
+
+    done = Signal(object, object)  # (generation, {row: DeviceMapFit | None})
+
+    def __init__(self, generation: int, work: Callable[[], dict], parent=None):
+        super().__init__(parent)
+        self.generation, self.work = generation, work
+
+    def run(self) -> None:
+        try:
+            result = self.work()
+        except Exception:  # noqa: BLE001 - no per-device fit (the single-device one stays), never a crash
+            result = {}
+        self.done.emit(self.generation, result)
 
 
 class ConvertedCacheDialog(QDialog):
@@ -348,7 +405,12 @@ class ModelPickerDialog(QDialog):
         free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`attnscope.core.loading.fit.free_memory`).
         context, backend, device, dtype: initial fit settings.
         scan_now: start scanning at once (tests may call :meth:`rescan` themselves).
+        quantize, device_map: initial Quantise and Device map choices (``"none"``: one device).
+        device_free_fn: ``() -> {0: bytes, "cpu": bytes, "disk": bytes}`` or None (default None: free
+            memory as the load measures it, :func:`attnscope.core.loading.fit_devices.measured_free`).
     """
+
+    deviceFitsFinished = Signal()
 
     modelChosen = Signal(str)
     scanFinished = Signal()
@@ -365,6 +427,8 @@ class ModelPickerDialog(QDialog):
         dtype: str = "auto",
         scan_now: bool = True,
         quantize: str = "none",
+        device_map: str | None = "none",
+        device_free_fn: Callable[[], dict | None] | None = None,
     ):
         super().__init__(parent)
         from attnscope.app.engine import collect_garbage_on_gui_thread
@@ -379,8 +443,14 @@ class ModelPickerDialog(QDialog):
         self._free: dict[tuple[str, str], tuple[int | None, str]] = {}
         self._selected: str | None = None
         self._pending_select: str | None = None
+        self.device_free_fn = device_free_fn
+        self._dm_thread: _DeviceFitThread | None = None
+        self._dm_generation = 0
+        self._dm_stale: list[_DeviceFitThread] = []  # superseded threads still finishing
+        self._device_free: dict | None = None  # free bytes per device for the Device map fits
         self._build(context, backend, device, dtype)
         self.quantize.setCurrentText(quantize)
+        self.device_map.setCurrentText(device_map or "none")
         if scan_now:
             self.rescan()
 
@@ -440,6 +510,17 @@ class ModelPickerDialog(QDialog):
             "unchanged, so the captured weights stay exact for the model that runs"
         )
         top.addWidget(self.quantize)
+        top.addWidget(QLabel("Device map"))
+        self.device_map = QComboBox()  # attnscope.core.loading.device_map: --device-map through accelerate
+        self.device_map.addItems(["none", *DEVICE_MAPS])
+        self.device_map.setToolTip(
+            "Spread the layers over several devices with accelerate, as --device-map does: auto and "
+            "balanced spread them evenly over the GPUs, sequential fills GPU 0 first; what is left "
+            "goes to the CPU, then to disk (offloaded layers are copied in for each forward, so "
+            "slower, and exact all the same). The Fit column then shows what each device holds. "
+            "none: the whole model on the Device above. Torch only"
+        )
+        top.addWidget(self.device_map)
         lay.addLayout(top)
 
         self.model = CatalogModel(self)
@@ -501,6 +582,7 @@ class ModelPickerDialog(QDialog):
         self.device.currentTextChanged.connect(self.update_fits)
         self.dtype.currentTextChanged.connect(self.update_fits)
         self.quantize.currentTextChanged.connect(self.update_fits)
+        self.device_map.currentTextChanged.connect(self.update_fits)
         self.table.selectionModel().selectionChanged.connect(self._on_selection)
         self.table.doubleClicked.connect(self._on_double_click)
         self.add_folder_btn.clicked.connect(self._add_folder)
@@ -517,6 +599,7 @@ class ModelPickerDialog(QDialog):
         """Scan all sources on a worker thread; the table refills when it is done (:attr:`scanFinished`)."""
         if remeasure:
             self._free.clear()
+            self._device_free = None
         self._pending_select = select or self._selected
         if self._thread is not None and self._thread.isRunning():
             return
@@ -535,6 +618,7 @@ class ModelPickerDialog(QDialog):
             self.model.set_entries([], [])
         else:
             self.model.set_entries(result, self._fits(result))
+            self._start_device_fits()
             self._update_status()
             if not (self._pending_select and self.select(self._pending_select)):
                 first = next((e.model_ref for e in result if e.supported), None)
@@ -554,6 +638,56 @@ class ModelPickerDialog(QDialog):
     def _quantize_choice(self) -> str:
         q = getattr(self, "quantize", None)  # built after the fit settings' widgets
         return q.currentText() if q is not None else "none"
+
+    def device_map_choice(self) -> str:
+        """The Device map the load will use: ``"none"`` (one device), or a strategy; always
+        ``"none"`` on MLX (accelerate's device maps are torch's)."""
+        dm = getattr(self, "device_map", None)  # built after the fit settings' widgets
+        if dm is None or self.backend.currentText() != "torch":
+            return "none"
+        return dm.currentText()
+
+    def _start_device_fits(self) -> None:
+        """Recompute the per-device fits for the current settings on a worker thread; a newer
+        request supersedes a running one (its result is dropped)."""
+        dm = self.device_map_choice()
+        self.device_map.setEnabled(self.backend.currentText() == "torch")
+        self._dm_generation += 1
+        if dm == "none" or getattr(self, "remote_engine", None) is not None or not self.model.entries:
+            # one device, or an engine's models (this machine's memory says nothing about its devices)
+            self.model.set_device_fits("none", {})
+            return
+        self.model.set_device_fits(dm, {})  # "placing layers…" until the thread is back
+        entries = list(self.model.entries)
+        ctx, _backend, _device, dtype = self.fit_settings()
+        quantize = self._quantize_choice()
+        free_fn = self.device_free_fn or measured_free
+        known = self._device_free  # measured once per dialog (Rescan measures again)
+
+        def work() -> dict:
+            free = known if known is not None else free_fn()
+            self._device_free = free
+            return {
+                r: device_fit_entry(e, dm, ctx, dtype, quantize, free=free)
+                for r, e in enumerate(entries)
+                if e.supported and e.n_layers
+            } | {r: None for r, e in enumerate(entries) if not (e.supported and e.n_layers)}
+
+        old = self._dm_thread
+        if old is not None and old.isRunning():
+            self._dm_stale.append(old)  # kept referenced until it finishes; its result is dropped
+        t = _DeviceFitThread(self._dm_generation, work, self)
+        t.done.connect(self._on_device_fits)
+        t.finished.connect(lambda t=t: self._dm_stale.remove(t) if t in self._dm_stale else None)
+        self._dm_thread = t
+        t.start()
+
+    def _on_device_fits(self, generation: int, fits: dict) -> None:
+        if generation != self._dm_generation:
+            return  # superseded by a newer choice
+        self.model.set_device_fits(self.device_map_choice(), fits)
+        self._on_selection()
+        self.deviceFitsFinished.emit()
 
     def _free_memory(self, backend: str, device: str) -> tuple[int | None, str]:
         key = (backend, device)
@@ -584,6 +718,7 @@ class ModelPickerDialog(QDialog):
     def update_fits(self, *_args) -> None:
         """Recompute the Fit column for the current context / backend / device / dtype."""
         self.model.set_fits(self._fits(self.model.entries))
+        self._start_device_fits()
         self._update_status()
         self._on_selection()
 
@@ -593,10 +728,13 @@ class ModelPickerDialog(QDialog):
         free, label = self._free_memory(backend, device)
         n_bad = sum(not e.supported for e in entries)
         bad = f" ({n_bad} not supported: hover for why)" if n_bad else ""
-        self.status.setText(
-            f"{len(entries)} model(s){bad}. Fit at {ctx:,} tokens, {dtype}, {backend} on {device}: "
-            f"{human_bytes(free)} free {label}."
+        dm = self.device_map_choice()
+        where = (
+            f"{backend} on {device}: {human_bytes(free)} free {label}"
+            if dm == "none"
+            else f"{backend}, device map {dm}: per device, where accelerate places the layers (hover Fit)"
         )
+        self.status.setText(f"{len(entries)} model(s){bad}. Fit at {ctx:,} tokens, {dtype}, {where}.")
 
     # -- selection -----------------------------------------------------------------------------------
     def _entry_at(self, proxy_index) -> tuple[CatalogEntry, FitEstimate | None] | None:
@@ -645,14 +783,17 @@ class ModelPickerDialog(QDialog):
         self.remove_btn.setEnabled(
             self._user_path_of(e) is not None and getattr(self, "remote_engine", None) is None
         )
-        text = self.describe(e, f)
+        r = self.proxy.mapToSource(rows[0]).row()
+        text = self.describe(e, f, self.model.device_fit(r))
+        if self.model.device_map != "none" and r not in self.model.device_fits and e.supported:
+            text += f"<br>Device map {self.model.device_map}: placing the layers…"
         if e.supported and refusal:
             text += f"<br><span style='color:#b00020'><b>Cannot open here:</b> {_esc(refusal)}</span>"
         self.details.setText(text)
 
     @staticmethod
-    def describe(e: CatalogEntry, f: FitEstimate | None) -> str:
-        """Rich text for the details pane."""
+    def describe(e: CatalogEntry, f: FitEstimate | None, d: DeviceMapFit | None = None) -> str:
+        """Rich text for the details pane (``d``: the per-device fit under a device map)."""
         head = f"<b>{_esc(e.name)}</b> &nbsp;<span style='color:gray'>{_esc(str(e.path))}</span><br>"
         if not e.supported:
             return head + f"<span style='color:#b00020'>Not supported: {_esc(e.reason)}</span>"
@@ -681,6 +822,15 @@ class ModelPickerDialog(QDialog):
             f"{human_bytes(f.capture_bytes)}{runtime} = <b>{human_bytes(f.total_bytes)}</b> of {free}."
         )
         why = f"<br>Loads at {html.escape(f.dtype_reason)}." if f.dtype_reason else ""
+        if d is not None:
+            colour = {FITS: "#1b7a1b", TIGHT: "#a06000", NO_FIT: "#b00020"}.get(d.verdict, "gray")
+            fit = (
+                f"<br>Device map <b>{_esc(d.strategy)}</b>: <span style='color:{colour}'><b>{d.verdict}</b></span>"
+                f" at {d.context:,} tokens: <b>{_esc(d.label())}</b>"
+                "<br><span style='color:gray'>"
+                + "; ".join(_esc(line) for line in d.summary().splitlines())
+                + "</span>"
+            )
         return head + geo + fit + why
 
     def _on_double_click(self, index) -> None:
@@ -771,6 +921,12 @@ class ModelPickerDialog(QDialog):
 
     # -- closing -----------------------------------------------------------------------------------------
     def done(self, result: int) -> None:
+        for t in [self._dm_thread, *self._dm_stale]:
+            if t is not None and t.isRunning():  # as the scan below: the application owns it until it ends
+                t.done.disconnect(self._on_device_fits)
+                t.setParent(QApplication.instance())
+                t.finished.connect(t.deleteLater)
+        self._dm_thread, self._dm_stale = None, []
         t = self._thread
         if t is not None and t.isRunning():
             # Close now; the scan finishes in the background and its result is dropped. The

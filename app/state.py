@@ -192,7 +192,8 @@ class ViewState(EventedState):
     Fields (``events.<name>`` each):
 
     - ``model`` (str | None: a path, or None for the embedded default), ``backend`` ("torch" | "mlx"),
-      ``device`` (str | None), ``dtype`` (str), ``quantize`` ("none" | "int8" | "int4"): the next load;
+      ``device`` (str | None), ``dtype`` (str), ``quantize`` ("none" | "int8" | "int4"), ``device_map``
+      ("none" | "auto" | "balanced" | "sequential", :mod:`attnscope.core.loading.device_map`): the next load;
     - ``snapshot``: the engine's last :class:`attnscope.core.session.Snapshot` (None: no model yet);
       compared by identity, each snapshot is news;
     - ``step`` (int >= 0): the timeline's decode step; positions ``0 .. visible_len - 1`` are shown;
@@ -215,6 +216,7 @@ class ViewState(EventedState):
     device: str | None = None
     dtype: str = "auto"
     quantize: str = "none"
+    device_map: str = "none"
     snapshot: Any = None
     step: int = 0
     layer: int = 0

@@ -112,6 +112,11 @@ class StatusLine:
         )  # attnscope.core.loading.quantize.record
         if info.quantization_runtime:  # "int8 weight-only (torchao 0.18.0, ...)" -> "int8 weight-only"
             text += f" · {info.quantization_runtime.split(' (')[0]}"
+        from attnscope.core.loading.device_map import describe_info
+
+        placed = describe_info(info)  # "device map auto: cpu (0.4 GB), disk (0.1 GB)"; "" on one device
+        if placed:
+            text += f" · {placed}"
         self.model_label.setText(text)
         self.model_label.setToolTip(why or info.dtype)
         note = getattr(info, "load_note", "")  # e.g. the quantised-weights cache was not written

@@ -24,6 +24,7 @@ SIDECAR_KEYS = {
     "backend",
     "dtype",
     "quantization",
+    "device_map",
     "device",
     "prompt",
     "chat_template",

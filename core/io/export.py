@@ -40,6 +40,7 @@ from attnscope.core import __version__
 from attnscope.core.errors import Cancelled
 from attnscope.core.io.colormaps import COLOUR_BY_LENGTH, DEFAULT_COLOUR, RANGE_MODES, ColourSpec
 from attnscope.core.io.render import FrameRenderer, Renderer
+from attnscope.core.loading.device_map import record as dm_record
 from attnscope.core.loading.quantize import record as quant_record
 
 SCHEMA = "attnscope.export/1"
@@ -143,6 +144,8 @@ def session_metadata(session) -> dict:
         "quantization": quant_record(
             info
         ),  # {"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)", "mode"}
+        # {"strategy": "auto", "placement": {"cpu": bytes, "disk": bytes}}; {} on one device
+        "device_map": dm_record(info),
         "device": str(getattr(session.backend, "device", "cpu")),
         **engine_record(session),
         "prompt": session.prompt,

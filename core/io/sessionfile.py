@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 from attnscope.core import __version__
 from attnscope.core.errors import AttnScopeError, SessionError
+from attnscope.core.loading.device_map import DEVICE_MAPS
+from attnscope.core.loading.device_map import record as dm_record
 from attnscope.core.loading.quantize import record as quant_record
 from attnscope.core.sampling import Sampling
 
@@ -61,6 +63,9 @@ class SessionFile:
         created, attnscope_version: provenance.
         quantization: how the weights were stored and ran (:func:`attnscope.core.loading.quantize.record`); its
             ``"mode"`` is the ``--quantize`` a reopened session loads with ({} in older files: none).
+        device_map: where the layers ran (:func:`attnscope.core.loading.device_map.record`:
+            ``{"strategy": "auto", "placement": {"cpu": bytes, "disk": bytes}}``); its strategy is the
+            ``--device-map`` a reopened session loads with ({} in older files and on one device).
     """
 
     model: str
@@ -81,6 +86,7 @@ class SessionFile:
     quantization: dict = field(default_factory=dict)
     # {"address": "HOST:PORT", "host": name} when the model ran in an `attnscope serve` engine, else {}
     engine: dict = field(default_factory=dict)
+    device_map: dict = field(default_factory=dict)  # attnscope.core.loading.device_map.record
 
     @property
     def generated_ids(self) -> tuple[int, ...]:
@@ -118,7 +124,15 @@ class SessionFile:
             view=dict(view or {}),
             created=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
             quantization=quant_record(session.info),
+            device_map=dm_record(session.info),
         )
+
+    @property
+    def device_map_strategy(self) -> str | None:
+        """The ``--device-map`` this session ran with (None: one device, or an explicit map that
+        cannot be asked for again by name)."""
+        s = self.device_map.get("strategy")
+        return s if s in DEVICE_MAPS else None
 
     @property
     def quantize(self) -> str:
@@ -144,6 +158,7 @@ class SessionFile:
             "view": self.view,
             "quantization": self.quantization,
             **({"engine": self.engine} if self.engine else {}),
+            **({"device_map": self.device_map} if self.device_map else {}),
         }
 
     @classmethod
@@ -186,6 +201,7 @@ class SessionFile:
                 attnscope_version=str(d.get("attnscope_version", "")),
                 quantization=_quantization(d.get("quantization")),
                 engine=_engine(d.get("engine")),
+                device_map=_device_map(d.get("device_map")),
             )
         except KeyError as e:
             raise SessionFileError(f"session file lacks the field {e.args[0]!r}") from None
@@ -200,6 +216,22 @@ def _quantization(q) -> dict:
     if not isinstance(q, dict) or not all(isinstance(v, str) for v in q.values()):
         raise SessionFileError("quantization must be an object of strings (file, runtime, mode)")
     return dict(q)
+
+
+def _device_map(d) -> dict:
+    """A file's ``"device_map"`` entry, validated: ``{"strategy": str, "placement": {device: bytes}}``
+    ({} when absent: older files, one device)."""
+    if d is None:
+        return {}
+    placement = d.get("placement", {}) if isinstance(d, dict) else None
+    if (
+        not isinstance(d, dict)
+        or not isinstance(d.get("strategy", ""), str)
+        or not isinstance(placement, dict)
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in placement.values())
+    ):
+        raise SessionFileError("device_map must be an object: strategy and placement (device: bytes)")
+    return {"strategy": d.get("strategy", ""), "placement": dict(placement)}
 
 
 def _engine(e) -> dict:
@@ -266,6 +298,8 @@ def same_model(session, sf: SessionFile) -> bool:
         return False
     if quant_record(session.info)["mode"] != sf.quantize:
         return False
+    if (dm_record(session.info).get("strategy") or None) != sf.device_map_strategy:
+        return False
     return (getattr(session, "model_ref", None) or model_reference(session.info.source)) == sf.model
 
 
@@ -300,7 +334,14 @@ def replay(
     ):
         # a remote engine (attnscope.core.remote): load there, the reference is a path on its machine
         ref = model if model is not None else (None if sf.model == "default" else sf.model)
-        session.load_model(ref, backend=sf.backend, dtype=sf.dtype, progress=progress, quantize=sf.quantize)
+        session.load_model(
+            ref,
+            backend=sf.backend,
+            dtype=sf.dtype,
+            progress=progress,
+            quantize=sf.quantize,
+            device_map=sf.device_map_strategy,
+        )
     elif session is None or model is not None or not same_model(session, sf):
         ref = model if model is not None else (None if sf.model == "default" else sf.model)
         session = Session.load(
@@ -310,6 +351,7 @@ def replay(
             dtype=sf.dtype,
             progress=progress,
             quantize=sf.quantize,
+            device_map=sf.device_map_strategy,
         )
     sha = getattr(session, "model_sha256", None) or model_sha256(session.info.source)
     if sf.model_sha256 and sha != sf.model_sha256:

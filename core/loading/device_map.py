@@ -96,3 +96,40 @@ def describe(model) -> str:
     """One line for the status bar: ``"layers on cuda:0 (7.1 GB), cuda:1 (7.0 GB), disk (1.0 GB)"``."""
     parts = [f"{k} ({v / 1e9:.1f} GB)" for k, v in placement(model).items()]
     return "layers on " + ", ".join(parts) if parts else ""
+
+
+def strategy_name(device_map: str | dict | None) -> str:
+    """How a load was asked to place the model: the strategy name, ``"custom"`` for an explicit
+    ``{module: device}`` dict, ``""`` for one device."""
+    if isinstance(device_map, dict):
+        return "custom"
+    return check_device_map(device_map) or ""
+
+
+def info_fields(model, device_map: str | dict | None) -> dict:
+    """:class:`attnscope.core.loading.resolve.ModelInfo` fields of a loaded model: ``device_map``
+    (:func:`strategy_name`) and ``device_placement`` (``((placement, bytes), ...)``, :func:`placement`;
+    empty without a map)."""
+    name = strategy_name(device_map)
+    if not name:
+        return {"device_map": "", "device_placement": ()}
+    return {"device_map": name, "device_placement": tuple(placement(model).items())}
+
+
+def record(info) -> dict:
+    """The ``"device_map"`` entry of a sidecar or session file for a loaded model's ModelInfo:
+    ``{"strategy": "auto", "placement": {"cpu": 1.2e9 bytes, "disk": 3.4e8}}``; ``{}`` on one device."""
+    name = getattr(info, "device_map", "") or ""
+    if not name:
+        return {}
+    return {"strategy": name, "placement": {k: int(v) for k, v in getattr(info, "device_placement", ())}}
+
+
+def describe_info(info) -> str:
+    """:func:`describe` from a ModelInfo (no model needed: a snapshot crossing threads, a remote
+    session): ``"device map auto: cpu (0.4 GB), disk (0.1 GB)"``; ``""`` on one device."""
+    name = getattr(info, "device_map", "") or ""
+    if not name:
+        return ""
+    parts = [f"{k} ({v / 1e9:.1f} GB)" for k, v in getattr(info, "device_placement", ())]
+    return f"device map {name}: " + ", ".join(parts)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,6 +60,9 @@ from attnscope.core.loading.fit import (
 
 _ORDER = {FITS: 0, UNKNOWN: 1, TIGHT: 2, NO_FIT: 3}  # worst device decides the map's verdict
 _CACHE_SIZE = 256
+# one computation at a time: the caches below are shared, and the picker may run a superseded
+# request's thread while a newer one starts
+_lock = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -213,12 +217,18 @@ def infer_map(model, strategy: str, max_memory: dict | None = None) -> dict:
         quiet.setLevel(level)
 
 
-def measured_free() -> dict:
+class MeasuredFree(dict):
+    """Free bytes per device as :func:`measured_free` read them. Passed to :func:`device_fit`, the
+    placement is computed as a load without ``max_memory`` computes it (transformers keeps 10 % of
+    the CPU, and of a single GPU, back), where a plain dict is taken as ``max_memory`` itself."""
+
+
+def measured_free() -> MeasuredFree:
     """Free memory per device as the load measures it (accelerate's ``get_max_memory()``: GPU
     indices then ``"cpu"``), plus ``"disk"``: free space under the offload folder. Bytes."""
     from accelerate.utils import get_max_memory
 
-    free: dict = dict(get_max_memory())
+    free = MeasuredFree(get_max_memory())
     free["disk"] = disk_free()
     return free
 
@@ -278,8 +288,9 @@ def device_fit(
         strategy: ``auto``, ``balanced`` or ``sequential`` (:func:`attnscope.core.loading.device_map.check_device_map`).
         dtype: the load dtype (``"bfloat16"``...), already resolved (not ``"auto"``).
         quantize: ``none|int8|int4``: bytes of the decoder's linear weights after loading.
-        free: free bytes per device ``{0: ..., 1: ..., "cpu": ..., "disk": ...}``; None measures
-            them as the load does (:func:`measured_free`).
+        free: free bytes per device ``{0: ..., 1: ..., "cpu": ..., "disk": ...}``, taken as the
+            load's ``max_memory``; None or a :class:`MeasuredFree` (:func:`measured_free`): placed
+            as a load without ``max_memory`` places it (None is measured once, then cached).
 
     Raises:
         ModelLoadError: unknown strategy. ValueError: negative context, unknown dtype or quantisation.
@@ -295,17 +306,19 @@ def device_fit(
     if quantize != "none" and quantize not in QUANT_BYTES:
         raise ValueError(f"unknown quantisation {quantize!r}")
     dtype_bytes(dtype)  # ValueError on an unknown dtype
-    free_key = None if free is None else tuple(sorted(((str(k), v) for k, v in free.items()), key=str))
-    key = (config.to_json_string(use_diff=False), strat, dtype, quantize, int(context), free_key, backend)
-    hit = _fits.get(key)
-    if hit is not None:
-        _fits.move_to_end(key)
-        return hit
-    fit = _device_fit(config, strat, int(context), dtype, quantize, free, backend)
-    _fits[key] = fit
-    while len(_fits) > _CACHE_SIZE:
-        _fits.popitem(last=False)
-    return fit
+    with _lock:
+        free_key = None if free is None else tuple(sorted(((str(k), v) for k, v in free.items()), key=str))
+        free_key = (type(free).__name__, free_key)
+        key = (config.to_json_string(use_diff=False), strat, dtype, quantize, int(context), free_key, backend)
+        hit = _fits.get(key)
+        if hit is not None:
+            _fits.move_to_end(key)
+            return hit
+        fit = _device_fit(config, strat, int(context), dtype, quantize, free, backend)
+        _fits[key] = fit
+        while len(_fits) > _CACHE_SIZE:
+            _fits.popitem(last=False)
+        return fit
 
 
 _fits: OrderedDict = OrderedDict()
@@ -313,7 +326,8 @@ _fits: OrderedDict = OrderedDict()
 
 def _device_fit(config, strategy, context, dtype, quantize, free, backend) -> DeviceMapFit:
     model = skeleton(config, dtype)
-    placement_free = None if free is None else {k: v for k, v in free.items() if k != "disk"}
+    measured = free is None or isinstance(free, MeasuredFree)  # place as the load will: max_memory=None
+    placement_free = None if measured else {k: v for k, v in free.items() if k != "disk"}
     dm = infer_map(model, strategy, placement_free)
     if free is None:
         free = measured_free()
@@ -404,9 +418,10 @@ def entry_config(entry):
     except OSError:
         return None
     key = (str(p), entry.format, st.st_size, st.st_mtime_ns)
-    if key not in _configs:
-        _configs[key] = _read_config(p, entry.format)
-    return _configs[key]
+    with _lock:
+        if key not in _configs:
+            _configs[key] = _read_config(p, entry.format)
+        return _configs[key]
 
 
 def _read_config(p: Path, fmt: str):

@@ -89,6 +89,10 @@ class ModelInfo:
     quantization_runtime: str = (
         ""  # how they run: attnscope.core.loading.quantize.quantize_model's line, "" when unquantised
     )
+    # --device-map the model was loaded with ("auto" | "balanced" | "sequential", "custom" for an explicit
+    # dict, "" for one device) and the parameter bytes it put on each placement (attnscope.core.loading.device_map)
+    device_map: str = ""
+    device_placement: tuple[tuple[str, int], ...] = ()
     dtype_reason: str = ""  # why it loaded at ``dtype`` (attnscope.core.loading.precision.choose_dtype), shown in the status bar
     load_note: str = ""  # one line about the load, e.g. that the quantised-weights cache was not written
 
@@ -682,6 +686,7 @@ def load_torch(
     import torch
     from attnscope.core.backends.hf_attention import ATTN_NAME, register_attention
     from attnscope.core.loading.device_map import check_device_map
+    from attnscope.core.loading.device_map import info_fields as dm_record
     from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
     from attnscope.core.loading.precision import decide
     from attnscope.core.loading.quantize import check_mode, file_quantization, load_dtype, quantize_model
@@ -740,6 +745,7 @@ def load_torch(
     info = dataclasses.replace(
         info,
         quantization_file=file_quantization(info.source),
+        **dm_record(m, dm),
         quantization_runtime=runtime,
         dtype_reason=dtype_reason,
         load_note="; ".join(notes),

@@ -44,6 +44,13 @@ def add_arguments(p) -> None:
         help="count the linear layers' weights at this weight-only quantisation (as --quantize loads them)",
     )
     p.add_argument(
+        "--device-map",
+        default=None,
+        choices=("auto", "balanced", "sequential"),
+        help="show the fit per device as --device-map places the layers (GPUs, then CPU, then disk; "
+        "accelerate on a meta-device skeleton, attnscope.core.loading.fit_devices)",
+    )
+    p.add_argument(
         "--json",
         metavar="FILE",
         help="also write the entries and fit estimates as JSON ('-' for stdout only)",
@@ -72,19 +79,23 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def rows(entries, fits) -> list[list[str]]:
+def rows(entries, fits, device_fits=None) -> list[list[str]]:
     """Table cells per entry: name, source, arch, params, layers, heads/kv (group), head_dim, ctx, the file's
-    precision, the precision it loads at, size, fit."""
+    precision, the precision it loads at, size, fit (per device with ``device_fits``:
+    :class:`attnscope.core.loading.fit_devices.DeviceMapFit` per entry, None where unknown)."""
     from attnscope.core.loading.fit import human_bytes
 
     out = []
-    for e, f in zip(entries, fits, strict=True):
+    device_fits = device_fits or [None] * len(entries)
+    for e, f, d in zip(entries, fits, device_fits, strict=True):
         heads = f"{e.n_heads}/{e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
         fit = (
             f"{f.verdict} ({human_bytes(f.total_bytes)})"
             if (e.supported and f is not None)
             else "unsupported"
         )
+        if e.supported and d is not None:
+            fit = f"{d.verdict} ({d.label()})"
         out.append(
             [
                 e.name,
@@ -128,6 +139,21 @@ def format_table(cells: list[list[str]], headers: list[str] = HEADERS) -> str:
     ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _device_fit_json(d) -> dict | None:
+    """A :class:`attnscope.core.loading.fit_devices.DeviceMapFit` as JSON (bytes per device)."""
+    if d is None:
+        return None
+    return {
+        "strategy": d.strategy,
+        "verdict": d.verdict,
+        "dtype": d.dtype,
+        "quantize": d.quantize,
+        "context": d.context,
+        "devices": [{**asdict(x), "total_bytes": x.total_bytes} for x in d.devices],
+        "device_map": {k: v for k, v in d.device_map},
+    }
 
 
 def _cache(args) -> int:
@@ -186,8 +212,26 @@ def run(args) -> int:
         else None
         for e in entries
     ]
+    device_map = getattr(args, "device_map", None)
+    device_fits = None
+    if device_map:
+        from attnscope.core.loading.fit_devices import device_fit_entry, measured_free
+
+        dev_free = measured_free()
+        device_fits = [
+            device_fit_entry(e, device_map, args.context, args.dtype, quantize, free=dev_free)
+            if e.supported and e.n_layers
+            else None
+            for e in entries
+        ]
     if args.json != "-":
-        print(format_table(rows(entries, fits)))
+        print(format_table(rows(entries, fits, device_fits)))
+        if device_map:
+            where = ", ".join(
+                f"{'cuda:' + str(k) if isinstance(k, int) else k} {human_bytes(v)}"
+                for k, v in dev_free.items()
+            )
+            print(f"\nfit per device with --device-map {device_map} (accelerate's placement); free: {where}")
         print(
             f"\n{len(entries)} model(s); fit at {args.context} tokens, {args.dtype}"
             f"{'' if quantize == 'none' else f' + {quantize}'}, {args.backend} on {args.device}: "
@@ -214,6 +258,8 @@ def run(args) -> int:
             d["path"] = str(e.path)
             d["group_size"] = e.group_size
             d["fit"] = None if f is None else {**asdict(f), "total_bytes": f.total_bytes}
+            if device_fits is not None:
+                d["device_fit"] = _device_fit_json(device_fits[entries.index(e)])
             doc["models"].append(d)
         text = json.dumps(doc, indent=1)
         if args.json == "-":
