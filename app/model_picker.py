@@ -568,7 +568,7 @@ class ModelPickerDialog(QDialog):
         for b in (self.add_folder_btn, self.add_gguf_btn, self.remove_btn, self.rescan_btn, self.cache_btn):
             row.addWidget(b)
         row.addStretch(1)
-        hint = QLabel("or drop a folder / .gguf here")
+        hint = self.drop_hint = QLabel("or drop a folder / .gguf here")
         hint.setStyleSheet("color: gray")
         row.addWidget(hint)
         self.buttons = QDialogButtonBox(QDialogButtonBox.Open | QDialogButtonBox.Cancel)

@@ -102,4 +102,6 @@ def adapt(dlg, session) -> None:
 
     dlg.scanFinished.connect(remeasure)
     dlg.setAcceptDrops(False)  # a dropped folder is on this machine, not the engine's
+    dlg.drop_hint.setText(f"models on {where}: give them to attnscope serve --model there")
+    dlg.drop_hint.setToolTip(why)
     dlg.remote_engine = session.engine

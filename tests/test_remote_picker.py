@@ -50,6 +50,7 @@ def test_open_model_while_connected_lists_and_loads_the_engines_models(qtbot, tm
         seen["status"] = dlg.status.text()
         seen["buttons"] = [b.isEnabled() for b in (dlg.add_folder_btn, dlg.add_gguf_btn, dlg.cache_btn)]
         seen["devices"] = [dlg.device.itemText(i) for i in range(dlg.device.count())]
+        seen["hint"], seen["drops"] = dlg.drop_hint.text(), dlg.acceptDrops()
         assert dlg.select(str(second))
         seen["remove"] = dlg.remove_btn.isEnabled()
         dlg.show()
@@ -69,6 +70,8 @@ def test_open_model_while_connected_lists_and_loads_the_engines_models(qtbot, tm
         assert seen["title"].startswith(f"Open model on the engine at 127.0.0.1:{server.port}")
         assert seen["buttons"] == [False, False, False] and seen["remove"] is False
         assert seen["devices"] == ["cpu"]  # the engine runs on its cpu
+        # no "drop a folder here" invitation: drops are refused, the models are the engine's
+        assert seen["drops"] is False and "drop" not in seen["hint"] and "attnscope serve --model" in seen["hint"]
         assert "free RAM on the engine (" in seen["status"], seen["status"]  # its memory, not ours
         # loaded on the engine, not here: the window's session is still the remote one
         assert w.engine.session is session and isinstance(w.engine.session, RemoteSession)
