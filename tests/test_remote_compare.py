@@ -214,3 +214,95 @@ def test_loading_another_model_on_the_engine_drops_run_b(folders):
             assert b() is None and engine not in compare_b._HELD
         finally:
             r.close()
+
+
+@pytest.mark.slow
+def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, folders, monkeypatch):
+    pytest.importorskip("pytestqt")
+    import attnscope.app.views.compare as C
+    from attnscope.app import model_picker
+    from attnscope.core.analysis.compare_b import b_maps, b_overview, run_b
+    from attnscope.core.loading import catalog
+    from attnscope.core.session import Session
+    from remote_window import remote_window
+
+    local = Session.load(str(folders["base"]), device="cpu")
+    local.prefill(PROMPT, chat_template=False, all_logits=True)
+    local.step(2)
+    want, labels_a, labels_b = run_b(local, "model", str(folders["last"]), "torch", "float32", PROMPT)
+    n = want.alignment.n
+    seen = {}
+
+    def exec_picker(dlg):  # Browse…: the engine's models, chosen as a user would
+        qtbot.waitUntil(lambda: len(dlg.model.entries) == 1, timeout=30000)
+        seen["title"] = dlg.windowTitle()
+        assert dlg.select(str(folders["last"]))
+        dlg._open()
+        return 1
+
+    monkeypatch.setattr(model_picker.ModelPickerDialog, "exec", exec_picker)
+    with remote_window(qtbot, folders["base"], PROMPT, steps=2, size=(1400, 900)) as w:
+        server_entries = catalog.describe_path(folders["last"], "user")
+        monkeypatch.setattr(catalog, "scan", lambda *a, **k: server_entries)  # the engine's catalog
+        assert w.engine.session.ids == local.ids
+        w.show_view("compare")
+        view = w.views["compare"]
+        view.kind_combo.setCurrentIndex([view.kind_combo.itemData(i) for i in range(4)].index("model"))
+        assert w.engine.wait_idle(60)  # the engine answers one request at a time: the picker's scan waits
+        view.browse_button.click()
+        assert seen["title"].startswith("Open model on the engine at 127.0.0.1:")
+        assert view.model_edit.text() == str(folders["last"])  # a path on the engine's machine
+        view.dtype_combo.setCurrentText("float32")
+        view.backend_combo.setCurrentText("torch")
+        assert view.run_b() is not None
+        qtbot.waitUntil(lambda: view.run_button.isEnabled(), timeout=120000)
+        assert w.engine.wait_idle(60) and w.last_error is None, view.summary.text()
+        assert view.result is not None, view.summary.text()
+        _same_result(want, view.result)  # the window re-ran A with every logit on the engine first
+        assert view.labels == (labels_a, labels_b)
+        assert view.table.rowCount() == 8 and "most changed: L1 H2" in view.summary.text()
+        cells = [[view.table.item(i, c).text() for c in range(1, 6)] for i in range(8)]
+        rows = [
+            [str(d.layer), str(d.head), f"{d.js_mean:.3g}", f"{d.js_max:.3g}", str(d.js_argmax)]
+            for d in want.ranked()
+        ]
+        assert cells[0] == rows[0] and sorted(cells) == sorted(rows)  # ties (JS 0) sort as Qt likes
+        # the selected head's maps, computed on the engine: the in-process ones, bit for bit
+        assert view.map_key == (1, 2)
+        wa, wb = b_maps(local, 1, 2, n)
+        assert np.array_equal(view.maps[0], wa) and np.array_equal(view.maps[1], wb)
+        w.resize(1400, 900)
+        qtbot.wait(50)
+        w.grab().save("/work/notes/shots/remote_compare.png")
+        job = C._row_job(1, 2, n - 1, n, "attention")  # a click on a row
+        got = {}
+        w.engine.enqueue(job, lambda p: got.setdefault("row", p), label="row")
+        assert w.engine.wait_idle(60) and w.last_error is None
+        row, ra, rb = got["row"]
+        ea, eb = b_maps(local, 1, 2, n, rows=slice(n - 1, n))  # the in-process row job's call
+        assert row == n - 1 and np.array_equal(ra, ea[0]) and np.array_equal(rb, eb[0])
+        # a long head: the overview and an exact tile on zoom, from the engine
+        monkeypatch.setattr(C, "MAX_CELLS", 16)
+        view.request_maps(0, 3)
+        qtbot.waitUntil(lambda: view.map_key == (0, 3) and view.overview is not None, timeout=60000)
+        assert w.engine.wait_idle(60)
+        ov = b_overview(local, 0, 3, n, 16)
+        for f in ("a", "b", "d", "row_edges", "col_edges"):
+            assert np.array_equal(getattr(view.overview, f), getattr(ov, f)), f
+        view.plots[1].vb.setRange(xRange=(n - 8, n - 2), yRange=(n - 7, n - 1), padding=0)
+        qtbot.waitUntil(lambda: view.tile is not None, timeout=60000)
+        assert w.engine.wait_idle(60) and w.last_error is None
+        ta, tb, r0, c0 = view.tile
+        ea, eb = b_maps(local, 0, 3, n, rows=slice(r0, r0 + ta.shape[0]), cols=slice(c0, c0 + ta.shape[1]))
+        assert np.array_equal(ta, ea) and np.array_equal(tb, eb)
+        # a B the engine does not have: one line in the tab, and the engine keeps serving
+        view.model_edit.setText("/no/such/model/on/the/engine")
+        assert view.run_b() is not None
+        qtbot.waitUntil(lambda: view.run_button.isEnabled(), timeout=60000)
+        assert w.engine.wait_idle(60)
+        text = view.summary.text()
+        assert text.startswith("Compare stopped: ") and "\n" not in text and "/no/such/model" in text, text
+        w.state.select(1, 0)  # still serving: the heatmap's weights, from the engine
+        assert w.engine.wait_idle(60) and w.last_error is None, w.last_error
+        assert np.array_equal(w.heatmap.weights, local.weights(1, 0))
+        assert "run B first" in view.summary.text()  # the refused B's predecessor went before it
