@@ -10,7 +10,9 @@ be bit-identical to the local one.
 
 On one machine (localhost) engine and bench share the CPUs, and on a busy machine the engine's
 compute varies from call to call as much as the transfer costs; so the transport's own share is
-reported too: each remote call's wall time minus the compute time the engine measured for it.
+reported too: each remote call's wall time minus the compute time the engine measured for it; and
+the link's floor: the wall time of a reply of the map's size that the engine already holds
+(:meth:`RemoteSession.probe`), what any request that size costs on this link before any compute.
 """
 
 from __future__ import annotations
@@ -93,14 +95,16 @@ def run_remote_bench(
             "remote_map_s": [],
             "local_table_s": [],
             "remote_table_s": [],
+            "floor_s": [],
         }
         for _ in range(2):  # interleaved halves: a colleague's job slows both sides alike
             out["local_map_s"].append(_median(lambda: local.weights(layer, head), repeats))
             out["remote_map_s"].append(_median(lambda: r.weights(layer, head), repeats))
+            out["floor_s"].append(_median(lambda: r.probe(T * T * 4), repeats))
             out["local_table_s"].append(_median(local.sink_scores, repeats * 3))
             out["remote_table_s"].append(_median(r.sink_scores, repeats * 3))
         # the network's own share: wall time here minus the engine's compute (its reply says), per call
-        over: dict[str, list[float]] = {"map_overhead_s": [], "table_overhead_s": []}
+        over: dict[str, list[float]] = {"map_overhead_s": [], "table_overhead_s": [], "engine_map_s": []}
         for key, fn in (
             ("map_overhead_s", lambda: r.weights(layer, head)),
             ("table_overhead_s", r.sink_scores),
@@ -108,6 +112,8 @@ def run_remote_bench(
             for _ in range(repeats):
                 fn()
                 over[key].append(r.last_wall_s - r.last_compute_s)
+                if key == "map_overhead_s":
+                    over["engine_map_s"].append(r.last_compute_s)
         med = {k: min(v) for k, v in out.items()}
         med.update({k: statistics.median(v) for k, v in over.items()})
         map_ratio = med["remote_map_s"] / med["local_map_s"]
@@ -127,6 +133,7 @@ def run_remote_bench(
             "map_ratio": map_ratio,
             "table_extra_s": table_extra,
             "map_overhead_ratio": (med["local_map_s"] + med["map_overhead_s"]) / med["local_map_s"],
+            "floor_ratio": (med["local_map_s"] + med["floor_s"]) / med["local_map_s"],
             "link_bytes_per_s": (T * T * 4) / max(med["map_overhead_s"], 1e-9),
             "targets": {
                 "map_ratio_max": MAP_RATIO_TARGET,
@@ -154,5 +161,8 @@ def format_remote_table(res: dict) -> str:
             f"transport alone (wall here − the engine's compute, median): map {res['map_overhead_s'] * 1e3:.1f} ms "
             f"(in-process + transport = {res['map_overhead_ratio']:.2f}× in-process), "
             f"table {res['table_overhead_s'] * 1e3:.2f} ms",
+            f"the link's floor (the engine sends {res['map_bytes'] / 1e6:.1f} MB it holds, no compute): "
+            f"{res['floor_s'] * 1e3:.1f} ms, so in-process + floor = {res['floor_ratio']:.2f}× in-process; "
+            f"the engine's own compute of the map: {res['engine_map_s'] * 1e3:.1f} ms",
         ]
     )

@@ -492,7 +492,7 @@ class RemoteSession:
 
     def _request(self, op: str, args: dict | None = None, **kw):
         return self._call(
-            op, args, sequence=op not in ("hello", "load", "models", "free_memory", "decode"), **kw
+            op, args, sequence=op not in ("hello", "load", "models", "free_memory", "decode", "probe"), **kw
         )["result"]
 
     def _mutate(self, op: str, args: dict, tokens_from: int, **kw):
@@ -602,6 +602,19 @@ class RemoteSession:
         (:func:`attnscope.core.loading.fit.free_memory` run there)."""
         free, label = self._request("free_memory", {"backend": backend, "device": device})
         return free, label
+
+    def probe(self, nbytes: int) -> float:
+        """Wall seconds for the engine to send back ``nbytes`` it already holds (no compute): the
+        link's floor for a reply that size (:meth:`EngineServer.op_probe`).
+
+        Raises:
+            TooLarge: over the engine's reply limit. EngineLost: as every request."""
+        t0 = time.perf_counter()
+        got = self._request("probe", {"nbytes": int(nbytes)})
+        wall = time.perf_counter() - t0
+        if got.nbytes != nbytes // 4 * 4:
+            raise RemoteError(f"the engine's probe sent {got.nbytes} bytes, not {nbytes}")
+        return wall
 
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         return list(self._request("encode", {"prompt": prompt, "chat_template": chat_template}))

@@ -156,6 +156,7 @@ class EngineServer:
             self.sock.bind(f"{addr}:{port}")
             self.port = port
         self._stop = False
+        self._probe: Any = None  # op_probe's float32 buffer, kept between probes
         self._busy: Any = None  # (identity, request id, op) while a request runs
         self._cancel = False
         self.served = 0
@@ -413,6 +414,29 @@ class EngineServer:
         from attnscope.core.loading import catalog
 
         return catalog.scan()
+
+    def op_probe(self, nbytes):
+        """``nbytes`` (rounded down to whole float32 cells) of a buffer the engine keeps, sent back
+        at once: the link's own cost of a reply that size, with no compute (``attnscope bench
+        --engine``'s transport floor). The buffer is ones, never uninitialised memory; at most the
+        reply limit.
+
+        Raises:
+            ValueError: ``nbytes`` is not a non-negative int. _Refusal TooLarge: over the reply limit.
+        """
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError("malformed request: probe takes a byte count")
+        if nbytes > self.max_reply_bytes:
+            raise _Refusal(
+                "TooLarge",
+                f"a {nbytes / 1e6:.0f} MB probe is over the engine's reply limit of {self.max_reply_bytes / 1e6:.0f} MB",
+            )
+        import numpy as np
+
+        n = nbytes // 4
+        if self._probe is None or self._probe.size != n:
+            self._probe = np.ones(n, np.float32)
+        return self._probe
 
     def op_free_memory(self, backend="torch", device="cpu"):
         """``[free bytes | None, what was measured]`` on the engine's machine
