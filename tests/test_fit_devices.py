@@ -161,3 +161,38 @@ def test_estimate_is_the_map_the_load_makes(tiny, tmp_path, monkeypatch, cpu_byt
     assert {d.device: d.weights_bytes for d in f.devices if d.weights_bytes} == loaded
     if cpu_bytes is not None:
         assert "disk" in loaded and f.device("disk").n_layers >= 1
+
+
+def test_models_cli_prints_the_fit_per_device(tiny, tmp_path, monkeypatch, capsys):
+    """``attnscope models --device-map auto`` with 420 kB of RAM free: the tiny model's embedding
+    and layer 0 stay in RAM, layer 1, the norm and lm_head go to disk (test_device_map_gui's case)."""
+    import json
+
+    import psutil
+    from attnscope.core.cli.main import main
+    from attnscope.core.loading import catalog
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
+    monkeypatch.setenv("ATTNSCOPE_LMSTUDIO_MODELS", "")
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "none"))
+    monkeypatch.setenv("ATTNSCOPE_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(catalog, "scan_embedded", lambda: [])  # its GGUF's config takes seconds
+    real = psutil.virtual_memory
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real()._replace(available=420_000))
+    catalog.add_user_path(tiny)
+    assert main(["models", "--context", "64", "--dtype", "float32", "--device-map", "auto"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("llama "))
+    assert row.rstrip().endswith("does not fit (cpu 600 MB · disk 218 kB)")  # 420 kB < the runtime
+    assert "fit per device with --device-map auto (accelerate's placement); free: cpu 420 kB" in out
+    assert (
+        main(["models", "--context", "64", "--dtype", "float32", "--device-map", "auto", "--json", "-"]) == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    d = doc["models"][0]["device_fit"]
+    assert [(x["device"], x["n_layers"], x["weights_bytes"]) for x in d["devices"]] == [
+        ("cpu", 1, 4 * (272 * 64 + 36992)),
+        ("disk", 1, 4 * (36992 + 64 + 272 * 64)),
+    ]
+    assert d["device_map"]["model.layers.1"] == "disk" and d["strategy"] == "auto"
