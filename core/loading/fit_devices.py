@@ -156,14 +156,14 @@ _skeletons: OrderedDict = OrderedDict()
 def skeleton(config, dtype: str):
     """The model ``from_pretrained`` would build for ``config``, on the ``meta`` device at ``dtype``
     (``AutoModelForCausalLM.from_config`` under ``torch.device("meta")``: shapes and dtypes, no
-    storage). Memoised by (config JSON, dtype); the first call imports transformers."""
+    storage). Memoised by (config object, dtype); the first call imports transformers."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    key = (config.to_json_string(use_diff=False), dtype)
+    key = (id(config), dtype)  # the entry stores the config too, so its id is not reused meanwhile
     if key in _skeletons:
         _skeletons.move_to_end(key)
-        return _skeletons[key]
+        return _skeletons[key][1]
     quiet = logging.getLogger("transformers")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
@@ -172,7 +172,7 @@ def skeleton(config, dtype: str):
             model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     finally:
         quiet.setLevel(level)
-    _skeletons[key] = model
+    _skeletons[key] = (config, model)
     while len(_skeletons) > 16:
         _skeletons.popitem(last=False)
     return model
@@ -309,13 +309,15 @@ def device_fit(
     with _lock:
         free_key = None if free is None else tuple(sorted(((str(k), v) for k, v in free.items()), key=str))
         free_key = (type(free).__name__, free_key)
-        key = (config.to_json_string(use_diff=False), strat, dtype, quantize, int(context), free_key, backend)
+        # keyed by the config object (configs are memoised per file: entry_config), which the entry
+        # keeps alive; serialising it for a key would cost 40 ms a call
+        key = (id(config), strat, dtype, quantize, int(context), free_key, backend)
         hit = _fits.get(key)
         if hit is not None:
             _fits.move_to_end(key)
-            return hit
+            return hit[1]
         fit = _device_fit(config, strat, int(context), dtype, quantize, free, backend)
-        _fits[key] = fit
+        _fits[key] = (config, fit)
         while len(_fits) > _CACHE_SIZE:
             _fits.popitem(last=False)
         return fit
