@@ -181,11 +181,24 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
         run_b(r, "model", str(folders["other_tok"]), "torch", "float32", PROMPT)
     assert "\n" not in str(e.value)
     assert engine not in compare_b._HELD
+    with pytest.raises(SessionError, match="tokenizes A's prompt differently"):  # in-process alike
+        run_b(local, "model", str(folders["other_tok"]), "torch", "float32", PROMPT)
     # no room next to A (the engine's free memory, measured there: this test's process)
     monkeypatch.setattr(fit, "free_memory", lambda backend="torch", device="cpu": (1_000_000, "RAM"))
     with pytest.raises(SessionError, match="run B does not fit next to run A: does not fit") as e:
         run_b(r, "dtype", None, "torch", "float32", PROMPT)
     assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    from attnscope.core.session import Session
+
+    def no_room(*a, **k):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(Session, "load", no_room)  # out of memory while loading, on the engine
+    with pytest.raises(
+        SessionError, match=r"run B ran out of memory next to run A \(RuntimeError\); A is kept$"
+    ):
+        run_b(r, "dtype", None, "torch", "float32", PROMPT)
     monkeypatch.undo()
     # bad arguments, from a hand-made request
     with pytest.raises(ValueError, match="kind must be one of"):

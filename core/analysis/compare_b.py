@@ -178,10 +178,10 @@ def run_b(
         if not _is_oom(e):
             raise
         refusal = f"run B ran out of memory next to run A ({type(e).__name__}); A is kept"
-    if refusal is not None:  # outside the except: no traceback keeps B's frames alive
+    if refusal is not None or sb is None:  # outside the except: no traceback keeps B's frames alive
         sb = None
         gc.collect()
-        raise SessionError(refusal)
+        raise SessionError(refusal or "run B did not load")
     _HELD[sa] = sb
     total = sa.info.n_layers * sa.info.n_heads
     res = compare_sessions(
