@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 import weakref
 
 import numpy as np
@@ -75,7 +76,7 @@ def sessions(folders):
             r.prefill(PROMPT, chat_template=False, all_logits=True)
             r.step(3)
             assert r.ids == local.ids
-            yield local, r, engine
+            yield local, r, engine, server
         finally:
             r.close()
 
@@ -104,7 +105,7 @@ def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting
     from attnscope.core.analysis import compare_b
     from attnscope.core.analysis.compare_b import b_maps, b_overview, held, kept_all_logits, run_b
 
-    local, r, engine = sessions
+    local, r, engine, server = sessions
     model = str(folders["last"]) if kind == "model" else None
     dtype = "bfloat16" if kind == "dtype" else "float32"
     assert kept_all_logits(local) and kept_all_logits(r)
@@ -164,7 +165,7 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
     from attnscope.core.errors import ModelLoadError, SessionError
     from attnscope.core.loading import fit
 
-    local, r, engine = sessions
+    local, r, engine, server = sessions
     run_b(r, "dtype", None, "torch", "float32", PROMPT)
     first = weakref.ref(held(engine))
     run_b(r, "dtype", None, "torch", "bfloat16", PROMPT)  # the next run B replaces the first
@@ -200,6 +201,34 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
     ):
         run_b(r, "dtype", None, "torch", "float32", PROMPT)
     monkeypatch.undo()
+    # cancelled from here while the engine loads B: one Cancelled line, relayed; A untouched
+    from attnscope.core.errors import Cancelled
+
+    real_load = Session.load.__func__
+
+    def load_then_wait_for_the_cancel(cls, *a, **k):
+        b = real_load(cls, *a, **k)
+        for _ in range(3000):  # the client's cancel message arrives at the engine's next poll
+            if server._cancelled():
+                break
+            time.sleep(0.01)
+        return b
+
+    monkeypatch.setattr(Session, "load", classmethod(load_then_wait_for_the_cancel))
+    said: list[str] = []
+    with pytest.raises(Cancelled, match="compare cancelled"):
+        run_b(
+            r,
+            "dtype",
+            None,
+            "torch",
+            "float32",
+            PROMPT,
+            progress=lambda m, f: said.append(m),
+            cancelled=lambda: bool(said),
+        )
+    monkeypatch.undo()
+    assert said == ["Loading run B (torch, float32)…"] and engine not in compare_b._HELD
     # bad arguments, from a hand-made request
     with pytest.raises(ValueError, match="kind must be one of"):
         run_b(r, "nonsense", None, "torch", "float32", PROMPT)
