@@ -9,7 +9,8 @@ It has the public methods and attributes the window's engine thread and the CLI 
 ``step``, ``feed``, ``step_back``, ``weights``, ``sink_scores``, ``logits_at``, ``snapshot``,
 ``info``, ``tokens``, ``ids``, ...); the ``@remotable`` analysis functions
 (:mod:`attnscope.core.remote.dispatch`) run on the server. What needs the model's tensors on this
-side (``session.trace`` internals, ``session.backend.model``: compare) raises
+side (``session.trace`` internals, ``session.backend.model``; Compare's run B lives on the
+engine, :mod:`attnscope.core.analysis.compare_b`) raises
 one :class:`~attnscope.core.errors.SessionError` line.
 
 Reliability: every request has an inactivity timeout (progress messages from a long prefill reset
