@@ -120,10 +120,18 @@ def test_device_map_choice_changes_the_fit_column(qtbot, tmp_path):
     with qtbot.waitSignal(dlg.deviceFitsFinished, timeout=60000):
         dlg.device_map.setCurrentText("sequential")  # one CPU: the same map, still per device
     assert _fit_cell(dlg, e.name).data() == cell.data()
+    with qtbot.waitSignal(dlg.deviceFitsFinished, timeout=60000):
+        dlg.quantize.setCurrentText("int8")  # RAM + disk: the load refuses to quantise across them
+    assert _fit_cell(dlg, e.name).data() == "refused · Quantise int8 needs one device"
+    assert "multi-device --device-map is not supported" in _fit_cell(dlg, e.name).data(0x03)
+    dlg.quantize.setCurrentText("none")
     dlg.device_map.setCurrentText("none")
     assert _fit_cell(dlg, e.name).data() == one_device
     dlg.backend.setCurrentText("mlx")
     assert not dlg.device_map.isEnabled() and dlg.device_map_choice() == "none"
+    qtbot.waitUntil(
+        lambda: not any(t.isRunning() for t in [dlg._dm_thread, *dlg._dm_stale] if t), timeout=20000
+    )
 
 
 @pytest.mark.slow

@@ -107,6 +107,13 @@ def test_int8_counts_linear_weights_at_one_byte(cfg8b):
     # the placement is the float one (a device-mapped load quantises after dispatch)
     float_map = device_fit(cfg8b, "auto", context=0, dtype="bfloat16", free=TWO_GPUS).device_map
     assert f.device_map == float_map
+    # ... and over two GPUs the load refuses it (quantize.device_map_problem): said, never "fits"
+    assert f.problem.startswith("--quantize int8 with a multi-device --device-map is not supported")
+    assert f.verdict == "does not fit" and f.summary().startswith("refused: --quantize int8")
+    one = device_fit(
+        cfg8b, "auto", context=0, dtype="bfloat16", quantize="int8", free={0: 80 * GB, "cpu": 64 * GB}
+    )
+    assert one.problem == "" and {w for _, w in one.device_map} == {0} and one.verdict == "fits"
 
 
 def test_tied_lm_head_counted_once():

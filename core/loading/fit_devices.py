@@ -32,7 +32,9 @@ Per device, in bytes (:class:`DeviceFit`):
 * runtime: :data:`attnscope.core.loading.fit.RUNTIME_BYTES` (Python, torch, tokenizer) in CPU RAM.
 
 The verdict per device is :mod:`attnscope.core.loading.fit`'s (``fits`` up to 80 % of free, ``tight``
-up to all of it); the whole map takes the worst device's.
+up to all of it); the whole map takes the worst device's, and is ``does not fit`` with a ``problem``
+when the load will refuse it (``--quantize`` needs the whole model on one device:
+:func:`attnscope.core.loading.quantize.device_map_problem`).
 """
 
 from __future__ import annotations
@@ -104,9 +106,12 @@ class DeviceMapFit:
     context: int
     dtype: str
     quantize: str = "none"
+    problem: str = ""  # why the load will refuse this map (--quantize across several devices), "" if none
 
     @property
     def verdict(self) -> str:
+        if self.problem:
+            return NO_FIT
         return max((d.verdict for d in self.devices), key=lambda v: _ORDER.get(v, 1), default=UNKNOWN)
 
     @property
@@ -125,8 +130,9 @@ class DeviceMapFit:
         return " · ".join(f"{d.device} {human_bytes(d.total_bytes)}" for d in self.devices)
 
     def summary(self) -> str:
-        """One line per device: what it holds and its verdict against its free memory."""
-        lines = []
+        """One line per device: what it holds and its verdict against its free memory (first, the
+        reason the load will refuse the map, if it will)."""
+        lines = [f"refused: {self.problem}"] if self.problem else []
         for d in self.devices:
             free = f"{human_bytes(d.free_bytes)} free" if d.free_bytes is not None else "free unknown"
             parts = [f"weights {human_bytes(d.weights_bytes)}"]
@@ -327,6 +333,8 @@ _fits: OrderedDict = OrderedDict()
 
 
 def _device_fit(config, strategy, context, dtype, quantize, free, backend) -> DeviceMapFit:
+    from attnscope.core.loading.quantize import device_map_problem
+
     model = skeleton(config, dtype)
     measured = free is None or isinstance(free, MeasuredFree)  # place as the load will: max_memory=None
     placement_free = None if measured else {k: v for k, v in free.items() if k != "disk"}
@@ -402,6 +410,7 @@ def _device_fit(config, strategy, context, dtype, quantize, free, backend) -> De
         context=context,
         dtype=dtype,
         quantize=quantize,
+        problem=device_map_problem(quantize, dm.values()) or "",
     )
 
 

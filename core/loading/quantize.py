@@ -194,6 +194,17 @@ def _own_float_tensors(model) -> None:
             p.data = copies[key]
 
 
+def device_map_problem(mode: str, placements) -> str | None:
+    """Why ``--quantize mode`` cannot run on a model placed on ``placements`` (a device map's values:
+    GPU indices, "cpu", "disk"), or None: quantising needs the whole model on one device."""
+    if mode in (None, "", "none") or len(set(map(str, placements))) <= 1:
+        return None
+    return (
+        f"--quantize {mode} with a multi-device --device-map is not supported: "
+        "use one of them (int4 of an 8B model fits one 24 GB GPU)"
+    )
+
+
 def quantize_model(model, mode: str) -> str:
     """Quantise ``model``'s linear layers in place (weight-only); return a one-line description.
 
@@ -216,11 +227,9 @@ def quantize_model(model, mode: str) -> str:
         return ""
     import torch
 
-    if len(set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))) > 1:
-        raise ModelLoadError(
-            f"--quantize {mode} with a multi-device --device-map is not supported: "
-            "use one of them (int4 of an 8B model fits one 24 GB GPU)"
-        )
+    problem = device_map_problem(mode, (getattr(model, "hf_device_map", None) or {}).values())
+    if problem:
+        raise ModelLoadError(problem)
     quantize_ = _import_torchao()
     params = [p for p in model.parameters() if not is_quantised(p)]
     device = params[0].device if params else torch.device("cpu")
