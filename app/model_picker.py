@@ -231,6 +231,8 @@ class CatalogModel(QAbstractTableModel):
             if row not in self.device_fits:
                 return "placing layers…", 0
             d = self.device_fits[row]
+            if d is not None and d.problem:  # the load will refuse it (hover: why)
+                return f"refused · Quantise {d.quantize} needs one device", float("inf")
             if d is not None:
                 return f"{d.verdict} · {d.label()}", d.total_bytes
         if f is None:

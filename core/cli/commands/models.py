@@ -95,7 +95,7 @@ def rows(entries, fits, device_fits=None) -> list[list[str]]:
             else "unsupported"
         )
         if e.supported and d is not None:
-            fit = f"{d.verdict} ({d.label()})"
+            fit = f"refused ({d.quantize} needs one device)" if d.problem else f"{d.verdict} ({d.label()})"
         out.append(
             [
                 e.name,
