@@ -169,12 +169,19 @@ BLOCK = 64 << 20  # elements drawn per generator call
 SHARD = 2 * 10**9
 
 
-def hf_config(key: str):
-    """The transformers config of ``key`` (bfloat16)."""
+def hf_config(key: str, layers: int | None = None):
+    """The transformers config of ``key`` (bfloat16); ``layers``: keep only the first decoder layers
+    (every tensor keeps its published shape: a cheap checkpoint of the real geometry for tests)."""
     from transformers import AutoConfig
 
     cfg = {k: v for k, v in CONFIGS[key].items() if not k.startswith("_")}
     mt = cfg.pop("model_type")
+    if layers is not None:
+        if not 1 <= layers <= cfg["num_hidden_layers"]:
+            raise SystemExit(f"--layers must be in 1..{cfg['num_hidden_layers']} for {key}")
+        cfg["num_hidden_layers"] = layers
+        if "layer_types" in cfg:
+            cfg["layer_types"] = cfg["layer_types"][:layers]
     return AutoConfig.for_model(mt, dtype="bfloat16", **cfg)
 
 
@@ -301,16 +308,18 @@ def _copy_tokenizer(w, src_gguf: Path) -> None:
         w.add_chat_template(val("tokenizer.chat_template"))
 
 
-def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print) -> Path:
-    """Write ``<out>/gguf/<Name>-<Q>.gguf`` (``qname`` "Q8_0" or "Q4_0"), streaming tensor by tensor."""
+def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print, layers: int | None = None) -> Path:
+    """Write ``<out>/gguf/<Name>-<Q>.gguf`` (``qname`` "Q8_0" or "Q4_0"), streaming tensor by tensor;
+    with ``layers``, ``<Name>-L<layers>-<Q>.gguf`` holding only the first decoder layers."""
     import gguf
     from attnscope.core.loading.resolve import default_gguf_path
 
     qtype = getattr(gguf.GGMLQuantizationType, qname)
-    config = hf_config(key)
+    config = hf_config(key, layers)
     c = CONFIGS[key]
     arch, arch_enum = GGUF_ARCH[c["model_type"]]
-    path = out / "gguf" / f"{c['_name']}-{qname}.gguf"
+    tag = "" if layers is None else f"-L{layers}"
+    path = out / "gguf" / f"{c['_name']}{tag}-{qname}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("mistral" if c["model_type"] == "mistral" else c["_name"])
@@ -381,13 +390,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--formats", default="bf16,q8_0,q4_0", help="comma-separated: bf16, q8_0, q4_0")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="GGUF only: keep the first N decoder layers")
     a = p.parse_args(argv)
     for f in a.formats.split(","):
         f = f.strip().lower()
         if f == "bf16":
             print(write_hf(a.model, a.out, a.seed))
         elif f in ("q8_0", "q4_0"):
-            print(write_gguf(a.model, a.out, f.upper(), a.seed))
+            print(write_gguf(a.model, a.out, f.upper(), a.seed, layers=a.layers))
         else:
             raise SystemExit(f"unknown format {f!r}: bf16, q8_0, q4_0")
     return 0
