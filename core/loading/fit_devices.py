@@ -184,8 +184,8 @@ def skeleton(config, dtype: str):
     return model
 
 
-def _no_split(model) -> list[str]:
-    return sorted(getattr(model, "_no_split_modules", None) or [])
+def _no_split(model) -> set[str]:
+    return set(getattr(model, "_no_split_modules", None) or ())
 
 
 def infer_map(model, strategy: str, max_memory: dict | None = None) -> dict:
@@ -313,8 +313,8 @@ def device_fit(
         raise ValueError(f"unknown quantisation {quantize!r}")
     dtype_bytes(dtype)  # ValueError on an unknown dtype
     with _lock:
-        free_key = None if free is None else tuple(sorted(((str(k), v) for k, v in free.items()), key=str))
-        free_key = (type(free).__name__, free_key)
+        values = None if free is None else tuple(sorted(((str(k), v) for k, v in free.items()), key=str))
+        free_key = (type(free).__name__, values)
         # keyed by the config object (configs are memoised per file: entry_config), which the entry
         # keeps alive; serialising it for a key would cost 40 ms a call
         key = (id(config), strat, dtype, quantize, int(context), free_key, backend)
