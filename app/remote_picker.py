@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 #: seconds the picker waits for the engine's list (a scan reads metadata only)
 SCAN_TIMEOUT_S = 60.0
+#: seconds between asks while the engine says it is busy (a prefill or a load for the window)
+BUSY_RETRY_S = 0.25
 
 
 def is_remote(session) -> bool:
@@ -40,25 +42,39 @@ def engine_scanner(session, timeout: float = SCAN_TIMEOUT_S, free: dict | None =
     It opens its own connection with the session's address and token each time it runs (it runs
     on a worker thread) and closes it after. ``free``: a dict it fills with the engine machine's
     free memory, ``(backend, device) -> (bytes | None, label)``, for torch and mlx on each of
-    :func:`engine_devices`. Raises what
-    :meth:`~attnscope.core.remote.client.RemoteSession.models` raises (EngineLost, Refused, Busy),
-    one line each; the picker shows it as "Scanning failed: …".
+    :func:`engine_devices`. While the engine is busy with the window's own long request (a prefill,
+    a load) it asks again every :data:`BUSY_RETRY_S` until ``timeout``. Raises what
+    :meth:`~attnscope.core.remote.client.RemoteSession.models` raises (EngineLost, Refused; Busy
+    still after ``timeout``), one line each; the picker shows it as "Scanning failed: …".
     """
     address, token = session.engine, session.token
     devices = engine_devices(session)
     host = session.backend.host if session.backend is not None else address
 
     def scan() -> list:
-        from attnscope.core.remote.client import RemoteSession
+        import time
+
+        from attnscope.core.remote.client import Busy, RemoteSession
+
+        deadline = time.monotonic() + timeout
+
+        def when_idle(fn, *args):  # the engine answers one request at a time: wait out a prefill
+            while True:
+                try:
+                    return fn(*args)
+                except Busy:
+                    if time.monotonic() + BUSY_RETRY_S > deadline:
+                        raise
+                    time.sleep(BUSY_RETRY_S)
 
         r = RemoteSession(address, token=token, timeout=timeout)
         r._open()
         try:
-            entries = list(r.models())
+            entries = list(when_idle(r.models))
             if free is not None:
                 for backend in ("torch", "mlx"):
                     for device in devices:
-                        got, label = r.free_memory(backend, device)
+                        got, label = when_idle(r.free_memory, backend, device)
                         free[(backend, device)] = (got, f"{label} on the engine ({host})")
             return entries
         finally:

@@ -115,3 +115,54 @@ def test_engine_scanner_lists_the_engines_models_and_says_a_lost_engine_in_one_l
         s.close()
     with pytest.raises(EngineLost, match="engine at 127.0.0.1"):
         scan()  # nothing answers there now: one line, the picker shows "Scanning failed: …"
+
+
+def test_engine_scanner_waits_while_the_engine_runs_the_windows_long_request(tmp_path):
+    """Browse… / Open model… while the engine is still prefilling for the window: the scan asks again
+    until the engine is idle (it answered "busy" before), and still says Busy after its timeout."""
+    import threading
+    import time
+
+    from attnscope.app.remote_picker import engine_scanner
+    from attnscope.core.loading import catalog
+    from attnscope.core.remote.client import Busy, RemoteSession
+
+    folder = tmp_path / "m"
+    save_tiny("qwen3", folder, seed=1)
+    entries = catalog.describe_path(folder, "user")
+    with serving(None) as server:
+        server.op_models = lambda: entries
+        busy_answers = []
+        real_send = server._error
+
+        def counting_error(ident, rid, kind, message):
+            if kind == "Busy":
+                busy_answers.append(message)
+            real_send(ident, rid, kind, message)
+
+        server._error = counting_error
+
+        def long_request(ids, seconds=1.5):  # what a prefill does: work, polling the socket between chunks
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(0.05)
+                server._poll_while_busy()
+            return "done"
+
+        server.op_decode = long_request
+        window = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
+        th = threading.Thread(target=lambda: window._request("decode", {"ids": []}))
+        th.start()
+        time.sleep(0.3)  # the window's request is running on the engine
+        got = engine_scanner(window, timeout=20, free={})()
+        th.join(10)
+        assert got == entries
+        assert busy_answers and busy_answers[0].startswith("the engine is busy (decode)")
+        # an engine busy for longer than the scan's timeout: one Busy line
+        th = threading.Thread(target=lambda: window._request("decode", {"ids": [], "seconds": 3.0}))
+        th.start()
+        time.sleep(0.3)
+        with pytest.raises(Busy, match="the engine is busy"):
+            engine_scanner(window, timeout=1, free={})()
+        th.join(10)
+        window.close()
