@@ -71,7 +71,11 @@ def test_open_model_while_connected_lists_and_loads_the_engines_models(qtbot, tm
         assert seen["buttons"] == [False, False, False] and seen["remove"] is False
         assert seen["devices"] == ["cpu"]  # the engine runs on its cpu
         # no "drop a folder here" invitation: drops are refused, the models are the engine's
-        assert seen["drops"] is False and "drop" not in seen["hint"] and "attnscope serve --model" in seen["hint"]
+        assert (
+            seen["drops"] is False
+            and "drop" not in seen["hint"]
+            and "attnscope serve --model" in seen["hint"]
+        )
         assert "free RAM on the engine (" in seen["status"], seen["status"]  # its memory, not ours
         # loaded on the engine, not here: the window's session is still the remote one
         assert w.engine.session is session and isinstance(w.engine.session, RemoteSession)
