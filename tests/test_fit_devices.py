@@ -214,3 +214,33 @@ def test_models_cli_prints_the_fit_per_device(tiny, tmp_path, monkeypatch, capsy
         ("disk", 1, 4 * (36992 + 64 + 272 * 64)),
     ]
     assert d["device_map"]["model.layers.1"] == "disk" and d["strategy"] == "auto"
+
+
+def test_gguf_entry_uses_the_config_transformers_derives(tmp_path, monkeypatch):
+    """A GGUF's per-device fit comes from the config transformers reads out of its metadata, and is
+    the map the real load of that GGUF (converted, then dispatched by accelerate) makes."""
+    from attnscope.core.backends.torch_backend import TorchBackend
+    from attnscope.core.loading.catalog import describe_gguf
+    from attnscope.core.loading.device_map import placement
+    from attnscope.core.loading.fit_devices import device_fit_entry, entry_config
+    from tiny_models import tiny_model, write_llama_gguf
+
+    if _cuda():
+        pytest.skip("the disk placement is CPU-only (accelerate would use the GPU)")
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_llama_gguf(tiny_model("llama"), tmp_path / "tiny-llama-F32.gguf")
+    entry = describe_gguf(gguf)
+    cfg = entry_config(entry)
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.tie_word_embeddings) == (
+        "llama",
+        2,
+        2,
+        False,
+    )
+    f = device_fit_entry(entry, "sequential", 64, "float32", free={"cpu": 300_000})
+    assert f.weights_bytes == 4 * entry.n_params
+    b = TorchBackend.load(
+        str(gguf), device="cpu", dtype="float32", device_map="sequential", max_memory={"cpu": 300_000}
+    )
+    assert dict(f.device_map) == dict(b.model.hf_device_map) and "disk" in b.model.hf_device_map.values()
+    assert {d.device: d.weights_bytes for d in f.devices if d.weights_bytes} == placement(b.model)
