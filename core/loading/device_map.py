@@ -8,9 +8,11 @@ runs inside each layer, so every layer's queries, LSE and cached keys live on th
 execution device; the Trace keeps them there (:class:`attnscope.core.trace.torch_trace.TorchTrace`, one row store per
 device) and only a requested tile of weights (``n_q × n_k`` float32) comes to the host.
 
-Layers offloaded to CPU or disk execute on the CPU (accelerate copies their weights in for each
-forward), so on a CPU-only machine a ``device_map`` with disk offload computes exactly what the
-plain CPU model computes (tests/test_device_map.py).
+Layers offloaded to CPU or disk execute on the first GPU of the map when there is one, else on the
+CPU (accelerate's ``dispatch_model`` copies their weights in for each forward), so on a CPU-only
+machine a ``device_map`` with disk offload computes exactly what the plain CPU model computes
+(tests/test_device_map.py). What each device will hold *before* loading:
+:mod:`attnscope.core.loading.fit_devices`.
 """
 
 from __future__ import annotations
