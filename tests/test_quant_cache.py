@@ -324,3 +324,17 @@ def test_listed_and_cleared_with_the_conversion_cache(folder, capsys):
     assert main(["models", "--remove-cached", "no-such-entry"]) == 1
     assert "no-such-entry is not in the conversion cache" in capsys.readouterr().err
     assert clear_converted() == items[1].size_bytes and list_converted() == []
+
+
+def test_cancelled_while_caching_leaves_no_entry(folder, cache_dir):
+    from attnscope.core.errors import Cancelled
+
+    def progress(msg, _frac):
+        if msg.startswith("Caching"):
+            raise Cancelled("cancelled")
+
+    with pytest.raises(Cancelled):
+        load_quantised(folder, "int8", "float32", "cpu", ATTN_NAME, progress=progress)
+    assert not any((cache_dir / quant_cache.SUBDIR).iterdir())
+    load_quantised(folder, "int8", "float32", "cpu", ATTN_NAME)  # the next load writes it
+    assert len(_entries()) == 1

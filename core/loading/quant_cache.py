@@ -334,6 +334,9 @@ def write(model, keys: list[str], entry: Path, source: dict, progress=None) -> s
         shutil.rmtree(tmp, ignore_errors=True)
         text = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
         return f"quantised weights not cached ({text}): the next load quantises again"
+    except BaseException:  # cancelled from ``progress`` (or interrupted): no partial entry left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _get(model, key: str):

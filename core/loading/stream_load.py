@@ -24,6 +24,9 @@ through the same torchao transform; ``tests/test_stream_load.py``), so the captu
 the model that ran. A folder whose checkpoint names do not match the model's parameters one to one
 (transformers renames some families' keys while loading), or that holds no safetensors, is not
 streamed: :func:`load_quantised` returns None and the caller loads it the ordinary way.
+
+The quantised tensors are cached after the first load (:mod:`attnscope.core.loading.quant_cache`):
+later loads of the same checkpoint, dtype and mode read them back instead of quantising again.
 """
 
 from __future__ import annotations
