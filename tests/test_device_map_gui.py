@@ -20,7 +20,7 @@ import pytest
 from tiny_models import save_tiny
 
 GB = 10**9
-AVAILABLE = 420_000  # bytes of RAM accelerate is told are free
+ROOM = 420_000  # bytes of RAM left for layers after the run's room (one of the tiny model's two)
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,18 @@ def _isolated(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def low_ram(monkeypatch):
+def low_ram(monkeypatch, tiny):
     import psutil
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("with a GPU accelerate places the tiny model there: the disk placement is CPU-only")
 
+    from test_fit_devices import available_leaving
+
+    available = available_leaving(tiny, ROOM)
     real = psutil.virtual_memory
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: real()._replace(available=AVAILABLE))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real()._replace(available=available))
 
 
 def _eight_b_entry(tmp_path: Path):

@@ -20,6 +20,22 @@ PARAMS_8B = 2 * EMBED_8B + 32 * LAYER_8B + 4096  # 8,030,261,248, the published 
 TWO_GPUS = {0: 24 * GB, 1: 24 * GB, "cpu": 64 * GB, "disk": 500 * GB}
 
 
+def available_leaving(folder, room: int, dtype: str = "float32") -> int:
+    """The RAM "available" (psutil) at which a device-mapped load of ``folder`` has ``room`` bytes
+    left for layers in RAM: :func:`run_budget` keeps the run's room (runtime, KV cache and capture at
+    its reserve context) and 10 % back."""
+    import math
+
+    from attnscope.core.loading.fit_devices import CPU_SHARE, run_budget
+    from transformers import AutoConfig
+
+    big = 10**12
+    reserve = (
+        int(big * CPU_SHARE) - run_budget(AutoConfig.from_pretrained(folder), dtype, {"cpu": big})["cpu"]
+    )
+    return math.ceil((room + reserve) / CPU_SHARE)
+
+
 def _cuda() -> bool:
     import torch
 
@@ -197,13 +213,15 @@ def test_models_cli_prints_the_fit_per_device(tiny, tmp_path, monkeypatch, capsy
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(catalog, "scan_embedded", lambda: [])  # its GGUF's config takes seconds
     real = psutil.virtual_memory
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: real()._replace(available=420_000))
+    available = available_leaving(tiny, 420_000)  # room for one of the two layers after the run's
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real()._replace(available=available))
     catalog.add_user_path(tiny)
     assert main(["models", "--context", "64", "--dtype", "float32", "--device-map", "auto"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("llama "))
-    assert row.rstrip().endswith("does not fit (cpu 600 MB · disk 218 kB)")  # 420 kB < the runtime
-    assert "fit per device with --device-map auto (accelerate's placement); free: cpu 420 kB" in out
+    # the load keeps the run's room in RAM, so one layer stays there and the run fits (tightly)
+    assert row.rstrip().endswith("tight (cpu 600 MB · disk 218 kB)")
+    assert "fit per device with --device-map auto (accelerate's placement); free: cpu " in out
     assert (
         main(["models", "--context", "64", "--dtype", "float32", "--device-map", "auto", "--json", "-"]) == 0
     )
@@ -244,3 +262,27 @@ def test_gguf_entry_uses_the_config_transformers_derives(tmp_path, monkeypatch):
     )
     assert dict(f.device_map) == dict(b.model.hf_device_map) and "disk" in b.model.hf_device_map.values()
     assert {d.device: d.weights_bytes for d in f.devices if d.weights_bytes} == placement(b.model)
+
+
+def test_run_budget_keeps_the_runs_room_where_the_layers_execute(cfg8b):
+    """max_memory for a mapped 8B load: 90 % of the CPU less the runtime and every layer's KV cache
+    and capture at 4,096 tokens (bf16) on the CPU when there is no GPU; with two GPUs the room comes
+    off GPU 0 (where offloaded layers execute), the GPUs are taken whole, and the CPU keeps only the
+    runtime."""
+    from attnscope.core.loading.fit import RUNTIME_BYTES
+    from attnscope.core.loading.fit_devices import run_budget
+
+    kv = 2 * 32 * 8 * 128 * 4096 * 2  # 536,870,912: K and V, 32 layers, 8 KV heads of 128, bf16
+    cap = 32 * 32 * 4096 * (128 * 2 + 4)  # 1,090,519,040: q rows (bf16) + LSE (float32)
+    assert kv == 536_870_912 and cap == 1_090_519_040
+    got = run_budget(cfg8b, "bfloat16", {"cpu": 20_000_000_000, "disk": 10**12})
+    assert got == {"cpu": 18_000_000_000 - RUNTIME_BYTES["torch"] - kv - cap}  # disk is not a budget
+    got = run_budget(cfg8b, "bfloat16", {0: 24_000_000_000, 1: 24_000_000_000, "cpu": 20_000_000_000})
+    assert got == {
+        0: 24_000_000_000 - kv - cap,
+        1: 24_000_000_000,
+        "cpu": 18_000_000_000 - RUNTIME_BYTES["torch"],
+    }
+    one_gpu = run_budget(cfg8b, "bfloat16", {0: 24_000_000_000, "cpu": 20_000_000_000})
+    assert one_gpu[0] == 21_600_000_000 - kv - cap  # a lone GPU at 90 %, as accelerate takes it
+    assert run_budget(cfg8b, "bfloat16", {"cpu": 1_000_000})["cpu"] == 0  # never negative

@@ -225,8 +225,9 @@ def infer_map(model, strategy: str, max_memory: dict | None = None) -> dict:
 
 class MeasuredFree(dict):
     """Free bytes per device as :func:`measured_free` read them. Passed to :func:`device_fit`, the
-    placement is computed as a load without ``max_memory`` computes it (transformers keeps 10 % of
-    the CPU, and of a single GPU, back), where a plain dict is taken as ``max_memory`` itself."""
+    placement is computed as a load without ``max_memory`` computes it, within :func:`run_budget`
+    (10 % of the CPU, and of a single GPU, kept back, and room for the run), where a plain dict is
+    taken as ``max_memory`` itself."""
 
 
 def measured_free() -> MeasuredFree:
@@ -237,6 +238,62 @@ def measured_free() -> MeasuredFree:
     free = MeasuredFree(get_max_memory())
     free["disk"] = disk_free()
     return free
+
+
+#: tokens of KV cache and capture a device-mapped load keeps room for on each execution device
+#: (capped at the model's context): what the first prompts of a session need
+RESERVE_CONTEXT = 4096
+#: the share of the CPU's available memory transformers lets a map use when it measures it itself
+CPU_SHARE = 0.90
+
+
+def _geometry(config) -> tuple[int, int, int, int, int]:
+    """``(n_layers, n_heads, n_kv_heads, head_dim, max_context)`` of a transformers config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    n_kv = int(getattr(text, "num_key_value_heads", None) or n_heads)
+    head_dim = int(getattr(text, "head_dim", None) or (text.hidden_size // n_heads if n_heads else 0))
+    n_layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    max_ctx = int(getattr(text, "max_position_embeddings", 0) or RESERVE_CONTEXT)
+    return n_layers, n_heads, n_kv, head_dim, max_ctx
+
+
+def run_budget(config, dtype: str, free: dict | None = None, backend: str = "torch") -> dict:
+    """The ``max_memory`` a device-mapped load gives accelerate: free memory less the room the run
+    needs, so the layers placed in RAM or on a GPU leave space for what the session adds.
+
+    Per device, bytes: the measured free memory (accelerate's ``get_max_memory``; the CPU's, and a
+    lone GPU's, at :data:`CPU_SHARE`, as transformers and accelerate take them when they measure), less, on the device the layers
+    execute on (the first GPU, else the CPU), the KV cache and capture of *every* layer at
+    ``min(RESERVE_CONTEXT, max context)`` tokens (:func:`attnscope.core.analysis.kv_formula.kv_cache_bytes`,
+    :func:`attnscope.core.loading.fit.capture_bytes`), and on the CPU the process's runtime
+    (:data:`attnscope.core.loading.fit.RUNTIME_BYTES`). Never below 0. Without this, accelerate fills
+    RAM with layers and the first prefill has no room (issue 11: "fit per device").
+
+    Args:
+        config: a transformers config. dtype: the load dtype. free: measured free bytes per device
+            (:func:`measured_free`; ``"disk"`` ignored); None measures now.
+    """
+    if free is None:
+        free = measured_free()
+    n_layers, n_heads, n_kv, head_dim, max_ctx = _geometry(config)
+    T = min(RESERVE_CONTEXT, max_ctx)
+    run = kv_cache_bytes(n_layers, n_kv, head_dim, T, dtype) + capture_bytes(
+        n_layers, n_heads, head_dim, T, dtype
+    )
+    budget: dict = {}
+    gpus = sorted(k for k in free if isinstance(k, int))
+    for k, v in free.items():
+        if k == "disk" or v is None:
+            continue
+        # transformers' own shares when it measures: 90 % of the CPU, and of a lone GPU (accelerate)
+        room = int(v * CPU_SHARE) if k == "cpu" or len(gpus) == 1 else int(v)
+        if k == "cpu":
+            room -= RUNTIME_BYTES.get(backend, RUNTIME_BYTES["torch"])
+        if k == (gpus[0] if gpus else "cpu"):
+            room -= run
+        budget[k] = max(0, room)
+    return budget
 
 
 def disk_free() -> int | None:
@@ -296,7 +353,8 @@ def device_fit(
         quantize: ``none|int8|int4``: bytes of the decoder's linear weights after loading.
         free: free bytes per device ``{0: ..., 1: ..., "cpu": ..., "disk": ...}``, taken as the
             load's ``max_memory``; None or a :class:`MeasuredFree` (:func:`measured_free`): placed
-            as a load without ``max_memory`` places it (None is measured once, then cached).
+            as a load without ``max_memory`` places it, within :func:`run_budget` (None is measured
+            once, then cached).
 
     Raises:
         ModelLoadError: unknown strategy. ValueError: negative context, unknown dtype or quantisation.
@@ -336,13 +394,16 @@ def _device_fit(config, strategy, context, dtype, quantize, free, backend) -> De
     from attnscope.core.loading.quantize import device_map_problem
 
     model = skeleton(config, dtype)
-    measured = free is None or isinstance(free, MeasuredFree)  # place as the load will: max_memory=None
-    placement_free = None if measured else {k: v for k, v in free.items() if k != "disk"}
-    dm = infer_map(model, strategy, placement_free)
+    measured = free is None or isinstance(free, MeasuredFree)  # place as the load will: run_budget
     if free is None:
         free = measured_free()
     elif "disk" not in free:
         free = {**free, "disk": disk_free()}
+    if measured:
+        placement_free = run_budget(config, dtype, free, backend)
+    else:
+        placement_free = {k: v for k, v in free.items() if k != "disk"}
+    dm = infer_map(model, strategy, placement_free)
 
     quantised = _linear_weights(model) if quantize != "none" else set()
     weights: dict = {}
@@ -357,10 +418,7 @@ def _device_fit(config, strategy, context, dtype, quantize, free, backend) -> De
     main = gpus[0] if gpus else "cpu"  # accelerate's dispatch_model: where offloaded layers execute
     slow = ("cpu", "disk") if gpus else ("disk",)
 
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    n_heads = int(getattr(text, "num_attention_heads", 0) or 0)
-    n_kv = int(getattr(text, "num_key_value_heads", None) or n_heads)
-    head_dim = int(getattr(text, "head_dim", None) or (text.hidden_size // n_heads if n_heads else 0))
+    _, n_heads, n_kv, head_dim, _ = _geometry(config)
     kv_layer = kv_cache_bytes(1, n_kv, head_dim, context, dtype)
     cap_layer = capture_bytes(1, n_heads, head_dim, context, dtype)
 

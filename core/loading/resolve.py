@@ -678,7 +678,9 @@ def load_torch(
     (``none|int8|int4``, :mod:`attnscope.core.loading.quantize`) makes its linear layers weight-only int8/int4 after
     loading; int4 loads at bfloat16 (its kernels' activation dtype). ``device_map``
     (``auto|balanced|sequential`` or an explicit dict, :mod:`attnscope.core.loading.device_map`) spreads the layers
-    over GPUs, CPU and disk through accelerate instead of moving the model to ``device``.
+    over GPUs, CPU and disk through accelerate instead of moving the model to ``device``, within
+    ``max_memory`` (default :func:`attnscope.core.loading.fit_devices.run_budget`: free memory less
+    the room the run needs).
 
     Raises:
         ModelLoadError / UnsupportedModelError: see :func:`resolve`.
@@ -711,6 +713,11 @@ def load_torch(
             streamed = load_quantised(
                 folder, quantize, dtype, device, ATTN_NAME, _stream_progress(progress, name), notes=notes
             )
+        if streamed is None and isinstance(dm, str) and max_memory is None:
+            from attnscope.core.loading.fit_devices import run_budget
+
+            # leave room for the run: accelerate would otherwise fill RAM (or the GPU) with layers
+            max_memory = run_budget(AutoConfig.from_pretrained(folder), dtype)
         if streamed is None:
             m = AutoModelForCausalLM.from_pretrained(
                 folder,
