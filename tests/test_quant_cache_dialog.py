@@ -52,3 +52,39 @@ def test_quantised_entries_are_listed_with_kind_and_size_and_removed(qtbot, cach
     assert dlg.table.rowCount() == 2 and not entry.exists() and conv.exists()
     qtbot.mouseClick(dlg.clear_all, Qt.LeftButton)
     assert dlg.table.rowCount() == 0 and not half.exists() and not conv.exists()
+
+
+def test_the_status_bar_says_the_cache_was_not_written(qtbot):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from attnscope.app.status import StatusLine
+    from attnscope.core.loading.resolve import ModelInfo
+    from PySide6.QtCore import QObject, Signal
+    from PySide6.QtWidgets import QMainWindow
+
+    class Events(QObject):
+        message = Signal(object)
+        error = Signal(str)
+
+    class Engine(QObject):
+        progress = Signal(str, float)
+        busy = Signal(bool, str)
+        error = Signal(str)
+
+        def cancel(self):
+            pass
+
+    win = QMainWindow()
+    qtbot.addWidget(win)
+    events, engine = Events(), Engine()
+    status = StatusLine(win, SimpleNamespace(events=events), engine)
+    note = "quantised weights not cached ([Errno 28] No space left on device): the next load quantises again"
+    info = ModelInfo(
+        "tiny", "/m", "llama", 2, 4, 2, 16, 64, 256, 10000.0, None, 272, "float32", load_note=note
+    )
+    status.show_model(SimpleNamespace(info=info, backend="torch", device="cpu"))
+    assert f"tiny ready. Note: {note}. Type a prompt" in status.bar.currentMessage()
+    plain = dataclasses.replace(info, load_note="")
+    status.show_model(SimpleNamespace(info=plain, backend="torch", device="cpu"))
+    assert "Note:" not in status.bar.currentMessage()
