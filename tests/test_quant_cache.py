@@ -121,8 +121,13 @@ def test_second_load_comes_from_the_cache_bit_for_bit(folder, monkeypatch, mode,
     assert entry.name.endswith(f"-{dtype}-{mode}") and entry.source == str(folder.resolve())
     assert entry.kind == f"{mode} weights (torchao {q.library_version()})"
     Quantiser(monkeypatch, forbid=True)
-    cached, cached_line = load_quantised(folder, mode, dtype, "cpu", ATTN_NAME)
+    said: list[tuple[str, float]] = []
+    cached, cached_line = load_quantised(
+        folder, mode, dtype, "cpu", ATTN_NAME, progress=lambda m, f: said.append((m, f))
+    )
     assert cached_line == line and line.endswith(", 14 linear layers")
+    assert said[0] == (f"Loading llama-256 at {mode}: cached lm_head.weight", pytest.approx(1 / 21))
+    assert said[-1][1] == 1.0 and len(said) == 21  # per tensor: 2 x (7 linears + 2 norms) + 3
     assert not cached.training
     _assert_same(cached, fresh)
     assert len(_entries()) == 1 and not _entries(complete=False)

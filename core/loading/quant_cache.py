@@ -457,10 +457,18 @@ def list_entries() -> list[ConvertedModel]:
 
 
 def load_into(
-    model, entry: Path, keys: set[str], device: str, mode: str, set_fn: Callable, params: set[str]
+    model,
+    entry: Path,
+    keys: set[str],
+    device: str,
+    mode: str,
+    set_fn: Callable,
+    params: set[str],
+    progress: Callable[[str, float], None] | None = None,
 ) -> bool:
     """Set every tensor of the cache ``entry`` into the meta-built ``model`` with ``set_fn(model,
     key, tensor, is_buffer)``; True when it held exactly ``keys`` and all were set.
+    ``progress(message, fraction)`` is called per tensor (fraction of ``keys`` done).
 
     False (and the model possibly half set: the caller's quantising loop then sets every key again)
     when the entry is damaged or holds other names.
@@ -477,6 +485,8 @@ def load_into(
             if _is_subclass(t):
                 set_repr(model.get_submodule(key.rpartition(".")[0]), mode, device_type)
             seen.add(key)
+            if progress is not None:
+                progress(f"cached {key}", len(seen) / max(len(keys), 1))
     except (OSError, ValueError, KeyError, TypeError):
         seen = set()
     if seen == keys:

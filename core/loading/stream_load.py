@@ -173,6 +173,7 @@ def load_quantised(
     config = q._config(mode, torch.device(device).type)
     from attnscope.core.loading import quant_cache
 
+    folder_name = Path(folder).name
     cached = None
     if cache:
         try:
@@ -182,7 +183,16 @@ def load_quantised(
     hit = (
         cached is not None
         and quant_cache.is_complete(cached)
-        and quant_cache.load_into(model, cached, ckpt, device, mode, _set, set(params))
+        and quant_cache.load_into(
+            model,
+            cached,
+            ckpt,
+            device,
+            mode,
+            _set,
+            set(params),
+            None if progress is None else lambda m, f: progress(f"Loading {folder_name} at {mode}: {m}", f),
+        )
     )
     total = sum(sum(e["data_offsets"][1] - e["data_offsets"][0] for e in h.values()) for _, h in headers)
     done = 0
@@ -217,7 +227,6 @@ def load_quantised(
     if left:
         raise ValueError(f"weights missing from the checkpoint: {', '.join(left[:3])}")
     if cached is not None and not hit:
-        folder_name = Path(folder).name
         note = quant_cache.write(
             model,
             sorted(ckpt),
