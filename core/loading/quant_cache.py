@@ -28,8 +28,9 @@ of the model. No pickle anywhere.
 
 An entry is written to ``<entry>.partial-<pid>`` (and fsync'ed) and renamed when complete, as the
 GGUF conversion cache does (:func:`attnscope.core.loading.gguf_convert.convert`): a half-written
-entry is never read. Where the entry cannot be written (no space, an unwritable cache folder), the
-load still succeeds and :func:`write` returns the one line that says so.
+entry is never read. Where the entry cannot be written (no space, an unwritable cache folder) or
+would leave less than :data:`KEEP_FREE` (or 5 % of the disk) free, the load still succeeds and
+:func:`write` returns the one line that says so.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ FORMAT = 1  # bump when the entry layout changes: old entries then get a new key
 SUBDIR = "quantised"
 WEIGHTS = "weights.safetensors"
 SOURCE = "attnscope_source.json"
+KEEP_FREE = 1 << 30  # bytes (or 5 % of the disk, if more) an entry must leave free, else it is not written
 _OWN = "attnscope"  # "_encoder" of the subclasses torchao's safetensors support lacks
 # torch dtype name -> safetensors dtype name (the safetensors format spec; inverse of stream_load._DTYPES)
 _ST_DTYPES = {
@@ -313,8 +315,9 @@ def write(model, keys: list[str], entry: Path, source: dict, progress=None) -> s
         need = sum(t.numel() * t.element_size() for _, t in items)
         entry.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(entry)
-        free = shutil.disk_usage(entry.parent).free
-        if free < need + (64 << 20):
+        disk = shutil.disk_usage(entry.parent)
+        free = disk.free
+        if free < need + max(KEEP_FREE, disk.total // 20):  # never fill the disk with a cache
             from attnscope.core.units import format_bytes
 
             return (
