@@ -80,3 +80,23 @@ def test_runs_on_a_tiny_gguf_each_phase_in_its_own_process(tmp_path, monkeypatch
         SizeOptions(model=str(path), dtype="bfloat16", device="cpu", sizes=(8,), decode_steps=1)
     )
     assert again["convert"]["cached"]
+
+
+@pytest.mark.slow
+def test_the_bench_says_whether_the_cold_load_read_or_wrote_the_quantised_weights_cache(tmp_path):
+    from tiny_models import save_tiny
+
+    folder = tmp_path / "llama"
+    save_tiny("llama", folder)
+    opts = SizeOptions(
+        model=str(folder), dtype="float32", quantize="int8", device="cpu", sizes=(8,), decode_steps=1
+    )
+    first = run_size_bench(opts)
+    assert first["scope"]["quant_cache"] == "written", first["scope"]
+    again = run_size_bench(opts)
+    assert again["scope"]["quant_cache"] == "read", again["scope"]
+    assert "quantised-weights cache read at the cold load" in format_size_table(again)
+    plain = run_size_bench(
+        SizeOptions(model=str(folder), dtype="float32", device="cpu", sizes=(8,), decode_steps=1)
+    )
+    assert "quant_cache" not in plain["scope"]

@@ -100,6 +100,14 @@ def _time(fn, device: str):
     return out, time.perf_counter() - t0
 
 
+def _quant_entries() -> set[str]:
+    """Complete entries of the quantised-weights cache (:mod:`attnscope.core.loading.quant_cache`)."""
+    from attnscope.core.loading import quant_cache
+
+    r = quant_cache.root()
+    return {p.name for p in r.iterdir() if quant_cache.is_complete(p)} if r.is_dir() else set()
+
+
 def phase_scope(spec: dict) -> dict:
     import torch  # noqa: F401 - imported before the clock starts
     from attnscope.core.backends.torch_backend import TorchBackend
@@ -107,12 +115,19 @@ def phase_scope(spec: dict) -> dict:
 
     device = spec["device"]
     out: dict[str, Any] = {"phase": "scope"}
+    quantised = spec["quantize"] not in (None, "", "none")
+    before = _quant_entries() if quantised else set()
     b, out["cold_load_s"] = _time(
         lambda: TorchBackend.load(
             spec["model"], device=device, dtype=spec["dtype"], quantize=spec["quantize"]
         ),
         device,
     )
+    if quantised:  # which cold load this was: the quantised-weights cache read, or written
+        note = getattr(b.info, "load_note", "")
+        out["quant_cache"] = (
+            "written" if _quant_entries() - before else (f"not written: {note}" if note else "read")
+        )
     del b
     gc.collect()
     release_freed()  # the C heap's freed pages back to the OS before the second load
@@ -341,7 +356,12 @@ def format_size_table(r: dict) -> str:
         (
             "load cold / warm",
             f"{_s(sc.get('cold_load_s'))} / {_s(sc.get('warm_load_s'))}",
-            f"SDPA cold {_s(sd.get('cold_load_s'))}",
+            f"SDPA cold {_s(sd.get('cold_load_s'))}"
+            + (
+                f"; quantised-weights cache {sc['quant_cache']} at the cold load"
+                if sc.get("quant_cache")
+                else ""
+            ),
         )
     )
     for T in r["options"]["sizes"]:
