@@ -12,6 +12,9 @@ safetensors included) is its own:
    size, peak RSS.
 3. ``sdpa``: transformers' SDPA (no capture) at the same dtype (and the same ``--quantize``):
    load, the same prefills and decode, peak RSS.
+4. ``exactness``: issue 11's per-dtype rule on a short prompt (:mod:`attnscope.core.bench.exactness`):
+   every head's max abs weight error of AttnScope and of transformers eager at the same precision
+   against a float32 eager run of the same rounded weights; the models loaded one after another.
 
 Token ids are seeded random ids below the tokenizer's size (the same in both runs). Prefill at
 T runs in AttnScope's 512-token chunks in (2) and in one call in (3), as each is used.
@@ -46,6 +49,8 @@ class SizeOptions:
     decode_steps: int = 16
     seed: int = 0
     timeout_s: float = 3600.0
+    exactness_tokens: int = 128
+    phases: tuple[str, ...] = ("scope", "sdpa", "exactness")  # after "convert", which always runs
 
 
 def _maxrss_bytes() -> int:
@@ -244,7 +249,23 @@ def phase_sdpa(spec: dict) -> dict:
     return out
 
 
-PHASES = {"convert": phase_convert, "scope": phase_scope, "sdpa": phase_sdpa}
+def phase_exactness(spec: dict) -> dict:
+    from attnscope.core.bench.exactness import measure_exactness
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = spec["folder"]
+    n_tok = _vocab_for_ids(
+        AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder).vocab_size
+    )
+    ids = _ids(n_tok, spec["exactness_tokens"], spec["seed"])
+    t0 = time.perf_counter()
+    r = measure_exactness(folder, spec["dtype"], spec["quantize"], ids, spec["device"])
+    return dict(
+        r.summary(), phase="exactness", seconds=time.perf_counter() - t0, peak_rss_bytes=_maxrss_bytes()
+    )
+
+
+PHASES = {"convert": phase_convert, "scope": phase_scope, "sdpa": phase_sdpa, "exactness": phase_exactness}
 
 
 def _in_subprocess(phase: str, spec: dict, timeout: float) -> dict:
@@ -289,6 +310,7 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
         "sizes": sorted(int(t) for t in opts.sizes),
         "decode_steps": opts.decode_steps,
         "seed": opts.seed,
+        "exactness_tokens": opts.exactness_tokens,
     }
     result: dict[str, Any] = {
         "schema": SCHEMA,
@@ -308,8 +330,11 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
     if "error" in conv:
         log(f"convert: {conv['error']}")
         return result
-    for phase in ("scope", "sdpa"):
-        log(f"{phase}: load, prefill {spec['sizes']}, {opts.decode_steps} decode steps (fresh process)")
+    for phase in [p for p in ("scope", "sdpa", "exactness") if p in opts.phases]:
+        if phase == "exactness":
+            log(f"exactness: capture, eager, float32 eager; {opts.exactness_tokens} tokens (fresh process)")
+        else:
+            log(f"{phase}: load, prefill {spec['sizes']}, {opts.decode_steps} decode steps (fresh process)")
         result[phase] = _in_subprocess(phase, dict(spec, folder=conv["folder"]), opts.timeout_s)
         if "error" in result[phase]:
             log(f"{phase}: {result[phase]['error']}")
@@ -378,7 +403,22 @@ def format_size_table(r: dict) -> str:
             "",
         )
     )
-    for p in ("convert", "scope", "sdpa"):
+    ex = r.get("exactness", {})
+    if "ours_max_err" in ex:
+        n, share = ex["n_heads_total"], ex["share_ours_le_eager"]
+        if ex.get("median_ratio") is None:  # float32: eager is (or matches) the reference
+            where = f"max over {n} heads"
+        else:
+            where = f"ours ≤ eager in {f'all {n}' if share == 1 else f'{share:.1%} of {n}'} heads, "
+            where += f"median ratio {ex['median_ratio']:.2f}"
+        rows.append(
+            (
+                f"exactness ({ex['n_tokens']} tokens): max weight error vs float32 eager (capture / eager)",
+                f"{ex['ours_max_err']:.1e} / {ex['eager_max_err']:.1e}",
+                f"{ex['rule']}: {'met' if ex['met'] else 'missed'} ({where})",
+            )
+        )
+    for p in ("convert", "scope", "sdpa", "exactness"):
         if "error" in r.get(p, {}):
             rows.append((f"{p} failed", r[p]["error"], ""))
     lines = ["| measurement | value | note |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]

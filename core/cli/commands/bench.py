@@ -69,6 +69,12 @@ def add_arguments(p) -> None:
         help="real-size bench with weight-only quantised linear layers (implies --dtype auto)",
     )
     p.add_argument(
+        "--phases",
+        default=None,
+        help="with --dtype/--quantize: comma-separated phases after the conversion, of scope, sdpa, "
+        "exactness (default all; exactness: issue 11's per-dtype rule on 128 tokens)",
+    )
+    p.add_argument(
         "--views",
         action="store_true",
         help="long-prompt views instead (issue 15): head grid at 2,000/8,000 tokens, mean of all layers "
@@ -150,7 +156,9 @@ def _run_size(args, out: Path | None) -> int:
     if args.decode_steps is not None:
         kw["decode_steps"] = args.decode_steps
     if args.quick:
-        kw.update(sizes=(64,), decode_steps=2)
+        kw.update(sizes=(64,), decode_steps=2, exactness_tokens=16)
+    if getattr(args, "phases", None) is not None:
+        kw["phases"] = _phases(args.phases)
     opts = SizeOptions(
         model=args.model,
         dtype=args.dtype or "auto",
@@ -162,7 +170,17 @@ def _run_size(args, out: Path | None) -> int:
     print(format_size_table(result))
     if out is not None:
         out.write_text(json.dumps(result, indent=1))
-    return 0 if not any("error" in result.get(p, {}) for p in ("convert", "scope", "sdpa")) else 1
+    failed = any("error" in result.get(p, {}) for p in ("convert", "scope", "sdpa", "exactness"))
+    return 1 if failed else 0
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    known = ("scope", "sdpa", "exactness")
+    phases = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in phases if x not in known]
+    if bad or not phases:
+        raise ValueError(f"--phases takes a comma-separated list of {', '.join(known)}, got {text!r}")
+    return phases
 
 
 def _run_remote(args, out: Path | None) -> int:
