@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from attnscope.core.errors import AttnScopeError, Cancelled
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 
 class CancelledMessage(str):
@@ -173,10 +173,33 @@ def collect_garbage_on_gui_thread():
     """
     global _GC_GUARD
     if _GC_GUARD is None and threading.current_thread() is threading.main_thread():
+        from attnscope.core import memory
         from pyqtgraph.util.garbage_collector import GarbageCollector
 
         _GC_GUARD = GarbageCollector(interval=0.5)
+        memory.set_gui_collector(_GuiCollector().collect)  # core's explicit collections come here too
     return _GC_GUARD
+
+
+class _GuiCollector(QObject):
+    """Runs ``gc.collect()`` on the GUI thread for another thread (:mod:`attnscope.core.memory`)."""
+
+    requested = Signal(object)
+
+    def __init__(self):
+        super().__init__()
+        self.requested.connect(self._run, Qt.QueuedConnection)
+
+    def _run(self, done: threading.Event) -> None:
+        import gc
+
+        gc.collect()
+        done.set()
+
+    def collect(self, timeout: float) -> bool:
+        done = threading.Event()
+        self.requested.emit(done)
+        return done.wait(timeout)
 
 
 class Engine(QObject):

@@ -33,11 +33,11 @@ and value norms, and drops A's model weights (``Backend.release_weights``) befor
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from attnscope.core import memory
 from attnscope.core.analysis.aggregate import _check_cancel
 from attnscope.core.analysis.gqa import js_distance
 from attnscope.core.analysis.value_weighted import (
@@ -359,7 +359,7 @@ def release_model(session) -> None:
     release = getattr(session.backend, "release_weights", None)
     if release is not None:
         release()
-    gc.collect()
+    memory.collect()  # on the GUI thread in the app (attnscope.core.memory)
 
 
 def run_pair(

@@ -28,11 +28,11 @@ serving.
 
 from __future__ import annotations
 
-import gc
 import weakref
 from collections.abc import Callable
 
 import numpy as np
+from attnscope.core import memory
 from attnscope.core.errors import Cancelled, SessionError
 from attnscope.core.remote.dispatch import remotable
 
@@ -56,10 +56,15 @@ def held(session):
 def drop(session=None) -> None:
     """Drop the run B held for ``session`` (None: every one held in this process) and collect it."""
     if session is None:
+        had = len(_HELD) > 0
         _HELD.clear()
     else:
-        _HELD.pop(session, None)
-    gc.collect()
+        try:
+            had = _HELD.pop(session, None) is not None
+        except TypeError:  # None, or anything that cannot be a key: nothing held
+            had = False
+    if had:
+        memory.collect()  # on the GUI thread in the app (attnscope.core.memory)
 
 
 @remotable
@@ -180,7 +185,7 @@ def run_b(
         refusal = f"run B ran out of memory next to run A ({type(e).__name__}); A is kept"
     if refusal is not None or sb is None:  # outside the except: no traceback keeps B's frames alive
         sb = None
-        gc.collect()
+        memory.collect()  # on the GUI thread in the app (attnscope.core.memory)
         raise SessionError(refusal or "run B did not load")
     _HELD[sa] = sb
     total = sa.info.n_layers * sa.info.n_heads
