@@ -147,6 +147,9 @@ class EngineServer:
         self.sock.setsockopt(zmq.MAXMSGSIZE, max_request_bytes)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)  # libzmq's own thread answers: works while busy
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        # a send to a client whose connection is gone raises EHOSTUNREACH instead of vanishing:
+        # the request it was running for is cancelled at its next chunk (see _send)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if ":" in host:
             self.sock.setsockopt(zmq.IPV6, 1)
         addr = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
@@ -184,7 +187,27 @@ class EngineServer:
 
     # -- one request ------------------------------------------------------------------------------
     def _send(self, ident: bytes, obj: dict, compress: bool = False) -> None:
-        self.sock.send_multipart([ident, *wire.pack(obj, compress)], copy=False)
+        self._send_frames(ident, wire.pack(obj, compress))
+
+    def _send_frames(self, ident: bytes, frames: list) -> None:
+        """Send to one client; a client that went away (killed, its network dropped) costs one log
+        line, and the request running for it is cancelled at its next progress or cancel check."""
+        import errno
+
+        import zmq
+
+        try:
+            # never block the engine on one client: a full queue (1,000 messages unread) drops it
+            self.sock.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno == errno.EAGAIN:
+                self.log("a client is not reading its replies: one dropped")
+                return
+            if e.errno != errno.EHOSTUNREACH:
+                raise
+            if self._busy is not None and self._busy[0] == ident and not self._cancel:
+                self._cancel = True
+                self.log(f"the client of {self._busy[2]} went away: its request stops here")
 
     def _error(self, ident: bytes, rid, kind: str, message: str) -> None:
         self._send(ident, {"id": rid, "kind": "error", "type": kind, "error": message})
@@ -247,7 +270,7 @@ class EngineServer:
                     "TooLarge",
                     f"the reply would be {size / 1e6:.0f} MB, over the engine's limit of {self.max_reply_bytes / 1e6:.0f} MB: ask for a smaller tile",
                 )
-            self.sock.send_multipart([ident, *frames_out], copy=False)
+            self._send_frames(ident, frames_out)
         except _Refusal as e:
             self._error(ident, rid, e.kind, str(e))
         except Cancelled as e:
