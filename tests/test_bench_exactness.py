@@ -39,6 +39,11 @@ def test_table_row_says_met_or_missed():
     assert "ours ≤ eager for every head: missed (ours ≤ eager in 99.8% of 512 heads, median" in missed
     f32 = dict(ex, rule="ours ≤ 1e-05", median_ratio=None, eager_max_err=0.0, share_ours_le_eager=0.0)
     assert "| 4.2e-04 / 0.0e+00 | ours ≤ 1e-05: met (max over 512 heads) |" in format_size_table(_result(f32))
+    means = dict(ex, ours_mean_abs_err=3.0e-4, eager_mean_abs_err=3.1e-4, share_mean_abs_ours_le_eager=0.949)
+    assert (
+        "| exactness: mean abs weight error per head, mean over heads (capture / eager) | 3.0e-04 / 3.1e-04 "
+        "| ours ≤ eager in 94.9% of heads; by max error in 90.6% of layer 0's"
+    ) in format_size_table(_result(dict(means, layer0_share=0.90625)))
     failed = format_size_table(_result({"phase": "exactness", "error": "exit 1: boom"}))
     assert "| exactness failed | exit 1: boom |" in failed
 
@@ -70,5 +75,6 @@ def test_exactness_phase_alone_in_its_own_process(tmp_path):
     assert ex["n_tokens"] == 32 and ex["n_heads_total"] == 2 * 4 and ex["dtype"] == "bfloat16"
     assert ex["met"] and ex["share_ours_le_eager"] == 1.0
     assert 0 < ex["ours_max_err"] < ex["eager_max_err"] < 0.05
+    assert 0 < ex["ours_mean_abs_err"] < ex["eager_mean_abs_err"] and ex["layer0_share"] == 1.0
     assert ex["peak_rss_bytes"] > 10**8 and ex["seconds"] > 0
     assert "exactness (32 tokens)" in format_size_table(r)

@@ -37,6 +37,9 @@ def _check_closer_than_eager(r: Exactness):
     assert np.all(r.ours_err <= r.eager_err), (r.ours_err, r.eager_err)  # every head
     assert r.share_ours_le_eager == 1.0 and r.met
     assert r.median_ratio < 0.5  # measured 0.15-0.28: ours carries no rounding of the weights themselves
+    assert r.layer0_share == 1.0
+    assert np.all(r.ours_mean_err <= r.eager_mean_err) and np.all(r.ours_mean_err <= r.ours_err)
+    assert r.summary()["share_mean_abs_ours_le_eager"] == 1.0
     assert r.ours_err.max() > 0  # the forward did run at the reduced precision
 
 
@@ -120,8 +123,15 @@ def test_summary_is_json_ready_and_counts_heads():
         n_tokens=128,
         ours_err=np.array([[1e-4, 3e-4], [2e-4, 5e-3]]),
         eager_err=np.array([[1e-3, 1e-3], [1e-3, 1e-3]]),
+        ours_mean_err=np.array([[1e-5, 1e-5], [1e-5, 3e-5]]),
+        eager_mean_err=np.array([[2e-5, 2e-5], [2e-5, 2e-5]]),
     )
     s = json.loads(json.dumps(r.summary()))
     assert s["share_ours_le_eager"] == 0.75 and not s["met"]  # one head is further than eager
     assert s["ours_max_err"] == 5e-3 and s["eager_max_err"] == 1e-3
     assert s["median_ratio"] == pytest.approx(0.25)
+    assert s["layer0_share"] == 1.0  # both layer-0 heads are closer than eager
+    assert s["share_mean_abs_ours_le_eager"] == 0.75
+    assert s["ours_mean_abs_err"] == pytest.approx(1.5e-5) and s["eager_mean_abs_err"] == pytest.approx(2e-5)
+    bare = Exactness("float16", "none", 4, np.zeros((1, 1)), np.ones((1, 1)))  # no mean errors measured
+    assert "ours_mean_abs_err" not in bare.summary() and bare.summary()["met"]

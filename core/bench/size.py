@@ -418,6 +418,16 @@ def format_size_table(r: dict) -> str:
                 f"{ex['rule']}: {'met' if ex['met'] else 'missed'} ({where})",
             )
         )
+        if "ours_mean_abs_err" in ex:
+            share = ex["share_mean_abs_ours_le_eager"]
+            rows.append(
+                (
+                    "exactness: mean abs weight error per head, mean over heads (capture / eager)",
+                    f"{ex['ours_mean_abs_err']:.1e} / {ex['eager_mean_abs_err']:.1e}",
+                    f"ours ≤ eager in {share:.1%} of heads; by max error in {ex['layer0_share']:.1%} of "
+                    "layer 0's (the one layer where both see the same q, k)",
+                )
+            )
     for p in ("convert", "scope", "sdpa", "exactness"):
         if "error" in r.get(p, {}):
             rows.append((f"{p} failed", r[p]["error"], ""))
