@@ -30,7 +30,12 @@ def test_table_row_says_met_or_missed():
         "rule": "ours ≤ eager for every head",
         "met": True,
     }
-    t = format_size_table(_result(ex))
+    t = format_size_table(_result(dict(ex, seconds=33.2, peak_rss_bytes=6_790_000_000)))
+    assert (
+        "| exactness phase (capture, eager, float32 eager; one after another) | 33.20 s | peak RSS 6.79 GB |"
+        in t
+    )
+    assert "prefill" not in t and "load cold" not in t  # the phases that did not run leave no empty rows
     assert (
         "| exactness (128 tokens): max weight error vs float32 eager (capture / eager) | 4.2e-04 / 3.9e-03 "
         "| ours ≤ eager for every head: met (ours ≤ eager in all 512 heads, median ratio 0.21) |"

@@ -377,6 +377,7 @@ def format_size_table(r: dict) -> str:
             )
         )
     rows.append(("weights on disk (load dtype)", _gb(conv.get("weights_bytes")), ""))
+    timed = len(rows)  # the rows of the scope and sdpa phases start here
     rows.append(
         (
             "load cold / warm",
@@ -403,6 +404,8 @@ def format_size_table(r: dict) -> str:
             "",
         )
     )
+    if "scope" not in r and "sdpa" not in r:  # --phases exactness: no empty rows
+        del rows[timed:]
     ex = r.get("exactness", {})
     if "ours_max_err" in ex:
         n, share = ex["n_heads_total"], ex["share_ours_le_eager"]
@@ -428,6 +431,13 @@ def format_size_table(r: dict) -> str:
                     "layer 0's (the one layer where both see the same q, k)",
                 )
             )
+        rows.append(
+            (
+                "exactness phase (capture, eager, float32 eager; one after another)",
+                _s(ex.get("seconds")),
+                f"peak RSS {_gb(ex.get('peak_rss_bytes'))}",
+            )
+        )
     for p in ("convert", "scope", "sdpa", "exactness"):
         if "error" in r.get(p, {}):
             rows.append((f"{p} failed", r[p]["error"], ""))
