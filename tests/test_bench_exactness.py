@@ -37,16 +37,18 @@ def test_table_row_says_met_or_missed():
     )
     assert "prefill" not in t and "load cold" not in t  # the phases that did not run leave no empty rows
     assert (
-        "| exactness (128 tokens): max weight error vs float32 eager (capture / eager) | 4.2e-04 / 3.9e-03 "
+        "| exactness (128 tokens): max weight error vs float32 eager (capture / eager) | 4.20e-04 / 3.90e-03 "
         "| ours ≤ eager for every head: met (ours ≤ eager in all 512 heads, median ratio 0.21) |"
     ) in t
     missed = format_size_table(_result(dict(ex, share_ours_le_eager=0.998, met=False)))
     assert "ours ≤ eager for every head: missed (ours ≤ eager in 99.8% of 512 heads, median" in missed
     f32 = dict(ex, rule="ours ≤ 1e-05", median_ratio=None, eager_max_err=0.0, share_ours_le_eager=0.0)
-    assert "| 4.2e-04 / 0.0e+00 | ours ≤ 1e-05: met (max over 512 heads) |" in format_size_table(_result(f32))
+    assert "| 4.20e-04 / 0.00e+00 | ours ≤ 1e-05: met (max over 512 heads) |" in format_size_table(
+        _result(f32)
+    )
     means = dict(ex, ours_mean_abs_err=3.0e-4, eager_mean_abs_err=3.1e-4, share_mean_abs_ours_le_eager=0.949)
     assert (
-        "| exactness: mean abs weight error per head, mean over heads (capture / eager) | 3.0e-04 / 3.1e-04 "
+        "| exactness: mean abs weight error per head, mean over heads (capture / eager) | 3.00e-04 / 3.10e-04 "
         "| ours ≤ eager in 94.9% of heads; by max error in 90.6% of layer 0's"
     ) in format_size_table(_result(dict(means, layer0_share=0.90625)))
     failed = format_size_table(_result({"phase": "exactness", "error": "exit 1: boom"}))

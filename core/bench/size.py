@@ -417,7 +417,7 @@ def format_size_table(r: dict) -> str:
         rows.append(
             (
                 f"exactness ({ex['n_tokens']} tokens): max weight error vs float32 eager (capture / eager)",
-                f"{ex['ours_max_err']:.1e} / {ex['eager_max_err']:.1e}",
+                f"{ex['ours_max_err']:.2e} / {ex['eager_max_err']:.2e}",
                 f"{ex['rule']}: {'met' if ex['met'] else 'missed'} ({where})",
             )
         )
@@ -426,7 +426,7 @@ def format_size_table(r: dict) -> str:
             rows.append(
                 (
                     "exactness: mean abs weight error per head, mean over heads (capture / eager)",
-                    f"{ex['ours_mean_abs_err']:.1e} / {ex['eager_mean_abs_err']:.1e}",
+                    f"{ex['ours_mean_abs_err']:.2e} / {ex['eager_mean_abs_err']:.2e}",
                     f"ours ≤ eager in {share:.1%} of heads; by max error in {ex['layer0_share']:.1%} of "
                     "layer 0's (the one layer where both see the same q, k)",
                 )
