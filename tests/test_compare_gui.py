@@ -78,6 +78,9 @@ def test_compare_tab_perturbed_model(win, folders, tmp_path):
     assert res.alignment.kind == "token" and res.alignment.n == win.snapshot.seq_len  # A's decode fed to B
     assert int(view.table.item(0, 1).data(0x0100)) == 1 and int(view.table.item(0, 2).data(0x0100)) == 2
     assert "most changed: L1 H2" in view.summary.text()
+    # sorted high to low by JS mean, tied heads (here every unchanged one, at 0) keep their rank order
+    n_rows = view.table.rowCount()
+    assert [int(view.table.item(r, 0).text()) for r in range(n_rows)] == list(range(1, n_rows + 1))
     # the maps of the selected head: A, B and A - B on a symmetric range
     assert view.map_key == (1, 2)
     wa, wb = view.maps

@@ -182,17 +182,21 @@ def diverging_lut() -> np.ndarray:
 
 
 class _NumItem(QTableWidgetItem):
-    """A table cell that sorts by its number, not its text."""
+    """A table cell that sorts by its number, not its text; equal numbers by ``tie`` (minus the
+    rank: sorted high to low, tied heads keep their rank order)."""
 
-    def __init__(self, value: float, text: str):
+    def __init__(self, value: float, text: str, tie: float = 0.0):
         super().__init__(text)
         self.setData(Qt.UserRole, float(value))
+        self.setData(Qt.UserRole + 1, float(tie))
         self.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
         self.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
 
     def __lt__(self, other):
         a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
-        return a < b if a is not None and b is not None else super().__lt__(other)
+        if a is None or b is None:
+            return super().__lt__(other)
+        return (a, self.data(Qt.UserRole + 1)) < (b, other.data(Qt.UserRole + 1))
 
 
 class CompareView(QWidget, SavedControls):
@@ -506,13 +510,14 @@ class CompareView(QWidget, SavedControls):
         self.table.setSortingEnabled(False)
         self.table.setRowCount(len(ranked))
         for i, d in enumerate(ranked):
+            tie = -(i + 1)
             cells = (
                 _NumItem(i + 1, str(i + 1)),
-                _NumItem(d.layer, str(d.layer)),
-                _NumItem(d.head, str(d.head)),
-                _NumItem(d.js_mean, f"{d.js_mean:.3g}"),
-                _NumItem(d.js_max, f"{d.js_max:.3g}"),
-                _NumItem(d.js_argmax, str(d.js_argmax)),
+                _NumItem(d.layer, str(d.layer), tie),
+                _NumItem(d.head, str(d.head), tie),
+                _NumItem(d.js_mean, f"{d.js_mean:.3g}", tie),
+                _NumItem(d.js_max, f"{d.js_max:.3g}", tie),
+                _NumItem(d.js_argmax, str(d.js_argmax), tie),
             )
             for c, it in enumerate(cells):
                 self.table.setItem(i, c, it)
