@@ -267,3 +267,43 @@ def test_threads_is_an_explicit_setting(long_trace):
     np.testing.assert_array_equal(a, blocked.pooled_heads(long_trace, 0, range(6), 300, 20))
     assert torch.get_num_threads() == before
     assert not hasattr(blocked, "_ThreadsForLoad")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("torch", "bfloat16"), ("torch", "float16"), ("mlx", "float32"), ("mlx", "bfloat16")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def direct_sess(request, tmp_path_factory):
+    """Sessions whose blocks go through the trace's own ``weights_block`` (LayerBlocks' direct path):
+    torch at bf16 (the fast bf16 matmul) and fp16, and MLX."""
+    from attnscope.core.session import Session
+
+    backend, dtype = request.param
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    folder = tmp_path_factory.mktemp(f"blk_direct_{backend}_{dtype}")
+    save_tiny("llama", folder, seed=5)
+    s = Session.load(str(folder), backend=backend, dtype=dtype)
+    s.prefill(PROMPT, chat_template=False)
+    s.step(2)
+    return s
+
+
+def test_thumbnails_and_overviews_on_the_direct_path(direct_sess):
+    """The Head grid's thumbnails and the long-map overview work for every trace kind (they raised
+    AttributeError 'LayerBlocks' object has no attribute 'rec' for bf16 and MLX traces), and equal
+    pooling the exact maps: at float32 to float32 roundoff, in half precision to the fast bf16/fp16
+    matmul's error."""
+    s = direct_sess
+    n = s.seq_len
+    tol = 1e-5 if s.info.dtype == "float32" else 2e-2
+    th = blocked.thumbnails(s.trace, n, size=6)
+    assert th.shape == (s.info.n_layers, s.info.n_heads, 6, 6)
+    for layer in range(s.info.n_layers):
+        for h in range(s.info.n_heads):
+            np.testing.assert_allclose(th[layer, h], max_pool(s.weights(layer, h), 6, 6), rtol=tol, atol=tol)
+    heads = list(range(s.info.n_heads))
+    pooled = blocked.pooled_heads(s.trace, 1, heads, n, 5, pooling="mean")
+    want = np.stack([mean_pool(s.weights(1, h), 5, 5) for h in heads])
+    np.testing.assert_allclose(pooled, want, rtol=tol, atol=tol)

@@ -81,7 +81,10 @@ class LayerBlocks:
         self.kaug = torch.cat([kt, ones], dim=1)  # (G, D + 1, n) contiguous: [kᵀ; 1]
 
     def band(self, r0: int, r1: int) -> None:
-        """Prepare the query side of rows ``r0:r1`` once: blocks of rows inside it slice it."""
+        """Prepare the query side of rows ``r0:r1`` once: blocks of rows inside it slice it. Nothing
+        to prepare on the direct path (the trace's ``weights_block`` computes each block)."""
+        if self.direct:
+            return
         self._q_band = (r0, r1, self._build_qaug(r0, r1))
 
     def _qaug(self, r0: int, r1: int) -> torch.Tensor:

@@ -1,0 +1,38 @@
+"""The Head grid on every trace kind (a new user's report: the tab said "internal error:
+AttributeError: 'LayerBlocks' object has no attribute 'rec'" for every bfloat16 model and on MLX)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from tiny_models import save_tiny  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "backend, dtype", [("torch", "bfloat16"), ("torch", "float32"), ("mlx", "float32")], ids=str
+)
+def test_head_grid_tab_draws_for_each_backend_and_dtype(qtbot, tmp_path, backend, dtype):
+    from attnscope.app.main_window import MainWindow
+
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    folder = tmp_path / "llama"
+    save_tiny("llama", folder, seed=5)
+    win = MainWindow(autoload=False)
+    qtbot.addWidget(win)
+    win.state.update(backend=backend, dtype=dtype)
+    win.load_model(str(folder))
+    assert win.engine.wait_idle(120) and win.last_error is None
+    assert win.engine.session.info.dtype == dtype and win.engine.session.backend.name == backend
+    win.prompt_edit.setPlainText("the cat sat on the mat and the dog sat on the log")
+    win.chat_check.setChecked(False)
+    win.run_prompt()
+    assert win.engine.wait_idle(60) and win.last_error is None
+    win.show_view("grid")
+    assert win.engine.wait_idle(60)
+    assert win.last_error is None, win.last_error
+    canvas = win.grid.canvas
+    assert canvas.thumbs is not None and canvas.thumbs.shape[:2] == (2, 4)  # 2 layers × 4 query heads
+    assert float(canvas.thumbs.max()) > 0.1  # drawn from real weights (the first key's column)
