@@ -36,3 +36,33 @@ def test_head_grid_tab_draws_for_each_backend_and_dtype(qtbot, tmp_path, backend
     canvas = win.grid.canvas
     assert canvas.thumbs is not None and canvas.thumbs.shape[:2] == (2, 4)  # 2 layers × 4 query heads
     assert float(canvas.thumbs.max()) > 0.1  # drawn from real weights (the first key's column)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, dtype", [("torch", "bfloat16"), ("mlx", "bfloat16")], ids=str)
+def test_every_tab_opens_without_an_error_for_each_backend_and_dtype(qtbot, tmp_path, backend, dtype):
+    """The same kind of fault in any view: open every tab after a run and a decode step."""
+    from attnscope.app.main_window import MainWindow
+
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    folder = tmp_path / "qwen3"
+    save_tiny("qwen3", folder, seed=3)
+    win = MainWindow(autoload=False)
+    qtbot.addWidget(win)
+    win.state.update(backend=backend, dtype=dtype)
+    win.load_model(str(folder))
+    assert win.engine.wait_idle(120) and win.last_error is None
+    win.prompt_edit.setPlainText("attention is all you need, they said, and said it again")
+    win.chat_check.setChecked(False)
+    win.run_prompt()
+    assert win.engine.wait_idle(60)
+    win.step(1)
+    assert win.engine.wait_idle(60) and win.last_error is None
+    seen = []
+    for key in win.views:
+        win.show_view(key)
+        assert win.engine.wait_idle(60)
+        seen.append(key)
+        assert win.last_error is None, (key, win.last_error)
+    assert {"grid", "mask", "sinks", "kv"} <= set(seen)
