@@ -166,7 +166,7 @@ def load_eager(folder, dtype: str, quantize: str, device: str = "cpu"):
         if got is not None:
             return got[0]
     m = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation="eager")
-    m.to(device).eval()
+    torch.nn.Module.to(m, torch.device(device)).eval()  # (transformers' wrapped .to confuses mypy)
     if quantize != "none":
         from attnscope.core.loading.quantize import quantize_model
 
