@@ -7,7 +7,10 @@ waits on the network. The status bar's model line ends with where the model runs
 gpu-box"). A lost connection is the error's status line (``EngineLost``: "lost the connection to
 the engine at HOST:PORT …: reconnect to go on"); File → Reconnect to engine (enabled while the
 session is remote) replays the prompt and the generated token ids to the same state. The address
-and token are remembered with QSettings (``engine/address``, ``engine/token``).
+is remembered with QSettings (``engine/address``); the token never goes in that (world-readable)
+settings file: it is remembered in a 0600 file of its own (:mod:`attnscope.core.remote.token_store`),
+only once a connection with it succeeded. A token an older version left in the settings file moves
+there when the window opens.
 """
 
 from __future__ import annotations
@@ -54,17 +57,45 @@ def reconnect_job(ctx):
     return s.snapshot(), warnings
 
 
+def _settings() -> QSettings:
+    """The window's settings (a function, so a test can point it at a file of its own)."""
+    return QSettings()
+
+
+def migrate_token(settings: QSettings | None = None) -> None:
+    """Move a token an older version kept in the settings file (``engine/token``) to the 0600 token
+    file, for the remembered address, and remove it from the settings file."""
+    from attnscope.core.remote.token_store import save_token, saved_token
+
+    settings = settings or _settings()
+    if not settings.contains("engine/token"):
+        return
+    token = str(settings.value("engine/token", "") or "").strip()
+    address = str(settings.value("engine/address", "127.0.0.1:8765")).strip()
+    if token and saved_token(address) is None:
+        try:
+            save_token(address, token)
+        except OSError:
+            pass  # the config folder cannot be written: still drop the plaintext copy
+    settings.remove("engine/token")
+    settings.sync()
+
+
 class ConnectDialog(QDialog):
-    """``host:port`` and token, prefilled from QSettings (token: else ``$ATTNSCOPE_TOKEN``)."""
+    """``host:port`` (from QSettings) and token (the one remembered for that address in the 0600
+    token file, else ``$ATTNSCOPE_TOKEN``)."""
 
     def __init__(self, parent=None):
+        from attnscope.core.remote.token_store import saved_token
+
         super().__init__(parent)
         self.setWindowTitle("Connect to engine")
-        settings = QSettings()
+        settings = _settings()
+        migrate_token(settings)
         self.address = QLineEdit(str(settings.value("engine/address", "127.0.0.1:8765")))
         self.address.setPlaceholderText("host:port (an 'attnscope serve' engine; tunnel with ssh -L)")
         self.token = QLineEdit(
-            str(settings.value("engine/token", "") or os.environ.get("ATTNSCOPE_TOKEN", ""))
+            saved_token(self.address.text()) or os.environ.get("ATTNSCOPE_TOKEN", "")
         )
         self.token.setEchoMode(QLineEdit.Password)
         self.token.setPlaceholderText("the engine's token (empty for --no-token)")
@@ -78,9 +109,10 @@ class ConnectDialog(QDialog):
         form.addRow(buttons)
 
     def remember(self) -> None:
-        settings = QSettings()
+        """Remember the address (the token is remembered only after the connection succeeds)."""
+        settings = _settings()
         settings.setValue("engine/address", self.address.text().strip())
-        settings.setValue("engine/token", self.token.text().strip())
+        settings.sync()
 
 
 class EngineConnector:
@@ -100,6 +132,7 @@ class EngineConnector:
             file_menu.insertActions(acts[3], [self.connect_action, self.reconnect_action])
         self.reconnect_action.setEnabled(False)
         win.state.events.loaded.connect(lambda _snap: self.show_where())
+        migrate_token()
 
     # -- commands ---------------------------------------------------------------------------------
     def connect_dialog(self) -> None:
@@ -107,10 +140,12 @@ class EngineConnector:
         if dlg.exec() != QDialog.Accepted:
             return
         dlg.remember()
-        self.connect(dlg.address.text().strip(), dlg.token.text().strip() or None)
+        self.connect(dlg.address.text().strip(), dlg.token.text().strip() or None, remember=True)
 
-    def connect(self, address: str, token: str | None) -> None:
-        """Connect on the engine thread; on success the window shows the engine's model and run."""
+    def connect(self, address: str, token: str | None, remember: bool = False, then=None) -> None:
+        """Connect on the engine thread; on success the window shows the engine's model and run
+        (:meth:`_connected`), remembers ``token`` for ``address`` in the 0600 token file when
+        ``remember`` (a failed connection remembers nothing), then calls ``then()`` if given."""
         from attnscope.core.remote.client import parse_address
 
         try:
@@ -121,13 +156,42 @@ class EngineConnector:
         win = self.win
         win.state.say(f"Connecting to the engine at {address}…")
         job = connect_job(address, token, win.decode_panel.sampling())
-        win.engine.enqueue(job, self._connected, win.commands.load_failed, label="loading model")
+
+        def done(snap) -> None:
+            self._connected(snap)
+            if remember:
+                self._remember_token(address, token)
+            if then is not None:
+                then()
+
+        win.engine.enqueue(job, done, win.commands.load_failed, label="loading model")
+
+    def _remember_token(self, address: str, token: str | None) -> None:
+        from attnscope.core.remote.token_store import save_token
+
+        try:
+            save_token(address, token)
+        except OSError as e:
+            self.win.state.say(f"connected, but could not remember the token: {e}", 10000)
 
     def _connected(self, snap) -> None:
-        cmd = self.win.commands
+        self.show_engine_run(snap)
+
+    def show_engine_run(self, snap) -> None:
+        """Show the engine's model and, when it holds a run (a CLI export, another window), that run
+        with its own prompt text and chat-template setting in the prompt box, so the box, the text and
+        the views describe the same sequence; with no run, the empty state (the box keeps its text).
+        File → Connect, ``attnscope --engine`` and Reconnect all come here."""
+        win, cmd = self.win, self.win.commands
         cmd.loaded(snap)  # the model line, ranges, empty state (show_where runs on state's loaded)
-        if snap.seq_len:
-            cmd.ran(snap)  # the engine already held a run: show it
+        if not snap.seq_len:
+            return
+        prompt = snap.prompt
+        if prompt is None:  # a run fed token by token: its prompt tokens' text
+            prompt = "".join(t.text for t in snap.tokens[: snap.n_prompt])
+        win.prompt_edit.setPlainText(prompt)
+        win.chat_check.setChecked(bool(snap.chat_template) and win.chat_check.isEnabled())
+        cmd.ran(snap)  # the engine already held a run: show it
 
     def reconnect(self) -> None:
         self.win.state.say("Reconnecting to the engine…")
@@ -137,10 +201,7 @@ class EngineConnector:
 
     def _reconnected(self, result) -> None:
         snap, warnings = result
-        cmd = self.win.commands
-        cmd.loaded(snap)
-        if snap.seq_len:
-            cmd.ran(snap)
+        self.show_engine_run(snap)
         where = self.where() or "the engine"
         self.win.state.say(
             f"Reconnected to {where}: {snap.n_prompt} prompt + {snap.n_generated} generated tokens"

@@ -61,16 +61,28 @@ def run_gui(args) -> int:
         autoload=not getattr(args, "engine", None),  # --engine: the model is the engine's
     )
     win.resize(*size)
+
+    def put_prompt() -> None:  # after the engine's run (with its own prompt) is shown, on --engine
+        if args.prompt is not None:
+            win.prompt_edit.setPlainText(args.prompt)
+            if not args.screenshot:
+                _after_load(win, args)
+
     if getattr(args, "engine", None):
         from attnscope.core.remote.client import read_token
 
-        win.engine_connector.connect(args.engine, read_token(getattr(args, "token_file", None)))
-    if args.prompt is not None:
+        if args.prompt is not None:  # kept if the connection fails
+            win.prompt_edit.setPlainText(args.prompt)
+        # as File → Connect: the engine's run, if any, with its prompt; then --prompt replaces it
+        win.engine_connector.connect(
+            args.engine, read_token(getattr(args, "token_file", None)), then=put_prompt
+        )
+    elif args.prompt is not None:
         win.prompt_edit.setPlainText(args.prompt)
+        if not args.screenshot:
+            QTimer.singleShot(0, lambda: _after_load(win, args))
     if not args.screenshot:
         win.show()
-        if args.prompt is not None:
-            QTimer.singleShot(0, lambda: _after_load(win, args))
         return app.exec()
     return _screenshot(app, win, args)
 
