@@ -38,6 +38,7 @@ from attnscope.core.loading.fit import (
     human_bytes,
 )
 from attnscope.core.loading.fit_devices import DeviceMapFit, device_fit_entry, measured_free
+from attnscope.core.units import count
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
@@ -800,8 +801,9 @@ class ModelPickerDialog(QDialog):
         if not e.supported:
             return head + f"<span style='color:#b00020'>Not supported: {_esc(e.reason)}</span>"
         geo = (
-            f"{e.architecture}, {count_label(e.n_params)} parameters, {e.n_layers} layers, {e.n_heads} query heads "
-            f"sharing {e.n_kv_heads} KV heads (GQA group of {e.group_size}), head_dim {e.head_dim}, "
+            f"{e.architecture}, {count_label(e.n_params)} parameters, {count(e.n_layers, 'layer')}, "
+            f"{count(e.n_heads, 'query head')} sharing {count(e.n_kv_heads, 'KV head')} "
+            f"(GQA group of {e.group_size}), head_dim {e.head_dim}, "
             f"max context {e.max_context:,}"
             + (f", sliding window {e.sliding_window}" if e.sliding_window else "")
             + f"; {e.dtype}, {human_bytes(e.size_bytes)} on disk."

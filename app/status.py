@@ -8,7 +8,7 @@ writes the labels of each new snapshot.
 from __future__ import annotations
 
 from attnscope.app.engine import CancelledMessage
-from attnscope.core.units import format_bytes
+from attnscope.core.units import count, format_bytes
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
 from superqt import QElidingLabel
 
@@ -98,8 +98,9 @@ class StatusLine:
         """The model line and the "ready" message of a newly loaded model."""
         info = snap.info
         text = (
-            f"{info.name} · {info.architecture} · {info.n_layers} layers · {info.n_heads} query heads / "
-            f"{info.n_kv_heads} KV heads · head_dim {info.head_dim} · {snap.backend} {snap.device}"
+            f"{info.name} · {info.architecture} · {count(info.n_layers, 'layer')} · "
+            f"{count(info.n_heads, 'query head')} / {count(info.n_kv_heads, 'KV head')} · "
+            f"head_dim {info.head_dim} · {snap.backend} {snap.device}"
         )
         why = getattr(info, "dtype_reason", "")  # attnscope.core.loading.precision: why this dtype
         quant = "; ".join(

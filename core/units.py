@@ -61,3 +61,9 @@ def format_bytes(n: float | int | None, *, binary: bool = False, digits: int = 3
         i += 1
         r = _round_sig(r / base, digits)
     return f"{r:f} {units[i]}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``"1 layer"``, ``"30 layers"``: ``n`` with ``noun`` singular for exactly one (``plural``
+    defaults to ``noun + "s"``)."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"

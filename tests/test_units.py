@@ -76,3 +76,15 @@ def test_bad_digits():
         format_bytes(10, digits=0)
     with pytest.raises(ValueError):
         format_bytes(float("nan"))
+
+
+def test_count_is_singular_for_exactly_one():
+    from attnscope.core.units import count
+
+    assert (
+        count(1, "layer") == "1 layer"
+        and count(30, "layer") == "30 layers"
+        and count(0, "model") == "0 models"
+    )
+    assert count(1, "query head") == "1 query head" and count(2, "KV head") == "2 KV heads"
+    assert count(1_024, "token") == "1,024 tokens" and count(2, "child", "children") == "2 children"

@@ -77,7 +77,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--views",
         action="store_true",
-        help="long-prompt views instead (issue 15): head grid at 2,000/8,000 tokens, mean of all layers "
+        help="long-prompt views instead: head grid at 2,000/8,000 tokens, mean of all layers "
         "and one head at 8,192; with --long-model a 32,000-token prefill and a streamed 16k PNG",
     )
     p.add_argument(
