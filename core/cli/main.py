@@ -14,6 +14,7 @@ import inspect
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from attnscope.core import __version__
 from attnscope.core.errors import AttnScopeError
@@ -71,8 +72,17 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True) -> N
     p.add_argument("--steps", type=int, default=0, help="greedy decode steps after prefill (default 0)")
 
 
-def open_session(args, progress: Callable[[str, float], None] | None = None):
-    """Load the model named by ``args`` and run ``args.prompt`` + ``args.steps`` steps."""
+def open_session(
+    args,
+    progress: Callable[[str, float], None] | None = None,
+    check: Callable[[Any], None] | None = None,
+):
+    """Load the model named by ``args`` and run ``args.prompt`` + ``args.steps`` steps.
+
+    ``check(info)``: called with the model's ``ModelInfo`` once it is loaded (or, on ``--engine``,
+    the engine's), BEFORE any prefill, so an argument the model rules out (``--layer 99``) fails
+    with its one line before anything runs (on an engine: before the window's run there is replaced).
+    """
     from attnscope.core.errors import SessionError
     from attnscope.core.session import Session
 
@@ -83,7 +93,7 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
     if getattr(args, "engine", None):  # the model runs in an `attnscope serve` engine (core/remote)
         from attnscope.core.remote.client import open_remote
 
-        return open_remote(args, progress)
+        return open_remote(args, progress, check=check)
     s = Session.load(
         args.model,
         backend=args.backend,
@@ -95,6 +105,8 @@ def open_session(args, progress: Callable[[str, float], None] | None = None):
     )
     if getattr(s.info, "load_note", ""):  # e.g. the quantised-weights cache was not written
         print(f"attnscope: note: {s.info.load_note}", file=sys.stderr)
+    if check is not None:
+        check(s.info)
     if getattr(args, "prompt", None) is not None:
         s.prefill(args.prompt, chat_template=args.chat_template)
         if args.steps:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnscope.core import __version__
 from attnscope.core.errors import AttnScopeError, SessionError
@@ -310,8 +310,12 @@ def replay(
     device: str | None = None,
     progress: Callable[[str, float], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    check: Callable[[Any], None] | None = None,
 ) -> tuple[Session, list[str]]:
     """Rebuild the saved sequence. Returns ``(session, warnings)``.
+
+    ``check(info)``: called with the model's ``ModelInfo`` once it is loaded, before the prefill
+    (the CLI refuses an argument the model rules out before anything runs).
 
     ``session``: reuse it when it already runs the same model (:func:`same_model`), else a new one is
     loaded from ``model`` (overrides the file's reference, e.g. the colleague's own copy) or the file's
@@ -353,6 +357,8 @@ def replay(
             quantize=sf.quantize,
             device_map=sf.device_map_strategy,
         )
+    if check is not None:
+        check(session.info)
     sha = getattr(session, "model_sha256", None) or model_sha256(session.info.source)
     if sf.model_sha256 and sha != sf.model_sha256:
         warnings.append(

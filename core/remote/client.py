@@ -769,11 +769,34 @@ class RemoteSession:
             raise SessionError("nothing has run yet: run a prompt first")
 
 
-def open_remote(args, progress: Callable[[str, float], None] | None = None) -> RemoteSession:
+def open_remote(
+    args,
+    progress: Callable[[str, float], None] | None = None,
+    check: Callable[[Any], None] | None = None,
+) -> RemoteSession:
     """The CLI's :func:`attnscope.core.cli.main.open_session` on ``--engine HOST:PORT``: connect
     (token from ``--token-file`` or ``$ATTNSCOPE_TOKEN``), load ``--model`` (a path on the engine's
-    machine) when given or when the engine has no model, then run ``--prompt`` and ``--steps``."""
+    machine) when given or when the engine has no model, call ``check(info)`` (an argument the model
+    rules out raises before the engine's run is replaced), then run ``--prompt`` and ``--steps``."""
     s = RemoteSession.connect(args.engine, token=read_token(getattr(args, "token_file", None)))
+    try:
+        _load_for(s, args, progress)
+        if check is not None:
+            check(s.info)
+    except BaseException:
+        s.close()
+        raise
+    if getattr(args, "prompt", None) is not None:
+        s.prefill(args.prompt, chat_template=args.chat_template)
+        if getattr(args, "steps", 0):
+            s.step(args.steps)
+        for note in s.notices:
+            print(f"attnscope: note: {note}", file=sys.stderr)
+    return s
+
+
+def _load_for(s: RemoteSession, args, progress) -> None:
+    """Load ``--model`` on the engine when given, when it has none, or on another backend."""
     if (
         getattr(args, "model", None) is not None
         or s.info is None
@@ -788,13 +811,6 @@ def open_remote(args, progress: Callable[[str, float], None] | None = None) -> R
             device_map=getattr(args, "device_map", None),
             progress=progress,
         )
-    if getattr(args, "prompt", None) is not None:
-        s.prefill(args.prompt, chat_template=args.chat_template)
-        if getattr(args, "steps", 0):
-            s.step(args.steps)
-        for note in s.notices:
-            print(f"attnscope: note: {note}", file=sys.stderr)
-    return s
 
 
 def engine_where(session) -> str | None:

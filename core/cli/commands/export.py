@@ -253,12 +253,44 @@ def _progress_line(label: str):
     return show
 
 
+def _model_check(args, view: dict):
+    """``check(info)`` for :func:`_open`: the arguments the model's shape rules out, refused with one
+    line once the model's info is known and BEFORE any prefill (on an engine, the run there stays).
+
+    Raises (from the returned function):
+        ValueError: no layer/head for a one-head export. IndexError: ``--layer``/``--head`` out of
+        the model's range. SessionError: ``--steps`` at least the model's context.
+    """
+    from attnscope.core.errors import SessionError
+
+    def check(info) -> None:
+        if args.all_heads:
+            layer, head = args.layer, None
+        elif args.out or args.frames:
+            layer = args.layer if args.layer is not None else view.get("layer")
+            head = args.head if args.head is not None else view.get("head")
+            if layer is None or head is None:
+                raise ValueError("give --layer and --head (or --all-heads)")
+        else:
+            layer, head = None, None
+        if layer is not None and not 0 <= layer < info.n_layers:
+            raise IndexError(f"layer {layer} out of range 0..{info.n_layers - 1}")
+        if head is not None and not 0 <= head < info.n_heads:
+            raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
+        context = getattr(info, "max_context", None)
+        if context and args.steps >= context:
+            raise SessionError(f"--steps {args.steps} does not fit the model's context of {context} tokens")
+
+    return check
+
+
 def _open(args):
-    """The Session (prompt run, or saved session replayed) and the view dict to default from."""
+    """The Session (prompt run, or saved session replayed) and the view dict to default from;
+    the arguments the model rules out (:func:`_model_check`) are refused before any prefill."""
     from attnscope.core.cli.main import open_session
 
     if not args.session:
-        return open_session(args), {}
+        return open_session(args, check=_model_check(args, {})), {}
     from attnscope.core.io import sessionfile
 
     sf = sessionfile.load(args.session)
@@ -268,7 +300,9 @@ def _open(args):
         from attnscope.core.remote.client import RemoteSession, read_token
 
         remote = RemoteSession.connect(args.engine, token=read_token(args.token_file))
-    s, warnings = sessionfile.replay(sf, session=remote, model=args.model, device=args.device)
+    s, warnings = sessionfile.replay(
+        sf, session=remote, model=args.model, device=args.device, check=_model_check(args, dict(sf.view))
+    )
     for w in warnings:
         print(f"attnscope: warning: {w}", file=sys.stderr)
     if args.steps:
