@@ -188,7 +188,7 @@ class _GuiCollector(QObject):
 
     def __init__(self):
         super().__init__()
-        self.requested.connect(self._run, Qt.QueuedConnection)
+        self.requested.connect(self._run, Qt.ConnectionType.QueuedConnection)
 
     def _run(self, done: threading.Event) -> None:
         import gc
