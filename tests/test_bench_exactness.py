@@ -85,3 +85,18 @@ def test_exactness_phase_alone_in_its_own_process(tmp_path):
     assert 0 < ex["ours_mean_abs_err"] < ex["eager_mean_abs_err"] and ex["layer0_share"] == 1.0
     assert ex["peak_rss_bytes"] > 10**8 and ex["seconds"] > 0
     assert "exactness (32 tokens)" in format_size_table(r)
+
+
+def test_exactness_is_skipped_in_one_line_where_its_float32_reference_cannot_fit(tmp_path, monkeypatch):
+    """An 8B at bf16 (16 GB of weights) needs a 32 GB float32 reference: on a 23 GB machine the phase
+    says so instead of being killed for memory (the machine's other work with it)."""
+    from attnscope.core.bench import size
+
+    monkeypatch.setattr(size, "_mem_available", lambda: 23 * 10**9)
+    assert size._exactness_room({"weights_bytes": 16_060_522_496}, "bfloat16") == (
+        "its float32 reference needs 33.2 GB, 23.0 GB available"
+    )
+    assert size._exactness_room({"weights_bytes": 2_471_000_000}, "bfloat16") == ""  # the 1B: 6 GB
+    r = _result({"skipped": "its float32 reference needs 33.2 GB, 23.0 GB available"})
+    table = format_size_table(r)
+    assert "| exactness | skipped | its float32 reference needs 33.2 GB, 23.0 GB available |" in table

@@ -332,6 +332,11 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
         return result
     for phase in [p for p in ("scope", "sdpa", "exactness") if p in opts.phases]:
         if phase == "exactness":
+            skip = _exactness_room(conv, dtype)
+            if skip:
+                result[phase] = {"skipped": skip}
+                log(f"exactness: skipped: {skip}")
+                continue
             log(f"exactness: capture, eager, float32 eager; {opts.exactness_tokens} tokens (fresh process)")
         else:
             log(f"{phase}: load, prefill {spec['sizes']}, {opts.decode_steps} decode steps (fresh process)")
@@ -340,6 +345,20 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
             log(f"{phase}: {result[phase]['error']}")
     result["machine"]["loadavg_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return result
+
+
+def _exactness_room(conv: dict, dtype: str) -> str:
+    """Why the exactness phase cannot run here ("" when it can): its float32 reference model holds
+    the weights at 4 bytes each (8B: 32 GB), plus 1 GB of room, in the memory available now."""
+    from attnscope.core.analysis.kv_formula import dtype_bytes
+
+    weights, free = conv.get("weights_bytes"), _mem_available()
+    if not weights or free is None:
+        return ""
+    need = int(weights * 4 / dtype_bytes(dtype)) + (1 << 30)
+    if need <= free:
+        return ""
+    return f"its float32 reference needs {need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"
 
 
 def _mem_available() -> int | None:
@@ -438,6 +457,8 @@ def format_size_table(r: dict) -> str:
                 f"peak RSS {_gb(ex.get('peak_rss_bytes'))}",
             )
         )
+    if "skipped" in ex:
+        rows.append(("exactness", "skipped", ex["skipped"]))
     for p in ("convert", "scope", "sdpa", "exactness"):
         if "error" in r.get(p, {}):
             rows.append((f"{p} failed", r[p]["error"], ""))
