@@ -85,6 +85,11 @@ class ExportController:
         for key, entry in values.pop("settings").items():
             settings[key] = {**settings.get(key, {}), **entry}
         st.update(settings=settings, **values)
+        colour = values.get("colour")
+        if colour is not None and isinstance(view, dict) and view.get("scale") == colour.scale:
+            # the session's scale is the user's choice, also when the window already showed it: the
+            # reopened map's length default (log from 2,048 tokens) must not replace it
+            self.win.heatmap.set_scale(colour.scale, colour.gamma)
 
     def _visible_n(self) -> int | None:
         st = self.win.state

@@ -290,6 +290,10 @@ class HeatmapView(QWidget):
         self.range_combo.currentIndexChanged.connect(self._on_range_mode)
         self.scale_combo.currentIndexChanged.connect(self._on_scale)
         self.gamma_spin.valueChanged.connect(lambda _v: self._redraw())
+        # the scale follows the map's length (apply_length_defaults) until it is chosen: by a click
+        # (the combo's activated, not setCurrentText) or by set_scale (a reopened session, the state)
+        self._scale_user_set = False
+        self.scale_combo.activated.connect(self._on_user_scale)
         self._on_scale()
 
     # -- options -----------------------------------------------------------------------------
@@ -324,10 +328,19 @@ class HeatmapView(QWidget):
     def set_aggregate(self, mode: str) -> None:
         self.aggregate_combo.setCurrentIndex(MODES.index(mode))
 
-    def set_scale(self, scale: str, gamma: float | None = None) -> None:
+    def set_scale(self, scale: str, gamma: float | None = None, chosen: bool = True) -> None:
+        """Show colour scale ``scale`` (and ``gamma``). ``chosen``: it counts as the user's choice (a
+        reopened session, the state), so a later map's length default does not replace it."""
         if gamma is not None:
             self.gamma_spin.setValue(gamma)
         self.scale_combo.setCurrentText(scale)
+        if chosen:
+            self._scale_user_set = True
+
+    @property
+    def scale_chosen(self) -> bool:
+        """True once the scale was chosen (a click, :meth:`set_scale`): maps' lengths no longer pick it."""
+        return self._scale_user_set
 
     def set_range_mode(self, mode: str) -> None:
         self.range_combo.setCurrentIndex(list(RANGE_MODES).index(mode))
@@ -762,10 +775,6 @@ class HeatmapView(QWidget):
         (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
         from attnscope.core.io.export_long import default_scale, scale_note
 
-        if not getattr(self, "_length_hooked", False):
-            self._length_hooked = True
-            self._scale_user_set = False
-            self.scale_combo.activated.connect(self._on_user_scale)  # user clicks only, not setCurrentText
         by_length = not self._scale_user_set
         if by_length and self.scale != default_scale(n):
             self.scale_combo.blockSignals(True)

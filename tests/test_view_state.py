@@ -325,8 +325,8 @@ def test_an_old_format_session_file_still_opens(qtbot, tiny_folder, tmp_path):
         assert win.engine.wait_idle(120) and win.last_error is None, win.last_error
         assert (win.layer_spin.value(), win.head_spin.value()) == (1, 1)
         assert win.cmap_combo.currentText() == "magma" and win.exports.current_view_key() == "sinks"
-        # (the scale: the heatmap re-picks its length default, linear below 2,048 tokens, when the
-        # reopened map arrives, as it always has for a scale not chosen by a click in this window)
+        # the saved scale is the user's choice: the reopened map's length default (linear) keeps off it
+        assert win.heatmap.scale == "power" and "power colours" in win.heatmap.plot.titleLabel.text
         assert win.heatmap.gamma == pytest.approx(0.7) and win.heatmap.range_mode == "auto"
         assert win.timeline.step == 1 and win.query_row == 2
         assert win.views["sinks"].threshold_spin.value() == pytest.approx(0.4)

@@ -423,7 +423,15 @@ class KVView(QWidget, SavedControls):
 
     def on_model_loaded(self) -> None:
         """Measure the new model's (empty) cache: its windows feed the status bar from the first run."""
+        self._calc_restored = False  # a new model: "This model" fills the calculator from it again
         self._measure()
+
+    def restore_view_state(self, state: dict) -> None:
+        """Restore the saved calculator; its values count as the user's: the next model's first
+        measurement does not replace them with the model's own (the "This model" preset's fill)."""
+        super().restore_view_state(state)
+        if isinstance(state, dict) and any(name in state for name in self.STATE_CONTROLS[1:]):
+            self._calc_restored = True
 
     def refresh(self) -> None:
         self._measure()
@@ -548,8 +556,10 @@ class KVView(QWidget, SavedControls):
         pp.setYRange(0, top_bytes / ps, padding=0.05)
         pp.setTitle(f"Projection to max context ({max_ctx:,} tokens)", color="#222", size="10pt")
         fill_scheme_table(self.scheme_table, live.schemes_now, live.schemes_max, max_ctx)
-        if first and self.preset_combo.currentData() is None:
+        if first and self.preset_combo.currentData() is None and not getattr(self, "_calc_restored", False):
             self._on_preset()
+        elif first:
+            self._calc_restored = False  # kept once; a later model's first measurement fills it again
 
     def heatmap_window(self, key: tuple[int, int, str, int] | None) -> int | None:
         """The sliding window of the heatmap's map ``key`` = ``(layer, head, aggregate, n)`` (None: causal
@@ -641,6 +651,8 @@ class KVView(QWidget, SavedControls):
             w.blockSignals(True)
             getattr(w, setter)(v)
             w.blockSignals(False)
+        if hasattr(self, "push_settings"):
+            self.push_settings()  # set with the signals blocked: the state (and a saved session) follows
         self.recalculate()
 
     def _calc_error(self, text: str) -> None:
