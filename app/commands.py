@@ -58,6 +58,7 @@ class Commands:
 
         win, info = self.win, snap.info
         win.status.last_error = None
+        self.loaded_dtype_choice = self.state.dtype  # "auto" stays "auto" (never the dtype it resolved to)
         dm = getattr(info, "device_map", "")  # a reopened session's map becomes the next load's
         self.state.update(
             model=None if is_default_source(info.source) else info.source,
@@ -72,8 +73,11 @@ class Commands:
 
     def load_failed(self, message: str) -> None:
         s = self.state
-        if s.snapshot is not None:  # the previous model (its backend, device and dtype) stays
-            s.update(backend=s.snapshot.backend, device=s.snapshot.device, dtype=s.snapshot.info.dtype)
+        if s.snapshot is not None:  # the previous model (its backend, device and dtype choice) stays
+            # the dtype the user chose for it ("auto" stays "auto"): its resolved dtype in the box
+            # would read as chosen (the picker: "float32: asked for (--dtype float32)")
+            dtype = getattr(self, "loaded_dtype_choice", s.dtype)
+            s.update(backend=s.snapshot.backend, device=s.snapshot.device, dtype=dtype)
         if isinstance(message, CancelledMessage):
             self.win.status.show_error(message)  # "loading cancelled; the previous model is still loaded"
         else:

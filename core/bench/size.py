@@ -145,7 +145,7 @@ def phase_scope(spec: dict) -> dict:
     info = b.info
     out.update(
         dtype=info.dtype,
-        dtype_reason=info.dtype_reason,
+        dtype_reason=spec.get("dtype_reason") or info.dtype_reason,
         n_params=info.n_params,
         quantization=getattr(info, "quantization_runtime", ""),
     )
@@ -299,12 +299,15 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
     device = pick_device(opts.device)
     dtype, reason = decide(opts.model, opts.dtype, device)
     if (
-        opts.quantize == "int4"
+        opts.quantize == "int4" and dtype != "bfloat16"
     ):  # attnscope.core.loading.quantize.load_dtype: int4 kernels take bfloat16 activations
         dtype, reason = "bfloat16", "bfloat16: int4 runs with bfloat16 activations"
     spec = {
         "model": opts.model,
         "dtype": dtype,
+        # the phases load at the dtype settled here, which their loader would call "asked for
+        # (--dtype …)": the reason they report is this one, unless the user did ask for it
+        "dtype_reason": reason,
         "quantize": opts.quantize,
         "device": device,
         "sizes": sorted(int(t) for t in opts.sizes),
