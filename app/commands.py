@@ -103,7 +103,17 @@ class Commands:
         self.engine.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
         win.heatmap.mark_stale("stale: previous prompt (running the new one…)")
         chat = win.chat_check.isChecked() and win.chat_check.isEnabled()
-        self.engine.enqueue(jobs.prefill_job(prompt, chat), self.ran, self.command_failed, label="prefill")
+
+        def done(snap) -> None:  # the run ended: the map shown is the previous prompt's until the new one
+            win.heatmap.mark_stale("stale: previous prompt (computing the new map…)")
+            self.ran(snap)
+
+        def failed(message: str) -> None:  # ... and says so when it ended without a new sequence
+            ended = "was cancelled" if isinstance(message, CancelledMessage) else "failed"
+            win.heatmap.mark_stale(f"stale: previous prompt (the new run {ended})")
+            self.command_failed(message)
+
+        self.engine.enqueue(jobs.prefill_job(prompt, chat), done, failed, label="prefill")
 
     def step(self, n: int = 1) -> None:
         snap = self.state.snapshot

@@ -511,6 +511,7 @@ class HeatmapView(QWidget):
         self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.mask_bg.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.mask_bg.show()
+        self._status_base = title  # what a later stale/partial status is said of: this map
         self._set_title(title)
         self.readout.setText("Hover a cell to read query → key: weight. Click a row to shade the text by it.")
         if reset_view:
@@ -545,7 +546,7 @@ class HeatmapView(QWidget):
         self.image.setRect(0, 0, pooled.n, pooled.n)  # after setImage (see set_weights)
         self.mask_bg.setRect(0, 0, pooled.n, pooled.n)
         self.mask_bg.show()
-        self._overview_title = title
+        self._overview_title = self._status_base = title
         self._set_title(title)
         r, c = pooled.image.shape
         self.readout.setText(
@@ -570,9 +571,10 @@ class HeatmapView(QWidget):
         self.tile_image.setRect(c0, r0, nc, nr)
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
-        self._set_title(
-            self._overview_title.replace("overview: max-pooled", "exact tile in view, max-pooled around it")
+        self._status_base = self._overview_title.replace(
+            "overview: max-pooled", "exact tile in view, max-pooled around it"
         )
+        self._set_title(self._status_base)
         self.readout.setText(
             f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
             "frame), recomputed from the session. Hover a cell for its weight."
@@ -612,6 +614,7 @@ class HeatmapView(QWidget):
         self.mask_legend.setText("")
         for ax in ("left", "bottom"):
             self.plot.getAxis(ax).setTicks([[], []])  # token labels once there is a map (_update_ticks)
+        self._status_base = ""
         self._set_title("")
         self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.placeholder.show()
@@ -817,6 +820,7 @@ class HeatmapView(QWidget):
         self._set_title(text)
 
     def mark_stale(self, why: str = "stale: computing the new map…") -> None:
-        """Say that the map on screen no longer matches the request (a new prompt, a long recompute)."""
+        """Say that the map on screen no longer matches the request (a new prompt, a long recompute):
+        the title of the map shown (its layer, head and seq_len, set with it) plus ``why``."""
         if self.weights is not None or self.pooled is not None:
             self.show_status(getattr(self, "_status_base", "") or self.plot.titleLabel.text, why)
