@@ -107,7 +107,8 @@ def add_view_action(win, key: str, title: str) -> None:
 
 def about_text(snap) -> str:
     """Help → About for snapshot ``snap`` (None: no model yet): the version, the model that runs
-    (name, source) and the backend, device, dtype."""
+    (name, source) and the backend, device, dtype, the quantisation (the file's and the runtime's)
+    and the device map with its placement, as the status bar's model line has them."""
     from attnscope.app.status import APP_NAME
     from attnscope.core import __version__
 
@@ -120,5 +121,18 @@ def about_text(snap) -> str:
         lines.append("Model: none loaded yet")
     else:
         lines.append(f"Model: {snap.info.name} ({snap.info.architecture}) from {snap.info.source}")
-        lines.append(f"Backend: {snap.backend} on {snap.device}, {snap.info.dtype}")
+        from attnscope.core.loading.device_map import describe_info
+
+        info = snap.info
+        lines.append(f"Backend: {snap.backend} on {snap.device}, {info.dtype}")
+        quant = "; ".join(  # attnscope.core.loading.quantize.record
+            q
+            for q in (
+                f"file {info.quantization_file}" if getattr(info, "quantization_file", "") else "",
+                getattr(info, "quantization_runtime", ""),
+            )
+            if q
+        )
+        lines.append(f"Quantisation: {quant or 'none'}")
+        lines.append(f"Device map: {describe_info(info).removeprefix('device map ') or 'none (one device)'}")
     return "\n".join(lines)

@@ -76,12 +76,18 @@ def input_device(model) -> str:
 
 def placement(model) -> dict[str, int]:
     """Parameter bytes per placement (``"cuda:0"``, ``"cpu"``, ``"disk"``) from ``hf_device_map``;
-    ``{device: bytes}`` of the whole model without one. The per-device fit of a loaded model."""
+    ``{device: bytes}`` of the whole model without one. The per-device fit of a loaded model.
+
+    Bytes are what each parameter really holds (:func:`attnscope.core.loading.quantize.tensor_bytes`):
+    a torchao quantised weight counts its integer data and scales, not the float size its
+    ``numel() * element_size()`` reports."""
+    from attnscope.core.loading.quantize import tensor_bytes
+
     dm = getattr(model, "hf_device_map", None)
     sizes: Counter = Counter()
     if not dm:
         for p in model.parameters():
-            sizes[str(p.device)] += p.numel() * p.element_size()
+            sizes[str(p.device)] += tensor_bytes(p)
         return dict(sizes)
     mods = dict(model.named_modules())
     for name, where in dm.items():
@@ -90,7 +96,7 @@ def placement(model) -> dict[str, int]:
             continue
         key = f"cuda:{where}" if isinstance(where, int) else str(where)
         # an offloaded parameter sits on "meta": count its bytes from shape and dtype
-        sizes[key] += sum(p.numel() * p.element_size() for p in mod.parameters())
+        sizes[key] += sum(tensor_bytes(p) for p in mod.parameters())
     return dict(sizes)
 
 
