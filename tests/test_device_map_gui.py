@@ -172,7 +172,7 @@ def test_device_map_load_session_round_trip(qtbot, tiny, tmp_path, monkeypatch, 
         "cpu": 4 * (272 * 64 + 36992),
         "disk": 4 * (36992 + 64 + 272 * 64),
     }
-    assert "device map auto: cpu (0.0 GB), disk (0.0 GB)" in win.model_label.text()
+    assert "device map auto: cpu (218 kB), disk (218 kB)" in win.model_label.text()  # 217,600 and 217,856 B
 
     win.prompt_edit.setPlainText("the cat sat on the mat")
     win.chat_check.setChecked(False)

@@ -29,6 +29,7 @@ def _real_bytes(t) -> int:
 
 def test_placement_counts_the_quantised_bytes(int8_mapped, tmp_path, monkeypatch):
     from attnscope.core.loading.device_map import describe_info, placement
+    from attnscope.core.units import format_bytes
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     s = int8_mapped
@@ -39,8 +40,9 @@ def test_placement_counts_the_quantised_bytes(int8_mapped, tmp_path, monkeypatch
     logical = sum(p.numel() * p.element_size() for p in params)  # what the status bar counted
     assert real < 0.6 * logical
     assert placement(model) == {"cpu": real}
+    assert format_bytes(real) == "219 kB"  # 219,392 B of int8 data, scales and float embeddings/norms
     assert s.info.device_map == "auto" and dict(s.info.device_placement) == {"cpu": real}
-    assert describe_info(s.info) == f"device map auto: cpu ({real / 1e9:.1f} GB)"
+    assert describe_info(s.info) == f"device map auto: cpu ({format_bytes(real)})"
     # a map that offloads layers: each placement counts real bytes too
     model.hf_device_map = {
         "model.embed_tokens": "cpu",
@@ -67,6 +69,7 @@ def test_placement_counts_the_quantised_bytes(int8_mapped, tmp_path, monkeypatch
 
 def test_about_names_dtype_quantisation_and_device_map(int8_mapped):
     from attnscope.app.menus import about_text
+    from attnscope.core.units import format_bytes
 
     s = int8_mapped
     text = about_text(s.snapshot())
@@ -74,7 +77,7 @@ def test_about_names_dtype_quantisation_and_device_map(int8_mapped):
     assert f"Backend: torch on cpu, {s.info.dtype}" in text
     assert f"Quantisation: {s.info.quantization_runtime}" in text
     assert "Quantisation: int8 weight-only (torchao" in text
-    assert f"Device map: auto: cpu ({real / 1e9:.1f} GB)" in text
+    assert f"Device map: auto: cpu ({format_bytes(real)})" in text
 
 
 def test_about_on_one_device_unquantised(smol_ran):

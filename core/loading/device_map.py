@@ -101,8 +101,11 @@ def placement(model) -> dict[str, int]:
 
 
 def describe(model) -> str:
-    """One line for the status bar: ``"layers on cuda:0 (7.1 GB), cuda:1 (7.0 GB), disk (1.0 GB)"``."""
-    parts = [f"{k} ({v / 1e9:.1f} GB)" for k, v in placement(model).items()]
+    """One line for the status bar: ``"layers on cuda:0 (7.10 GB), cuda:1 (7.02 GB), disk (218 MB)"``
+    (:func:`attnscope.core.units.format_bytes`, as the picker's Fit column writes sizes)."""
+    from attnscope.core.units import format_bytes
+
+    parts = [f"{k} ({format_bytes(v)})" for k, v in placement(model).items()]
     return "layers on " + ", ".join(parts) if parts else ""
 
 
@@ -135,9 +138,11 @@ def record(info) -> dict:
 
 def describe_info(info) -> str:
     """:func:`describe` from a ModelInfo (no model needed: a snapshot crossing threads, a remote
-    session): ``"device map auto: cpu (0.4 GB), disk (0.1 GB)"``; ``""`` on one device."""
+    session): ``"device map auto: cpu (412 MB), disk (96.0 MB)"``; ``""`` on one device."""
+    from attnscope.core.units import format_bytes
+
     name = getattr(info, "device_map", "") or ""
     if not name:
         return ""
-    parts = [f"{k} ({v / 1e9:.1f} GB)" for k, v in getattr(info, "device_placement", ())]
+    parts = [f"{k} ({format_bytes(v)})" for k, v in getattr(info, "device_placement", ())]
     return f"device map {name}: " + ", ".join(parts)
