@@ -5,7 +5,8 @@ the window submits runs against it unchanged (the ``@remotable`` analysis functi
 engine). Connecting and reconnecting are engine-thread jobs like a model load, so the window never
 waits on the network. The status bar's model line ends with where the model runs ("… · torch cpu on
 gpu-box"). A lost connection is the error's status line (``EngineLost``: "lost the connection to
-the engine at HOST:PORT …: reconnect to go on"); File → Reconnect to engine (enabled while the
+the engine at HOST:PORT …: reconnect to go on"), then a lasting red "engine at HOST:PORT lost — File
+→ Reconnect" in the status bar until a reconnection succeeds; File → Reconnect to engine (enabled while the
 session is remote) replays the prompt and the generated token ids to the same state. The address
 is remembered with QSettings (``engine/address``); the token never goes in that (world-readable)
 settings file: it is remembered in a 0600 file of its own (:mod:`attnscope.core.remote.token_store`),
@@ -131,6 +132,12 @@ class EngineConnector:
                 file_menu.removeAction(a)
             file_menu.insertActions(acts[3], [self.connect_action, self.reconnect_action])
         self.reconnect_action.setEnabled(False)
+        # lasting: the status bar's messages time out, a lost engine stays lost until Reconnect
+        self.lost_label = QLabel()
+        self.lost_label.setStyleSheet("color:#b02a2a; font-weight:bold;")
+        self.lost_label.hide()
+        win.statusBar().addPermanentWidget(self.lost_label)
+        win.engine.busy.connect(lambda on, _label: on or self.show_link())  # after every job
         win.state.events.loaded.connect(lambda _snap: self.show_where())
         migrate_token()
 
@@ -214,6 +221,24 @@ class EngineConnector:
         from attnscope.core.remote.client import engine_where
 
         return engine_where(self.win.engine.session)
+
+    def lost(self) -> str | None:
+        """``"HOST:PORT"`` of a remote engine whose connection was lost (None: local, or connected)."""
+        s = self.win.engine.session
+        if self.where() is None or getattr(s, "connected", True):
+            return None
+        return str(getattr(s, "engine", "?"))
+
+    def show_link(self) -> None:
+        """Show (or hide) the lasting "engine at HOST:PORT lost — File → Reconnect" of the status bar."""
+        engine = self.lost()
+        self.lost_label.setVisible(engine is not None)
+        if engine is not None:
+            self.lost_label.setText(f"engine at {engine} lost — File → Reconnect")
+            self.lost_label.setToolTip(
+                "The connection to the remote engine was lost; the window keeps its run. "
+                "File → Reconnect to engine replays it once the engine answers again."
+            )
 
     def show_where(self) -> None:
         """End the model line with where the model runs, for a remote session."""

@@ -1,0 +1,85 @@
+"""A lost remote engine stays said in the status bar ("engine at HOST:PORT lost — File → Reconnect")
+after the error's popup and timed message are gone, until a Reconnect succeeds; the heatmap's stale
+title stops saying the new prompt is running when the lost engine failed it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("zmq", reason="the remote engine needs pyzmq (pip install -e '.[remote]')")
+pytest.importorskip("pytestqt")
+
+from test_remote import TOKEN, serving  # noqa: E402
+from tiny_models import save_tiny  # noqa: E402
+
+
+def _lost_text(w) -> str | None:
+    """What the status bar's shown labels and message say of a lost engine (None: nothing)."""
+    from PySide6.QtWidgets import QLabel
+
+    sb = w.statusBar()
+    said = [lab.text() for lab in sb.findChildren(QLabel) if lab.isVisibleTo(w)] + [sb.currentMessage()]
+    lost = [t for t in said if "lost" in t]
+    return lost[0] if len(lost) == 1 else (None if not lost else " | ".join(lost))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["step", "run"])
+def test_a_lost_engine_is_said_until_reconnect(qtbot, tmp_path, first):
+    """The trial's steps: connect, Run, step; the engine is killed; the next command (a step, or Run
+    of a new prompt) fails: the status bar keeps "engine at 127.0.0.1:PORT lost — File → Reconnect"
+    after its timed message is cleared, and through a Reconnect that finds no engine; a Reconnect to
+    a new engine on the port removes it."""
+    from attnscope.app.connect import install
+    from attnscope.app.main_window import MainWindow
+    from attnscope.core.session import Session
+
+    folder = tmp_path / "llama"
+    save_tiny("llama", folder, seed=3)
+    w = MainWindow(autoload=False)
+    qtbot.addWidget(w)
+    w.resize(1200, 800)
+    w.show()
+    conn = getattr(w, "engine_connector", None) or install(w)
+    try:
+        with serving(Session.load(str(folder), device="cpu")) as server:
+            conn.connect(f"127.0.0.1:{server.port}", TOKEN)
+            assert w.engine.wait_idle(60) and w.last_error is None
+            session = w.engine.session
+            w.prompt_edit.setPlainText("attention is all you need")
+            w.chat_check.setChecked(False)
+            w.run_prompt()
+            assert w.engine.wait_idle(60)
+            w.step(2)
+            assert w.engine.wait_idle(60) and w.last_error is None
+            assert _lost_text(w) is None  # connected: nothing said
+            port = server.port
+        lost = f"engine at 127.0.0.1:{port} lost — File → Reconnect"
+        if first == "step":
+            w.step(1)
+        else:
+            w.prompt_edit.setPlainText("a new prompt that the lost engine never runs")
+            w.run_prompt()
+        assert w.engine.wait_idle(60)
+        assert f"engine at 127.0.0.1:{port}" in (w.last_error or "")
+        w.statusBar().clearMessage()  # the error's timed message is gone ...
+        assert _lost_text(w) == lost  # ... the lasting indication stays
+        title = w.heatmap.plot.titleLabel.text
+        assert "running" not in title, title
+        if first == "run":
+            assert "stale: previous prompt (the new run failed)" in title
+        w.grab().save(str(tmp_path / "lost.png"))
+        conn.reconnect()  # nothing answers yet: still lost
+        assert w.engine.wait_idle(60)
+        assert "nothing answers" in (w.last_error or "")
+        w.statusBar().clearMessage()
+        assert _lost_text(w) == lost
+        with serving(Session.load(str(folder), device="cpu"), port=port):
+            conn.reconnect()
+            assert w.engine.wait_idle(60)
+            assert _lost_text(w) is None
+            assert w.state.snapshot.n_generated == 2
+            w.engine.shutdown()
+            session.close()
+    finally:
+        w.engine.shutdown()
