@@ -95,9 +95,7 @@ class ConnectDialog(QDialog):
         migrate_token(settings)
         self.address = QLineEdit(str(settings.value("engine/address", "127.0.0.1:8765")))
         self.address.setPlaceholderText("host:port (an 'attnscope serve' engine; tunnel with ssh -L)")
-        self.token = QLineEdit(
-            saved_token(self.address.text()) or os.environ.get("ATTNSCOPE_TOKEN", "")
-        )
+        self.token = QLineEdit(saved_token(self.address.text()) or os.environ.get("ATTNSCOPE_TOKEN", ""))
         self.token.setEchoMode(QLineEdit.Password)
         self.token.setPlaceholderText("the engine's token (empty for --no-token)")
         form = QFormLayout(self)
