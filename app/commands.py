@@ -246,7 +246,7 @@ class Commands:
         win.chat_check.setChecked(snap.chat_template)
         win.decode_panel.set_sampling(sampling)  # the replayed session kept these settings
         self.ran(snap)
-        win.exports.restore_view(view)
+        win.exports.restore_view(view, as_choice=False)  # the window's own view: no new choice made
         msg = f"Now on {snap.backend}: replayed {snap.n_prompt} prompt + {snap.n_generated} generated tokens."
         s = " · ".join(warnings)
         self.state.say(msg + (" · " + s if warnings else ""), 12000)

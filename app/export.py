@@ -65,10 +65,14 @@ class ExportController:
         (:meth:`attnscope.app.state.ViewState.to_view_dict`)."""
         return self.win.state.to_view_dict()
 
-    def restore_view(self, view: dict) -> None:
+    def restore_view(self, view: dict, as_choice: bool = True) -> None:
         """Apply a session's ``view`` dict (any version) to the state, in one batch; unknown, mistyped
-        or out-of-range entries are skipped (:meth:`attnscope.app.state.ViewState.parse_view_dict`)."""
+        or out-of-range entries are skipped (:meth:`attnscope.app.state.ViewState.parse_view_dict`).
+        ``as_choice``: its values count as the user's (a reopened session: no length default replaces
+        its scale); False for the window's own view put back (a backend switch keeps whether the
+        scale was chosen or follows the length)."""
         st = self.win.state
+        chosen = self.win.heatmap.scale_chosen
         values = st.parse_view_dict(view, st.colour)
         snap = st.snapshot
         info = None if snap is None else snap.info
@@ -86,7 +90,9 @@ class ExportController:
             settings[key] = {**settings.get(key, {}), **entry}
         st.update(settings=settings, **values)
         colour = values.get("colour")
-        if colour is not None and isinstance(view, dict) and view.get("scale") == colour.scale:
+        if not as_choice:
+            self.win.heatmap.scale_chosen = chosen
+        elif colour is not None and isinstance(view, dict) and view.get("scale") == colour.scale:
             # the session's scale is the user's choice, also when the window already showed it: the
             # reopened map's length default (log from 2,048 tokens) must not replace it
             self.win.heatmap.set_scale(colour.scale, colour.gamma)

@@ -342,6 +342,10 @@ class HeatmapView(QWidget):
         """True once the scale was chosen (a click, :meth:`set_scale`): maps' lengths no longer pick it."""
         return self._scale_user_set
 
+    @scale_chosen.setter
+    def scale_chosen(self, chosen: bool) -> None:
+        self._scale_user_set = bool(chosen)
+
     def set_range_mode(self, mode: str) -> None:
         self.range_combo.setCurrentIndex(list(RANGE_MODES).index(mode))
 

@@ -179,3 +179,27 @@ def test_a_long_prompt_keeps_the_scale_the_session_saved(qtbot, tiny_folders, tm
             _assert_heatmap_uses(w, scale, 0.5)
         finally:
             w.close()
+
+
+@pytest.mark.slow
+def test_the_windows_own_view_put_back_keeps_the_scale_following_the_length(qtbot, tiny_folders, monkeypatch):
+    """A backend switch puts the window's own view back (restore_view with as_choice=False): a scale
+    the user never chose still follows the next map's length; a reopened view's scale is a choice."""
+    from attnscope.core.io import export_long
+    from gui_helpers import ran_window
+
+    win = ran_window(qtbot, tiny_folders["a"], PROMPT)
+    try:
+        hm = win.heatmap
+        assert hm.scale == "linear" and not hm.scale_chosen
+        win.exports.restore_view(win.state.to_view_dict(), as_choice=False)
+        assert not hm.scale_chosen
+        monkeypatch.setattr(export_long, "LONG_MAP", 8)  # the next map is "long": log by length
+        win.prompt_edit.setPlainText(PROMPT + " again")
+        win.run_prompt()
+        assert win.engine.wait_idle(60) and win.last_error is None
+        assert hm.scale == "log" and "log colours" in hm.plot.titleLabel.text
+        win.exports.restore_view({"scale": "log"})  # a session's view: the user's choice
+        assert hm.scale_chosen
+    finally:
+        win.close()
