@@ -150,7 +150,12 @@ class ExportController:
 
             try:
                 s, warnings = sessionfile.replay(
-                    sf, session=old, device=self.win.device, progress=progress, cancelled=ctx.cancelled
+                    sf,
+                    session=old,
+                    device=self.win.device,
+                    progress=progress,
+                    cancelled=ctx.cancelled,
+                    dtype_reason=sessionfile.SAVED_DTYPE_REASON,  # the file's dtype, not an asked one
                 )
             except Exception:
                 if reused and old.seq_len:  # replayed part-way into the running session: never half a replay

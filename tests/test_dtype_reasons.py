@@ -86,3 +86,32 @@ def test_a_failed_connect_keeps_the_dtype_choice_auto(qtbot, tmp_path, monkeypat
         finally:
             w.engine.shutdown()
             w.engine.session.close()
+
+
+@pytest.mark.slow
+def test_a_reopened_session_says_its_dtype_is_the_files_not_asked_for(qtbot, tmp_path):
+    from attnscope.app.main_window import MainWindow
+    from attnscope.core.io import sessionfile
+    from attnscope.core.session import Session
+
+    folder = tmp_path / "qwen3"
+    save_tiny("qwen3", folder, seed=5)
+    s = Session.load(str(folder), device="cpu")  # auto: the checkpoint's own float32
+    assert "asked for" not in s.info.dtype_reason
+    s.prefill("x y z", chat_template=False)
+    path = sessionfile.save(sessionfile.SessionFile.from_session(s), tmp_path / "s.attnscope")
+    sf = sessionfile.load(path)
+    assert sf.dtype == "float32"
+    r, _ = sessionfile.replay(sf, dtype_reason=sessionfile.SAVED_DTYPE_REASON)
+    assert r.info.dtype_reason == "float32: the dtype the session was saved at"
+    assert r.snapshot().info.dtype_reason == r.info.dtype_reason
+    plain, _ = sessionfile.replay(sf)  # no reason given: the loader's own (the dtype handed to it)
+    assert plain.info.dtype_reason == "float32: asked for (--dtype float32)"
+    # the window's File → Open session: the model line's tooltip (the dtype reason) says so too
+    w = MainWindow(autoload=False)
+    qtbot.addWidget(w)
+    w.exports.open_session(path)
+    assert w.engine.wait_idle(60) and w.last_error is None
+    assert w.state.snapshot.prompt == "x y z"
+    assert w.status.model_label.toolTip() == "float32: the dtype the session was saved at"
+    w.engine.shutdown()

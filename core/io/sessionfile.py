@@ -303,6 +303,10 @@ def same_model(session, sf: SessionFile) -> bool:
     return (getattr(session, "model_ref", None) or model_reference(session.info.source)) == sf.model
 
 
+#: :func:`replay`'s ``dtype_reason`` for a dtype that comes from the session file (``{dtype}``: it)
+SAVED_DTYPE_REASON = "{dtype}: the dtype the session was saved at"
+
+
 def replay(
     sf: SessionFile,
     session=None,
@@ -311,8 +315,13 @@ def replay(
     progress: Callable[[str, float], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     check: Callable[[Any], None] | None = None,
+    dtype_reason: str | None = None,
 ) -> tuple[Session, list[str]]:
     """Rebuild the saved sequence. Returns ``(session, warnings)``.
+
+    ``dtype_reason``: why the model loads at ``sf.dtype`` when it loads here (in this process), in
+    place of the loader's "asked for (--dtype …)": the file's dtype was not the user's choice
+    (:data:`SAVED_DTYPE_REASON`); None keeps the loader's reason (a dtype the user did choose).
 
     ``check(info)``: called with the model's ``ModelInfo`` once it is loaded, before the prefill
     (the CLI refuses an argument the model rules out before anything runs).
@@ -357,6 +366,10 @@ def replay(
             quantize=sf.quantize,
             device_map=sf.device_map_strategy,
         )
+        if dtype_reason and sf.dtype != "auto" and session.info.dtype == sf.dtype:
+            import dataclasses
+
+            session.info = dataclasses.replace(session.info, dtype_reason=dtype_reason.format(dtype=sf.dtype))
     if check is not None:
         check(session.info)
     sha = getattr(session, "model_sha256", None) or model_sha256(session.info.source)

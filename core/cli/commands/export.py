@@ -301,7 +301,12 @@ def _open(args):
 
         remote = RemoteSession.connect(args.engine, token=read_token(args.token_file))
     s, warnings = sessionfile.replay(
-        sf, session=remote, model=args.model, device=args.device, check=_model_check(args, dict(sf.view))
+        sf,
+        session=remote,
+        model=args.model,
+        device=args.device,
+        check=_model_check(args, dict(sf.view)),
+        dtype_reason=None if args.dtype is not None else sessionfile.SAVED_DTYPE_REASON,  # --dtype: asked
     )
     for w in warnings:
         print(f"attnscope: warning: {w}", file=sys.stderr)
