@@ -118,12 +118,15 @@ def test_a_session_reopened_in_a_new_window_shows_every_saved_value(
         hm.gamma_spin.setValue(gamma)
         _click_scale(hm, scale)
         hm.set_range_mode("auto")
+        hm.set_aggregate("group")  # the mean of the KV group, value-weighted
+        hm.weighting_combo.setCurrentIndex(hm.weighting_combo.findData("value-weighted"))
         win.state.query_row = 2
         win.show_view("sinks")
         assert win.engine.wait_idle(60) and win.last_error is None
         saved = _save(win, tmp_path / "s.attnscope")
         assert (saved["scale"], saved["gamma"], saved["cmap"]) == (scale, pytest.approx(gamma), "magma")
         assert saved["views"]["sinks"]["threshold_spin"] == pytest.approx(0.70)
+        assert (saved["aggregate"], saved["weighting"]) == ("group", "value-weighted")
     finally:
         win.close()
 
@@ -137,6 +140,9 @@ def test_a_session_reopened_in_a_new_window_shows_every_saved_value(
         assert win2.cmap_combo.currentText() == "magma" and win2.state.tab == "sinks"
         assert win2.heatmap.range_mode == "auto" and win2.state.query_row == 2
         assert win2.timeline.step == 1 == win2.state.step and saved["timeline_step"] == 1
+        assert (win2.heatmap.aggregate, win2.heatmap.weighting) == ("group", "value-weighted")
+        assert win2.map_key == (1, 1, "group", win2.state.visible_len)  # what was computed
+        assert "value-weighted" in win2.heatmap.plot.titleLabel.text
         win2.show_view("heatmap")
         assert win2.engine.wait_idle(60)
         _assert_heatmap_uses(win2, scale, gamma)
