@@ -10,26 +10,39 @@ pytest.importorskip("pytestqt")
 from tiny_models import save_tiny  # noqa: E402
 
 
-@pytest.mark.parametrize(
-    "backend, dtype", [("torch", "bfloat16"), ("torch", "float32"), ("mlx", "float32")], ids=str
-)
-def test_head_grid_tab_draws_for_each_backend_and_dtype(qtbot, tmp_path, backend, dtype):
+def _ran(qtbot, folder, family, seed, backend, dtype, prompt):
+    """A window that loaded a tiny ``family`` model on ``backend`` at ``dtype`` and ran ``prompt``."""
     from attnscope.app.main_window import MainWindow
 
     if backend == "mlx":
         pytest.importorskip("mlx.core")
-    folder = tmp_path / "llama"
-    save_tiny("llama", folder, seed=5)
+    save_tiny(family, folder, seed=seed)
     win = MainWindow(autoload=False)
     qtbot.addWidget(win)
     win.state.update(backend=backend, dtype=dtype)
     win.load_model(str(folder))
     assert win.engine.wait_idle(120) and win.last_error is None
     assert win.engine.session.info.dtype == dtype and win.engine.session.backend.name == backend
-    win.prompt_edit.setPlainText("the cat sat on the mat and the dog sat on the log")
+    win.prompt_edit.setPlainText(prompt)
     win.chat_check.setChecked(False)
     win.run_prompt()
     assert win.engine.wait_idle(60) and win.last_error is None
+    return win
+
+
+@pytest.mark.parametrize(
+    "backend, dtype", [("torch", "bfloat16"), ("torch", "float32"), ("mlx", "float32")], ids=str
+)
+def test_head_grid_tab_draws_for_each_backend_and_dtype(qtbot, tmp_path, backend, dtype):
+    win = _ran(
+        qtbot,
+        tmp_path / "llama",
+        "llama",
+        5,
+        backend,
+        dtype,
+        "the cat sat on the mat and the dog sat on the log",
+    )
     win.show_view("grid")
     assert win.engine.wait_idle(60)
     assert win.last_error is None, win.last_error
@@ -42,21 +55,8 @@ def test_head_grid_tab_draws_for_each_backend_and_dtype(qtbot, tmp_path, backend
 @pytest.mark.parametrize("backend, dtype", [("torch", "bfloat16"), ("mlx", "bfloat16")], ids=str)
 def test_every_tab_opens_without_an_error_for_each_backend_and_dtype(qtbot, tmp_path, backend, dtype):
     """The same kind of fault in any view: open every tab after a run and a decode step."""
-    from attnscope.app.main_window import MainWindow
-
-    if backend == "mlx":
-        pytest.importorskip("mlx.core")
-    folder = tmp_path / "qwen3"
-    save_tiny("qwen3", folder, seed=3)
-    win = MainWindow(autoload=False)
-    qtbot.addWidget(win)
-    win.state.update(backend=backend, dtype=dtype)
-    win.load_model(str(folder))
-    assert win.engine.wait_idle(120) and win.last_error is None
-    win.prompt_edit.setPlainText("attention is all you need, they said, and said it again")
-    win.chat_check.setChecked(False)
-    win.run_prompt()
-    assert win.engine.wait_idle(60)
+    prompt = "attention is all you need, they said, and said it again"
+    win = _ran(qtbot, tmp_path / "qwen3", "qwen3", 3, backend, dtype, prompt)
     win.step(1)
     assert win.engine.wait_idle(60) and win.last_error is None
     seen = []
