@@ -112,7 +112,9 @@ class Session:
             SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
         from attnscope.core.backends.registry import get
+        from attnscope.core.loading.resolve import quiet_imports
 
+        quiet_imports()  # before any backend imports transformers (and with it torchao)
         spec = get(backend)  # SessionError: unknown backend
         return cls(
             spec.load(

@@ -445,18 +445,25 @@ def _is_converted(folder: Path) -> bool:
         return False
 
 
-def quiet_transformers() -> None:
-    """Silence transformers' console progress bars and warnings: AttnScope reports its own progress."""
-    from transformers.utils import logging as hf_logging
+def quiet_imports() -> None:
+    """Silence the warnings libraries log when first imported (no import here: cheap, call early).
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    # transformers imports torchao (the --quantize library) when installed; on a CPU build torchao
-    # logs one warning per CUDA extension it cannot load, torch's pytree one per enum it registers
+    transformers imports torchao (the --quantize library) when installed; on a CPU build torchao
+    logs one warning per CUDA extension it cannot load, torch's pytree one per enum it registers.
+    """
     import logging
 
     for noisy in ("torchao", "torch.utils._pytree"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' console progress bars and warnings: AttnScope reports its own progress."""
+    quiet_imports()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32") -> Path:
