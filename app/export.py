@@ -35,6 +35,23 @@ SESSION_FILTER = "AttnScope session (*.attnscope)"
 IMAGE_FILTERS = "PNG image (*.png);;SVG vector image (*.svg);;PDF document (*.pdf)"
 DATA_FILTERS = "NumPy array (*.npy);;CSV table (*.csv);;safetensors (*.safetensors)"
 
+#: the folder of the last file saved, exported or opened in this run of the app (each file dialog
+#: starts there; the home folder until then)
+_last_dir: list[Path] = []
+
+
+def last_dir() -> Path:
+    """Where the next file dialog starts: the folder of the last file chosen, else the home folder."""
+    return _last_dir[-1] if _last_dir and _last_dir[-1].is_dir() else Path.home()
+
+
+def remember_dir(path) -> None:
+    """Remember ``path``'s folder for the next file dialog (a folder is remembered as itself)."""
+    p = Path(path).expanduser()
+    folder = p if p.is_dir() else p.parent
+    if folder.is_dir():
+        _last_dir[:] = [folder]
+
 
 def _suffix_from_filter(path: str, chosen_filter: str) -> str:
     """Add the chosen filter's suffix when the typed name has none."""
@@ -198,15 +215,19 @@ class ExportController:
             return
         from PySide6.QtWidgets import QFileDialog
 
-        path, _ = QFileDialog.getSaveFileName(self.win, "Save session", "session.attnscope", SESSION_FILTER)
+        path, _ = QFileDialog.getSaveFileName(
+            self.win, "Save session", str(last_dir() / "session.attnscope"), SESSION_FILTER
+        )
         if path:
+            remember_dir(path)
             self.save_session(_suffix_from_filter(path, SESSION_FILTER))
 
     def open_session_dialog(self) -> None:
         from PySide6.QtWidgets import QFileDialog
 
-        path, _ = QFileDialog.getOpenFileName(self.win, "Open session", str(Path.home()), SESSION_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self.win, "Open session", str(last_dir()), SESSION_FILTER)
         if path:
+            remember_dir(path)
             self.open_session(path)
 
     # -- exports -------------------------------------------------------------------------------------------
@@ -270,6 +291,7 @@ class ExportController:
         key = self.current_view_key()
         dlg = ExportViewDialog(self.win, key, export_target(self.win.views[key]).size())
         if dlg.exec():
+            remember_dir(dlg.path())
             try:
                 self.export_view(dlg.path(), size=dlg.chosen_size(), dpi=dlg.chosen_dpi())
             except (OSError, ValueError) as e:
@@ -295,8 +317,11 @@ class ExportController:
             if answer != QMessageBox.Yes:
                 return
         name = f"attn_L{self.win.layer}_H{self.win.head}.npy"
-        path, chosen = QFileDialog.getSaveFileName(self.win, "Export data", name, DATA_FILTERS)
+        path, chosen = QFileDialog.getSaveFileName(
+            self.win, "Export data", str(last_dir() / name), DATA_FILTERS
+        )
         if path:
+            remember_dir(path)
             self.export_data(_suffix_from_filter(path, chosen))
 
     def batch_export_dialog(self) -> None:
@@ -316,7 +341,7 @@ class ExportViewDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Export view")
         form = QFormLayout(self)
-        self.path_edit = QLineEdit(str(Path.home() / f"attnscope_{view_key}.png"))
+        self.path_edit = QLineEdit(str(last_dir() / f"attnscope_{view_key}.png"))
         self.path_edit.setMinimumWidth(self.path_edit.fontMetrics().horizontalAdvance("x" * 48))
         browse = QPushButton("Browse…")
         row = QHBoxLayout()

@@ -357,3 +357,40 @@ def test_export_view_shows_every_row_of_a_tab_table(ran_window, tmp_path):
     assert img.size[0] == before.width() and img.size[1] >= before.height() + hidden
     assert view.size() == before and page.widgetResizable()
     assert t.verticalScrollBarPolicy() == Qt.ScrollBarAsNeeded
+
+
+def test_file_dialogs_start_in_the_folder_of_the_last_file(ran_window, tmp_path, monkeypatch):
+    """Export view, Export data and Save/Open session all start where the last file went (they
+    always offered the home folder, or the current one)."""
+    from attnscope.app import export as X
+    from PySide6.QtWidgets import QFileDialog
+
+    win = ran_window
+    figs = tmp_path / "figs"
+    figs.mkdir()
+
+    def accept_into_figs(dlg):  # the user types a path in the figures folder and presses OK
+        dlg.path_edit.setText(str(figs / "grid.png"))
+        return 1
+
+    monkeypatch.setattr(X.ExportViewDialog, "exec", accept_into_figs)
+    win.exports.export_view_dialog()
+    assert (figs / "grid.png").is_file()
+    offered = []
+
+    def save_name(parent, title, start, filters):
+        offered.append(start)
+        return "", ""
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", save_name)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", save_name)
+    win.exports.export_data_dialog()
+    win.exports.save_session_dialog()
+    win.exports.open_session_dialog()
+    from pathlib import Path
+
+    data_start, session_start, open_start = offered
+    assert Path(data_start).parent == figs and Path(data_start).suffix == ".npy"
+    assert Path(session_start) == figs / "session.attnscope" and Path(open_start) == figs
+    key = win.exports.current_view_key()
+    assert X.ExportViewDialog(win, key, win.size()).path() == str(figs / f"attnscope_{key}.png")
