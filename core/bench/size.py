@@ -106,11 +106,10 @@ def _time(fn, device: str):
 
 
 def _quant_entries() -> set[str]:
-    """Complete entries of the quantised-weights cache (:mod:`attnscope.core.loading.quant_cache`)."""
-    from attnscope.core.loading import quant_cache
+    """Complete entries of the quantised-weights cache (:func:`attnscope.core.loading.quant_cache.list_entries`)."""
+    from attnscope.core.loading.quant_cache import list_entries
 
-    r = quant_cache.root()
-    return {p.name for p in r.iterdir() if quant_cache.is_complete(p)} if r.is_dir() else set()
+    return {c.name for c in list_entries() if c.complete}
 
 
 def phase_scope(spec: dict) -> dict:
