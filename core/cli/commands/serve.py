@@ -100,21 +100,13 @@ def _token(args) -> str | None:
     return tok
 
 
-def run(args) -> int:
-    if not 0 <= args.port < 65536:
-        raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    token = _token(args)
-    if args.ray is not None:
-        return _run_ray(args, token)
-    from attnscope.core.remote.server import EngineServer
-
-    session = None
+def _load_options(args) -> tuple[dict | None, dict]:
+    """``(Session.load keyword arguments for the model to serve, or None with --no-load; the load
+    options a client's load inherits: device, device map)``."""
+    load = None
     if not args.no_load:
-        from attnscope.core.session import Session
-
-        print("attnscope serve: loading the model…", file=sys.stderr, flush=True)
-        session = Session.load(
-            args.model,
+        load = dict(
+            model=args.model,
             backend=args.backend,
             device=args.device,
             dtype=args.dtype,
@@ -124,6 +116,24 @@ def run(args) -> int:
     load_kwargs = {
         k: v for k, v in dict(device=args.device, device_map=args.device_map).items() if v is not None
     }
+    return load, load_kwargs
+
+
+def run(args) -> int:
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    token = _token(args)
+    if args.ray is not None:
+        return _run_ray(args, token)
+    from attnscope.core.remote.server import EngineServer
+
+    session = None
+    load, load_kwargs = _load_options(args)
+    if load is not None:
+        from attnscope.core.session import Session
+
+        print("attnscope serve: loading the model…", file=sys.stderr, flush=True)
+        session = Session.load(**load)
     server = EngineServer(session, host=args.host, port=args.port, token=token, load_kwargs=load_kwargs)
     where = (
         f"{session.info.name} · {session.backend.name} {session.backend.device}" if session else "no model"
@@ -160,19 +170,7 @@ def _run_ray(args, token: str | None) -> int:
         raise ValueError(
             f"--ray {args.ray}: no Ray cluster there ({str(e).strip().splitlines()[0]})"
         ) from None
-    load = None
-    if not args.no_load:
-        load = dict(
-            model=args.model,
-            backend=args.backend,
-            device=args.device,
-            dtype=args.dtype,
-            quantize=args.quantize,
-            device_map=args.device_map,
-        )
-    load_kwargs = {
-        k: v for k, v in dict(device=args.device, device_map=args.device_map).items() if v is not None
-    }
+    load, load_kwargs = _load_options(args)
     print(f"attnscope serve: starting the engine as a Ray actor ({gpus:g} GPU)…", file=sys.stderr, flush=True)
     actor, where = ray_engine.start(
         host=args.host,
