@@ -13,6 +13,12 @@ def ran_window(qtbot, folder, prompt: str, steps: int = 0, size: tuple[int, int]
     w.resize(*size)
     w.show()
     assert w.engine.wait_idle(120), "model did not load"
+    return run_in(w, prompt, steps)
+
+
+def run_in(w, prompt: str, steps: int = 0):
+    """Type ``prompt`` (no chat template), press Run, step ``steps`` tokens, as a user would; asserts
+    each finished without an error. Returns the window."""
     w.prompt_edit.setPlainText(prompt)
     w.chat_check.setChecked(False)
     w.run_prompt()
@@ -20,5 +26,5 @@ def ran_window(qtbot, folder, prompt: str, steps: int = 0, size: tuple[int, int]
     if steps:
         w.step(steps)
         assert w.engine.wait_idle(60)
-    assert w.last_error is None
+    assert w.last_error is None, w.last_error
     return w

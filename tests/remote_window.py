@@ -18,6 +18,7 @@ def remote_window(
     from attnscope.app.connect import install
     from attnscope.app.main_window import MainWindow
     from attnscope.core.session import Session
+    from gui_helpers import run_in
     from test_remote import TOKEN, serving
 
     w = MainWindow(autoload=False)
@@ -30,15 +31,21 @@ def remote_window(
         assert w.engine.wait_idle(60) and w.last_error is None
         session = w.engine.session
         try:
-            w.prompt_edit.setPlainText(prompt)
-            w.chat_check.setChecked(False)
-            w.run_prompt()
-            assert w.engine.wait_idle(60)
-            if steps:
-                w.step(steps)
-                assert w.engine.wait_idle(60)
-            assert w.last_error is None, w.last_error
-            yield w
+            yield run_in(w, prompt, steps)
         finally:
             w.engine.shutdown()
             session.close()
+
+
+def tiny_local_run(tmp_path, prompt: str, family: str = "qwen3", seed: int = 5):
+    """``(folder, session)``: a tiny random ``family`` model saved under ``tmp_path`` and an
+    in-process Session on it that ran ``prompt`` (no chat template): what a remote view is compared
+    against."""
+    from attnscope.core.session import Session
+    from tiny_models import save_tiny
+
+    folder = tmp_path / family
+    save_tiny(family, folder, seed=seed)
+    local = Session.load(str(folder), device="cpu")
+    local.prefill(prompt, chat_template=False)
+    return folder, local

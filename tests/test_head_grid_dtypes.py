@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+from gui_helpers import run_in  # noqa: E402
 from tiny_models import save_tiny  # noqa: E402
 
 
@@ -23,11 +24,7 @@ def _ran(qtbot, folder, family, seed, backend, dtype, prompt):
     win.load_model(str(folder))
     assert win.engine.wait_idle(120) and win.last_error is None
     assert win.engine.session.info.dtype == dtype and win.engine.session.backend.name == backend
-    win.prompt_edit.setPlainText(prompt)
-    win.chat_check.setChecked(False)
-    win.run_prompt()
-    assert win.engine.wait_idle(60) and win.last_error is None
-    return win
+    return run_in(win, prompt)
 
 
 @pytest.mark.parametrize(

@@ -74,14 +74,10 @@ def test_remote_experiments_are_the_in_process_ones(tmp_path):
 def test_experiments_tab_on_a_remote_engine_shows_the_in_process_results(qtbot, tmp_path):
     pytest.importorskip("pytestqt")
     from attnscope.core.analysis.experiments import default_experiments, run_experiments
-    from attnscope.core.session import Session
-    from remote_window import remote_window
+    from remote_window import remote_window, tiny_local_run
 
-    folder = tmp_path / "qwen3"
-    save_tiny("qwen3", folder, seed=5)
     prompt = "attention is all you need"
-    local = Session.load(str(folder), device="cpu")
-    local.prefill(prompt, chat_template=False)
+    folder, local = tiny_local_run(tmp_path, prompt)
     with remote_window(qtbot, folder, prompt) as w:
         view = w.views["experiments"]
         w.show_view("experiments")

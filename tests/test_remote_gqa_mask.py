@@ -130,14 +130,10 @@ def test_gqa_and_mask_tabs_on_a_remote_engine_show_the_in_process_reports(qtbot,
     pytest.importorskip("pytestqt")
     from attnscope.core.analysis.gqa import group_report
     from attnscope.core.analysis.maskview import mask_report
-    from attnscope.core.session import Session
-    from remote_window import remote_window
+    from remote_window import remote_window, tiny_local_run
 
-    folder = tmp_path / "qwen3"
-    save_tiny("qwen3", folder, seed=5)
     prompt = "attention is all you need"
-    local = Session.load(str(folder), device="cpu")
-    local.prefill(prompt, chat_template=False)
+    folder, local = tiny_local_run(tmp_path, prompt)
     with remote_window(qtbot, folder, prompt) as w:
         for key in ("gqa", "mask"):
             view = w.views[key]
