@@ -63,6 +63,10 @@ class Controls:
         self.chat_check = QCheckBox("Chat template")
         self.chat_check.setChecked(True)
         self.chat_check.setToolTip("Wrap the prompt in the model's chat template (instruct models)")
+        # the last choice made (by the user, --no-chat-template, a reopened session): a model load
+        # may only turn the box off for a model without a template, never overwrite that choice
+        self._chat_wanted, self._loading_ranges = True, False
+        self.chat_check.toggled.connect(self._chat_toggled)
         buttons.addWidget(self.run_button)
         buttons.addWidget(self.chat_check)
         self.prompt_row.addLayout(buttons)
@@ -106,11 +110,19 @@ class Controls:
 
     def set_ranges(self, info) -> None:
         """Layer and head spin boxes for a model with ``info.n_layers`` and ``info.n_heads``; the chat
-        template box on when the model has a template."""
+        template box usable when the model has a template, and ticked then if the last choice was."""
         self.layer_spin.setRange(0, info.n_layers - 1)
         self.head_spin.setRange(0, info.n_heads - 1)
-        self.chat_check.setEnabled(info.has_chat_template)
-        self.chat_check.setChecked(info.has_chat_template)
+        self._loading_ranges = True
+        try:
+            self.chat_check.setEnabled(info.has_chat_template)
+            self.chat_check.setChecked(info.has_chat_template and self._chat_wanted)
+        finally:
+            self._loading_ranges = False
+
+    def _chat_toggled(self, checked: bool) -> None:
+        if not self._loading_ranges:
+            self._chat_wanted = checked
 
     def update_group_label(self) -> None:
         """ "reads KV head k (GQA group: q…)" for the selected head."""

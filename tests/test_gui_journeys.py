@@ -601,3 +601,33 @@ def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, 
     assert win2.timeline.step == 0 and win2.map_key == (1, 2, "head", len(ids) - 1)
     assert_controls_match_engine(win2)
     win2.close()
+
+
+def test_a_model_load_keeps_the_chat_template_choice(qtbot, tmp_path):
+    """`attnscope --prompt … --no-chat-template` (and a user who unticks the box while the model
+    loads): the load used to tick it again for a model with a template, so the box said "chat
+    template" while the run had none. A model without a template turns it off; the next one with a
+    template gets the last choice back."""
+    from attnscope.app.launch import _after_load
+    from attnscope.app.main_window import MainWindow
+    from tiny_models import save_tiny
+
+    win = MainWindow()  # the embedded model, which has a chat template, loading on the engine thread
+    qtbot.addWidget(win)
+    args = type("Args", (), {"chat_template": False, "steps": 0})()
+    win.prompt_edit.setPlainText(PROMPT)
+    _after_load(win, args)  # what launch does for --prompt, before the load has finished
+    _idle(win)
+    assert win.snapshot.info.has_chat_template
+    assert win.chat_check.isEnabled() and not win.chat_check.isChecked()
+    s = win.engine.session  # what ran agrees with the box: the prompt's own tokens, no template
+    assert win.snapshot.chat_template is False and s.ids == s.encode(PROMPT, False)
+    folder = tmp_path / "llama"
+    save_tiny("llama", folder)  # a tokenizer without a chat template
+    win.chat_check.setChecked(True)  # the user wants the template again
+    win.load_model(str(folder))
+    _idle(win)
+    assert not win.chat_check.isEnabled() and not win.chat_check.isChecked()
+    win.load_model(None)  # back to the embedded model: the box follows the last choice, ticked
+    _idle(win)
+    assert win.chat_check.isEnabled() and win.chat_check.isChecked()
