@@ -600,7 +600,7 @@ class HeatmapView(QWidget):
         label.item.setTextWidth(-1)
         if label.item.boundingRect().width() > avail:
             label.item.setTextWidth(avail)  # wraps onto a second line
-        label.updateMin()
+        label.resizeEvent(None)  # place the (re)wrapped text again: setTitle centred the unwrapped one
         h = label.item.boundingRect().height()
         label.setMinimumWidth(0)
         # LabelItem answers sizeHint from this table (pyqtgraph's LabelItem.updateMin fills it)

@@ -145,3 +145,22 @@ def test_window_long_map_overview_and_new_prompt_cancels(qtbot, tmp_path, monkey
         assert "stale" not in hm.plot.titleLabel.text
     finally:
         w.close()
+
+
+def test_a_wrapped_title_stays_inside_the_plot(qtbot):
+    """A title too long for the map (a long prompt's title plus "stale: …") wraps and is centred as
+    wrapped: it was placed as if unwrapped, cut off on the left (seen under Xvfb at 3,922 tokens)."""
+    hm = HeatmapView()
+    qtbot.addWidget(hm)
+    hm.resize(900, 600)
+    hm.show()
+    n = 40
+    re = np.linspace(0, n, 9).round().astype(int)
+    hm.set_overview(PooledMap(np.full((8, 8), 0.1, np.float32), re, re, n, "max", 1.0), _tokens(n), title="x")
+    qtbot.wait(50)
+    long_title = "Layer 0 · query head 0 (reads KV head 0) · seq_len 3922 · log colours (chosen for 3,922 tokens) · overview: max-pooled"
+    hm.show_status(long_title, "stale: previous prompt (running the new one…)")
+    label = hm.plot.titleLabel
+    text_box = label.mapRectFromItem(label.item, label.item.boundingRect())
+    assert label.item.textWidth() > 0  # wrapped to the map's width
+    assert text_box.left() >= label.rect().left() - 1 and text_box.right() <= label.rect().right() + 1
