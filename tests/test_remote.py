@@ -7,12 +7,14 @@ kills one, as an ``attnscope serve`` subprocess; each is stopped when its test e
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +137,36 @@ def test_wire_compresses_big_buffers_when_asked():
     assert np.array_equal(wire.decode(header, bufs, None)["w"], w)
 
 
+@contextlib.contextmanager
+def _no_cyclic_collector():
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_wire_frees_a_message_buffers_without_the_cyclic_collector():
+    """encode/decode leave no reference cycle holding the message's arrays: an engine kept ~8 sent
+    2048² maps (16.8 MB each) alive until Python's collector ran, so each new map was computed into
+    fresh pages (issue 13's map bench)."""
+    with _no_cyclic_collector():
+        a = np.arange(4096, dtype=np.float32).reshape(64, 64)
+        alive = weakref.ref(a)
+        header, bufs = wire.encode({"w": a, "nested": [(a[:2], {1: a[3]})]})
+        assert len(bufs) == 3
+        del a, bufs
+        assert alive() is None  # freed by reference counting alone
+        frame = np.frombuffer(np.arange(4096, dtype=np.float32).tobytes(), dtype=np.uint8).copy()
+        frame_alive = weakref.ref(frame)
+        header, _ = wire.encode({"w": np.zeros((64, 64), np.float32)})
+        got = wire.decode(header, [frame])
+        assert got["w"][1, 1] == 65.0
+        del frame, got
+        assert frame_alive() is None
+
+
 def test_addresses_and_tokens(tmp_path, monkeypatch):
     assert parse_address("gpu-box:9000") == ("gpu-box", 9000)
     assert parse_address("127.0.0.1") == ("127.0.0.1", 8765)
@@ -222,6 +254,27 @@ def test_qwen3_remote_is_bit_identical_to_in_process(remote_qwen3):
     assert next_tokens(r, 1) == next_tokens(local, 1)
     assert r.snapshot() == local.snapshot()
     assert r.text() == local.text() and r.next_token_probs(5) == local.next_token_probs(5)
+
+
+def test_remote_calls_leave_no_cyclic_garbage_on_either_side(remote_qwen3):
+    """Engine and client (one process here: the engine serves from a thread) free every reply as
+    soon as it is used; before, each message's buffers sat in a reference cycle until a collection."""
+    local, r, _server = remote_qwen3
+    r.prefill("The cat sat on the mat.", chat_template=False)
+    with _no_cyclic_collector():
+        for _ in range(3):
+            r.weights(1, 2)
+            r.sink_scores()
+            r.step()
+            r.snapshot()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            found = gc.collect()
+            kinds = sorted({type(o).__name__ for o in gc.garbage})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert found == 0, f"{found} objects in reference cycles: {kinds}"
 
 
 def test_qwen3_refusals_leave_the_server_serving(remote_qwen3):

@@ -60,46 +60,9 @@ def _to_numpy(x):
 def encode(value, compress: bool = False) -> tuple[bytes, list]:
     """``value`` as ``(header_bytes, buffers)``; ``compress``: zstd buffers of 1 MiB and more
     when the ``zstandard`` package is there (``ValueError`` for a value the wire cannot carry)."""
-    buffers: list = []
-    zc = _compressor() if compress else None
-
-    def enc(x):
-        if x is None or isinstance(x, bool | str):
-            return x
-        if isinstance(x, int | float):
-            return x
-        if isinstance(x, np.generic):
-            return x.item()
-        if isinstance(x, np.ndarray) and x.dtype.kind in "UO":
-            return _str_array(x)
-        if isinstance(x, np.ndarray) or _to_numpy(x) is not None:
-            a = x if isinstance(x, np.ndarray) else _to_numpy(x)
-            if a.dtype.kind not in _KINDS:
-                raise ValueError(f"cannot send an array of dtype {a.dtype}")
-            a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-            z = zc is not None and a.nbytes >= COMPRESS_MIN_BYTES
-            buffers.append(zc.compress(a.data) if zc is not None and z else a.data)
-            return {"__nd__": len(buffers) - 1, "dtype": a.dtype.str, "shape": list(a.shape), "z": z}
-        if isinstance(x, tuple):
-            return {"__tuple__": [enc(v) for v in x]}
-        if isinstance(x, list):
-            return [enc(v) for v in x]
-        if isinstance(x, slice):
-            return {"__slice__": [enc(x.start), enc(x.stop), enc(x.step)]}
-        if isinstance(x, Path):
-            return {"__path__": str(x)}
-        if isinstance(x, dict):
-            if all(isinstance(k, str) and not k.startswith("__") for k in x):
-                return {k: enc(v) for k, v in x.items()}
-            return {"__dict__": [[enc(k), enc(v)] for k, v in x.items()]}
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            cls = type(x)
-            fields = {f.name: enc(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
-            return {"__dc__": f"{cls.__module__}.{cls.__qualname__}", "f": fields}
-        raise ValueError(f"cannot send a {type(x).__name__} to or from the engine")
-
-    header = json.dumps(enc(value), separators=(",", ":"), allow_nan=True).encode()
-    return header, buffers
+    enc = _Encoder(_compressor() if compress else None)
+    header = json.dumps(enc.enc(value), separators=(",", ":"), allow_nan=True).encode()
+    return header, enc.buffers
 
 
 def decode(header: bytes, buffers: list, allow_dataclass=None):
@@ -114,35 +77,88 @@ def decode(header: bytes, buffers: list, allow_dataclass=None):
         obj = json.loads(bytes(header))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise WireError(f"malformed message: not JSON ({e})") from None
-    allow = allow_dataclass or (lambda name: False)
-    zd: list = []
+    return _Decoder(buffers, allow_dataclass or (lambda name: False)).dec(obj)
 
-    def array(d):
+
+# Encoder and decoder are classes, not recursive nested functions: a nested function that calls
+# itself is a reference cycle (function -> closure cell -> function) holding every buffer of the
+# message until Python's cyclic collector runs. An engine then kept ~8 sent 2048² maps (16.8 MB
+# each) alive between collections, and every new map was computed into fresh pages (4,096 page
+# faults, +3-4 ms a map: the remote map bench, issue 13).
+class _Encoder:
+    def __init__(self, compressor):
+        self.buffers: list = []
+        self.zc = compressor
+
+    def enc(self, x):
+        if x is None or isinstance(x, bool | str):
+            return x
+        if isinstance(x, int | float):
+            return x
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, np.ndarray) and x.dtype.kind in "UO":
+            return _str_array(x)
+        if isinstance(x, np.ndarray) or _to_numpy(x) is not None:
+            a = x if isinstance(x, np.ndarray) else _to_numpy(x)
+            if a.dtype.kind not in _KINDS:
+                raise ValueError(f"cannot send an array of dtype {a.dtype}")
+            a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+            z = self.zc is not None and a.nbytes >= COMPRESS_MIN_BYTES
+            self.buffers.append(self.zc.compress(a.data) if z else a.data)
+            return {"__nd__": len(self.buffers) - 1, "dtype": a.dtype.str, "shape": list(a.shape), "z": z}
+        if isinstance(x, tuple):
+            return {"__tuple__": [self.enc(v) for v in x]}
+        if isinstance(x, list):
+            return [self.enc(v) for v in x]
+        if isinstance(x, slice):
+            return {"__slice__": [self.enc(x.start), self.enc(x.stop), self.enc(x.step)]}
+        if isinstance(x, Path):
+            return {"__path__": str(x)}
+        if isinstance(x, dict):
+            if all(isinstance(k, str) and not k.startswith("__") for k in x):
+                return {k: self.enc(v) for k, v in x.items()}
+            return {"__dict__": [[self.enc(k), self.enc(v)] for k, v in x.items()]}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            cls = type(x)
+            fields = {f.name: self.enc(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
+            return {"__dc__": f"{cls.__module__}.{cls.__qualname__}", "f": fields}
+        raise ValueError(f"cannot send a {type(x).__name__} to or from the engine")
+
+
+class _Decoder:
+    def __init__(self, buffers: list, allow):
+        self.buffers = buffers
+        self.allow = allow
+        self.zd = None
+
+    def array(self, d):
         try:
             i, dtype, shape = d["__nd__"], np.dtype(d["dtype"]), tuple(int(s) for s in d["shape"])
         except (KeyError, TypeError, ValueError) as e:
             raise WireError(f"malformed array reference: {e}") from None
-        if not isinstance(i, int) or not 0 <= i < len(buffers):
+        if not isinstance(i, int) or not 0 <= i < len(self.buffers):
             raise WireError(f"array reference {i!r} names no buffer")
         if dtype.kind not in _KINDS or dtype.byteorder == ">" or any(s < 0 for s in shape):
             raise WireError(f"bad array: dtype {dtype.str}, shape {shape}")
-        buf = buffers[i]
+        buf = self.buffers[i]
         if d.get("z"):
-            if not zd:
-                zd.append(_decompressor())
-            buf = zd[0].decompress(bytes(buf), max_output_size=int(np.prod(shape)) * dtype.itemsize)
+            if self.zd is None:
+                self.zd = _decompressor()
+            buf = self.zd.decompress(bytes(buf), max_output_size=int(np.prod(shape)) * dtype.itemsize)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if len(memoryview(buf).cast("B")) != n:
             raise WireError(f"array buffer holds {len(memoryview(buf).cast('B'))} bytes, shape needs {n}")
         return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
-    def dec(x):
+    def dec(self, x):
+        dec = self.dec
         if isinstance(x, list):
             return [dec(v) for v in x]
         if not isinstance(x, dict):
             return x
         if "__nd__" in x:
-            return array(x)
+            return self.array(x)
         if "__str_nd__" in x:
             return _str_array_of(x)
         if "__tuple__" in x:
@@ -157,10 +173,8 @@ def decode(header: bytes, buffers: list, allow_dataclass=None):
         if "__dict__" in x:
             return {_key(dec(k)): dec(v) for k, v in _list(x["__dict__"])}
         if "__dc__" in x:
-            return _dataclass(str(x["__dc__"]), {k: dec(v) for k, v in dict(x.get("f") or {}).items()}, allow)
+            return _dataclass(str(x["__dc__"]), {k: dec(v) for k, v in dict(x.get("f") or {}).items()}, self.allow)
         return {k: dec(v) for k, v in x.items()}
-
-    return dec(obj)
 
 
 #: a string array's dtypes on the wire: numpy ``str_`` (``<U``) and ``object`` (of str only)
