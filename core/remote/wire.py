@@ -173,7 +173,9 @@ class _Decoder:
         if "__dict__" in x:
             return {_key(dec(k)): dec(v) for k, v in _list(x["__dict__"])}
         if "__dc__" in x:
-            return _dataclass(str(x["__dc__"]), {k: dec(v) for k, v in dict(x.get("f") or {}).items()}, self.allow)
+            return _dataclass(
+                str(x["__dc__"]), {k: dec(v) for k, v in dict(x.get("f") or {}).items()}, self.allow
+            )
         return {k: dec(v) for k, v in x.items()}
 
 
