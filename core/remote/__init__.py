@@ -34,14 +34,17 @@ took 540 ms + 110 ms (ratio 2.2). So a tile is compressed only when the client h
 slower than 80 MB/s (the break-even: 9 MB saved per ~100 ms of CPU) and the package is installed;
 on localhost or a LAN it never is.
 
-``attnscope bench --engine`` on localhost (SmolLM2-135M float32, T = 2048, L3 H4; this 2-core machine
-at a load average of 11-12, so the engine's compute varied more than the transfer cost; two runs):
-one head's map in-process 120 / 71 ms, remote 167 / 140 ms (1.39× / 1.98×, target ≤ 2×); the
-transport's own share (wall time minus the engine's measured compute) 10.6 ms for the 16.8 MB map
-and 3.3 ms for the 30 × 9 sink table (target ≤ 30 ms extra). The end-to-end table difference
-(+337 / −307 ms) is the two processes' compute contending for the CPUs, not the network. The
-remote map is bit-identical to in-process in every run (``tests/test_remote.py`` checks weights,
-logits and sink tables for SmolLM2 and a tiny Qwen3).
+``attnscope bench --engine`` on localhost (SmolLM2-135M float32, T = 2048, L3 H4; this 2-core
+machine, load average 1.2-1.3, four runs): one head's map in-process 6.2-8.7 ms, remote 13.9-16.8 ms
+(1.94-2.63×, target ≤ 2×); the engine's compute of it equals in-process (6.2-6.8 ms) and the rest is
+the link: the engine sending a 16.8 MB buffer it holds takes 4.0-7.2 ms here (raw pyzmq between two
+processes: 4.3 ms). The sink table costs +1.3 to +5.7 ms (target ≤ 30 ms). What made the engine's
+compute slower than in-process is gone: :mod:`.wire`'s recursive closures, a reference cycle holding
+each message's buffers until a garbage collection (fresh pages for every map). libgomp's default
+busy-wait, a torch worker spinning on a core through each send, is bounded (``ENGINE_OPENMP_ENV`` in
+:mod:`.server`). The remote map is bit-identical to
+in-process in every run (``tests/test_remote.py`` checks weights, logits and sink tables for SmolLM2
+and a tiny Qwen3).
 
 ``attnscope serve --ray [ADDRESS]`` (:mod:`.ray_engine`): Ray places one actor with the GPUs and
 CPUs asked for; the actor runs the same EngineServer on a thread, so clients connect to the node's

@@ -125,7 +125,9 @@ def run(args) -> int:
     token = _token(args)
     if args.ray is not None:
         return _run_ray(args, token)
-    from attnscope.core.remote.server import EngineServer
+    from attnscope.core.remote.server import EngineServer, quiet_openmp
+
+    quiet_openmp()  # before torch loads: OpenMP reads its spin count once
 
     session = None
     load, load_kwargs = _load_options(args)
