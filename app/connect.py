@@ -6,7 +6,8 @@ engine). Connecting and reconnecting are engine-thread jobs like a model load, s
 waits on the network. The status bar's model line ends with where the model runs ("… · torch cpu on
 gpu-box"). A lost connection is the error's status line (``EngineLost``: "lost the connection to
 the engine at HOST:PORT …: reconnect to go on"), then a lasting red "engine at HOST:PORT lost — File
-→ Reconnect" in the status bar until a reconnection succeeds; File → Reconnect to engine (enabled while the
+→ Reconnect" in the status bar until a reconnection succeeds (an engine that goes away while
+the window is idle is said within seconds: :meth:`EngineConnector.check_link`); File → Reconnect to engine (enabled while the
 session is remote) replays the prompt and the generated token ids to the same state. The address
 is remembered with QSettings (``engine/address``); the token never goes in that (world-readable)
 settings file: it is remembered in a 0600 file of its own (:mod:`attnscope.core.remote.token_store`),
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit
 
 
@@ -45,6 +46,22 @@ def connect_job(address: str, token: str | None, sampling=None):
         return r.snapshot()
 
     return job
+
+
+#: the label of the engine-thread job that looks at the connection while the window is idle; the
+#: status bar shows no progress for it (:data:`attnscope.app.status.QUIET_JOBS`)
+LINK_CHECK = "link check"
+#: how often an idle window connected to an engine looks at the connection (milliseconds)
+LINK_CHECK_MS = 2000
+
+
+def link_check_job(ctx):
+    """None while the remote session's connection holds (or the session is local), else the line
+    saying it was lost (:meth:`RemoteSession.check_link`: nothing is sent, nothing waits)."""
+    s = ctx.session
+    if not hasattr(s, "check_link") or not s.connected:
+        return None
+    return s.check_link()
 
 
 def reconnect_job(ctx):
@@ -136,6 +153,12 @@ class EngineConnector:
         self.lost_label.hide()
         win.statusBar().addPermanentWidget(self.lost_label)
         win.engine.busy.connect(lambda on, _label: on or self.show_link())  # after every job
+        # an engine that goes away while the window is idle is said within seconds, not at the
+        # user's next command: an engine-thread job (the socket's thread) reads the socket's events
+        self.link_timer = QTimer(win)
+        self.link_timer.setInterval(LINK_CHECK_MS)
+        self.link_timer.timeout.connect(self.check_link)
+        self.link_timer.start()
         win.state.events.loaded.connect(lambda _snap: self.show_where())
         migrate_token()
 
@@ -213,6 +236,17 @@ class EngineConnector:
             + (f" ({'; '.join(warnings)})" if warnings else ""),
             10000,
         )
+
+    def check_link(self) -> None:
+        """Queue a look at the connection when connected to an engine and nothing else runs."""
+        if self.where() is None or self.lost() is not None or not self.win.engine.is_idle():
+            return
+        self.win.engine.enqueue(link_check_job, self._link_checked, lambda _msg: None, label=LINK_CHECK)
+
+    def _link_checked(self, why: str | None) -> None:
+        if why:
+            self.win.state.say(why, 15000)
+        self.show_link()
 
     # -- status -----------------------------------------------------------------------------------
     def where(self) -> str | None:

@@ -7,12 +7,16 @@ writes the labels of each new snapshot.
 
 from __future__ import annotations
 
+from attnscope.app.connect import LINK_CHECK
 from attnscope.app.engine import CancelledMessage
 from attnscope.core.units import count, format_bytes
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
 from superqt import QElidingLabel
 
 APP_NAME = "AttnScope"
+
+#: engine-thread jobs the status bar shows no progress for (a look at the remote link every 2 s)
+QUIET_JOBS = frozenset({LINK_CHECK})
 
 #: job labels that get Cancel and a status text while they run
 LONG_JOBS = (
@@ -80,6 +84,8 @@ class StatusLine:
             self.progress.setValue(int(fraction * 1000))
 
     def on_busy(self, on: bool, label: str) -> None:
+        if label in QUIET_JOBS:
+            return
         long_job = label in LONG_JOBS
         self.progress.setVisible(on)
         self.cancel_button.setVisible(on and long_job)

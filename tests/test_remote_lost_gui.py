@@ -83,3 +83,50 @@ def test_a_lost_engine_is_said_until_reconnect(qtbot, tmp_path, first):
             session.close()
     finally:
         w.engine.shutdown()
+
+
+def test_an_engine_lost_while_the_window_is_idle_is_said_within_seconds(qtbot, tmp_path):
+    """Connected and idle (no command pressed), the engine stops: within a few seconds the status
+    bar says the engine is lost and where, with no progress bar shown for the look; the window keeps
+    its run, and a Reconnect to a new engine on the port restores it."""
+    import time
+
+    from attnscope.app.connect import LINK_CHECK_MS, install
+    from attnscope.app.main_window import MainWindow
+    from attnscope.core.session import Session
+
+    folder = tmp_path / "llama"
+    save_tiny("llama", folder, seed=3)
+    w = MainWindow(autoload=False)
+    qtbot.addWidget(w)
+    w.resize(1200, 800)
+    w.show()
+    conn = getattr(w, "engine_connector", None) or install(w)
+    busy_seen: list = []
+    try:
+        with serving(Session.load(str(folder), device="cpu")) as server:
+            conn.connect(f"127.0.0.1:{server.port}", TOKEN)
+            assert w.engine.wait_idle(60) and w.last_error is None
+            w.prompt_edit.setPlainText("attention is all you need")
+            w.chat_check.setChecked(False)
+            w.run_prompt()
+            assert w.engine.wait_idle(60)
+            port = server.port
+            qtbot.wait(2 * LINK_CHECK_MS + 500)  # looks while connected say nothing
+            assert _lost_text(w) is None
+            w.engine.busy.connect(
+                lambda on, label: busy_seen.append((on, label, w.status.progress.isVisible()))
+            )
+        t0 = time.monotonic()  # the engine has stopped; nobody touches the window
+        qtbot.waitUntil(lambda: _lost_text(w) is not None, timeout=3 * LINK_CHECK_MS + 2000)
+        assert time.monotonic() - t0 < 3 * LINK_CHECK_MS / 1000 + 2
+        assert f"127.0.0.1:{port}" in _lost_text(w)
+        assert busy_seen and all(label == "link check" and not shown for _on, label, shown in busy_seen)
+        assert w.state.snapshot.seq_len > 0  # the run is kept
+        w.grab().save(str(tmp_path / "lost_idle.png"))
+        with serving(Session.load(str(folder), device="cpu"), port=port):
+            conn.reconnect()
+            assert w.engine.wait_idle(60)
+            assert _lost_text(w) is None and w.last_error is None
+    finally:
+        w.engine.shutdown()

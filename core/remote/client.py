@@ -386,6 +386,27 @@ class RemoteSession:
         return warnings
 
     # -- the wire ---------------------------------------------------------------------------------
+    def check_link(self) -> str | None:
+        """A look at the connection that sends nothing and never waits: None while it holds (or is
+        still being made), else the one line saying it was lost (the sockets are then closed, as a
+        failed request closes them, and :attr:`connected` turns False). The engine going away
+        (stopped, killed, restarted: its end closes the TCP connection) or the network dropping
+        (ZeroMQ's heartbeats, 6 s) is an event on the socket's monitor, read here. Call it on the
+        thread that makes the requests (a ZeroMQ socket is not thread-safe): the window does, from
+        an engine-thread job every few seconds while it is idle."""
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        if self._sock is None:
+            return f"not connected to the engine at {self.engine} (the connection was lost): reconnect first"
+        while self._monitor.poll(0):
+            ev = recv_monitor_message(self._monitor)
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self._up = True
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                return str(self._lost("the engine closed the connection: it stopped or the network dropped"))
+        return None
+
     def _lost(self, why: str) -> EngineLost:
         self._close()
         return EngineLost(
