@@ -107,6 +107,30 @@ class SamplingControls(QGroupBox):
         self.samplingChanged.emit(self.sampling())
 
 
+#: drawn for a space at either end of a candidate's text: " is" and "is" are different tokens
+SPACE_MARK = "\u2423"  # ␣ OPEN BOX, as tokenizer viewers show it
+
+
+def candidate_label(text: str, width: int = 11) -> str:
+    """A candidate token's label: its (already visible, :func:`attnscope.core.tokens.visible_text`)
+    text with each space at its start or end drawn as ``␣``, cut to ``width`` characters with ``…``;
+    ``∅`` for an empty text. Inner spaces stay spaces.
+
+    >>> candidate_label(" is"), candidate_label("is"), candidate_label("  "), candidate_label("New York ")
+    ('␣is', 'is', '␣␣', 'New York␣')
+    """
+    if not text:
+        return "\u2205"
+    core = text.strip(" ")
+    if not core:
+        label = SPACE_MARK * len(text)
+    else:
+        lead = len(text) - len(text.lstrip(" "))
+        trail = len(text) - len(text.rstrip(" "))
+        label = SPACE_MARK * lead + core + SPACE_MARK * trail
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
 class TopTokenBars(QWidget):
     """Horizontal bars: one row per candidate, the model's probability and the sampler's."""
 
@@ -160,8 +184,7 @@ class TopTokenBars(QWidget):
             f.setBold(chosen)
             p.setFont(f)
             p.setPen(QColor(20, 20, 20))
-            label = repr(r.text)[1:-1] if r.text.strip() else repr(r.text)
-            label = label if len(label) <= 11 else label[:10] + "…"
+            label = candidate_label(r.text)
             p.drawText(QRect(2, y, self.LABEL_W, self.ROW - 2), Qt.AlignVCenter | Qt.AlignRight, label)
             h_main = self.ROW - 10 if sampling else self.ROW - 6
             p.fillRect(QRect(bar_x, y + 2, bar_w, h_main), QColor(236, 239, 244))
@@ -188,6 +211,8 @@ class TopTokenBars(QWidget):
     @staticmethod
     def _legend(t: NextTokenTable) -> list[str]:
         lines = ["blue: the model's p (temperature 1)"]
+        if any(SPACE_MARK in candidate_label(r.text) for r in t.rows):
+            lines.append(f"{SPACE_MARK} marks a space: {SPACE_MARK}is is \" is\"")
         if not t.sampling.greedy:
             lines.append("orange: p after temperature, top-k, top-p")
         if t.chosen_id is not None:
