@@ -101,19 +101,21 @@ def migrate_token(settings: QSettings | None = None) -> None:
 
 class ConnectDialog(QDialog):
     """``host:port`` (from QSettings) and token (the one remembered for that address in the 0600
-    token file, else ``$ATTNSCOPE_TOKEN``)."""
+    token file, else ``$ATTNSCOPE_TOKEN``; it follows an edited address until a token is typed)."""
 
     def __init__(self, parent=None):
-        from attnscope.core.remote.token_store import saved_token
-
         super().__init__(parent)
         self.setWindowTitle("Connect to engine")
         settings = _settings()
         migrate_token(settings)
         self.address = QLineEdit(str(settings.value("engine/address", "127.0.0.1:8765")))
         self.address.setPlaceholderText("host:port (an 'attnscope serve' engine; tunnel with ssh -L)")
-        self.token = QLineEdit(saved_token(self.address.text()) or os.environ.get("ATTNSCOPE_TOKEN", ""))
+        self.token = QLineEdit(self._remembered_token())
         self.token.setEchoMode(QLineEdit.Password)
+        # the token follows the address (each engine's own remembered token) until the user types one
+        self._token_typed = False
+        self.token.textEdited.connect(lambda _t: setattr(self, "_token_typed", True))
+        self.address.textChanged.connect(self._address_changed)
         self.token.setPlaceholderText("the engine's token (empty for --no-token)")
         form = QFormLayout(self)
         form.addRow("Engine:", self.address)
@@ -123,6 +125,15 @@ class ConnectDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
+
+    def _remembered_token(self) -> str:
+        from attnscope.core.remote.token_store import saved_token
+
+        return saved_token(self.address.text().strip()) or os.environ.get("ATTNSCOPE_TOKEN", "")
+
+    def _address_changed(self, _text: str) -> None:
+        if not self._token_typed:
+            self.token.setText(self._remembered_token())
 
     def remember(self) -> None:
         """Remember the address (the token is remembered only after the connection succeeds)."""

@@ -57,6 +57,35 @@ def test_token_store_is_0600_and_keeps_one_token_per_address(config):
     assert ts.saved_token("gpu-box:9000") is None  # a damaged file reads as empty
 
 
+def test_the_dialog_token_follows_the_address_until_one_is_typed(qtbot, config, monkeypatch):
+    """File → Connect to engine…: editing the address fills in the token remembered for it (else
+    $ATTNSCOPE_TOKEN, else nothing); once the user types a token, it stays."""
+    from attnscope.app.connect import ConnectDialog
+    from attnscope.core.remote import token_store as ts
+    from PySide6.QtCore import Qt
+
+    _, ini = config
+    monkeypatch.delenv("ATTNSCOPE_TOKEN", raising=False)
+    ts.save_token("127.0.0.1:8765", "tok-local")
+    ts.save_token("gpu-box:9000", "tok-gpu")
+    dlg = ConnectDialog()
+    qtbot.addWidget(dlg)
+    assert dlg.address.text() == "127.0.0.1:8765" and dlg.token.text() == "tok-local"
+    dlg.address.clear()
+    qtbot.keyClicks(dlg.address, "gpu-box:9000")
+    assert dlg.token.text() == "tok-gpu"
+    qtbot.keyClicks(dlg.address, "1")  # gpu-box:90001: nothing remembered there
+    assert dlg.token.text() == ""
+    monkeypatch.setenv("ATTNSCOPE_TOKEN", "from-env")
+    qtbot.keyClick(dlg.address, Qt.Key_Backspace)
+    assert dlg.token.text() == "tok-gpu"
+    qtbot.keyClick(dlg.address, Qt.Key_Backspace)
+    assert dlg.token.text() == "from-env"  # gpu-box:900
+    qtbot.keyClicks(dlg.token, "-typed")
+    dlg.address.setText("127.0.0.1:8765")
+    assert dlg.token.text() == "from-env-typed"  # what the user typed is kept
+
+
 # -- the window ---------------------------------------------------------------------------------------
 def _window(qtbot):
     from attnscope.app.connect import install
