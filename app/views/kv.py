@@ -58,7 +58,7 @@ SCHEME_COLOURS = {"MHA": "#c0392b", "GQA": "#2e86c1", "MQA": "#27ae60", "MLA": "
 CALC_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRESETS = {
     # name: (layers, query heads, KV heads, head_dim, tokens, dtype, batch[, window, sliding layers])
-    "Llama-2-70B, 8192 tokens (handbook §7)": (80, 64, 8, 128, 8192, "bf16", 1),
+    "Llama-2-70B, 8192 tokens": (80, 64, 8, 128, 8192, "bf16", 1),
     "Llama-3-8B, 8192 tokens": (32, 32, 8, 128, 8192, "bf16", 1),
     "Mistral-7B, 32768 tokens": (32, 32, 8, 128, 32768, "bf16", 1),
     "Mistral-7B-v0.1, window 4096, 32768 tokens": (32, 32, 8, 128, 32768, "bf16", 1, 4096, "all"),
