@@ -212,7 +212,7 @@ class TopTokenBars(QWidget):
     def _legend(t: NextTokenTable) -> list[str]:
         lines = ["blue: the model's p (temperature 1)"]
         if any(SPACE_MARK in candidate_label(r.text) for r in t.rows):
-            lines.append(f"{SPACE_MARK} marks a space: {SPACE_MARK}is is \" is\"")
+            lines.append(f'{SPACE_MARK} marks a space: {SPACE_MARK}is is " is"')
         if not t.sampling.greedy:
             lines.append("orange: p after temperature, top-k, top-p")
         if t.chosen_id is not None:
