@@ -341,7 +341,6 @@ class CompareView(QWidget, SavedControls):
         rp.setTitle("Click a row of a map to plot A's and B's rows", color="#222", size="9pt")
         rp.setLabel("bottom", "key position")
         rp.setLabel("left", "weight")
-        rp.addLegend(offset=(-10, 10))
         self.row_a = rp.plot([], [], pen=pg.mkPen("#3b6fb6", width=2), name="A")
         self.row_b = rp.plot([], [], pen=pg.mkPen("#d0702a", width=2, style=Qt.DashLine), name="B")
         self.logit_plot = pg.PlotWidget(background="w")
@@ -349,10 +348,8 @@ class CompareView(QWidget, SavedControls):
         lp = self.logit_plot.getPlotItem()
         lp.setLabel("bottom", "position")
         lp.setLabel("left", "KL(A‖B), bits")
-        lp.addLegend(offset=(-10, 10))
-        lp.setTitle(
-            "Logits per position: KL(A‖B) and where the top-1 token differs", color="#222", size="9pt"
-        )
+        # no legend: in a plot this narrow it covered the curve; the title says what the marks are
+        lp.setTitle("KL(A‖B) of the logits per position · × top-1 differs", color="#222", size="9pt")
         self.kl_curve = lp.plot(
             [],
             [],
