@@ -398,7 +398,7 @@ class RemoteSession:
         from zmq.utils.monitor import recv_monitor_message
 
         if self._sock is None:
-            return f"not connected to the engine at {self.engine} (the connection was lost): reconnect first"
+            return str(self._not_connected())
         while self._monitor.poll(0):
             ev = recv_monitor_message(self._monitor)
             if ev["event"] == zmq.EVENT_CONNECTED:
@@ -406,6 +406,11 @@ class RemoteSession:
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 return str(self._lost("the engine closed the connection: it stopped or the network dropped"))
         return None
+
+    def _not_connected(self) -> EngineLost:
+        return EngineLost(
+            f"not connected to the engine at {self.engine} (the connection was lost): reconnect first"
+        )
 
     def _lost(self, why: str) -> EngineLost:
         self._close()
@@ -427,9 +432,7 @@ class RemoteSession:
         import zmq
 
         if self._sock is None:
-            raise EngineLost(
-                f"not connected to the engine at {self.engine} (the connection was lost): reconnect first"
-            )
+            raise self._not_connected()
         rid = next(self._ids_counter)
         msg = {
             "v": wire.VERSION,
