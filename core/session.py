@@ -183,12 +183,25 @@ class Session:
         self._n_prompt = 0
         self.prompt, self.chat_template = None, False
 
-    def step(self, n: int = 1, sampling: Sampling | None = None) -> list[Token]:
+    def step(
+        self,
+        n: int = 1,
+        sampling: Sampling | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[Token]:
         """Decode ``n`` tokens: choose from the last logits, append, run it. Returns the new tokens.
+
+        ``progress(done, n)`` after each token; ``cancelled()`` is checked before each one after the
+        first (the tokens decoded so far stay), so a long ``step(n)`` can be stopped, and an engine
+        serving it notices a client that went away (:mod:`attnscope.core.remote.server`).
 
         Raises:
             SessionError: no prompt yet, ``n < 1``, or the model's context is full.
+            Cancelled: ``cancelled()`` became true.
         """
+        from attnscope.core.errors import Cancelled
+
         if self._logits is None:
             raise SessionError("run a prompt before stepping")
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
@@ -198,7 +211,9 @@ class Session:
         if sampling is not None:
             self.sampling = sampling
         new = []
-        for _ in range(n):
+        for i in range(n):
+            if i and cancelled is not None and cancelled():
+                raise Cancelled(f"stopped after {i} of {n} steps")
             if self.info.max_context and len(self._ids) >= self.info.max_context:
                 raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
             tid = choose(self._logits, self.sampling, position=len(self._ids))
@@ -206,6 +221,8 @@ class Session:
             self._ids.append(tid)
             self._logits_history.append(self._logits)
             new.append(self._token(len(self._ids) - 1))
+            if progress is not None:
+                progress(i + 1, n)
         return new
 
     def feed(

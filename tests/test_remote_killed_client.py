@@ -73,3 +73,86 @@ def test_a_client_killed_mid_prefill_stops_its_request_and_the_engine_serves_on(
             assert np.array_equal(r.weights(3, 4), smol_session.weights(3, 4))
         finally:
             r.close()
+
+
+STEPPER = """
+import sys
+from attnscope.core.remote.client import RemoteSession
+r = RemoteSession.connect(sys.argv[1], token=sys.argv[2], timeout=120)
+r.prefill("The cat sat on the mat.", chat_template=False)
+print("stepping", flush=True)
+r.step(400)  # what `attnscope export --engine ... --steps 400` asks: one request, no progress shown
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_client_killed_mid_step_n_stops_its_request_and_others_are_answered_busy(tmp_path):
+    """A long ``step(n)`` (the CLI's ``--steps N``) reports no progress the client asked for; the
+    engine still notices its client went away (a keepalive at its next cancel check, every step)
+    and stops within a second or two, not after the remaining steps (~25 s here); a second client
+    asking meanwhile gets a "busy" answer at once, not a timeout."""
+    from attnscope.core.remote.client import Busy, RemoteSession
+    from attnscope.core.session import Session
+
+    said: list[str] = []
+    engine = Session.load()
+    with serving(engine, log=said.append) as server:
+        script = tmp_path / "stepper.py"
+        script.write_text(STEPPER)
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
+        child = subprocess.Popen(
+            [sys.executable, str(script), f"127.0.0.1:{server.port}", TOKEN],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert child.stdout.readline().startswith("stepping")
+            deadline = time.monotonic() + 30
+            while not (server._busy and server._busy[2] == "step") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            start = engine.seq_len
+            while engine.seq_len < start + 3 and time.monotonic() < deadline:
+                time.sleep(0.01)  # a few steps in
+            t0 = time.monotonic()
+            with pytest.raises(Busy, match="busy \\(step\\)"):
+                RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN, timeout=60)
+            assert time.monotonic() - t0 < 5
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            killed_at = engine.seq_len
+        finally:
+            if child.poll() is None:
+                child.kill()
+        deadline = time.monotonic() + 60
+        while server._busy is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server._busy is None
+        assert said == ["the client of step went away: its request stops here"]
+        assert engine.seq_len - killed_at <= 5  # stopped within a few steps of the kill, not 400
+        assert engine.seq_len < start + 100
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN, timeout=60)
+        try:  # the next client: served
+            assert r.seq_len == engine.seq_len and r.step(1)
+        finally:
+            r.close()
+
+
+def test_a_cancel_check_notices_a_client_that_is_gone_without_progress_messages():
+    """A request that only checks ``cancelled()`` (an analysis with no progress) still notices its
+    client went away: the check sends a keepalive every ALIVE_EVERY_S, and its failure cancels."""
+    from attnscope.core.remote.server import ALIVE_EVERY_S, EngineServer
+
+    said: list[str] = []
+    server = EngineServer(None, port=0, token=TOKEN, log=said.append)
+    try:
+        server._busy = (b"a-client-that-left", 7, "call")
+        server._last_sent = time.monotonic()
+        assert server._cancelled() is False  # just sent something: no keepalive yet
+        server._last_sent = time.monotonic() - ALIVE_EVERY_S
+        assert server._cancelled() is True
+        assert said == ["the client of call went away: its request stops here"]
+    finally:
+        server._busy = None
+        server.close()

@@ -488,7 +488,7 @@ class RemoteSession:
                 except wire.WireError as e:
                     raise RemoteError(f"the engine sent a message this client cannot read: {e}") from None
                 if reply.get("id") not in (rid, None):
-                    continue  # a late answer to a request that timed out or was abandoned
+                    continue  # a late answer to a request that timed out or was abandoned, a keepalive
                 deadline = time.monotonic() + timeout
                 kind = reply.get("kind")
                 if kind == "progress":
@@ -660,10 +660,11 @@ class RemoteSession:
         self._require_model()
         self._mutate("clear", {}, 0)
 
-    def step(self, n: int = 1, sampling=None):
+    def step(self, n: int = 1, sampling=None, progress=None, cancelled=None):
+        """As :meth:`attnscope.core.session.Session.step`, on the engine (progress relayed, cancel sent)."""
         self._require_model()
         before = len(self._ids)
-        self._mutate("step", {"n": n, "sampling": sampling}, before)
+        self._mutate("step", {"n": n, "sampling": sampling}, before, progress=progress, cancelled=cancelled)
         return self.tokens[before:]
 
     def feed(self, token_ids, progress=None, cancelled=None):

@@ -88,6 +88,10 @@ class _Refusal(Exception):
         self.kind = kind
 
 
+#: a running request's client is sent a keepalive after this many seconds without a message, at the
+#: request's next cancel check (a client that went away is noticed then)
+ALIVE_EVERY_S = 0.5
+
 #: OpenMP's busy-wait after each parallel region, for an engine process (libgomp's spin count; its
 #: default, 300,000, is milliseconds of spinning). torch's CPU worker thread otherwise spins on
 #: after a map is computed while libzmq's thread sends it, on cores the engine may share with the
@@ -186,6 +190,7 @@ class EngineServer:
         self._probe: Any = None  # op_probe's float32 buffer, kept between probes
         self._busy: Any = None  # (identity, request id, op) while a request runs
         self._cancel = False
+        self._last_sent = 0.0  # monotonic time of the last message sent (keepalives: _cancelled)
         self.served = 0
         for mod in REMOTE_MODULES:
             __import__(mod)
@@ -220,6 +225,7 @@ class EngineServer:
 
         import zmq
 
+        self._last_sent = time.monotonic()
         try:
             # never block the engine on one client: a full queue (1,000 messages unread) drops it
             self.sock.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
@@ -355,6 +361,13 @@ class EngineServer:
                 )
 
     def _cancelled(self) -> bool:
+        """The running request's cancel check: also answers what arrived meanwhile and, every
+        :data:`ALIVE_EVERY_S`, sends its client a keepalive (``{"id": -1, "kind": "alive"}``, which
+        every client skips as an answer to no request of its own), so a client that went away is
+        noticed (``ROUTER_MANDATORY``: the send fails) by a request that reports no progress."""
+        now = time.monotonic()
+        if self._busy is not None and now - self._last_sent >= ALIVE_EVERY_S:
+            self._send(self._busy[0], {"id": -1, "kind": "alive"})
         self._poll_while_busy()
         return self._cancel
 
@@ -515,7 +528,7 @@ class EngineServer:
         s = self._require()
         before = s.seq_len
         try:
-            s.step(n, sampling)
+            s.step(n, sampling, progress=self._progress, cancelled=self._cancelled)
         finally:
             if s.seq_len != before or sampling is not None:
                 self.gen += 1
