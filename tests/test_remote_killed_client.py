@@ -156,3 +156,35 @@ def test_a_cancel_check_notices_a_client_that_is_gone_without_progress_messages(
     finally:
         server._busy = None
         server.close()
+
+
+@pytest.mark.slow
+def test_sigterm_on_the_engine_stops_its_running_request_at_once(tmp_path):
+    """``kill`` (SIGTERM) of an engine in the middle of a long ``step(n)`` stops that request at its
+    next step and the engine exits; the client is told the engine is shutting down (its session
+    kept, to reconnect), within seconds, not after the remaining steps."""
+    from attnscope.core.remote.client import EngineLost, RemoteSession
+    from test_remote import _start_serve
+
+    proc, port = _start_serve(["--no-token", "--port", "0"], tmp_path / "ready")
+    try:
+        r = RemoteSession.connect(f"127.0.0.1:{port}", timeout=60)
+        r.prefill("The cat sat on the mat.", chat_template=False)
+        n0 = r.seq_len
+        done: list[int] = []
+
+        def progress(d, _total):
+            done.append(d)
+            if d == 3:
+                proc.send_signal(signal.SIGTERM)
+
+        t0 = time.monotonic()
+        with pytest.raises(EngineLost, match="the engine is shutting down \\(step stopped"):
+            r.step(400, progress=progress)
+        assert time.monotonic() - t0 < 20 and max(done) < 20
+        assert not r.connected and r.seq_len == n0  # the window's copy is kept as it was
+        assert proc.wait(15) == 0
+        assert "stopped after" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -496,6 +496,8 @@ class RemoteSession:
                         progress(*reply.get("args", []))
                     continue
                 if kind == "error":
+                    if reply.get("type") == "Stopping":  # SIGTERM on the engine: it goes away now
+                        raise self._lost(str(reply.get("error") or "the engine is shutting down"))
                     exc = _ERRORS.get(str(reply.get("type")), RemoteError)
                     raise exc(str(reply.get("error") or "the engine refused the request"))
                 self.last_compute_s = float(reply.get("compute_s") or 0.0)  # the engine's own time

@@ -53,6 +53,7 @@ ERROR_TYPES = (
     "Stale",
     "Busy",
     "Cancelled",
+    "Stopping",
     "SessionError",
     "ModelLoadError",
     "OSError",
@@ -207,8 +208,11 @@ class EngineServer:
             self._serve_one(frames[0].bytes, frames[1:])
 
     def stop(self) -> None:
-        """Make :meth:`serve_forever` return after the request it runs (thread-safe flag)."""
+        """Make :meth:`serve_forever` return, stopping the request it runs at its next cancel check
+        (its client is told the engine is shutting down). Thread-safe flags: SIGTERM calls this."""
         self._stop = True
+        if self._busy is not None:
+            self._cancel = True
 
     def close(self) -> None:
         self.sock.close(0)
@@ -304,7 +308,10 @@ class EngineServer:
         except _Refusal as e:
             self._error(ident, rid, e.kind, str(e))
         except Cancelled as e:
-            self._error(ident, rid, "Cancelled", str(e) or "cancelled")
+            if self._stop:
+                self._error(ident, rid, "Stopping", f"the engine is shutting down ({op} stopped: {e})")
+            else:
+                self._error(ident, rid, "Cancelled", str(e) or "cancelled")
         except IndexError as e:
             self._error(ident, rid, "IndexError", _line(e))
         except ValueError as e:
