@@ -71,7 +71,9 @@ class Commands:
         self.show_empty(snap)
         self.state.events.loaded.emit(snap)
 
-    def load_failed(self, message: str) -> None:
+    def load_failed(self, message: str, what: str = "Could not load the model") -> None:
+        """A failed load (or connection: ``what`` says which): the previous model's choices back in
+        the controls, the message in the status bar and a dialog."""
         s = self.state
         if s.snapshot is not None:  # the previous model (its backend, device and dtype choice) stays
             # the dtype the user chose for it ("auto" stays "auto"): its resolved dtype in the box
@@ -81,7 +83,7 @@ class Commands:
         if isinstance(message, CancelledMessage):
             self.win.status.show_error(message)  # "loading cancelled; the previous model is still loaded"
         else:
-            self.win.status.show_error(f"Could not load the model: {window_wording(message)}")
+            self.win.status.show_error(f"{what}: {window_wording(message)}")
         self.win.set_running(s.snapshot is not None)
 
     def show_empty(self, snap, why: str = "") -> None:

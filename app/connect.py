@@ -103,12 +103,16 @@ class ConnectDialog(QDialog):
     """``host:port`` (from QSettings) and token (the one remembered for that address in the 0600
     token file, else ``$ATTNSCOPE_TOKEN``; it follows an edited address until a token is typed)."""
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, current: tuple[str, str | None] | None = None):
+        """``current``: ``(address, token)`` of the engine the window is connected to (``--engine``
+        or an earlier Connect), shown first; else the remembered address."""
         super().__init__(parent)
         self.setWindowTitle("Connect to engine")
         settings = _settings()
         migrate_token(settings)
-        self.address = QLineEdit(str(settings.value("engine/address", "127.0.0.1:8765")))
+        self._current = current
+        address = current[0] if current else str(settings.value("engine/address", "127.0.0.1:8765"))
+        self.address = QLineEdit(address)
         self.address.setPlaceholderText("host:port (an 'attnscope serve' engine; tunnel with ssh -L)")
         self.token = QLineEdit(self._remembered_token())
         self.token.setEchoMode(QLineEdit.Password)
@@ -129,7 +133,10 @@ class ConnectDialog(QDialog):
     def _remembered_token(self) -> str:
         from attnscope.core.remote.token_store import saved_token
 
-        return saved_token(self.address.text().strip()) or os.environ.get("ATTNSCOPE_TOKEN", "")
+        address = self.address.text().strip()
+        if self._current and address == self._current[0] and self._current[1]:
+            return self._current[1]  # the token the window is connected with
+        return saved_token(address) or os.environ.get("ATTNSCOPE_TOKEN", "")
 
     def _address_changed(self, _text: str) -> None:
         if not self._token_typed:
@@ -162,6 +169,7 @@ class EngineConnector:
         self.lost_label = QLabel()
         self.lost_label.setStyleSheet("color:#b02a2a; font-weight:bold;")
         self.lost_label.hide()
+        self._lost_why: str | None = None  # the line a link check found, for the label's tooltip
         win.statusBar().addPermanentWidget(self.lost_label)
         win.engine.busy.connect(lambda on, _label: on or self.show_link())  # after every job
         # an engine that goes away while the window is idle is said within seconds, not at the
@@ -175,7 +183,9 @@ class EngineConnector:
 
     # -- commands ---------------------------------------------------------------------------------
     def connect_dialog(self) -> None:
-        dlg = ConnectDialog(self.win)
+        s = self.win.engine.session
+        current = (str(s.engine), s.token) if self.where() is not None else None
+        dlg = ConnectDialog(self.win, current=current)
         if dlg.exec() != QDialog.Accepted:
             return
         dlg.remember()
@@ -203,7 +213,14 @@ class EngineConnector:
             if then is not None:
                 then()
 
-        win.engine.enqueue(job, done, win.commands.load_failed, label="loading model")
+        win.engine.enqueue(job, done, lambda msg: self._connect_failed(address, msg), label="loading model")
+
+    def _connect_failed(self, address: str, message) -> None:
+        """A failed connection: the window keeps what it had, as after a failed load; the message
+        says connecting failed and, with no model, the model line says what to do next."""
+        self.win.commands.load_failed(message, what=f"Could not connect to the engine at {address}")
+        if self.win.state.snapshot is None:
+            self.win.status.model_label.setText("No model: File → Connect to engine… or File → Open model…")
 
     def _remember_token(self, address: str, token: str | None) -> None:
         from attnscope.core.remote.token_store import save_token
@@ -255,8 +272,9 @@ class EngineConnector:
         self.win.engine.enqueue(link_check_job, self._link_checked, lambda _msg: None, label=LINK_CHECK)
 
     def _link_checked(self, why: str | None) -> None:
-        if why:
-            self.win.state.say(why, 15000)
+        # no status-bar message: next to the lasting red label it was cut mid-word; the label's
+        # tooltip gives the whole line
+        self._lost_why = why or self._lost_why
         self.show_link()
 
     # -- status -----------------------------------------------------------------------------------
@@ -279,9 +297,12 @@ class EngineConnector:
         if engine is not None:
             self.lost_label.setText(f"engine at {engine} lost — File → Reconnect")
             self.lost_label.setToolTip(
-                "The connection to the remote engine was lost; the window keeps its run. "
+                (f"{self._lost_why}\n" if self._lost_why else "")
+                + "The connection to the remote engine was lost; the window keeps its run. "
                 "File → Reconnect to engine replays it once the engine answers again."
             )
+        else:
+            self._lost_why = None
 
     def show_where(self) -> None:
         """End the model line with where the model runs, for a remote session."""

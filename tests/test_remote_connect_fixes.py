@@ -162,6 +162,50 @@ def test_the_token_never_goes_in_the_settings_file(qtbot, tmp_path, config, monk
                 w.engine.session.close()
 
 
+@pytest.mark.slow
+def test_a_failed_connection_says_so_and_the_dialog_shows_the_engine_in_use(
+    qtbot, tmp_path, config, monkeypatch
+):
+    """A wrong token at File → Connect (or ``--engine``) reads "Could not connect to the engine at
+    …", not "Could not load the model"; with no model, the model line says what to do next. Once
+    connected (``attnscope --engine``, nothing remembered), the dialog shows that engine and its
+    token, not the remembered default address."""
+    from attnscope.app.connect import ConnectDialog
+    from attnscope.core.session import Session
+
+    monkeypatch.delenv("ATTNSCOPE_TOKEN", raising=False)
+    folder = tmp_path / "qwen3"
+    save_tiny("qwen3", folder, seed=5)
+    with serving(Session.load(str(folder), device="cpu")) as server:
+        addr = f"127.0.0.1:{server.port}"
+        w, conn = _window(qtbot)
+        try:
+            conn.connect(addr, "wrong-token")
+            assert w.engine.wait_idle(60)
+            assert (
+                w.last_error == f"Could not connect to the engine at {addr}: refused: wrong or missing token"
+            )
+            assert w.status.model_label.text().startswith("No model: File → Connect to engine…")
+            conn.connect(addr, TOKEN)  # as attnscope --engine does: nothing remembered
+            assert w.engine.wait_idle(60) and w.engine.session.info is not None
+            dlg = ConnectDialog(w, current=(addr, TOKEN))
+            assert dlg.address.text() == addr and dlg.token.text() == TOKEN
+            dlg.deleteLater()
+            seen = {}
+
+            def exec_(dlg):
+                seen["address"], seen["token"] = dlg.address.text(), dlg.token.text()
+                return 0  # Cancel
+
+            monkeypatch.setattr(ConnectDialog, "exec", exec_)
+            conn.connect_dialog()  # File → Connect to engine… while connected
+            assert seen == {"address": addr, "token": TOKEN}
+        finally:
+            w.engine.shutdown()
+            if hasattr(w.engine.session, "close"):
+                w.engine.session.close()
+
+
 def _engine_with_a_run(server, prompt: str) -> None:
     """What ``attnscope export --engine … --prompt PROMPT`` leaves on the engine: its run."""
     from attnscope.core.remote.client import RemoteSession

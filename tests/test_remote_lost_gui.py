@@ -121,6 +121,7 @@ def test_an_engine_lost_while_the_window_is_idle_is_said_within_seconds(qtbot, t
         qtbot.waitUntil(lambda: _lost_text(w) is not None, timeout=3 * LINK_CHECK_MS + 2000)
         assert time.monotonic() - t0 < 3 * LINK_CHECK_MS / 1000 + 2
         assert f"127.0.0.1:{port}" in _lost_text(w)
+        assert "the engine closed the connection" in conn.lost_label.toolTip()  # the whole line, not cut
         assert busy_seen and all(label == "link check" and not shown for _on, label, shown in busy_seen)
         assert w.state.snapshot.seq_len > 0  # the run is kept
         w.grab().save(str(tmp_path / "lost_idle.png"))
