@@ -416,7 +416,9 @@ def test_connecting_to_nothing_says_so():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    with pytest.raises(EngineLost, match=f"127.0.0.1:{port} \\(nothing answers there\\)"):
+    with pytest.raises(
+        EngineLost, match=f"cannot reach the engine at 127.0.0.1:{port}: nothing answers there within 1 s"
+    ):
         RemoteSession.connect(f"127.0.0.1:{port}", connect_timeout=1.0)
     assert time.monotonic() - t0 < 10
 
@@ -568,6 +570,43 @@ def test_serve_bounds_openmp_spinning_before_torch_loads(user_value):
 
     env2: dict = {}
     assert quiet_openmp(env2) is False and env2 == {}
+
+
+def test_cli_says_an_unreachable_engine_in_one_line_without_window_advice(tmp_path, monkeypatch, capsys):
+    """``attnscope export --engine`` to a port where nothing listens: exit 1 and one line that says
+    nothing answers there (it said "lost the connection …: reconnect to go on", as if a session
+    had been connected and were kept); a connection lost mid-command prints the brief line too."""
+    import socket
+
+    from attnscope.core.cli.main import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    connect = RemoteSession.connect.__func__
+
+    monkeypatch.setattr(
+        RemoteSession,
+        "connect",
+        classmethod(lambda cls, a, token=None, **kw: connect(cls, a, token=token, connect_timeout=1.0)),
+    )
+    out = tmp_path / "map.npy"
+    argv = ["export", "--engine", f"127.0.0.1:{port}", "--prompt", "x", "--layer", "0", "--head", "0"]
+    assert main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"attnscope: error: cannot reach the engine at 127.0.0.1:{port}: nothing answers there within 1 s "
+        "(is `attnscope serve` running there, or an SSH tunnel open to it?)"
+    ]
+    assert not out.exists()
+    lost = EngineLost(
+        "lost the connection to the engine at h:1 (x); this session is kept here: reconnect", "brief"
+    )
+    monkeypatch.setattr(
+        RemoteSession, "connect", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(lost))
+    )
+    assert main([*argv, "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == "attnscope: error: brief"
 
 
 @pytest.mark.slow

@@ -188,7 +188,8 @@ def main(
         PermissionError,
         IsADirectoryError,
     ) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = str(getattr(e, "brief", None) or e).strip()  # EngineLost: without the window's next step
+        msg = text.splitlines()[0] if text else type(e).__name__
         print(f"attnscope: error: {msg}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -55,7 +55,14 @@ class RemoteError(SessionError):
 
 
 class EngineLost(RemoteError):
-    """No connection to the engine (it stopped, or the network dropped): reconnect to go on."""
+    """No connection to the engine (it stopped, or the network dropped): reconnect to go on.
+
+    ``brief``: the message without what a window or a kept session would do next (the CLI, which
+    exits, prints that)."""
+
+    def __init__(self, message: str, brief: str | None = None):
+        super().__init__(message)
+        self.brief = brief or message
 
 
 class Refused(RemoteError):
@@ -414,8 +421,15 @@ class RemoteSession:
 
     def _lost(self, why: str) -> EngineLost:
         self._close()
+        brief = f"lost the connection to the engine at {self.engine} ({why})"
+        return EngineLost(f"{brief}; this session is kept here: reconnect to go on", brief)
+
+    def _unreachable(self, timeout: float) -> EngineLost:
+        """Connecting (or reconnecting) found no engine: no connection was lost, none was ever made."""
+        self._close()
         return EngineLost(
-            f"lost the connection to the engine at {self.engine} ({why}); this session is kept here: reconnect to go on"
+            f"cannot reach the engine at {self.engine}: nothing answers there within {timeout:g} s "
+            "(is `attnscope serve` running there, or an SSH tunnel open to it?)"
         )
 
     def _call(
@@ -464,12 +478,9 @@ class RemoteSession:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                why = (
-                    "nothing answers there"
-                    if connecting and not self._up
-                    else f"no answer within {timeout:g} s"
-                )
-                raise self._lost(why)
+                if connecting and not self._up:
+                    raise self._unreachable(timeout)
+                raise self._lost(f"no answer within {timeout:g} s")
             wait = min(deadline - now, 0.05 if cancelled is not None else deadline - now)
             events = dict(poller.poll(max(1, int(wait * 1000))))
             if self._monitor in events:
@@ -479,6 +490,8 @@ class RemoteSession:
                 if ev["event"] == zmq.EVENT_CONNECTED:
                     self._up = True
                 elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                    if connecting and not self._up:
+                        continue  # never connected (a host that refuses or drops it): ZeroMQ retries
                     raise self._lost("the engine closed the connection: it stopped or the network dropped")
             if self._sock in events:
                 got = self._sock.recv_multipart(copy=False)
