@@ -475,6 +475,7 @@ class RemoteSession:
         poller.register(self._monitor, zmq.POLLIN)
         deadline = time.monotonic() + timeout
         cancel_sent = False
+        closed = False  # the engine's end closed: read what it sent first, then say so
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -482,7 +483,9 @@ class RemoteSession:
                     raise self._unreachable(timeout)
                 raise self._lost(f"no answer within {timeout:g} s")
             wait = min(deadline - now, 0.05 if cancelled is not None else deadline - now)
-            events = dict(poller.poll(max(1, int(wait * 1000))))
+            if closed and not self._sock.poll(0, zmq.POLLIN):
+                raise self._lost("the engine closed the connection: it stopped or the network dropped")
+            events = dict(poller.poll(0 if closed else max(1, int(wait * 1000))))
             if self._monitor in events:
                 from zmq.utils.monitor import recv_monitor_message
 
@@ -492,7 +495,9 @@ class RemoteSession:
                 elif ev["event"] == zmq.EVENT_DISCONNECTED:
                     if connecting and not self._up:
                         continue  # never connected (a host that refuses or drops it): ZeroMQ retries
-                    raise self._lost("the engine closed the connection: it stopped or the network dropped")
+                    # lost, once what the engine sent before closing is read (its last answer)
+                    closed = True
+                    continue
             if self._sock in events:
                 got = self._sock.recv_multipart(copy=False)
                 t_recv = time.perf_counter()

@@ -215,7 +215,8 @@ class EngineServer:
             self._cancel = True
 
     def close(self) -> None:
-        self.sock.close(0)
+        # after a stop, up to 0.5 s to send the last answers ("the engine is shutting down")
+        self.sock.close(500 if self._stop else 0)
         self._ctx.term()
 
     # -- one request ------------------------------------------------------------------------------
