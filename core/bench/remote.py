@@ -9,10 +9,11 @@ map within 2× in-process, the table within 30 ms of in-process. The remote map 
 be bit-identical to the local one.
 
 On one machine (localhost) engine and bench share the CPUs, and on a busy machine the engine's
-compute varies from call to call as much as the transfer costs; so the transport's own share is
-reported too: each remote call's wall time minus the compute time the engine measured for it; and
-the link's floor: the wall time of a reply of the map's size that the engine already holds
-(:meth:`RemoteSession.probe`), what any request that size costs on this link before any compute.
+compute varies from call to call as much as the transfer costs; so ``repeats`` more calls of each
+are split into the engine's compute (its reply says) and the rest, sending, receiving and decoding
+(medians of wall and compute, the rest their difference: the three add up); and the link's floor is
+timed: a reply of the map's size that the engine already holds (:meth:`RemoteSession.probe`), what
+any request that size costs on this link before any compute.
 """
 
 from __future__ import annotations
@@ -103,19 +104,21 @@ def run_remote_bench(
             out["floor_s"].append(_median(lambda: r.probe(T * T * 4), repeats))
             out["local_table_s"].append(_median(local.sink_scores, repeats * 3))
             out["remote_table_s"].append(_median(r.sink_scores, repeats * 3))
-        # the network's own share: wall time here minus the engine's compute (its reply says), per call
-        over: dict[str, list[float]] = {"map_overhead_s": [], "table_overhead_s": [], "engine_map_s": []}
-        for key, fn in (
-            ("map_overhead_s", lambda: r.weights(layer, head)),
-            ("table_overhead_s", r.sink_scores),
-        ):
+        # where a remote call's time goes, from the same calls: the engine's compute (its reply says)
+        # and the rest (sending, receiving, decoding); medians of wall and compute, the rest their
+        # difference, so the three figures add up
+        calls: dict[str, list[tuple[float, float]]] = {"map": [], "table": []}
+        for key, fn in (("map", lambda: r.weights(layer, head)), ("table", r.sink_scores)):
             for _ in range(repeats):
                 fn()
-                over[key].append(r.last_wall_s - r.last_compute_s)
-                if key == "map_overhead_s":
-                    over["engine_map_s"].append(r.last_compute_s)
+                calls[key].append((r.last_wall_s, r.last_compute_s))
         med = {k: min(v) for k, v in out.items()}
-        med.update({k: statistics.median(v) for k, v in over.items()})
+        for key, rows in calls.items():
+            wall = statistics.median(w for w, _ in rows)
+            compute = statistics.median(c for _, c in rows)
+            med[f"{key}_wall_s"] = wall
+            med[f"engine_{key}_s"] = compute
+            med[f"{key}_overhead_s"] = max(0.0, wall - compute)
         map_ratio = med["remote_map_s"] / med["local_map_s"]
         table_extra = med["remote_table_s"] - med["local_table_s"]
         return {
@@ -128,11 +131,11 @@ def run_remote_bench(
             "layer": layer,
             "head": head,
             "map_bytes": T * T * 4,
+            "repeats": repeats,
             "bit_identical": identical,
             **med,
             "map_ratio": map_ratio,
             "table_extra_s": table_extra,
-            "map_overhead_ratio": (med["local_map_s"] + med["map_overhead_s"]) / med["local_map_s"],
             "floor_ratio": (med["local_map_s"] + med["floor_s"]) / med["local_map_s"],
             "link_bytes_per_s": (T * T * 4) / max(med["map_overhead_s"], 1e-9),
             "targets": {
@@ -158,11 +161,12 @@ def format_remote_table(res: dict) -> str:
             f"remote {res['remote_map_s'] * 1e3:.1f} ms = {res['map_ratio']:.2f}× (target ≤ {t['map_ratio_max']:g}×: {ok[t['map_met']]})",
             f"sink table: in-process {res['local_table_s'] * 1e3:.2f} ms, remote {res['remote_table_s'] * 1e3:.2f} ms, "
             f"+{res['table_extra_s'] * 1e3:.2f} ms (target ≤ +{t['table_extra_max_s'] * 1e3:g} ms: {ok[t['table_met']]})",
-            f"transport alone (wall here − the engine's compute, median): map {res['map_overhead_s'] * 1e3:.1f} ms "
-            f"(in-process + transport = {res['map_overhead_ratio']:.2f}× in-process), "
-            f"table {res['table_overhead_s'] * 1e3:.2f} ms",
-            f"the link's floor (the engine sends {res['map_bytes'] / 1e6:.1f} MB it holds, no compute): "
-            f"{res['floor_s'] * 1e3:.1f} ms, so in-process + floor = {res['floor_ratio']:.2f}× in-process; "
-            f"the engine's own compute of the map: {res['engine_map_s'] * 1e3:.1f} ms",
+            f"where a remote map's time goes ({res['repeats']} more calls, medians): {res['map_wall_s'] * 1e3:.1f} ms = "
+            f"the engine's compute {res['engine_map_s'] * 1e3:.1f} ms + sending, receiving and decoding "
+            f"{res['map_overhead_s'] * 1e3:.1f} ms (sink table: {res['table_wall_s'] * 1e3:.2f} = "
+            f"{res['engine_table_s'] * 1e3:.2f} + {res['table_overhead_s'] * 1e3:.2f} ms)",
+            f"the link alone (the engine sends {res['map_bytes'] / 1e6:.1f} MB it already holds, no compute): "
+            f"{res['floor_s'] * 1e3:.1f} ms, so a remote map needs about in-process + that = "
+            f"{res['floor_ratio']:.2f}× in-process",
         ]
     )
