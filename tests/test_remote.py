@@ -277,6 +277,21 @@ def test_remote_calls_leave_no_cyclic_garbage_on_either_side(remote_qwen3):
     assert found == 0, f"{found} objects in reference cycles: {kinds}"
 
 
+def test_a_refused_token_is_logged_once_per_ten_seconds_with_the_peer():
+    """The engine's operator sees refused tokens (one log line naming the peer's address; a flood
+    of them is one line per 10 s); the client gets its one refusal line each time."""
+    said: list[str] = []
+    with serving(None, log=said.append) as server:
+        for _ in range(3):
+            with pytest.raises(Refused, match="refused: wrong or missing token"):
+                RemoteSession.connect(f"127.0.0.1:{server.port}", token="wrong", timeout=10)
+        assert said == ["refused a request with a wrong or missing token (from 127.0.0.1)"]
+        server._refusal_logged -= 10.0
+        with pytest.raises(Refused):
+            RemoteSession.connect(f"127.0.0.1:{server.port}", token=None, timeout=10)
+        assert len(said) == 2
+
+
 def test_qwen3_refusals_leave_the_server_serving(remote_qwen3):
     local, r, server = remote_qwen3
     r.prefill("a short prompt", chat_template=False)

@@ -117,6 +117,14 @@ def quiet_openmp(environ=None) -> bool:
     return True
 
 
+def _peer(frames) -> str:
+    """The sending peer's address of a received message (ZeroMQ's ``Peer-Address``), or "unknown"."""
+    try:
+        return str(frames[0].get("Peer-Address"))
+    except Exception:
+        return "unknown"
+
+
 def is_loopback(host: str) -> bool:
     """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     return host in LOOPBACK or host.startswith("127.")
@@ -192,6 +200,7 @@ class EngineServer:
         self._busy: Any = None  # (identity, request id, op) while a request runs
         self._cancel = False
         self._last_sent = 0.0  # monotonic time of the last message sent (keepalives: _cancelled)
+        self._refusal_logged = -1e9  # monotonic time a refused token was last logged
         self.served = 0
         for mod in REMOTE_MODULES:
             __import__(mod)
@@ -259,6 +268,10 @@ class EngineServer:
             given = req.get("token")
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
                 self._error(ident, rid, "Refused", "refused: wrong or missing token")
+                now = time.monotonic()
+                if now - self._refusal_logged >= 10.0:  # a flood of bad tokens is one line per 10 s
+                    self._refusal_logged = now
+                    self.log(f"refused a request with a wrong or missing token (from {_peer(frames)})")
                 return None
         if req.get("v") != wire.VERSION:
             self._error(
