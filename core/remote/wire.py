@@ -17,7 +17,8 @@ Request header: ``{"v": 1, "id": n, "token": str | None, "op": str, "args": {...
 [instance, generation] | None, "compress": bool}``. Replies to request ``id``: any number of
 ``{"id", "kind": "progress", "args": [...]}`` then one ``{"id", "kind": "result", "result": ...,
 "state": {...} | None, "compute_s": s}`` or ``{"id", "kind": "error", "type": ..., "error": one
-line}``.
+line}``. While a request runs the engine may also send ``{"id": -1, "kind": "alive"}`` (a keepalive
+that tells it whether the client is still there); clients skip it as an answer to no request.
 """
 
 from __future__ import annotations
