@@ -27,6 +27,7 @@ import dataclasses
 import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class _Decoder:
     def __init__(self, buffers: list, allow):
         self.buffers = buffers
         self.allow = allow
-        self.zd = None
+        self.zd: Any = None  # a zstandard.ZstdDecompressor, made at the first compressed buffer
 
     def array(self, d):
         try:
