@@ -218,6 +218,10 @@ class EngineConnector:
     def _connect_failed(self, address: str, message) -> None:
         """A failed connection: the window keeps what it had, as after a failed load; the message
         says connecting failed and, with no model, the model line says what to do next."""
+        import re
+
+        if type(message) is str:  # not a CancelledMessage; "… at HOST:PORT: cannot reach … at HOST:PORT" once
+            message = re.sub(r"^cannot reach the engine at \S+: ", "", message)
         self.win.commands.load_failed(message, what=f"Could not connect to the engine at {address}")
         if self.win.state.snapshot is None:
             self.win.status.model_label.setText("No model: File → Connect to engine… or File → Open model…")

@@ -186,6 +186,28 @@ def test_a_failed_connection_says_so_and_the_dialog_shows_the_engine_in_use(
                 w.last_error == f"Could not connect to the engine at {addr}: refused: wrong or missing token"
             )
             assert w.status.model_label.text().startswith("No model: File → Connect to engine…")
+            import socket
+
+            with socket.socket() as sk:  # a port where nothing listens: the address said once
+                sk.bind(("127.0.0.1", 0))
+                dead = f"127.0.0.1:{sk.getsockname()[1]}"
+            from attnscope.core.remote.client import RemoteSession
+
+            connect = RemoteSession.connect.__func__
+            monkeypatch.setattr(
+                RemoteSession,
+                "connect",
+                classmethod(
+                    lambda cls, a, token=None, **kw: connect(cls, a, token=token, connect_timeout=1.0)
+                ),
+            )
+            conn.connect(dead, TOKEN)
+            assert w.engine.wait_idle(60)
+            assert w.last_error == (
+                f"Could not connect to the engine at {dead}: nothing answers there within 1 s "
+                "(is `attnscope serve` running there, or an SSH tunnel open to it?)"
+            )
+            monkeypatch.setattr(RemoteSession, "connect", classmethod(connect))  # the real one again
             conn.connect(addr, TOKEN)  # as attnscope --engine does: nothing remembered
             assert w.engine.wait_idle(60) and w.engine.session.info is not None
             dlg = ConnectDialog(w, current=(addr, TOKEN))
