@@ -214,16 +214,22 @@ class Session:
         for i in range(n):
             if i and cancelled is not None and cancelled():
                 raise Cancelled(f"stopped after {i} of {n} steps")
-            if self.info.max_context and len(self._ids) >= self.info.max_context:
-                raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
-            tid = choose(self._logits, self.sampling, position=len(self._ids))
-            self._logits = self.backend.forward([tid])
-            self._ids.append(tid)
-            self._logits_history.append(self._logits)
-            new.append(self._token(len(self._ids) - 1))
+            self._check_room()
+            new.append(self._decode_one(choose(self._logits, self.sampling, position=len(self._ids))))
             if progress is not None:
                 progress(i + 1, n)
         return new
+
+    def _check_room(self) -> None:
+        if self.info.max_context and len(self._ids) >= self.info.max_context:
+            raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
+
+    def _decode_one(self, tid: int) -> Token:
+        """Run token ``tid`` as the next decode step (one forward), keep its logits; its Token."""
+        self._logits = self.backend.forward([tid])
+        self._ids.append(tid)
+        self._logits_history.append(self._logits)
+        return self._token(len(self._ids) - 1)
 
     def feed(
         self,
@@ -255,12 +261,8 @@ class Session:
         for i, tid in enumerate(ids):
             if cancelled is not None and cancelled():
                 raise Cancelled(f"stopped after {i} of {len(ids)} tokens")
-            if self.info.max_context and len(self._ids) >= self.info.max_context:
-                raise SessionError(f"the model's context of {self.info.max_context} tokens is full")
-            self._logits = self.backend.forward([tid])
-            self._ids.append(tid)
-            self._logits_history.append(self._logits)
-            new.append(self._token(len(self._ids) - 1))
+            self._check_room()
+            new.append(self._decode_one(tid))
             if progress is not None:
                 progress(i + 1, len(ids))
         return new

@@ -31,6 +31,19 @@ print("finished", flush=True)
 """
 
 
+def _start_client(code: str, server, tmp_path) -> subprocess.Popen:
+    """A client process running ``code`` against ``server`` (address and token as argv), stdout piped."""
+    script = tmp_path / "client.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
+    return subprocess.Popen(
+        [sys.executable, str(script), f"127.0.0.1:{server.port}", TOKEN],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
 @pytest.mark.slow
 def test_a_client_killed_mid_prefill_stops_its_request_and_the_engine_serves_on(smol_session, tmp_path):
     from attnscope.core.remote.client import RemoteSession
@@ -39,15 +52,7 @@ def test_a_client_killed_mid_prefill_stops_its_request_and_the_engine_serves_on(
     said: list[str] = []
     engine = Session.load()
     with serving(engine, log=said.append) as server:
-        script = tmp_path / "client.py"
-        script.write_text(CLIENT)
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
-        child = subprocess.Popen(
-            [sys.executable, str(script), f"127.0.0.1:{server.port}", TOKEN],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        child = _start_client(CLIENT, server, tmp_path)
         try:
             line = child.stdout.readline()  # the engine is prefilling for it: its first chunk is done
             assert line.startswith("progress"), line
@@ -98,15 +103,7 @@ def test_a_client_killed_mid_step_n_stops_its_request_and_others_are_answered_bu
     said: list[str] = []
     engine = Session.load()
     with serving(engine, log=said.append) as server:
-        script = tmp_path / "stepper.py"
-        script.write_text(STEPPER)
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
-        child = subprocess.Popen(
-            [sys.executable, str(script), f"127.0.0.1:{server.port}", TOKEN],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        child = _start_client(STEPPER, server, tmp_path)
         try:
             assert child.stdout.readline().startswith("stepping")
             deadline = time.monotonic() + 30

@@ -23,16 +23,10 @@ def _lost_text(w) -> str | None:
     return lost[0] if len(lost) == 1 else (None if not lost else " | ".join(lost))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("first", ["step", "run"])
-def test_a_lost_engine_is_said_until_reconnect(qtbot, tmp_path, first):
-    """The trial's steps: connect, Run, step; the engine is killed; the next command (a step, or Run
-    of a new prompt) fails: the status bar keeps "engine at 127.0.0.1:PORT lost — File → Reconnect"
-    after its timed message is cleared, and through a Reconnect that finds no engine; a Reconnect to
-    a new engine on the port removes it."""
+def _window_and_model(qtbot, tmp_path):
+    """(a shown window with its engine connector, a tiny llama folder for the engines to serve)."""
     from attnscope.app.connect import install
     from attnscope.app.main_window import MainWindow
-    from attnscope.core.session import Session
 
     folder = tmp_path / "llama"
     save_tiny("llama", folder, seed=3)
@@ -40,7 +34,19 @@ def test_a_lost_engine_is_said_until_reconnect(qtbot, tmp_path, first):
     qtbot.addWidget(w)
     w.resize(1200, 800)
     w.show()
-    conn = getattr(w, "engine_connector", None) or install(w)
+    return w, getattr(w, "engine_connector", None) or install(w), folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["step", "run"])
+def test_a_lost_engine_is_said_until_reconnect(qtbot, tmp_path, first):
+    """The trial's steps: connect, Run, step; the engine is killed; the next command (a step, or Run
+    of a new prompt) fails: the status bar keeps "engine at 127.0.0.1:PORT lost — File → Reconnect"
+    after its timed message is cleared, and through a Reconnect that finds no engine; a Reconnect to
+    a new engine on the port removes it."""
+    from attnscope.core.session import Session
+
+    w, conn, folder = _window_and_model(qtbot, tmp_path)
     try:
         with serving(Session.load(str(folder), device="cpu")) as server:
             conn.connect(f"127.0.0.1:{server.port}", TOKEN)
@@ -91,17 +97,10 @@ def test_an_engine_lost_while_the_window_is_idle_is_said_within_seconds(qtbot, t
     its run, and a Reconnect to a new engine on the port restores it."""
     import time
 
-    from attnscope.app.connect import LINK_CHECK_MS, install
-    from attnscope.app.main_window import MainWindow
+    from attnscope.app.connect import LINK_CHECK_MS
     from attnscope.core.session import Session
 
-    folder = tmp_path / "llama"
-    save_tiny("llama", folder, seed=3)
-    w = MainWindow(autoload=False)
-    qtbot.addWidget(w)
-    w.resize(1200, 800)
-    w.show()
-    conn = getattr(w, "engine_connector", None) or install(w)
+    w, conn, folder = _window_and_model(qtbot, tmp_path)
     busy_seen: list = []
     try:
         with serving(Session.load(str(folder), device="cpu")) as server:

@@ -54,6 +54,10 @@ class RemoteError(SessionError):
     """The engine refused or failed a request (its one line)."""
 
 
+#: why a connection ended when the engine's end closed it
+_CLOSED = "the engine closed the connection: it stopped or the network dropped"
+
+
 class EngineLost(RemoteError):
     """No connection to the engine (it stopped, or the network dropped): reconnect to go on.
 
@@ -401,18 +405,24 @@ class RemoteSession:
         (ZeroMQ's heartbeats, 6 s) is an event on the socket's monitor, read here. Call it on the
         thread that makes the requests (a ZeroMQ socket is not thread-safe): the window does, from
         an engine-thread job every few seconds while it is idle."""
-        import zmq
-        from zmq.utils.monitor import recv_monitor_message
-
         if self._sock is None:
             return str(self._not_connected())
         while self._monitor.poll(0):
-            ev = recv_monitor_message(self._monitor)
-            if ev["event"] == zmq.EVENT_CONNECTED:
-                self._up = True
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                return str(self._lost("the engine closed the connection: it stopped or the network dropped"))
+            if self._monitor_event() == "disconnected":
+                return str(self._lost(_CLOSED))
         return None
+
+    def _monitor_event(self) -> str | None:
+        """Read one event of the socket's monitor: "connected" (then :attr:`_up`), "disconnected"
+        or None (another event)."""
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        ev = recv_monitor_message(self._monitor)["event"]
+        if ev == zmq.EVENT_CONNECTED:
+            self._up = True
+            return "connected"
+        return "disconnected" if ev == zmq.EVENT_DISCONNECTED else None
 
     def _not_connected(self) -> EngineLost:
         return EngineLost(
@@ -484,20 +494,13 @@ class RemoteSession:
                 raise self._lost(f"no answer within {timeout:g} s")
             wait = min(deadline - now, 0.05 if cancelled is not None else deadline - now)
             if closed and not self._sock.poll(0, zmq.POLLIN):
-                raise self._lost("the engine closed the connection: it stopped or the network dropped")
+                raise self._lost(_CLOSED)
             events = dict(poller.poll(0 if closed else max(1, int(wait * 1000))))
-            if self._monitor in events:
-                from zmq.utils.monitor import recv_monitor_message
-
-                ev = recv_monitor_message(self._monitor)
-                if ev["event"] == zmq.EVENT_CONNECTED:
-                    self._up = True
-                elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                    if connecting and not self._up:
-                        continue  # never connected (a host that refuses or drops it): ZeroMQ retries
-                    # lost, once what the engine sent before closing is read (its last answer)
-                    closed = True
-                    continue
+            if self._monitor in events and self._monitor_event() == "disconnected":
+                if connecting and not self._up:
+                    continue  # never connected (a host that refuses or drops it): ZeroMQ retries
+                closed = True  # lost, once what the engine sent before closing is read (its last answer)
+                continue
             if self._sock in events:
                 got = self._sock.recv_multipart(copy=False)
                 t_recv = time.perf_counter()
