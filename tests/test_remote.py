@@ -662,7 +662,7 @@ def test_cli_export_through_the_engine(tmp_path):
 def test_ray_engine_actor(tmp_path):
     """``attnscope serve --ray``: a local Ray instance runs the engine as an actor; a client connects to
     it as to any engine and gets the in-process numbers (skipped without Ray)."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed (not in CI: it is very large)")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
     from attnscope.core.remote import ray_engine
     from attnscope.core.session import Session
 
@@ -682,6 +682,8 @@ def test_ray_engine_actor(tmp_path):
         )
         try:
             assert where["model"] == local.info.name and where["device"] == "torch cpu"
+            # the actor's process got attnscope serve's OpenMP settings (GOMP_SPINCOUNT)
+            assert where["openmp_env"] == {k: os.environ.get(k, v) for k, v in ENGINE_OPENMP_ENV.items()}
             with RemoteSession.connect(f"127.0.0.1:{where['port']}", token=TOKEN) as r:
                 r.prefill("ray holds the engine", chat_template=False)
                 r.step(2)

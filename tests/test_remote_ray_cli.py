@@ -1,6 +1,6 @@
 """``attnscope serve --ray local``: the CLI starts a Ray instance, the engine runs in an actor, a
 client connects with the token and the same numbers come back; SIGTERM stops the actor and Ray
-(skipped without Ray, which CI does not install)."""
+(skipped without Ray; CI installs the ``ray`` extra)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tiny_models import save_tiny  # noqa: E402
 
 @pytest.mark.slow
 def test_serve_ray_local_runs_the_engine_in_an_actor(tmp_path):
-    pytest.importorskip("ray", reason="Ray is not installed (not in CI: it is very large)")
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
     from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
 

@@ -7,8 +7,8 @@ NODE_IP:PORT``, the same token). Ray only schedules and keeps the process alive:
 through Ray's object store and nothing is pickled on the engine's wire (the constructor's plain
 arguments, strings and numbers, are Ray's own business).
 
-``ray`` is an optional, large dependency, not installed in CI (``pip install ray``); this module
-imports it only when called. Not done: a Ray Serve deployment, autoscaling, more than one engine.
+``ray`` is an optional, large dependency (``pip install ray``, the ``ray`` extra; CI installs it to
+run the actor test); this module imports it only when called. Not done: a Ray Serve deployment, autoscaling, more than one engine.
 """
 
 from __future__ import annotations
@@ -47,10 +47,13 @@ class _EngineActor:
         self.thread.start()
 
     def where(self) -> dict:
-        """``{"ip", "port", "host", "model", "device"}``: where clients connect (the node's IP)."""
+        """``{"ip", "port", "host", "model", "device", "openmp_env"}``: where clients connect (the
+        node's IP), and the actor's :data:`attnscope.core.remote.server.ENGINE_OPENMP_ENV` variables."""
+        import os
         import socket
 
         import ray
+        from attnscope.core.remote.server import ENGINE_OPENMP_ENV
 
         s = self.server.session
         return {
@@ -59,6 +62,7 @@ class _EngineActor:
             "host": socket.gethostname(),
             "model": None if s is None else s.info.name,
             "device": None if s is None else f"{s.backend.name} {s.backend.device}",
+            "openmp_env": {k: os.environ.get(k) for k in ENGINE_OPENMP_ENV},
         }
 
     def stop(self) -> int:
@@ -98,8 +102,15 @@ def start(
         ValueError: Ray is not installed. SessionError: the actor did not start (its load failed:
         the last line of its error).
     """
+    import os
+
+    from attnscope.core.remote.server import ENGINE_OPENMP_ENV
+
     ray = _ray()
-    cls = ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(_EngineActor)
+    # the actor's process starts with attnscope serve's OpenMP settings (this machine's own values
+    # where set): a fresh worker, so they are read when torch loads there
+    env = {k: os.environ.get(k, v) for k, v in ENGINE_OPENMP_ENV.items()}
+    cls = ray.remote(num_gpus=num_gpus, num_cpus=num_cpus, runtime_env={"env_vars": env})(_EngineActor)
     actor = cls.remote(host, port, token, load, dict(load_kwargs or {}), max(1, int(num_cpus)))
     try:
         where = ray.get(actor.where.remote())
