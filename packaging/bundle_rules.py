@@ -110,6 +110,9 @@ EXCLUDED_PACKAGES = [
     "typer",
     "rich",
     "click",
+    # attnscope serve --ray runs from a pip install on the cluster, never from the desktop bundle
+    # (the bundle's serve --ray says "pip install ray"); CI's venv has Ray for its tests (~240 MB)
+    "ray",
     "transformers.cli",
     "transformers.commands",
     "huggingface_hub.cli",
