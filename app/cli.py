@@ -20,6 +20,9 @@ def _qt_renderers():
 
 
 def main(argv=None) -> int:
+    from attnscope.core.openmp import quiet_openmp
+
+    quiet_openmp()  # before anything loads torch: OpenMP reads its spin count once
     from attnscope.core.cli.main import main as core_main
 
     return core_main(sys.argv[1:] if argv is None else argv, gui=_gui, renderers=_qt_renderers)

@@ -36,7 +36,8 @@ from attnscope.core.remote.client import (  # noqa: E402
     parse_address,
     read_token,
 )
-from attnscope.core.remote.server import ENGINE_OPENMP_ENV, EngineServer, quiet_openmp  # noqa: E402
+from attnscope.core.openmp import OPENMP_ENV, quiet_openmp  # noqa: E402
+from attnscope.core.remote.server import EngineServer  # noqa: E402
 from attnscope.core.sampling import Sampling  # noqa: E402
 from tiny_models import save_tiny  # noqa: E402
 
@@ -579,7 +580,7 @@ def test_serve_bounds_openmp_spinning_before_torch_loads(user_value):
     out = subprocess.run(
         [sys.executable, "-c", _SEEN_AT_TORCH_IMPORT], env=env, capture_output=True, text=True, timeout=120
     )
-    want = user_value or ENGINE_OPENMP_ENV["GOMP_SPINCOUNT"]
+    want = user_value or OPENMP_ENV["GOMP_SPINCOUNT"]
     assert f"GOMP_SPINCOUNT at torch import: {want}" in out.stdout, out.stdout + out.stderr
     import torch  # noqa: F401  (this test process has it)
 
@@ -683,7 +684,7 @@ def test_ray_engine_actor(tmp_path):
         try:
             assert where["model"] == local.info.name and where["device"] == "torch cpu"
             # the actor's process got attnscope serve's OpenMP settings (GOMP_SPINCOUNT)
-            assert where["openmp_env"] == {k: os.environ.get(k, v) for k, v in ENGINE_OPENMP_ENV.items()}
+            assert where["openmp_env"] == {k: os.environ.get(k, v) for k, v in OPENMP_ENV.items()}
             with RemoteSession.connect(f"127.0.0.1:{where['port']}", token=TOKEN) as r:
                 r.prefill("ray holds the engine", chat_template=False)
                 r.step(2)

@@ -41,8 +41,8 @@ the link: the engine sending a 16.8 MB buffer it holds takes 4.0-7.2 ms here (ra
 processes: 4.3 ms). The sink table costs +1.3 to +5.7 ms (target ≤ 30 ms). What made the engine's
 compute slower than in-process is gone: :mod:`.wire`'s recursive closures, a reference cycle holding
 each message's buffers until a garbage collection (fresh pages for every map). libgomp's default
-busy-wait, a torch worker spinning on a core through each send, is bounded (``ENGINE_OPENMP_ENV`` in
-:mod:`.server`). The remote map is bit-identical to
+busy-wait, a torch worker spinning on a core through each send, is bounded (:mod:`attnscope.core.openmp`,
+as in every attnscope process). The remote map is bit-identical to
 in-process in every run (``tests/test_remote.py`` checks weights, logits and sink tables for SmolLM2
 and a tiny Qwen3).
 

@@ -48,12 +48,12 @@ class _EngineActor:
 
     def where(self) -> dict:
         """``{"ip", "port", "host", "model", "device", "openmp_env"}``: where clients connect (the
-        node's IP), and the actor's :data:`attnscope.core.remote.server.ENGINE_OPENMP_ENV` variables."""
+        node's IP), and the actor's :data:`attnscope.core.openmp.OPENMP_ENV` variables."""
         import os
         import socket
 
         import ray
-        from attnscope.core.remote.server import ENGINE_OPENMP_ENV
+        from attnscope.core.openmp import OPENMP_ENV
 
         s = self.server.session
         return {
@@ -62,7 +62,7 @@ class _EngineActor:
             "host": socket.gethostname(),
             "model": None if s is None else s.info.name,
             "device": None if s is None else f"{s.backend.name} {s.backend.device}",
-            "openmp_env": {k: os.environ.get(k) for k in ENGINE_OPENMP_ENV},
+            "openmp_env": {k: os.environ.get(k) for k in OPENMP_ENV},
         }
 
     def stop(self) -> int:
@@ -104,12 +104,12 @@ def start(
     """
     import os
 
-    from attnscope.core.remote.server import ENGINE_OPENMP_ENV
+    from attnscope.core.openmp import OPENMP_ENV
 
     ray = _ray()
     # the actor's process starts with attnscope serve's OpenMP settings (this machine's own values
     # where set): a fresh worker, so they are read when torch loads there
-    env = {k: os.environ.get(k, v) for k, v in ENGINE_OPENMP_ENV.items()}
+    env = {k: os.environ.get(k, v) for k, v in OPENMP_ENV.items()}
     cls = ray.remote(num_gpus=num_gpus, num_cpus=num_cpus, runtime_env={"env_vars": env})(_EngineActor)
     actor = cls.remote(host, port, token, load, dict(load_kwargs or {}), max(1, int(num_cpus)))
     try:

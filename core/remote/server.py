@@ -93,28 +93,6 @@ class _Refusal(Exception):
 #: request's next cancel check (a client that went away is noticed then)
 ALIVE_EVERY_S = 0.5
 
-#: OpenMP's busy-wait after each parallel region, for an engine process (libgomp's spin count; its
-#: default, 300,000, is milliseconds of spinning). torch's CPU worker thread otherwise spins on
-#: after a map is computed while libzmq's thread sends it, on cores the engine may share with the
-#: client (localhost) or other jobs: with the default it burned 14-16 ms of CPU per 2048² map
-#: request (its /proc thread times, 60 requests), with 30,000 it burns 8-9.5 ms. The wall time of the
-#: remote map improved in one interleaved A/B (17.0 against 19.3-19.7 ms, two engines, load 1.4-3.4)
-#: and not in another (15.1-15.9 against 15.8 ms); decode steps measured the same (62-68 ms either
-#: way). A value the user set is kept.
-ENGINE_OPENMP_ENV = {"GOMP_SPINCOUNT": "30000"}
-
-
-def quiet_openmp(environ=None) -> bool:
-    """Set :data:`ENGINE_OPENMP_ENV` in ``environ`` (default ``os.environ``) where unset; True when
-    it can take effect (OpenMP reads it when torch first loads: False once torch is imported)."""
-    import os
-
-    env = os.environ if environ is None else environ
-    if "torch" in sys.modules:
-        return False
-    for k, v in ENGINE_OPENMP_ENV.items():
-        env.setdefault(k, v)
-    return True
 
 
 def _peer(frames) -> str:

@@ -125,7 +125,8 @@ def run(args) -> int:
     token = _token(args)
     if args.ray is not None:
         return _run_ray(args, token)
-    from attnscope.core.remote.server import EngineServer, quiet_openmp
+    from attnscope.core.openmp import quiet_openmp
+    from attnscope.core.remote.server import EngineServer
 
     quiet_openmp()  # before torch loads: OpenMP reads its spin count once
 
