@@ -26,6 +26,7 @@ from attnscope.core.analysis import aggregate as agg  # noqa: E402
 from attnscope.core.analysis.sinks import session_sink_report  # noqa: E402
 from attnscope.core.analysis.timeline import next_tokens  # noqa: E402
 from attnscope.core.errors import SessionError  # noqa: E402
+from attnscope.core.openmp import OPENMP_ENV, quiet_openmp  # noqa: E402
 from attnscope.core.remote import wire  # noqa: E402
 from attnscope.core.remote.client import (  # noqa: E402
     EngineLost,
@@ -36,7 +37,6 @@ from attnscope.core.remote.client import (  # noqa: E402
     parse_address,
     read_token,
 )
-from attnscope.core.openmp import OPENMP_ENV, quiet_openmp  # noqa: E402
 from attnscope.core.remote.server import EngineServer  # noqa: E402
 from attnscope.core.sampling import Sampling  # noqa: E402
 from tiny_models import save_tiny  # noqa: E402

@@ -94,7 +94,6 @@ class _Refusal(Exception):
 ALIVE_EVERY_S = 0.5
 
 
-
 def _peer(frames) -> str:
     """The sending peer's address of a received message (ZeroMQ's ``Peer-Address``), or "unknown"."""
     try:
