@@ -154,11 +154,23 @@ class ExportController:
             self.win.show_error(f"Could not open the session: {e}")
             return None
 
+        # the run the reopen replaces, when it replays into the running model: a cancelled or failed
+        # replay has overwritten it part-way, so it is run again (README: a cancelled load keeps the
+        # previous model and run)
+        previous: dict = {}
+
         def job(ctx):
             from attnscope.core.errors import Cancelled
 
             old = ctx.session
             reused = old is not None and sessionfile.same_model(old, sf)
+            if reused and old.seq_len:
+                previous.update(
+                    prompt=old.prompt,
+                    chat_template=old.chat_template,
+                    generated=list(old.ids[old.n_prompt :]),
+                    sampling=old.sampling,
+                )
 
             def progress(message, fraction):
                 if ctx.cancelled():
@@ -200,15 +212,56 @@ class ExportController:
         def failed(message):
             from attnscope.app.engine import CancelledMessage
 
-            # the engine keeps the previous run, or (a replay into the same model stopped part-way) an
-            # empty session: the window shows whichever it is
+            # the engine keeps the previous run (another model was to be loaded), or the replay into
+            # the running model stopped part-way: the previous run is run again
             if isinstance(message, CancelledMessage):
                 message = CancelledMessage(f"Opening {Path(path).name} cancelled ({message})")
             else:
                 message = f"Could not open the session: {message}"
-            self.win.commands.command_failed(message)
+            if previous:
+                self._restore_run(dict(previous), message)
+            else:
+                self.win.commands.command_failed(message)
 
         return self.win.engine.enqueue(job, done, failed, label="open session")
+
+    def _restore_run(self, run: dict, why: str) -> None:
+        """Run ``run`` (prompt, chat template, generated ids, sampling: the run a reopen overwrote)
+        again on the engine, as it was, the timeline at the step it showed; ``why`` (the reopen's
+        failure) is said first. Esc cancels this too (then: the empty state)."""
+        from attnscope.app.engine import CancelledMessage
+
+        win = self.win
+        step = win.timeline.step
+        win.status.show_error(why)
+        win.statusBar().showMessage(f"{why} · restoring the previous run…")
+
+        def job(ctx):
+            s = ctx.require()
+            s.set_sampling(run["sampling"])
+            s.prefill(
+                run["prompt"],
+                chat_template=run["chat_template"],
+                progress=lambda d, t: ctx.progress(
+                    f"Restoring the previous run: prefill {d}/{t} tokens", d / max(1, t)
+                ),
+                cancelled=ctx.cancelled,
+            )
+            if run["generated"]:
+                s.feed(run["generated"], cancelled=ctx.cancelled)
+            return s.snapshot()
+
+        def done(snap):
+            win.commands.ran(snap)
+            win.timeline.set_step(min(step, snap.n_generated))
+            win.statusBar().showMessage(f"{why} · the previous run is restored", 15000)
+
+        def failed(message):
+            if isinstance(message, CancelledMessage):
+                message = CancelledMessage(f"{why}; restoring the previous run cancelled too")
+            win.commands.command_failed(message)
+
+        win.engine.enqueue(job, done, failed, label="restore run")
 
     def save_session_dialog(self) -> None:
         if not self._need_run():

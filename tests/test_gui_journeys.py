@@ -378,17 +378,40 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
     assert visible_state(win) == before and win.model_ref is None
     assert_controls_match_engine(win)
 
-    # cancel a session reopen part-way through the replay: a clear empty state
+    # cancel a session reopen part-way through the replay: the run it was replacing is restored (it
+    # was overwritten part-way, so it is run again), the timeline at the step it showed
     win.prompt_edit.setPlainText("Another prompt, so the reopen has work to do.")
     win.run_button.click()
     _idle(win)
+    _trigger(win, "F10")
+    _idle(win)
+    _trigger(win, "F10")
+    _idle(win)
+    win.timeline.set_step(1)
+    _idle(win)
+    before, ids = visible_state(win), list(win.engine.session.ids)
     seen, done = _cancel_at_progress(win, "Replay 1/")
     _trigger(win, "Ctrl+Shift+O")
     _idle(win)
     done()
     assert seen and isinstance(win.last_error, CancelledMessage)
-    assert_empty_state(win)
+    assert "two.attnscope cancelled" in win.last_error
+    assert list(win.engine.session.ids) == ids and visible_state(win) == before
+    assert "the previous run is restored" in win.statusBar().currentMessage()
+    assert_controls_match_engine(win)
     _shot(win, "cancelled_reopen")
+    # Esc again while the previous run is being restored: it stops there (here after its prompt, a
+    # single prefill chunk, before its generated tokens), and the window shows what the engine holds
+    seen, done = _cancel_at_progress(win, "Replay 1/")
+    seen2, done2 = _cancel_at_progress(win, "Restoring the previous run")
+    _trigger(win, "Ctrl+Shift+O")
+    _idle(win)
+    done(), done2()
+    assert seen and seen2 and "restoring the previous run cancelled too" in win.last_error
+    assert (
+        list(win.engine.session.ids) == ids[: win.engine.session.n_prompt] and win.snapshot.n_generated == 0
+    )
+    assert_controls_match_engine(win)
     # and a full reopen afterwards works
     win.last_error = None
     _trigger(win, "Ctrl+Shift+O")

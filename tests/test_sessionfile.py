@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -100,9 +101,24 @@ def test_different_weights_hash_warns(sampled, tmp_path):
 
 
 def test_prompt_that_tokenizes_differently_is_refused(sampled):
-    d = SF.SessionFile.from_session(sampled).to_dict()
+    """The refusal says how the ids differ: the first differing position (it said "tokenizes to 42
+    ids here, not the saved 42" for one changed id), an id no vocabulary holds, or the counts."""
+    base = SF.SessionFile.from_session(sampled).to_dict()
+    ids = list(sampled.ids)
+    d = json.loads(json.dumps(base))
     d["token_ids"][1] += 1  # as if saved with another tokenizer
-    with pytest.raises(SessionError, match="tokenizes to .* not the saved"):
+    want = f"differ from the saved ones from position 1 on ({ids[1]} here, {ids[1] + 1} saved; {sampled.n_prompt} ids each)"
+    with pytest.raises(SessionError, match=re.escape(want)):
+        SF.replay(SF.SessionFile.from_dict(d), session=sampled)
+    d = json.loads(json.dumps(base))
+    d["token_ids"][2] = 99_999_999  # a hand-edited file
+    vocab = sampled.info.vocab_size
+    want = f"token id at position 2 is 99999999, outside this model's vocabulary (0..{vocab - 1}; the prompt gives {ids[2]} there)"
+    with pytest.raises(SessionError, match=re.escape(want)):
+        SF.replay(SF.SessionFile.from_dict(d), session=sampled)
+    d = json.loads(json.dumps(base))
+    d["prompt"] += " and a few more words"
+    with pytest.raises(SessionError, match=rf"tokenizes to \d+ ids here, not the saved {sampled.n_prompt}:"):
         SF.replay(SF.SessionFile.from_dict(d), session=sampled)
 
 

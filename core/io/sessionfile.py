@@ -395,8 +395,7 @@ def replay(
     )
     if tuple(session.ids) != sf.token_ids[: sf.n_prompt]:
         raise SessionError(
-            f"the prompt tokenizes to {session.n_prompt} ids here, not the saved {sf.n_prompt}: "
-            "another tokenizer or chat template"
+            _prompt_mismatch(tuple(session.ids), sf.token_ids[: sf.n_prompt], session.info.vocab_size)
         )
     if sf.n_generated:
         session.feed(
@@ -406,6 +405,26 @@ def replay(
         )
     say("Session restored.", 1.0)
     return session, warnings
+
+
+def _prompt_mismatch(here: tuple, saved: tuple, vocab_size: int | None) -> str:
+    """One line saying how the prompt's token ids here differ from the saved ones: the counts, or
+    the first position where they differ (and a saved id no vocabulary of this size holds)."""
+    if len(here) != len(saved):
+        return (
+            f"the prompt tokenizes to {len(here)} ids here, not the saved {len(saved)}: "
+            "another tokenizer or chat template"
+        )
+    i = next(i for i, (a, b) in enumerate(zip(here, saved, strict=True)) if a != b)
+    if vocab_size and not 0 <= saved[i] < vocab_size:
+        return (
+            f"the saved prompt's token id at position {i} is {saved[i]}, outside this model's vocabulary "
+            f"(0..{vocab_size - 1}; the prompt gives {here[i]} there): an edited or damaged session file"
+        )
+    return (
+        f"the prompt's token ids differ from the saved ones from position {i} on ({here[i]} here, "
+        f"{saved[i]} saved; {len(here)} ids each): another tokenizer or chat template, or an edited file"
+    )
 
 
 def _usable_device(saved: str, warnings: list[str]) -> str | None:
