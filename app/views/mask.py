@@ -16,7 +16,7 @@ from attnscope.app.engine import Request
 from attnscope.app.heatmap import qt_colormap, token_label
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 BLOCKED_RGB = (215, 215, 215)
 ALLOWED_RGB = (70, 130, 180)
@@ -29,6 +29,12 @@ TIPS = (
     "Attention weights after the softmax (exact, from the stored LSE); masked cells are 0 (grey)",
     "Entropy of each query row, −Σ w ln w in nats; the grey bar is the maximum, ln(number of allowed keys)",
 )
+
+
+TITLES = ("Mask applied", "Scores before softmax", "Weights after softmax", "Row entropy (nats)")
+BOTTOM_LABELS = ("key", "key", "key", "H = −Σ w ln w")
+TITLE_SIZE = "10pt"  # one size for every panel title (a smaller one moved that panel's rows down)
+COLUMN_STRETCH = (3, 3, 3, 2)
 
 
 def _report_job(layer: int, head: int, step: int):
@@ -53,36 +59,38 @@ class MaskView(QWidget):
         self.cmap = state.colormap
         state.events.selection.connect(self.on_selection)
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
+        state.events.changed.connect(self._on_changed)
+        self.report_key = self.report_tokens = self.report_info = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         self.header = QLabel("Run a prompt to see the masks that were applied.")
         self.header.setWordWrap(True)
         self.header.setTextFormat(Qt.RichText)
         lay.addWidget(self.header)
-        panels = QHBoxLayout()
-        panels.setSpacing(2)
-        lay.addLayout(panels, 1)
+        # one layout for the four panels: their rows share one height and one top, so row i of the
+        # mask, the scores, the weights and the entropy bars is on the same pixel row (prefill)
+        self.glw = pg.GraphicsLayoutWidget()
+        self.glw.setBackground("w")
+        self.glw.setMinimumSize(360, 260)
+        lay.addWidget(self.glw, 1)
         self.readout = QLabel("Hover a cell to read its mask, score and weight.")
         self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
         lay.addWidget(self.readout)
 
-        titles = ("Mask applied", "Scores before softmax", "Weights after softmax", "Row entropy (nats)")
-        self.glws, self.plots, self.images = [], [], []
-        for i, t in enumerate(titles):
-            glw = pg.GraphicsLayoutWidget()
-            glw.setBackground("w")
-            p = glw.addPlot(row=0, col=0)
-            p.setTitle(t, color="k", size="10pt")
+        self.plots = []
+        for i, t in enumerate(TITLES):
+            p = self.glw.addPlot(row=0, col=i)
+            p.setTitle(t, color="k", size=TITLE_SIZE)
             self._style(p)
             p.getAxis("left").enableAutoSIPrefix(False)
             p.getAxis("bottom").enableAutoSIPrefix(False)
-            glw.setToolTip(TIPS[i])
-            self.glws.append(glw)
+            p.setLabel("bottom", BOTTOM_LABELS[i])  # every panel has one: the same height under each
+            p.setToolTip(TIPS[i])
             self.plots.append(p)
-            panels.addWidget(glw, 3 if i < 3 else 2)
-            glw.scene().sigMouseMoved.connect(lambda pos, k=i: self._on_mouse(k, pos))
+        grid = self.glw.ci.layout
+        for i, stretch in enumerate(COLUMN_STRETCH):
+            grid.setColumnStretchFactor(i, stretch)
         self.ent_plot = self.plots.pop()
-        self.ent_plot.setLabel("bottom", "H = −Σ w ln w")
         self.images = [pg.ImageItem() for _ in range(3)]
         self.score_bar = pg.ColorBarItem(
             values=(0, 1),
@@ -100,8 +108,11 @@ class MaskView(QWidget):
             orientation="horizontal",
             label="weight",
         )
-        self.glws[1].addItem(self.score_bar, row=1, col=0)
-        self.glws[2].addItem(self.weight_bar, row=1, col=0)
+        for bar in (self.score_bar, self.weight_bar):
+            bar.axis.enableAutoSIPrefix(False)  # scores in their own units, no "(x0.001)"
+        self.glw.addItem(self.score_bar, row=1, col=1)
+        self.glw.addItem(self.weight_bar, row=1, col=2)
+        self.glw.scene().sigMouseMoved.connect(self._on_scene_mouse)
         self.mask_note = pg.TextItem("", color=(20, 20, 20), anchor=(0.5, 0.5))
         for p in self.plots + [self.ent_plot]:  # labels are thinned by pixel size: redo on resize
             p.getViewBox().sigResized.connect(self._update_ticks)
@@ -115,15 +126,43 @@ class MaskView(QWidget):
             p.getAxis(ax).setTextPen("k")
 
     # -- hooks -----------------------------------------------------------------------------------
-    def _key(self) -> tuple[int, int, int]:
-        return self.state.layer, self.state.head, self.state.step
+    def _key(self) -> tuple:
+        """What a report is for: the sequence (its token ids), layer, head and timeline step. A result
+        for another sequence with the same layer, head and step is stale too."""
+        return self.state.sequence_key, self.state.layer, self.state.head, self.state.step
 
     def refresh(self) -> None:
-        self.engine.submit("mask", Request(_report_job(*self._key()), self._on_report, "mask", key=self._key))
+        self.engine.submit(
+            "mask", Request(_report_job(*self._key()[1:]), self._on_report, "mask", key=self._key)
+        )
 
     def on_selection(self, _selection=None) -> None:
         if self.state.tab == self.KEY:
             self.refresh()
+
+    def _on_changed(self, names) -> None:
+        """A new sequence (shorter, longer, reopened) or another timeline step: the report shown is
+        not this one's any more. It is dropped (the tab asks again when it is shown), never redrawn
+        against the new tokens (that indexed a 47-token list at 3031 positions)."""
+        if (
+            self.report is not None
+            and ("snapshot" in names or "step" in names)
+            and self.report_key != self._key()
+        ):
+            self.clear()
+
+    def clear(self) -> None:
+        """No report: empty panels and the placeholder line."""
+        self.report = self.report_key = self.report_tokens = self.report_info = None
+        for p in self.plots + [self.ent_plot]:
+            p.clear()
+            p.getAxis("left").setTicks(None)
+            p.getAxis("bottom").setTicks(None)
+        self.header.setText(
+            "Computing the masks of this step…"
+            if self.state.has_sequence
+            else "Run a prompt to see the masks that were applied."
+        )
 
     def set_colormap(self, name: str) -> None:
         self.cmap = name
@@ -132,12 +171,16 @@ class MaskView(QWidget):
 
     # -- drawing ----------------------------------------------------------------------------------
     def _on_report(self, r) -> None:
-        self.report = r
+        # the report keeps the tokens and model it was computed with: any later redraw (colours,
+        # resize) reads those, whatever the state holds by then
+        self.report, self.report_key = r, self._key()
+        self.report_tokens = list(self.state.snapshot.tokens)
+        self.report_info = self.state.snapshot.info
         self._draw()
 
     def _draw(self) -> None:
         r = self.report
-        info = self.state.snapshot.info
+        info = self.report_info
         n_rows = r.row_stop - r.row_start
         if r.kind == "decode":
             what = (
@@ -174,10 +217,13 @@ class MaskView(QWidget):
         self.score_bar.setLevels((lo, hi))
         self.weight_bar.setColorMap(cmap)
         self.weight_bar.setLevels((0.0, 1.0))
-        for p in self.plots + [self.ent_plot]:
+        for k, p in enumerate(self.plots + [self.ent_plot]):
             p.clear()
             p.invertY(not decode)
             p.setAspectLocked(False)
+            if k:  # prefill: one row axis for all four (linked, labelled on the first panel only)
+                p.setYLink(None if decode else self.plots[0])
+                p.getAxis("left").setStyle(showValues=decode)
         m = np.where(r.allowed[..., None], np.array(ALLOWED_RGB, np.uint8), np.array(BLOCKED_RGB, np.uint8))
         self.images[0].setImage(m.astype(np.uint8), levels=(0, 255))
         if decode:
@@ -245,16 +291,16 @@ class MaskView(QWidget):
         e.setXRange(0, max(float(r.max_entropy.max()), 1e-3), padding=0.05)
         if decode:
             e.setYRange(-0.6, 1.6, padding=0.02)
-            e.setTitle(f"H = {r.entropy[0]:.3f} / {r.max_entropy[0]:.2f}", color="k", size="9pt")
+            e.setTitle(f"H = {r.entropy[0]:.3f} / {r.max_entropy[0]:.2f}", color="k", size=TITLE_SIZE)
         else:
             e.setYRange(r.row_start, r.row_stop, padding=0.02)
-            e.setTitle("Row entropy (nats)", color="k", size="9pt")
+            e.setTitle(TITLES[3], color="k", size=TITLE_SIZE)
 
     def _update_ticks(self, *_):
         r = self.report
-        if r is None or self.state.snapshot is None:
+        if r is None:
             return
-        toks = list(self.state.snapshot.tokens)
+        toks = self.report_tokens
         decode = r.row_stop - r.row_start == 1
         for p in self.plots:
             self._ticks(p, toks, r, decode)
@@ -263,6 +309,7 @@ class MaskView(QWidget):
             e.setTicks([[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []])
         else:
             e.setTicks(self._row_ticks(self.ent_plot, toks, r))
+        self.ent_plot.getAxis("bottom").setTicks(None)  # entropy in nats, not key tokens
 
     def _ticks(self, p, toks, r, decode: bool) -> None:
         vb_w = max(200.0, p.getViewBox().width())
@@ -285,6 +332,12 @@ class MaskView(QWidget):
         rs = max(1, math.ceil(n_rows * 16 / vb_h))
         return [[(i + 0.5, f"{i} {token_label(toks[i])}") for i in range(r.row_start, r.row_stop, rs)], []]
 
+    def _on_scene_mouse(self, pos) -> None:
+        for k, p in enumerate(self.plots):
+            if p.getViewBox().sceneBoundingRect().contains(pos):
+                self._on_mouse(k, pos)
+                return
+
     def _on_mouse(self, k: int, pos) -> None:
         r = self.report
         if r is None or k >= 3:
@@ -295,7 +348,7 @@ class MaskView(QWidget):
         i = r.row_start if r.row_stop - r.row_start == 1 else int(np.floor(pt.y()))
         if r.row_start <= i < r.row_stop and 0 <= j < r.S:
             a = i - r.row_start
-            toks = self.state.snapshot.tokens
+            toks = self.report_tokens
             ok = bool(r.allowed[a, j])
             s = r.scores[a, j]
             self.readout.setText(

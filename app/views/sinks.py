@@ -286,16 +286,27 @@ class SinksView(QWidget, SavedControls):
         """Show ``report`` (GUI thread), computed for the state's ``sequence_key`` ``key`` (default: now)."""
         self.report = report
         self.report_key = self.state.sequence_key if key is None else key
-        T = report.seq_len
         step, self._restored_step = self._restored_step, None
-        self.step_spin.blockSignals(True)
-        self.step_spin.setRange(min(T, 2), max(T, 2))
-        self.step_spin.setValue(step if step is not None and 2 <= step <= T else T)
-        self.step_spin.setEnabled(T > 2)
-        self.step_spin.blockSignals(False)
+        self._set_step_range(step)
         if hasattr(self, "push_settings"):
             self.push_settings()  # the step was set with the spin box's signals blocked
         self._redraw()
+
+    def timeline_len(self) -> int:
+        """The seq_len the timeline shows (``state.visible_len``), within the report's 2..seq_len."""
+        T = self.report.seq_len if self.report is not None else 0
+        return max(min(self.state.visible_len or T, T), min(T, 2))
+
+    def _set_step_range(self, step: int | None = None) -> None:
+        """The "at seq_len" box: 2 .. the timeline's seq_len (a later length is not on screen
+        anywhere else), at ``step`` when it is in that range, else at the timeline's seq_len."""
+        T = self.report.seq_len
+        n = self.timeline_len()
+        self.step_spin.blockSignals(True)
+        self.step_spin.setRange(min(n, 2), max(n, 2))
+        self.step_spin.setValue(step if step is not None and 2 <= step <= n else n)
+        self.step_spin.setEnabled(n > 2 and T > 2)
+        self.step_spin.blockSignals(False)
 
     def table_values(self) -> np.ndarray | None:
         """The ``(n_layers, n_heads)`` scores shown (metric and seq_len as chosen)."""
@@ -331,6 +342,8 @@ class SinksView(QWidget, SavedControls):
         fill_score_table(self.table, vals, flags, self.state.group_size, self.state.colormap)
         n = self.step_spin.value()
         when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
+        if n == self.timeline_len() and n < r.seq_len:
+            when += f", the timeline's step {self.state.step}"
         what = {"sink": "token 0", "sink_vw": "token 0, value-weighted"}.get(
             self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens"
         )
@@ -349,9 +362,10 @@ class SinksView(QWidget, SavedControls):
         running = r.running if self.metric == "sink" else r.running_set
         if self.metric == "sink_vw" and self.vw is not None:
             per_row, running = self.vw
-        x = np.arange(r.seq_len, dtype=float)
-        self.row_curve.setData(x[1:], per_row[layer, head, 1:])
-        self.mean_curve.setData(x[1:], running[layer, head, 1:])
+        n = min(self.step_spin.value(), r.seq_len)  # the table's seq_len: rows 0 .. n - 1
+        x = np.arange(n, dtype=float)
+        self.row_curve.setData(x[1:], per_row[layer, head, 1:n])
+        self.mean_curve.setData(x[1:], running[layer, head, 1:n])
         pi = self.plot.getPlotItem()
         target = {"sink": "token 0", "sink_vw": "token 0 (value-weighted share)"}.get(
             self.metric, "token 0 + delimiters"
@@ -363,16 +377,16 @@ class SinksView(QWidget, SavedControls):
             f"Layer {layer} · query head {head} (KV head {kv}) · "
             f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
             f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
-            f"{running[layer, head, -1]:.3f}</span>",
+            f"{running[layer, head, n - 1]:.3f}</span>" + (f" · rows 0..{n - 1}" if n < r.seq_len else ""),
             color="#222",
             size="10pt",
         )
-        if r.n_prompt < r.seq_len:
+        if r.n_prompt < n:
             self.decode_line.setValue(r.n_prompt - 0.5)
             self.decode_line.show()
         else:
             self.decode_line.hide()
-        pi.setXRange(0, max(1, r.seq_len - 1), padding=0.02)
+        pi.setXRange(0, max(1, n - 1), padding=0.02)
         if self.table.currentRow() != layer or self.table.currentColumn() != head:
             self.table.blockSignals(True)
             self.table.setCurrentCell(layer, head)
@@ -394,7 +408,10 @@ class SinksView(QWidget, SavedControls):
     def follow_timeline(self, visible_len: int) -> None:
         """Show the table as it was with ``visible_len`` tokens (the main window's timeline step)."""
         if self.report is not None and 2 <= visible_len <= self.report.seq_len:
-            self.step_spin.setValue(visible_len)
+            self._set_step_range()
+            self._redraw()
+            if hasattr(self, "push_settings"):
+                self.push_settings()  # set with the spin box's signals blocked
 
     # -- clicks -----------------------------------------------------------------------------------
     def _on_cell_clicked(self, layer: int, head: int) -> None:
