@@ -17,6 +17,36 @@ from PySide6.QtCore import QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QWidget
 
+MASK_HATCH = (150, 150, 150)  # the heatmap's masked-cell hatch: grey lines on white, outside every map
+PENDING_RGB = (222, 222, 222)  # a layer not computed yet (a partial grid): flat light grey
+MASKED_LEGEND = "▨ masked (not a weight of 0)"
+
+
+def masked_blocks(n: int, p: int, window: int | None = None) -> np.ndarray:
+    """Which blocks of an ``n × n`` map pooled to ``p × p`` near-equal blocks
+    (:func:`attnscope.core.analysis.pooling.block_edges`) hold only masked cells: ``(p, p)`` bool.
+
+    Cell ``(i, j)`` is allowed iff ``j <= i`` (causal) and, with a sliding window of ``window`` keys,
+    ``i - j < window``. Block rows ``[a, b)`` × cols ``[c, d)`` hold an allowed cell iff ``c <= b - 1``
+    and ``a - (d - 1) < window``. Such a block is drawn hatched, not as the colour of weight 0."""
+    from attnscope.core.analysis.pooling import block_edges
+
+    e = block_edges(int(n), int(p))
+    a, b = e[:-1, None], e[1:, None]
+    c, d = e[None, :-1], e[None, 1:]
+    allowed = c <= b - 1
+    if window is not None:
+        allowed &= a - (d - 1) < int(window)
+    return ~allowed
+
+
+def hatch(h: int, w: int, pitch: int = 5) -> np.ndarray:
+    """``(h, w, 3)`` uint8: the masked-cell hatch (grey diagonal lines on white)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    out = np.full((h, w, 3), 255, np.uint8)
+    out[(xx + yy) % pitch == 0] = MASK_HATCH
+    return out
+
 
 class HeadGridCanvas(QWidget):
     headClicked = Signal(int, int)
@@ -41,6 +71,7 @@ class HeadGridCanvas(QWidget):
         self.pooling = "max"
         self.n: int | None = None  # tokens the thumbnails cover (chooses the colour scale)
         self.scale = "linear"  # colour scale: export_long.default_scale(n), as the heatmap's
+        self.windows: tuple[int | None, ...] | None = None  # per-layer sliding windows (None: causal only)
         self._image: QImage | None = None
         self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
@@ -109,15 +140,46 @@ class HeadGridCanvas(QWidget):
             canvas[self.TOP - 6 : self.layer_y(L - 1) + self.THUMB + 6, x0:x1] = (
                 (232, 236, 244) if g % 2 == 0 else (240, 236, 228)
             )
+        cover = self.n if self.n is not None else P
+        pattern = hatch(self.THUMB, self.THUMB)
         for layer in range(L):
+            done = bool(self.thumbs[layer].any())  # row 0 always puts weight 1 on key 0 once computed
+            win = self.windows[layer] if self.windows is not None and layer < len(self.windows) else None
+            masked = masked_blocks(cover, P, win)[idx][:, idx] if cover >= P else None
             for h in range(H):
-                rgb = to_rgb(self.thumbs[layer, h], self.cmap, 0.0, 1.0, self.scale)[idx][:, idx]
                 x, y = self.head_x(h), self.layer_y(layer)
+                if not done:
+                    canvas[y : y + self.THUMB, x : x + self.THUMB] = PENDING_RGB
+                    continue
+                rgb = to_rgb(self.thumbs[layer, h], self.cmap, 0.0, 1.0, self.scale)[idx][:, idx]
+                if masked is not None:
+                    rgb[masked] = pattern[masked]
                 canvas[y : y + self.THUMB, x : x + self.THUMB] = rgb
         self._canvas = np.ascontiguousarray(canvas)
         return QImage(
             self._canvas.data, canvas.shape[1], canvas.shape[0], canvas.shape[1] * 3, QImage.Format_RGB888
         )
+
+    def corner_rect(self) -> QRect:
+        """The top-left corner, left of the "KV head" headers and above the layer labels."""
+        return QRect(2, 2, self.LEFT - 4, self.TOP - 4)
+
+    def corner_font(self, text: str) -> QFont:
+        """The largest font (from the widget's, down to 5 pt) in which ``text`` wraps inside
+        :meth:`corner_rect` (it was cut: "partial: 30% of / layers")."""
+        from PySide6.QtGui import QFontMetrics
+
+        rect = self.corner_rect()
+        font = QFont(self.font())
+        size = font.pointSizeF() if font.pointSizeF() > 0 else 9.0
+        while size > 5.0:
+            font.setPointSizeF(size)
+            got = QFontMetrics(font).boundingRect(rect, int(Qt.AlignLeft | Qt.TextWordWrap), text)
+            if got.height() <= rect.height() and got.width() <= rect.width():
+                break
+            size -= 0.5
+        font.setPointSizeF(max(size, 5.0))
+        return font
 
     def set_note(self, text: str) -> None:
         """A line over the grid, e.g. that it is partial while the remaining layers are computed."""
@@ -147,7 +209,9 @@ class HeadGridCanvas(QWidget):
         L, H = self.thumbs.shape[:2]
         if getattr(self, "note", ""):
             p.setPen(QColor(176, 48, 0))
-            p.drawText(QRect(0, 4, self.LEFT - 4, 36), Qt.AlignLeft | Qt.TextWordWrap, self.note)
+            corner = self.corner_rect()
+            p.setFont(self.corner_font(self.note))
+            p.drawText(corner, Qt.AlignLeft | Qt.TextWordWrap, self.note)
         font = QFont(self.font())
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         p.setFont(font)
@@ -263,6 +327,11 @@ class HeadGridView(QScrollArea):
             from attnscope.core.io.export_long import LONG_MAP, scale_note
 
             text += " · " + scale_note(self.canvas.n, self.canvas.scale, self.canvas.n >= LONG_MAP)
+        if self.canvas.thumbs is not None:
+            text += f" · {MASKED_LEGEND}"
+            note = getattr(self.canvas, "note", "")
+            if note:
+                text += f" · {note} (grey: pending)"
         if self.canvas.thumbs is not None and self.weighting != self.canvas.weighting:
             text += f" · computing {self.weighting}…"
         self.title.setText(text)

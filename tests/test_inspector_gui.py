@@ -218,8 +218,10 @@ def test_gqa_panel(win):
     view = win.views["gqa"]
     r = view.report
     assert r.layer == 6 and r.kv_head == 1 and r.heads == (3, 4, 5)
-    for i, h in enumerate(r.heads):
-        np.testing.assert_allclose(view.images[i].image, s.weights(6, h), atol=1e-7)
+    for i, h in enumerate(r.heads):  # masked cells are NaN (drawn hatched, not as weight 0)
+        img, w = view.images[i].image, s.weights(6, h)
+        np.testing.assert_array_equal(np.isnan(img), np.triu(np.ones(w.shape, bool), 1))
+        np.testing.assert_allclose(img[~np.isnan(img)], w[~np.isnan(img)], atol=1e-7)
     assert view.pair_table.rowCount() == 3
     assert view.pair_table.item(0, 1).text() == f"{r.distances[3, 4]:.3f}"
     assert view.layers is not None and view.layers[1][0].shape == (30,)

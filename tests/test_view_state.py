@@ -248,9 +248,9 @@ def test_a_view_built_with_a_bare_state_and_a_fake_engine(qtbot):
     s.select(2, 4)
     assert [c for c, _r in eng.requests] == ["mask"]
     request = eng.requests[0][1]
-    assert request.key() == (2, 4, s.step)
+    assert request.key() == (s.sequence_key, 2, 4, s.step)  # the sequence too (a new run: stale)
     s.head = 5
-    assert request.key() == (2, 5, s.step)  # the first request is stale now: its key moved on
+    assert request.key() == (s.sequence_key, 2, 5, s.step)  # the first request is stale now: its key moved on
     s.set_colormap("magma")
     assert mask.cmap == "magma" and gqa.cmap == "magma"
 

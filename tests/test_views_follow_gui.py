@@ -240,3 +240,89 @@ def test_sinks_follow_a_new_sequence_and_a_reopened_session(win, qtbot, tmp_path
         _shot(other, "sinks_reopened")
     finally:
         other.close()
+
+
+# -- 4. GQA groups: the length default of the colour scale, masked blocks hatched ---------------------
+def test_gqa_groups_take_the_log_default_at_long_lengths(win, monkeypatch):
+    """The trial: at 3,031 tokens the GQA maps stayed linear [0, 1] and almost flat while the heatmap
+    and the head grid switched to log over [1e-6, 1]. The long-map length is lowered to 40 tokens
+    here (the tiny model's run is 83), as the head grid's tests do."""
+    from attnscope.core.io import export_long
+    from attnscope.core.io.colormaps import normalize
+
+    s = win.engine.session
+    view = _show(win, "gqa")
+    assert view.scale == "linear" and "linear colours" in view.header.text()
+    monkeypatch.setattr(export_long, "LONG_MAP", 40)
+    win.select(1, 2)
+    _idle(win)
+    r = view.report
+    n = win.state.visible_len
+    assert view.scale == "log" and f"log colours (chosen for {n:,} tokens)" in view.header.text()
+    for i, h in enumerate(r.heads):
+        w = s.weights(1, h)[:n, :n]
+        img = view.images[i].image
+        later = np.triu(np.ones(w.shape, bool), 1)
+        np.testing.assert_array_equal(np.isnan(img), later)  # masked: hatched, not weight 0
+        np.testing.assert_allclose(img[~later], normalize(w, 0.0, 1.0, "log")[~later], atol=1e-6)
+    labels = [t for _, t in view.colorbar.axis._tickLevels[0]]
+    assert "1e-06" in labels or any("10⁻⁶" in t or "1e-6" in t for t in labels), labels
+    assert "masked" in view.header.text()
+    _shot(win, "gqa_log")
+
+
+def test_masked_blocks_equal_brute_force():
+    from attnscope.app.head_grid import masked_blocks
+    from attnscope.core.analysis.pooling import block_edges
+
+    for n, p, win in [(7, 7, None), (10, 4, None), (100, 40, None), (50, 50, 4), (300, 40, 64), (31, 9, 5)]:
+        i, j = np.mgrid[0:n, 0:n]
+        allowed = j <= i
+        if win is not None:
+            allowed &= i - j < win
+        e = block_edges(n, p)
+        want = np.array(
+            [[not allowed[e[a] : e[a + 1], e[b] : e[b + 1]].any() for b in range(p)] for a in range(p)]
+        )
+        np.testing.assert_array_equal(masked_blocks(n, p, win), want, err_msg=f"{n} {p} {win}")
+
+
+# -- 5. Head grid: the corner note fits, masked and pending cells are not the colour of 1e-6 -----------
+def test_head_grid_hatches_masked_cells_and_fits_its_note(qtbot):
+    from attnscope.app.head_grid import MASK_HATCH, PENDING_RGB, HeadGridView, masked_blocks
+    from attnscope.core.io.colormaps import lut
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QFontMetrics
+
+    v = HeadGridView()
+    qtbot.addWidget(v)
+    c = v.canvas
+    c.cmap = "magma"
+    L, H, P, n = 4, 6, 40, 3031
+    rng = np.random.default_rng(0)
+    thumbs = np.tril(rng.uniform(1e-7, 1.0, (L, H, P, P)).astype(np.float32))
+    thumbs[..., 0, 0] = 1.0
+    thumbs[3] = 0.0  # not computed yet (a partial grid)
+    c.set_note("partial: 30% of layers")
+    c.set_thumbnails(thumbs, 3, "attention", n=n)
+    v.show_scale()
+    assert c.scale == "log" and "masked (not a weight of 0)" in v.title.text()
+    assert "partial: 30% of layers" in v.title.text()
+    # the note wraps inside the corner at the font it is drawn with (it was cut after "30% of")
+    rect = c.corner_rect()
+    got = QFontMetrics(c.corner_font(c.note)).boundingRect(rect, int(Qt.AlignLeft | Qt.TextWordWrap), c.note)
+    assert got.height() <= rect.height() and got.width() <= rect.width()
+    canvas = c._canvas
+    masked = masked_blocks(n, P)
+    x, y = c.head_x(1), c.layer_y(0)
+    cell = canvas[y : y + c.THUMB, x : x + c.THUMB]  # THUMB == P: one pixel per block
+    lowest = lut("magma")[0]
+    colours = {tuple(px) for px in cell[masked]}
+    assert colours <= {(255, 255, 255), MASK_HATCH} and MASK_HATCH in colours
+    assert not (cell[masked] == lowest).all(axis=-1).any()  # never the colour of 1e-6
+    assert (cell[~masked] != 255).any()
+    pending = canvas[c.layer_y(3) : c.layer_y(3) + c.THUMB, c.head_x(0) : c.head_x(0) + c.THUMB]
+    assert (pending == PENDING_RGB).all()
+    v.resize(700, 400)
+    v.show()
+    v.grab().save(f"{SHOTS}/viewsfix_grid_partial.png")

@@ -6,6 +6,10 @@ tokens), the cached keys of the KV head they all read, the Jensen–Shannon dist
 pair of heads (mean over query rows, base 2, in [0, 1]; :mod:`attnscope.core.analysis.gqa`), and for the whole
 layer the mean within-group vs across-group distance; a plot repeats the two means for every
 layer. Click a small map to select that head.
+
+Colours follow the heatmap's and the head grid's default by length (linear below 2,048 tokens, log
+over [1e-6, 1] from there, said in the header); blocks the causal mask (or the layer's sliding
+window) hides entirely are drawn hatched grey, not in the colour of weight 0.
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
-from attnscope.app.heatmap import qt_colormap
+from attnscope.app.head_grid import MASK_HATCH, masked_blocks
+from attnscope.app.heatmap import LOG_FLOOR, colorbar_ticks, qt_colormap
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.pooling import block_edges
+from attnscope.core.io import export_long
+from attnscope.core.io.colormaps import normalize
+from attnscope.core.io.export_long import default_scale, scale_note
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
+    QGraphicsRectItem,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -35,7 +44,13 @@ def _report_job(layer: int, kv_head: int, n: int):
     def job(ctx):
         from attnscope.core.analysis.gqa import group_report
 
-        return group_report(ctx.require(), layer, kv_head, n, cancelled=ctx.cancelled)
+        s = ctx.require()
+        report = group_report(s, layer, kv_head, n, cancelled=ctx.cancelled)
+        try:  # the layer's sliding window (None: causal only), to hatch the blocks it masks
+            window = s.trace.layers[layer].sliding_window
+        except (AttributeError, IndexError):
+            window = None
+        return report, window
 
     return job
 
@@ -67,6 +82,8 @@ class GqaView(QWidget, SavedControls):
         super().__init__(parent)
         self.state, self.engine = state, engine
         self.report = None
+        self.window: int | None = None  # the report's layer's sliding window
+        self.scale = "linear"  # colour scale of the maps shown: export_long.default_scale(n)
         self.layers = None  # (n, (within, across, rows_used))
         self.cmap = state.colormap
         state.events.selection.connect(self.on_selection)
@@ -143,20 +160,26 @@ class GqaView(QWidget, SavedControls):
 
     # -- state ------------------------------------------------------------------------------------
     def _group_key(self) -> tuple[int, int, int]:
-        """(layer, KV head of the selected head, visible_len): what the group report is for."""
+        """(sequence, layer, KV head of the selected head, visible_len): what the group report is for
+        (a report computed for another sequence of the same length is stale too)."""
         s = self.state
         kv = s.snapshot.info.kv_head(s.head) if s.snapshot is not None else 0
-        return s.layer, kv, s.visible_len
+        return s.sequence_key, s.layer, kv, s.visible_len
 
     def refresh(self) -> None:
-        layer, kv, n = self._group_key()
+        _seq, layer, kv, n = self._group_key()
         self.engine.submit(
             "gqa", Request(_report_job(layer, kv, n), self._on_report, "GQA group", key=self._group_key)
         )
         if self.layers is None or self.layers[0] != n:
             self.engine.submit(
                 "gqa-layers",
-                Request(_layers_job(n), self._on_layers, "GQA layers", key=lambda: self.state.visible_len),
+                Request(
+                    _layers_job(n),
+                    self._on_layers,
+                    "GQA layers",
+                    key=lambda: (self.state.sequence_key, self.state.visible_len),
+                ),
             )
 
     def on_selection(self, _selection=None) -> None:
@@ -171,7 +194,8 @@ class GqaView(QWidget, SavedControls):
         self._draw_maps()
 
     # -- drawing ----------------------------------------------------------------------------------
-    def _on_report(self, r) -> None:
+    def _on_report(self, result) -> None:
+        r, self.window = result if isinstance(result, tuple) else (result, None)
         self.report = r
         info = self.state.snapshot.info
         members = ", ".join(f"q{h}" for h in r.heads)
@@ -179,7 +203,8 @@ class GqaView(QWidget, SavedControls):
         self.header.setText(
             f"<b>Layer {r.layer} · KV group {r.kv_head}</b>: query heads {members} all read "
             f"<b>KV head {r.kv_head}</b> (group_size = {info.n_heads} / {info.n_kv_heads} = {info.group_size}) · "
-            f"seq_len {r.n}{pooled}"
+            f"seq_len {r.n}{pooled} · {scale_note(r.n, default_scale(r.n), r.n >= export_long.LONG_MAP)} · "
+            f"▨ hatched grey: masked, not a weight of 0"
         )
         self._build_plots(len(r.heads))
         self._draw_maps()
@@ -217,8 +242,17 @@ class GqaView(QWidget, SavedControls):
         self.colorbar = pg.ColorBarItem(
             values=(0, 1), colorMap=qt_colormap(self.cmap), interactive=False, width=12, label="weight"
         )
-        self.colorbar.setImageItem(self.images[:g])
         self.glw.addItem(self.colorbar, row=0, col=g)
+        self.hatches = []
+        for p in self.plots[:g]:  # masked cells are NaN (transparent): this hatch behind shows
+            bg = QGraphicsRectItem(0, 0, 1, 1)
+            brush = pg.mkBrush(MASK_HATCH)
+            brush.setStyle(Qt.BDiagPattern)
+            bg.setBrush(brush)
+            bg.setPen(pg.mkPen(None))
+            bg.setZValue(-10)
+            p.addItem(bg)
+            self.hatches.append(bg)
         for p in self.plots[1:g]:
             p.setXLink(self.plots[0])
             p.setYLink(self.plots[0])
@@ -229,14 +263,22 @@ class GqaView(QWidget, SavedControls):
             return
         g = len(r.heads)
         hi = 1.0 if self.range_combo.currentIndex() == 0 else r.auto_max
+        hi = hi if hi > LOG_FLOOR else 1.0
+        # the heatmap's and the head grid's default by length: log over [1e-6, hi] from 2,048 tokens
+        self.scale = default_scale(r.n)
         cmap = qt_colormap(self.cmap)
         self.colorbar.setColorMap(cmap)
-        self.colorbar.setLevels((0.0, hi))
+        self.colorbar.setLevels((0.0, 1.0))  # the images hold normalised values
+        self.colorbar.axis.setTicks([colorbar_ticks(0.0, hi, self.scale), []])
         P = r.maps.shape[-1]
+        masked = masked_blocks(r.n, P, self.window)
         for i, h in enumerate(r.heads):
-            self.images[i].setImage(r.maps[i], autoLevels=False, levels=(0.0, hi))
+            img = normalize(r.maps[i], 0.0, hi, self.scale).astype(np.float32)
+            img[masked] = np.nan  # transparent: the hatch behind, not the colour of weight 0
+            self.images[i].setImage(img, autoLevels=False, levels=(0.0, 1.0))
             self.images[i].setColorMap(cmap)
             self.images[i].setRect(0, 0, r.n, r.n)
+            self.hatches[i].setRect(0, 0, r.n, r.n)
             sel = h == self.state.head
             self.plots[i].setTitle(f"q{h}" + ("  (selected)" if sel else ""), color="#c01818" if sel else "k")
         self.plots[0].setRange(xRange=(0, r.n), yRange=(0, r.n), padding=0.02)
