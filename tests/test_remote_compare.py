@@ -347,4 +347,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
         w.state.select(1, 0)  # still serving: the heatmap's weights, from the engine
         assert w.engine.wait_idle(60) and w.last_error is None, w.last_error
         assert np.array_equal(w.heatmap.weights, local.weights(1, 0))
-        assert "run B first" in view.summary.text()  # the refused B's predecessor went before it
+        # the refused B's predecessor went before it: its comparison left the tab with it (no table,
+        # no maps; the head picked above asked for nothing) and the one line stays
+        assert view.result is None and view.table.rowCount() == 0 and view.maps is None
+        assert view.summary.text() == text

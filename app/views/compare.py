@@ -29,6 +29,7 @@ import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
+from attnscope.core.io.colormaps import lut as colormap_lut
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -58,6 +59,18 @@ MAX_CELLS = (
     512  # maps longer than this show a pooled overview (this many blocks a side) + exact tiles on zoom
 )
 COLUMNS = ("Rank", "Layer", "Head", "JS mean", "JS max", "Max at row")
+HOVER_HINT = "Hover a map to read A's and B's weights; click a row to plot both rows."
+ROW_HINT = "Click a row of a map to plot A's and B's rows"
+
+
+def run_a_key(snap, session, ids=None) -> tuple | None:
+    """What makes run A the run a comparison was made of: the session object (B is held for it, and a
+    new load replaces it), its model info (name, dtype, quantisation…), backend, device, chat-template
+    setting and token ids (``ids``: these instead of the snapshot's). None without a snapshot."""
+    if snap is None:
+        return None
+    ids = tuple(t.id for t in snap.tokens) if ids is None else tuple(ids)
+    return (id(session), snap.info, snap.backend, snap.device, snap.chat_template, ids)
 
 
 @dataclass(frozen=True)
@@ -219,6 +232,16 @@ class CompareView(QWidget, SavedControls):
         self.tile = None  # (wa, wb, r0, c0): the exact tile drawn over the overview
         self._levels = ((0.0, 1.0), (-1.0, 1.0))
         self._titles = ("", "", "")
+        # Every map, tile and row request carries the generation it was made for (Request.key): a new
+        # comparison, Run B & compare and run A going out of date each bump it, so nothing computed for
+        # an older comparison is ever drawn over a newer one.
+        self._gen = 0
+        self._a_key: tuple | None = None  # run A as compared (run_a_key)
+        self.stale: str | None = None  # why the comparison shown no longer matches run A (None: it does)
+        self._summary_text = ""
+        # A's and B's maps follow the window's Colours combo (A − B stays diverging)
+        self.cmap = state.colormap
+        state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
 
         # -- run B controls
         top = QHBoxLayout()
@@ -326,7 +349,7 @@ class CompareView(QWidget, SavedControls):
             values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False, width=12
         )
         self.bar.setImageItem(self.images[2], insert_in=self.plots[2])
-        self.hover = QLabel("Hover a map to read A's and B's weights; click a row to plot both rows.")
+        self.hover = QLabel(HOVER_HINT)
         self.hover.setStyleSheet("color:#333;")
         self.hover.setSizePolicy(
             QSizePolicy.Ignored, QSizePolicy.Preferred
@@ -338,16 +361,20 @@ class CompareView(QWidget, SavedControls):
         self.row_plot = pg.PlotWidget(background="w")
         style_plot(self.row_plot)
         rp = self.row_plot.getPlotItem()
-        rp.setTitle("Click a row of a map to plot A's and B's rows", color="#222", size="9pt")
+        rp.setTitle(ROW_HINT, color="#222", size="9pt")
         rp.setLabel("bottom", "key position")
         rp.setLabel("left", "weight")
+        # no "(x0.001)" SI suffix: it made the label longer than the plot is high (clipped, and a stray
+        # ")" stayed painted after the next comparison); the tick labels carry the scale
+        rp.getAxis("left").enableAutoSIPrefix(False)
         self.row_a = rp.plot([], [], pen=pg.mkPen("#3b6fb6", width=2), name="A")
         self.row_b = rp.plot([], [], pen=pg.mkPen("#d0702a", width=2, style=Qt.DashLine), name="B")
         self.logit_plot = pg.PlotWidget(background="w")
         style_plot(self.logit_plot)
         lp = self.logit_plot.getPlotItem()
         lp.setLabel("bottom", "position")
-        lp.setLabel("left", "KL(A‖B), bits")
+        lp.setLabel("left", "KL, bits")  # short: the title says KL(A‖B)
+        lp.getAxis("left").enableAutoSIPrefix(False)
         # no legend: in a plot this narrow it covered the curve; the title says what the marks are
         lp.setTitle("KL(A‖B) of the logits per position · × top-1 differs", color="#222", size="9pt")
         self.kl_curve = lp.plot(
@@ -414,17 +441,89 @@ class CompareView(QWidget, SavedControls):
 
     # -- state ------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
+        # every command that changes run A (Run, step, step back, a reopened session, another model,
+        # a failed load) ends in a new snapshot: check the comparison shown against it first
+        self.check_current()
         if snap is None:
             return
         if not self.prompt_edit.text() or self.kind_combo.currentData() != "prompt":
             self.prompt_edit.setText(snap.prompt or "")
-        if self.result is not None and tuple(t.id for t in snap.tokens) != self.result.run_a.ids:
-            self.summary.setText("Run A changed since this comparison: press Run B & compare again.")
         self._on_kind()
 
     def on_selection(self, layer: int, head: int) -> None:
         if self.result is not None and (layer, head) != self.map_key:
             self.request_maps(layer, head)
+
+    # -- is the comparison still of run A? ---------------------------------------------------------
+    def why_stale(self) -> str | None:
+        """Why the comparison shown is no longer of the window's run A (one phrase), None while it is."""
+        if self.result is None or self._a_key is None:
+            return None
+        snap = self.state.snapshot
+        now = run_a_key(snap, self.engine.session)
+        old = self._a_key
+        if now == old:
+            return None
+        if snap is None:
+            return "no model is loaded any more"
+        if now[:4] != old[:4]:
+            i = snap.info
+            return (
+                f"run A was reloaded ({i.name} · {i.dtype} · {snap.backend}), and run B went with the old one"
+            )
+        if now[4] != old[4]:
+            return "run A's chat-template setting changed"
+        n_old, n_new = len(old[5]), snap.seq_len
+        return f"run A's sequence changed ({n_old} tokens compared, {n_new} now)"
+
+    def check_current(self) -> None:
+        """Mark the comparison out of date when run A changed under it (or current again when A is back
+        to the compared sequence, e.g. a step back and the same greedy step): an out-of-date table is
+        greyed, its maps, row plot and hover line are cleared, and no map is computed from it."""
+        why = self.why_stale()
+        if why == self.stale:
+            return
+        self.stale = why
+        self._gen += 1
+        self.clear_maps()
+        if why is None:
+            self.table.setEnabled(True)
+            self.summary.setStyleSheet("color:#335;")
+            self.summary.setText(self._summary_text)
+            self._on_table_selection()
+        else:
+            self.table.setEnabled(False)
+            self.summary.setStyleSheet("color:#a02020;")
+            self.summary.setText(
+                f"Out of date: {why}. Press Run B & compare again.\n"
+                f"The greyed table is the old comparison's ({(self._summary_text.splitlines() or [''])[0]})"
+            )
+            self.hover.setText("Out of date: run A changed since this comparison; no maps are drawn from it.")
+        self.summary.setToolTip(self.summary.text())
+
+    def clear_maps(self, titles: tuple[str, str, str] = ("A", "B", "A − B")) -> None:
+        """Empty the three maps, the tiles, the row plot and the hover line (nothing selected)."""
+        self.maps, self.map_key, self.overview, self.tile, self.pool = None, None, None, None, 1
+        for img in (*self.images, *self.tile_images):
+            img.clear()
+        self._titles = titles
+        for p, t in zip(self.plots, titles, strict=True):
+            p.setTitle(t, color="#222")
+        self.row_a.setData([], [])
+        self.row_b.setData([], [])
+        self.row_plot.getPlotItem().setTitle(ROW_HINT, color="#222", size="9pt")
+        self.hover.setText(HOVER_HINT)
+        self.bar.setLevels((-1.0, 1.0))
+
+    def _clear_result(self) -> None:
+        """No comparison shown: empty table and logits, cleared maps (B is about to be replaced)."""
+        self.result, self._a_key, self.stale = None, None, None
+        self._gen += 1
+        self.table.setRowCount(0)
+        self.table.setEnabled(True)
+        self.kl_curve.setData([], [])
+        self.disagree.setData([], [])
+        self.clear_maps()
 
     def refresh(self) -> None:
         pass
@@ -488,6 +587,8 @@ class CompareView(QWidget, SavedControls):
         if not spec.prompt.strip():
             self.summary.setText("Run B's prompt is empty: type some text.")
             return None
+        self._clear_result()  # the job drops the B held so far first: the comparison shown goes with it
+        self.summary.setStyleSheet("color:#335;")
         self.summary.setText("Running B and comparing every head…")
         self.run_button.setEnabled(False)
         return self.engine.enqueue(_run_b_job(spec), self.set_result, self._on_failed, label="compare")
@@ -501,9 +602,24 @@ class CompareView(QWidget, SavedControls):
         """Show a :class:`attnscope.core.analysis.compare.CompareResult` (GUI thread)."""
         res, labels = payload
         self.run_button.setEnabled(True)
+        self._clear_result()  # the maps, row plot and hover line of the previous comparison go
+        a, b, al = res.run_a, res.run_b, res.alignment
+        if res.nothing_to_compare() is not None:  # all zero by construction: not a result to show
+            k = res.same_by_construction()
+            self.summary.setStyleSheet("color:#a02020;")
+            self.summary.setText(
+                f"Nothing to compare: B's prompt differs from position {k} on ({al.n_a} tokens in A, "
+                f"{al.n_b} in B), and a causal model's first {k} positions are the same in both runs.\n"
+                f"Only positions ≥ {k} can differ, and there the sequences do not line up. To compare "
+                "the positions after an edit, keep the token count (swap a word for one of as many tokens)."
+            )
+            self.summary.setToolTip(res.nothing_to_compare())
+            self.hover.setText("Nothing to compare: see the line above.")
+            return
         self.result, self.labels = res, labels
-        self.map_key = None
+        self._a_key = run_a_key(self.state.snapshot, self.engine.session, ids=a.ids)
         ranked = res.ranked()
+        self.table.blockSignals(True)  # rank 1 is selected and drawn below, once
         self.table.setSortingEnabled(False)
         self.table.setRowCount(len(ranked))
         for i, d in enumerate(ranked):
@@ -520,17 +636,25 @@ class CompareView(QWidget, SavedControls):
                 self.table.setItem(i, c, it)
         self.table.setSortingEnabled(True)
         self.table.sortItems(3, Qt.DescendingOrder)
-        a, b, al = res.run_a, res.run_b, res.alignment
+        self.table.clearSelection()
+        self.table.selectRow(0)
+        self.table.blockSignals(False)
         agree = f"{res.top1_agree.mean():.0%}" if len(res.top1_agree) else "n/a"
         klm = f"{res.kl.mean():.3g}" if len(res.kl) else "n/a"
-        self.summary.setText(
-            f"A: {a.label()} · B: {b.label()} · {al.description} · compared: {res.weighting}\n"
+        k = res.same_by_construction()
+        same = f" (rows 0..{k - 1} precede it: equal by construction)" if k else ""
+        self._summary_text = (
+            f"A: {a.label()} · B: {b.label()} · {al.description}{same} · compared: {res.weighting}\n"
             f"most changed: L{ranked[0].layer} H{ranked[0].head} (JS mean {ranked[0].js_mean:.3g}) · "
             f"logits: mean KL(A‖B) {klm} bits, top-1 agreement {agree}"
         )
+        self.summary.setStyleSheet("color:#335;")
+        self.summary.setText(self._summary_text)
         self.summary.setToolTip(self.summary.text())
         self._draw_logits()
-        self.table.selectRow(0)
+        self.check_current()  # run A may have changed while B ran
+        if self.stale is None:
+            self.request_maps(ranked[0].layer, ranked[0].head)  # a new comparison shows its rank-1 head
 
     def _draw_logits(self) -> None:
         res = self.result
@@ -551,18 +675,32 @@ class CompareView(QWidget, SavedControls):
         self.request_maps(layer, head)
 
     # -- maps ---------------------------------------------------------------------------------------
+    def _request(self, channel: str, job, on_done, label: str) -> None:
+        """Submit a map/tile/row job for the comparison shown now: its result is dropped (Request.key)
+        once another comparison is shown or this one goes out of date."""
+        gen = lambda: self._gen  # noqa: E731
+        self.engine.submit(channel, Request(job, on_done, label, key=gen, on_error=self._on_failed))
+
     def request_maps(self, layer: int, head: int) -> None:
-        if self.result is None:
+        """Ask for one head's A, B and A − B; nothing while no comparison is shown or it is out of date."""
+        if self.result is None or self.stale is not None:
             return
         n = self.result.alignment.n
-        job = _maps_job(layer, head, n, self.result.weighting)
-        on_error = self._on_failed
-        self.engine.submit("compare-maps", Request(job, self.set_maps, "compare maps", on_error=on_error))
+        self._request(
+            "compare-maps", _maps_job(layer, head, n, self.result.weighting), self.set_maps, "compare maps"
+        )
 
     def set_maps(self, payload) -> None:
         """Draw A, B and A − B: the exact maps, or a long head's overview (:class:`PairOverview`)."""
         key, wa, wb, ov = payload
         ov = ov if not isinstance(ov, int) else None
+        if self.result is None or (ov is None and np.shape(wa) != np.shape(wb)):
+            # cannot happen through _request (the generation key); never a traceback if it does
+            self.clear_maps()
+            self.hover.setText(
+                "These maps no longer line up with the comparison: press Run B & compare again."
+            )
+            return
         self.map_key, self.overview, self.tile = key, ov, None
         self.maps = (wa, wb)
         if ov is None:
@@ -576,7 +714,7 @@ class CompareView(QWidget, SavedControls):
         hi = float(max(wa.max(), wb.max(), 1e-12))
         m = float(np.abs(d).max()) or 1e-12
         self._levels = ((0.0, hi), (-m, m))
-        lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
+        lut = colormap_lut(self.cmap)
         for img, w in zip(self.images[:2], (wa, wb), strict=True):
             img.setImage(w, levels=(0.0, hi), lut=lut, autoLevels=False)
         self.images[2].setImage(
@@ -607,11 +745,27 @@ class CompareView(QWidget, SavedControls):
                 "A − B: the largest |difference| with its sign). Zoom in (wheel/drag) for exact tiles."
             )
         self.plots[0].setRange(xRange=(0, side[1]), yRange=(0, side[0]), padding=0.01)
+        self._select_row_of(layer, head)
         if self.state.layer != layer or self.state.head != head:
             try:
                 self.state.select(layer, head)
             except IndexError:
                 pass
+
+    def _select_row_of(self, layer: int, head: int) -> None:
+        """Select the table row of the head drawn (e.g. picked with the window's layer/head boxes)."""
+        for r in range(self.table.rowCount()):
+            la, he = self.table.item(r, 1), self.table.item(r, 2)
+            if (
+                la is not None
+                and he is not None
+                and (la.data(Qt.UserRole), he.data(Qt.UserRole)) == (layer, head)
+            ):
+                if not self.table.item(r, 0).isSelected():
+                    self.table.blockSignals(True)
+                    self.table.selectRow(r)
+                    self.table.blockSignals(False)
+                return
 
     # -- long maps: exact tiles on zoom -------------------------------------------------------------
     def _on_range_changed(self, *_):
@@ -640,7 +794,7 @@ class CompareView(QWidget, SavedControls):
         """Zoomed into a long map (at most :data:`MAX_CELLS` a side visible): ask the engine for the
         exact tile of A and B over the view plus a quarter margin, unless the one drawn covers it."""
         ov = self.overview
-        if ov is None or self.map_key is None or self.result is None:
+        if ov is None or self.map_key is None or self.result is None or self.stale is not None:
             return
         r0, r1, c0, c1 = self.visible_cells()
         if r1 - r0 > MAX_CELLS or c1 - c0 > MAX_CELLS:
@@ -662,8 +816,7 @@ class CompareView(QWidget, SavedControls):
         want = (max(0, r0 - mr), min(ov.n, r1 + mr), max(0, c0 - mc), min(ov.n, c1 + mc))
         layer, head = self.map_key
         job = _tile_job(layer, head, ov.n, *want, self.result.weighting)
-        on_error = self._on_failed
-        self.engine.submit("compare-tile", Request(job, self.set_tile, "compare tile", on_error=on_error))
+        self._request("compare-tile", job, self.set_tile, "compare tile")
 
     def set_tile(self, payload) -> None:
         """Draw the exact tile of A, B and A − B over the overview (dropped if the head changed)."""
@@ -677,7 +830,7 @@ class CompareView(QWidget, SavedControls):
         # the overview's range is set by the whole map's largest weights (often a sink)
         hi = float(max(wa.max(), wb.max(), 1e-12))
         m = float(np.abs(d).max()) or 1e-12
-        lut = pg.colormap.get("viridis").getLookupTable(nPts=256)
+        lut = colormap_lut(self.cmap)
         nr, nc = wa.shape
         for t, w, lt in (
             (self.tile_images[0], wa, lut),
@@ -698,6 +851,16 @@ class CompareView(QWidget, SavedControls):
             f"Exact tile: rows {r0}..{r0 + nr - 1} × keys {c0}..{c0 + nc - 1} of A, B and A − B, "
             "recomputed from both runs. Hover a cell for its weights."
         )
+
+    def set_colormap(self, name: str) -> None:
+        """Paint A and B (maps and tiles) with the window's colour map ``name``; A − B keeps its
+        diverging blue–white–red map centred on 0 (a sign, not a magnitude). The heatmap's scale and
+        gamma are not applied: A, B and A − B are read on one linear axis."""
+        self.cmap = name
+        lut = colormap_lut(name)
+        for img in (*self.images[:2], *self.tile_images[:2]):
+            if img.image is not None:
+                img.setLookupTable(lut)
 
     def _show_levels(self, ab: tuple[float, float], d: tuple[float, float]) -> None:
         """Colour ranges of A and B (``ab``) and of A − B (``d``), overview and tile alike."""
@@ -761,13 +924,12 @@ class CompareView(QWidget, SavedControls):
 
     def _on_click(self, ev) -> None:
         rc = self._cell_at(ev.scenePos())
-        if rc is None or self.map_key is None:
+        if rc is None or self.map_key is None or self.result is None or self.stale is not None:
             return
         row = rc[0]  # view coordinates are token positions, overview or not
         layer, head = self.map_key
         job = _row_job(layer, head, row, self.result.alignment.n, self.result.weighting)
-        on_error = self._on_failed
-        self.engine.submit("compare-row", Request(job, self.set_rows, "compare row", on_error=on_error))
+        self._request("compare-row", job, self.set_rows, "compare row")
 
     def set_rows(self, payload) -> None:
         row, ra, rb = payload
@@ -847,6 +1009,7 @@ class CompareView(QWidget, SavedControls):
                 else "A, B: block max; A - B: signed max-|A - B| per block"
                 + ("; exact tile in view" if self.tile is not None else "")
             ),
+            "colormap": self.cmap,
             "diverging": "A - B on CET-D1, symmetric range centred on 0",
             "js_mean": d.js_mean,
             "js_max": d.js_max,

@@ -63,9 +63,17 @@ class RunInfo:
     prompt: str | None
     chat_template: bool
     ids: tuple[int, ...]
+    #: :func:`attnscope.core.loading.quantize.record`: ``{"file", "runtime", "mode"}`` (``mode`` the
+    #: ``--quantize`` value the run loaded with); :func:`attnscope.core.loading.device_map.record`:
+    #: ``{"strategy", "placement"}``, ``{}`` on one device
+    quantization: dict = field(default_factory=dict)
+    device_map: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, session, sha256: bool = True) -> RunInfo:
+        from attnscope.core.loading.device_map import record as dm_record
+        from attnscope.core.loading.quantize import record as quant_record
+
         sha = None
         if sha256:
             from attnscope.core.io.export import model_sha256
@@ -84,6 +92,8 @@ class RunInfo:
             prompt=session.prompt,
             chat_template=bool(session.chat_template),
             ids=tuple(session.ids),
+            quantization=quant_record(session.info),
+            device_map=dm_record(session.info),
         )
 
     def label(self) -> str:
@@ -92,6 +102,8 @@ class RunInfo:
     def to_json(self) -> dict:
         d = dict(self.__dict__)
         d["ids"] = list(self.ids)
+        d["quantization"] = dict(self.quantization)
+        d["device_map"] = dict(self.device_map)
         return d
 
 
@@ -197,8 +209,35 @@ class CompareResult:
         ]
         return sorted(heads, key=lambda d: (-d.js_mean, -d.js_max, d.layer, d.head))
 
+    def same_by_construction(self) -> int:
+        """How many leading positions are the same in both runs by construction: the first
+        difference of the ids when B is A's model at A's dtype, backend and device (a causal model's
+        position ``i`` sees only tokens ``0 .. i``, so rows before the edit cannot differ), else 0."""
+        a, b, al = self.run_a, self.run_b, self.alignment
+        keys = ("model", "source", "dtype", "backend", "device")
+        same = all(getattr(a, k) == getattr(b, k) for k in keys)
+        if not same or al.first_difference is None:
+            return 0
+        return min(al.first_difference, al.n)
+
+    def nothing_to_compare(self) -> str | None:
+        """One line when every compared position lies before the edit of the same model's prompt
+        (:meth:`same_by_construction` covers the whole prefix alignment): the distances are all zero
+        by construction, not a finding. None when the comparison can show differences."""
+        al = self.alignment
+        k = self.same_by_construction()
+        if al.kind != "prefix" or k < al.n:
+            return None
+        return (
+            f"B's prompt differs from position {k} on ({al.n_a} tokens in A, {al.n_b} in B): a causal model's "
+            f"first {k} positions are the same in both runs, so only positions ≥ {k} can differ, and there "
+            "the two sequences do not line up: nothing to compare. To compare the positions after an edit, "
+            "keep the token count (swap a word for one of as many tokens)."
+        )
+
     def to_json(self) -> dict:
-        """JSON-ready dict: ``heads`` (ranked), ``logits`` per position, ``alignment``, both runs."""
+        """JSON-ready dict: ``heads`` (ranked), ``logits`` per position, ``alignment``, both runs, and
+        ``nothing_to_compare`` (:meth:`nothing_to_compare`: a line, or None)."""
         return {
             "run_a": self.run_a.to_json(),
             "run_b": self.run_b.to_json(),
@@ -217,6 +256,7 @@ class CompareResult:
                 for i in range(len(self.kl))
             ],
             "top1_agreement": float(self.top1_agree.mean()) if len(self.top1_agree) else None,
+            "nothing_to_compare": self.nothing_to_compare(),
         }
 
 
@@ -339,7 +379,17 @@ def head_maps(
     weighting: str = ATTENTION,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A's and B's maps of one head over the aligned ``n × n`` square (or a ``rows × cols`` tile of it),
-    float32; value-weighted ones row-normalised over the whole aligned row."""
+    float32; value-weighted ones row-normalised over the whole aligned row.
+
+    Raises:
+        SessionError: a run now holds fewer than ``n`` positions (it changed since the comparison:
+            its maps would not line up). IndexError: layer or head out of range.
+    """
+    for name, s in (("A", sa), ("B", sb)):
+        if n > s.seq_len:
+            raise SessionError(
+                f"run {name} now holds {s.seq_len} positions, not the {n} compared: run B & compare again"
+            )
     rows = slice(0, n) if rows is None else rows
     cols = slice(0, n) if cols is None else cols
     out = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import inspect
-import json
+import sys
 from pathlib import Path
 
 from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
@@ -29,8 +29,8 @@ def _supports_quantize() -> bool:
 
 
 def add_arguments(p) -> None:
-    add_model_arguments(p)
-    add_prompt_arguments(p)
+    add_model_arguments(p, device_map=False)  # both runs load on --device: no --device-map
+    add_prompt_arguments(p, steps=False)  # the prompts only, no decode steps
     dtypes = next((a.choices for a in p._actions if a.dest == "dtype"), None)
     p.add_argument("--model-b", default=None, help="run B's model (default: the same as A)")
     p.add_argument("--prompt-b", default=None, help="run B's prompt (default: the same as A)")
@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
         action="store_true",
         help="drop A's model weights (keeping its trace) before loading B",
     )
-    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file")
+    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file ('-': standard output)")
     p.add_argument("--csv", default=None, metavar="FILE", help="also write the ranked heads table as CSV")
 
 
@@ -73,18 +73,15 @@ def write_csv(result, path: Path) -> Path:
 
 def run(args) -> int:
     from attnscope.core.analysis.compare import run_pair
+    from attnscope.core.cli.paths import check_output, shown, write_json
     from attnscope.core.errors import SessionError
 
-    out = Path(args.json)
-    for f in (out, Path(args.csv) if args.csv else None):
-        if f is not None and not f.parent.exists():
-            raise FileNotFoundError(f"folder {f.parent} does not exist")
+    out = check_output(args.json, "--json", stdout=True)  # None: standard output
+    csv_out = check_output(args.csv, "--csv") if args.csv else None
     for name in ("prompt", "prompt_b"):
         v = getattr(args, name)
         if v is not None and not v.strip():
             raise SessionError(f"--{name.replace('_', '-')} is empty: give some text")
-    if args.steps:
-        raise SessionError("compare runs the prompts only: --steps is not supported")
     kw = {}
     if getattr(args, "quantize_b", None) and args.quantize_b != "none":
         kw["quantize_b"] = args.quantize_b
@@ -105,15 +102,20 @@ def run(args) -> int:
         low_memory=args.low_memory,
         **kw,
     )
-    out.write_text(json.dumps(res.to_json(), indent=1), encoding="utf-8")
-    if args.csv:
-        write_csv(res, Path(args.csv))
+    write_json(out, res.to_json())
+    if csv_out is not None:
+        write_csv(res, csv_out)
+    note = res.nothing_to_compare()
+    if note:  # all zeros by construction (an edit of the same model's prompt that changes its length)
+        print(note)
     top = res.ranked()[:3]
     tops = ", ".join(f"L{d.layer}H{d.head} {d.js_mean:.3g}" for d in top)
     agree = res.to_json()["top1_agreement"]
     print(
-        f"{res.alignment.description}; most changed heads: {tops}; top-1 agreement {agree:.0%}; wrote {out}"
+        f"{res.alignment.description}; most changed heads: {tops}; top-1 agreement {agree:.0%}; "
+        f"wrote {shown(out)}"
         if agree is not None
-        else f"wrote {out}"
+        else f"wrote {shown(out)}",
+        file=sys.stdout if out is not None else sys.stderr,  # stdout: the JSON alone
     )
     return 0
