@@ -111,6 +111,16 @@ def test_run_a_changing_marks_the_comparison_out_of_date(win, folder):
     assert view.stale is not None and view.stale.startswith("run A was reloaded")
     _click_row(win, view, 2)
     assert view.maps is None and win.last_error is None
+    # a remote engine's session object outlives a load (the engine drops B before it loads): the
+    # load itself marks the comparison, even when the same ids and model come back
+    _compare(win, view)
+    assert view.stale is None and view.maps is not None
+    session, snap = win.engine.session, win.snapshot
+    win.state.events.loaded.emit(snap)
+    assert win.engine.session is session and win.snapshot is snap
+    assert view.stale.startswith("run A was reloaded") and view.maps is None
+    view.request_maps(0, 0)
+    assert win.engine.wait_idle(60) and view.maps is None
 
 
 def test_a_new_comparison_replaces_maps_row_plot_and_hover(win):

@@ -237,11 +237,13 @@ class CompareView(QWidget, SavedControls):
         # an older comparison is ever drawn over a newer one.
         self._gen = 0
         self._a_key: tuple | None = None  # run A as compared (run_a_key)
+        self._reloaded = False  # a model load since the comparison: its B is gone for good
         self.stale: str | None = None  # why the comparison shown no longer matches run A (None: it does)
         self._summary_text = ""
         # A's and B's maps follow the window's Colours combo (A − B stays diverging)
         self.cmap = state.colormap
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
+        state.events.loaded.connect(lambda _snap: self.on_model_loaded())
 
         # -- run B controls
         top = QHBoxLayout()
@@ -455,6 +457,15 @@ class CompareView(QWidget, SavedControls):
             self.request_maps(layer, head)
 
     # -- is the comparison still of run A? ---------------------------------------------------------
+    def on_model_loaded(self) -> None:
+        """A model was loaded (another one, the same one again, a reopened session on another model, a
+        connection): B went with the old model (dropped with A's session here; a remote engine drops
+        it before it loads), so the comparison shown can never be current again, not even once the
+        same prompt has run on the same model (a remote session object outlives the load)."""
+        if self.result is not None:
+            self._reloaded = True
+            self.check_current()
+
     def why_stale(self) -> str | None:
         """Why the comparison shown is no longer of the window's run A (one phrase), None while it is."""
         if self.result is None or self._a_key is None:
@@ -462,11 +473,11 @@ class CompareView(QWidget, SavedControls):
         snap = self.state.snapshot
         now = run_a_key(snap, self.engine.session)
         old = self._a_key
-        if now == old:
+        if now == old and not self._reloaded:
             return None
         if snap is None:
             return "no model is loaded any more"
-        if now[:4] != old[:4]:
+        if self._reloaded or now[:4] != old[:4]:
             i = snap.info
             return (
                 f"run A was reloaded ({i.name} · {i.dtype} · {snap.backend}), and run B went with the old one"
@@ -517,7 +528,7 @@ class CompareView(QWidget, SavedControls):
 
     def _clear_result(self) -> None:
         """No comparison shown: empty table and logits, cleared maps (B is about to be replaced)."""
-        self.result, self._a_key, self.stale = None, None, None
+        self.result, self._a_key, self.stale, self._reloaded = None, None, None, False
         self._gen += 1
         self.table.setRowCount(0)
         self.table.setEnabled(True)
