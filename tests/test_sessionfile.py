@@ -181,17 +181,22 @@ def _good() -> dict:
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("token_ids", [1, -2], "non-negative integers"),
-        ("n_prompt", 5, "does not fit 3 token ids"),
-        ("prompt", "  ", "the prompt is empty"),
-        ("sampling", {"temperature": -1}, "temperature must be >= 0"),
-        ("view", [1], "view must be an object"),
+        ("token_ids", [1, -2], "bad session file: token_ids[1] is -2, expected a non-negative integer"),
+        ("n_prompt", 5, "bad session file: n_prompt is 5, expected an integer 1..3"),
+        ("prompt", "  ", 'bad session file: prompt is "  ", expected a non-empty string'),
+        (
+            "sampling",
+            {"temperature": -1},
+            "bad session file: sampling.temperature is -1, expected a number >= 0",
+        ),
+        ("view", [1], "bad session file: view is [1], expected an object"),
     ],
 )
 def test_bad_fields(field, value, message):
+    """More fields and values: tests/test_session_fields.py."""
     d = _good()
     d[field] = value
-    with pytest.raises(SF.SessionFileError, match=message):
+    with pytest.raises(SF.SessionFileError, match=f"^{re.escape(message)}$"):
         SF.SessionFile.from_dict(d)
     assert SF.SessionFile.from_dict(_good()).generated_ids == (3,)
 

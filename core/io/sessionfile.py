@@ -163,84 +163,20 @@ class SessionFile:
 
     @classmethod
     def from_dict(cls, d: dict) -> SessionFile:
-        """Validate and build. Raises SessionFileError naming the first bad field."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise SessionFileError('not an AttnScope session file (no "format": "attnscope.session")')
-        if not isinstance(d.get("version"), int) or d["version"] > VERSION:
-            raise SessionFileError(
-                f"session file version {d.get('version')!r} is newer than this AttnScope "
-                f"reads ({VERSION}): update AttnScope"
-            )
+        """Validate and build: every field's type and allowed values (:mod:`attnscope.core.io.session_fields`).
+
+        Raises:
+            SessionFileError: the first bad or missing field, one line naming the field, the value
+                and what is allowed (``bad session file: view.layer is "3", expected a non-negative
+                integer``).
+        """
+        from attnscope.core.io import session_fields
+
         try:
-            m = d["model"]
-            ids = d["token_ids"]
-            n_prompt = d["n_prompt"]
-            if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
-                raise SessionFileError("token_ids must be a list of non-negative integers")
-            if not isinstance(n_prompt, int) or not 0 < n_prompt <= len(ids):
-                raise SessionFileError(f"n_prompt {n_prompt!r} does not fit {len(ids)} token ids")
-            if not isinstance(d["prompt"], str) or not d["prompt"].strip():
-                raise SessionFileError("the prompt is empty")
-            view = d.get("view") or {}
-            if not isinstance(view, dict):
-                raise SessionFileError("view must be an object")
-            return cls(
-                model=str(m["ref"]),
-                model_name=str(m.get("name") or m["ref"]),
-                model_sha256=m.get("sha256"),
-                backend=str(d.get("backend", "torch")),
-                dtype=str(d.get("dtype", "float32")),
-                device=str(d.get("device", "cpu")),
-                prompt=d["prompt"],
-                chat_template=bool(d["chat_template"]),
-                sampling=Sampling(**d.get("sampling", {})),
-                token_ids=tuple(ids),
-                n_prompt=n_prompt,
-                view=view,
-                created=str(d.get("created", "")),
-                attnscope_version=str(d.get("attnscope_version", "")),
-                quantization=_quantization(d.get("quantization")),
-                engine=_engine(d.get("engine")),
-                device_map=_device_map(d.get("device_map")),
-            )
-        except KeyError as e:
-            raise SessionFileError(f"session file lacks the field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise SessionFileError(f"bad session file: {e}") from None
-
-
-def _quantization(q) -> dict:
-    """A file's ``"quantization"`` entry, validated: an object of strings ({} when absent)."""
-    if q is None:
-        return {}
-    if not isinstance(q, dict) or not all(isinstance(v, str) for v in q.values()):
-        raise SessionFileError("quantization must be an object of strings (file, runtime, mode)")
-    return dict(q)
-
-
-def _device_map(d) -> dict:
-    """A file's ``"device_map"`` entry, validated: ``{"strategy": str, "placement": {device: bytes}}``
-    ({} when absent: older files, one device)."""
-    if d is None:
-        return {}
-    placement = d.get("placement", {}) if isinstance(d, dict) else None
-    if (
-        not isinstance(d, dict)
-        or not isinstance(d.get("strategy", ""), str)
-        or not isinstance(placement, dict)
-        or not all(isinstance(v, int) and not isinstance(v, bool) for v in placement.values())
-    ):
-        raise SessionFileError("device_map must be an object: strategy and placement (device: bytes)")
-    return {"strategy": d.get("strategy", ""), "placement": dict(placement)}
-
-
-def _engine(e) -> dict:
-    """A file's ``"engine"`` entry (where the model ran), validated: an object of strings ({} when absent)."""
-    if e is None:
-        return {}
-    if not isinstance(e, dict) or not all(isinstance(v, str) for v in e.values()):
-        raise SessionFileError("engine must be an object of strings (address, host)")
-    return dict(e)
+            fields = session_fields.parse(d, VERSION)
+            return cls(**{**fields, "sampling": Sampling(**fields["sampling"])})
+        except session_fields.FieldError as e:
+            raise SessionFileError(str(e)) from None
 
 
 def model_reference(source: str) -> str:
