@@ -11,7 +11,11 @@ colour map, never as weight 0, and the line under the map says so.
 Long maps (more than :data:`attnscope.core.analysis.aggregate.LONG_PROMPT` tokens) arrive as a max-pooled overview
 (:class:`attnscope.core.analysis.aggregate.PooledMap`); when the visible region is small enough the view emits
 ``tileWanted(r0, r1, c0, c1)`` and draws the exact tile it gets back (:meth:`set_tile`) over the
-overview, at its position.
+overview, at its position, on an opaque masked backdrop (:class:`MaskedBackdrop`: the tile's masked
+cells show as masked, never as the pooled block under them) inside a red frame. The title and the
+line under the map say what the view shows (:meth:`HeatmapView.tile_state`): exact weights in view,
+exact inside the red frame (part of the view), the overview while the exact tile is computing, or the
+overview alone; a long title wraps after a ``·``, never inside a word (:func:`title_breaks`).
 
 The toolbar holds the display options: aggregate (one head, mean of a KV group, of a layer, of
 all layers; computed in :mod:`attnscope.core.analysis.aggregate`), colour scale, gamma, and colour range (fixed
@@ -21,6 +25,7 @@ all layers; computed in :mod:`attnscope.core.analysis.aggregate`), colour scale,
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pyqtgraph as pg
@@ -28,7 +33,7 @@ from attnscope.core.analysis.aggregate import MODE_LABELS, MODES
 from attnscope.core.io.colormaps import normalize
 from attnscope.core.tokens import Token
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QFontMetrics
+from PySide6.QtGui import QFontMetrics, QTextOption
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -78,6 +83,21 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
+def weight_text(v: float, scale: str = "linear") -> str:
+    """A weight for the hover readout, with enough significant digits for any colour scale: 4
+    decimals from 0.01 (``0.1234``), 3 significant digits in scientific notation below it
+    (``3.21e-05``: the log scale shows down to 1e-6, where ``f"{v:.4f}"`` said ``0.0000``). An
+    exact 0 that no mask hid says it underflowed float32; a weight under the log scale's floor says
+    it is drawn in the floor's colour. Masked cells never reach here (the readout says "masked")."""
+    v = float(v)
+    if v == 0:
+        return "0 (not masked: under float32's smallest weight, ~1e-45)"
+    text = f"{v:.4f}" if abs(v) >= 0.01 else f"{v:.2e}"
+    if scale == "log" and 0 < v < LOG_FLOOR:
+        text += f" (under the log scale's {LOG_FLOOR:.0e}: drawn in its lowest colour)"
+    return text
+
+
 def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> list[tuple[float, str]]:
     """Tick positions in the normalised [0, 1] bar and their labels in real weights.
 
@@ -108,6 +128,34 @@ def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> 
     return out
 
 
+_TAG = re.compile(r"(<[^>]*>)")
+NB_HYPHEN, NB_SPACE = "\u2011", "\u00a0"
+
+
+def title_breaks(text: str, at_separators: bool = True) -> str:
+    """``text`` (a plot title, rich text) marked so that wrapping never splits a word: a hyphen between
+    letters becomes a non-breaking one (Qt broke "max-pooled" into "max-" / "pooled"), and with
+    ``at_separators`` the spaces inside each `` · ``-separated part become non-breaking, so a line
+    breaks only after a ``·``. Tags are left alone."""
+
+    def mark(part: str) -> str:
+        part = re.sub(r"(?<=\w)-(?=\w)", NB_HYPHEN, part)
+        return re.sub(r"(?<!·) ", NB_SPACE, part) if at_separators else part
+
+    return "".join(p if i % 2 else mark(p) for i, p in enumerate(_TAG.split(text)))
+
+
+def _wrap_title_at_words(label) -> None:
+    """Make ``label`` (a pyqtgraph LabelItem) show every text it is given through :func:`title_breaks`,
+    keeping ``label.text`` the text as given (what readers and exports of the title see)."""
+
+    def set_text(text, **args):
+        pg.LabelItem.setText(label, title_breaks(text), **args)
+        label.text = text
+
+    label.setText = set_text
+
+
 def stacked_label_pitch(fm: QFontMetrics, labels: list[str], neighbours: bool = True) -> float:
     """Pixels between the centres of stacked (left-axis) labels so that no two of ``labels`` touch,
     from the measured glyph boxes (not the font's line height, which holds space one label per row
@@ -121,6 +169,22 @@ def stacked_label_pitch(fm: QFontMetrics, labels: list[str], neighbours: bool = 
     else:
         need = max(up) + max(down)
     return float(max(need, fm.capHeight()) + 1)
+
+
+class MaskedBackdrop(pg.QtWidgets.QGraphicsRectItem):
+    """An opaque rectangle drawn as masked cells are: white under the grey hatch ``hatch``.
+
+    Put under an exact tile (over the pooled overview), so the tile's masked cells, transparent in
+    its image, show as masked instead of letting the overview's block colour through."""
+
+    def __init__(self, hatch):
+        super().__init__()
+        self._hatch = hatch
+        self.setPen(pg.mkPen(None))
+
+    def paint(self, painter, option, widget=None):
+        painter.fillRect(self.rect(), pg.mkBrush("w"))
+        painter.fillRect(self.rect(), self._hatch)
 
 
 class HeatmapView(QWidget):
@@ -194,8 +258,10 @@ class HeatmapView(QWidget):
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
         self.plot = self.glw.addPlot()
+        _wrap_title_at_words(self.plot.titleLabel)
         self.plot.vb.sigResized.connect(self._fit_title)
         self.plot.vb.sigResized.connect(self._overview_follows_size)
+        self.plot.vb.sigResized.connect(self._update_ticks)  # label spacing is in pixels
         self.plot.invertY(True)
         self.plot.setAspectLocked(True)
         self.plot.setMenuEnabled(False)
@@ -233,6 +299,13 @@ class HeatmapView(QWidget):
         self.mask_window_provider = None  # optional callable () -> int | None, asked at each redraw
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
+        # under the exact tile, over the overview: its masked cells are NaN (transparent) like the map's,
+        # and must show as masked, not as the pooled block below them (that block's max is of cells
+        # the mask let through, so a staircase of coloured blocks showed along the diagonal)
+        self.tile_backdrop = MaskedBackdrop(hatch)
+        self.tile_backdrop.setZValue(4)
+        self.tile_backdrop.hide()
+        self.plot.addItem(self.tile_backdrop)
         self.tile_image = pg.ImageItem()
         self.tile_image.setZValue(5)
         self.plot.addItem(self.tile_image)
@@ -504,8 +577,7 @@ class HeatmapView(QWidget):
         reset_view = reset_view or self._reset_pending
         self._reset_pending = False
         self.pooled, self.tile = None, None
-        self.tile_image.clear()
-        self.tile_frame.hide()
+        self._drop_tile()
         self.q_tokens, self.k_tokens = list(q_tokens), list(k_tokens)
         self.q_offset, self.k_offset = q_offset, k_offset
         self.auto_max = 1.0 if auto_max is None else auto_max
@@ -540,8 +612,7 @@ class HeatmapView(QWidget):
         self.placeholder.hide()
         reset_view = reset_view or self._reset_pending
         self._reset_pending = False
-        self.tile_image.clear()
-        self.tile_frame.hide()
+        self._drop_tile()
         self.q_tokens = self.k_tokens = list(tokens)
         self.q_offset = self.k_offset = 0
         self.auto_max = 1.0 if auto_max is None else auto_max
@@ -551,14 +622,10 @@ class HeatmapView(QWidget):
         self.mask_bg.setRect(0, 0, pooled.n, pooled.n)
         self.mask_bg.show()
         self._overview_title = self._status_base = title
-        self._set_title(title)
-        r, c = pooled.image.shape
-        self.readout.setText(
-            f"Long map: overview is the max over blocks of about {pooled.n / r:.1f} × "
-            f"{pooled.n / c:.1f} cells. Zoom in (wheel) for exact weights."
-        )
+        self._status_note = ""
         if reset_view:
             self.plot.setRange(xRange=(0, pooled.n), yRange=(0, pooled.n), padding=0.02)
+        self._say_tile_state(force=True)
         self._update_ticks()
         self._tile_timer.start()
 
@@ -568,21 +635,93 @@ class HeatmapView(QWidget):
             return
         self.tile = (np.asarray(tile, dtype=np.float32), int(r0), int(c0))
         nr, nc = self.tile[0].shape
+        if self._pending_tile == (r0, r0 + nr, c0, c0 + nc):
+            self._pending_tile = None
+        self._current_window()
         m = self.masked(np.arange(r0, r0 + nr), np.arange(c0, c0 + nc))
         self.tile_image.setImage(
             self._with_mask(self._norm(self.tile[0]), m), autoLevels=False, levels=(0.0, 1.0)
         )
         self.tile_image.setRect(c0, r0, nc, nr)
+        self.tile_backdrop.setRect(c0, r0, nc, nr)
+        self.tile_backdrop.show()
         self.tile_frame.setRect(c0, r0, nc, nr)
         self.tile_frame.show()
-        self._status_base = self._overview_title.replace(
-            "overview: max-pooled", "exact tile in view, max-pooled around it"
-        )
-        self._set_title(self._status_base)
-        self.readout.setText(
-            f"Exact tile: rows {r0}..{r0 + nr - 1} × cols {c0}..{c0 + nc - 1} (inside the red "
-            "frame), recomputed from the session. Hover a cell for its weight."
-        )
+        self._say_tile_state(force=True)
+
+    def _drop_tile(self) -> None:
+        """No exact tile (a new map, an overview, the empty state): its image, backdrop and frame go."""
+        self.tile = None
+        self._pending_tile = None
+        self.tile_image.clear()
+        self.tile_backdrop.hide()
+        self.tile_frame.hide()
+
+    def tile_state(self) -> str:
+        """What a long map's view shows now: ``"exact"`` (every visible cell is in the exact tile),
+        ``"framed"`` (part of the view is exact, inside the red frame; the rest is the overview),
+        ``"computing"`` (the overview, while the exact tile of this view is being computed),
+        ``"overview"`` (block maxima only); ``""`` for a short (exact) map or no map."""
+        if self.pooled is None:
+            return ""
+        r0, r1, c0, c1 = self.visible_cells()
+        if self.tile is not None and r1 > r0 and c1 > c0:
+            t, tr, tc = self.tile
+            tr1, tc1 = tr + t.shape[0], tc + t.shape[1]
+            if tr <= r0 and tc <= c0 and r1 <= tr1 and c1 <= tc1:
+                return "exact"
+            if tr < r1 and r0 < tr1 and tc < c1 and c0 < tc1:
+                return "framed"
+        p = self._pending_tile
+        if p is not None and p[0] <= r0 and p[2] <= c0 and r1 <= p[1] and c1 <= p[3]:
+            return "computing"
+        return "overview"
+
+    def _tile_title(self, title: str, state: str) -> str:
+        """``title`` with its ``overview: <pooling>-pooled`` part saying what the view shows (:meth:`tile_state`)."""
+        match = re.search(r"overview: (\w+)-pooled", title)
+        if match is None or state in ("", "overview"):
+            return title
+        pooled = f"{match.group(1)}-pooled"
+        said = {
+            "exact": "exact weights in view",
+            "framed": f"exact inside the red frame, {pooled} around it",
+            "computing": f"overview: {pooled} · computing the exact weights in view…",
+        }[state]
+        return title[: match.start()] + said + title[match.end() :]
+
+    def _tile_readout(self, state: str) -> str:
+        pm = self.pooled
+        r, c = pm.image.shape
+        blocks = f"about {pm.n / r:.1f} × {pm.n / c:.1f} cells"
+        if state in ("exact", "framed"):
+            t, r0, c0 = self.tile
+            where = f"rows {r0}..{r0 + t.shape[0] - 1} × cols {c0}..{c0 + t.shape[1] - 1}"
+            if state == "exact":
+                return f"Exact weights: every cell in view (tile {where}), recomputed from the session. Hover a cell for its weight."
+            return (
+                f"Exact tile: {where} (inside the red frame), recomputed from the session; outside it, "
+                f"the overview's block maxima ({blocks}). Hover a cell for its weight."
+            )
+        if state == "computing":
+            return (
+                f"Computing the exact weights in view… meanwhile the overview's block maxima ({blocks}) show."
+            )
+        return f"Long map: overview is the max over blocks of {blocks}. Zoom in (wheel) for exact weights."
+
+    def _say_tile_state(self, force: bool = False) -> None:
+        """Title and readout say what the view shows (exact / framed / computing / overview) once it changes."""
+        state = self.tile_state()
+        if self.pooled is None or (state == getattr(self, "_tile_said", None) and not force):
+            return
+        self._tile_said = state
+        self._show_title()
+        self.readout.setText(self._tile_readout(state))
+
+    def _show_title(self) -> None:
+        text = self._tile_title(self._status_base, self.tile_state())
+        note = getattr(self, "_status_note", "")
+        self._set_title(text if not note else f"{text} · <span style='color:#b03000'>{note}</span>")
 
     def _set_title(self, text: str) -> None:
         """The plot's title, wrapped to the plot's width: a long title (layer, head, seq_len, scale,
@@ -599,7 +738,14 @@ class HeatmapView(QWidget):
         avail = vb_w if vb_w > 80 else max(120.0, self.glw.width() - 220.0)
         label.item.setTextWidth(-1)
         if label.item.boundingRect().width() > avail:
-            label.item.setTextWidth(avail)  # wraps onto a second line
+            self._words_only(label)
+            label.item.setTextWidth(avail)  # wraps onto a second line, after a "·" (title_breaks)
+            if label.item.document().idealWidth() > avail + 0.5:  # one part is wider than the map:
+                plain = label.text  # let it wrap at its spaces too (never inside a word)
+                pg.LabelItem.setText(label, title_breaks(plain, at_separators=False))
+                label.text = plain
+                self._words_only(label)
+                label.item.setTextWidth(avail)
         label.resizeEvent(None)  # place the (re)wrapped text again: setTitle centred the unwrapped one
         h = label.item.boundingRect().height()
         label.setMinimumWidth(0)
@@ -608,11 +754,20 @@ class HeatmapView(QWidget):
         label._sizeHint[Qt.SizeHint.PreferredSize] = (0, h)
         label.updateGeometry()
 
+    @staticmethod
+    def _words_only(label) -> None:
+        """Qt's default wrap breaks a word that does not fit anywhere in it: break only between words
+        (a part too wide then shows as too wide, which :meth:`_fit_title` measures)."""
+        doc = label.item.document()
+        option = doc.defaultTextOption()
+        if option.wrapMode() != QTextOption.WrapMode.WordWrap:
+            option.setWrapMode(QTextOption.WrapMode.WordWrap)
+            doc.setDefaultTextOption(option)
+
     def clear(self) -> None:
         self.weights, self.pooled, self.tile = None, None, None
         self.image.clear()
-        self.tile_image.clear()
-        self.tile_frame.hide()
+        self._drop_tile()
         self.row_frame.hide()
         self.mask_bg.hide()
         self.mask_legend.setText("")
@@ -629,6 +784,7 @@ class HeatmapView(QWidget):
     def _on_range_changed(self, *_):
         self._update_ticks()
         if self.pooled is not None:
+            self._say_tile_state()
             self._tile_timer.start()
 
     def visible_cells(self) -> tuple[int, int, int, int]:
@@ -640,7 +796,7 @@ class HeatmapView(QWidget):
         return r0, r1, c0, c1
 
     def _maybe_request_tile(self) -> None:
-        if self.pooled is None:
+        if self.pooled is None or self.pooled.partial:  # the finished overview asks again
             return
         r0, r1, c0, c1 = self.visible_cells()
         if r1 <= r0 or c1 <= c0 or r1 - r0 > TILE_MAX or c1 - c0 > TILE_MAX:
@@ -653,10 +809,11 @@ class HeatmapView(QWidget):
         mr, mc = (r1 - r0) // 4, (c1 - c0) // 4
         want = (max(0, r0 - mr), min(self.n_rows, r1 + mr), max(0, c0 - mc), min(self.n_cols, c1 + mc))
         self._pending_tile = want
+        self._say_tile_state()
         self.tileWanted.emit(*want)
 
     def _update_ticks(self, *_):
-        if self.n_rows == 0:
+        if not hasattr(self, "pooled") or self.n_rows == 0:  # (a resize fires during __init__ too)
             return
         vb = self.plot.getViewBox()
         (x0, x1), (y0, y1) = vb.viewRange()
@@ -733,7 +890,9 @@ class HeatmapView(QWidget):
         q, k = self.q_tokens[row], self.k_tokens[col]
         v, exact = self.value_at(row + self.q_offset, col + self.k_offset)
         agg = "" if self.aggregate == "head" else f" ({MODE_LABELS[self.aggregate].lower()})"
-        val = f"{v:.4f}" if exact else f"≤ {v:.4f} (block max; zoom in for the exact weight)"
+        val = weight_text(v, self.scale)
+        if not exact:
+            val = f"≤ {val} (block max; zoom in for the exact weight)"
         if k.position > q.position:
             val = "0 (masked: a later key, the causal mask hides it)"
         elif self.mask_window is not None and k.position <= q.position - self.mask_window:
@@ -820,8 +979,8 @@ class HeatmapView(QWidget):
     def show_status(self, title: str, status: str = "") -> None:
         """Title plus a status such as ``"partial: 40 % of rows, refining"`` or ``"stale: …"``."""
         self._status_base = title
-        text = title if not status else f"{title} · <span style='color:#b03000'>{status}</span>"
-        self._set_title(text)
+        self._status_note = status
+        self._show_title()
 
     def mark_stale(self, why: str = "stale: computing the new map…") -> None:
         """Say that the map on screen no longer matches the request (a new prompt, a long recompute):

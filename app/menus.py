@@ -6,6 +6,7 @@ View → Show <tab> entries are added by :func:`add_view_action` as tabs are reg
 
 from __future__ import annotations
 
+from attnscope.app.text_keys import MAP_KEYS, OUTSIDE_TEXT, keep_keys_in_text_boxes
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
@@ -62,10 +63,26 @@ def build_menus(win) -> None:
     action(win, run_menu, "&Cancel", win.engine.cancel, "Esc")
 
     view_menu = win.view_menu = menus["view"] = mb.addMenu("&View")
-    action(win, view_menu, "Next layer", lambda: win.layer_spin.stepBy(1), "PgDown")
-    action(win, view_menu, "Previous layer", lambda: win.layer_spin.stepBy(-1), "PgUp")
-    action(win, view_menu, "Next head", lambda: win.head_spin.stepBy(1), "]")
-    action(win, view_menu, "Previous head", lambda: win.head_spin.stepBy(-1), "[")
+    # the keys act outside text boxes: in the prompt, ] types a bracket and PgDown moves a page
+    # (attnscope.app.text_keys); the entries themselves act wherever the focus is
+    for text, spin, step, key in (
+        ("Next layer", "layer_spin", 1, "PgDown"),
+        ("Previous layer", "layer_spin", -1, "PgUp"),
+        ("Next head", "head_spin", 1, "]"),
+        ("Previous head", "head_spin", -1, "["),
+    ):
+        a = action(
+            win,
+            view_menu,
+            f"{text} ({OUTSIDE_TEXT})",
+            lambda _c=False, s=spin, d=step: getattr(win, s).stepBy(d),
+            key,
+        )
+        a.setToolTip(
+            f"{text} ({key}). In a text box such as the prompt the key stays the text box's: click the map first."
+        )
+    view_menu.setToolTipsVisible(True)
+    keep_keys_in_text_boxes(win, MAP_KEYS)
     view_menu.addSeparator()
     for i, key in enumerate(win.views):  # tabs registered before the menu existed
         add_view_action(win, key, win.tabs.tabText(i))

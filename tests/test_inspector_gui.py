@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from attnscope.app.heatmap import colorbar_ticks, token_label
+from attnscope.app.heatmap import colorbar_ticks, token_label, weight_text
 from attnscope.app.main_window import MainWindow
 from attnscope.core.analysis import aggregate
 from attnscope.core.io.colormaps import normalize
@@ -198,7 +198,7 @@ def test_hover_readout_and_row_click(win):
     toks = win.snapshot.tokens
     text = hm.cell_text(12, 3)
     assert f"#{toks[12].position}" in text and f"id {toks[3].id}" in text and repr(toks[3].raw) in text
-    assert f"{win.weights[12, 3]:.4f}" in text
+    assert weight_text(win.weights[12, 3]) in text
     assert "masked" in hm.cell_text(3, 12) and "masked" not in text  # a later key: the causal mask
     assert not hm.row_frame.isVisible()
     hm.rowClicked.emit(5)
@@ -311,7 +311,7 @@ def test_long_prompt_overview_and_exact_tiles(qtbot):
     np.testing.assert_allclose(tile, full[r0 : r0 + tile.shape[0], c0 : c0 + tile.shape[1]], atol=1e-6)
     rect = hm.tile_image.mapRectToParent(hm.tile_image.boundingRect())
     assert (rect.x(), rect.y(), rect.width(), rect.height()) == (c0, r0, tile.shape[1], tile.shape[0])
-    assert f"{full[750, 510]:.4f}" in hm.cell_text(750, 510)
+    assert weight_text(full[750, 510], hm.scale) in hm.cell_text(750, 510)
     assert "block max" in hm.cell_text(50, 20)
     # the token strip still gets the exact query row
     qtbot.waitUntil(lambda: "background-color" in w.token_strip.toHtml(), timeout=30_000)
