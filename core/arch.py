@@ -49,11 +49,12 @@ class ArchConfig:
         """The KV head query head ``head`` reads: ``head // group_size``.
 
         Raises:
-            IndexError: ``head`` outside ``0 .. n_heads - 1``.
+            OutOfRange (an IndexError): ``head`` outside ``0 .. n_heads - 1``. WrongType (a
+            TypeError): not a whole number.
         """
-        head = int(head)
-        if not 0 <= head < self.n_heads:
-            raise IndexError(f"head {head} out of range 0..{self.n_heads - 1}")
+        from attnscope.core.checks import index
+
+        head = index("head", head, self.n_heads)
         return head // self.group_size
 
     def group(self, kv_head: int) -> range:

@@ -19,3 +19,24 @@ class SessionError(AttnScopeError):
 
 class Cancelled(AttnScopeError):
     """Long work was cancelled by the user between chunks."""
+
+
+class BadArgument(SessionError, ValueError):
+    """An argument the call does not take: a negative temperature, a strided slice, an unknown file
+    suffix, more steps than the context holds. Also a ``ValueError`` (callers that catch that keep
+    working) and a ``SessionError`` (so do those that catch that, e.g. for a bad step count)."""
+
+
+class WrongType(BadArgument, TypeError):
+    """An argument of the wrong type (a float or a bool where a whole number goes, an int where a
+    slice goes). Also a ``TypeError`` and a :class:`BadArgument`."""
+
+
+class OutOfRange(SessionError, IndexError):
+    """A layer, head, position, step or count outside the model's or the sequence's range. Also an
+    ``IndexError``, so callers that catch that keep working."""
+
+
+class BadPath(BadArgument, FileNotFoundError):
+    """An output path whose folder does not exist. Also a ``FileNotFoundError`` (an ``OSError``)
+    and a :class:`BadArgument`."""

@@ -13,7 +13,15 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling settings. ``temperature == 0`` means greedy (argmax)."""
+    """Sampling settings. ``temperature == 0`` means greedy (argmax).
+
+    ``temperature``: a finite number >= 0; ``top_k``: a whole number >= 0 (0 = off); ``top_p``: in
+    (0, 1] (1 = off); ``seed``: a whole number (bools refused everywhere).
+
+    Raises:
+        WrongType (a TypeError and a ValueError): a value of the wrong type (``top_k=2.5``, a string).
+        BadArgument (a ValueError): a value outside its range (``temperature=-1``, ``top_p=0``, NaN).
+    """
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -21,12 +29,14 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        from attnscope.core.checks import real, whole
+        from attnscope.core.errors import BadArgument
+
+        real("temperature", self.temperature, lo=0.0)
+        if whole("top_k", self.top_k) < 0:
+            raise BadArgument(f"top_k must be >= 0, got {self.top_k}")
+        real("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
+        whole("seed", self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.analysis.kv_formula import kv_cache_bytes as kv_formula
-from attnscope.core.errors import SessionError
+from attnscope.core.checks import in_range, index, span, whole
+from attnscope.core.errors import BadArgument, OutOfRange, SessionError, WrongType
 from attnscope.core.ids import BATCH_REFUSAL as _BATCH
 from attnscope.core.ids import as_token_ids
 from attnscope.core.loading.resolve import ModelInfo
@@ -197,18 +198,22 @@ class Session:
         serving it notices a client that went away (:mod:`attnscope.core.remote.server`).
 
         Raises:
-            SessionError: no prompt yet, ``n < 1``, or the model's context is full.
-            Cancelled: ``cancelled()`` became true.
+            SessionError: no prompt yet. WrongType: ``n`` not a whole number, ``sampling`` not a
+            :class:`Sampling`. BadArgument: ``n < 1``, or ``seq_len + n`` past the model's context
+            (refused before any step runs). Cancelled: ``cancelled()`` became true.
         """
         from attnscope.core.errors import Cancelled
 
         if self._logits is None:
-            raise SessionError("run a prompt before stepping")
+            raise SessionError("run a prompt before stepping: call prefill(prompt) first")
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-            raise SessionError(f"steps must be a whole number, got {type(n).__name__} {n!r}")
+            raise WrongType(f"steps must be a whole number, got {type(n).__name__} {n!r}")
+        n = int(n)
         if n < 1:
-            raise SessionError(f"steps must be >= 1, got {n}")
+            raise BadArgument(f"steps must be >= 1, got {n}")
+        self._check_fits(n, f"steps={n}")
         if sampling is not None:
+            self._check_sampling(sampling)
             self.sampling = sampling
         new = []
         for i in range(n):
@@ -219,6 +224,25 @@ class Session:
             if progress is not None:
                 progress(i + 1, n)
         return new
+
+    def _check_fits(self, n: int, what: str) -> None:
+        """Refuse ``n`` more positions (``what``, e.g. ``"steps=9000"``) up front when they do not
+        fit the model's context.
+
+        Raises:
+            BadArgument: ``seq_len + n > max_context`` (message: how many fit).
+        """
+        ctx = self.info.max_context
+        if ctx and len(self._ids) + n > ctx:
+            room = ctx - len(self._ids)
+            raise BadArgument(
+                f"{what} does not fit the model's context of {ctx} tokens: "
+                f"{len(self._ids)} are used, room for {room} more"
+            )
+
+    def _check_sampling(self, sampling) -> None:
+        if not isinstance(sampling, Sampling):
+            raise WrongType(f"sampling must be an attnscope.Sampling, got {type(sampling).__name__}")
 
     def _check_room(self) -> None:
         if self.info.max_context and len(self._ids) >= self.info.max_context:
@@ -246,17 +270,19 @@ class Session:
         later :meth:`step` samples what the original run would have sampled next.
 
         Raises:
-            SessionError: no prompt yet, an id outside the vocabulary, or the context is full.
+            SessionError: no prompt yet. BadArgument: an id outside the vocabulary, a batch, or more
+            tokens than the model's context has room for (refused before any is fed).
             Cancelled: ``cancelled()`` became true.
         """
         from attnscope.core.errors import Cancelled
 
         if self._logits is None:
-            raise SessionError("run a prompt before feeding tokens")
+            raise SessionError("run a prompt before feeding tokens: call prefill(prompt) first")
         try:
             ids = as_token_ids(token_ids, self.info.vocab_size)  # one flat list: no batches
         except ValueError as e:
-            raise SessionError(str(e)) from None
+            raise BadArgument(str(e)) from None
+        self._check_fits(len(ids), f"{len(ids)} token ids")
         new = []
         for i, tid in enumerate(ids):
             if cancelled is not None and cancelled():
@@ -271,10 +297,13 @@ class Session:
         """Undo ``n`` decode steps: the KV cache and Trace are truncated, nothing recomputed.
 
         Raises:
-            SessionError: fewer than ``n`` generated tokens.
+            WrongType: ``n`` not a whole number. OutOfRange: ``n`` outside ``1 .. n_generated``.
         """
+        n = whole("n", n)
         if n < 1 or n > self.n_generated:
-            raise SessionError(f"cannot step back {n}: {self.n_generated} generated token(s)")
+            raise OutOfRange(
+                f"cannot step back n={n}: {self.n_generated} generated token(s), so n must be in 1..{self.n_generated}"
+            )
         keep = len(self._ids) - n
         self.backend.truncate(keep)
         self._ids = self._ids[:keep]
@@ -325,26 +354,39 @@ class Session:
     ) -> np.ndarray:
         """Exact weights of one head, ``(n_query, n_key)`` float32 (rows = queries, cols = keys).
 
+        ``rows``/``cols``: None (all ``seq_len``) or a slice of ints with step 1 or None, bounds
+        within ``-seq_len .. seq_len`` (negative ones count from the end, as in Python).
+
         Raises:
-            IndexError: layer/head out of range. SessionError: nothing run yet.
+            SessionError: nothing run yet. WrongType (a TypeError): layer/head not an int (bools
+            refused), rows/cols not a slice. OutOfRange (an IndexError): layer/head, or a slice
+            bound, out of range. BadArgument (a ValueError): a slice step other than 1.
         """
         self._require_run()
-        if not 0 <= layer < self.info.n_layers:
-            raise IndexError(f"layer {layer} out of range 0..{self.info.n_layers - 1}")
-        if not 0 <= head < self.info.n_heads:
-            raise IndexError(f"head {head} out of range 0..{self.info.n_heads - 1}")
-        return self.trace.weights(layer, head, rows, cols)
+        index("layer", layer, self.info.n_layers)
+        index("head", head, self.info.n_heads)
+        T = self.seq_len
+        return self.trace.weights(int(layer), int(head), span("rows", rows, T), span("cols", cols, T))
 
     def sink_scores(self, key: int = 0) -> np.ndarray:
-        """``(n_layers, n_heads)`` mean weight on key ``key`` over the rows after it."""
+        """``(n_layers, n_heads)`` mean weight on key ``key`` over the rows after it.
+
+        Raises:
+            SessionError: nothing run yet. WrongType / OutOfRange: ``key`` not in ``0 .. seq_len - 1``.
+        """
         self._require_run()
-        return self.trace.sink_scores(key)
+        return self.trace.sink_scores(index("key", key, self.seq_len))
 
     def kv_cache_bytes(self, seq_len: int | None = None, dtype: str | None = None) -> int:
         """KV-cache bytes: 2 × n_layers × n_kv_heads × head_dim × seq_len × bytes per element.
 
         ``seq_len`` defaults to the current sequence; ``dtype`` to the model's dtype.
+
+        Raises:
+            WrongType / OutOfRange: ``seq_len`` not a whole number >= 0.
         """
+        if seq_len is not None and whole("seq_len", seq_len) < 0:
+            raise OutOfRange(f"seq_len={seq_len} out of range: it must be >= 0")
         return kv_formula(
             self.info.n_layers,
             self.info.n_kv_heads,
@@ -357,8 +399,7 @@ class Session:
         """Use ``sampling`` for the next steps. A sampled token depends only on the logits, the settings
         and its position (:func:`attnscope.core.sampling.step_rng`), so stepping back and forward again with the
         same settings gives the same token, and a reopened session continues as the original would."""
-        if not isinstance(sampling, Sampling):
-            raise ValueError(f"expected a attnscope.core.sampling.Sampling, got {type(sampling).__name__}")
+        self._check_sampling(sampling)  # WrongType (a TypeError)
         self.sampling = sampling
 
     def logits_at(self, step: int | None = None) -> np.ndarray:
@@ -368,13 +409,13 @@ class Session:
         what prefill predicted. Kept for every step, so step back needs no recompute.
 
         Raises:
-            SessionError: nothing run yet. IndexError: step out of range.
+            SessionError: nothing run yet. OutOfRange (an IndexError): step out of range.
+            WrongType: not a whole number.
         """
         now = self._require_run()
         if step is None:
             return now
-        if not 0 <= step <= self.n_generated:
-            raise IndexError(f"step {step} out of range 0..{self.n_generated}")
+        step = in_range("step", step, 0, self.n_generated)
         return self._logits_history[step]
 
     def position_logits(self) -> np.ndarray:
@@ -390,8 +431,14 @@ class Session:
         return np.concatenate([prompt, np.stack(self._logits_history[1:])]) if self.n_generated else prompt
 
     def next_token_probs(self, k: int = 10) -> list[TopToken]:
-        """Top-``k`` of the model's next-token distribution at the current step (temperature 1)."""
-        p = softmax(self._require_run())
+        """Top-``k`` of the model's next-token distribution at the current step (temperature 1).
+
+        Raises:
+            SessionError: nothing run yet. WrongType / OutOfRange: ``k`` not in ``1 .. vocab``.
+        """
+        logits = self._require_run()
+        k = in_range("k", k, 1, logits.shape[-1])
+        p = softmax(logits)
         top = np.argsort(-p)[:k]
         return [TopToken(int(i), token_text(self.tokenizer, int(i))[1], float(p[i])) for i in top]
 
@@ -418,5 +465,5 @@ class Session:
     def _require_run(self) -> np.ndarray:
         """The current logits ``(vocab,)``; raises SessionError when nothing has run yet."""
         if self._logits is None:
-            raise SessionError("nothing has run yet: run a prompt first")
+            raise SessionError("nothing has run yet: run a prompt first (call prefill(prompt))")
         return self._logits

@@ -110,20 +110,40 @@ class TorchBackend:
         max_memory: dict | None = None,
     ) -> TorchBackend:
         """Load for torch on ``device``, or spread over devices with ``device_map`` (then the ids
-        go to the input embeddings' device: :func:`attnscope.core.loading.device_map.input_device`)."""
+        go to the input embeddings' device: :func:`attnscope.core.loading.device_map.input_device`).
+
+        Raises:
+            ModelLoadError: as :func:`attnscope.core.loading.resolve.load_torch`; also a checkpoint
+                whose weights do not cover config.json (tensors that would be random: ``config.json
+                says 40 layers but the weights hold 30``) or whose shapes differ from it (the tensor
+                and both shapes), from transformers' own loading report
+                (:mod:`attnscope.core.backends.load_report`).
+        """
+        from attnscope.core.backends import load_report
         from attnscope.core.loading.device_map import input_device
         from attnscope.core.loading.resolve import load_torch
 
         device = pick_device(device)
-        m, tok, info = load_torch(
-            model,
-            device=device,
-            dtype=dtype,
-            progress=progress or (lambda *_: None),
-            quantize=quantize,
-            device_map=device_map,
-            max_memory=max_memory,
-        )
+        with load_report.collect() as reports:
+            try:
+                m, tok, info = load_torch(
+                    model,
+                    device=device,
+                    dtype=dtype,
+                    progress=progress or (lambda *_: None),
+                    quantize=quantize,
+                    device_map=device_map,
+                    max_memory=max_memory,
+                )
+            except ModelLoadError as e:
+                why = load_report.mismatch_message(reports)
+                if why is None:
+                    raise
+                raise ModelLoadError(f"{str(e).partition(': ')[0]}: {why}") from None
+        names = [k for k, _ in m.named_parameters(remove_duplicate=False)]  # names only: nothing materialised
+        why = load_report.missing_message(reports, names, info.n_layers)
+        if why is not None:
+            raise ModelLoadError(f"cannot load {info.name}: {why}")
         if device_map is not None:
             device = input_device(m)
         return cls(m, tok, info, device)

@@ -222,10 +222,52 @@ def write_json(path: Path, data: dict) -> Path:
 
 # -- data files ----------------------------------------------------------------------------------------
 def _format(path: Path, allowed: Sequence[str]) -> str:
+    from attnscope.core.errors import BadArgument
+
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in allowed:
-        raise ValueError(f"unsupported output {path.name!r}: use .{', .'.join(allowed)}")
+        raise BadArgument(f"unsupported output {path.name!r}: use .{', .'.join(allowed)}")
     return fmt
+
+
+def check_head_call(
+    session, layer, head, path: Path, fmt: str, n, mode: str, weighting: str, figure: bool, renderer
+) -> None:
+    """Every argument of :func:`export_head` checked before any work, one line each.
+
+    Raises:
+        SessionError: nothing run yet. WrongType (a TypeError): layer/head/n not an int.
+        OutOfRange (an IndexError): layer, head or n out of range. BadArgument (a ValueError): unknown
+        mode or weighting, an SVG/PDF or labelled figure without ``renderer``. BadPath (a
+        FileNotFoundError): the output's folder does not exist.
+    """
+    from attnscope.core.analysis.aggregate import MODES
+    from attnscope.core.analysis.value_weighted import WEIGHTINGS
+    from attnscope.core.checks import in_range, index
+    from attnscope.core.errors import BadArgument, BadPath, SessionError
+
+    info = session.info
+    index("layer", layer, info.n_layers)
+    index("head", head, info.n_heads)
+    if mode not in MODES:
+        raise BadArgument(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
+    if weighting not in WEIGHTINGS:
+        raise BadArgument(f"unknown weighting {weighting!r}: choose {' or '.join(WEIGHTINGS)}")
+    if session.seq_len == 0:
+        raise SessionError("nothing has run yet: run a prompt first (call prefill(prompt)), then export")
+    if n is not None:
+        in_range("n", n, 1, session.seq_len)
+    if renderer is None and (fmt in ("svg", "pdf") or (figure and fmt == "png")):
+        what = f"{fmt.upper()} figures" if fmt != "png" else "labelled PNG figures (figure=True)"
+        raise BadArgument(
+            f"{what} need the window's Qt renderer: pass renderer=attnscope.app.figure.save_heatmap_figure "
+            "(needs PySide6), or write .png, .npy, .csv or .safetensors"
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        raise BadPath(
+            f"cannot write {str(path)!r}: the folder {str(folder)!r} does not exist (create it first)"
+        )
 
 
 def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = None) -> list[Path]:
@@ -453,15 +495,22 @@ def export_head(
     (from :data:`attnscope.core.io.export_long.LONG_MAP` tokens) streams and is a max-pooled overview unless
     ``full_size`` (:func:`attnscope.core.io.export_long.export_long_png`; the pooling is in the metadata).
 
+    Every argument is checked before any work (:func:`check_head_call`).
+
     Raises:
-        ValueError: unknown suffix, aggregate or range, a figure without a renderer, a full-size
-            long PNG above the size limit without ``full_size``.
-        IndexError: layer/head/n.
+        SessionError: nothing run yet (run a prompt first).
+        BadArgument (a ValueError): unknown suffix, aggregate, weighting or range, an SVG/PDF or
+            labelled figure without ``renderer`` (pass ``attnscope.app.figure.save_heatmap_figure``:
+            the window's Qt renderer, needs PySide6), a full-size long PNG above the size limit
+            without ``full_size``.
+        OutOfRange (an IndexError): layer/head/n. WrongType (a TypeError): layer/head/n not an int.
+        BadPath (a FileNotFoundError): the output's folder does not exist.
     """
     from attnscope.core.io import export_long
 
     path = Path(path)
     fmt = _format(path, BATCH_FORMATS)
+    check_head_call(session, layer, head, path, fmt, n, mode, weighting, figure, renderer)
     meta = head_metadata(session, layer, head, n=n, mode=mode, base=base)
     meta["weighting"] = weighting
     n_map = session.seq_len if n is None else int(n)

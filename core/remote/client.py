@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from attnscope.core.errors import Cancelled, ModelLoadError, SessionError
+from attnscope.core.errors import BadArgument, Cancelled, ModelLoadError, OutOfRange, SessionError
 from attnscope.core.remote import wire
 from attnscope.core.remote.dispatch import CALLBACKS, REGISTRY
 from attnscope.core.session import Snapshot, TopToken  # noqa: F401  (re-exported for callers)
@@ -91,8 +91,8 @@ _ERRORS = {
     "Busy": Busy,
     "TooLarge": TooLarge,
     "Cancelled": Cancelled,
-    "IndexError": IndexError,
-    "ValueError": ValueError,
+    "IndexError": OutOfRange,  # an IndexError and a SessionError, as the engine's Session raised it
+    "ValueError": BadArgument,  # a ValueError and a SessionError
     "ModelLoadError": ModelLoadError,
     "SessionError": RemoteError,
     "OSError": RemoteError,

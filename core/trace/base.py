@@ -13,20 +13,19 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from attnscope.core.arch import ArchConfig
 from attnscope.core.attention.masks import causal_allowed
+from attnscope.core.checks import index, span
+from attnscope.core.errors import OutOfRange
 
 
-def as_slice(sel: slice | None, n: int) -> slice:
-    """``sel`` resolved against length ``n`` (None = everything).
+def as_slice(sel: slice | None, n: int, name: str = "rows/cols") -> slice:
+    """``sel`` resolved against length ``n`` (None = everything) as ``slice(start, stop)``, checked by
+    :func:`attnscope.core.checks.span` (``name`` is the argument the message names).
 
     Raises:
-        ValueError: a strided selection (tiles are contiguous row/column ranges).
+        WrongType (a TypeError): not a slice. BadArgument (a ValueError): a strided selection (tiles
+        are contiguous row/column ranges). OutOfRange (an IndexError): a bound outside ``-n .. n``.
     """
-    if sel is None:
-        return slice(0, n)
-    start, stop, step = sel.indices(n)
-    if step != 1:
-        raise ValueError("row/column selections must be contiguous slices")
-    return slice(start, stop)
+    return span(name, sel, n)
 
 
 def key_positions(trace, positions: Sequence[int]) -> list[int]:
@@ -38,7 +37,9 @@ def key_positions(trace, positions: Sequence[int]) -> list[int]:
     pos = sorted({int(p) for p in positions})
     T = trace.seq_len
     if any(p < 0 or p >= T for p in pos):
-        raise IndexError(f"key positions must be in 0..{T - 1}")
+        raise OutOfRange(
+            f"key positions must be in 0..{T - 1}, got {[p for p in pos if p < 0 or p >= T][:5]}"
+        )
     return pos
 
 
@@ -95,8 +96,7 @@ class TraceGeometry:
         return self.arch.kv_head(head)
 
     def _rec(self, layer: int):
-        if not 0 <= layer < self.n_layers:
-            raise IndexError(f"layer {layer} out of range 0..{self.n_layers - 1}")
+        index("layer", layer, self.n_layers)  # OutOfRange, WrongType
         rec = self.layers[layer]
         if not rec.n_rows() or rec.keys is None:
             raise RuntimeError("nothing captured yet: run a prompt first")
@@ -196,7 +196,7 @@ class TraceGeometry:
         bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; DESIGN.md "Masks")."""
         rec = self._rec(layer)
         T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = as_slice(rows, T), as_slice(cols, S)
+        r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         return causal_allowed(np.arange(r.start, r.stop), np.arange(c.start, c.stop), rec.sliding_window)
 
 

@@ -145,7 +145,7 @@ class MlxTrace(TraceGeometry):
         kv = self.kv_head(head)
         keys = rec.keys
         T, S = rec.n_rows(), keys.shape[1]
-        r, c = as_slice(rows, T), as_slice(cols, S)
+        r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         q = rec.q()[head, r.start : r.stop].astype(mx.float32)  # (n_q, D)
         k = keys[kv, c.start : c.stop].astype(mx.float32)  # (n_k, D)
         s = (q @ k.T) * rec.scale  # (n_q, n_k) scaled scores

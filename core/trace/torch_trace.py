@@ -188,7 +188,7 @@ class TorchTrace(TraceGeometry):
         rec = self._rec(layer)
         kv = self.kv_head(head)
         T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = as_slice(rows, T), as_slice(cols, S)
+        r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         q = rec.q()[head, r].float()  # (n_q, D)
         k = rec.keys[kv, c].float()  # (n_k, D)
         s = (q @ k.T) * rec.scale  # (n_q, n_k) scaled scores
@@ -216,7 +216,7 @@ class TorchTrace(TraceGeometry):
         rec = self._rec(layer)
         kv = self.kv_head(head)
         T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = as_slice(rows, T), as_slice(cols, S)
+        r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         lse = rec.lse()[head, r]  # (n_q,) float64
         # Large scores (|lse| > 16) are formed in float64: their float32 rounding would be > 1e-6
         # of every weight of the row (attnscope.core.attention.fused.LSE_FP32_EXACT, README "What 'exact' means").
@@ -288,7 +288,7 @@ class TorchTrace(TraceGeometry):
         heads = list(range(self.n_heads)) if heads is None else [int(h) for h in heads]
         kvs = [self.kv_head(h) for h in heads]
         T, S = rec.n_rows(), rec.keys.shape[1]
-        r, c = as_slice(rows, T), as_slice(cols, S)
+        r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         q_all, keys = rec.q(), rec.keys
         dt = q_all.dtype if fast and q_all.dtype == torch.bfloat16 else torch.float32
         if not heads:
