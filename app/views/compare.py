@@ -525,6 +525,7 @@ class CompareView(QWidget, SavedControls):
         self.row_plot.getPlotItem().setTitle(ROW_HINT, color="#222", size="9pt")
         self.hover.setText(HOVER_HINT)
         self.bar.setLevels((-1.0, 1.0))
+        self.row_plot.getPlotItem().enableAutoRange()
 
     def _clear_result(self) -> None:
         """No comparison shown: empty table and logits, cleared maps (B is about to be replaced)."""
@@ -534,6 +535,7 @@ class CompareView(QWidget, SavedControls):
         self.table.setEnabled(True)
         self.kl_curve.setData([], [])
         self.disagree.setData([], [])
+        self.logit_plot.getPlotItem().enableAutoRange()
         self.clear_maps()
 
     def refresh(self) -> None:
@@ -655,9 +657,9 @@ class CompareView(QWidget, SavedControls):
         k = res.same_by_construction()
         same = f" (rows 0..{k - 1} precede it: equal by construction)" if k else ""
         self._summary_text = (
-            f"A: {a.label()} · B: {b.label()} · {al.description}{same} · compared: {res.weighting}\n"
-            f"most changed: L{ranked[0].layer} H{ranked[0].head} (JS mean {ranked[0].js_mean:.3g}) · "
-            f"logits: mean KL(A‖B) {klm} bits, top-1 agreement {agree}"
+            f"A: {a.label()} · B: {b.label()} · {al.description}{same}\n"
+            f"compared: {res.weighting} · most changed: L{ranked[0].layer} H{ranked[0].head} "
+            f"(JS mean {ranked[0].js_mean:.3g}) · logits: mean KL(A‖B) {klm} bits, top-1 agreement {agree}"
         )
         self.summary.setStyleSheet("color:#335;")
         self.summary.setText(self._summary_text)
