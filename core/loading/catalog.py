@@ -29,6 +29,7 @@ messages :func:`attnscope.core.loading.resolve.resolve` raises at load time).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-from attnscope.core.errors import ModelLoadError
+from attnscope.core.errors import AttnScopeError, ModelLoadError
 from attnscope.core.loading.precision import config_dtype, gguf_checkpoint_dtype, gguf_is_quantised, normalise
 from attnscope.core.loading.resolve import (
     DEFAULT_MODEL_NAME,
@@ -79,7 +80,7 @@ class CatalogEntry:
     source: str  # one of SOURCES
     name: str
     path: Path  # HF model folder, or the .gguf file (an Ollama blob has no suffix)
-    format: str  # "hf" or "gguf"
+    format: str  # "hf" or "gguf" ("json": a damaged models.json, listed to say so)
     architecture: str  # transformers model_type ("llama", "qwen3", ...), "" if unreadable
     n_params: int
     n_layers: int
@@ -143,29 +144,160 @@ def _user_file() -> Path:
     return config_dir() / USER_FILE
 
 
-def user_paths() -> list[Path]:
-    """Folders and files the user added, in the order added (an unreadable file reads as empty)."""
-    try:
-        data = json.loads(_user_file().read_text())
-        return [Path(p) for p in data.get("paths", []) if isinstance(p, str)]
-    except (OSError, ValueError, AttributeError):
-        return []
+class ModelsFileError(AttnScopeError, OSError):
+    """``models.json`` cannot be read or written (one line naming the file); an OSError too."""
 
 
-def _save_user_paths(paths: list[Path]) -> None:
+@dataclass(frozen=True)
+class UserFile:
+    """What ``models.json`` holds: ``paths`` (the valid entries, in the order added, duplicates
+    dropped) and ``problem`` (one line naming the file and what is wrong with it: not JSON, a
+    field of the wrong type, entries that are not paths; ``""`` when sound or absent).
+    ``readable``: False when the file exists but could not be read at all (then nothing is written
+    over it)."""
+
+    path: Path
+    paths: tuple[Path, ...] = ()
+    problem: str = ""
+    readable: bool = True
+
+
+_USER_FILE_KEEPS = "the models added there are not listed (fix or delete the file)"
+_warned: set[str] = set()
+_log = logging.getLogger("attnscope.catalog")
+
+
+def _show(value, limit: int = 40) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def read_user_file() -> UserFile:
+    """Read and check ``models.json`` (:func:`config_dir`): ``{"version": 1, "paths": [absolute path,
+    ...]}`` as written by :func:`add_user_path`, or by hand. Never raises: a damaged file gives the
+    entries that are valid and a one-line ``problem``; a missing file is empty and sound."""
     f = _user_file()
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": 1, "paths": [str(p) for p in paths]}, indent=1))
-    tmp.replace(f)
+    try:
+        text = f.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return UserFile(f)
+    except UnicodeDecodeError:
+        return UserFile(f, problem=f"models file {f} is not UTF-8 text: {_USER_FILE_KEEPS}")
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        return UserFile(f, problem=f"cannot read the models file {f}: {why}", readable=False)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        return UserFile(f, problem=f"models file {f} is not valid JSON ({msg}{where}): {_USER_FILE_KEEPS}")
+    if not isinstance(data, dict):
+        return UserFile(
+            f,
+            problem=f'models file {f} is {_show(data)}, expected an object {{"paths": [...]}}: {_USER_FILE_KEEPS}',
+        )
+    if "paths" not in data:
+        return UserFile(f, problem=f'models file {f} has no "paths" list: {_USER_FILE_KEEPS}')
+    raw = data["paths"]
+    if not isinstance(raw, list):
+        return UserFile(
+            f,
+            problem=f'models file {f}: "paths" is {_show(raw)}, expected a list of folder and file paths: '
+            + _USER_FILE_KEEPS,
+        )
+    paths: list[Path] = []
+    bad: list[str] = []
+    for i, item in enumerate(raw):
+        p = _user_entry(item)
+        if p is None or not p.is_absolute():
+            want = "an absolute path" if p is not None else "a path (a string)"
+            bad.append(f"paths[{i}] is {_show(item)}, expected {want}")
+        elif p not in paths:
+            paths.append(p)
+    problem = ""
+    if bad:
+        k = len(bad) - 1
+        more = f" (and {k} more bad entr{'y' if k == 1 else 'ies'})" if k else ""
+        problem = f"models file {f}: {bad[0]}{more}: skipped; its {len(paths)} valid path(s) are listed"
+    return UserFile(f, tuple(paths), problem)
+
+
+def _user_entry(item) -> Path | None:
+    """A ``"paths"`` entry as a path (``~`` expanded), None when it is no path at all."""
+    if not isinstance(item, str) or not item.strip() or "\0" in item:
+        return None
+    try:
+        return Path(item).expanduser()
+    except RuntimeError:  # "~someone" with no such user: kept as written (not absolute: skipped)
+        return Path(item)
+
+
+def _warn_once(problem: str) -> None:
+    """Log ``problem`` once per process (the CLI prints it on stderr as one line)."""
+    if problem and problem not in _warned:
+        _warned.add(problem)
+        _log.warning("attnscope: warning: %s", problem)
+
+
+def user_file_problem() -> str:
+    """What is wrong with ``models.json`` (one line), ``""`` when it is sound or absent."""
+    return read_user_file().problem
+
+
+def user_paths() -> list[Path]:
+    """Folders and files the user added, in the order added. A damaged ``models.json`` gives its
+    valid entries and logs one warning (:func:`read_user_file`); never raises."""
+    uf = read_user_file()
+    _warn_once(uf.problem)
+    return list(uf.paths)
+
+
+def _save_user_paths(paths: list[Path], current: UserFile | None = None) -> None:
+    """Write ``paths`` to ``models.json`` (atomically). When the file was damaged (``current.problem``)
+    its old content is kept first as ``models.json.damaged`` (``.damaged-2``, ... when that exists)
+    and one warning says so.
+
+    Raises:
+        ModelsFileError: the file cannot be read (nothing is written over it) or written.
+    """
+    f = _user_file()
+    current = current if current is not None else read_user_file()
+    if not current.readable:
+        raise ModelsFileError(f"{current.problem}: not changed")
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        kept = None
+        if current.problem and f.exists():
+            kept = f.with_name(f.name + ".damaged")
+            n = 2
+            while kept.exists():
+                kept, n = f.with_name(f"{f.name}.damaged-{n}"), n + 1
+            os.replace(f, kept)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"version": 1, "paths": [str(p) for p in paths]}, indent=1), encoding="utf-8"
+        )
+        tmp.replace(f)
+    except OSError as e:
+        raise ModelsFileError(f"cannot write the models file {f}: {e.strerror or e}") from None
+    if kept is not None:
+        _warn_once(
+            f"models file {f} was damaged: its old content is kept next to it as {kept.name}; "
+            f"it now lists {len(paths)} path(s)"
+        )
 
 
 def add_user_path(path: str | os.PathLike) -> Path:
     """Remember a model folder, a library folder or a GGUF file; returns its absolute path.
 
+    A damaged ``models.json`` keeps its valid entries; its old content is kept as
+    ``models.json.damaged`` and one warning says so (:func:`_save_user_paths`).
+
     Raises:
         FileNotFoundError: nothing at ``path``.
         ValueError: a file that is not GGUF.
+        ModelsFileError: ``models.json`` cannot be read or written.
     """
     from attnscope.core.loading.gguf_meta import is_gguf_file
 
@@ -174,19 +306,27 @@ def add_user_path(path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"no such file or folder: {p}")
     if p.is_file() and not is_gguf_file(p):
         raise ValueError(f"{p.name} is not a GGUF file: add a .gguf file or a folder")
-    paths = user_paths()
+    current = read_user_file()
+    _warn_once(current.problem)
+    paths = list(current.paths)
     if p not in paths:
-        _save_user_paths([*paths, p])
+        _save_user_paths([*paths, p], current)
     return p
 
 
 def remove_user_path(path: str | os.PathLike) -> bool:
-    """Forget a user-added path; True if it was there. Files on disk are never touched."""
+    """Forget a user-added path; True if it was there. Files on disk are never touched.
+
+    Raises:
+        ModelsFileError: ``models.json`` cannot be read or written (:func:`_save_user_paths`).
+    """
     p = Path(path).expanduser().absolute()
-    paths = user_paths()
+    current = read_user_file()
+    _warn_once(current.problem)
+    paths = list(current.paths)
     if p not in paths:
         return False
-    _save_user_paths([q for q in paths if q != p])
+    _save_user_paths([q for q in paths if q != p], current)
     return True
 
 
@@ -694,9 +834,21 @@ def scan_ollama(root: str | os.PathLike | None = None) -> list[CatalogEntry]:
 
 
 def scan_user(paths: Iterable[str | os.PathLike] | None = None) -> list[CatalogEntry]:
-    """Entries for the user-added paths (:func:`user_paths` by default)."""
+    """Entries for the user-added paths (:func:`user_paths` by default). A damaged ``models.json``
+    comes first as an unsupported entry named after it, its ``reason`` the problem (the picker and
+    ``attnscope models`` list it; :func:`read_user_file`)."""
     out = []
-    for p in user_paths() if paths is None else paths:
+    if paths is None:
+        uf = read_user_file()
+        _warn_once(uf.problem)
+        paths = uf.paths
+        if uf.problem:
+            out.append(
+                CatalogEntry(
+                    "user", uf.path.name, uf.path, "json", "", 0, 0, 0, 0, 0, 0, "?", 0, False, uf.problem
+                )
+            )
+    for p in paths:
         out.extend(describe_path(p, "user"))
     return out
 
