@@ -28,12 +28,35 @@ def window_wording(message: str) -> str:
     return message
 
 
+def counted_step_job(n: int):
+    """:func:`attnscope.app.jobs.step_job` that also says how many tokens it made: ``(snapshot,
+    made)``, counted on the engine thread on the sequence it decoded, so a "cancelled after k of n"
+    line always agrees with the counters (the window's snapshot of when Step was pressed may be of an
+    older sequence)."""
+    step = jobs.step_job(n)
+
+    def job(ctx):
+        before = ctx.require().n_generated
+        snap = step(ctx)
+        return snap, snap.n_generated - before
+
+    return job
+
+
 class Commands:
     """Commands of a :class:`attnscope.app.main_window.MainWindow` ``win`` (its prompt box, chat check,
     decode panel, status line, map panel and timeline)."""
 
+    #: the heatmap's title while a prompt runs and no map is shown (nothing of an earlier state)
+    PREFILL_TITLE = "Running the prompt (prefill)… the map comes when it ends; Esc cancels."
+    #: what Step, Step ×N or Back say when pressed while a prefill runs (they are off then)
+    PREFILL_REFUSAL = (
+        "The prompt is still running (prefill): Step and Back come back when it ends; nothing was queued."
+    )
+
     def __init__(self, win):
         self.win, self.state, self.engine = win, win.state, win.engine
+        self.prefills = 0  # prefills queued and not yet ended (Step and Back are off meanwhile)
 
     # -- loading ----------------------------------------------------------------------------------
     def load_model(self, model: str | None) -> None:
@@ -105,38 +128,74 @@ class Commands:
         self.engine.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
         win.heatmap.mark_stale("stale: previous prompt (running the new one…)")
         chat = win.chat_check.isChecked() and win.chat_check.isEnabled()
+        self._prefill_started()
 
         def done(snap) -> None:  # the run ended: the map shown is the previous prompt's until the new one
+            self._prefill_ended()
             win.heatmap.mark_stale("stale: previous prompt (computing the new map…)")
             self.ran(snap)
 
         def failed(message: str) -> None:  # ... and says so when it ended without a new sequence
+            self._prefill_ended()
             ended = "was cancelled" if isinstance(message, CancelledMessage) else "failed"
             win.heatmap.mark_stale(f"stale: previous prompt (the new run {ended})")
             self.command_failed(message)
 
         self.engine.enqueue(jobs.prefill_job(prompt, chat), done, failed, label="prefill")
 
+    def _prefill_started(self) -> None:
+        """A prefill was queued: decoding controls off, and every view with nothing to show says that
+        the prompt runs (never "Cancelled: no sequence now…" or "Run a prompt" of the state before)."""
+        win, hm = self.win, self.win.heatmap
+        self.prefills += 1
+        win.controls.set_prefilling(True)
+        if hm.weights is None and hm.pooled is None:  # no map shown: nothing of before may stay
+            hm.plot.setTitle(self.PREFILL_TITLE)
+            self._placeholder = getattr(self, "_placeholder", None) or hm.placeholder.toPlainText()
+            hm.placeholder.setText("The prompt is running (prefill)…")
+            hm.readout.setText("The prompt is running: the map comes when the prefill ends.")
+        win.timeline.show_running("prefill running…")
+        win.set_overlay_text("The prompt is running (prefill)… this panel fills when it ends.")
+
+    def _prefill_ended(self) -> None:
+        """The last queued prefill ended (done, failed or cancelled): the words of the state it left."""
+        self.prefills = max(0, self.prefills - 1)
+        if self.prefills:
+            return
+        win = self.win
+        win.controls.set_prefilling(False)
+        win.set_overlay_text()
+        win.timeline.show_running("")
+        if getattr(self, "_placeholder", None):  # shown again by the next empty state
+            win.heatmap.placeholder.setText(self._placeholder)
+
     def step(self, n: int = 1) -> None:
+        """Decode ``n`` tokens. Refused with a status line (nothing queued) while a prefill runs."""
+        if self.prefills:
+            self.state.say(self.PREFILL_REFUSAL, 8000)
+            return
         snap = self.state.snapshot
         if snap is None or snap.seq_len == 0:
             self.win.status.show_error("Run a prompt before stepping.")
             return
-        want = snap.n_generated + n
 
-        def done(snap) -> None:
+        def done(result) -> None:
+            snap, made = result
             self.ran(snap)
-            if snap.n_generated < want and snap.seq_len:  # cancelled part-way: the tokens made so far stay
+            if made < n and snap.seq_len:  # cancelled part-way: the tokens made so far stay
                 self.win.status.show_error(
                     CancelledMessage(
-                        f"decode cancelled after {n - (want - snap.n_generated)} of {n} "
-                        "tokens; the tokens made so far stay"
+                        f"decode cancelled after {made} of {n} tokens; "
+                        + ("the tokens made so far stay" if made else "no token was added")
                     )
                 )
 
-        self.engine.enqueue(jobs.step_job(n), done, self.command_failed, label="decode")
+        self.engine.enqueue(counted_step_job(n), done, self.command_failed, label="decode")
 
     def step_back(self, n: int = 1) -> None:
+        if self.prefills:
+            self.state.say(self.PREFILL_REFUSAL, 8000)
+            return
         snap = self.state.snapshot
         if snap is None or snap.n_generated < n:
             self.state.say("Nothing to step back: no generated token.", 4000)

@@ -134,11 +134,29 @@ class Controls:
         members = ", ".join(f"q{h}" for h in info.group(kv))
         self.group_label.setText(f"reads KV head {kv}  (GQA group: {members})")
 
+    #: why Step, Step ×N and Back are off while a prompt runs (their tooltip then)
+    PREFILL_TIP = "Off while the prompt runs (prefill): the sequence it would decode is being replaced"
+
     def set_running(self, has_model: bool) -> None:
-        """Enable Run once a model is loaded; Step once a prompt ran; Back once a token was generated."""
+        """Enable Run once a model is loaded; Step once a prompt ran; Back once a token was generated;
+        Step, Step ×N and Back stay off while a prefill runs (:meth:`set_prefilling`)."""
+        self._has_model = has_model
         snap = self.state.snapshot
-        ran = snap is not None and snap.seq_len > 0
+        ran = snap is not None and snap.seq_len > 0 and not getattr(self, "prefilling", False)
         self.run_button.setEnabled(has_model)
         for w in (self.step_button, self.stepn_button):
             w.setEnabled(has_model and ran)
         self.back_button.setEnabled(has_model and ran and snap.n_generated > 0)
+
+    def set_prefilling(self, on: bool) -> None:
+        """A prefill was queued (``on``) or ended: decoding controls off until it ends, their tooltips
+        saying why, so a click never decodes a token on a sequence the user has not seen yet."""
+        self.prefilling = on
+        tips = {
+            self.step_button: "Decode one token (F10)",
+            self.stepn_button: "Decode N tokens (Ctrl+F10)",
+            self.back_button: "Undo one decode step: the KV cache is truncated (Shift+F10)",
+        }
+        for w, tip in tips.items():
+            w.setToolTip(self.PREFILL_TIP if on else tip)
+        self.set_running(getattr(self, "_has_model", True))

@@ -95,6 +95,12 @@ class JobContext:
             raise SessionError("no model loaded")
         return self.session
 
+    def serve_views(self) -> int:
+        """Between the chunks of a long optional job: run the view requests waiting now
+        (:meth:`EngineWorker.serve_views`), so the views on screen never queue behind it. Only for a
+        job that leaves the session's own sequence, cache and Trace alone while it runs."""
+        return self.worker.serve_views()
+
     def partial(self, result) -> None:
         """Hand an intermediate result (a coarse overview, the layers done so far) to the job's
         ``on_partial`` callback on the GUI thread (progressive display); dropped if it has none."""
@@ -142,20 +148,47 @@ class EngineWorker(QObject):
                 job = self._queue.popleft()
             self.busy.emit(True, job.label)
             try:
-                self.ctx.job_id, self.ctx.token = job.id, job.token
-                result = job.fn(self.ctx)
-            except Cancelled as e:
-                self.failed.emit(job, CancelledMessage(str(e) or "cancelled"))
-            except (AttnScopeError, ValueError, IndexError, OSError) as e:
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                self.failed.emit(job, msg)
-            except Exception as e:  # a bug: keep the app alive, say what happened
-                traceback.print_exc()
-                self.failed.emit(job, f"internal error: {type(e).__name__}: {e}")
-            else:
-                self.finished.emit(job, result)
+                self._run(job)
             finally:
                 self.busy.emit(False, job.label)
+
+    def serve_views(self) -> int:
+        """Run the view requests waiting in the queue now, inside the running job (engine thread).
+
+        A long optional job (the Experiments tab's runs) calls this between its chunks
+        (:meth:`JobContext.serve_views`), so that the map, the next-token table and the tab on screen
+        never wait minutes behind it; commands (prefill, step, load) keep their order and are never
+        run here. The running job's id and cancel token are restored afterwards. Returns how many ran.
+        """
+        ran = 0
+        while True:
+            with self._lock:
+                job = next((j for j in self._queue if j.channel is not None), None)
+                if job is None:
+                    return ran
+                self._queue.remove(job)
+            saved = self.ctx.job_id, self.ctx.token
+            try:
+                self._run(job)
+            finally:
+                self.ctx.job_id, self.ctx.token = saved
+            ran += 1
+
+    def _run(self, job: Job) -> None:
+        """Run one job and report its result or its one-line failure (engine thread)."""
+        try:
+            self.ctx.job_id, self.ctx.token = job.id, job.token
+            result = job.fn(self.ctx)
+        except Cancelled as e:
+            self.failed.emit(job, CancelledMessage(str(e) or "cancelled"))
+        except (AttnScopeError, ValueError, IndexError, OSError) as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.failed.emit(job, msg)
+        except Exception as e:  # a bug: keep the app alive, say what happened
+            traceback.print_exc()
+            self.failed.emit(job, f"internal error: {type(e).__name__}: {e}")
+        else:
+            self.finished.emit(job, result)
 
 
 _GC_GUARD = None

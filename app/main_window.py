@@ -254,6 +254,13 @@ class MainWindow(QMainWindow):
         """A ``cancelled()`` callable for a view job on ``channel`` (:meth:`Engine.cancel_token`)."""
         return self.engine.cancel_token(channel)
 
+    def set_overlay_text(self, text: str = "") -> None:
+        """What the covers of the panels that need a sequence say (``""``: "Run a prompt to see this
+        panel."); while a prompt runs they say so, never the words of the state before it."""
+        self._overlay_text = text or EmptyOverlay.TEXT
+        for overlay in self._empty_overlays.values():
+            overlay.setText(self._overlay_text)
+
     def _on_snapshot(self, snap) -> None:
         self.snapshotChanged.emit(snap)
         # panels that need a sequence are covered until there is one
@@ -266,6 +273,7 @@ class MainWindow(QMainWindow):
                 if page is None:
                     continue
                 overlay = self._empty_overlays[key] = EmptyOverlay(page)
+                overlay.setText(getattr(self, "_overlay_text", EmptyOverlay.TEXT))
             overlay.set_shown(snap is None or snap.seq_len == 0)
 
     def _on_changed(self, names) -> None:

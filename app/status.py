@@ -27,6 +27,7 @@ LONG_JOBS = (
     "batch export",
     "switch backend",
     "compare",
+    "experiments",
 )
 
 
@@ -50,7 +51,7 @@ class StatusLine:
         self.progress.hide()
         self.cancel_button = QToolButton()
         self.cancel_button.setText("Cancel")
-        self.cancel_button.setToolTip("Stop the running prefill or decode (Esc)")
+        self.cancel_button.setToolTip("Stop the running job: prefill, decode, load, experiments… (Esc)")
         self.cancel_button.hide()
         sb.addWidget(self.model_label, 1)
         for w in (self.progress, self.cancel_button, self.seq_label, self.kv_label):

@@ -15,8 +15,10 @@ class EmptyOverlay(QLabel):
     """Covers a tab page while there is no sequence (a new model, nothing run yet), so that a panel
     never shows the previous model's or prompt's results as if they were current."""
 
+    TEXT = "Run a prompt to see this panel."
+
     def __init__(self, page: QWidget):
-        super().__init__("Run a prompt to see this panel.", page)
+        super().__init__(self.TEXT, page)
         self.setAlignment(Qt.AlignCenter)
         self.setStyleSheet("background: rgba(255, 255, 255, 240); color: #666; font-size: 13pt;")
         page.installEventFilter(self)

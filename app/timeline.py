@@ -76,6 +76,12 @@ class TimelineBar(QWidget):
             raise IndexError(f"step {step} out of range 0..{self.slider.maximum()}")
         self.slider.setValue(step)
 
+    def show_running(self, text: str) -> None:
+        """While a prompt runs with no sequence shown yet: ``text`` instead of "no sequence yet: run a
+        prompt" (``""``: back to the label of the range)."""
+        self._running_text = text
+        self._update_label()
+
     def _on_value(self, v: int) -> None:
         self._update_label()
         self.stepChanged.emit(v)
@@ -84,7 +90,7 @@ class TimelineBar(QWidget):
         t, N = self.step, self.slider.maximum()
         what = "after prefill" if t == 0 else f"after {t} decode step{'s' if t > 1 else ''}"
         if self.n_prompt + t == 0:
-            self.label.setText("no sequence yet: run a prompt")
+            self.label.setText(getattr(self, "_running_text", "") or "no sequence yet: run a prompt")
         else:
             self.label.setText(f"step {t} / {N} · {what} · positions 0..{self.n_prompt + t - 1}")
         self.latest_button.setEnabled(t != N)

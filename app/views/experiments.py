@@ -9,8 +9,13 @@ actual next token in both runs. Definitions: :mod:`attnscope.core.analysis.exper
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.engine import CancelledMessage
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
@@ -49,17 +54,74 @@ SHORT = {
     "no_scale": "No 1/√d scaling",
 }
 AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequences up to this long
+#: wall time of one experiment run of the sequence over the prefill of the same tokens, measured on
+#: SmolLM2-135M, torch on 2 shared CPU cores: 1,483 tokens, prefill 31.2 s, Run all's six runs (the
+#: unmodified one + five) 209.8 s, so 35.0 s a run = 1.12 × the prefill (the masked runs cannot use
+#: the fused kernel's causal path); rounded up, as an estimate should be
+RUN_OVER_PREFILL = 1.2
+#: command labels (:mod:`attnscope.app.commands`) whose job replaces or changes the sequence
+SEQUENCE_COMMANDS = frozenset(
+    {"prefill", "decode", "step back", "open session", "restore run", "switch backend", "loading model"}
+)
 
 
-def _experiments_job(experiments: list[Experiment] | None):
+@dataclass(frozen=True)
+class ExperimentsRun:
+    """What an experiments job sends back: the results, the forwards' wall time in seconds (the views
+    served between its chunks left out) and the tokens those forwards fed (runs × seq_len)."""
+
+    results: list
+    seconds: float
+    tokens_fed: int
+
+
+def _experiments_job(experiments: list[Experiment] | None, ids: tuple[int, ...], stop: Callable[[], bool]):
+    """Run ``experiments`` (None: one of each kind) on the sequence ``ids`` they were asked for.
+
+    Returns None, at once, when the session holds another sequence by then (a prefill or step queued
+    before it ran): nothing of the old sequence is run on the new one. Between forwards it serves the
+    view requests waiting (:meth:`attnscope.app.engine.JobContext.serve_views`, in-process sessions
+    only), so the map and the other views never queue behind it; ``stop()`` (a new Run) or the user's
+    Cancel stops it with :class:`attnscope.core.errors.Cancelled`."""
+
     def job(ctx):
         from attnscope.core.analysis.experiments import run_experiments
 
         s = ctx.require()
-        exps = experiments if experiments is not None else default_experiments(s.seq_len)
-        return run_experiments(s, exps, progress=ctx.progress, cancelled=ctx.cancelled)
+        if tuple(getattr(s, "ids", ids)) != ids:
+            return None
+        local = getattr(s, "remote_call", None) is None  # a remote engine runs it all in one call
+        served = [0.0]
+
+        def cancelled() -> bool:
+            if local:
+                t = time.perf_counter()
+                if ctx.serve_views():
+                    served[0] += time.perf_counter() - t
+            return ctx.cancelled() or stop()
+
+        exps = experiments if experiments is not None else default_experiments(len(ids))
+        t0 = time.perf_counter()
+        results = run_experiments(s, exps, progress=ctx.progress, cancelled=cancelled)
+        runs = len({r.experiment.decode_from for r in results}) + len(results)
+        return ExperimentsRun(results, time.perf_counter() - t0 - served[0], runs * len(ids))
 
     return job
+
+
+def runs_of(n_experiments: int = len(KINDS)) -> int:
+    """Forwards over the whole sequence that ``n_experiments`` with one ``decode_from`` take: the
+    baseline once, then each experiment (:func:`attnscope.core.analysis.experiments.run_experiments`)."""
+    return 1 + n_experiments
+
+
+def format_duration(seconds: float) -> str:
+    """``8`` → ``'about 10 s'``, ``95`` → ``'about 2 min'``: a rounded estimate, never exact-looking."""
+    if seconds < 60:
+        return f"about {max(5, 5 * round(seconds / 5))} s"
+    if seconds < 3600:
+        return f"about {max(1, round(seconds / 60))} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 def _item(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
@@ -88,6 +150,11 @@ class ExperimentsView(QWidget, SavedControls):
         self._run_key = None
         self._auto_done_for = None
         self._running = False
+        self._busy: dict[str, float] = {}  # sequence commands running now -> when they started
+        self._prefill_rate: tuple[int, float] | None = None  # (tokens, tokens/s) of the last prefill
+        self._run_rate: tuple[int, float] | None = None  # (seq_len, tokens/s) of the last experiments
+        self._stop = lambda: False  # the running job's stop token (a new Run makes it true)
+        engine.busy.connect(self._on_busy)
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Experiment"))
@@ -138,6 +205,11 @@ class ExperimentsView(QWidget, SavedControls):
         second.addWidget(self.help, 1)
         for w in (self.run_button, self.run_all_button, self.clear_button):
             second.addWidget(w)
+        # a sequence over AUTO_RUN_MAX_TOKENS: why nothing ran by itself, and what Run all will cost
+        self.long_note = QLabel("")
+        self.long_note.setWordWrap(True)
+        self.long_note.setStyleSheet("color:#7a4a00; background:#fff6e0; padding:4px;")
+        self.long_note.hide()
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
@@ -203,6 +275,7 @@ class ExperimentsView(QWidget, SavedControls):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
         lay.addLayout(second)
+        lay.addWidget(self.long_note)
         lay.addWidget(split, 1)
 
         self.kind_combo.currentIndexChanged.connect(lambda _i: self._sync_params())
@@ -262,14 +335,20 @@ class ExperimentsView(QWidget, SavedControls):
                 f"Experiments change the attention function of the torch backend; this session runs "
                 f"on {snap.backend}. Reload the model with the torch backend to run them."
             )
+        self._update_long_note()
 
     @staticmethod
     def _torch(snap) -> bool:
         return snap.backend == "torch"
 
     def refresh(self) -> None:
+        """Shown, or the sequence changed while shown: run all five by themselves on a sequence up to
+        :data:`AUTO_RUN_MAX_TOKENS` tokens (never while a prefill or step is running: the sequence on
+        screen is about to be replaced, and the run after it asks again); over it, say what Run all
+        costs (:meth:`_update_long_note`)."""
         snap = self.state.snapshot
-        if snap is None or snap.seq_len < 2 or self._running or not self._torch(snap):
+        self._update_long_note()
+        if snap is None or snap.seq_len < 2 or self._running or not self._torch(snap) or self._busy:
             return
         key = (self._run_key, snap.seq_len)
         if (
@@ -293,20 +372,98 @@ class ExperimentsView(QWidget, SavedControls):
         self.run([ex])
 
     def run(self, experiments: list[Experiment] | None) -> None:
-        """Queue ``experiments`` (None: one of each kind with defaults) on the engine."""
-        if self.state.snapshot is None or self.state.snapshot.seq_len < 2:
+        """Queue ``experiments`` (None: one of each kind with defaults) on the engine, for the sequence
+        on screen; a new Run (:meth:`attnscope.app.engine.Engine.cancel_views`) or Cancel stops them."""
+        snap = self.state.snapshot
+        if snap is None or snap.seq_len < 2:
             self.state.fail("Run a prompt of at least 2 tokens before an experiment.")
             return
         self._running = True
         self.run_button.setEnabled(False)
         self.run_all_button.setEnabled(False)
+        self._stop = self.engine.cancel_token("experiments")
+        ids = tuple(t.id for t in snap.tokens)
         self.engine.enqueue(
-            _experiments_job(experiments), self.add_results, self._on_error, label="experiment"
+            _experiments_job(experiments, ids, self._stop), self._on_run, self._on_error, label="experiments"
         )
+
+    def _on_run(self, run: ExperimentsRun | None) -> None:
+        if run is None:  # the sequence changed before it ran: nothing added; the new one may auto-run
+            self._done()
+            self._auto_done_for = None
+            if self.isVisible():
+                self.refresh()
+            return
+        if run.seconds > 0 and run.tokens_fed and run.results:
+            self._run_rate = run.results[0].seq_len, run.tokens_fed / run.seconds
+        self.add_results(run.results)
 
     def _on_error(self, message: str) -> None:
         self._done()
+        if isinstance(message, CancelledMessage):  # the user's Cancel, or a new Run: a status line
+            why = "a new prompt runs" if self._stop() else "cancelled"
+            self.state.say(f"Experiments stopped ({why}): no rows added; Run all starts them again.", 10000)
+            return
         self.state.fail(f"Experiment failed: {message}")
+
+    # -- long sequences ----------------------------------------------------------------------------------
+    def _on_busy(self, on: bool, label: str) -> None:
+        """The engine started or ended a job: note the sequence commands running (no auto-run then)
+        and time each prefill, for the estimate of what Run all costs."""
+        if label not in SEQUENCE_COMMANDS:
+            return
+        if on:
+            self._busy[label] = time.monotonic()
+            return
+        started = self._busy.pop(label, None)
+        snap = self.state.snapshot
+        if label == "prefill" and started is not None and snap is not None and snap.n_prompt > 0:
+            seconds = time.monotonic() - started
+            if seconds > 0:
+                self._prefill_rate = snap.n_prompt, snap.n_prompt / seconds
+        if not self._busy and self.isVisible():  # a run, step or load ended: the tab may auto-run
+            self.refresh()
+
+    def estimate_seconds(self, seq_len: int, n_experiments: int = len(KINDS)) -> float | None:
+        """Wall time that Run all may take on ``seq_len`` tokens: the runs (:func:`runs_of`) at the
+        speed of the last experiments' forwards, else at the last prefill's speed times
+        :data:`RUN_OVER_PREFILL`, each only when measured on at least half as many tokens (a short
+        run's speed is its per-forward overhead: 7 tokens said "9.7 h" for 3,001); None without one."""
+        tokens = runs_of(n_experiments) * seq_len
+        if self._run_rate and 2 * self._run_rate[0] >= seq_len:
+            return tokens / self._run_rate[1]
+        if self._prefill_rate and 2 * self._prefill_rate[0] >= seq_len:
+            return RUN_OVER_PREFILL * tokens / self._prefill_rate[1]
+        return None
+
+    def _update_long_note(self) -> None:
+        """Over :data:`AUTO_RUN_MAX_TOKENS` tokens and no rows for this length yet: say why nothing
+        ran by itself and what Run all costs, on the note and on the button."""
+        snap = self.state.snapshot
+        long = (
+            snap is not None
+            and snap.seq_len > AUTO_RUN_MAX_TOKENS
+            and self._torch(snap)
+            and not self._has_results_for(snap.seq_len)
+        )
+        if not long:
+            self.long_note.hide()
+            self.run_all_button.setText("Run all")
+            self.run_all_button.setToolTip("Run one of each experiment with default parameters")
+            return
+        T = snap.seq_len
+        est = self.estimate_seconds(T)
+        cost = format_duration(est) if est is not None else "minutes on a CPU (not measured yet)"
+        self.long_note.setText(
+            f"This sequence has {T:,} tokens, more than the {AUTO_RUN_MAX_TOKENS} that run by themselves. "
+            f"Run all five reruns it {runs_of()} times in separate KV caches: {cost} here. "
+            "The other views stay live meanwhile; Cancel (Esc) stops it."
+        )
+        self.long_note.show()
+        self.run_all_button.setText(f"Run all five ({cost})")
+        self.run_all_button.setToolTip(
+            f"{runs_of()} runs of {T:,} tokens (the unmodified one and one per experiment)"
+        )
 
     def _done(self) -> None:
         self._running = False
@@ -333,6 +490,7 @@ class ExperimentsView(QWidget, SavedControls):
         self.state.say(f"{len(results)} experiment(s) done", 4000)
         first = len(self.results)
         self.results.extend(results)
+        self._update_long_note()
         self.table.setRowCount(len(self.results))
         for i, r in enumerate(results, start=first):
             ex = r.experiment

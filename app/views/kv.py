@@ -95,6 +95,8 @@ def freeze_plot(plot: pg.PlotWidget, x_min: float = 0.0) -> None:
     """No mouse zoom or pan (the wheel scrolls the page: :class:`WheelToPage`) and ranges that never
     go below ``x_min`` / 0."""
     vb = plot.getPlotItem().getViewBox()
+    for name in ("left", "bottom"):  # the label carries the unit (kB, MB…): never pyqtgraph's "(x1e-09)"
+        plot.getPlotItem().getAxis(name).enableAutoSIPrefix(False)
     vb.setMouseEnabled(x=False, y=False)
     vb.setLimits(xMin=x_min, yMin=0.0)
     plot.getPlotItem().hideButtons()
@@ -479,14 +481,16 @@ class KVView(QWidget, SavedControls):
         n = len(live.layer_bytes)
         need = cfg.layer_bytes(T).astype(float) if n == cfg.n_layers else live.layer_bytes.astype(float)
         lmax = float(live.layer_bytes.max()) if n else 0.0
-        lu, ls = unit_for(lmax)
+        # no sequence yet (0 bytes): the unit and range of one token's K + V in a layer, not 0..1e-9 bytes
+        ltop = lmax or float(cfg.token_layer_bytes)
+        lu, ls = unit_for(ltop)
         self.kept_bars.setOpts(x=np.arange(n), height=live.layer_bytes.astype(float) / ls, width=0.8)
         self.layer_bars.setOpts(x=np.arange(n), height=need / ls, width=0.8 if not live.windowed else 0.5)
         lp = self.layer_plot.getPlotItem()
         lp.setTitle(f"per layer ({n} layers)", color="#222", size="9pt")
         lp.setLabel("left", f"K + V ({lu})")
         lp.setXRange(-0.8, n - 0.2, padding=0)
-        lp.setYRange(0, max(lmax / ls * 1.1, 1e-9), padding=0)
+        lp.setYRange(0, max(ltop / ls * 1.1, 1.0), padding=0)
 
         # this run: measured points on the formula line (what AttnScope keeps), and the model's need
         top = max(T, max(self.history, default=0), 1)
