@@ -275,7 +275,7 @@ class HeadGridView(QScrollArea):
     """Scrollable :class:`HeadGridCanvas` under a bar: the "Weights" combo (attention or value-weighted;
     ``weightingChanged(str)`` when the user changes it) and a title naming the scale shown."""
 
-    BAR = 30
+    BAR = 42  # room for a title of two lines (scale, legend, partial note)
     weightingChanged = Signal(str)
 
     def __init__(self, parent=None):
@@ -293,6 +293,7 @@ class HeadGridView(QScrollArea):
         )
         lay.addWidget(self.weighting_combo)
         self.title = QLabel()
+        self.title.setWordWrap(True)  # a long title wraps rather than losing its end
         lay.addWidget(self.title, 1)
         self.setViewportMargins(0, self.BAR, 0, 0)
         self.weighting_combo.currentIndexChanged.connect(
