@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 from attnscope.core.errors import BadArgument, OutOfRange, WrongType
 
 
@@ -28,6 +29,17 @@ def whole(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise WrongType(f"{name} must be a whole number (int), got {_type_name(value)} {value!r}")
     return int(value)
+
+
+def flag(name: str, value) -> bool:
+    """``value`` as a bool: True, False (or numpy's bools).
+
+    Raises:
+        WrongType: anything else (``"no"`` is truthy; refused rather than read as True).
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise WrongType(f"{name} must be True or False, got {_type_name(value)} {value!r}")
+    return bool(value)
 
 
 def in_range(name: str, value, lo: int, hi: int) -> int:

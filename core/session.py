@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.analysis.kv_formula import kv_cache_bytes as kv_formula
-from attnscope.core.checks import in_range, index, span, whole
+from attnscope.core.checks import flag, in_range, index, span, whole
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, WrongType
 from attnscope.core.ids import BATCH_REFUSAL as _BATCH
 from attnscope.core.ids import as_token_ids
@@ -149,11 +149,14 @@ class Session:
         float32, for :meth:`position_logits`; Compare needs them).
 
         Raises:
-            SessionError: empty prompt, or longer than the model's context.
+            SessionError: empty prompt, or longer than the model's context. WrongType: a prompt that
+            is not a string, ``chat_template``/``all_logits`` not a bool.
             Cancelled: ``cancelled()`` became true; the previous sequence is gone, the session empty.
         """
         if not isinstance(prompt, str):  # a list of prompts is a batch (issue 12 §3)
             raise SessionError(f"prefill takes one prompt (a string), got {type(prompt).__name__}: {_BATCH}")
+        flag("chat_template", chat_template)  # WrongType: "no" would read as True
+        flag("all_logits", all_logits)
         if not prompt or not prompt.strip():
             raise SessionError("the prompt is empty: type some text first")
         ids = self.encode(prompt, chat_template)

@@ -272,3 +272,19 @@ def test_steps_past_the_context_are_refused_before_any_step(tiny):
         tiny.step,
         1,
     )
+
+
+def test_prefill_flags_are_bools(tiny):
+    _raises(
+        WrongType, TypeError, "chat_template must be True or False, got str 'no'", tiny.prefill, "hi", "no"
+    )
+    _raises(
+        WrongType,
+        TypeError,
+        "all_logits must be True or False, got int 1",
+        tiny.prefill,
+        "hi",
+        False,
+        all_logits=1,
+    )
+    assert len(tiny.prefill("hi", np.bool_(False))) == 2
