@@ -13,6 +13,7 @@ Every failure is raised as :class:`attnscope.core.errors.ModelLoadError` with a 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import importlib.util
 import json
@@ -445,6 +446,71 @@ def _is_converted(folder: Path) -> bool:
         return False
 
 
+#: JSON files of a converted folder up to this size are parsed in full by :func:`converted_damage`;
+#: a larger one (a big vocabulary's tokenizer.json) is checked for its closing brace only
+_FULL_JSON_BYTES = 1 << 20
+
+
+def _json_problem(path: Path) -> str:
+    """Why the JSON file ``path`` is unusable (truncated, not JSON), ``""`` when it reads."""
+    try:
+        size = path.stat().st_size
+        if size <= _FULL_JSON_BYTES:
+            json.loads(path.read_bytes())
+            return ""
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
+            f.seek(max(0, size - 64))
+            tail = f.read().rstrip()
+    except OSError as e:
+        return f"{path.name} cannot be read: {_first_line(e)}"
+    except ValueError as e:
+        return f"{path.name} is truncated or not JSON: {_first_line(e)}"
+    if not (head.startswith(b"{") and tail.endswith(b"}")):
+        return f"{path.name} is truncated or not JSON ({size} bytes, no closing brace)"
+    return ""
+
+
+def converted_damage(folder: Path) -> str:
+    """Why a finished conversion-cache entry (:func:`_is_converted`) cannot be loaded, one line; ``""``
+    when it looks sound.
+
+    Cheap (no tensor is read): config.json and the other JSON files parse (:func:`_json_problem`),
+    a tokenizer is there, and every safetensors shard's header is valid and its data fits in the
+    file (:func:`check_safetensors`: a truncated or cut shard, the usual damage of a full disk or a
+    killed copy). Flipped bits inside the data are not detected.
+    """
+    folder = Path(folder)
+    for name in (
+        "config.json",
+        "model.safetensors.index.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.json",
+    ):
+        if (folder / name).is_file():
+            why = _json_problem(folder / name)
+            if why:
+                return why
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return "its tokenizer is missing"
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():
+        shards = [folder / "model.safetensors"]
+    else:
+        try:
+            shards = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{index.name} is not a valid safetensors index: {_first_line(e)}"
+    for shard in shards:
+        try:
+            check_safetensors(shard)
+        except ModelLoadError as e:
+            return str(e)
+    return ""
+
+
 def quiet_imports() -> None:
     """Silence the warnings libraries log when first imported (no import here: cheap, call early).
 
@@ -466,13 +532,17 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32") -> Path:
+def convert_gguf(
+    gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32", notes: list[str] | None = None
+) -> Path:
     """Convert a GGUF once into a cached HF folder (safetensors at ``dtype`` + tokenizer); return it.
 
     Streamed tensor by tensor (:mod:`attnscope.core.loading.gguf_convert`): peak memory is about one 2 GB shard,
     not the float32 state dict transformers' loader builds. ``progress`` is called per tensor
     and may raise :class:`attnscope.core.errors.Cancelled`; a cancelled or failed conversion leaves no
-    cache entry. The cache holds one copy per (file hash, dtype).
+    cache entry. The cache holds one copy per (file hash, dtype). A cached entry that is damaged
+    (:func:`converted_damage`: a truncated shard, a cut JSON file) is removed and converted again,
+    with a progress line saying so and, where ``notes`` is given, one line appended to it.
 
     Raises:
         ModelLoadError: broken file, or a quantisation transformers cannot dequantise.
@@ -484,10 +554,19 @@ def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32
     gguf = Path(gguf)
     check_gguf(gguf)
     out = converted_dir(gguf, dtype)
-    if _is_converted(out):
+    damage = converted_damage(out) if _is_converted(out) else None
+    if damage == "":
         return out
-    shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover
-    progress(f"Converting {gguf.name} to {dtype} (first load only)…", 0.02)
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover, or a damaged entry
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelLoadError(_cache_unwritable(gguf, e)) from None
+    if damage:
+        redo = f"the cached conversion of {gguf.name} was damaged ({damage}): converted again"
+        progress(f"The cached conversion of {gguf.name} is damaged ({damage}): converting it again…", 0.02)
+    else:
+        progress(f"Converting {gguf.name} to {dtype} (first load only)…", 0.02)
     quiet_transformers()
 
     def per_tensor(msg: str, frac: float) -> None:
@@ -505,10 +584,39 @@ def convert_gguf(gguf: Path, progress: ProgressFn = _noop, dtype: str = "float32
         raise
     except MemoryError:
         raise ModelLoadError(f"cannot convert {gguf.name}: out of memory") from None
+    except OSError as e:
+        if _in_cache(e):
+            raise ModelLoadError(_cache_unwritable(gguf, e)) from None
+        raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
     except Exception as e:
         raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
     progress("Converted.", 0.95)
+    if damage and notes is not None:
+        notes.append(redo)
     return out
+
+
+def _in_cache(e: OSError) -> bool:
+    """Whether ``e`` is about writing the cache folder: a path inside :func:`cache_root`, or a full disk."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    root = cache_root().absolute()
+    for name in (e.filename, getattr(e, "filename2", None)):
+        if name is not None:
+            p = Path(os.fsdecode(name)).absolute()
+            if p == root or root in p.parents:
+                return True
+    return False
+
+
+def _cache_unwritable(gguf: Path, e: OSError) -> str:
+    """The one line for a conversion the cache folder cannot hold (unwritable, missing, full)."""
+    why = e.strerror or _first_line(e)
+    named = " (ATTNSCOPE_CACHE_DIR)" if os.environ.get("ATTNSCOPE_CACHE_DIR") else ""
+    return (
+        f"cannot convert {gguf.name}: the cache folder {cache_root()}{named} cannot be created or "
+        f"written ({why}); set ATTNSCOPE_CACHE_DIR to a folder you can write, with room for the model"
+    )
 
 
 @dataclass(frozen=True)
@@ -520,7 +628,7 @@ class ConvertedModel:
     source: str  # the GGUF it came from ("" if unknown, e.g. a ``.partial`` leftover)
     sha256: str
     size_bytes: int
-    complete: bool  # False for an interrupted conversion (``.partial-<pid>``)
+    complete: bool  # False for an interrupted conversion (``.partial-<pid>``) or a damaged one
     kind: str = ""  # "" for a GGUF conversion; "int8 weights (torchao …)" for loading.quant_cache
 
 
@@ -543,6 +651,7 @@ def list_converted() -> list[ConvertedModel]:
                 meta = json.loads((d / "attnscope_source.json").read_text())
             except (OSError, ValueError):
                 meta = {}
+            meta = meta if isinstance(meta, dict) else {}  # a damaged or hand-edited file
             out.append(
                 ConvertedModel(
                     path=d,
@@ -550,7 +659,8 @@ def list_converted() -> list[ConvertedModel]:
                     source=str(meta.get("gguf", "")),
                     sha256=str(meta.get("sha256", "")),
                     size_bytes=_tree_bytes(d),
-                    complete=".partial" not in d.name and _is_converted(d),
+                    # a damaged entry (a truncated shard) reads as incomplete: the next load converts it again
+                    complete=".partial" not in d.name and _is_converted(d) and not converted_damage(d),
                 )
             )
     return sorted(out, key=lambda c: (-c.size_bytes, c.name))
@@ -582,6 +692,7 @@ def resolve(
     progress: ProgressFn = _noop,
     dtype: str = "float32",
     backend: str = "torch",
+    notes: list[str] | None = None,
 ) -> tuple[Path, str]:
     """Turn a model reference into a loadable HF folder and a display name (for ``backend``:
     an mlx-lm quantised folder resolves for ``"mlx"`` only, see :func:`check_config`).
@@ -591,6 +702,8 @@ def resolve(
     a folder is validated. Where the environment variable ``ATTNSCOPE_DEFAULT_MODEL`` names a
     folder (or .gguf), that is the embedded default already converted: packaged apps convert it
     once at install time and set the variable (packaging/entry.py), so no first-start conversion.
+    ``notes``: where given, one line is appended for what the load should say afterwards (a
+    damaged conversion-cache entry converted again, :func:`convert_gguf`).
 
     Raises:
         ModelLoadError: anything that makes the reference unusable, with the reason.
@@ -598,9 +711,9 @@ def resolve(
     if model is None or str(model) in ("", "default"):
         preconverted = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
         if preconverted not in ("", "default"):
-            return resolve(preconverted, progress, dtype)[0], DEFAULT_MODEL_NAME
+            return resolve(preconverted, progress, dtype, notes=notes)[0], DEFAULT_MODEL_NAME
         gguf = default_gguf_path()
-        return convert_gguf(gguf, progress, dtype), DEFAULT_MODEL_NAME
+        return convert_gguf(gguf, progress, dtype, notes), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"no such file or folder: {path}")
@@ -613,7 +726,7 @@ def resolve(
         name = path.stem
         if path.suffix.lower() != ".gguf":  # a digest-named blob: the file's own name reads better
             name = str(read_gguf(path).metadata.get("general.name") or name)
-        return convert_gguf(path, progress, dtype), name
+        return convert_gguf(path, progress, dtype, notes), name
     check_hf_folder(path, backend)
     return path, path.name
 
@@ -708,11 +821,13 @@ def load_torch(
     dtype, forced = load_dtype(quantize, dtype)
     dtype_reason = f"{dtype}: {forced}" if forced else dtype_reason
     quiet_transformers()
-    folder, name = resolve(model, progress, dtype)
+    # e.g. the quantised-weights cache not written (attnscope.core.loading.quant_cache), a damaged
+    # conversion-cache entry converted again (convert_gguf)
+    notes: list[str] = []
+    folder, name = resolve(model, progress, dtype, notes=notes)
     register_attention()
     progress(f"Loading {name}…", 0.96)
     streamed = None
-    notes: list[str] = []  # e.g. the quantised-weights cache not written (attnscope.core.loading.quant_cache)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         if quantize != "none" and dm is None:  # quantise tensor by tensor: no whole float model
