@@ -288,3 +288,36 @@ def test_prefill_flags_are_bools(tiny):
         all_logits=1,
     )
     assert len(tiny.prefill("hi", np.bool_(False))) == 2
+
+
+def test_trace_arguments(ran):
+    t = ran.trace
+    _raises(
+        OutOfRange, IndexError, "key -1 out of range 0..10", t.weight_on_key, -1
+    )  # read from the end before
+    _raises(OutOfRange, IndexError, "key 11 out of range 0..10", t.weight_on_key, 11)
+    _raises(BadArgument, ValueError, "offset must be >= 0, got -1", t.diagonal, -1)
+    _raises(WrongType, TypeError, "offset must be a whole number (int), got float 1.0", t.diagonal, 1.0)
+    _raises(
+        WrongType, TypeError, "head must be a whole number (int), got float 1.5", t.weights_block, 0, [1.5]
+    )
+    _raises(OutOfRange, IndexError, "head 4 out of range 0..3", t.weights_block, 0, [0, 4])
+    _raises(
+        OutOfRange,
+        IndexError,
+        "no heads selected: pass heads=None for all, or a list of head indices",
+        t.weights_block,
+        0,
+        [],
+    )
+    _raises(OutOfRange, IndexError, "key positions must be in 0..10, got [11]", t.row_mass, [0, 11])
+    _raises(OutOfRange, IndexError, "layer 2 out of range 0..1", t.lse, 2)
+    _raises(
+        BadArgument,
+        ValueError,
+        "cols=slice(None, None, -1) has step -1: selections are contiguous (step 1 or None)",
+        t.allowed,
+        0,
+        None,
+        slice(None, None, -1),
+    )

@@ -13,8 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from attnscope.core.arch import ArchConfig
 from attnscope.core.attention.masks import causal_allowed
-from attnscope.core.checks import index, span
-from attnscope.core.errors import OutOfRange
+from attnscope.core.checks import index, span, whole
+from attnscope.core.errors import BadArgument, OutOfRange
 
 
 def as_slice(sel: slice | None, n: int, name: str = "rows/cols") -> slice:
@@ -144,8 +144,8 @@ class TraceGeometry:
         Raises:
             ValueError: negative offset. RuntimeError: nothing captured yet.
         """
-        if offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
+        if whole("offset", offset) < 0:
+            raise BadArgument(f"offset must be >= 0, got {offset}")
         if offset >= self.seq_len:
             return np.zeros((self.n_layers, self.n_heads, self.seq_len), dtype=np.float32)
         return self._diagonal(offset)
@@ -185,9 +185,9 @@ class TraceGeometry:
         """
         import torch  # the blocked path's tensor type (torch is a dependency of every install)
 
-        heads = list(range(self.n_heads)) if heads is None else [int(h) for h in heads]
+        heads = list(range(self.n_heads)) if heads is None else [whole("head", h) for h in heads]
         if not heads:
-            raise IndexError("no heads selected")
+            raise OutOfRange("no heads selected: pass heads=None for all, or a list of head indices")
         w = torch.from_numpy(np.stack([self.weights(layer, h, rows, cols) for h in heads]))  # (h, n_q, n_k)
         return torch.log(w) if log else w
 

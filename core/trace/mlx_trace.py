@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 from attnscope.core.attention.masks import causal_allowed
+from attnscope.core.checks import index
 from attnscope.core.trace.base import TraceGeometry, as_slice
 
 if TYPE_CHECKING:
@@ -191,8 +192,7 @@ class MlxTrace(TraceGeometry):
         out = []
         for layer in range(self.n_layers):
             rec = self._rec(layer)
-            if not 0 <= key < rec.keys.shape[1]:  # MLX indexing does not bounds-check
-                raise IndexError(f"key {key} out of range 0..{rec.keys.shape[1] - 1}")
+            index("key", key, rec.keys.shape[1])  # OutOfRange: MLX indexing does not bounds-check
             q = rec.q().astype(mx.float32)  # (H, T, D)
             k0 = rec.keys[:, key].astype(mx.float32)  # (Hkv, D)
             k0 = k0[mx.array(self.arch.kv_heads())]  # (H, D): each head's KV row, tiny

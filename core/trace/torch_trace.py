@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from attnscope.core.attention.fused import MaskCache
 from attnscope.core.attention.masks import causal_allowed
+from attnscope.core.checks import index, whole
+from attnscope.core.errors import OutOfRange
 from attnscope.core.trace.base import TraceGeometry, as_slice
 
 # Rows of spare room a growing trace adds beyond what is asked (decode steps append one row each).
@@ -285,14 +287,14 @@ class TorchTrace(TraceGeometry):
             IndexError: layer or a head out of range. RuntimeError: nothing captured yet.
         """
         rec = self._rec(layer)
-        heads = list(range(self.n_heads)) if heads is None else [int(h) for h in heads]
-        kvs = [self.kv_head(h) for h in heads]
+        heads = list(range(self.n_heads)) if heads is None else [whole("head", h) for h in heads]
+        kvs = [self.kv_head(h) for h in heads]  # OutOfRange: a head out of range
         T, S = rec.n_rows(), rec.keys.shape[1]
         r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         q_all, keys = rec.q(), rec.keys
         dt = q_all.dtype if fast and q_all.dtype == torch.bfloat16 else torch.float32
         if not heads:
-            raise IndexError("no heads selected")
+            raise OutOfRange("no heads selected: pass heads=None for all, or a list of head indices")
         if heads == list(range(heads[0], heads[0] + len(heads))):
             q = q_all[heads[0] : heads[0] + len(heads), r]  # (h, n_q, D) view
         else:
@@ -343,6 +345,7 @@ class TorchTrace(TraceGeometry):
         out = []
         for layer in range(self.n_layers):
             rec = self._rec(layer)
+            index("key", key, rec.keys.shape[1])  # OutOfRange (a negative key would read from the end)
             dt = torch.float64 if _wide(rec.lse()) else torch.float32
             q = rec.q().to(dt)  # (H, T, D)
             k0 = rec.keys[:, key].to(dt)  # (Hkv, D)
