@@ -117,6 +117,7 @@ def test_mask_tab_follows_every_length_change(win, order):
     _assert_mask_matches(win)
 
 
+@pytest.mark.slow
 def test_mask_opened_session_after_a_longer_run(win, qtbot, tmp_path, tiny_folder):
     """The trial's second path: a short session opened right after a longer run (Mask tab hidden)."""
     from gui_helpers import ran_window
@@ -209,6 +210,7 @@ def test_sinks_follow_a_timeline_moved_while_hidden(win):
     _shot(win, "sinks_latest")
 
 
+@pytest.mark.slow
 def test_sinks_follow_a_new_sequence_and_a_reopened_session(win, qtbot, tmp_path, tiny_folder):
     """After Back, after a new run with the timeline moved before the tab is shown, and in a session
     reopened at timeline step 2 (the saved step_spin said the full length)."""
