@@ -891,8 +891,8 @@ class HeatmapView(QWidget):
         v, exact = self.value_at(row + self.q_offset, col + self.k_offset)
         agg = "" if self.aggregate == "head" else f" ({MODE_LABELS[self.aggregate].lower()})"
         val = weight_text(v, self.scale)
-        if not exact:
-            val = f"≤ {val} (block max; zoom in for the exact weight)"
+        if not exact:  # (a block max of 0: every cell of the block is 0 or masked)
+            val = f"≤ {val if v else 0} (block max; zoom in for the exact weight)"
         if k.position > q.position:
             val = "0 (masked: a later key, the causal mask hides it)"
         elif self.mask_window is not None and k.position <= q.position - self.mask_window:
