@@ -140,7 +140,7 @@ def parse(d: Any, version: int) -> dict:
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise FieldError(f'not an AttnScope session file (no "format": "{FORMAT}")')
     v = d.get("version")
-    if _is_int(v) and v > version:
+    if isinstance(v, int) and not isinstance(v, bool) and v > version:
         raise FieldError(
             f"session file version {v!r} is newer than this AttnScope reads ({version}): update AttnScope"
         )
