@@ -262,6 +262,7 @@ def test_readout_of_tiny_masked_and_pooled_cells(qtbot, long_map):
 
 
 # -- the map's keys in a text box -----------------------------------------------------------------------
+@pytest.mark.slow  # a window on a tiny model: ~10 s, most of it loading torch and transformers
 def test_map_keys_stay_in_the_prompt_and_act_elsewhere(qtbot, tmp_path):
     """In the prompt box ] types a bracket and PgDown moves the cursor, and neither changes the head or
     the layer (the trial: "]]" typed while PgDown changed the layer); on the map they move the view; the
