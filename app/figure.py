@@ -60,14 +60,72 @@ def figure_layout(
     tick = 3 * f
     title_h = 14 * f + pad
     left = pad + label_h + pad / 2 + label_w + tick
-    bottom = tick + label_w + pad / 2 + label_h + pad
-    right = pad + 12 * f + tick + 4 * label_h + label_h + 2 * pad
+    right, bottom = _margins(dpi, label_w, label_h)
     top = pad + title_h
     aw, ah = max(1.0, size[0] - left - right), max(1.0, size[1] - top - bottom)
     cell = min(aw / n_cols, ah / n_rows)
     if cell >= 2:
         cell = math.floor(cell)  # whole pixels: PNG cells are exact blocks
     return QRectF(left, top, cell * n_cols, cell * n_rows), cell
+
+
+def _label_metrics(q_labels: list[str], k_labels: list[str], dpi: float):
+    """``(font, title_font, fm, q_short, k_short, label_w, label_h)``: the fonts of a figure at
+    ``dpi`` and the widest token label (px); shared by :func:`paint_heatmap` and
+    :func:`figure_minimum_size` so both measure the same layout."""
+    f = dpi / 72.0
+    font = QFont()
+    font.setPixelSize(max(1, round(7.5 * f)))
+    title_font = QFont(font)
+    title_font.setPixelSize(max(1, round(10 * f)))
+    title_font.setBold(True)
+    fm = QFontMetricsF(font)
+    q_short = [token_label(t) for t in q_labels]
+    k_short = [token_label(t) for t in k_labels]
+    label_w = max([fm.horizontalAdvance(t) for t in q_short + k_short] + [fm.horizontalAdvance("0")])
+    return font, title_font, fm, q_short, k_short, label_w, fm.height()
+
+
+def figure_minimum_size(
+    n_rows: int,
+    n_cols: int,
+    q_labels: list[str],
+    k_labels: list[str],
+    dpi: float = FIGURE_DPI,
+    *,
+    colorbar_label: str = "attention weight",
+    q_axis: str = "query position",
+    k_axis: str = "key position",
+) -> tuple[int, int]:
+    """The smallest figure ``(width, height)`` in pixels whose map (:func:`figure_layout`) is tall
+    enough for the query-axis title and the colour bar's label (both run along its height, rotated),
+    wide enough for the key-axis title, and at least 60 pt (the colour bar's own height): at or above
+    it every label is drawn whole; below it :func:`save_heatmap_figure` refuses.
+
+    A needed map side ``S`` over ``n`` cells needs a cell of ``S / n`` px, rounded up to whole pixels
+    from 2 px (the layout's cells are whole pixels there); the margins are :func:`figure_layout`'s.
+    """
+    ensure_gui()
+    f = dpi / 72.0
+    _, _, fm, _, _, label_w, label_h = _label_metrics(q_labels, k_labels, dpi)
+    need_h = max(fm.horizontalAdvance(q_axis), fm.horizontalAdvance(colorbar_label), 60 * f) + 2
+    need_w = max(fm.horizontalAdvance(k_axis), 60 * f) + 2
+    cell = max(need_w / n_cols, need_h / n_rows)
+    if cell >= 2:
+        cell = math.ceil(cell)
+    zero, _ = figure_layout(n_rows, n_cols, (0, 0), dpi, label_w, label_h)  # its left and top margins
+    left, top = zero.left(), zero.top()
+    right, bottom = _margins(dpi, label_w, label_h)
+    return math.ceil(left + right + cell * n_cols), math.ceil(top + bottom + cell * n_rows)
+
+
+def _margins(dpi: float, label_w: float, label_h: float) -> tuple[float, float]:
+    """:func:`figure_layout`'s right and bottom margins (px)."""
+    f = dpi / 72.0
+    pad, tick = 8 * f, 3 * f
+    bottom = tick + label_w + pad / 2 + label_h + pad
+    right = pad + 12 * f + tick + 4 * label_h + label_h + 2 * pad
+    return right, bottom
 
 
 def paint_heatmap(
@@ -95,16 +153,7 @@ def paint_heatmap(
     w = np.asarray(weights, dtype=np.float32)
     n_rows, n_cols = w.shape
     f = dpi / 72.0
-    font = QFont()
-    font.setPixelSize(max(1, round(7.5 * f)))
-    title_font = QFont(font)
-    title_font.setPixelSize(max(1, round(10 * f)))
-    title_font.setBold(True)
-    fm = QFontMetricsF(font)
-    q_short = [token_label(t) for t in q_labels]
-    k_short = [token_label(t) for t in k_labels]
-    label_w = max([fm.horizontalAdvance(t) for t in q_short + k_short] + [fm.horizontalAdvance("0")])
-    label_h = fm.height()
+    font, title_font, fm, q_short, k_short, label_w, label_h = _label_metrics(q_labels, k_labels, dpi)
     rect, cell = figure_layout(n_rows, n_cols, size, dpi, label_w, label_h)
     p.setRenderHint(QPainter.Antialiasing, False)
     p.setRenderHint(QPainter.SmoothPixmapTransform, False)
@@ -289,6 +338,13 @@ def save_heatmap_figure(
     masked = figure_mask(w.shape, qt, kt, metadata)
     # the colour bar's label names the masked cells' grey (hatched in vector maps, light in raster ones)
     bar = "attention weight · grey: masked" if masked is not None and masked.any() else "attention weight"
+    # refused before the file is opened: a size whose map would clip its labels (or not show at all)
+    need = figure_minimum_size(w.shape[0], w.shape[1], q_labels, k_labels, dpi, colorbar_label=bar)
+    if size[0] < need[0] or size[1] < need[1]:
+        raise ValueError(
+            f"{size[0]}x{size[1]} px is too small for this figure at {dpi:g} dpi: it needs at least "
+            f"{need[0]}x{need[1]} px to draw the map and its labels whole"
+        )
     return paint_to_file(
         path,
         size,

@@ -322,7 +322,7 @@ def test_listed_and_cleared_with_the_conversion_cache(folder, capsys):
     out = capsys.readouterr().out
     for c in items:
         assert f"{human_bytes(c.size_bytes):>9}  {c.name}  <- {folder.resolve()}  [{c.kind}]" in out
-    assert "2 converted model(s)" in out
+    assert "2 cache entries: 0 converted model(s), 2 quantised weight set(s)" in out  # not "2 converted"
     assert main(["models", "--remove-cached", items[0].name]) == 0
     assert f"removed {items[0].name}: {human_bytes(items[0].size_bytes)} freed" in capsys.readouterr().out
     assert [c.name for c in list_converted()] == [items[1].name] and not items[0].path.exists()

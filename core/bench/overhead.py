@@ -826,6 +826,8 @@ def format_table(result: dict) -> str:
         f"matmul peak ({mm['n']}³ float32): {mm['peak_flops'] / 1e9:.1f} GFLOP/s;  load average "
         f"{m.get('loadavg_start')} → {m.get('loadavg_end')}",
         "",
+        f"prefill and decode/step: MEDIANS of {result['options'].get('repeats', '?')} runs each, ×(a) the "
+        "ratio of medians to SDPA's; ×(c) peak RSS growth over eager's",
         f"{'T':>6}  {'config':<16}{'prefill':>10}{'×(a)':>7}{'decode/step':>13}{'×(a)':>7}"
         f"{'peak RSS +':>12}{'×(c)':>7}{'GFLOP/s':>9}{'of peak':>9}{'cpu/wall':>9}",
     ]
@@ -881,7 +883,11 @@ def format_table(result: dict) -> str:
         if e["ratios"].get("prefill_scope_over_sdpa_min") is not None
     ]
     if fastest:
-        lines.append("capture prefill / sdpa prefill, fastest runs: " + ", ".join(fastest))
+        lines.append(
+            "capture prefill / sdpa prefill, ratio of the FASTEST runs (minimum of each; contention only "
+            "adds time, so this is the noise-robust reading; the table's × are medians): "
+            + ", ".join(fastest)
+        )
     for e in result["sizes"]:
         if e.get("note"):
             lines.append(f"T={e['T']}: {e['note']}")

@@ -19,7 +19,6 @@ explains it (``matmul_gflops``: a 2048² float32 matmul timed just before).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -331,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--long-model", default=None, help="GGUF/folder of a long-context model (Gemma 3 270M)")
     p.add_argument("--long-tokens", type=int, default=32000)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the rows as JSON ('-': standard output)")
     p.add_argument(
         "--threads",
         type=int,
@@ -340,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     from attnscope.core.analysis.blocked import torch_threads
+    from attnscope.core.cli.paths import check_output
+
+    a.out = check_output(a.json, "--json", stdout=True) if a.json else None  # before any run
 
     with torch_threads(a.threads):
         return _run(a)
@@ -356,15 +358,20 @@ def _run(a) -> int:
         result["smol"] = views_smol(a.smol, log=log)
     if a.long_model:
         result["long"] = gemma_long(a.long_model, a.long_tokens, log=log)
-    print(format_views(result))
+    from attnscope.core.cli.paths import write_json
+
+    out = a.out
+    to = sys.stderr if a.json and out is None else sys.stdout  # --json -: the JSON alone on stdout
+    print(format_views(result), file=to)
     smol = result.get("smol") or {}
     if "floors_s" in smol:
         print(
             "floors (s, at this run's kernel rates): "
-            + ", ".join(f"{k} {v:.3g}" for k, v in smol["floors_s"].items())
+            + ", ".join(f"{k} {v:.3g}" for k, v in smol["floors_s"].items()),
+            file=to,
         )
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1, default=str))
+        write_json(out, result, default=str)
     return 0
 
 

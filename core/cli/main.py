@@ -25,8 +25,10 @@ EXIT_USAGE = 2
 EXIT_ERROR = 1
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """``--model/--backend/--device/--dtype/--quantize``, shared by every command that loads a model."""
+def add_model_arguments(p: argparse.ArgumentParser, device_map: bool = True) -> None:
+    """``--model/--backend/--device/--dtype/--quantize[/--device-map]``, shared by every command that
+    loads a model; ``device_map=False`` for a command that does not pass it on (a command lists only
+    the options it honours)."""
     p.add_argument(
         "--model",
         default=None,
@@ -52,6 +54,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="weight-only quantisation of the linear layers (torchao; MLX: mlx.nn.quantize); "
         "int4 runs at bfloat16 (default none)",
     )
+    if not device_map:
+        return
     p.add_argument(
         "--device-map",
         default=None,
@@ -60,8 +64,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """``--prompt/--no-chat-template/--steps`` shared by commands that run a prompt."""
+def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True, steps: bool = True) -> None:
+    """``--prompt/--no-chat-template[/--steps]`` shared by commands that run a prompt (``steps=False``:
+    a command that runs the prompt only)."""
     p.add_argument("--prompt", required=required, help="prompt text")
     p.add_argument(
         "--no-chat-template",
@@ -69,7 +74,8 @@ def add_prompt_arguments(p: argparse.ArgumentParser, required: bool = True) -> N
         action="store_false",
         help="feed the prompt as is, without the model's chat template",
     )
-    p.add_argument("--steps", type=int, default=0, help="greedy decode steps after prefill (default 0)")
+    if steps:
+        p.add_argument("--steps", type=int, default=0, help="greedy decode steps after prefill (default 0)")
 
 
 def open_session(
@@ -105,6 +111,9 @@ def open_session(
     )
     if getattr(s.info, "load_note", ""):  # e.g. the quantised-weights cache was not written
         print(f"attnscope: note: {s.info.load_note}", file=sys.stderr)
+    note = dtype_note(args, s.info)
+    if note:
+        print(f"attnscope: note: {note}", file=sys.stderr)
     if check is not None:
         check(s.info)
     if getattr(args, "prompt", None) is not None:
@@ -114,6 +123,18 @@ def open_session(
         for note in s.notices:
             print(f"attnscope: note: {note}", file=sys.stderr)
     return s
+
+
+def dtype_note(args, info) -> str:
+    """One line when the model runs at another precision than ``--dtype`` asked (``--quantize int4``
+    runs at bfloat16), ``""`` otherwise (and for ``--dtype auto``)."""
+    asked = getattr(args, "dtype", None)
+    ran = str(getattr(info, "dtype", "") or "").removeprefix("torch.")
+    if asked in (None, "auto") or not ran or ran == asked:
+        return ""
+    quant = getattr(args, "quantize", "none") or "none"
+    why = f" (--quantize {quant} runs at {ran})" if quant != "none" else ""
+    return f"--dtype {asked} was asked, the model runs at {ran}{why}"
 
 
 def _commands() -> dict:
@@ -133,11 +154,31 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def unrecognized(self, extras: Sequence[str]):
+        """Exit 2 with one line naming ``extras`` and, for a mistyped option, the nearest one."""
+        import difflib
+
+        msg = f"unrecognized arguments: {' '.join(extras)}"
+        options = [
+            o
+            for a in self._actions
+            for o in a.option_strings
+            if o.startswith("--") and o not in ("--help", "--version")
+        ]
+        first = next((x.split("=", 1)[0] for x in extras if x.startswith("--")), None)
+        near = difflib.get_close_matches(first, options, n=1, cutoff=0.6) if first else []
+        if near:
+            msg += f"; did you mean {near[0]}?"
+        self.error(msg)
+
 
 def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
     commands = _commands() if commands is None else commands
+    # no abbreviations (--lay for --layer): a prefix that is unique today is taken silently and
+    # breaks a script the day another option shares it; a typo gets the nearest option instead
     p = OneLineParser(
         prog="attnscope",
+        allow_abbrev=False,
         description="AttnScope: step through decode and inspect every attention head. "
         "Without a command, opens the window.",
     )
@@ -154,8 +195,9 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
     p.add_argument("--size", default="1400x900", help="window size WxH for --screenshot")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, mod in commands.items():
-        sp = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        sp = sub.add_parser(name, help=mod.HELP, description=mod.HELP, allow_abbrev=False)
         mod.add_arguments(sp)
+    p.command_parsers = dict(sub.choices)  # name -> its parser, for a usage error in its own words
     return p
 
 
@@ -171,7 +213,10 @@ def main(
     """
     commands = _commands()
     parser = build_parser(commands)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # in the subcommand's words: "attnscope export: error: ... (see 'attnscope export --help')"
+        parsers = getattr(parser, "command_parsers", {})
+        parsers.get(args.command, parser).unrecognized(extras)
     try:
         if args.command:
             run = commands[args.command].run

@@ -7,7 +7,6 @@ the ratios, the issue's targets (met or not) and the machine's description. See
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,10 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument(
-        "--json", metavar="FILE", default=None, help="write raw figures, ratios and targets as JSON"
+        "--json",
+        metavar="FILE",
+        default=None,
+        help="write raw figures, ratios and targets as JSON ('-': standard output, the table on stderr)",
     )
     p.add_argument("--sizes", default=None, help="comma-separated prefill lengths (default 512,2048,8192)")
     p.add_argument("--repeats", type=int, default=None, help="prefill timings per configuration (default 3)")
@@ -86,6 +88,21 @@ def add_arguments(p) -> None:
         metavar="GGUF",
         help="with --views: long-context model (Gemma 3 270M's GGUF) for the 32k rows",
     )
+    p.add_argument(
+        "--synthetic",
+        type=int,
+        default=None,
+        metavar="T",
+        help="with --views: time the SmolLM2 rows on a synthetic trace of its geometry at T tokens "
+        "(random q/k, the same work as a real trace; no prefill)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --views: torch threads for every row (default: torch's own count)",
+    )
     from attnscope.core.remote.cli_args import add_engine_arguments
 
     # --engine HOST:PORT: the map and sink table over the network (core/bench/remote.py)
@@ -123,27 +140,55 @@ def options_from_args(args):
 
 def run(args) -> int:
     from attnscope.core.bench.overhead import format_table, run_bench
+    from attnscope.core.cli.paths import check_output
 
-    out = Path(args.json) if args.json else None
-    if out is not None and not out.parent.exists():
-        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    out = check_output(args.json, "--json", stdout=True) if args.json else None
     if getattr(args, "engine", None):
         return _run_remote(args, out)
+    _check_views_options(args)
     if getattr(args, "views", False):
         from attnscope.core.bench.views import main as views_main
 
         argv = ["--smol", str(_sizes(args.sizes)[-1] if args.sizes else 8192)]
         if args.long_model:
             argv += ["--long-model", args.long_model]
-        return views_main(argv + (["--json", str(out)] if out is not None else []))
+        if args.synthetic is not None:
+            argv += ["--synthetic", str(args.synthetic)]
+        if args.threads is not None:
+            argv += ["--threads", str(args.threads)]
+        return views_main(argv + (["--json", str(out) if out is not None else "-"] if args.json else []))
     if getattr(args, "dtype", None) is not None or getattr(args, "quantize", None) is not None:
         return _run_size(args, out)
     opts = options_from_args(args)
     result = run_bench(opts, log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
-    print(format_table(result))
-    if out is not None:
-        out.write_text(json.dumps(result, indent=1))
+    _emit(format_table(result), result, args.json, out)
     return 0
+
+
+def _emit(table: str, result: dict, json_arg: str | None, out: Path | None) -> None:
+    """The table on stdout and the JSON to ``out``; with ``--json -`` the JSON alone on stdout and
+    the table on stderr."""
+    from attnscope.core.cli.paths import write_json
+
+    print(table, file=sys.stderr if json_arg and out is None else sys.stdout)
+    if json_arg:
+        write_json(out, result)
+
+
+def _check_views_options(args) -> None:
+    """``--synthetic``/``--threads``/``--long-model`` belong to ``--views``: refused elsewhere, and
+    checked here, before anything loads (ValueError, one line)."""
+    views_only = [
+        f"--{name.replace('_', '-')}"
+        for name in ("synthetic", "threads", "long_model")
+        if getattr(args, name, None) is not None
+    ]
+    if views_only and not getattr(args, "views", False):
+        raise ValueError(f"{', '.join(views_only)} only apply to 'attnscope bench --views'")
+    for name in ("synthetic", "threads"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {v}")
 
 
 def _run_size(args, out: Path | None) -> int:
@@ -167,9 +212,7 @@ def _run_size(args, out: Path | None) -> int:
         **kw,
     )
     result = run_size_bench(opts, log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True))
-    print(format_size_table(result))
-    if out is not None:
-        out.write_text(json.dumps(result, indent=1))
+    _emit(format_size_table(result), result, args.json, out)
     failed = any("error" in result.get(p, {}) for p in ("convert", "scope", "sdpa", "exactness"))
     return 1 if failed else 0
 
@@ -202,7 +245,5 @@ def _run_remote(args, out: Path | None) -> int:
         log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
         **kw,
     )
-    print(format_remote_table(result))
-    if out is not None:
-        out.write_text(json.dumps(result, indent=1))
+    _emit(format_remote_table(result), result, args.json, out)
     return 0

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
+from attnscope.core.cli.paths import check_output, probe_folder
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from attnscope.core.io.render import PILLOW, Renderers
 
@@ -80,9 +81,9 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--format",
-        default="png",
+        default=None,
         choices=("png", "svg", "pdf", "npy", "csv", "safetensors"),
-        help="file format with --all-heads (default png)",
+        help="file format with --all-heads (default png; one head's format is --out's suffix)",
     )
     p.add_argument(
         "--frames",
@@ -200,6 +201,7 @@ def _check_args(args) -> None:
     if args.fps <= 0:
         raise ValueError(f"--fps must be > 0, got {args.fps:g}")
     parse_size(args.size)
+    _check_contradictions(args)
     if args.all_heads:
         if args.head is not None:
             raise ValueError(
@@ -216,26 +218,70 @@ def _check_args(args) -> None:
             raise ValueError(f"--out {out} exists and is not a folder")
         if not out.parent.exists():
             raise FileNotFoundError(f"folder {out.parent} does not exist")
+        probe_folder(out if out.is_dir() else out.parent, "--out", out)
     elif args.out:
         out = Path(args.out)
         if out.suffix.lower() not in FORMATS:
             raise ValueError(f"unsupported output {out.name!r}: use one of {', '.join(FORMATS)}")
-        if not out.parent.exists():
-            raise FileNotFoundError(f"folder {out.parent} does not exist")
+        check_output(out, "--out")
     if args.frames:
         fr = Path(args.frames)
         if fr.suffix.lower().lstrip(".") not in ANIMATION_FORMATS:
             raise ValueError(f"unsupported animation {fr.name!r}: use .gif or .mp4")
-        if not fr.parent.exists():
-            raise FileNotFoundError(f"folder {fr.parent} does not exist")
+        check_output(fr, "--frames")
         if fr.suffix.lower() == ".mp4":
             from attnscope.core.io.export import mp4_unavailable
 
             why = mp4_unavailable()
             if why:  # before the model loads, not after
                 raise ValueError(why)
-    if args.save_session and not Path(args.save_session).parent.exists():
-        raise FileNotFoundError(f"folder {Path(args.save_session).parent} does not exist")
+    if args.save_session:
+        _check_save_session(args.save_session)
+    if args.session and Path(args.session).is_dir():
+        raise IsADirectoryError(f"--session {args.session} is a folder, not a session file (.attnscope)")
+
+
+def _check_save_session(text: str) -> Path:
+    """The file ``--save-session`` writes (``.attnscope`` added to a name without a suffix, as
+    :func:`attnscope.core.io.sessionfile.save` does), checked before the model loads.
+
+    Raises:
+        IsADirectoryError: the name, or the name with the suffix, is a folder. FileNotFoundError,
+        PermissionError: as :func:`attnscope.core.cli.paths.check_output`.
+    """
+    from attnscope.core.io.sessionfile import SUFFIX
+
+    given = Path(text)
+    if given.is_dir():
+        raise IsADirectoryError(
+            f"--save-session {given} is a folder: give a file name, e.g. {given / ('session' + SUFFIX)}"
+        )
+    path = given if given.suffix else given.with_suffix(SUFFIX)
+    check_output(path, "--save-session")
+    return path
+
+
+def _check_contradictions(args) -> None:
+    """Options that cannot all be honoured: refused where the result would not be what was asked
+    (``--format svg`` next to one head's ``--out map.npy``), a ``note:`` line where one option is
+    simply moot (``--figure`` on a data file)."""
+    one = not args.all_heads and args.out
+    suffix = Path(args.out).suffix.lower().lstrip(".") if one else None
+    if one and args.format is not None and args.format != suffix:
+        raise ValueError(
+            f"--format {args.format} conflicts with --out {Path(args.out).name}: one head's format is "
+            f"its --out suffix (--format is for --all-heads)"
+        )
+    if args.format is None:
+        args.format = "png"
+    fmt = args.format if args.all_heads else suffix
+    if args.figure and fmt is not None and fmt not in ("png", "svg", "pdf"):
+        print(
+            f"attnscope: note: --figure draws images: the .{fmt} output is data, written without it",
+            file=sys.stderr,
+        )
+    if args.figure and not args.out and args.frames:
+        print("attnscope: note: --figure applies to --out images, not to --frames", file=sys.stderr)
 
 
 def _progress_line(label: str):
@@ -369,6 +415,12 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     # whole sequence (batches, animations, the saved session)
     asked = ColourSpec(cmap=cmap, scale=scale_choice, gamma=gamma, range_mode=range_mode)
     colour = asked.for_length(s.seq_len)
+    if args.gamma is not None and colour.scale != "power":
+        print(
+            f"attnscope: note: --gamma applies to the power scale; this map uses the {colour.scale} "
+            f"scale, so --gamma {args.gamma:g} has no effect (add --scale power)",
+            file=sys.stderr,
+        )
     size = E.parse_size(args.size)
     info = s.info
     layer = args.layer if args.layer is not None else view.get("layer")
@@ -455,6 +507,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 + ", ".join(str(f) for f in files),
                 file=sys.stderr,
             )
+    if args.all_heads or args.out or args.frames:  # the tokens of every map export (README), batches too
         for t in s.tokens:
             print(f"{t.position}\t{t.id}\t{t.text!r}")
     return 0

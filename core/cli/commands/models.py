@@ -10,6 +10,7 @@ user-added paths (``--add`` / ``--remove``) and the GGUF conversion cache (``--l
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -161,13 +162,23 @@ def _cache(args) -> int:
     from attnscope.core.loading.resolve import cache_root, clear_converted, list_converted
 
     if args.list_cache:
+        from attnscope.core.loading import quant_cache
+
         items = list_converted()
-        print(f"conversion cache: {cache_root() / 'converted'}")
+        # two kinds of entry: GGUF conversions (kind "") and quantised weight sets (kind "int8 weights …")
+        print(
+            f"model cache: GGUF conversions in {cache_root() / 'converted'}, "
+            f"quantised weights in {quant_cache.root()}"
+        )
         for c in items:
             state = "" if c.complete else "  (incomplete)"
             kind = f"  [{c.kind}]" if getattr(c, "kind", "") else ""
             print(f"  {human_bytes(c.size_bytes):>9}  {c.name}  <- {c.source or '?'}{kind}{state}")
-        print(f"{len(items)} converted model(s), {human_bytes(sum(c.size_bytes for c in items))}")
+        n_q = sum(1 for c in items if getattr(c, "kind", ""))
+        print(
+            f"{len(items)} cache {'entry' if len(items) == 1 else 'entries'}: {len(items) - n_q} converted "
+            f"model(s), {n_q} quantised weight set(s), {human_bytes(sum(c.size_bytes for c in items))}"
+        )
     if args.clear_cache:
         freed = clear_converted()
         print(f"cleared the conversion cache: {human_bytes(freed)} freed")
@@ -177,23 +188,50 @@ def _cache(args) -> int:
     return 0
 
 
+def _check_addable(path: str) -> None:
+    """Refuse, as a non-GGUF file is refused, a path that holds no readable model: a damaged or
+    truncated ``.gguf``, a folder with no model in it. A readable model of a family AttnScope does
+    not run (Gemma 2) is still added, and listed as not supported with its reason.
+
+    Raises:
+        ValueError: nothing readable there (the catalog's reason in the message).
+    """
+    from attnscope.core.loading import catalog
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        return  # add_user_path says so
+    entries = catalog.describe_path(p)
+    only = entries[0] if len(entries) == 1 else None  # the path itself, not a model inside a library
+    if only and not only.supported and not only.architecture and Path(only.path).absolute() == p.absolute():
+        raise ValueError(f"cannot add {p}: {only.reason}")
+    if not entries:
+        raise ValueError(f"cannot add {p}: no model found there")
+
+
 def run(args) -> int:
+    from attnscope.core.cli.paths import check_output, write_text
     from attnscope.core.loading import catalog
     from attnscope.core.loading.fit import estimate_entry, free_memory, human_bytes
 
     if args.context < 1:
         raise ValueError(f"--context must be >= 1, got {args.context}")
+    out = check_output(args.json, "--json", stdout=True) if args.json else None
     if args.list_cache or args.clear_cache or getattr(args, "remove_cached", None):
         return _cache(args)
     if args.add:
+        _check_addable(args.add)
         p = catalog.add_user_path(args.add)
-        print(f"added {p}")
+        print(f"added {p}", file=sys.stderr if args.json == "-" else sys.stdout)  # -: the JSON alone
     if args.remove:
         if not catalog.remove_user_path(args.remove):
             raise ValueError(
                 f"{args.remove} is not a user-added path (see {catalog.config_dir() / catalog.USER_FILE})"
             )
-        print(f"removed {Path(args.remove).expanduser().absolute()}")
+        print(
+            f"removed {Path(args.remove).expanduser().absolute()}",
+            file=sys.stderr if args.json == "-" else sys.stdout,
+        )
     entries = catalog.scan()
     free, memory = free_memory(args.backend, args.device)
     quantize = getattr(args, "quantize", "none")
@@ -261,9 +299,5 @@ def run(args) -> int:
             if device_fits is not None:
                 d["device_fit"] = _device_fit_json(device_fits[entries.index(e)])
             doc["models"].append(d)
-        text = json.dumps(doc, indent=1)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text)
+        write_text(out, json.dumps(doc, indent=1))
     return 0

@@ -7,8 +7,7 @@ label is the best specific role at or above ``--threshold``, else sink, else ``m
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import sys
 
 from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
 
@@ -19,7 +18,7 @@ HELP = "write each head's role scores (previous-token, induction, sink, local) a
 def add_arguments(p) -> None:
     add_model_arguments(p)
     add_prompt_arguments(p)
-    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file")
+    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file ('-': standard output)")
     p.add_argument("--threshold", type=float, default=None, help="label threshold (default 0.4)")
     p.add_argument("--window", type=int, default=None, help="keys counted by the local score (default 4)")
     p.add_argument(
@@ -34,10 +33,9 @@ def run(args) -> int:
     from collections import Counter
 
     from attnscope.core.analysis import roles
+    from attnscope.core.cli.paths import check_output, shown, write_json
 
-    out = Path(args.json)
-    if not out.parent.exists():
-        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    out = check_output(args.json, "--json", stdout=True)
     threshold = roles.DEFAULT_THRESHOLD if args.threshold is None else args.threshold
     window = roles.DEFAULT_WINDOW if args.window is None else args.window
     probe = roles.PROBE_LEN if args.probe_len is None else args.probe_len
@@ -59,15 +57,17 @@ def run(args) -> int:
         "chat_template": args.chat_template,
         **table.to_json(),
     }
-    out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_json(out, data)
+    to = sys.stdout if out is not None else sys.stderr  # stdout: the JSON alone
     counts = Counter(str(x) for x in table.labels.ravel())
     summary = ", ".join(f"{roles.ROLE_TITLES[k]} {counts[k]}" for k in (*roles.ROLES, "mixed") if counts[k])
-    print(f"{table.n_layers * table.n_heads} heads: {summary}; wrote {out}")
+    print(f"{table.n_layers * table.n_heads} heads: {summary}; wrote {shown(out)}", file=to)
     for role in ("induction", "previous_token"):
         top = table.heads_with(role)[:8]
         if top:
             print(
                 f"  {roles.ROLE_TITLES[role]}: "
-                + ", ".join(f"L{a}H{b} {table.scores[role][a, b]:.2f}" for a, b in top)
+                + ", ".join(f"L{a}H{b} {table.scores[role][a, b]:.2f}" for a, b in top),
+                file=to,
             )
     return 0

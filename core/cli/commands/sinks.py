@@ -9,8 +9,7 @@ mass on ``{0} ∪ delimiters`` (``sink_set``), the table after prefill and after
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import sys
 
 from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
 
@@ -21,7 +20,7 @@ HELP = "write the layers × heads attention-sink table (JSON)"
 def add_arguments(p) -> None:
     add_model_arguments(p)
     add_prompt_arguments(p)
-    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file")
+    p.add_argument("--json", required=True, metavar="FILE", help="output JSON file ('-': standard output)")
     p.add_argument(
         "--threshold", type=float, default=None, help="sink-head threshold on the sink score (default 0.5)"
     )
@@ -35,10 +34,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, session_sink_report
+    from attnscope.core.cli.paths import check_output, shown, write_json
 
-    out = Path(args.json)
-    if not out.parent.exists():
-        raise FileNotFoundError(f"folder {out.parent} does not exist")
+    out = check_output(args.json, "--json", stdout=True)
     threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
     if not 0.0 <= threshold <= 1.0:
         raise ValueError(f"--threshold must be in [0, 1], got {threshold}")
@@ -61,10 +59,11 @@ def run(args) -> int:
             [round(float(x), 6) for x in row] for row in value_weighted_sink_scores(s)
         ]
         data["weighting"] = ["attention", "value-weighted"]
-    out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_json(out, data)
     heads = rep.sink_heads()
     print(
         f"{len(heads)} of {rep.n_layers * rep.n_heads} heads have sink score >= {threshold:g} "
-        f"(seq_len {rep.seq_len}); wrote {out}"
+        f"(seq_len {rep.seq_len}); wrote {shown(out)}",
+        file=sys.stdout if out is not None else sys.stderr,  # stdout: the JSON alone
     )
     return 0
