@@ -115,3 +115,20 @@ def test_a_shape_mismatch_names_the_tensor_and_both_shapes(
 def test_the_matching_folder_still_loads(good):
     s = Session.load(str(good), device="cpu")
     assert s.info.n_layers == 2
+
+
+def test_the_streamed_int8_load_refuses_the_same(good, tmp_path):
+    """--quantize int8 streams tensor by tensor (core/loading/stream_load.py), which put a checkpoint's
+    own shape in silently: the intermediate_size mismatch loaded."""
+    folder = _variant(good, tmp_path, "inter8", lambda c: c.update(intermediate_size=96))
+    with pytest.raises(ModelLoadError) as info:
+        Session.load(str(folder), device="cpu", quantize="int8")
+    assert str(info.value) == (
+        "cannot load inter8: model.layers.0.mlp.down_proj.weight is (64, 128) in the weights but config.json "
+        f"makes it (64, 96) (and 5 more tensors): {SIZES}"
+    )
+    folder = _variant(good, tmp_path, "layers8", lambda c: c.update(num_hidden_layers=3))
+    with pytest.raises(
+        ModelLoadError, match="^cannot load layers8: config.json says 3 layers but the weights hold 2: "
+    ):
+        Session.load(str(folder), device="cpu", quantize="int8")

@@ -100,9 +100,16 @@ def missing_message(reports: list[Any], model_keys, n_layers: int) -> str | None
 def mismatch_message(reports: list[Any]) -> str | None:
     """One line naming a tensor whose shape in the weights differs from the one config.json makes
     (and how many more do), or None when no report holds a mismatch."""
-    mism = [t for r in reports for t in (getattr(r, "mismatched_keys", ()) or ())]
+    return mismatch_line([t for r in reports for t in (getattr(r, "mismatched_keys", ()) or ())])
+
+
+def mismatch_line(mism: list[tuple[str, Any, Any]]) -> str | None:
+    """:func:`mismatch_message` of ``(name, shape in the weights, shape config.json makes)`` triples
+    (None when empty); the streamed quantised load (:mod:`attnscope.core.loading.stream_load`) checks
+    the checkpoint's headers with it."""
     if not mism:
         return None
+    mism = list(mism)
     mism.sort(key=lambda t: _natural(t[0]))
     key, ckpt, model = mism[0]
     more = f" (and {len(mism) - 1} more tensor{'s' if len(mism) != 2 else ''})" if len(mism) > 1 else ""

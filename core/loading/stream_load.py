@@ -164,6 +164,20 @@ def load_quantised(
     unexpected = ckpt - set(params) - set(buffers)
     if missing or unexpected:
         return None
+    from attnscope.core.backends.load_report import mismatch_line
+
+    why = mismatch_line(
+        [
+            (k, tuple(e["shape"]), tuple(params[k].shape))
+            for _, h in headers
+            for k, e in h.items()
+            if k in params and tuple(e["shape"]) != tuple(params[k].shape)
+        ]
+    )
+    if why is not None:  # _set would put the checkpoint's shape in silently
+        from attnscope.core.errors import ModelLoadError
+
+        raise ModelLoadError(f"cannot load {Path(folder).name}: {why}")
     q.check_device(mode, torch.device(device), getattr(torch, dtype))
     targets = set(q.linear_targets(model))
     mods = dict(model.named_modules())
