@@ -290,6 +290,8 @@ class MapPanel:
         canvas = self.grid.canvas
         canvas.set_note(note)
         canvas.cmap = self.state.colormap
+        snap = self.state.snapshot  # sliding-window layers: blocks outside the window are hatched too
+        canvas.windows = (snap.layer_windows or None) if snap is not None else None
         canvas.set_thumbnails(thumbs, self.state.group_size, weighting, n=self.state.visible_len)
         self.push_grid()
 

@@ -52,6 +52,9 @@ class Snapshot:
     kv_cache_bytes: int
     top_next: tuple[TopToken, ...]
     notices: tuple[str, ...] = ()  # Session.notices as one line each (e.g. a RoPE cache recompute)
+    #: each layer's sliding window in tokens (None: causal only), as the backend's ``layer_windows()``;
+    #: () when unknown (an older engine)
+    layer_windows: tuple[int | None, ...] = ()
 
     @property
     def seq_len(self) -> int:
@@ -463,6 +466,7 @@ class Session:
             kv_cache_bytes=self.kv_cache_bytes(),
             top_next=tuple(self.next_token_probs(10)) if ran else (),
             notices=tuple(str(n) for n in self.notices),
+            layer_windows=tuple(self.backend.layer_windows()),
         )
 
     def _require_run(self) -> np.ndarray:

@@ -407,3 +407,18 @@ def test_bench_table_names_its_statistics():
         "ratio of the FASTEST runs (minimum of each; " in text
         and "the table's × are medians): T=512: 1.05×" in text
     )
+
+
+def test_os_errors_are_one_line(tmp_path, capsys, monkeypatch, no_load):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["sinks", "--prompt", "hi", "--json", str(f / "s.json")]) == 1
+    assert _error(capsys) == f"attnscope: error: --json {f / 's.json'}: {f} is not a folder"
+    from attnscope.core.cli.commands import examples
+
+    def full(args):
+        raise OSError(28, "No space left on device", "/x/out.json")
+
+    monkeypatch.setattr(examples, "run", full)
+    assert main(["examples"]) == 1
+    assert _error(capsys) == "attnscope: error: /x/out.json: No space left on device"

@@ -328,3 +328,30 @@ def test_head_grid_hatches_masked_cells_and_fits_its_note(qtbot):
     v.resize(700, 400)
     v.show()
     v.grab().save(f"{SHOTS}/viewsfix_grid_partial.png")
+
+
+def test_head_grid_hatches_keys_outside_a_sliding_window(qtbot, tmp_path):
+    """A sliding-window model (tiny Gemma 3: window 4 on layers 0 and 2): the grid knows each layer's
+    window (from the snapshot), so blocks outside it are hatched, not drawn as the lowest weight."""
+    from attnscope.app.head_grid import MASK_HATCH, masked_blocks
+    from gui_helpers import ran_window
+    from tiny_models import save_tiny
+
+    folder = tmp_path / "gemma3"
+    save_tiny("gemma3_text", folder)
+    w = ran_window(qtbot, folder, LONG, steps=2)
+    try:
+        assert w.snapshot.layer_windows == tuple(w.engine.session.backend.layer_windows()) == (4, None, 4)
+        _show(w, "grid")
+        c = w.grid.canvas
+        assert c.windows == (4, None, 4)
+        n, P = w.state.visible_len, c.THUMB
+        sliding, full = masked_blocks(n, P, 4), masked_blocks(n, P, None)
+        assert (sliding & ~full).any()  # blocks only the window hides
+        for layer, masked in ((0, sliding), (1, full)):
+            y, x = c.layer_y(layer), c.head_x(0)
+            cell = c._canvas[y : y + c.THUMB, x : x + c.THUMB]
+            colours = {tuple(px) for px in cell[masked]}
+            assert colours <= {(255, 255, 255), MASK_HATCH}, layer
+    finally:
+        w.close()

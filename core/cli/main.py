@@ -232,8 +232,11 @@ def main(
         FileNotFoundError,
         PermissionError,
         IsADirectoryError,
+        OSError,  # NotADirectoryError, a full disk, a file vanished: one line, not a traceback
     ) as e:
         text = str(getattr(e, "brief", None) or e).strip()  # EngineLost: without the window's next step
+        if isinstance(e, OSError) and e.errno is not None and e.strerror:  # "[Errno 28] ...": in words
+            text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
         msg = text.splitlines()[0] if text else type(e).__name__
         print(f"attnscope: error: {msg}", file=sys.stderr)
         return EXIT_ERROR
