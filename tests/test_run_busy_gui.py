@@ -252,6 +252,9 @@ def test_experiments_run_by_themselves_only_up_to_the_stated_limit(limit, win):
     assert seen and T > limit
     assert "experiments" not in ran, ran  # nothing ran on its own over the limit
     assert view.table.rowCount() == 0 and view.results == []
+    pi = view.plot.getPlotItem()  # nothing of the short run's rows stays: no title, the legend's own names
+    assert not pi.titleLabel.isVisible() and "Evict" not in pi.titleLabel.text
+    assert [label.text for _item, label in pi.legend.items] == ["unmodified", "experiment"]
     assert view.long_note.isVisible()
     note = view.long_note.text()
     assert f"{T:,} tokens, more than the {limit}" in note and "reruns it 6 times" in note

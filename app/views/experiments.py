@@ -477,11 +477,19 @@ class ExperimentsView(QWidget, SavedControls):
         self.clear()
 
     def clear(self) -> None:
+        """No rows, and nothing of the rows that were: empty curves, no title, the legend's own names."""
         self.results = []
         self.table.setRowCount(0)
         self.base_curve.setData([], [])
         self.exp_curve.setData([], [])
         self.decode_line.hide()
+        pi = self.plot.getPlotItem()
+        pi.titleLabel.setText("")
+        pi.setTitle(None)  # hidden, its row gone
+        pi.legend.clear()
+        pi.legend.addItem(self.base_curve, "unmodified")
+        pi.legend.addItem(self.exp_curve, "experiment")
+        self._update_long_note()
 
     # -- results ---------------------------------------------------------------------------------------------
     def add_results(self, results: list[ExperimentResult]) -> None:
