@@ -175,13 +175,15 @@ def test_the_cli_prints_the_warning_as_one_line(conf, tmp_path):
 
 def test_an_unwritable_config_folder_is_one_line(tmp_path, monkeypatch, capsys):
     from attnscope.core.cli.main import main
+    from tiny_models import save_tiny
 
     monkeypatch.setenv("ATTNSCOPE_CONFIG_DIR", "/proc/attn")
-    (tmp_path / "m").mkdir()
+    save_tiny("llama", tmp_path / "m")  # a model folder (`models --add` refuses a folder with none)
     assert catalog.user_paths() == []
     with pytest.raises(catalog.ModelsFileError) as e:
         catalog.add_user_path(tmp_path / "m")
     assert str(e.value) == "cannot write the models file /proc/attn/models.json: No such file or directory"
+    capsys.readouterr()  # what importing transformers/torchao for the folder said
     assert main(["models", "--add", str(tmp_path / "m")]) == 1
     assert capsys.readouterr().err == (
         "attnscope: error: cannot write the models file /proc/attn/models.json: No such file or directory\n"
