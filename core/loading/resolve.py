@@ -553,15 +553,15 @@ def convert_gguf(
 
     gguf = Path(gguf)
     check_gguf(gguf)
+    try:  # before hashing the file: an unwritable cache folder is said at once
+        (cache_root() / "converted").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelLoadError(_cache_unwritable(gguf, e)) from None
     out = converted_dir(gguf, dtype)
     damage = converted_damage(out) if _is_converted(out) else None
     if damage == "":
         return out
     shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover, or a damaged entry
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ModelLoadError(_cache_unwritable(gguf, e)) from None
     if damage:
         redo = f"the cached conversion of {gguf.name} was damaged ({damage}): converted again"
         progress(f"The cached conversion of {gguf.name} is damaged ({damage}): converting it again…", 0.02)
