@@ -260,16 +260,16 @@ def test_experiments_run_by_themselves_only_up_to_the_stated_limit(limit, win):
     assert f"{T:,} tokens, more than the {limit}" in note and "reruns it 6 times" in note
     assert view.run_all_button.text().startswith("Run all five (about ") and view.run_all_button.isEnabled()
     # the cost: six runs at this prefill's speed (never the short run's experiments: their speed is
-    # their per-forward overhead), RUN_OVER_PREFILL times slower
-    from attnscope.app.views.experiments import RUN_OVER_PREFILL, format_duration
+    # their per-forward overhead), RUN_OVER_PREFILL's range of times slower
+    from attnscope.app.views.experiments import RUN_OVER_PREFILL, format_estimate
 
     n_p, rate = view._prefill_rate
     assert n_p == T and view._run_rate[0] == n
     est = view.estimate_seconds(T)
-    assert est == pytest.approx(RUN_OVER_PREFILL * 6 * T / rate)
+    assert est == pytest.approx(tuple(r * 6 * T / rate for r in RUN_OVER_PREFILL))
     assert (
-        format_duration(est) in note
-        and view.run_all_button.text() == f"Run all five ({format_duration(est)})"
+        format_estimate(est) in note
+        and view.run_all_button.text() == f"Run all five ({format_estimate(est)})"
     )
     # the main views are of the new run
     assert w.map_key is not None and w.map_key[3] == T
@@ -280,7 +280,7 @@ def test_experiments_run_by_themselves_only_up_to_the_stated_limit(limit, win):
     assert view.table.rowCount() == 5 and {r.seq_len for r in view.results} == {T}
     assert not view.long_note.isVisible() and view.run_all_button.text() == "Run all"
     assert view._run_rate[0] == T  # the next estimate of this length uses what these runs took
-    assert view.estimate_seconds(T) == pytest.approx(6 * T / view._run_rate[1])
+    assert view.estimate_seconds(T) == pytest.approx((6 * T / view._run_rate[1],) * 2)
     # beyond the sample: a click on Run all during a prefill runs nothing of the old sequence on the
     # new one (the job finds another sequence and adds nothing)
     w.prompt_edit.setPlainText(SHORT + " again")
@@ -429,7 +429,7 @@ def test_status_cancel_button_names_experiments():
 
 
 def test_durations_are_rounded_estimates():
-    from attnscope.app.views.experiments import format_duration
+    from attnscope.app.views.experiments import format_duration, format_estimate
 
     assert [format_duration(x) for x in (0.4, 8, 62, 95, 3000, 35000)] == [
         "about 5 s",
@@ -439,3 +439,5 @@ def test_durations_are_rounded_estimates():
         "about 50 min",
         "about 9.7 h",
     ]
+    assert format_estimate((8, 60)) == "about 10 s to 1 min"
+    assert format_estimate((62, 80)) == "about 1 min"

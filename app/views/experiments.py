@@ -54,11 +54,13 @@ SHORT = {
     "no_scale": "No 1/√d scaling",
 }
 AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequences up to this long
-#: wall time of one experiment run of the sequence over the prefill of the same tokens, measured on
-#: SmolLM2-135M, torch on 2 shared CPU cores: 1,483 tokens, prefill 31.2 s, Run all's six runs (the
-#: unmodified one + five) 209.8 s, so 35.0 s a run = 1.12 × the prefill (the masked runs cannot use
-#: the fused kernel's causal path); rounded up, as an estimate should be
-RUN_OVER_PREFILL = 1.2
+#: wall time of one experiment run of the sequence over the prefill of the same tokens, lowest and
+#: highest seen on SmolLM2-135M, torch on 2 shared CPU cores: 1,483 tokens, prefill 31.2 s, Run all's
+#: six runs (the unmodified one + five) 209.8 s: 1.1 × a run; 720 tokens in the window, prefill
+#: 10.0 s, Run all 93.5 s: 1.6 ×; the same again on a quieter machine, prefill 1.7 s, Run all 69.7 s:
+#: 6.7 × (the masked runs cannot use the fused kernel's causal path, and the prefill's own time
+#: varies with the load): a range, never one figure that looks exact
+RUN_OVER_PREFILL = (1.0, 7.0)
 #: command labels (:mod:`attnscope.app.commands`) whose job replaces or changes the sequence
 SEQUENCE_COMMANDS = frozenset(
     {"prefill", "decode", "step back", "open session", "restore run", "switch backend", "loading model"}
@@ -113,6 +115,12 @@ def runs_of(n_experiments: int = len(KINDS)) -> int:
     """Forwards over the whole sequence that ``n_experiments`` with one ``decode_from`` take: the
     baseline once, then each experiment (:func:`attnscope.core.analysis.experiments.run_experiments`)."""
     return 1 + n_experiments
+
+
+def format_estimate(seconds: tuple[float, float]) -> str:
+    """``(8, 60)`` → ``'about 10 s to 1 min'``; one figure when both ends round alike."""
+    lo, hi = (format_duration(x) for x in seconds)
+    return lo if lo == hi else f"{lo} to {hi.removeprefix('about ')}"
 
 
 def format_duration(seconds: float) -> str:
@@ -424,16 +432,19 @@ class ExperimentsView(QWidget, SavedControls):
         if not self._busy and self.isVisible():  # a run, step or load ended: the tab may auto-run
             self.refresh()
 
-    def estimate_seconds(self, seq_len: int, n_experiments: int = len(KINDS)) -> float | None:
+    def estimate_seconds(self, seq_len: int, n_experiments: int = len(KINDS)) -> tuple[float, float] | None:
         """Wall time that Run all may take on ``seq_len`` tokens: the runs (:func:`runs_of`) at the
-        speed of the last experiments' forwards, else at the last prefill's speed times
-        :data:`RUN_OVER_PREFILL`, each only when measured on at least half as many tokens (a short
-        run's speed is its per-forward overhead: 7 tokens said "9.7 h" for 3,001); None without one."""
+        speed of the last experiments' forwards (``(t, t)``), else at the last prefill's speed times
+        each end of :data:`RUN_OVER_PREFILL` (``(low, high)`` seconds), each only when measured on at
+        least half as many tokens (a short run's speed is its per-forward overhead: 7 tokens said
+        "9.7 h" for 3,001); None without one."""
         tokens = runs_of(n_experiments) * seq_len
         if self._run_rate and 2 * self._run_rate[0] >= seq_len:
-            return tokens / self._run_rate[1]
+            t = tokens / self._run_rate[1]
+            return t, t
         if self._prefill_rate and 2 * self._prefill_rate[0] >= seq_len:
-            return RUN_OVER_PREFILL * tokens / self._prefill_rate[1]
+            t = tokens / self._prefill_rate[1]
+            return RUN_OVER_PREFILL[0] * t, RUN_OVER_PREFILL[1] * t
         return None
 
     def _update_long_note(self) -> None:
@@ -453,7 +464,7 @@ class ExperimentsView(QWidget, SavedControls):
             return
         T = snap.seq_len
         est = self.estimate_seconds(T)
-        cost = format_duration(est) if est is not None else "minutes on a CPU (not measured yet)"
+        cost = format_estimate(est) if est is not None else "minutes on a CPU (not measured yet)"
         self.long_note.setText(
             f"This sequence has {T:,} tokens, more than the {AUTO_RUN_MAX_TOKENS} that run by themselves. "
             f"Run all five reruns it {runs_of()} times in separate KV caches: {cost} here. "
