@@ -321,3 +321,23 @@ def test_trace_arguments(ran):
         None,
         slice(None, None, -1),
     )
+
+
+def test_kv_cache_bytes_arguments():
+    from attnscope import kv_cache_bytes
+
+    assert kv_cache_bytes(30, 3, 64, 8, "fp32") == 368640
+    _raises(WrongType, TypeError, "seq_len must be an integer, got 8.5", kv_cache_bytes, 30, 3, 64, 8.5)
+    _raises(WrongType, ValueError, "n_layers must be an integer, got True", kv_cache_bytes, True, 3, 64, 8)
+    _raises(BadArgument, ValueError, "seq_len must be >= 0, got -8", kv_cache_bytes, 30, 3, 64, -8)
+    _raises(
+        BadArgument,
+        ValueError,
+        "windows lists 1 layers, the model has 30",
+        kv_cache_bytes,
+        30,
+        3,
+        64,
+        8,
+        windows=[4],
+    )

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+from attnscope.core.errors import BadArgument, WrongType
 
 DTYPE_BYTES: dict[str, int] = {
     "fp32": 4,
@@ -57,7 +58,7 @@ def dtype_bytes(dtype: str) -> int:
     """
     key = str(dtype).removeprefix("torch.").removeprefix("mlx.core.").lower()
     if key not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(set(DTYPE_BYTES))}")
+        raise BadArgument(f"unknown dtype {dtype!r}; expected one of {sorted(set(DTYPE_BYTES))}")
     return DTYPE_BYTES[key]
 
 
@@ -66,9 +67,9 @@ def _check_sizes(**sizes: int | None) -> None:
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"{name} must be an integer, got {v!r}")
+            raise WrongType(f"{name} must be an integer, got {v!r}")  # also a ValueError and a TypeError
         if v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
+            raise BadArgument(f"{name} must be >= 0, got {v}")
 
 
 def kv_cache_bytes(
@@ -90,7 +91,8 @@ def kv_cache_bytes(
     21.5 GB with 64 KV heads (MHA), 2.7 GB with 8 (GQA), 0.34 GB with 1 (MQA).
 
     Raises:
-        ValueError: a negative size or an unknown dtype.
+        BadArgument (a ValueError): a negative size or an unknown dtype. WrongType (a ValueError and
+        a TypeError): a size that is not an int (bools refused).
     """
     _check_sizes(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, seq_len=seq_len, batch=batch)
     if windows is not None:
@@ -181,10 +183,10 @@ class KVConfig:
         if self.windows is not None:
             ws = tuple(None if w is None else w for w in self.windows)
             if len(ws) != self.n_layers:
-                raise ValueError(f"windows lists {len(ws)} layers, the model has {self.n_layers}")
+                raise BadArgument(f"windows lists {len(ws)} layers, the model has {self.n_layers}")
             for w in ws:
                 if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1):
-                    raise ValueError(f"a sliding window must be an integer >= 1 (or None), got {w!r}")
+                    raise BadArgument(f"a sliding window must be an integer >= 1 (or None), got {w!r}")
             ws = tuple(None if w is None else int(w) for w in ws)
             object.__setattr__(self, "windows", ws if any(w is not None for w in ws) else None)
         _check_sizes(
