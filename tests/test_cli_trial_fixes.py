@@ -386,7 +386,14 @@ def test_bench_table_names_its_statistics():
     cfg = {"prefill_median_s": 4.99, "decode_step_median_s": 0.05, "achieved_flops": 1e9}
     cfg.update(fraction_of_peak=0.1, cpu_per_wall=1.9)
     result = {
-        "machine": dict(cpu_count=2, cpu_model="x", torch_threads=2, device="cpu"),
+        "machine": dict(
+            cpu_count=2,
+            cpu_model="x",
+            torch_threads=2,
+            device="cpu",
+            torch_version="2",
+            transformers_version="5",
+        ),
         "matmul": {"n": 512, "peak_flops": 1e10},
         "model": dict(name="m", n_layers=1, n_heads=1, n_kv_heads=1, head_dim=8),
         "options": {"decode_steps": 4, "repeats": 2},
