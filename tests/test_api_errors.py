@@ -39,6 +39,14 @@ def _raises(exc, builtin, message, fn, *args, **kw):
 
 
 def test_the_error_classes_are_also_the_builtins():
+    import attnscope
+
+    assert (attnscope.OutOfRange, attnscope.BadArgument, attnscope.WrongType, attnscope.BadPath) == (
+        OutOfRange,
+        BadArgument,
+        WrongType,
+        BadPath,
+    )
     assert issubclass(OutOfRange, IndexError) and issubclass(OutOfRange, SessionError)
     assert issubclass(BadArgument, ValueError) and issubclass(BadArgument, SessionError)
     assert issubclass(WrongType, TypeError) and issubclass(WrongType, BadArgument)

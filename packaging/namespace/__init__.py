@@ -30,6 +30,14 @@ from attnscope.core import __version__
 _PUBLIC = {
     "Session": "attnscope.core.session",
     "AttnScopeError": "attnscope.core.errors",
+    # its subclasses, each also the matching builtin (README "Python API")
+    "SessionError": "attnscope.core.errors",
+    "OutOfRange": "attnscope.core.errors",
+    "BadArgument": "attnscope.core.errors",
+    "WrongType": "attnscope.core.errors",
+    "BadPath": "attnscope.core.errors",
+    "ModelLoadError": "attnscope.core.errors",
+    "Cancelled": "attnscope.core.errors",
     "kv_cache_bytes": "attnscope.core.analysis.kv_formula",
     "export_head": "attnscope.core.io.export",
     "Sampling": "attnscope.core.sampling",
