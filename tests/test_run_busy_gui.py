@@ -359,6 +359,9 @@ def test_kv_axes_carry_units_and_no_si_scaling(qtbot, tiny_folder):
         assert "K + V (bytes)" in labels()[0]
         assert kv.layer_plot.getPlotItem().getViewBox().viewRange()[1][1] >= 256
         assert all("(x" not in s for s in labels()), labels()
+        axis = kv.layer_plot.getPlotItem().getAxis("bottom")  # layers: whole ticks only (it read 0.5, 1.5)
+        ticks = [v for _spacing, vals in axis.tickValues(-0.8, 1.8, 240) for v in vals]
+        assert ticks and all(float(v).is_integer() for v in ticks), ticks
         _shot(w, "kv_no_sequence")
         # a run: kB; and every range, however small or large, keeps the label's own unit
         w.prompt_edit.setPlainText(LONGER)

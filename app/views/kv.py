@@ -490,6 +490,9 @@ class KVView(QWidget, SavedControls):
         lp.setTitle(f"per layer ({n} layers)", color="#222", size="9pt")
         lp.setLabel("left", f"K + V ({lu})")
         lp.setXRange(-0.8, n - 0.2, padding=0)
+        # layers are whole numbers: ticks every 1, 2, 5… layers, never "0.5"
+        major = next(k for k in (1, 2, 5, 10, 20, 50, 100, 10**9) if max(n, 1) / k <= 8)
+        lp.getAxis("bottom").setTickSpacing(major=major, minor=1)
         lp.setYRange(0, max(ltop / ls * 1.1, 1.0), padding=0)
 
         # this run: measured points on the formula line (what AttnScope keeps), and the model's need
