@@ -329,12 +329,20 @@ def test_cancelling_experiments_is_a_status_line_with_a_cancel_button(win):
     assert w.last_error is None  # no error, so no dialog
     assert _status(w).startswith("Experiments stopped (cancelled): no rows added")
     assert view.table.rowCount() == 0 and view.run_all_button.isEnabled()
-    # a new Run stops running experiments the same way, as a status line
+    # a new Run stops experiments (running or waiting) the same way, as a status line
+    said = []
+    w.state.events.message.connect(lambda m: said.append(m[0]))
+    gate = threading.Event()
+    w.engine.enqueue(lambda ctx: gate.wait(60), label="gate")  # the experiments wait behind it
     view.run_all_button.click()
     w.prompt_edit.setPlainText(LONGER)
     w.run_prompt()  # queued behind the experiments: their stop token turns true at once
+    gate.set()
     _idle(w)
-    assert w.last_error is None
+    assert w.last_error is None and w.snapshot.prompt == LONGER
+    assert "Experiments stopped (a new prompt runs): no rows added; Run all starts them again." in said
+    # the rows are the new run's own (the tab is shown: its auto-run), none of the stopped one's
+    assert view.table.rowCount() == 5 and {r.seq_len for r in view.results} == {w.snapshot.seq_len}
 
 
 # -- 4: the KV cache tab's units -----------------------------------------------------------------------
