@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core import __version__
-from attnscope.core.errors import Cancelled
+from attnscope.core.errors import Cancelled, OutOfRange
 from attnscope.core.io.colormaps import COLOUR_BY_LENGTH, DEFAULT_COLOUR, RANGE_MODES, ColourSpec
 from attnscope.core.io.render import FrameRenderer, Renderer
 from attnscope.core.loading.device_map import record as dm_record
@@ -176,7 +176,7 @@ def head_metadata(
     T = session.seq_len
     n = T if n is None else int(n)
     if not 1 <= n <= T:
-        raise IndexError(f"n={n} out of range 1..{T}")
+        raise OutOfRange(f"n {n} out of range 1..{T}")
     if n < T:
         meta.update(
             {
@@ -426,13 +426,13 @@ def head_map(
 
     if check_weighting(weighting) == "value-weighted":
         if n is not None and not 1 <= n <= session.seq_len:
-            raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+            raise OutOfRange(f"n {n} out of range 1..{session.seq_len}")
         sel = slice(0, session.seq_len if n is None else int(n))
         return value_weighted_tile(session, layer, head, mode, sel, sel)
     if mode == "head":
         part = None if n is None else slice(0, int(n))
         if n is not None and not 1 <= n <= session.seq_len:
-            raise IndexError(f"n={n} out of range 1..{session.seq_len}")
+            raise OutOfRange(f"n {n} out of range 1..{session.seq_len}")
         return session.weights(layer, head, part, part)
     from attnscope.core.analysis import aggregate
 
