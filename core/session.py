@@ -306,6 +306,8 @@ class Session:
             WrongType: ``n`` not a whole number. OutOfRange: ``n`` outside ``1 .. n_generated``.
         """
         n = whole("n", n)
+        if not self.n_generated:
+            raise OutOfRange(f"cannot step back n={n}: no generated tokens yet (prefill keeps the prompt)")
         if n < 1 or n > self.n_generated:
             raise OutOfRange(
                 f"cannot step back n={n}: {self.n_generated} generated token(s), so n must be in 1..{self.n_generated}"

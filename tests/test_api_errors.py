@@ -125,7 +125,7 @@ def test_other_session_calls(ran):
     _raises(
         OutOfRange,
         IndexError,
-        "cannot step back n=1: 0 generated token(s), so n must be in 1..0",
+        "cannot step back n=1: no generated tokens yet (prefill keeps the prompt)",
         ran.step_back,
     )
     _raises(OutOfRange, IndexError, "step 1 out of range 0..0", ran.logits_at, 1)
@@ -271,6 +271,13 @@ def test_steps_past_the_context_are_refused_before_any_step(tiny):
         [5] * 300,
     )
     assert tiny.seq_len == 13  # nothing ran
+    _raises(
+        OutOfRange,
+        IndexError,
+        "cannot step back n=3: 2 generated token(s), so n must be in 1..2",
+        tiny.step_back,
+        3,
+    )
     tiny.step(243)  # exactly fills the context
     assert tiny.seq_len == 256
     _raises(
