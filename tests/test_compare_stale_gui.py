@@ -219,7 +219,13 @@ def test_nothing_to_compare_only_when_zero_by_construction():
     assert r.nothing_to_compare().startswith("B's prompt differs from position 5 on (9 tokens in A, 7 in B)")
     assert r.to_json()["nothing_to_compare"] == r.nothing_to_compare()
     # another precision, backend or model: the rows before the edit do differ, a real comparison
-    for kw in ({"dtype": "bfloat16"}, {"backend": "mlx"}, {"source": "/other", "model": "o"}):
+    for kw in (
+        {"dtype": "bfloat16"},
+        {"backend": "mlx"},
+        {"source": "/other", "model": "o"},
+        {"quantization": {"mode": "int8"}},  # B quantised: its rows before the edit differ too
+        {"device_map": {"strategy": "auto"}},
+    ):
         r = _result(_info(**kw), prefix)
         assert r.same_by_construction() == 0 and r.nothing_to_compare() is None
     # token-aligned edits: rows after the edit can differ, so it is a result (rows 0..3 are equal)

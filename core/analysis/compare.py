@@ -211,10 +211,11 @@ class CompareResult:
 
     def same_by_construction(self) -> int:
         """How many leading positions are the same in both runs by construction: the first
-        difference of the ids when B is A's model at A's dtype, backend and device (a causal model's
+        difference of the ids when B is A's model at A's dtype, backend, device, quantisation and
+        device map (a causal model's
         position ``i`` sees only tokens ``0 .. i``, so rows before the edit cannot differ), else 0."""
         a, b, al = self.run_a, self.run_b, self.alignment
-        keys = ("model", "source", "dtype", "backend", "device")
+        keys = ("model", "source", "dtype", "backend", "device", "quantization", "device_map")
         same = all(getattr(a, k) == getattr(b, k) for k in keys)
         if not same or al.first_difference is None:
             return 0

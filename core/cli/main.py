@@ -151,6 +151,9 @@ def _commands() -> dict:
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``attnscope export: error: … (see … --help)``), exit 2."""
 
+    #: the top-level parser's subcommand parsers by name (set by the parser's builder)
+    command_parsers: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 

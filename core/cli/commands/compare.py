@@ -107,7 +107,7 @@ def run(args) -> int:
         write_csv(res, csv_out)
     note = res.nothing_to_compare()
     if note:  # all zeros by construction (an edit of the same model's prompt that changes its length)
-        print(note)
+        print(note, file=sys.stdout if out is not None else sys.stderr)  # stdout: the JSON alone
     top = res.ranked()[:3]
     tops = ", ".join(f"L{d.layer}H{d.head} {d.js_mean:.3g}" for d in top)
     agree = res.to_json()["top1_agreement"]
