@@ -54,13 +54,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def filtered_probs(logits: np.ndarray, s: Sampling) -> np.ndarray:
-    """The distribution a token is drawn from after temperature, top-k and top-p, shape ``(vocab,)``."""
+    """The distribution a token is drawn from after temperature, top-k and top-p, shape ``(vocab,)``
+    (a top-k at or above the vocabulary's size keeps every token)."""
     if s.greedy:
         p = np.zeros(logits.shape[-1])
         p[int(np.argmax(logits))] = 1.0
         return p
     p = softmax(logits / s.temperature)
-    if s.top_k:
+    if s.top_k and s.top_k < p.size:
         kth = np.partition(p, -s.top_k)[-s.top_k]
         p = np.where(p >= kth, p, 0.0)
     if s.top_p < 1.0:

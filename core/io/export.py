@@ -302,6 +302,9 @@ def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = N
 
         header = {"attnscope": json.dumps(meta, ensure_ascii=False)} if meta is not None else None
         save_file({SAFETENSORS_KEY: w}, str(path), metadata=header)
+        umask = os.umask(0)  # safetensors creates the file 0600: give it the mode every export has
+        os.umask(umask)
+        os.chmod(path, 0o666 & ~umask)
     written = [path]
     if meta is not None:
         written.append(write_json(sidecar_path(path), meta))

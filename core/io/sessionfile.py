@@ -199,8 +199,12 @@ def save(sf: SessionFile, path: str | os.PathLike) -> Path:
     if not path.parent.exists():
         raise FileNotFoundError(f"folder {path.parent} does not exist")
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(sf.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(sf.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never a stray .tmp beside the session (a full disk, a folder there)
+        raise
     return path
 
 
