@@ -429,3 +429,26 @@ def test_os_errors_are_one_line(tmp_path, capsys, monkeypatch, no_load):
     monkeypatch.setattr(examples, "run", full)
     assert main(["examples"]) == 1
     assert _error(capsys) == "attnscope: error: /x/out.json: No space left on device"
+
+
+@pytest.mark.parametrize("command", ["sinks", "roles"])
+def test_steps_past_the_context_are_refused_before_the_prefill(
+    command, folder, tmp_path, capsys, monkeypatch
+):
+    """``roles``/``sinks --steps 9000`` ran until a timeout, then (after Session.step learnt its
+    limit) prefilled first; now the same line as ``export`` before anything runs."""
+    from attnscope.core.session import Session
+
+    prefills = []
+    monkeypatch.setattr(Session, "prefill", lambda self, *a, **k: prefills.append(a))
+    context = 256  # the tiny llama's max_position_embeddings
+    argv = [
+        command,
+        *_run(folder, "--prompt", "a b c", "--steps", str(context), "--json", str(tmp_path / "o.json")),
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1] == f"attnscope: error: --steps {context} does not fit the model's context of {context} tokens"
+    )
+    assert prefills == [] and not (tmp_path / "o.json").exists()

@@ -96,10 +96,18 @@ def open_session(
         raise SessionError(f"--steps must be >= 0, got {args.steps}")
     if getattr(args, "prompt", None) is not None and not args.prompt.strip():
         raise SessionError("the prompt is empty: give some text with --prompt")
+
+    def model_check(info) -> None:  # --steps past the context is refused before the prefill, every command
+        context = getattr(info, "max_context", None)
+        if context and getattr(args, "steps", 0) >= context:
+            raise SessionError(f"--steps {args.steps} does not fit the model's context of {context} tokens")
+        if check is not None:
+            check(info)
+
     if getattr(args, "engine", None):  # the model runs in an `attnscope serve` engine (core/remote)
         from attnscope.core.remote.client import open_remote
 
-        return open_remote(args, progress, check=check)
+        return open_remote(args, progress, check=model_check)
     s = Session.load(
         args.model,
         backend=args.backend,
@@ -114,8 +122,7 @@ def open_session(
     note = dtype_note(args, s.info)
     if note:
         print(f"attnscope: note: {note}", file=sys.stderr)
-    if check is not None:
-        check(s.info)
+    model_check(s.info)
     if getattr(args, "prompt", None) is not None:
         s.prefill(args.prompt, chat_template=args.chat_template)
         if args.steps:
