@@ -221,13 +221,22 @@ def test_closing_during_a_slow_scan_does_not_wait_for_it(qtbot):
     assert thread.wait(10_000)
 
 
+def _safetensors(path, nbytes: int) -> None:
+    """A valid safetensors file of about ``nbytes`` (one float32 tensor)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros(max(1, nbytes // 4), np.float32)}, str(path))
+
+
 def test_converted_cache_lists_and_clears(qtbot, tmp_path):
     conv = tmp_path / "cache" / "converted"
     for name, size in (("a-0123456789abcdef", 3000), ("b-fedcba9876543210", 1000)):
         d = conv / name
         d.mkdir(parents=True)
         (d / "config.json").write_text("{}")
-        (d / "model.safetensors").write_bytes(bytes(size))
+        (d / "tokenizer.json").write_text("{}")
+        _safetensors(d / "model.safetensors", size)  # a sound entry (a damaged one is listed "incomplete")
         (d / "attnscope_source.json").write_text(json.dumps({"gguf": f"/models/{name}.gguf", "sha256": "x"}))
     dlg = ConvertedCacheDialog()
     qtbot.addWidget(dlg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 from attnscope.app.model_picker import ConvertedCacheDialog
 from attnscope.core.loading import quant_cache
@@ -20,7 +21,10 @@ def cache(tmp_path, monkeypatch):
     conv = root / "converted" / "tiny-Q8_0-0123456789abcdef-float32"
     conv.mkdir(parents=True)
     (conv / "config.json").write_text("{}")
-    (conv / "model.safetensors").write_bytes(bytes(5000))
+    (conv / "tokenizer.json").write_text("{}")
+    from safetensors.numpy import save_file  # a sound entry (a damaged one is listed "incomplete")
+
+    save_file({"w": np.zeros(1250, np.float32)}, str(conv / "model.safetensors"))
     (conv / "attnscope_source.json").write_text(json.dumps({"gguf": "/models/tiny-Q8_0.gguf", "sha256": "x"}))
     entry = root / quant_cache.SUBDIR / "Llama-3.2-1B-fedcba9876543210-bfloat16-int8"
     entry.mkdir(parents=True)

@@ -46,8 +46,14 @@ def show(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def name(path: str, limit: int = 60) -> str:
+    """A field's path as one printable line (a hand-edited key may hold a newline), cut to ``limit``."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def bad(path: str, value: Any, expected: str) -> FieldError:
-    return FieldError(f"bad session file: {path} is {show(value)}, expected {expected}")
+    return FieldError(f"bad session file: {name(path)} is {show(value)}, expected {expected}")
 
 
 def one_of(choices) -> str:
