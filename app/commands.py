@@ -156,6 +156,9 @@ class Commands:
             hm.readout.setText("The prompt is running: the map comes when the prefill ends.")
         win.timeline.show_running("prefill running…")
         win.set_overlay_text("The prompt is running (prefill)… this panel fills when it ends.")
+        win.decode_panel.bars.set_placeholder(
+            "The prompt is running (prefill)… the next-token distribution comes when it ends."
+        )
 
     def _prefill_ended(self) -> None:
         """The last queued prefill ended (done, failed or cancelled): the words of the state it left."""
@@ -166,6 +169,7 @@ class Commands:
         win.controls.set_prefilling(False)
         win.set_overlay_text()
         win.timeline.show_running("")
+        win.decode_panel.bars.set_placeholder()
         if getattr(self, "_placeholder", None):  # shown again by the next empty state
             win.heatmap.placeholder.setText(self._placeholder)
 

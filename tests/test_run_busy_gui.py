@@ -191,6 +191,7 @@ def test_while_a_prompt_runs_no_view_keeps_an_earlier_message(win):
         during["readout"] = w.heatmap.readout.text()
         during["timeline"] = w.timeline.label.text()
         during["overlay"] = w._empty_overlays["mask"].text()
+        during["next"] = (w.decode_panel.bars.table, w.decode_panel.bars.placeholder)
         during["status"] = _status(w)
         _shot(w, "prefill_after_cancel")
 
@@ -204,6 +205,11 @@ def test_while_a_prompt_runs_no_view_keeps_an_earlier_message(win):
     assert during["placeholder"] == "The prompt is running (prefill)…"
     assert during["readout"].startswith("The prompt is running")
     assert during["overlay"].startswith("The prompt is running (prefill)")
+    # the next-token panel too (it said "Run a prompt to see the next-token distribution.")
+    assert during["next"] == (
+        None,
+        "The prompt is running (prefill)… the next-token distribution comes when it ends.",
+    )
     # the run ended: the map's own title, the covers' and timeline's usual words
     n = w.snapshot.seq_len
     assert (
@@ -221,6 +227,7 @@ def test_while_a_prompt_runs_no_view_keeps_an_earlier_message(win):
     assert w._empty_overlays["mask"].text() == "Run a prompt to see this panel."
     assert w.heatmap.placeholder.toPlainText() == "Run a prompt to see attention"
     assert w.heatmap.readout.text() == "Run a prompt to see attention."
+    assert w.decode_panel.bars.placeholder == "Run a prompt to see the next-token distribution."
 
 
 # -- 1: the Experiments tab ----------------------------------------------------------------------------

@@ -151,9 +151,18 @@ class TopTokenBars(QWidget):
     def minimumSizeHint(self) -> QSize:
         return QSize(200, 120)
 
+    #: what the empty panel says (the window says the prefill runs while it does)
+    PLACEHOLDER = "Run a prompt to see the next-token distribution."
+    placeholder = PLACEHOLDER
+
     def set_table(self, table: NextTokenTable | None) -> None:
         self.table = table
         self.updateGeometry()
+        self.update()
+
+    def set_placeholder(self, text: str | None = None) -> None:
+        """What the empty panel says (None: :data:`PLACEHOLDER`)."""
+        self.placeholder = text or self.PLACEHOLDER
         self.update()
 
     def paintEvent(self, _e) -> None:
@@ -164,7 +173,7 @@ class TopTokenBars(QWidget):
             p.drawText(
                 self.rect(),
                 Qt.AlignCenter | Qt.TextWordWrap,
-                "Run a prompt to see the next-token distribution.",
+                self.placeholder,
             )
             return
         t = self.table
