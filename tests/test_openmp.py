@@ -29,6 +29,7 @@ ENTRIES = {
     "window": "from attnscope.app.cli import main\nmain([])",
     "cli command": "from attnscope.app.cli import main\nmain(['export', '--prompt', 'The cat', '--out', 'map.npy'])",  # never written: the hook exits
     "python api": "from attnscope.core.session import Session\nSession.load()",
+    "serve": "from attnscope.core.cli.main import main\nmain(['serve', '--no-token', '--port', '0'])",
 }
 
 
@@ -50,8 +51,10 @@ def _seen(entry: str, user_value: str | None, cwd) -> str:
     return line[0].rpartition(":")[2].strip()
 
 
-@pytest.mark.parametrize("entry", ["window", "cli command"])
+@pytest.mark.parametrize("entry", ["window", "cli command", "serve"])
 def test_attnscope_processes_bound_the_spin_before_torch_loads(entry, tmp_path):
+    if entry == "serve":
+        pytest.importorskip("zmq", reason="the remote engine needs pyzmq (pip install -e '.[remote]')")
     assert _seen(entry, None, tmp_path) == OPENMP_ENV["GOMP_SPINCOUNT"] == "30000"
     assert _seen(entry, "123", tmp_path) == "123"  # the user's own value is kept
 

@@ -26,7 +26,7 @@ from attnscope.core.analysis import aggregate as agg  # noqa: E402
 from attnscope.core.analysis.sinks import session_sink_report  # noqa: E402
 from attnscope.core.analysis.timeline import next_tokens  # noqa: E402
 from attnscope.core.errors import SessionError  # noqa: E402
-from attnscope.core.openmp import OPENMP_ENV, quiet_openmp  # noqa: E402
+from attnscope.core.openmp import OPENMP_ENV  # noqa: E402
 from attnscope.core.remote import wire  # noqa: E402
 from attnscope.core.remote.client import (  # noqa: E402
     EngineLost,
@@ -554,38 +554,7 @@ def test_killed_server_mid_prefill_then_restart_and_reconnect(tmp_path, smol_ses
         _stop(proc)
 
 
-_SEEN_AT_TORCH_IMPORT = """
-import importlib.abc, os, sys
-
-class Hook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            print("GOMP_SPINCOUNT at torch import:", os.environ.get("GOMP_SPINCOUNT"), flush=True)
-            os._exit(0)
-        return None
-
-sys.meta_path.insert(0, Hook())
-from attnscope.core.cli.main import main
-main(["serve", "--no-token", "--port", "0"])
-"""
-
-
-@pytest.mark.parametrize("user_value", [None, "123"])
-def test_serve_bounds_openmp_spinning_before_torch_loads(user_value):
-    """``attnscope serve`` sets libgomp's spin count before torch (and so OpenMP) loads, keeping a
-    value the user set; too late once torch is imported, which quiet_openmp says."""
-    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    if user_value:
-        env["GOMP_SPINCOUNT"] = user_value
-    out = subprocess.run(
-        [sys.executable, "-c", _SEEN_AT_TORCH_IMPORT], env=env, capture_output=True, text=True, timeout=120
-    )
-    want = user_value or OPENMP_ENV["GOMP_SPINCOUNT"]
-    assert f"GOMP_SPINCOUNT at torch import: {want}" in out.stdout, out.stdout + out.stderr
-    import torch  # noqa: F401  (this test process has it)
-
-    env2: dict = {}
-    assert quiet_openmp(env2) is False and env2 == {}
+# attnscope serve bounds OpenMP's spin before torch loads: tests/test_openmp.py
 
 
 def test_cli_says_an_unreachable_engine_in_one_line_without_window_advice(tmp_path, monkeypatch, capsys):
