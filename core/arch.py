@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# What a decoder layer computes (README "How it works"): softmax attention layers have an attention map;
+# the others of a hybrid model (linear attention, state-space / Mamba, short convolution) have none.
+ATTENTION_KINDS = ("attention", "sliding_attention")
+
 
 @dataclass(frozen=True)
 class ArchConfig:
@@ -31,6 +35,9 @@ class ArchConfig:
     n_heads: int
     n_kv_heads: int
     head_dim: int = 0
+    # per decoder layer, by real layer index: "attention", "sliding_attention", or a kind with no map
+    # ("linear_attention", "mamba", "conv", ...); () when every layer is softmax attention
+    layer_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_heads < 1 or self.n_kv_heads < 1 or self.n_layers < 0:
@@ -39,6 +46,19 @@ class ArchConfig:
             )
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    def layer_kind(self, layer: int) -> str:
+        """What layer ``layer`` computes (``"attention"`` when :attr:`layer_kinds` is empty)."""
+        return self.layer_kinds[layer] if self.layer_kinds else "attention"
+
+    def has_map(self, layer: int) -> bool:
+        """Whether layer ``layer`` is softmax attention (so has an attention map)."""
+        return self.layer_kind(layer) in ATTENTION_KINDS
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The real indices of the layers that have an attention map, ascending."""
+        return tuple(i for i in range(self.n_layers) if self.has_map(i))
 
     @property
     def group_size(self) -> int:

@@ -96,11 +96,14 @@ class ModelInfo:
     device_placement: tuple[tuple[str, int], ...] = ()
     dtype_reason: str = ""  # why it loaded at ``dtype`` (attnscope.core.loading.precision.choose_dtype), shown in the status bar
     load_note: str = ""  # one line about the load, e.g. that the quantised-weights cache was not written
+    layer_kinds: tuple[
+        str, ...
+    ] = ()  # per decoder layer (attnscope.core.arch.ArchConfig.layer_kinds); () = all attention
 
     @property
     def arch(self) -> ArchConfig:
         """The attention geometry (:class:`attnscope.core.arch.ArchConfig`): head mapping, group size."""
-        return ArchConfig(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim)
+        return ArchConfig(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim, self.layer_kinds)
 
     @property
     def group_size(self) -> int:
