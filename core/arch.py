@@ -109,3 +109,35 @@ def arch_of(obj) -> ArchConfig:
     return ArchConfig(
         int(obj.n_layers), int(obj.n_heads), int(obj.n_kv_heads), int(getattr(obj, "head_dim", 0) or 0)
     )
+
+
+# transformers' per-layer type names (``config.layer_types`` / ``layers_block_type``) -> our kinds
+_KIND_NAMES = {
+    "full_attention": "attention",
+    "attention": "attention",
+    "global_attention": "attention",
+    "sliding_attention": "sliding_attention",
+    "local_attention": "sliding_attention",
+    "chunked_attention": "chunked_attention",
+    "linear_attention": "linear_attention",
+    "mamba": "mamba",
+    "mamba2": "mamba",
+    "conv": "conv",
+    "short_conv": "conv",
+}
+ATTENTION_KINDS = (*ATTENTION_KINDS, "chunked_attention")
+
+
+def layer_kinds_of(config) -> tuple[str, ...]:
+    """Per-layer kinds of a transformers config (its text config for a multimodal one), by real layer
+    index, from ``layer_types`` (Qwen3-Next, Qwen3.5, LFM2, Gemma 3, gpt-oss…) or ``layers_block_type``;
+    unknown names are kept as they are (a kind with no map). ``()`` when the config names no layer types
+    (every layer softmax attention)."""
+    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+    n = getattr(config, "num_hidden_layers", None)
+    if not isinstance(types, list | tuple) or not types:
+        return ()
+    kinds = tuple(_KIND_NAMES.get(str(t), str(t)) for t in types)
+    if isinstance(n, int) and len(kinds) > n:  # some configs list extra (e.g. multi-token-prediction) layers
+        kinds = kinds[:n]
+    return kinds
