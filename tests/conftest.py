@@ -24,7 +24,8 @@ def pytest_configure(config):
     missing = typecheck.unlinked_files(tree) if tree is not None else []
     if missing:
         raise pytest.UsageError(
-            f"{', '.join(missing)}: added since the strict editable install ran; rerun `{typecheck.REINSTALL}`"
+            f"{', '.join(missing)}: added or removed since the strict editable install ran; "
+            f"rerun `{typecheck.REINSTALL}`"
         )
 
     if importlib.util.find_spec("pyqtgraph") is not None:

@@ -54,15 +54,19 @@ REINSTALL = ".venv/bin/python -m pip install --no-deps -e . --config-settings ed
 
 
 def unlinked_files(tree: Path) -> list[str]:
-    """The .py files of the package-dir folders that the link tree at ``tree`` lacks (a strict
-    editable install links the files it saw when it ran: a module added since is not importable
-    until the install is rerun, :data:`REINSTALL`), as paths relative to the root."""
+    """What the link tree at ``tree`` is missing: the .py files of the package-dir folders it lacks,
+    and ``"<path> (removed)"`` for each of its links whose file is gone. A strict editable install
+    links the files it saw when it ran: a module added since is not importable, and a removed one
+    still listed, until the install is rerun (:data:`REINSTALL`). Paths relative to the root."""
     missing = []
     for name, folder in package_dirs().items():
         dest = tree.joinpath(*name.split("."))
         for f in sorted((ROOT / folder).glob("*.py" if "." not in name else "**/*.py")):
             if not (dest / f.relative_to(ROOT / folder)).exists():
                 missing.append(f.relative_to(ROOT).as_posix())
+    for link in sorted(tree.rglob("*.py")):
+        if link.is_symlink() and not link.exists():
+            missing.append(f"{link.relative_to(tree).as_posix()} (removed)")
     return missing
 
 
