@@ -14,6 +14,7 @@ from pathlib import Path
 
 from attnscope.app import jobs
 from attnscope.app.engine import CancelledMessage
+from attnscope.core.backends import registry
 
 
 def window_wording(message: str) -> str:
@@ -69,7 +70,11 @@ class Commands:
         name = "the default model" if model is None or str(model) == "default" else Path(str(model)).name
         self.state.say(f"Loading {name}…")
         # --device-map is torch's (accelerate); "none" is one device
-        device_map = s.device_map if s.backend == "torch" and s.device_map not in ("", "none") else None
+        device_map = (
+            s.device_map
+            if registry.get(s.backend).takes_device_map and s.device_map not in ("", "none")
+            else None
+        )
         job = jobs.load_job(
             model, s.backend, s.device, s.dtype, self.win.decode_panel.sampling(), s.quantize, device_map
         )
@@ -277,7 +282,8 @@ class Commands:
         s = self.state
         if name == s.backend:
             return
-        if name == "mlx" and importlib.util.find_spec("mlx") is None:
+        framework = registry.get(name).framework
+        if framework and importlib.util.find_spec(framework) is None:
             self.win.status.show_error(
                 "MLX is not installed: pip install 'attnscope[mlx]' (mlx[cpu] on Linux)."
             )

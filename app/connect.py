@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 
+from attnscope.app.status import LINK_CHECK
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit
 
@@ -48,9 +49,6 @@ def connect_job(address: str, token: str | None, sampling=None):
     return job
 
 
-#: the label of the engine-thread job that looks at the connection while the window is idle; the
-#: status bar shows no progress for it (:data:`attnscope.app.status.QUIET_JOBS`)
-LINK_CHECK = "link check"
 #: how often an idle window connected to an engine looks at the connection (milliseconds)
 LINK_CHECK_MS = 2000
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from attnscope.app.figure import FIGURE_DPI, figure_frame, save_heatmap_figure
 from attnscope.app.paint import SCREEN_DPI, export_target, render_widget
+from attnscope.core.io import formats
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import (
     QComboBox,
@@ -32,8 +33,9 @@ from PySide6.QtWidgets import (
 
 # -- the window's export and session commands ---------------------------------------------------------------
 SESSION_FILTER = "AttnScope session (*.attnscope)"
-IMAGE_FILTERS = "PNG image (*.png);;SVG vector image (*.svg);;PDF document (*.pdf)"
-DATA_FILTERS = "NumPy array (*.npy);;CSV table (*.csv);;safetensors (*.safetensors)"
+IMAGE_FILTERS = formats.file_filter("image")  # "PNG image (*.png);;SVG vector image (*.svg);;..."
+DATA_FILTERS = formats.file_filter("data")
+ANIMATION_SUFFIXES = tuple(f".{s}" for s in formats.ANIMATION_FORMATS)
 
 #: the folder of the last file saved, exported or opened in this run of the app (each file dialog
 #: starts there; the home folder until then)
@@ -400,7 +402,7 @@ class ExportViewDialog(QDialog):
         row = QHBoxLayout()
         row.addWidget(self.path_edit, 1)
         row.addWidget(browse)
-        form.addRow("File (.png, .svg, .pdf)", row)
+        form.addRow(f"File ({formats.listing('image')})", row)
         self.w_spin, self.h_spin = QSpinBox(), QSpinBox()
         for spin, v in ((self.w_spin, current.width()), (self.h_spin, current.height())):
             spin.setRange(100, 10000)
@@ -446,14 +448,12 @@ class BatchExportDialog(QDialog):
     Attributes after a run: ``written`` (paths), ``elapsed`` (seconds), ``message`` (the status line).
     """
 
+    #: (combo text, format, labelled figure), from the one table of formats (attnscope.core.io.formats)
     HEAD_FORMATS = (
         ("PNG map (one colour per cell)", "png", False),
         ("PNG figure (labels, colour bar)", "png", True),
-        ("SVG figure", "svg", True),
-        ("PDF figure", "pdf", True),
-        ("NumPy .npy + JSON", "npy", False),
-        ("CSV + JSON", "csv", False),
-        ("safetensors + JSON", "safetensors", False),
+        *((f"{f.suffix.upper()} figure", f.suffix, True) for f in formats.FORMATS if f.figure_only),
+        *((f"{f.title} + JSON", f.suffix, False) for f in formats.FORMATS if f.kind == "data"),
     )
 
     def __init__(self, window):
@@ -536,18 +536,21 @@ class BatchExportDialog(QDialog):
         if self.scope == "steps":
             from attnscope.core.io.export import mp4_unavailable
 
-            self.format_combo.addItem("Animated GIF", ("gif", False))
-            self.format_combo.addItem("MP4 video (H.264)", ("mp4", False))
+            for f in formats.FORMATS:
+                if f.kind == "animation":
+                    self.format_combo.addItem(f.title, (f.suffix, False))
             self.mp4_unavailable = mp4_unavailable()
             if self.mp4_unavailable:  # listed, greyed out, saying why (never silently missing)
-                item = self.format_combo.model().item(1)
+                i = formats.ANIMATION_FORMATS.index("mp4")
+                item = self.format_combo.model().item(i)
                 item.setEnabled(False)
                 item.setText("MP4 video (unavailable: see tooltip)")
-                self.format_combo.setItemData(1, self.mp4_unavailable, Qt.ToolTipRole)
+                self.format_combo.setItemData(i, self.mp4_unavailable, Qt.ToolTipRole)
             self.path_label.setText("File")
             p = Path(self.path_edit.text())
-            if p.suffix.lower() not in (".gif", ".mp4"):
-                self.path_edit.setText(str(p.with_suffix("")) + f"_L{self.win.layer}_H{self.win.head}.gif")
+            if p.suffix.lower() not in ANIMATION_SUFFIXES:
+                name = f"_L{self.win.layer}_H{self.win.head}{ANIMATION_SUFFIXES[0]}"
+                self.path_edit.setText(str(p.with_suffix("")) + name)
             self._on_format()
         else:
             for text, fmt, figure in self.HEAD_FORMATS:
@@ -563,7 +566,7 @@ class BatchExportDialog(QDialog):
         if self.scope != "steps" or not data:
             return
         p = Path(self.path_edit.text())
-        if p.suffix.lower() in (".gif", ".mp4") and p.suffix.lower() != "." + data[0]:
+        if p.suffix.lower() in ANIMATION_SUFFIXES and p.suffix.lower() != "." + data[0]:
             self.path_edit.setText(str(p.with_suffix("." + data[0])))
 
     def set_format(self, fmt: str, figure: bool = False) -> None:
@@ -629,7 +632,7 @@ class BatchExportDialog(QDialog):
                     frame_renderer=figure_frame,
                 )
             pairs = E.heads_in_scope(s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None)
-            renderer = save_heatmap_figure if figure or fmt in ("svg", "pdf") else None
+            renderer = save_heatmap_figure if figure or fmt in formats.FIGURE_ONLY_FORMATS else None
             return E.export_batch(
                 s,
                 out,

@@ -19,6 +19,7 @@ import numpy as np
 from attnscope.app.paint import ensure_gui, paint_to_file
 from attnscope.core.analysis.pooling import max_pool
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
+from attnscope.core.io.export_long import colour_for_length
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QImage, QPainter, QPen
 
@@ -327,7 +328,7 @@ def save_heatmap_figure(
     w = np.asarray(weights)
     if w.ndim != 2 or w.size == 0:
         raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
-    colour = colour.for_length(w.shape[0])
+    colour = colour_for_length(colour, w.shape[0])
     dpi = float(dpi or FIGURE_DPI)
     if size is None:
         size = (round(FIGURE_SIZE_IN[0] * dpi), round(FIGURE_SIZE_IN[1] * dpi))

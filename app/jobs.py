@@ -9,6 +9,8 @@ for commands). Commands go through ``Engine.enqueue``; view jobs through ``Engin
 
 from __future__ import annotations
 
+from attnscope.core.backends import registry
+
 
 def load_job(model, backend, device, dtype, sampling=None, quantize="none", device_map=None):
     """Load a model; the new session samples with ``sampling`` (the panel's settings), so the
@@ -107,7 +109,7 @@ def switch_backend_job(backend, device, dtype, view):
         if old.seq_len == 0:
             raise ValueError("nothing to replay")  # the caller only queues this job after a run
         sf = replace(sessionfile.SessionFile.from_session(old, view=view), backend=backend, dtype=dtype)
-        if backend != "torch":  # --device-map is accelerate's (torch): MLX runs on one device
+        if not registry.get(backend).takes_device_map:  # accelerate's (torch): MLX runs on one device
             sf = replace(sf, device_map={})
 
         def progress(message, fraction):

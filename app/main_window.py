@@ -36,6 +36,7 @@ from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
 from attnscope.app.views.mask import MaskView
 from attnscope.app.views.next_token import DecodePanel
+from attnscope.core.backends import registry
 from attnscope.core.io.colormaps import ASSETS
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon
@@ -102,7 +103,7 @@ class MainWindow(QMainWindow):
     def __init__(
         self,
         model: str | None = None,
-        backend: str = "torch",
+        backend: str = registry.DEFAULT,
         device: str | None = None,
         dtype: str = "auto",
         autoload: bool = True,

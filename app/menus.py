@@ -7,13 +7,19 @@ View → Show <tab> entries are added by :func:`add_view_action` as tabs are reg
 from __future__ import annotations
 
 from attnscope.app.text_keys import MAP_KEYS, OUTSIDE_TEXT, keep_keys_in_text_boxes
+from attnscope.core.backends import registry
+from attnscope.core.io import formats
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
-BACKENDS = (
-    ("torch", "&torch (CUDA when available, else CPU)"),
-    ("mlx", "&MLX (Apple silicon; slow CPU build on Linux)"),
-)
+
+def backend_items() -> tuple[tuple[str, str], ...]:
+    """(name, menu text) for each registered backend (:mod:`attnscope.core.backends.registry`):
+    ``("mlx", "&MLX (Apple silicon; slow CPU build on Linux)")``."""
+    return tuple(
+        (spec.name, f"&{spec.title} ({spec.summary})" if spec.summary else f"&{spec.title}")
+        for spec in registry.SPECS.values()
+    )
 
 
 def action(win, menu, text: str, slot, shortcut=None) -> QAction:
@@ -45,11 +51,12 @@ def build_menus(win) -> None:
     action(win, file_menu, "&Quit", win.close, QKeySequence.Quit)
 
     export_menu = menus["export"] = mb.addMenu("&Export")
-    action(win, export_menu, "Export &view as PNG/SVG/PDF…", ex.export_view_dialog, "Ctrl+E")
+    images = "/".join(s.upper() for s in formats.IMAGE_FORMATS)
+    action(win, export_menu, f"Export &view as {images}…", ex.export_view_dialog, "Ctrl+E")
     action(
         win,
         export_menu,
-        "Export &data (.npy, .csv, .safetensors + JSON)…",
+        f"Export &data ({formats.listing('data')} + JSON)…",
         ex.export_data_dialog,
         "Ctrl+Shift+E",
     )
@@ -91,7 +98,7 @@ def build_menus(win) -> None:
     group = QActionGroup(win)
     group.setExclusive(True)
     win.backend_actions = {}
-    for name, label in BACKENDS:
+    for name, label in backend_items():
         a = QAction(label, win, checkable=True)
         a.triggered.connect(lambda _checked=False, n=name: cmd.set_backend(n))
         group.addAction(a)

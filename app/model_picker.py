@@ -24,7 +24,7 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from attnscope.core.backends.support import backend_problem
+from attnscope.core.backends import registry
 from attnscope.core.loading import catalog
 from attnscope.core.loading.catalog import CatalogEntry
 from attnscope.core.loading.device_map import DEVICE_MAPS
@@ -134,12 +134,12 @@ def cuda_available() -> bool:
         return False
 
 
-BACKEND_LABELS = {"torch": "torch", "mlx": "MLX"}
+BACKEND_LABELS = registry.labels()
 
 
 def backend_refusal(e: CatalogEntry, backend: str) -> str | None:
     """Why ``backend`` cannot open ``e``, in the window's words (the menu to use, not a flag), or None."""
-    problem = backend_problem(e.architecture, backend)
+    problem = registry.problem(e.architecture, backend)
     if problem is None:
         return None
     return f"{problem[0].upper()}{problem[1:]}. Choose torch under Backend above to open it."
@@ -152,7 +152,7 @@ class CatalogModel(QAbstractTableModel):
         super().__init__(parent)
         self.entries: list[CatalogEntry] = []
         self.fits: list[FitEstimate | None] = []
-        self.backend = "torch"  # the backend the Fit column is for (a family it cannot run says so)
+        self.backend = registry.DEFAULT  # the backend the Fit column is for (a family it cannot run says so)
         self.device_map = "none"  # the Device map choice the Fit column is for ("none": one device)
         self.device_fits: dict[int, DeviceMapFit | None] = {}  # row -> per-device fit (absent: pending)
 
@@ -225,7 +225,7 @@ class CatalogModel(QAbstractTableModel):
             return human_bytes(e.size_bytes), e.size_bytes
         if not e.supported:
             return "unsupported", float("inf")
-        if backend_problem(e.architecture, self.backend):
+        if registry.problem(e.architecture, self.backend):
             return f"not on {BACKEND_LABELS.get(self.backend, self.backend)}", float("inf")
         if self.device_map != "none":
             row = self.entries.index(e) if e in self.entries else -1
@@ -425,7 +425,7 @@ class ModelPickerDialog(QDialog):
         scanner: Callable[[], list[CatalogEntry]] | None = None,
         free_memory_fn: Callable[[str, str], tuple[int | None, str]] | None = None,
         context: int = 4096,
-        backend: str = "torch",
+        backend: str = registry.DEFAULT,
         device: str | None = None,
         dtype: str = "auto",
         scan_now: bool = True,
@@ -480,7 +480,7 @@ class ModelPickerDialog(QDialog):
         top.addWidget(self.context)
         top.addWidget(QLabel("Backend"))
         self.backend = QComboBox()
-        self.backend.addItems(["torch", "mlx"])
+        self.backend.addItems(registry.names())
         self.backend.setCurrentText(backend)
         top.addWidget(self.backend)
         top.addWidget(QLabel("Device"))
@@ -646,7 +646,7 @@ class ModelPickerDialog(QDialog):
         """The Device map the load will use: ``"none"`` (one device), or a strategy; always
         ``"none"`` on MLX (accelerate's device maps are torch's)."""
         dm = getattr(self, "device_map", None)  # built after the fit settings' widgets
-        if dm is None or self.backend.currentText() != "torch":
+        if dm is None or not registry.get(self.backend.currentText()).takes_device_map:
             return "none"
         return dm.currentText()
 
@@ -654,7 +654,7 @@ class ModelPickerDialog(QDialog):
         """Recompute the per-device fits for the current settings on a worker thread; a newer
         request supersedes a running one (its result is dropped)."""
         dm = self.device_map_choice()
-        self.device_map.setEnabled(self.backend.currentText() == "torch")
+        self.device_map.setEnabled(registry.get(self.backend.currentText()).takes_device_map)
         self._dm_generation += 1
         if dm == "none" or getattr(self, "remote_engine", None) is not None or not self.model.entries:
             # one device, or an engine's models (this machine's memory says nothing about its devices)

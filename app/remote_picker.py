@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from attnscope.core.backends import registry
+
 #: seconds the picker waits for the engine's list (a scan reads metadata only)
 SCAN_TIMEOUT_S = 60.0
 #: seconds between asks while the engine says it is busy (a prefill or a load for the window)
@@ -72,7 +74,7 @@ def engine_scanner(session, timeout: float = SCAN_TIMEOUT_S, free: dict | None =
         try:
             entries = list(when_idle(r.models))
             if free is not None:
-                for backend in ("torch", "mlx"):
+                for backend in registry.names():
                     for device in devices:
                         got, label = when_idle(r.free_memory, backend, device)
                         free[(backend, device)] = (got, f"{label} on the engine ({host})")

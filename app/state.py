@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
+from attnscope.core.backends import registry
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 
 
@@ -212,7 +213,7 @@ class ViewState(EventedState):
     EXTRA_EVENTS = ("selection", "message", "error", "loaded")
 
     model: str | None = None
-    backend: str = "torch"
+    backend: str = registry.DEFAULT
     device: str | None = None
     dtype: str = "auto"
     quantize: str = "none"

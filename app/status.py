@@ -7,7 +7,6 @@ writes the labels of each new snapshot.
 
 from __future__ import annotations
 
-from attnscope.app.connect import LINK_CHECK
 from attnscope.app.engine import CancelledMessage
 from attnscope.core.units import count, format_bytes
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
@@ -15,7 +14,10 @@ from superqt import QElidingLabel
 
 APP_NAME = "AttnScope"
 
-#: engine-thread jobs the status bar shows no progress for (a look at the remote link every 2 s)
+#: the label of the engine-thread job that looks at the remote link while the window is idle
+#: (:class:`attnscope.app.connect.EngineConnector`, every 2 s)
+LINK_CHECK = "link check"
+#: engine-thread jobs the status bar shows no progress for
 QUIET_JOBS = frozenset({LINK_CHECK})
 
 #: job labels that get Cancel and a status text while they run
@@ -137,7 +139,7 @@ class StatusLine:
 
     def show_snapshot(self, snap) -> None:
         """seq_len and KV-cache bytes of ``snap``; the engine's notices, each said once."""
-        from attnscope.core.analysis.kv_formula import dtype_bytes
+        from attnscope.core.kv_formula import dtype_bytes
 
         info = snap.info
         self.seq_label.setText(

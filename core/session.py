@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from attnscope.core.analysis.kv_formula import kv_cache_bytes as kv_formula
+from attnscope.core.backends import registry
 from attnscope.core.checks import flag, in_range, index, span, whole
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, WrongType
 from attnscope.core.ids import BATCH_REFUSAL as _BATCH
 from attnscope.core.ids import as_token_ids
+from attnscope.core.kv_formula import kv_cache_bytes as kv_formula
 from attnscope.core.loading.resolve import ModelInfo
 from attnscope.core.sampling import GREEDY, Sampling, choose, softmax
 from attnscope.core.tokens import NO_TOKENS, Token, roundtrip_notice, token_text
@@ -90,7 +91,7 @@ class Session:
     def load(
         cls,
         model: str | os.PathLike | None = None,
-        backend: str = "torch",
+        backend: str = registry.DEFAULT,
         device: str | None = None,
         dtype: str = "auto",
         progress: Callable[[str, float], None] | None = None,

@@ -12,8 +12,21 @@ import pytest  # noqa: E402
 
 
 def pytest_configure(config):
-    """What the app's entry point (attnscope.app.launch.run_gui) sets once: pyqtgraph's options."""
+    """What the app's entry point (attnscope.app.launch.run_gui) sets once: pyqtgraph's options.
+
+    First, with a strict editable install (.ci/setup), a module added since the install would fail
+    to import as if it did not exist: say so once, with the command that relinks it."""
     import importlib.util
+
+    import typecheck
+
+    tree = typecheck.installed_tree()
+    missing = typecheck.unlinked_files(tree) if tree is not None else []
+    if missing:
+        raise pytest.UsageError(
+            f"{', '.join(missing)}: added or removed since the strict editable install ran; "
+            f"rerun `{typecheck.REINSTALL}`"
+        )
 
     if importlib.util.find_spec("pyqtgraph") is not None:
         from attnscope.app import qt_options

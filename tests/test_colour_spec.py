@@ -14,6 +14,7 @@ from attnscope.core.io.colormaps import (
     normalize,
     to_rgb,
 )
+from attnscope.core.io.export_long import colour_for_length
 
 
 def test_defaults_and_frozen():
@@ -50,9 +51,9 @@ def test_colours_equal_the_loose_functions():
 
 
 def test_scale_by_length():
-    assert COLOUR_BY_LENGTH.for_length(2047).scale == "linear"
-    assert COLOUR_BY_LENGTH.for_length(2048).scale == "log"
-    assert ColourSpec(scale="power").for_length(10_000).scale == "power"  # the user's choice stays
+    assert colour_for_length(COLOUR_BY_LENGTH, 2047).scale == "linear"
+    assert colour_for_length(COLOUR_BY_LENGTH, 2048).scale == "log"
+    assert colour_for_length(ColourSpec(scale="power"), 10_000).scale == "power"  # the user's choice stays
     with pytest.raises(ValueError, match="chosen by length"):
         COLOUR_BY_LENGTH.to_rgb(np.zeros((2, 2)))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from attnscope.core.analysis.kv_formula import kv_cache_bytes
 from attnscope.core.attention.fused import _gqa_views, sdpa_with_lse
 from attnscope.core.attention.masks import causal_mask
+from attnscope.core.kv_formula import kv_cache_bytes
 
 
 def test_causal_mask_bottom_right_aligned():

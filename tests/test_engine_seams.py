@@ -289,6 +289,7 @@ def test_weights_block_of_both_traces(tiny_sessions):
 
 
 def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
+    from attnscope.core.backends import registry
     from attnscope.core.errors import UnsupportedModelError
 
     for s in tiny_sessions.values():
@@ -298,7 +299,11 @@ def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
             b.forward(s.ids[:3])
             assert b.trace.seq_len == 3
         np.testing.assert_array_equal(s.trace.weights(0, 1), before)
-        assert s.backend.supports_overrides == (s.backend.name == "torch")
+        assert (
+            s.backend.supports_overrides
+            == (s.backend.name == "torch")
+            == registry.get(s.backend.name).overrides
+        )
     with pytest.raises(UnsupportedModelError, match="torch backend"):
         with tiny_sessions["mlx"].backend.fork(overrides=object()):
             pass
@@ -306,12 +311,13 @@ def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
 
 # -- the registry ---------------------------------------------------------------------------------------
 def test_registry_names_and_refusals(tmp_path):
-    from attnscope.core.backends import BACKENDS, registry
-    from attnscope.core.backends.support import backend_problem
+    from attnscope.core.backends import registry
     from attnscope.core.errors import SessionError
     from attnscope.core.session import Session
 
-    assert registry.names() == BACKENDS == ("torch", "mlx")
+    assert registry.names() == ("torch", "mlx") and registry.DEFAULT == "torch"
+    assert registry.labels() == {"torch": "torch", "mlx": "MLX"}
+    backend_problem = registry.problem
     with pytest.raises(SessionError, match="unknown backend 'jax': choose torch or mlx"):
         Session.load(None, backend="jax")
     with pytest.raises(SessionError, match="--device-map is for the torch backend"):

@@ -60,10 +60,12 @@ def _zoom_to(qtbot, hm, x0, x1, y0, y1):
     qtbot.wait(1)
 
 
-def _answer_tile(qtbot, hm, w):
-    """What the window's panel does: the tile the view asks for, exact, drawn over the overview."""
+def _answer_tile(qtbot, hm, w, action):
+    """Do ``action`` (a zoom or a pan) and answer the tile it makes the view ask for, as the window's
+    panel does: exact, drawn over the overview. The wait starts before the action: the view's 150 ms
+    tile timer can fire while the action's events are processed (it did under load)."""
     with qtbot.waitSignal(hm.tileWanted, timeout=5000) as sig:
-        pass
+        action()
     r0, r1, c0, c1 = sig.args
     title = hm.plot.titleLabel.text
     assert (
@@ -139,13 +141,16 @@ def test_zoomed_long_map_draws_exact_cells_where_it_says_exact(qtbot, long_map):
     hm, w = long_map()
     vb = hm.plot.vb
     centre = QPointF(2458, 2458)
-    for _ in range(8):  # eight wheel steps in at the diagonal, one out (what a wheel step does)
-        vb.scaleBy((0.8, 0.8), center=centre)
-    vb.scaleBy((1.25, 1.25), center=centre)
-    qtbot.wait(1)
+
+    def wheel():
+        for _ in range(8):  # eight wheel steps in at the diagonal, one out (what a wheel step does)
+            vb.scaleBy((0.8, 0.8), center=centre)
+        vb.scaleBy((1.25, 1.25), center=centre)
+        qtbot.wait(1)
+
+    _answer_tile(qtbot, hm, w, wheel)
     (x0, x1), (y0, y1) = vb.viewRange()
     assert x1 - x0 < 768 and x0 < 2458 < x1
-    _answer_tile(qtbot, hm, w)
     assert hm.tile_state() == "exact"
     assert "exact weights in view" in hm.plot.titleLabel.text and "red frame" not in hm.readout.text()
     assert "masked: a later key" in hm.cell_text(2455, 2462)
@@ -156,8 +161,7 @@ def test_zoomed_long_map_draws_exact_cells_where_it_says_exact(qtbot, long_map):
 
 def test_a_pan_past_the_tile_shows_the_red_frame_and_says_so(qtbot, long_map):
     hm, w = long_map()
-    _zoom_to(qtbot, hm, 1000, 1300, 1000, 1300)
-    r0, r1, c0, c1 = _answer_tile(qtbot, hm, w)
+    r0, r1, c0, c1 = _answer_tile(qtbot, hm, w, lambda: _zoom_to(qtbot, hm, 1000, 1300, 1000, 1300))
     assert hm.tile_state() == "exact"
     # pan so that the view runs past the tile's bottom edge: part exact (framed), part overview
     _zoom_to(qtbot, hm, c1 - 40, c1 + 40, r1 - 40, r1 + 40)  # along the diagonal, past the corner
@@ -181,16 +185,14 @@ def test_sliding_window_and_end_of_sequence(qtbot, long_map):
     """A sliding-window layer (64 keys) zoomed at the window's far edge, and the map's last rows and
     keys: masked cells on both sides of the band stay masked inside the exact tile."""
     hm, w = long_map(window=64)
-    _zoom_to(qtbot, hm, 1500, 1700, 1550, 1750)
-    _answer_tile(qtbot, hm, w)
+    _answer_tile(qtbot, hm, w, lambda: _zoom_to(qtbot, hm, 1500, 1700, 1550, 1750))
     assert hm.tile_state() == "exact"
     _zoom_to(qtbot, hm, 1560, 1620, 1600, 1660)
     edge = [(r, c) for r in range(1605, 1655) for c in range(r - 70, r - 58) if 1560 <= c < 1620]
     _check_exact_cells(hm, edge + _band_around_diagonal(1605, 1615, 1560, 1620))
     assert "outside the 64-key sliding window" in hm.cell_text(1640, 1570)
     # the end of the sequence: the tile is clipped to the map, the last query and key are exact
-    _zoom_to(qtbot, hm, N - 200, N + 5, N - 200, N + 5)
-    r0, r1, c0, c1 = _answer_tile(qtbot, hm, w)
+    r0, r1, c0, c1 = _answer_tile(qtbot, hm, w, lambda: _zoom_to(qtbot, hm, N - 200, N + 5, N - 200, N + 5))
     assert r1 == N and c1 == N and hm.tile_state() == "exact"
     _zoom_to(qtbot, hm, N - 40, N, N - 40, N)
     _check_exact_cells(hm, _band_around_diagonal(N - 35, N, N - 40, N))
@@ -199,8 +201,7 @@ def test_sliding_window_and_end_of_sequence(qtbot, long_map):
 
 def test_zooming_out_past_the_tile_size_is_the_overview_again(qtbot, long_map):
     hm, w = long_map()
-    _zoom_to(qtbot, hm, 2300, 2500, 2300, 2500)
-    _answer_tile(qtbot, hm, w)
+    _answer_tile(qtbot, hm, w, lambda: _zoom_to(qtbot, hm, 2300, 2500, 2300, 2500))
     _zoom_to(qtbot, hm, 0, N, 0, N)  # the whole map: the tile is a small framed part of it
     assert hm.tile_state() == "framed" and "red frame" in hm.plot.titleLabel.text
     _zoom_to(qtbot, hm, 0, 1000, 0, 1000)  # a region the tile is not in: the overview, no "exact"
@@ -247,8 +248,7 @@ def test_weight_text_tells_tiny_from_zero():
 
 def test_readout_of_tiny_masked_and_pooled_cells(qtbot, long_map):
     hm, w = long_map()
-    _zoom_to(qtbot, hm, 2300, 2500, 2300, 2500)
-    _answer_tile(qtbot, hm, w)
+    _answer_tile(qtbot, hm, w, lambda: _zoom_to(qtbot, hm, 2300, 2500, 2300, 2500))
     r, c = 2455, 2400  # a small weight the log scale colours well above its floor
     t, r0, c0 = hm.tile
     tile = t.copy()

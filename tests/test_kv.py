@@ -1,4 +1,4 @@
-"""attnscope.core.analysis.kv_formula (KV-cache and attention-matrix accounting) and ``attnscope kv``."""
+"""attnscope.core.kv_formula (KV-cache and attention-matrix accounting) and ``attnscope kv``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from attnscope.core.analysis.kv_formula import (
+from attnscope.core.cli.main import main
+from attnscope.core.kv_formula import (
     KVConfig,
     attention_matrix_bytes,
     compare_schemes,
@@ -17,7 +18,6 @@ from attnscope.core.analysis.kv_formula import (
     kv_cache_bytes,
     mla_cache_bytes,
 )
-from attnscope.core.cli.main import main
 
 GB = 10**9
 LLAMA70B = KVConfig(n_layers=80, n_kv_heads=8, head_dim=128, n_heads=64, dtype="bf16")

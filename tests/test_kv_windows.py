@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from attnscope.core.analysis.kv_formula import (
+from attnscope.core.cli.main import main
+from attnscope.core.kv_formula import (
     KVConfig,
     compare_schemes,
     config_layer_windows,
@@ -18,7 +19,6 @@ from attnscope.core.analysis.kv_formula import (
     windows_from_spec,
     windows_spec,
 )
-from attnscope.core.cli.main import main
 from tiny_models import save_tiny, tiny_config
 
 MB = 10**6

@@ -318,7 +318,7 @@ def test_wrong_rope_theta_would_be_caught(tiny_models, tmp_path):
 
 # -- the Session API on MLX against the torch backend -----------------------------------------------
 def test_session_mlx_equals_torch(tiny_models):
-    from attnscope.core.analysis.kv_formula import kv_cache_bytes
+    from attnscope.core.kv_formula import kv_cache_bytes
     from attnscope.core.session import Session
 
     folder = tiny_models["qwen3_qk_norm"]

@@ -82,12 +82,9 @@ def sessions(folders):
 
 
 def test_compare_b_is_offered_by_the_engine():
-    import importlib
+    from attnscope.core.analysis.remotable import served
 
-    from attnscope.core.remote.dispatch import REGISTRY, REMOTE_MODULES
-
-    assert "attnscope.core.analysis.compare_b" in REMOTE_MODULES
-    importlib.import_module("attnscope.core.analysis.compare_b")
+    REGISTRY = served()
     for fn in ("run_b", "b_maps", "b_overview", "kept_all_logits"):
         assert f"attnscope.core.analysis.compare_b.{fn}" in REGISTRY
 

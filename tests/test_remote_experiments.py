@@ -33,11 +33,11 @@ def _same_results(want, got) -> None:
 @pytest.mark.slow
 def test_remote_experiments_are_the_in_process_ones(tmp_path):
     from attnscope.core.analysis.experiments import Experiment, default_experiments, run_experiments
+    from attnscope.core.analysis.remotable import served
     from attnscope.core.remote.client import RemoteSession
-    from attnscope.core.remote.dispatch import REGISTRY, REMOTE_MODULES
     from attnscope.core.session import Session
 
-    assert "attnscope.core.analysis.experiments" in REMOTE_MODULES
+    REGISTRY = served()
     assert "attnscope.core.analysis.experiments.run_experiments" in REGISTRY
     folder = tmp_path / "llama"
     save_tiny("llama", folder, seed=11)

@@ -59,14 +59,11 @@ def sessions(tmp_path_factory):
 
 
 def test_gqa_and_mask_are_offered_by_the_engine():
-    import importlib
 
-    from attnscope.core.remote.dispatch import REGISTRY, REMOTE_MODULES
+    from attnscope.core.analysis.remotable import served
 
-    for m in REMOTE_MODULES:  # what the server does at start
-        importlib.import_module(m)
+    REGISTRY = served()  # what the server does at start
     for mod, fns in (("gqa", ("group_report", "layer_table")), ("maskview", ("mask_report",))):
-        assert f"attnscope.core.analysis.{mod}" in REMOTE_MODULES
         for fn in fns:
             assert f"attnscope.core.analysis.{mod}.{fn}" in REGISTRY
 

@@ -64,12 +64,12 @@ def test_wire_refuses_malformed_string_arrays_in_one_line(body, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_remote_role_table_is_the_in_process_one(tmp_path, family):
+    from attnscope.core.analysis.remotable import served
     from attnscope.core.analysis.roles import role_table
     from attnscope.core.remote.client import RemoteSession
-    from attnscope.core.remote.dispatch import REGISTRY, REMOTE_MODULES
     from attnscope.core.session import Session
 
-    assert "attnscope.core.analysis.roles" in REMOTE_MODULES
+    REGISTRY = served()
     assert "attnscope.core.analysis.roles.role_table" in REGISTRY
     folder = tmp_path / family
     save_tiny(family, folder, seed=3)

@@ -22,12 +22,10 @@ def _same(a, b) -> None:
 
 
 def test_value_weighted_functions_are_offered_by_the_engine():
-    import importlib
 
-    from attnscope.core.remote.dispatch import REGISTRY, REMOTE_MODULES
+    from attnscope.core.analysis.remotable import served
 
-    for m in REMOTE_MODULES:  # what the server does at start
-        importlib.import_module(m)
+    REGISTRY = served()  # what the server does at start
     vw = "attnscope.core.analysis.value_weighted"
     for fn in ("value_norms", "value_weighted", "value_weighted_sink_rows", "value_weighted_sink_scores"):
         assert f"{vw}.{fn}" in REGISTRY

@@ -1,7 +1,7 @@
 """One byte formatter (attnscope.core.units) behind every size AttnScope prints; unit boundaries (issue 12 §6)."""
 
 import pytest
-from attnscope.core.analysis import kv_formula as kv
+from attnscope.core import kv_formula as kv
 from attnscope.core.bench import overhead as bench
 from attnscope.core.loading import fit
 from attnscope.core.units import format_bytes

@@ -29,6 +29,7 @@ import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
+from attnscope.core.backends import registry
 from attnscope.core.io.colormaps import lut as colormap_lut
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
@@ -263,7 +264,7 @@ class CompareView(QWidget, SavedControls):
         self.dtype_combo.setToolTip("Run B's precision")
         top.addWidget(self.dtype_combo)
         self.backend_combo = QComboBox()
-        self.backend_combo.addItems(("torch", "mlx"))
+        self.backend_combo.addItems(registry.names())
         self.backend_combo.setToolTip("Run B's backend")
         top.addWidget(self.backend_combo)
         top.addWidget(QLabel("Compare"))
@@ -555,7 +556,9 @@ class CompareView(QWidget, SavedControls):
             if kind != "backend" and kind != "model":
                 self.backend_combo.setCurrentText(a_backend)
             elif kind == "backend":
-                self.backend_combo.setCurrentText("mlx" if a_backend == "torch" else "torch")
+                self.backend_combo.setCurrentText(
+                    next((n for n in registry.names() if n != a_backend), a_backend)
+                )
             if kind in ("backend", "prompt"):
                 self.dtype_combo.setCurrentText(snap.info.dtype if snap.info.dtype in DTYPES else "float32")
             if kind != "prompt":
@@ -970,8 +973,8 @@ class CompareView(QWidget, SavedControls):
         Raises:
             ValueError: another suffix. OSError: could not write.
         """
-        from attnscope.core.cli.commands.compare import write_csv
         from attnscope.core.io.export import sidecar_path
+        from attnscope.core.io.export import write_compare_csv as write_csv
 
         path = Path(path)
         if path.suffix.lower() not in (".csv", ".json"):

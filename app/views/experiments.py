@@ -19,6 +19,7 @@ from attnscope.app.engine import CancelledMessage
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
+from attnscope.core.backends import registry
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
@@ -347,7 +348,7 @@ class ExperimentsView(QWidget, SavedControls):
 
     @staticmethod
     def _torch(snap) -> bool:
-        return snap.backend == "torch"
+        return snap.backend in registry.names() and registry.get(snap.backend).overrides
 
     def refresh(self) -> None:
         """Shown, or the sequence changed while shown: run all five by themselves on a sequence up to

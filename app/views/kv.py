@@ -7,7 +7,7 @@
   on the formula's line; and the projection of the same model under MHA / GQA / MQA up to the
   model's maximum context.
 * Calculator: any configuration (layers, query heads, KV heads, head_dim, tokens, dtype, batch,
-  sliding window and the layers that have it) through :mod:`attnscope.core.analysis.kv_formula`; the "Llama-2-70B" preset
+  sliding window and the layers that have it) through :mod:`attnscope.core.kv_formula`; the "Llama-2-70B" preset
   reproduces the handbook's table (80 layers, head_dim 128, 8192 tokens, bf16: MHA 21.5 GB,
   GQA-8 2.7 GB, MQA 0.34 GB).
 
@@ -27,14 +27,14 @@ import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
-from attnscope.core.analysis.kv_formula import (
+from attnscope.core.analysis.kv_live import KVLive
+from attnscope.core.kv_formula import (
     KVConfig,
     compare_schemes,
     format_bytes,
     windows_from_spec,
     windows_spec,
 )
-from attnscope.core.analysis.kv_live import KVLive
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from attnscope.core.analysis.pooling import block_edges
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.arch import arch_of
 from attnscope.core.errors import Cancelled
-from attnscope.core.remote.dispatch import remotable
 
 MODES = ("head", "group", "layer", "all")
 MODE_LABELS = {

@@ -47,6 +47,7 @@ from attnscope.core.analysis.value_weighted import (
     check_weighting,
     value_norms,
 )
+from attnscope.core.backends import registry
 from attnscope.core.errors import SessionError
 
 
@@ -76,7 +77,7 @@ class RunInfo:
 
         sha = None
         if sha256:
-            from attnscope.core.io.export import model_sha256
+            from attnscope.core.loading.model_hash import model_sha256
 
             try:
                 sha = model_sha256(session.info.source)
@@ -419,7 +420,7 @@ def run_pair(
     prompt: str = "",
     prompt_b: str | None = None,
     *,
-    backend: str = "torch",
+    backend: str = registry.DEFAULT,
     backend_b: str | None = None,
     dtype: str = "float32",
     dtype_b: str | None = None,

@@ -3,7 +3,7 @@
 The Compare tab (``app/views/compare.py``) takes the window's session as run A. Run B must live
 where A's model lives: in this process for a local session, on the engine for a
 :class:`attnscope.core.remote.client.RemoteSession` (``attnscope serve``). So every step that
-touches B is a ``@remotable`` function of A's session (:mod:`attnscope.core.remote.dispatch`):
+touches B is a ``@remotable`` function of A's session (:mod:`attnscope.core.analysis.remotable`):
 
 * :func:`run_b` loads B (another model sharing A's tokenizer, the same model at another dtype, on
   another backend, or with another prompt), prefills it with every position's logits, feeds it A's
@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 import numpy as np
 from attnscope.core import memory
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.errors import Cancelled, SessionError
-from attnscope.core.remote.dispatch import remotable
 
 #: run A's session -> its run B session (weak keys: B is dropped with A)
 _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

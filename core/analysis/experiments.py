@@ -48,9 +48,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.errors import Cancelled, SessionError, UnsupportedModelError
-from attnscope.core.remote.dispatch import remotable
 
 KINDS: dict[str, str] = {
     "evict_first": "Evict the first k tokens from the KV cache",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from attnscope.core.analysis.aggregate import _check_cancel, robust_max
 from attnscope.core.analysis.pooling import max_pool
-from attnscope.core.remote.dispatch import remotable
+from attnscope.core.analysis.remotable import remotable
 
 
 def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:

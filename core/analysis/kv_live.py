@@ -1,6 +1,6 @@
 """The live KV cache of a session: actual tensor bytes per layer, next to the formula.
 
-:mod:`attnscope.core.analysis.kv_formula` does the accounting for any configuration (``2 × n_layers × n_kv_heads ×
+:mod:`attnscope.core.kv_formula` does the accounting for any configuration (``2 × n_layers × n_kv_heads ×
 head_dim × seq_len × batch × bytes``, handbook §7); this module measures what the running
 session's cache tensors really hold and puts it beside that formula, the same model under MHA /
 GQA / MQA, and the projection to the model's maximum context.
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from attnscope.core.analysis.kv_formula import KVConfig, SchemeRow, compare_schemes
-from attnscope.core.remote.dispatch import remotable
+from attnscope.core.analysis.remotable import remotable
+from attnscope.core.kv_formula import KVConfig, SchemeRow, compare_schemes
 
 
 def layer_windows(backend) -> tuple[int | None, ...]:
@@ -39,7 +39,7 @@ def live_layer_bytes(backend) -> np.ndarray:
 
 
 def cache_dtype(session) -> str:
-    """Element type of the session's cache, as a :mod:`attnscope.core.analysis.kv_formula` dtype name (e.g. ``"float32"``)."""
+    """Element type of the session's cache, as a :mod:`attnscope.core.kv_formula` dtype name (e.g. ``"float32"``)."""
     return str(session.backend.cache_dtype())
 
 
@@ -56,7 +56,7 @@ class KVLive:
         model_bytes: what the model's cache needs, sliding layers capped at their window:
             ``Σ_l 2 × n_kv_heads × head_dim × min(seq_len, W_l) × bytes`` (= ``formula_bytes``
             without windows).
-        config: the model's :class:`attnscope.core.analysis.kv_formula.KVConfig` in the cache's dtype, with its windows.
+        config: the model's :class:`attnscope.core.kv_formula.KVConfig` in the cache's dtype, with its windows.
         max_context: the model's maximum context (tokens; 0 when unknown).
         schemes_now: MHA / GQA / MQA rows at ``seq_len`` (what the model needs, windows kept).
         schemes_max: the same at ``max_context``.

@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.attention.masks import causal_mask
-from attnscope.core.remote.dispatch import remotable
 
 MAX_ROWS = 512  # prefill rows drawn at most (the last ones: they see the most keys)
 
@@ -79,7 +79,7 @@ class MaskReport:
         E.g. ``"This layer is global (full causal mask); layers 0–4, 6–10, 12–16 use a 512-key
         window."`` (Gemma 3 layer 5), ``"No sliding window in this model."``.
         """
-        from attnscope.core.analysis.kv_formula import format_ranges
+        from attnscope.core.kv_formula import format_ranges
 
         by_w: dict[int, list[int]] = {}
         for i, w in enumerate(self.layer_windows):

@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.arch import ArchConfig
-from attnscope.core.remote.dispatch import remotable
 
 ROLES: tuple[str, ...] = ("previous_token", "induction", "sink", "local")
 ROLE_TITLES: dict[str, str] = {

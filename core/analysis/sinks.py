@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from attnscope.core.remote.dispatch import remotable
+from attnscope.core.analysis.remotable import remotable
 
 DEFAULT_THRESHOLD = 0.5  # a head with sink score >= this is flagged as a sink head
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from attnscope.core.remote.dispatch import remotable
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.sampling import GREEDY, Sampling, filtered_probs, softmax
 from attnscope.core.tokens import token_text
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 from attnscope.core.analysis.aggregate import _check_cancel
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.errors import SessionError
-from attnscope.core.remote.dispatch import remotable
 
 ATTENTION = "attention"
 VALUE_WEIGHTED = "value-weighted"

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from attnscope.core.analysis import blocked
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.analysis.value_weighted import value_norms
-from attnscope.core.remote.dispatch import remotable
 
 
 def _vw_layer(

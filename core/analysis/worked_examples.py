@@ -1,7 +1,7 @@
 """The seeds' worked numbers, as data plus the computation that reproduces each of them.
 
 Every example is recomputed through the same engine code the app uses (the reference attention
-:func:`attnscope.core.attention.reference.attention`, :mod:`attnscope.core.attention.rope`, :mod:`attnscope.core.analysis.kv_formula`), never through test-only
+:func:`attnscope.core.attention.reference.attention`, :mod:`attnscope.core.attention.rope`, :mod:`attnscope.core.kv_formula`), never through test-only
 code, and carries, step by step, what the seed text printed next to what we compute, so a
 "worked examples" view can show both. Sources (``../shared/seeds/``):
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from attnscope.core.analysis import kv_formula as kv
+from attnscope.core import kv_formula as kv
 from attnscope.core.attention.reference import attention, default_scale, softmax
 from attnscope.core.attention.rope import rope_score
 

@@ -83,7 +83,7 @@ class Backend(Protocol):
         ...
 
     def cache_dtype(self) -> str:
-        """Element type of the cached keys as a :mod:`attnscope.core.analysis.kv_formula` dtype name."""
+        """Element type of the cached keys as a :mod:`attnscope.core.kv_formula` dtype name."""
         ...
 
     def layer_windows(self) -> tuple[int | None, ...]:

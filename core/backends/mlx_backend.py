@@ -29,6 +29,7 @@ from typing import cast
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from attnscope.core.backends import registry
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
@@ -196,7 +197,7 @@ class MlxBackend:
 
     Implements :class:`attnscope.core.backends.base.Backend`."""
 
-    name = "mlx"
+    name = registry.name_for(__name__, "MlxBackend")
     supports_overrides = False  # the MLX attention has no experiment hook (fork(overrides=...) refuses)
 
     def __init__(self, model: CausalLM, tokenizer, info: ModelInfo):
@@ -257,7 +258,7 @@ class MlxBackend:
             cfg, packed_weights, packed_q, tok = packed
             folder, name = gguf, DEFAULT_MODEL_NAME if is_default_ref(model) else gguf.stem
         else:
-            folder, name = resolve(model, progress, dtype, backend="mlx")
+            folder, name = resolve(model, progress, dtype, backend=cls.name)
             progress(f"Loading {name} for MLX…", 0.96)
             try:
                 cfg = json.loads((folder / "config.json").read_text())

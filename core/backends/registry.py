@@ -6,7 +6,10 @@ behind a spec is imported only when a model is loaded (torch and MLX are heavy, 
 on most machines).
 
 A new backend: a class implementing :class:`attnscope.core.backends.base.Backend` with a ``load``
-classmethod, and one :func:`register` call below.
+classmethod, and one :func:`register` call below. Every other list of backends (``--backend``'s
+choices, the Backend menu, the picker's and Compare tab's combos, the remote picker, the fit
+estimate, the saved-session check) derives from this table: ``tests/test_one_source.py`` fails when a
+backend's name is typed anywhere else in core/ or app/.
 """
 
 from __future__ import annotations
@@ -35,6 +38,19 @@ class BackendSpec:
         families: the transformers ``model_type`` values it runs; None = every family the catalog
             supports.
         label: how messages name it (``"MLX"``); the name when empty.
+        summary: where it runs, for the Backend menu (``"CUDA when available, else CPU"``).
+        framework: the Python package it imports (the app checks it is installed before a switch).
+        runtime_bytes: memory the framework itself takes beside weights, cache and capture (bytes; the
+            fit estimate, :func:`attnscope.core.loading.fit.estimate`, whose ``RUNTIME_BYTES`` comment
+            says how each was measured).
+        memory: what the fit estimate measures off CUDA (``"RAM"``, ``"unified memory"``).
+        device_prefix: how its device strings start (``"mlx"``: ``"mlx:gpu"``); empty when it takes
+            torch's device names (``"cpu"``, ``"cuda:0"``).
+        checkpoint_quant: the pre-quantised checkpoints it loads: ``"transformers"``
+            (``quantization_config``: AWQ, GPTQ, ...) or ``"mlx-lm"`` (``quantization``).
+        packs_gguf: it keeps a GGUF file's quantised blocks packed (the fit estimate counts them at
+            their packed size).
+        overrides: ``fork(overrides=...)`` runs (the Experiments tab's mask and scale changes).
     """
 
     name: str
@@ -43,6 +59,24 @@ class BackendSpec:
     refused: Mapping[str, str] = field(default_factory=dict)
     families: tuple[str, ...] | None = None
     label: str = ""
+    summary: str = ""
+    framework: str = ""
+    runtime_bytes: int = 600_000_000
+    memory: str = "RAM"
+    device_prefix: str = ""
+    checkpoint_quant: str = "transformers"
+    packs_gguf: bool = False
+    overrides: bool = False
+
+    @property
+    def title(self) -> str:
+        """How messages and menus name it: :attr:`label`, else the name."""
+        return self.label or self.name
+
+    @property
+    def takes_device_map(self) -> bool:
+        """``--device-map`` (accelerate's layer placement) is one of its load options."""
+        return "device_map" in self.options
 
     def backend_class(self) -> Any:
         """The backend class (imports its module, and with it the framework)."""
@@ -67,9 +101,7 @@ class BackendSpec:
         can or when the family is unknown (``""``: the load itself says what is wrong)."""
         if self.families is not None and architecture and architecture not in self.families:
             runs = ", ".join(self.families)
-            return (
-                f"the {self.label or self.name} backend does not run {architecture} models (it runs {runs})"
-            )
+            return f"the {self.title} backend does not run {architecture} models (it runs {runs})"
         return None
 
 
@@ -85,6 +117,45 @@ def register(spec: BackendSpec) -> None:
 def names() -> tuple[str, ...]:
     """The registered backend names, in registration order."""
     return tuple(_SPECS)
+
+
+def labels() -> dict[str, str]:
+    """name -> :attr:`BackendSpec.title`, in registration order (``{"torch": "torch", "mlx": "MLX"}``)."""
+    return {name: spec.title for name, spec in _SPECS.items()}
+
+
+def name_for(module: str, cls: str) -> str:
+    """The registered name of the backend class ``module:cls`` (a backend class's ``name``).
+
+    Raises:
+        SessionError: no spec targets that class.
+    """
+    for spec in _SPECS.values():
+        if spec.target == f"{module}:{cls}":
+            return spec.name
+    raise SessionError(f"no backend is registered for {module}:{cls}")
+
+
+def for_device(device: str) -> BackendSpec:
+    """The backend whose device strings ``device`` is one of (:attr:`BackendSpec.device_prefix`);
+    :data:`DEFAULT`'s for torch's device names (``"cpu"``, ``"cuda:1"``)."""
+    for spec in _SPECS.values():
+        if spec.device_prefix and str(device).startswith(spec.device_prefix):
+            return spec
+    return _SPECS[DEFAULT]
+
+
+def with_checkpoint_quant(kind: str) -> tuple[str, ...]:
+    """The backends that load pre-quantised checkpoints of ``kind`` (:attr:`BackendSpec.checkpoint_quant`)."""
+    return tuple(name for name, spec in _SPECS.items() if spec.checkpoint_quant == kind)
+
+
+def problem(architecture: str, backend: str) -> str | None:
+    """Why ``backend`` cannot run a model of family ``architecture`` (one line, :meth:`BackendSpec.problem`),
+    or None when it can, when the family is unknown (``""``: the load itself says what is wrong) or when
+    no backend has that name."""
+    spec = _SPECS.get(backend)
+    return None if spec is None else spec.problem(architecture)
 
 
 def get(name: str) -> BackendSpec:
@@ -104,6 +175,10 @@ register(
         "torch",
         "attnscope.core.backends.torch_backend:TorchBackend",
         frozenset({"device", "dtype", "progress", "quantize", "device_map"}),
+        summary="CUDA when available, else CPU",
+        framework="torch",
+        runtime_bytes=600_000_000,
+        overrides=True,
     )
 )
 register(
@@ -116,5 +191,15 @@ register(
         ),
         families=MLX_FAMILIES,
         label="MLX",
+        summary="Apple silicon; slow CPU build on Linux",
+        framework="mlx",
+        runtime_bytes=400_000_000,
+        memory="unified memory",
+        device_prefix="mlx",
+        checkpoint_quant="mlx-lm",
+        packs_gguf=True,
     )
 )
+
+#: the backend a load, a saved session or a fit estimate uses when none is named: the first registered
+DEFAULT = names()[0]

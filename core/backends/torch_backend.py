@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from attnscope.core.attention.rope_length import LengthDependentRope, RopeRecompute
+from attnscope.core.backends import registry
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.hf_attention import (  # noqa: F401 (re-exported: the torch seam's names)
@@ -65,7 +66,7 @@ class TorchBackend:
 
     Implements :class:`attnscope.core.backends.base.Backend`."""
 
-    name = "torch"
+    name = registry.name_for(__name__, "TorchBackend")
     supports_overrides = True  # fork(overrides=...): experiments change mask and scale per layer
 
     def __init__(self, model, tokenizer, info, device: str = "cpu"):
@@ -349,9 +350,9 @@ class TorchBackend:
 
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's sliding window from the model's transformers config
-        (:func:`attnscope.core.analysis.kv_formula.config_layer_windows`: ``layer_types`` + ``sliding_window``,
+        (:func:`attnscope.core.kv_formula.config_layer_windows`: ``layer_types`` + ``sliding_window``,
         ``use_sliding_window``, Mistral's window on every layer); no config: no windows."""
-        from attnscope.core.analysis.kv_formula import config_layer_windows
+        from attnscope.core.kv_formula import config_layer_windows
 
         n = self.info.n_layers
         config = getattr(self.model, "config", None)

@@ -352,7 +352,7 @@ def run_size_bench(opts: SizeOptions, log=lambda _m: None) -> dict:
 def _exactness_room(conv: dict, dtype: str) -> str:
     """Why the exactness phase cannot run here ("" when it can): its float32 reference model holds
     the weights at 4 bytes each (8B: 32 GB), plus 1 GB of room, in the memory available now."""
-    from attnscope.core.analysis.kv_formula import dtype_bytes
+    from attnscope.core.kv_formula import dtype_bytes
 
     weights, free = conv.get("weights_bytes"), _mem_available()
     if not weights or free is None:

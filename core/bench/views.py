@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     from attnscope.core.analysis.blocked import torch_threads
-    from attnscope.core.cli.paths import check_output
+    from attnscope.core.io.paths import check_output
 
     a.out = check_output(a.json, "--json", stdout=True) if a.json else None  # before any run
 
@@ -358,7 +358,7 @@ def _run(a) -> int:
         result["smol"] = views_smol(a.smol, log=log)
     if a.long_model:
         result["long"] = gemma_long(a.long_model, a.long_tokens, log=log)
-    from attnscope.core.cli.paths import write_json
+    from attnscope.core.io.paths import write_json
 
     out = a.out
     to = sys.stderr if a.json and out is None else sys.stdout  # --json -: the JSON alone on stdout

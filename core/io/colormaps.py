@@ -85,7 +85,7 @@ class ColourSpec:
 
     ``cmap``: one of :data:`COLORMAPS`. ``scale``: ``"linear"``, ``"log"`` or ``"power"``
     (:func:`normalize`), or None in a request = "chosen by the map's length"
-    (:meth:`for_length`; log from 2,048 tokens). ``gamma``: exponent of the power scale (> 0).
+    (:func:`attnscope.core.io.export_long.colour_for_length`; log from 2,048 tokens). ``gamma``: exponent of the power scale (> 0).
     ``range_mode``: how ``vmin``/``vmax`` are found (:data:`RANGE_MODES`); ``vmin``/``vmax``: the
     colour range itself, in weight units (``[0, 1]`` until a range is resolved, :meth:`with_range`).
 
@@ -114,15 +114,6 @@ class ColourSpec:
         """This spec with the colour range ``[vmin, vmax]`` (resolved for one map)."""
         return dataclasses.replace(self, vmin=float(vmin), vmax=float(vmax))
 
-    def for_length(self, n: int) -> ColourSpec:
-        """This spec with a concrete scale: a None scale becomes the default for ``n`` tokens
-        (:func:`attnscope.core.io.export_long.default_scale`)."""
-        if self.scale is not None:
-            return self
-        from attnscope.core.io.export_long import default_scale
-
-        return dataclasses.replace(self, scale=default_scale(n))
-
     def normalize(self, values: np.ndarray) -> np.ndarray:
         """Values → [0, 1] float64 (:func:`normalize` with this spec's range and scale)."""
         return normalize(values, self.vmin, self.vmax, self._scale(), self.gamma)
@@ -148,7 +139,9 @@ class ColourSpec:
 
     def _scale(self) -> str:
         if self.scale is None:
-            raise ValueError("the colour scale is still to be chosen by length: call for_length(n) first")
+            raise ValueError(
+                "the colour scale is still to be chosen by length: call export_long.colour_for_length(spec, n) first"
+            )
         return self.scale
 
 

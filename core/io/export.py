@@ -26,7 +26,7 @@ Qt-free. What each export holds:
 
 from __future__ import annotations
 
-import hashlib
+import csv
 import json
 import math
 import os
@@ -38,16 +38,15 @@ from pathlib import Path
 import numpy as np
 from attnscope.core import __version__
 from attnscope.core.errors import Cancelled, OutOfRange
+from attnscope.core.io import formats
 from attnscope.core.io.colormaps import COLOUR_BY_LENGTH, DEFAULT_COLOUR, RANGE_MODES, ColourSpec
+from attnscope.core.io.formats import ANIMATION_FORMATS, BATCH_FORMATS, DATA_FORMATS
 from attnscope.core.io.render import FrameRenderer, Renderer
 from attnscope.core.loading.device_map import record as dm_record
+from attnscope.core.loading.model_hash import model_sha256
 from attnscope.core.loading.quantize import record as quant_record
 
 SCHEMA = "attnscope.export/1"
-DATA_FORMATS = ("npy", "csv", "safetensors")
-IMAGE_FORMATS = ("png", "svg", "pdf")
-BATCH_FORMATS = IMAGE_FORMATS + DATA_FORMATS
-ANIMATION_FORMATS = ("gif", "mp4")
 SAFETENSORS_KEY = "weights"
 EXACT_NOTE = (
     "recomputed in float32 as exp(q·Kᵀ·scale + mask − LSE) from the captured post-RoPE queries, "
@@ -58,35 +57,6 @@ Progress = Callable[[int, int, str], None]
 
 
 # -- provenance --------------------------------------------------------------------------------------
-def model_sha256(source: str | os.PathLike | None) -> str | None:
-    """SHA-256 identifying a model's weights, or None when ``source`` is not on disk.
-
-    A file (GGUF, safetensors) hashes as itself (:func:`attnscope.core.loading.resolve.file_sha256`, memoised). A
-    Hugging Face folder hashes as the SHA-256 of the text ``"<name> <sha256>\\n"`` over its
-    ``config.json`` and weight files (``*.safetensors``, ``*.bin``, ``*.gguf``) in name order.
-    """
-    from attnscope.core.loading.resolve import file_sha256
-
-    if not source:
-        return None
-    p = Path(source)
-    if p.is_file():
-        return file_sha256(p)
-    if p.is_dir():
-        files = sorted(
-            f
-            for f in p.iterdir()
-            if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".gguf"))
-        )
-        if not files:
-            return None
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f"{f.name} {file_sha256(f)}\n".encode())
-        return h.hexdigest()
-    return None
-
-
 def engine_record(session) -> dict:
     """``{"engine": {"address": "HOST:PORT", "host": name}}`` for a session whose model runs in an
     ``attnscope serve`` engine (:mod:`attnscope.core.remote`), ``{}`` for an in-process one."""
@@ -522,7 +492,7 @@ def export_head(
             f"value-weighted maps export up to {export_long.LONG_MAP - 1} tokens; this one has {n_map}"
         )
     by_length = colour.scale is None
-    colour = colour.for_length(n_map)
+    colour = export_long.colour_for_length(colour, n_map)
     if fmt == "png" and not figure and n_map >= export_long.LONG_MAP:
         colour = colour.with_range(
             *export_long.long_colour_range(session, layer, head, n_map, mode, colour.range_mode)
@@ -908,4 +878,27 @@ def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last:
         padded[:h, :w] = a
         writer.send(np.ascontiguousarray(padded))
     writer.close()
+    return path
+
+
+# -- files written whole by the CLI and the window ----------------------------------------------------
+def write_weights(w: np.ndarray, out: Path, colour: ColourSpec = DEFAULT_COLOUR) -> None:
+    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar."""
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix in formats.DATA_FORMATS:
+        write_data(w, out)
+    elif suffix == "png":
+        save_map_png(w, out, colour)
+    else:
+        raise ValueError(f"unsupported output {out.name!r}: use .png, {formats.listing('data', last=' or ')}")
+
+
+def write_compare_csv(result, path: Path) -> Path:
+    """The ranked heads table of a :class:`attnscope.core.analysis.compare.CompareResult` as CSV:
+    ``rank, layer, head, js_mean, js_max, js_argmax_row`` (``attnscope compare --csv``, the Compare tab)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["rank", "layer", "head", "js_mean", "js_max", "js_argmax_row"])
+        for i, d in enumerate(result.ranked(), 1):
+            w.writerow([i, d.layer, d.head, f"{d.js_mean:.9g}", f"{d.js_max:.9g}", d.js_argmax])
     return path

@@ -18,6 +18,7 @@ needs ``full_size=True`` (CLI ``--full-size``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -40,6 +41,14 @@ def default_scale(n: int) -> str:
     """Colour scale a map of ``n`` tokens gets unless the user chose one: ``linear`` below
     :data:`LONG_MAP`, ``log`` from there (see the module docstring for why)."""
     return "log" if n >= LONG_MAP else "linear"
+
+
+def colour_for_length(colour: ColourSpec, n: int) -> ColourSpec:
+    """``colour`` with a concrete scale: a None scale becomes :func:`default_scale` for ``n`` tokens;
+    a scale the user chose stays."""
+    if colour.scale is not None:
+        return colour
+    return dataclasses.replace(colour, scale=default_scale(n))
 
 
 def scale_note(n: int, scale: str, chosen_by_length: bool) -> str:

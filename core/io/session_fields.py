@@ -140,7 +140,7 @@ def parse(d: Any, version: int) -> dict:
     Raises:
         FieldError: the first bad or missing field, one line (see the module docstring).
     """
-    from attnscope.core.backends import BACKENDS
+    from attnscope.core.backends import registry
     from attnscope.core.loading.precision import CHOICES as DTYPE_CHOICES
 
     if not isinstance(d, dict) or d.get("format") != FORMAT:
@@ -175,7 +175,7 @@ def parse(d: Any, version: int) -> dict:
         "model": ref,
         "model_name": name,
         "model_sha256": sha,
-        "backend": choice("backend", optional(d, "backend", "torch"), BACKENDS),
+        "backend": choice("backend", optional(d, "backend", registry.DEFAULT), registry.names()),
         "dtype": choice("dtype", optional(d, "dtype", "float32"), DTYPE_CHOICES),
         "device": device,
         "prompt": string("prompt", required(d, "prompt"), nonempty=True),

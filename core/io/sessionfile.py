@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.core import __version__
+from attnscope.core.backends import registry
 from attnscope.core.errors import AttnScopeError, SessionError
 from attnscope.core.loading.device_map import DEVICE_MAPS
 from attnscope.core.loading.device_map import record as dm_record
@@ -103,7 +104,8 @@ class SessionFile:
         Raises:
             SessionError: nothing has run yet.
         """
-        from attnscope.core.io.export import engine_record, model_sha256
+        from attnscope.core.io.export import engine_record
+        from attnscope.core.loading.model_hash import model_sha256
 
         if session.prompt is None or session.seq_len == 0:
             raise SessionError("nothing to save: run a prompt first")
@@ -113,7 +115,7 @@ class SessionFile:
             model_name=session.info.name,
             model_sha256=getattr(session, "model_sha256", None) or model_sha256(session.info.source),
             engine=engine_record(session).get("engine", {}),
-            backend=getattr(session.backend, "name", "torch"),
+            backend=getattr(session.backend, "name", registry.DEFAULT),
             dtype=session.info.dtype,
             device=str(getattr(session.backend, "device", "cpu")),
             prompt=session.prompt,
@@ -275,7 +277,7 @@ def replay(
         ModelLoadError: the model cannot be loaded. SessionError: the prompt tokenizes differently
         (another tokenizer) or a token id is out of the vocabulary. Cancelled: ``cancelled()``.
     """
-    from attnscope.core.io.export import model_sha256
+    from attnscope.core.loading.model_hash import model_sha256
     from attnscope.core.session import Session
 
     warnings: list[str] = []

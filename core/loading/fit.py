@@ -11,7 +11,7 @@
   rest (embeddings, ``lm_head``, norms: :func:`embedding_params`) stays at the load dtype.
 * runtime: what the process holds besides (Python, torch/transformers or MLX, the tokenizer,
   one prefill chunk's activations, the allocator's slack): :data:`RUNTIME_BYTES`, measured.
-* KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.analysis.kv_formula.kv_cache_bytes`).
+* KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.kv_formula.kv_cache_bytes`).
 * capture buffers (:class:`attnscope.core.trace.torch_trace.TorchTrace`): per layer the post-RoPE query rows,
   ``n_heads × T × head_dim`` elements in the model's dtype (float32 by default, as the Trace keeps
   the query tensor the layer produced), plus the LSE rows, ``n_heads × T`` float32.
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from attnscope.core.analysis.kv_formula import dtype_bytes, kv_cache_bytes
+from attnscope.core.backends import registry
+from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
 
 TIGHT_FRACTION = 0.8
 # Bytes per decoder linear weight at each --quantize mode (scales: int8 one per output row, ≈ 0;
@@ -44,7 +45,7 @@ QUANT_BYTES = {"int8": 1.0, "int4": 0.5 + 4 / 128}
 # one-row bf16 matmul copied lm_head whole): 1B int8 at 512 tokens 2.22 GB peak (estimate 2.16 GB),
 # 8B int8 10.49 GB (estimate 9.89 GB), both measured 1 Dec 2026 after that change.
 # MLX (CPU build): 0.4 GB, not measured at real size.
-RUNTIME_BYTES = {"torch": 600_000_000, "mlx": 400_000_000}
+RUNTIME_BYTES = {name: registry.get(name).runtime_bytes for name in registry.names()}
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
 LSE_BYTES = 4  # LSE rows are float32 whatever the model dtype
 
@@ -107,13 +108,14 @@ def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
     return None
 
 
-def free_memory(backend: str = "torch", device: str = "cpu") -> tuple[int | None, str]:
+def free_memory(backend: str = registry.DEFAULT, device: str = "cpu") -> tuple[int | None, str]:
     """``(free bytes or None, what was measured)`` for ``backend`` on ``device``.
 
     CUDA: ``torch.cuda.mem_get_info`` of that device (None when CUDA is not available). CPU and
     MLX: available system RAM (psutil if installed, else /proc/meminfo; None elsewhere).
     """
-    if backend == "torch" and str(device).startswith("cuda"):
+    spec = registry.get(backend)
+    if "device" in spec.options and str(device).startswith("cuda"):
         try:
             import torch
 
@@ -125,7 +127,7 @@ def free_memory(backend: str = "torch", device: str = "cpu") -> tuple[int | None
             return int(free), f"VRAM (cuda:{idx})"
         except Exception:  # noqa: BLE001 - a broken driver reads as "unknown", never as a crash
             return None, "VRAM"
-    label = "unified memory" if backend == "mlx" else "RAM"
+    label = spec.memory
     try:
         import psutil
 
@@ -230,7 +232,7 @@ def estimate(
     head_dim: int,
     context: int,
     fmt: str = "hf",
-    backend: str = "torch",
+    backend: str = registry.DEFAULT,
     device: str = "cpu",
     dtype: str = "float32",
     free_bytes: int | None = None,
@@ -252,13 +254,13 @@ def estimate(
     if quantize != "none" and quantize not in QUANT_BYTES:
         raise ValueError(f"unknown quantisation {quantize!r}")
     w = weights_bytes(n_params, fmt, dtype, quantize, linear_params)
-    rt = RUNTIME_BYTES.get(backend, RUNTIME_BYTES["torch"]) if runtime else 0
+    rt = registry.get(backend).runtime_bytes if runtime else 0
     kv = kv_cache_bytes(n_layers, n_kv_heads, head_dim, context, dtype)
     cap = capture_bytes(n_layers, n_heads, head_dim, context, dtype)
     if free_bytes is None:
         free_bytes, measured = free_memory(backend, device)
         memory = memory or measured
-    memory = memory or ("unified memory" if backend == "mlx" else "RAM")
+    memory = memory or registry.get(backend).memory
     verdict = _verdict(w + kv + cap + rt, free_bytes)
     return FitEstimate(
         w, kv, cap, free_bytes, memory, int(context), dtype, verdict, runtime_bytes=rt, quantize=quantize
@@ -276,7 +278,7 @@ def _verdict(total: int, free_bytes: int | None) -> str:
 def estimate_entry(
     entry,
     context: int,
-    backend: str = "torch",
+    backend: str = registry.DEFAULT,
     device: str = "cpu",
     dtype: str = "auto",
     free_bytes: int | None = None,
@@ -292,7 +294,8 @@ def estimate_entry(
     from attnscope.core.loading.precision import entry_dtype
 
     ctx = min(context, entry.max_context) if entry.max_context else context
-    dev = f"mlx-{device}" if backend == "mlx" else device
+    spec = registry.get(backend)
+    dev = f"{spec.device_prefix}-{device}" if spec.device_prefix else device
     dtype, reason = entry_dtype(entry, dtype, dev, free_bytes)
     quantize = quantize or "none"
     linear = None
@@ -305,7 +308,7 @@ def estimate_entry(
         linear = None if emb is None else entry.n_params - emb
     packed = (
         mlx_packed_bytes(entry.path, dtype)
-        if backend == "mlx" and entry.format == "gguf" and quantize == "none"
+        if spec.packs_gguf and entry.format == "gguf" and quantize == "none"
         else None
     )
     est = estimate(

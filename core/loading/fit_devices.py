@@ -47,12 +47,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from attnscope.core.analysis.kv_formula import dtype_bytes, kv_cache_bytes
+from attnscope.core.backends import registry
+from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
 from attnscope.core.loading.fit import (
     FITS,
     NO_FIT,
     QUANT_BYTES,
-    RUNTIME_BYTES,
     TIGHT,
     UNKNOWN,
     _verdict,
@@ -258,14 +258,14 @@ def _geometry(config) -> tuple[int, int, int, int, int]:
     return n_layers, n_heads, n_kv, head_dim, max_ctx
 
 
-def run_budget(config, dtype: str, free: dict | None = None, backend: str = "torch") -> dict:
+def run_budget(config, dtype: str, free: dict | None = None, backend: str = registry.DEFAULT) -> dict:
     """The ``max_memory`` a device-mapped load gives accelerate: free memory less the room the run
     needs, so the layers placed in RAM or on a GPU leave space for what the session adds.
 
     Per device, bytes: the measured free memory (accelerate's ``get_max_memory``; the CPU's, and a
     lone GPU's, at :data:`CPU_SHARE`, as transformers and accelerate take them when they measure), less, on the device the layers
     execute on (the first GPU, else the CPU), the KV cache and capture of *every* layer at
-    ``min(RESERVE_CONTEXT, max context)`` tokens (:func:`attnscope.core.analysis.kv_formula.kv_cache_bytes`,
+    ``min(RESERVE_CONTEXT, max context)`` tokens (:func:`attnscope.core.kv_formula.kv_cache_bytes`,
     :func:`attnscope.core.loading.fit.capture_bytes`), and on the CPU the process's runtime
     (:data:`attnscope.core.loading.fit.RUNTIME_BYTES`). Never below 0. Without this, accelerate fills
     RAM with layers and the first prefill has no room (issue 11: "fit per device").
@@ -289,7 +289,7 @@ def run_budget(config, dtype: str, free: dict | None = None, backend: str = "tor
         # transformers' own shares when it measures: 90 % of the CPU, and of a lone GPU (accelerate)
         room = int(v * CPU_SHARE) if k == "cpu" or len(gpus) == 1 else int(v)
         if k == "cpu":
-            room -= RUNTIME_BYTES.get(backend, RUNTIME_BYTES["torch"])
+            room -= registry.get(backend).runtime_bytes
         if k == (gpus[0] if gpus else "cpu"):
             room -= run
         budget[k] = max(0, room)
@@ -342,7 +342,7 @@ def device_fit(
     dtype: str = "bfloat16",
     quantize: str = "none",
     free: dict | None = None,
-    backend: str = "torch",
+    backend: str = registry.DEFAULT,
 ) -> DeviceMapFit:
     """Per-device fit of the model ``config`` describes under ``strategy`` at ``context`` tokens.
 
@@ -445,7 +445,7 @@ def _device_fit(config, strategy, context, dtype, quantize, free, backend) -> De
 
     order = [*gpus, "cpu", "disk"]
     present = [d for d in order if d in weights or d in kv or d == "cpu"]
-    runtime = RUNTIME_BYTES.get(backend, RUNTIME_BYTES["torch"])
+    runtime = registry.get(backend).runtime_bytes
     devices = []
     for d in present:
         f = free.get(d)

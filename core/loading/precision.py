@@ -174,12 +174,10 @@ def device_half_support(dtype: str, device: str) -> tuple[bool, str]:
 
 def available_bytes(device: str) -> int | None:
     """Memory a load may use on ``device`` (bytes; :func:`attnscope.core.loading.fit.free_memory`), None if unknown."""
+    from attnscope.core.backends import registry
     from attnscope.core.loading.fit import free_memory
 
-    kind = device.split(":")[0]
-    if kind.startswith("mlx"):
-        return free_memory("mlx")[0]
-    return free_memory("torch", device)[0]
+    return free_memory(registry.for_device(device).name, device)[0]
 
 
 # -- the decision -----------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import platformdirs
 from attnscope.core.arch import ArchConfig
+from attnscope.core.backends import registry
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -331,7 +332,7 @@ def check_safetensors(path: Path) -> dict:
     return header
 
 
-def check_config(cfg: dict, backend: str = "torch") -> None:
+def check_config(cfg: dict, backend: str = registry.DEFAULT) -> None:
     """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
 
     Beyond :func:`check_architecture`: attention logit soft-capping (any family that sets
@@ -352,25 +353,28 @@ def check_config(cfg: dict, backend: str = "torch") -> None:
     check_architecture(mt)
     q = cfg.get("quantization_config")
     if isinstance(q, dict):
-        if backend == "mlx":
+        spec = registry.get(backend)
+        if spec.checkpoint_quant != "transformers":
+            use = " or ".join(registry.with_checkpoint_quant("transformers"))
             raise UnsupportedModelError(
                 f"{mt} checkpoint quantised with {q.get('quant_method', 'unknown')}: "
-                "the MLX backend loads float and MLX-quantised folders: use --backend torch"
+                f"the {spec.title} backend loads float and {spec.checkpoint_quant}-quantised folders: use --backend {use}"
             )
         from attnscope.core.loading.quantize import prequantised_problem
 
         problem = prequantised_problem(mt, q)
         if problem:
             raise UnsupportedModelError(problem)
-    if isinstance(cfg.get("quantization"), dict) and backend != "mlx":
+    if isinstance(cfg.get("quantization"), dict) and registry.get(backend).checkpoint_quant != "mlx-lm":
         bits = cfg["quantization"].get("bits", "?")
+        use = " or ".join(registry.with_checkpoint_quant("mlx-lm"))
         raise UnsupportedModelError(
-            f"{mt} checkpoint holds MLX-quantised weights ({bits}-bit): the torch backend "
-            "cannot load them; open it with --backend mlx"
+            f"{mt} checkpoint holds MLX-quantised weights ({bits}-bit): the {registry.get(backend).title} backend "
+            f"cannot load them; open it with --backend {use}"
         )
 
 
-def check_hf_folder(folder: Path, backend: str = "torch") -> dict:
+def check_hf_folder(folder: Path, backend: str = registry.DEFAULT) -> dict:
     """Validate a Hugging Face model folder for ``backend`` and return its parsed config.json.
 
     Raises:
@@ -694,7 +698,7 @@ def resolve(
     model: str | os.PathLike | None,
     progress: ProgressFn = _noop,
     dtype: str = "float32",
-    backend: str = "torch",
+    backend: str = registry.DEFAULT,
     notes: list[str] | None = None,
 ) -> tuple[Path, str]:
     """Turn a model reference into a loadable HF folder and a display name (for ``backend``:

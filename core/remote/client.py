@@ -8,7 +8,7 @@
 It has the public methods and attributes the window's engine thread and the CLI use (``prefill``,
 ``step``, ``feed``, ``step_back``, ``weights``, ``sink_scores``, ``logits_at``, ``snapshot``,
 ``info``, ``tokens``, ``ids``, ...); the ``@remotable`` analysis functions
-(:mod:`attnscope.core.remote.dispatch`) run on the server. What needs the model's tensors on this
+(:mod:`attnscope.core.analysis.remotable`) run on the server. What needs the model's tensors on this
 side (``session.trace`` internals, ``session.backend.model``; Compare's run B lives on the
 engine, :mod:`attnscope.core.analysis.compare_b`) raises
 one :class:`~attnscope.core.errors.SessionError` line.
@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY
+from attnscope.core.backends import registry
 from attnscope.core.errors import BadArgument, Cancelled, ModelLoadError, OutOfRange, SessionError
 from attnscope.core.remote import wire
-from attnscope.core.remote.dispatch import CALLBACKS, REGISTRY
 from attnscope.core.session import Snapshot, TopToken  # noqa: F401  (re-exported for callers)
 
 DEFAULT_PORT = 8765
@@ -614,7 +615,7 @@ class RemoteSession:
     def load_model(
         self,
         model: str | os.PathLike | None = None,
-        backend: str = "torch",
+        backend: str = registry.DEFAULT,
         device: str | None = None,
         dtype: str = "auto",
         progress: Callable[[str, float], None] | None = None,
@@ -645,7 +646,7 @@ class RemoteSession:
         """The engine machine's local models (:func:`attnscope.core.loading.catalog.scan` run there)."""
         return self._request("models")
 
-    def free_memory(self, backend: str = "torch", device: str = "cpu") -> tuple[int | None, str]:
+    def free_memory(self, backend: str = registry.DEFAULT, device: str = "cpu") -> tuple[int | None, str]:
         """``(free bytes | None, what was measured)`` on the engine's machine
         (:func:`attnscope.core.loading.fit.free_memory` run there)."""
         free, label = self._request("free_memory", {"backend": backend, "device": device})
@@ -748,7 +749,7 @@ class RemoteSession:
         return self._request("sink_scores", {"key": key})
 
     def kv_cache_bytes(self, seq_len: int | None = None, dtype: str | None = None) -> int:
-        from attnscope.core.analysis.kv_formula import kv_cache_bytes as kv_formula
+        from attnscope.core.kv_formula import kv_cache_bytes as kv_formula
 
         self._require_model()
         i = self.info
@@ -782,7 +783,7 @@ class RemoteSession:
         return self._request("snapshot")
 
     def remote_call(self, name: str, args: tuple, kwargs: dict):
-        """Run the ``@remotable`` function ``name`` on the engine (:mod:`attnscope.core.remote.dispatch`)."""
+        """Run the ``@remotable`` function ``name`` on the engine (:mod:`attnscope.core.analysis.remotable`)."""
         import inspect
 
         fn = REGISTRY[name]
@@ -848,11 +849,11 @@ def _load_for(s: RemoteSession, args, progress) -> None:
     if (
         getattr(args, "model", None) is not None
         or s.info is None
-        or getattr(args, "backend", "torch") != s.backend.name
+        or getattr(args, "backend", registry.DEFAULT) != s.backend.name
     ):
         s.load_model(
             args.model,
-            backend=getattr(args, "backend", "torch"),
+            backend=getattr(args, "backend", registry.DEFAULT),
             device=getattr(args, "device", None),
             dtype=getattr(args, "dtype", "auto"),
             quantize=getattr(args, "quantize", "none"),

@@ -6,7 +6,7 @@ single-threaded). While a long request runs (load, prefill, replay), its progres
 ``cancelled()`` check poll the socket: a cancel from the same client stops it at the next chunk, a
 ``ping`` is answered, any other request gets one "busy" line. The answered operations are the
 methods ``op_*`` below, plus the ``@remotable`` analysis functions of
-:mod:`attnscope.core.remote.dispatch` by name; nothing else runs, no message is unpickled or
+:mod:`attnscope.core.analysis.remotable` by name; nothing else runs, no message is unpickled or
 evaluated (:mod:`attnscope.core.remote.wire`).
 
 Every refusal is one reply with one line and the server goes on serving: a wrong or missing token
@@ -31,9 +31,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
+from attnscope.core.backends import registry
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
 from attnscope.core.remote import wire
-from attnscope.core.remote.dispatch import CALLBACKS, REGISTRY, REMOTE_MODULES
 
 #: one tile (or map) at most this many cells: 2^26 float32 = 256 MiB (an 8192² map)
 MAX_TILE_CELLS = 1 << 26
@@ -179,8 +180,7 @@ class EngineServer:
         self._last_sent = 0.0  # monotonic time of the last message sent (keepalives: _cancelled)
         self._refusal_logged = -1e9  # monotonic time a refused token was last logged
         self.served = 0
-        for mod in REMOTE_MODULES:
-            __import__(mod)
+        served()  # every @remotable function of attnscope.core.analysis, imported
         if session is not None:
             self._loaded()
 
@@ -376,7 +376,7 @@ class EngineServer:
 
     # -- state ------------------------------------------------------------------------------------
     def _loaded(self) -> None:
-        from attnscope.core.io.export import model_sha256
+        from attnscope.core.loading.model_hash import model_sha256
 
         self.model_sha256 = model_sha256(self.session.info.source)
         self.gen += 1
@@ -443,7 +443,7 @@ class EngineServer:
     def op_load(
         self,
         model=None,
-        backend="torch",
+        backend=registry.DEFAULT,
         device=None,
         dtype="auto",
         quantize="none",
@@ -496,7 +496,7 @@ class EngineServer:
             self._probe = np.ones(n, np.float32)
         return self._probe
 
-    def op_free_memory(self, backend="torch", device="cpu"):
+    def op_free_memory(self, backend=registry.DEFAULT, device="cpu"):
         """``[free bytes | None, what was measured]`` on the engine's machine
         (:func:`attnscope.core.loading.fit.free_memory`): the model picker's Fit column."""
         from attnscope.core.loading.fit import free_memory

@@ -140,7 +140,7 @@ def options_from_args(args):
 
 def run(args) -> int:
     from attnscope.core.bench.overhead import format_table, run_bench
-    from attnscope.core.cli.paths import check_output
+    from attnscope.core.io.paths import check_output
 
     out = check_output(args.json, "--json", stdout=True) if args.json else None
     if getattr(args, "engine", None):
@@ -168,7 +168,7 @@ def run(args) -> int:
 def _emit(table: str, result: dict, json_arg: str | None, out: Path | None) -> None:
     """The table on stdout and the JSON to ``out``; with ``--json -`` the JSON alone on stdout and
     the table on stderr."""
-    from attnscope.core.cli.paths import write_json
+    from attnscope.core.io.paths import write_json
 
     print(table, file=sys.stderr if json_arg and out is None else sys.stdout)
     if json_arg:

@@ -11,12 +11,11 @@ prefix; ``run_a``/``run_b``: model, sha256, dtype, backend, prompt, ids.
 
 from __future__ import annotations
 
-import csv
 import inspect
 import sys
-from pathlib import Path
 
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
+from attnscope.core.backends import registry
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments
 
 NAME = "compare"
 HELP = "compare two runs head by head (Jensen-Shannon distance per layer and head, logits KL) as JSON"
@@ -36,7 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt-b", default=None, help="run B's prompt (default: the same as A)")
     p.add_argument("--dtype-b", default=None, choices=dtypes, help="run B's dtype (default: A's)")
     p.add_argument(
-        "--backend-b", default=None, choices=("torch", "mlx"), help="run B's backend (default: A's)"
+        "--backend-b", default=None, choices=registry.names(), help="run B's backend (default: A's)"
     )
     if _supports_quantize():
         quants = next((a.choices for a in p._actions if a.dest == "quantize"), None)
@@ -61,20 +60,11 @@ def add_arguments(p) -> None:
     p.add_argument("--csv", default=None, metavar="FILE", help="also write the ranked heads table as CSV")
 
 
-def write_csv(result, path: Path) -> Path:
-    """The ranked heads table: ``rank, layer, head, js_mean, js_max, js_argmax_row``."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["rank", "layer", "head", "js_mean", "js_max", "js_argmax_row"])
-        for i, d in enumerate(result.ranked(), 1):
-            w.writerow([i, d.layer, d.head, f"{d.js_mean:.9g}", f"{d.js_max:.9g}", d.js_argmax])
-    return path
-
-
 def run(args) -> int:
     from attnscope.core.analysis.compare import run_pair
-    from attnscope.core.cli.paths import check_output, shown, write_json
     from attnscope.core.errors import SessionError
+    from attnscope.core.io.export import write_compare_csv
+    from attnscope.core.io.paths import check_output, shown, write_json
 
     out = check_output(args.json, "--json", stdout=True)  # None: standard output
     csv_out = check_output(args.csv, "--csv") if args.csv else None
@@ -104,7 +94,7 @@ def run(args) -> int:
     )
     write_json(out, res.to_json())
     if csv_out is not None:
-        write_csv(res, csv_out)
+        write_compare_csv(res, csv_out)
     note = res.nothing_to_compare()
     if note:  # all zeros by construction (an edit of the same model's prompt that changes its length)
         print(note, file=sys.stdout if out is not None else sys.stderr)  # stdout: the JSON alone

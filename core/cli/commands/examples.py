@@ -3,7 +3,7 @@
 Every worked number of the three seed texts (the 3-token trace of handbook §2, the exercises, the
 softmax-saturation example, seed 002's memory figures, the 70B KV-cache table, the memory wall) is
 an example in :mod:`attnscope.core.analysis.worked_examples`, recomputed through the same engine
-code the app uses (:mod:`attnscope.core.attention.reference`, :mod:`attnscope.core.analysis.kv_formula`).
+code the app uses (:mod:`attnscope.core.attention.reference`, :mod:`attnscope.core.kv_formula`).
 This command prints each step's computed value next to the number the seed prints, and exits 1 when
 one disagrees beyond the seed's rounding (steps marked as a known erratum of the seed are shown,
 not counted)::

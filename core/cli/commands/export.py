@@ -32,15 +32,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments
-from attnscope.core.cli.paths import check_output, probe_folder
-from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments
+from attnscope.core.io import export_long, formats
+from attnscope.core.io.colormaps import ColourSpec
+from attnscope.core.io.paths import check_output, probe_folder
 from attnscope.core.io.render import PILLOW, Renderers
 
 NAME = "export"
 HELP = "export attention maps as PNG/SVG/PDF or NPY/CSV/safetensors (+ JSON provenance), batches, animations"
-FORMATS = (".png", ".svg", ".pdf", ".npy", ".csv", ".safetensors")
+FORMATS = tuple(f".{s}" for s in formats.BATCH_FORMATS)
 
 
 #: flags a saved session also sets: (dest, the session file's field). Given explicitly next to --session,
@@ -72,7 +72,8 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--head", type=int, default=None, help="query head (0-based)")
     p.add_argument(
-        "--out", help="output file (.png .svg .pdf .npy .csv .safetensors), or a folder with --all-heads"
+        "--out",
+        help=f"output file ({' '.join(FORMATS)}), or a folder with --all-heads",
     )
     p.add_argument(
         "--all-heads",
@@ -82,13 +83,14 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--format",
         default=None,
-        choices=("png", "svg", "pdf", "npy", "csv", "safetensors"),
+        choices=formats.BATCH_FORMATS,
         help="file format with --all-heads (default png; one head's format is --out's suffix)",
     )
     p.add_argument(
         "--frames",
         metavar="FILE",
-        help="every decode step of --layer/--head as an animation (.gif, or .mp4 with imageio-ffmpeg)",
+        help=f"every decode step of --layer/--head as an animation ({formats.listing('animation', last=' or ')}; "
+        ".mp4 needs imageio-ffmpeg)",
     )
     p.add_argument("--fps", type=float, default=4.0, help="frames per second for --frames (default 4)")
     p.add_argument(
@@ -138,19 +140,6 @@ def add_arguments(p) -> None:
     )
 
 
-def write_weights(w: np.ndarray, out: Path, colour: ColourSpec = DEFAULT_COLOUR) -> None:
-    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar."""
-    from attnscope.core.io.export import DATA_FORMATS, save_map_png, write_data
-
-    suffix = out.suffix.lower().lstrip(".")
-    if suffix in DATA_FORMATS:
-        write_data(w, out)
-    elif suffix == "png":
-        save_map_png(w, out, colour)
-    else:
-        raise ValueError(f"unsupported output {out.name!r}: use .png, .npy, .csv or .safetensors")
-
-
 def figure_renderer(renderers) -> Callable:
     """The labelled-figure renderer of ``renderers`` (a :class:`attnscope.core.io.render.Renderers`).
 
@@ -172,13 +161,13 @@ def _needs_figure(args) -> bool:
         fmt = Path(args.out).suffix.lower().lstrip(".")
     else:
         return False
-    return fmt in ("svg", "pdf") or (fmt == "png" and args.figure)
+    return fmt in formats.FIGURE_ONLY_FORMATS or (fmt in formats.IMAGE_FORMATS and args.figure)
 
 
 def _check_args(args) -> None:
     from attnscope.core.errors import SessionError
     from attnscope.core.io.colormaps import COLORMAPS
-    from attnscope.core.io.export import ANIMATION_FORMATS, parse_size
+    from attnscope.core.io.export import parse_size
 
     if args.session and args.prompt is not None:
         raise SessionError("give either --prompt or --session, not both")
@@ -226,8 +215,10 @@ def _check_args(args) -> None:
         check_output(out, "--out")
     if args.frames:
         fr = Path(args.frames)
-        if fr.suffix.lower().lstrip(".") not in ANIMATION_FORMATS:
-            raise ValueError(f"unsupported animation {fr.name!r}: use .gif or .mp4")
+        if fr.suffix.lower().lstrip(".") not in formats.ANIMATION_FORMATS:
+            raise ValueError(
+                f"unsupported animation {fr.name!r}: use {formats.listing('animation', last=' or ')}"
+            )
         check_output(fr, "--frames")
         if fr.suffix.lower() == ".mp4":
             from attnscope.core.io.export import mp4_unavailable
@@ -247,7 +238,7 @@ def _check_save_session(text: str) -> Path:
 
     Raises:
         IsADirectoryError: the name, or the name with the suffix, is a folder. FileNotFoundError,
-        PermissionError: as :func:`attnscope.core.cli.paths.check_output`.
+        PermissionError: as :func:`attnscope.core.io.paths.check_output`.
     """
     from attnscope.core.io.sessionfile import SUFFIX
 
@@ -275,7 +266,7 @@ def _check_contradictions(args) -> None:
     if args.format is None:
         args.format = "png"
     fmt = args.format if args.all_heads else suffix
-    if args.figure and fmt is not None and fmt not in ("png", "svg", "pdf"):
+    if args.figure and fmt is not None and fmt not in formats.IMAGE_FORMATS:
         print(
             f"attnscope: note: --figure draws images: the .{fmt} output is data, written without it",
             file=sys.stderr,
@@ -333,7 +324,7 @@ def _model_check(args, view: dict):
 def _open(args):
     """The Session (prompt run, or saved session replayed) and the view dict to default from;
     the arguments the model rules out (:func:`_model_check`) are refused before any prefill."""
-    from attnscope.core.cli.main import open_session
+    from attnscope.core.cli.options import open_session
 
     if not args.session:
         return open_session(args, check=_model_check(args, {})), {}
@@ -414,7 +405,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     # what the user asked for (scale None: by the map's length), and with the scale settled for the
     # whole sequence (batches, animations, the saved session)
     asked = ColourSpec(cmap=cmap, scale=scale_choice, gamma=gamma, range_mode=range_mode)
-    colour = asked.for_length(s.seq_len)
+    colour = export_long.colour_for_length(asked, s.seq_len)
     if args.gamma is not None and colour.scale != "power":
         print(
             f"attnscope: note: --gamma applies to the power scale; this map uses the {colour.scale} "

@@ -1,6 +1,6 @@
 """``attnscope kv``: KV-cache bytes for a model configuration, and the same model under MHA/GQA/MQA.
 
-No model is loaded: the sizes come from :mod:`attnscope.core.analysis.kv_formula`
+No model is loaded: the sizes come from :mod:`attnscope.core.kv_formula`
 (``2 × n_layers × n_kv_heads × head_dim × seq_len × batch × bytes``; MLA caches
 ``(latent + rope) × n_layers × seq_len × batch × bytes``). Example, the handbook's 70B model::
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from attnscope.core.analysis.kv_formula import KVConfig, compare_schemes, format_bytes, windows_from_spec
+from attnscope.core.kv_formula import KVConfig, compare_schemes, format_bytes, windows_from_spec
 
 NAME = "kv"
 HELP = "KV-cache bytes for a config (layers, KV heads, head_dim, tokens, dtype) and under MHA/GQA/MQA"

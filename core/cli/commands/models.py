@@ -14,6 +14,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from attnscope.core.backends import registry
+
 NAME = "models"
 HELP = "list local models (HF cache, LM Studio, Ollama, added paths) with size and fit estimate"
 DEFAULT_CONTEXT = 4096
@@ -27,7 +29,7 @@ def add_arguments(p) -> None:
         help=f"context length for the fit estimate, tokens (default {DEFAULT_CONTEXT}; capped at each model's max)",
     )
     p.add_argument(
-        "--backend", choices=("torch", "mlx"), default="torch", help="backend for the fit estimate"
+        "--backend", choices=registry.names(), default=registry.DEFAULT, help="backend for the fit estimate"
     )
     p.add_argument(
         "--device", default="cpu", help="device for the fit estimate: cpu or cuda[:N] (default cpu)"
@@ -210,7 +212,7 @@ def _check_addable(path: str) -> None:
 
 
 def run(args) -> int:
-    from attnscope.core.cli.paths import check_output, write_text
+    from attnscope.core.io.paths import check_output, write_text
     from attnscope.core.loading import catalog
     from attnscope.core.loading.fit import estimate_entry, free_memory, human_bytes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "roles"
 HELP = "write each head's role scores (previous-token, induction, sink, local) and label (JSON)"
@@ -33,7 +33,7 @@ def run(args) -> int:
     from collections import Counter
 
     from attnscope.core.analysis import roles
-    from attnscope.core.cli.paths import check_output, shown, write_json
+    from attnscope.core.io.paths import check_output, shown, write_json
 
     out = check_output(args.json, "--json", stdout=True)
     threshold = roles.DEFAULT_THRESHOLD if args.threshold is None else args.threshold

@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from attnscope.core.cli.main import add_model_arguments
+from attnscope.core.cli.options import add_model_arguments
 
 NAME = "serve"
 HELP = "run a headless engine (one model, one session) for attnscope --engine HOST:PORT"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "sinks"
 HELP = "write the layers × heads attention-sink table (JSON)"
@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, session_sink_report
-    from attnscope.core.cli.paths import check_output, shown, write_json
+    from attnscope.core.io.paths import check_output, shown, write_json
 
     out = check_output(args.json, "--json", stdout=True)
     threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold

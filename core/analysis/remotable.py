@@ -6,38 +6,27 @@ A function ``fn(session, ...)`` decorated with :func:`remotable` runs as usual o
 which runs the same function on its own session and sends the result back: the window's jobs and
 the CLI call ``map_at(session, ...)`` the same way whichever side holds the model.
 
-The server only ever runs functions in :data:`REGISTRY` (filled by this decorator at import time of
-the modules listed in :data:`REMOTE_MODULES`); a name it does not know is refused. Nothing sent over
+The server only ever runs functions in :data:`REGISTRY`, which this decorator fills as each module of
+:mod:`attnscope.core.analysis` is imported (:func:`served` imports them all when the server starts:
+the decorator is the only list); a name it does not know is refused. Nothing sent over
 the wire is executed or unpickled. Callables among the arguments (``progress``, ``cancelled``,
 ``partial``) cannot travel: the client keeps them, relays the server's progress messages to
 ``progress`` and sends a cancel message when ``cancelled()`` turns true; ``partial`` is dropped
 (the final result arrives whole).
 
-Only the standard library here: importing it costs nothing.
+Only the standard library here: importing it costs nothing. It lives in ``analysis/`` (the layer of the
+functions it marks) so that analysis never imports ``core/remote/``, which sits above it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
 
 #: qualified name -> the undecorated function (``"attnscope.core.analysis.aggregate.map_at"``)
 REGISTRY: dict[str, Callable] = {}
-
-#: the modules whose ``@remotable`` functions an engine server offers (imported by the server)
-REMOTE_MODULES = (
-    "attnscope.core.analysis.aggregate",
-    "attnscope.core.analysis.compare_b",
-    "attnscope.core.analysis.experiments",
-    "attnscope.core.analysis.gqa",
-    "attnscope.core.analysis.kv_live",
-    "attnscope.core.analysis.maskview",
-    "attnscope.core.analysis.roles",
-    "attnscope.core.analysis.sinks",
-    "attnscope.core.analysis.timeline",
-    "attnscope.core.analysis.value_weighted",
-    "attnscope.core.analysis.value_weighted_grid",
-)
 
 #: keyword arguments that are callbacks: kept on the client side, never sent
 CALLBACKS = ("progress", "cancelled", "partial")
@@ -64,3 +53,14 @@ def remotable(fn: Callable) -> Callable:
 
     setattr(wrapper, "remote_name", name)  # noqa: B010  (functools.wraps typing has no such attribute)
     return wrapper
+
+
+def served() -> Mapping[str, Callable]:
+    """Every ``@remotable`` function: imports each module of :mod:`attnscope.core.analysis` (their
+    decorators fill :data:`REGISTRY`) and returns the registry, qualified name -> function. The engine
+    server calls it when it starts (:class:`attnscope.core.remote.server.EngineServer`)."""
+    import attnscope.core.analysis as analysis
+
+    for m in pkgutil.walk_packages(analysis.__path__, analysis.__name__ + "."):
+        importlib.import_module(m.name)
+    return REGISTRY
