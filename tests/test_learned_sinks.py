@@ -256,3 +256,12 @@ def test_gpt_oss_long_chunked_prefill_equals_eager(tmp_path):
     share = np.stack([s.trace.learned_sink_share(layer) for layer in range(s.info.n_layers)])
     np.testing.assert_allclose(share, _sink_share_of_eager(att), atol=1e-6)
     assert_step_back_repeats(s)
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
+def test_mlx_backend_refuses_the_two_families_in_one_line(family):
+    from attnscope.core.backends.support import backend_problem
+
+    why = backend_problem(family, "mlx")
+    assert why is not None and family in why and "\n" not in why
+    assert backend_problem(family, "torch") is None
