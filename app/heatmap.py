@@ -297,6 +297,9 @@ class HeatmapView(QWidget):
             None  # sliding window the shown map was masked with (None = causal only)
         )
         self.mask_window_provider = None  # optional callable () -> int | None, asked at each redraw
+        # learned sinks (gpt-oss): each query row's share on the sink slot for the map shown, by absolute
+        # row (None: no learned sinks, or not this map's yet); the readout says it
+        self.learned_share: np.ndarray | None = None
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
         # under the exact tile, over the overview: its masked cells are NaN (transparent) like the map's,
@@ -897,9 +900,13 @@ class HeatmapView(QWidget):
             val = "0 (masked: a later key, the causal mask hides it)"
         elif self.mask_window is not None and k.position <= q.position - self.mask_window:
             val = f"0 (masked: {q.position - k.position} keys back, outside the {self.mask_window}-key sliding window)"
+        sink = ""
+        ls = self.learned_share
+        if ls is not None and 0 <= q.position < len(ls):
+            sink = f"  ·  learned sink: {weight_text(float(ls[q.position]), self.scale)} of this row"
         return (
             f"query {q.text!r} #{q.position} (id {q.id}, raw {q.raw!r})  →  key {k.text!r} #{k.position} "
-            f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}"
+            f"(id {k.id}, raw {k.raw!r}):  weight{agg} {val}{sink}"
         )
 
     def _cell_at(self, scene_pos) -> tuple[int, int] | None:

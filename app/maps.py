@@ -159,6 +159,27 @@ class MapPanel:
             ),
         )
 
+    def _request_learned_share(self, layer: int, head: int, mode: str) -> None:
+        """A model with learned sinks: fetch the shown head's per-row share on the sink slot for the
+        heatmap's readout (one head only: an aggregate map has no single sink)."""
+        hm = self.heatmap
+        hm.learned_share = None
+        snap = self.state.snapshot
+        if snap is None or not getattr(snap, "learned_sinks", False) or mode != "head":
+            return
+
+        def job(ctx):
+            share = getattr(ctx.require().trace, "learned_sink_share", None)  # a remote trace has none
+            return (layer, head), None if share is None else share(layer)[head]
+
+        def done(result):
+            if self.weights_key == result[0] and result[1] is not None:
+                hm.learned_share = result[1]
+
+        self.engine.submit(
+            "heatmap-sink", Request(job, done, "learned sink share", key=lambda: self.weights_key)
+        )
+
     def _on_weights(self, result) -> None:
         key, w, pooled, auto_max, shared_max = result
         from attnscope.core.analysis.aggregate import describe
@@ -169,6 +190,7 @@ class MapPanel:
         reset = prev is None or prev[3] != n
         self.map_key = key
         self.weights_key = (layer, head)
+        self._request_learned_share(layer, head, mode)
         toks = list(snap.tokens)[:n]
         when = "" if self.state.at_latest else f" · step {self.state.step} of {snap.n_generated}"
         title = f"{describe(snap.info, layer, head, mode)} · seq_len {n}{when}"

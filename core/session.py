@@ -56,6 +56,10 @@ class Snapshot:
     #: each layer's sliding window in tokens (None: causal only), as the backend's ``layer_windows()``;
     #: () when unknown (an older engine)
     layer_windows: tuple[int | None, ...] = ()
+    #: the softmax variant as the forwards ran (:mod:`attnscope.core.analysis.softmax_variant`): the
+    #: attention-logit cap (Gemma 2) or None, and whether learned sinks (gpt-oss) join the denominator
+    softcap: float | None = None
+    learned_sinks: bool = False
 
     @property
     def seq_len(self) -> int:
@@ -457,6 +461,8 @@ class Session:
 
     def snapshot(self) -> Snapshot:
         """A frozen copy of what the GUI shows (tokens, KV bytes, next-token top 10)."""
+        from attnscope.core.analysis import softmax_variant
+
         ran = self._logits is not None
         return Snapshot(
             info=self.info,
@@ -470,6 +476,8 @@ class Session:
             top_next=tuple(self.next_token_probs(10)) if ran else (),
             notices=tuple(str(n) for n in self.notices),
             layer_windows=tuple(self.backend.layer_windows()),
+            softcap=softmax_variant.model_softcap(self.trace),
+            learned_sinks=softmax_variant.has_learned_sinks(self.trace),
         )
 
     def _require_run(self) -> np.ndarray:

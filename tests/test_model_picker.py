@@ -76,14 +76,14 @@ def test_table_shows_every_entry_with_its_columns(qtbot):
 
 def test_unsupported_rows_are_grey_with_the_reason(qtbot):
     dlg, _ = _open(qtbot)
-    r = _row(dlg, "google/gemma-2-2b-it")
+    r = _row(dlg, "google-bert/bert-base-uncased")
     idx = dlg.proxy.index(r, 2)
     assert idx.data(Qt.ForegroundRole).color() == GREY
-    assert "soft-capping" in idx.data(Qt.ToolTipRole)
+    assert "not a decoder" in idx.data(Qt.ToolTipRole)
     assert dlg.proxy.index(r, FIT_COLUMN).data() == "unsupported"
     dlg.table.selectRow(r)
     assert not dlg.open_btn.isEnabled() and dlg.selected_path() is None
-    assert "Not supported: gemma2 is not supported" in dlg.details.text()
+    assert "Not supported: architecture 'bert' is not supported" in dlg.details.text()
     ok = _row(dlg, "qwen2.5:1.5b")
     assert dlg.proxy.index(ok, 2).data(Qt.ForegroundRole) is None
 

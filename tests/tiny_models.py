@@ -83,6 +83,44 @@ FAMILIES = {
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         ),
     ),
+    # gemma2: attention-logit soft-capping with a cap small enough to bend these random scores
+    # (cap·tanh(s/cap) moves them by up to ~30 %: tests/test_softcap.py checks it bites), plus
+    # Gemma 2's alternating windows and query_pre_attn_scalar.
+    "gemma2": (
+        "gemma2",
+        dict(
+            COMMON,
+            num_hidden_layers=3,
+            head_dim=16,
+            sliding_window=4,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=1.5,
+            initializer_range=0.2,
+        ),
+    ),
+    # gpt_oss: learned attention sinks (one logit per query head, spread by initializer_range),
+    # alternating 4-key windows, a 4-expert top-2 mixture of experts, attention biases.
+    "gpt_oss": (
+        "gpt_oss",
+        dict(
+            COMMON,
+            head_dim=16,
+            sliding_window=4,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            initializer_range=0.15,  # sinks ±0.2, rows' sink share from 1e-5 to 0.9
+            # gpt-oss's YaRN, with the factor matching max_position_embeddings / original (256 / 8)
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=32.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=8,
+            ),
+        ),
+    ),
 }
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>"]

@@ -4,6 +4,10 @@ before softmax, the weights after it, and each row's entropy.
 Step 0 is prefill (``L = S = n_prompt``); step ``t`` is decode step ``t`` (``L = 1`` query over
 ``S = n_prompt + t`` keys), where the L ≠ S offset of the bottom-right aligned causal mask,
 ``tril(ones(L, S), k = S − L)``, is written out with its numbers. Data: :mod:`attnscope.core.analysis.maskview`.
+
+A soft-capped layer (Gemma 2) shows the scores the softmax saw, ``cap·tanh(s/cap)``, or the raw
+``q·kᵀ·scale`` (the "Scores" box); the readout gives both. A model with learned sinks (gpt-oss) says
+each row's share on the sink slot (its weights then sum to less than 1).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from attnscope.app.engine import Request
 from attnscope.app.heatmap import qt_colormap, token_label
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 BLOCKED_RGB = (215, 215, 215)
 ALLOWED_RGB = (70, 130, 180)
@@ -67,6 +71,22 @@ class MaskView(QWidget):
         self.header.setWordWrap(True)
         self.header.setTextFormat(Qt.RichText)
         lay.addWidget(self.header)
+        # soft-capped layers (Gemma 2): which scores the middle panel shows
+        self.cap_row = QWidget()
+        cap_lay = QHBoxLayout(self.cap_row)
+        cap_lay.setContentsMargins(0, 0, 0, 0)
+        cap_lay.addWidget(QLabel("Scores"))
+        self.cap_combo = QComboBox()
+        self.cap_combo.addItem("capped: cap·tanh(s/cap), what the softmax saw", "capped")
+        self.cap_combo.addItem("raw: q·kᵀ·scale before the cap", "raw")
+        self.cap_combo.setToolTip(
+            "This layer soft-caps its attention logits (Gemma 2): show the scores before or after the cap"
+        )
+        self.cap_combo.currentIndexChanged.connect(lambda _i: self.report is not None and self._draw())
+        cap_lay.addWidget(self.cap_combo)
+        cap_lay.addStretch(1)
+        self.cap_row.hide()
+        lay.addWidget(self.cap_row)
         # one layout for the four panels: their rows share one height and one top, so row i of the
         # mask, the scores, the weights and the entropy bars is on the same pixel row (prefill)
         self.glw = pg.GraphicsLayoutWidget()
@@ -178,10 +198,45 @@ class MaskView(QWidget):
         self.report_info = self.state.snapshot.info
         self._draw()
 
+    def shown_scores(self) -> np.ndarray:
+        """The scores the middle panel draws: the capped ones, or the raw ones when asked (capped layers)."""
+        r = self.report
+        if r.raw_scores is not None and self.cap_combo.currentData() == "raw":
+            return r.raw_scores
+        return r.scores
+
+    def variant_note(self) -> str:
+        """The header's words on soft-capping and learned sinks ("" for a plain softmax)."""
+        r = self.report
+        out = ""
+        if r.softcap is not None and r.raw_scores is not None:
+            fin = np.isfinite(r.raw_scores)
+            raw = r.raw_scores[fin] if fin.any() else np.zeros(1)
+            cap = r.scores[fin] if fin.any() else np.zeros(1)
+            out += (
+                f"<br><b>Soft-capped</b>: the softmax sees {r.softcap:g}·tanh(s/{r.softcap:g}) of the raw score "
+                f"s = q·kᵀ·scale: raw [{raw.min():.3g}, {raw.max():.3g}] → capped [{cap.min():.3g}, {cap.max():.3g}]."
+            )
+        if r.learned_sink is not None and r.learned_share is not None:
+            share = r.learned_share
+            where = (
+                f"{share[0]:.3f} of this row"
+                if len(share) == 1
+                else f"{float(share.mean()):.3f} of a row on average"
+            )
+            out += (
+                f"<br><b>Learned sink</b>: logit {r.learned_sink:.3g} joins every row's softmax denominator and takes "
+                f"{where} (it moves no value): the weights over the keys sum to 1 − that share."
+            )
+        return out
+
     def _draw(self) -> None:
         r = self.report
         info = self.report_info
         n_rows = r.row_stop - r.row_start
+        self.cap_row.setVisible(r.raw_scores is not None)
+        scores = self.shown_scores()
+        raw = scores is not r.scores
         if r.kind == "decode":
             what = (
                 f"<b>decode step {r.step}</b>: L = 1 new query (position {r.row_start}) over S = {r.S} "
@@ -205,12 +260,19 @@ class MaskView(QWidget):
             f"scores are q·kᵀ·scale, −∞ where blocked. "
             f"No padding: a single-sequence session (batch 1) has no pad tokens, so no padding mask. "
             f"scale = {r.scale:.4g} (1/√{info.head_dim} = {1 / math.sqrt(info.head_dim):.4g})."
+            + self.variant_note()
+        )
+        capped = r.raw_scores is not None
+        self.plots[1].setTitle(
+            (TITLES[1] + (", raw (before the cap)" if raw else ", capped")) if capped else TITLES[1],
+            color="k",
+            size=TITLE_SIZE,
         )
         decode = n_rows == 1
         rect = (0, r.row_start, r.S, n_rows)
-        finite = np.isfinite(r.scores)
-        lo = float(r.scores[finite].min()) if finite.any() else 0.0
-        hi = float(r.scores[finite].max()) if finite.any() else 1.0
+        finite = np.isfinite(scores)
+        lo = float(scores[finite].min()) if finite.any() else 0.0
+        hi = float(scores[finite].max()) if finite.any() else 1.0
         hi = hi if hi > lo else lo + 1.0
         cmap = qt_colormap(self.cmap)
         self.score_bar.setColorMap(cmap)
@@ -236,7 +298,7 @@ class MaskView(QWidget):
             self.mask_note.setPos(r.S / 2, -0.3)
             self.plots[0].addItem(self.mask_note)
             x = np.arange(r.S) + 0.5
-            s = np.where(finite[0], r.scores[0], np.nan)
+            s = np.where(finite[0], scores[0], np.nan)
             sb = to_rgb(np.nan_to_num(s, nan=lo), self.cmap, lo, hi)
             self.plots[1].addItem(
                 pg.BarGraphItem(
@@ -263,7 +325,7 @@ class MaskView(QWidget):
         else:
             self.plots[1].setLabel("left", "")
             self.plots[2].setLabel("left", "")
-            rgb = to_rgb(np.where(finite, r.scores, lo), self.cmap, lo, hi)
+            rgb = to_rgb(np.where(finite, scores, lo), self.cmap, lo, hi)
             rgb[~finite] = BLOCKED_RGB
             self.images[1].setImage(rgb, levels=(0, 255))
             wr = to_rgb(r.weights, self.cmap, 0.0, 1.0)
@@ -351,8 +413,14 @@ class MaskView(QWidget):
             toks = self.report_tokens
             ok = bool(r.allowed[a, j])
             s = r.scores[a, j]
+            score = "−∞" if not np.isfinite(s) else f"{s:.4f}"
+            if r.raw_scores is not None and np.isfinite(s):
+                score = f"raw {r.raw_scores[a, j]:.4f} → capped {s:.4f}"
+            sink = ""
+            if r.learned_share is not None:
+                sink = f"; the learned sink takes {r.learned_share[a]:.4f} of this row"
             self.readout.setText(
                 f"query {toks[i].text!r} #{i} → key {toks[j].text!r} #{j}: "
-                f"{'attend' if ok else 'blocked'}, score {'−∞' if not np.isfinite(s) else f'{s:.4f}'}, "
-                f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats"
+                f"{'attend' if ok else 'blocked'}, score {score}, "
+                f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats{sink}"
             )

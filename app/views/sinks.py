@@ -6,6 +6,11 @@ mean over query rows ``i >= 1`` of its weight on token 0, computed for every hea
 sink heads (score >= the threshold shown) flagged with ●, the table at any earlier step of the
 decode (the "at seq_len" box), and, for the selected head, the weight each query row puts on
 token 0 with its running mean. Double-click (or Enter on) a cell opens that head in the heatmap.
+
+A model with learned sinks (gpt-oss: one logit per query head in the softmax denominator) gets two
+more scores, "Learned sink" and "Token 0 + learned sink" (what sink heads are counted by), and the
+head's plot draws each row's learned-sink share beside its weight on token 0: the two fixes for a
+head with nothing to attend to, side by side. In the value-weighted score the slot moves nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +46,12 @@ METRICS = {
     "sink_set": "Token 0 + delimiters / special tokens",
     "sink_vw": "Token 0, value-weighted (share of ‖output‖)",
 }
+# offered only for a model with learned sinks (SinkReport.has_learned_sinks)
+LEARNED_METRICS = {
+    "learned": "Learned sink (softmax slot)",
+    "sink_total": "Token 0 + learned sink",
+}
+LEARNED_COLOUR = "#2a9d5c"
 FLAG = "●"
 
 
@@ -148,7 +159,10 @@ class SinksView(QWidget, SavedControls):
             "Token 0 + delimiters: the same for the total weight on token 0, special tokens "
             "(BOS, <|im_start|>…), punctuation and newlines.\n"
             "Value-weighted: the mean over rows i ≥ 1 of token 0's share α_i0‖v_0 W_O^h‖ / Σ_j α_ij‖v_j W_O^h‖ "
-            "of what the head moves (Kobayashi et al. 2020): a sink that takes the weight but moves little scores low."
+            "of what the head moves (Kobayashi et al. 2020): a sink that takes the weight but moves little scores low.\n"
+            "Learned sink (models with one, e.g. gpt-oss): the mean share of each row that the head's learned "
+            "softmax slot takes, exp(sink − lse) = 1 − Σ_j w_ij; it moves no value. Token 0 + learned sink: "
+            "both no-op destinations together."
         )
         self.metric_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.metric_combo.setMinimumContentsLength(18)
@@ -203,6 +217,16 @@ class SinksView(QWidget, SavedControls):
             symbolPen=None,
         )
         self.mean_curve = pi.plot([], [], pen=pg.mkPen("#d0702a", width=2.5))
+        # learned sinks (gpt-oss): each row's share on the softmax slot, beside its weight on token 0
+        self.learned_curve = pi.plot(
+            [],
+            [],
+            pen=pg.mkPen(LEARNED_COLOUR, width=1.5, style=Qt.DashLine),
+            symbol="t",
+            symbolSize=5,
+            symbolBrush=LEARNED_COLOUR,
+            symbolPen=None,
+        )
         self.threshold_line = pg.InfiniteLine(
             angle=0,
             pos=DEFAULT_THRESHOLD,
@@ -286,11 +310,30 @@ class SinksView(QWidget, SavedControls):
         """Show ``report`` (GUI thread), computed for the state's ``sequence_key`` ``key`` (default: now)."""
         self.report = report
         self.report_key = self.state.sequence_key if key is None else key
+        self._offer_learned(bool(getattr(report, "has_learned_sinks", False)))
         step, self._restored_step = self._restored_step, None
         self._set_step_range(step)
         if hasattr(self, "push_settings"):
             self.push_settings()  # the step was set with the spin box's signals blocked
         self._redraw()
+
+    def _offer_learned(self, on: bool) -> None:
+        """Add (``on``) or remove the learned-sink scores in the metric box, keeping the choice when it stays."""
+        have = [self.metric_combo.itemData(i) for i in range(self.metric_combo.count())]
+        if on == all(k in have for k in LEARNED_METRICS):
+            return
+        self.metric_combo.blockSignals(True)
+        if on:
+            for k, text in LEARNED_METRICS.items():
+                self.metric_combo.addItem(text, k)
+        else:
+            if self.metric in LEARNED_METRICS:
+                self.metric_combo.setCurrentIndex(0)
+            for k in LEARNED_METRICS:
+                i = self.metric_combo.findData(k)
+                if i >= 0:
+                    self.metric_combo.removeItem(i)
+        self.metric_combo.blockSignals(False)
 
     def timeline_len(self) -> int:
         """The seq_len the timeline shows (``state.visible_len``), within the report's 2..seq_len."""
@@ -322,10 +365,27 @@ class SinksView(QWidget, SavedControls):
                 if r.seq_len >= 2
                 else np.zeros(self.vw[0].shape[:2], np.float32)
             )
+        if self.metric in LEARNED_METRICS and not r.has_learned_sinks:
+            return None if r.seq_len < 2 else r.running[..., n - 1]
         if r.seq_len < 2:
             return getattr(r, self.metric)
-        running = r.running if self.metric == "sink" else r.running_set
-        return running[..., n - 1]
+        return self._running(r)[..., n - 1]
+
+    def _running(self, r: SinkReport) -> np.ndarray:
+        """The running mean ``(L, H, T)`` of the metric shown (not the value-weighted one)."""
+        if self.metric == "learned" and r.running_learned is not None:
+            return r.running_learned
+        if self.metric == "sink_total":
+            return r.running_total
+        return r.running if self.metric == "sink" else r.running_set
+
+    def _per_row(self, r: SinkReport) -> np.ndarray:
+        """Each row's mass ``(L, H, T)`` for the metric shown (not the value-weighted one)."""
+        if self.metric == "learned" and r.per_row_learned is not None:
+            return r.per_row_learned
+        if self.metric == "sink_total" and r.per_row_learned is not None:
+            return r.per_row + r.per_row_learned
+        return r.per_row if self.metric == "sink" else r.per_row_set
 
     def _redraw(self) -> None:
         r = self.report
@@ -344,13 +404,22 @@ class SinksView(QWidget, SavedControls):
         when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
         if n == self.timeline_len() and n < r.seq_len:
             when += f", the timeline's step {self.state.step}"
-        what = {"sink": "token 0", "sink_vw": "token 0, value-weighted"}.get(
-            self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens"
-        )
-        self.summary.setText(
+        what = {
+            "sink": "token 0",
+            "sink_vw": "token 0, value-weighted",
+            "learned": "the learned sink",
+            "sink_total": "token 0 + the learned sink",
+        }.get(self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
+        text = (
             f"{int(flags.sum())} of {flags.size} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
             f"mean {np.nanmean(vals):.2f}"
         )
+        if r.has_learned_sinks and r.running_learned is not None and r.seq_len >= 2:
+            learned = r.running_learned[..., max(n, 2) - 1]
+            text += f" · learned sink: mean share {float(np.mean(learned)):.2f}" + (
+                ", moves nothing" if self.metric == "sink_vw" else ""
+            )
+        self.summary.setText(text)
         self.threshold_line.setValue(self.threshold)
         self._draw_head(self.state.layer, self.state.head)
 
@@ -358,26 +427,45 @@ class SinksView(QWidget, SavedControls):
         r = self.report
         if r is None or layer >= r.n_layers or head >= r.n_heads:
             return
-        per_row = r.per_row if self.metric == "sink" else r.per_row_set
-        running = r.running if self.metric == "sink" else r.running_set
+        per_row, running = self._per_row(r), self._running(r)
         if self.metric == "sink_vw" and self.vw is not None:
             per_row, running = self.vw
         n = min(self.step_spin.value(), r.seq_len)  # the table's seq_len: rows 0 .. n - 1
         x = np.arange(n, dtype=float)
         self.row_curve.setData(x[1:], per_row[layer, head, 1:n])
         self.mean_curve.setData(x[1:], running[layer, head, 1:n])
+        side = r.per_row_learned is not None and self.metric in ("sink", "sink_set")
+        if side:  # the learned sink's share of each row, beside token 0's weight
+            self.learned_curve.setData(x[1:], r.per_row_learned[layer, head, 1:n])
+        else:
+            self.learned_curve.setData([], [])
         pi = self.plot.getPlotItem()
-        target = {"sink": "token 0", "sink_vw": "token 0 (value-weighted share)"}.get(
-            self.metric, "token 0 + delimiters"
-        )
-        pi.setLabel("left", f"weight on {target}")
+        target = {
+            "sink": "token 0",
+            "sink_vw": "token 0 (value-weighted share)",
+            "learned": "the learned sink",
+            "sink_total": "token 0 + learned sink",
+        }.get(self.metric, "token 0 + delimiters")
         snap = self.state.snapshot
         kv = snap.info.kv_head(head) if snap is not None else head
+        pi.setLabel("left", "share of the row" if side else f"weight on {target}")
+        if side and r.running_learned is not None:  # two series: shorter words, one line
+            title = (
+                f"Layer {layer} · head {head} (KV {kv}) · "
+                f"<span style='color:#3b6fb6'>● token 0</span> · "
+                f"<span style='color:#d0702a'>━ sink score so far: {running[layer, head, n - 1]:.3f}</span> · "
+                f"<span style='color:{LEARNED_COLOUR}'>▲ learned sink's share "
+                f"(mean {r.running_learned[layer, head, n - 1]:.3f})</span>"
+            )
+        else:
+            title = (
+                f"Layer {layer} · query head {head} (KV head {kv}) · "
+                f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
+                f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
+                f"{running[layer, head, n - 1]:.3f}</span>"
+            )
         pi.setTitle(
-            f"Layer {layer} · query head {head} (KV head {kv}) · "
-            f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
-            f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
-            f"{running[layer, head, n - 1]:.3f}</span>" + (f" · rows 0..{n - 1}" if n < r.seq_len else ""),
+            title + (f" · rows 0..{n - 1}" if n < r.seq_len else ""),
             color="#222",
             size="10pt",
         )

@@ -175,21 +175,26 @@ class Experiment:
 class Overrides:
     """The hook the torch attention function calls (``trace.overrides.attend``) for an experiment.
 
-    ``attend(module, query, key, value, scaling, window) -> (out, lse)`` with query ``(B, H, L, D)``
-    at positions ``S − L .. S − 1`` and key/value ``(B, H_kv, S, D)`` (the whole cache).
+    ``attend(module, query, key, value, scaling, window, softcap=None, sinks=None) -> (out, lse)``
+    with query ``(B, H, L, D)`` at positions ``S − L .. S − 1`` and key/value ``(B, H_kv, S, D)``
+    (the whole cache); ``softcap`` and ``sinks`` are the layer's soft cap and learned sink logits,
+    kept in every experiment (:func:`attnscope.core.attention.fused.sdpa_with_lse`).
     """
 
     def __init__(self, experiment: Experiment):
         self.experiment = experiment
         self.calls = 0
 
-    def attend(self, module, query, key, value, scaling, window):
+    def attend(self, module, query, key, value, scaling, window, softcap=None, sinks=None):
+        import functools
+
         import torch
-        from attnscope.core.attention.fused import sdpa_with_lse
+        from attnscope.core.attention.fused import sdpa_with_lse as _sdpa
         from attnscope.core.attention.masks import top_left_causal_mask
 
         self.calls += 1
         ex = self.experiment
+        sdpa_with_lse = functools.partial(_sdpa, softcap=softcap, sinks=sinks)
         L, S, D = query.shape[2], key.shape[2], query.shape[-1]
         scale = scaling if scaling is not None else D**-0.5
         if ex.kind == "no_scale":

@@ -30,20 +30,32 @@ from attnscope.core.analysis.pooling import max_pool
 from attnscope.core.analysis.remotable import remotable
 
 
-def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Base-2 Jensen–Shannon distance between distributions along ``axis`` (module docstring).
-
-    Inputs are non-negative and each slice along ``axis`` sums to 1 (attention rows do); they are
-    not renormalised. Computed in float64; returns float64 of the broadcast shape without
-    ``axis``, clipped to [0, 1].
-    """
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
+def _js_terms(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Elementwise ``½ p log₂(p/m) + ½ q log₂(q/m)`` with ``m = (p + q)/2`` (0 where ``p`` and ``q`` are 0)."""
     m = 0.5 * (p + q)
     with np.errstate(divide="ignore", invalid="ignore"):
         kp = np.where(p > 0, p * np.log2(np.where(p > 0, p, 1.0) / np.where(m > 0, m, 1.0)), 0.0)
         kq = np.where(q > 0, q * np.log2(np.where(q > 0, q, 1.0) / np.where(m > 0, m, 1.0)), 0.0)
-    jsd = 0.5 * kp.sum(axis=axis) + 0.5 * kq.sum(axis=axis)
+    return 0.5 * kp + 0.5 * kq
+
+
+def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Base-2 Jensen–Shannon distance between distributions along ``axis`` (module docstring).
+
+    Inputs are non-negative and each slice along ``axis`` sums to 1 (attention rows do); they are
+    not renormalised. A slice that sums to less than 1 (a model with learned sinks, gpt-oss: the
+    softmax's missing mass sits on the sink slot, :mod:`attnscope.core.analysis.softmax_variant`) has
+    that residual ``1 − Σ`` counted as one more outcome, so the distance is the one between the full
+    softmax distributions, sink included. Computed in float64; returns float64 of the broadcast
+    shape without ``axis``, clipped to [0, 1].
+    """
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    jsd = _js_terms(p, q).sum(axis=axis)
+    rp = np.clip(1.0 - p.sum(axis=axis), 0.0, 1.0)  # the learned sink's share (~1e-7 rounding otherwise)
+    rq = np.clip(1.0 - q.sum(axis=axis), 0.0, 1.0)
+    if max(float(rp.max(initial=0.0)), float(rq.max(initial=0.0))) > 1e-6:
+        jsd = jsd + _js_terms(rp, rq)
     return np.sqrt(np.clip(jsd, 0.0, 1.0))
 
 

@@ -13,8 +13,9 @@ so in decode (``L = 1``) the single query sees every cached key; the classic bug
 additionally needs ``j > i + (S − L) − W``. A single-sequence session has no padding, so there
 is no padding mask (batch = 1, every position is a real token).
 
-Scaled scores before softmax are ``q · kᵀ · scale`` with ``-inf`` where masked; the weights after
-softmax come from the stored LSE (exact). Row entropy, in nats::
+Scaled scores before softmax are ``q · kᵀ · scale`` with ``-inf`` where masked; in a soft-capped
+layer (Gemma 2) the softmax sees ``cap·tanh(q · kᵀ · scale / cap)``, and the report keeps both the
+raw and the capped scores. The weights after softmax come from the stored LSE (exact). Row entropy, in nats::
 
     H_i = − Σ_j w_ij · ln w_ij        (0 · ln 0 = 0),   0 <= H_i <= ln(number of allowed keys)
 
@@ -52,6 +53,13 @@ class MaskReport:
         scale: the softmax scale used (``1/sqrt(head_dim)`` unless the model says otherwise).
         layer_windows: every layer's window as captured (None = global), to say how this layer
             relates to the others (:attr:`window_note`); empty when unknown.
+        softcap: the layer's attention-logit cap (Gemma 2), or None; ``scores`` are then the capped
+            scores the softmax saw and ``raw_scores`` the ``q·kᵀ·scale`` before the cap.
+        raw_scores: ``(n_rows, S)`` float32 scores before the cap, ``-inf`` where masked; None
+            without a cap.
+        learned_sink: this head's learned sink logit (gpt-oss), or None; the weights of a row then
+            sum to ``1 −`` :attr:`learned_share` of it.
+        learned_share: ``(n_rows,)`` float32 share of each row on the learned sink, or None.
     """
 
     layer: int
@@ -71,6 +79,10 @@ class MaskReport:
     max_entropy: np.ndarray
     scale: float
     layer_windows: tuple[int | None, ...] = ()
+    softcap: float | None = None
+    raw_scores: np.ndarray | None = None
+    learned_sink: float | None = None
+    learned_share: np.ndarray | None = None
 
     @property
     def window_note(self) -> str:
@@ -162,6 +174,13 @@ def mask_report(
     expect = causal_mask(L, S, window)[row_start - (S - L) :]
     if not np.array_equal(allowed, expect):  # pragma: no cover - would be an engine bug
         raise RuntimeError("the trace's mask disagrees with tril(k=S-L): engine bug")
+    cap = getattr(rec, "softcap", None)
+    raw = trace.scores(layer, head, rows, cols, raw=True).astype(np.float32) if cap is not None else None
+    sinks = getattr(rec, "sinks", None)
+    learned = share = None
+    if sinks is not None:
+        learned = float(sinks[head])
+        share = trace.learned_sink_share(layer)[head, rows].astype(np.float32)
     n_allowed = allowed.sum(axis=1)
     with np.errstate(divide="ignore"):
         max_h = np.log(np.maximum(n_allowed, 1)).astype(np.float32)
@@ -183,4 +202,8 @@ def mask_report(
         max_h,
         float(rec.scale),
         tuple(getattr(x, "sliding_window", None) for x in trace.layers),
+        None if cap is None else float(cap),
+        raw,
+        learned,
+        share,
     )

@@ -13,7 +13,8 @@ For a head with weights ``w[i, j]`` (query row ``i``, key ``j``) over the sessio
     and row 1's previous token is token 0, the sink, which would credit sink heads.
 ``sink`` (sink / delimiter)
     ``mean_{i = 1 .. T−1} Σ_{j ∈ D, j <= i} w[i, j]`` with ``D = {0} ∪ delimiters``
-    (:func:`attnscope.core.analysis.sinks.delimiter_positions`): the sink-set score of :mod:`attnscope.core.analysis.sinks`.
+    (:func:`attnscope.core.analysis.sinks.delimiter_positions`): the sink-set score of :mod:`attnscope.core.analysis.sinks`,
+    plus, in a model with learned sinks (gpt-oss), each row's share on the learned softmax slot.
 ``local`` (positional / local)
     ``mean_{i = 1 .. T−1} Σ_{j ∈ [i − window + 1, i], j ∉ {0, i − 1}} w[i, j]``: mass on the
     ``window`` most recent keys (itself included) other than the previous token and token 0, so
@@ -111,7 +112,12 @@ def sequence_scores(
     if T < 2:
         out["sink"], out["local"] = nan.copy(), nan.copy()
         return out
+    from attnscope.core.analysis.softmax_variant import learned_sink_rows
+
     sink_rows = weight_on_keys(trace, [0, *delimiters])
+    learned = learned_sink_rows(trace)  # gpt-oss: the learned softmax slot is a sink too
+    if learned is not None:
+        sink_rows = sink_rows + learned
     out["sink"] = sink_rows[..., 1:].mean(-1)
     local = np.zeros((trace.n_layers, trace.n_heads, T), dtype=np.float32)
     rows = np.arange(T)

@@ -17,6 +17,12 @@ Scores, for one head and a sequence of ``T`` tokens with weights ``w[i, j]``:
   ``<|im_start|>``, and tokens whose text is only punctuation or whitespace/newline). Cost
   ``O(layers × heads × T × |D| × head_dim)``.
 
+* **learned sink** (gpt-oss: one logit per query head joins every row's softmax denominator, the
+  "learnable no-op slot" alternative to a token-0 sink; Xiao et al. 2023 §3.3): the mean over rows
+  ``i >= 1`` of the slot's share ``exp(sink_h − lse_i) = 1 − Σ_j w[i, j]``, shown beside token 0.
+  Sink heads then count it: a head is a sink head when its mass on token 0 and on the learned
+  sink together reaches the threshold (:attr:`SinkReport.sink_total`).
+
 Tracking across decode steps: decode never changes earlier rows (causal mask), so the table the
 session had after ``t`` tokens is the same mean over rows ``1 .. t − 1`` only: the per-row
 weights give every step's table at once (:attr:`SinkReport.running`).
@@ -136,6 +142,28 @@ class SinkReport:
     n_prompt: int
     threshold: float = DEFAULT_THRESHOLD
     token_texts: tuple[str, ...] = field(default=())
+    # learned sinks (gpt-oss), None for a model without: (n_layers, n_heads) mean share over rows
+    # i >= 1, the (n_layers, n_heads, T) share of each row and its running mean
+    learned: np.ndarray | None = None
+    per_row_learned: np.ndarray | None = None
+    running_learned: np.ndarray | None = None
+
+    @property
+    def has_learned_sinks(self) -> bool:
+        return self.learned is not None
+
+    @property
+    def sink_total(self) -> np.ndarray:
+        """``(n_layers, n_heads)``: mass on token 0 plus the learned sink's share (= :attr:`sink`
+        without learned sinks): what sink detection (:meth:`sink_heads`) compares to the threshold."""
+        return self.sink if self.learned is None else (self.sink + self.learned).astype(np.float32)
+
+    @property
+    def running_total(self) -> np.ndarray:
+        """:attr:`running` plus :attr:`running_learned` (``(n_layers, n_heads, T)``)."""
+        if self.running_learned is None:
+            return self.running
+        return (self.running + self.running_learned).astype(np.float32)
 
     @property
     def seq_len(self) -> int:
@@ -150,9 +178,10 @@ class SinkReport:
         return int(self.sink.shape[1])
 
     def sink_heads(self, threshold: float | None = None) -> list[tuple[int, int]]:
-        """``(layer, head)`` pairs whose sink score is ``>= threshold`` (default: the report's)."""
+        """``(layer, head)`` pairs whose sink score is ``>= threshold`` (default: the report's); with
+        learned sinks, the score is the mass on token 0 plus the learned sink's (:attr:`sink_total`)."""
         th = self.threshold if threshold is None else threshold
-        return [(int(a), int(b)) for a, b in zip(*np.nonzero(self.sink >= th), strict=True)]
+        return [(int(a), int(b)) for a, b in zip(*np.nonzero(self.sink_total >= th), strict=True)]
 
     def at_seq_len(self, n: int) -> np.ndarray:
         """The ``(n_layers, n_heads)`` sink table the session had with ``n`` tokens (``2 <= n <= T``)."""
@@ -171,7 +200,7 @@ class SinkReport:
         def r(a):
             return np.round(np.asarray(a, dtype=np.float64), 6).tolist()
 
-        return {
+        out = {
             "definition": "sink score = mean over query rows i >= 1 of the attention weight on key 0 "
             "(row 0 can only attend to itself); sink_set = the same for the total weight on key 0 and "
             "the delimiter positions (special tokens, punctuation, whitespace/newline)",
@@ -190,6 +219,16 @@ class SinkReport:
                 for n, t in self.by_step()
             ],
         }
+        if self.learned is not None and self.running_learned is not None:
+            out["learned_sink"] = r(self.learned)
+            out["sink_total"] = r(self.sink_total)
+            out["learned_sink_definition"] = (
+                "learned_sink = mean over query rows i >= 1 of the learned sink's share of the row, "
+                "exp(sink_h - lse_i) = 1 - sum_j w_ij; sink heads compare sink + learned_sink to the threshold"
+            )
+            for entry in out["by_step"]:
+                entry["learned_sink"] = r(self.running_learned[..., entry["seq_len"] - 1])
+        return out
 
 
 def sink_report(
@@ -226,6 +265,13 @@ def sink_report(
     else:
         sink = np.zeros(per_row.shape[:2], np.float32)
         sink_set = sink.copy()
+    from attnscope.core.analysis.softmax_variant import learned_sink_rows
+
+    per_row_learned = learned_sink_rows(trace)  # (L, H, T) or None
+    learned = running_learned = None
+    if per_row_learned is not None:
+        running_learned = running_mean_from_row1(per_row_learned)
+        learned = (per_row_learned[..., 1:].mean(-1) if T > 1 else np.zeros_like(sink)).astype(np.float32)
     return SinkReport(
         sink=sink.astype(np.float32),
         sink_set=sink_set.astype(np.float32),
@@ -237,6 +283,9 @@ def sink_report(
         n_prompt=len(tokens) if n_prompt is None else int(n_prompt),
         threshold=float(threshold),
         token_texts=tuple(t.text for t in tokens),
+        learned=learned,
+        per_row_learned=per_row_learned,
+        running_learned=running_learned,
     )
 
 

@@ -132,6 +132,8 @@ def attention(
     mask=None,
     return_lse: bool = False,
     return_weights: bool = False,
+    softcap: float | None = None,
+    sinks=None,
 ) -> AttentionResult:
     """Scaled dot-product attention, the reference: ``softmax(q kᵀ · scale + mask) v``.
 
@@ -141,16 +143,24 @@ def attention(
         scale: multiplier of ``q·k``; default ``1/sqrt(D)``.
         mask: see :func:`attnscope.core.attention.masks.as_mask`.
         return_lse, return_weights: also return the per-row LSE / the weights.
+        softcap: attention-logit soft-capping (Gemma 2): scores ``cap·tanh(s/cap)`` after the
+            scale, before the mask.
+        sinks: learned attention sinks (gpt-oss): ``(n_heads,)`` logits, one extra column of every
+            row's scores that takes part in the softmax and is then dropped. The LSE includes it;
+            the weights over the ``S`` keys sum to ``1 − exp(sink_h − lse)``.
 
     Returns:
         :class:`AttentionResult` of numpy arrays: out in q's dtype (float32 for non-float
         input), lse and weights float32 (float64 if q is float64).
 
     Raises:
-        ValueError: shapes or mask that break the contract.
+        ValueError: shapes or mask that break the contract, a cap that is not positive, sinks that
+            are not one per query head.
 
     Math: Vaswani et al. 2017 eq. 1; computed in float64 with the max-shifted softmax, rows
-    with no allowed key set to zero.
+    with no allowed key set to zero (with sinks: all of such a row's mass is on the sink). Written
+    as transformers' eager ``modeling_gemma2`` / ``modeling_gpt_oss`` compute it: the cap as
+    divide-tanh-multiply; the sink as a concatenated column.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     g = check_qkv(q.shape, k.shape, v.shape)
@@ -162,10 +172,23 @@ def attention(
     kg = k.astype(np.float64)[:, :, None]  # (B, Hkv, 1, S, D): broadcast over the group
     vg = v.astype(np.float64)[:, :, None]  # (B, Hkv, 1, S, Dv)
     s = np.matmul(qg, np.swapaxes(kg, -1, -2)) * scale  # (B, Hkv, G, L, S)
+    if softcap is not None:
+        cap = float(softcap)
+        if not (math.isfinite(cap) and cap > 0):
+            raise ValueError(f"softcap must be a positive finite number, got {softcap}")
+        s = np.tanh(s / cap) * cap
     if not m.is_none:
         s = s + group_heads(to_4d(m.additive(g.L, g.S, np.float64)), g.n_kv_heads)
+    if sinks is not None:
+        sk = np.asarray(sinks, dtype=np.float64).reshape(-1)
+        if sk.size != g.n_heads:
+            raise ValueError(f"learned sinks must be one logit per query head ({g.n_heads}), got {sk.size}")
+        col = np.broadcast_to(sk.reshape(1, g.n_kv_heads, g.group_size, 1, 1), (*s.shape[:-1], 1))
+        s = np.concatenate([s, col], axis=-1)  # (B, Hkv, G, L, S + 1): the sink's column last
     lse = logsumexp(s, axis=-1)  # (B, Hkv, G, L)
     p = softmax(s, axis=-1)
+    if sinks is not None:
+        p = p[..., :-1]  # the sink's share is dropped: rows sum to less than 1
     out = np.matmul(p, vg).reshape(g.B, g.n_heads, g.L, g.Dv)
 
     out_dtype = q.dtype if np.issubdtype(q.dtype, np.floating) else np.float32

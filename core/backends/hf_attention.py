@@ -47,16 +47,18 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
     Returns:
         ``(out (B, L, n_heads, D), None)`` as transformers expects.
 
+    Soft-capping (Gemma 2 passes ``softcap=``) and learned sinks (gpt-oss passes ``s_aux=``, the
+    module's ``sinks`` parameter, one logit per query head) go to the kernel
+    (:func:`attnscope.core.attention.fused.sdpa_with_lse`) and into the Trace's record, so that every
+    recomputation applies the same cap and the LSE includes the sink.
+
     Raises:
-        UnsupportedModelError: soft-capping, attention sinks, a padding or custom mask, or a batch
-            of several sequences while capturing.
+        UnsupportedModelError: a padding or custom mask, or a batch of several sequences while capturing.
     """
-    if kwargs.get("softcap") is not None:
-        raise UnsupportedModelError(
-            "attention logit soft-capping is not supported by AttnScope's attention path"
-        )
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise UnsupportedModelError("learned attention sinks are not supported by AttnScope's attention path")
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = kwargs.get("sinks")
     if attention_mask is not None:
         kind = "a padding mask" if getattr(attention_mask, "ndim", 2) == 2 else "a custom attention mask"
         raise UnsupportedModelError(f"the model was called with {kind}: {BATCH_REFUSAL}")
@@ -70,7 +72,7 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
         )
     overrides = getattr(capture, "overrides", None) if capture is not None else None
     if overrides is not None:  # experiments (attnscope.core.analysis.experiments) may change mask and scale
-        out, lse = overrides.attend(module, query, key, value, scaling, window)
+        out, lse = overrides.attend(module, query, key, value, scaling, window, softcap=softcap, sinks=sinks)
     else:
         # half-precision rows keep the kernel's LSE here; the trace rebuilds it for the rows a view reads
         out, lse = sdpa_with_lse(
@@ -82,6 +84,8 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
             sliding_window=window,
             exact_half=False,
             mask_cache=getattr(capture, "mask_cache", None),
+            softcap=softcap,
+            sinks=sinks,
         )
     if capture is not None:
         capture.record(
@@ -91,6 +95,8 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
             key,
             scaling if scaling is not None else query.shape[-1] ** -0.5,
             window,
+            softcap=softcap,
+            sinks=sinks,
         )
     return out.transpose(1, 2).contiguous(), None
 

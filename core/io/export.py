@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core import __version__
+from attnscope.core.analysis import softmax_variant
 from attnscope.core.errors import Cancelled, OutOfRange
 from attnscope.core.io import formats
 from attnscope.core.io.colormaps import COLOUR_BY_LENGTH, DEFAULT_COLOUR, RANGE_MODES, ColourSpec
@@ -108,6 +109,8 @@ def session_metadata(session) -> dict:
             "group_size": info.group_size,
             "sliding_window": info.sliding_window,
             "n_params": info.n_params,
+            # the softmax variant as captured (attnscope.core.analysis.softmax_variant)
+            **softmax_variant.metadata(getattr(session, "trace", None)),
         },
         "backend": getattr(session.backend, "name", "?"),
         "dtype": info.dtype,
@@ -169,6 +172,8 @@ def head_metadata(
             "cols": [0, n],
             "axes": ["query position", "key position"],
             "mask": mask_info(session, layer),
+            # soft-capping (Gemma 2) and learned sinks (gpt-oss): what the softmax did beyond the mask
+            "softmax": softmax_variant.metadata(getattr(session, "trace", None), int(layer), int(head)),
         }
     )
     if mode != "head":

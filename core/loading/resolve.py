@@ -51,12 +51,13 @@ SUPPORTED_ARCHITECTURES = {
 # its alternating local/global layers set ``module.sliding_window`` per layer, and Gemma 3 has
 # no attention soft-capping. Exact against eager, tests/test_families.py.
 SUPPORTED_ARCHITECTURES |= {"gemma3_text"}
+# gemma2 soft-caps attention logits and gpt_oss has learned sinks: both in the fused path and in every
+# recomputation (attnscope.core.attention.fused.softcap_scores / add_learned_sinks); tests/test_softcap.py,
+# tests/test_learned_sinks.py.
+SUPPORTED_ARCHITECTURES |= {"gemma2", "gpt_oss"}
 REFUSED_ARCHITECTURES = {
-    "gemma2": "its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
-    "AttnScope's fused attention and exact weight recomputation do not do yet",
     "gemma3": "this checkpoint has a vision tower (Gemma3ForConditionalGeneration); AttnScope runs "
     "text-only decoders: the text-only Gemma 3 (model_type gemma3_text, e.g. gemma-3-1b, or a Gemma 3 GGUF) is supported",
-    "gpt_oss": "learned attention sinks in the softmax denominator are not implemented in AttnScope's attention path yet",
 }
 
 ProgressFn = Callable[[str, float], None]  # (message, fraction in [0, 1] or -1 for unknown)
@@ -335,8 +336,7 @@ def check_safetensors(path: Path) -> dict:
 def check_config(cfg: dict, backend: str = registry.DEFAULT) -> None:
     """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
 
-    Beyond :func:`check_architecture`: attention logit soft-capping (any family that sets
-    ``attn_logit_softcapping``); a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
+    Beyond :func:`check_architecture`: a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
     bitsandbytes, compressed-tensors, torchao) where this machine lacks the device or library
     transformers runs that method with (:func:`attnscope.core.loading.quantize.prequantised_problem`: one line per
     method and device); an mlx-lm quantised folder (``quantization``) on the torch backend.
@@ -345,11 +345,6 @@ def check_config(cfg: dict, backend: str = registry.DEFAULT) -> None:
         UnsupportedModelError: with the reason.
     """
     mt = cfg.get("model_type", "?")
-    cap = cfg.get("attn_logit_softcapping") or (cfg.get("text_config") or {}).get("attn_logit_softcapping")
-    if cap and mt not in REFUSED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"{mt} with attn_logit_softcapping={cap} is not supported: soft-capping is not implemented in AttnScope's attention path yet"
-        )
     check_architecture(mt)
     q = cfg.get("quantization_config")
     if isinstance(q, dict):

@@ -11,6 +11,14 @@ Exact weights on demand (FlashAttention-2, Dao 2023, §3.1: ``P = exp(S − L)``
 
 Row-wise summaries need no T × T work: the mass head ``h`` puts on key 0 (the attention sink,
 handbook §4 "Attention sinks") is ``exp(q_i · k_0 · scale − lse_i)``, linear in T.
+
+Two families change the softmax, and every recomputation here follows (README "Families"):
+
+* soft-capping (Gemma 2): the score is ``cap·tanh(q·k·scale / cap)``; the layer's cap is recorded
+  and applied by :func:`attnscope.core.attention.fused.softcap_scores` wherever a score is formed;
+* learned sinks (gpt-oss): one logit per query head joins every row's denominator; the recorded
+  LSE includes it (``lse' = logaddexp(lse, sink_h)``), so the formula above is unchanged, the rows
+  sum to ``1 − exp(sink_h − lse')``, and that missing mass is :meth:`TorchTrace.learned_sink_share`.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from attnscope.core.attention.fused import MaskCache
+from attnscope.core.attention.fused import MaskCache, softcap_scores
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.checks import index, whole
 from attnscope.core.errors import OutOfRange
@@ -80,6 +88,12 @@ class LayerRecord:
     rows: int = 0
     layer: int = 0
     store: _RowStore | None = None
+    softcap: float | None = None  # Gemma 2: scores are cap·tanh(s/cap)
+    sinks: torch.Tensor | None = None  # gpt-oss: (n_heads,) float64 learned sink logits, in the LSE
+
+    def cap(self, s: torch.Tensor) -> torch.Tensor:
+        """Scaled scores made what the softmax saw, in place: ``cap·tanh(s/cap)`` or ``s`` unchanged."""
+        return softcap_scores(s, self.softcap)
 
     def q(self) -> torch.Tensor:
         """``(n_heads, rows, D)`` post-RoPE queries (a view of the store: read it, don't keep it)."""
@@ -132,14 +146,20 @@ class TorchTrace(TraceGeometry):
         key: torch.Tensor,
         scale: float,
         sliding_window: int | None,
+        *,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Append one forward's rows for ``layer``.
 
         Args:
             query: ``(1, n_heads, L, D)`` post-RoPE queries of the new rows.
             lse: ``(1, n_heads, L)`` LSE of those rows, float64 from
-                :func:`attnscope.core.attention.fused.exact_lse` (a float32 one is stored as it is, widened).
+                :func:`attnscope.core.attention.fused.exact_lse` (a float32 one is stored as it is, widened);
+                with learned sinks, the LSE that includes them.
             key: ``(1, n_kv_heads, S, D)`` all cached keys, positions ``0 .. S-1``.
+            softcap: the layer's attention-logit cap (Gemma 2), or None.
+            sinks: the layer's learned sink logits ``(n_heads,)`` (gpt-oss), or None.
         """
         if not self.enabled:
             return
@@ -155,6 +175,11 @@ class TorchTrace(TraceGeometry):
         rec.keys = key[0].detach()
         rec.scale = float(scale)
         rec.sliding_window = sliding_window
+        rec.softcap = None if softcap is None else float(softcap)
+        if sinks is None:
+            rec.sinks = None
+        elif rec.sinks is None or rec.sinks.device != query.device:  # a parameter: the same every call
+            rec.sinks = sinks.detach().reshape(-1).to(device=query.device, dtype=torch.float64).clone()
 
     def _store_on(self, device: torch.device) -> _RowStore:
         """The row store on ``device``: the main one, or (a model spread by ``--device-map``,
@@ -198,11 +223,59 @@ class TorchTrace(TraceGeometry):
         return s, allowed, rec, r
 
     def scores(
-        self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
+        self,
+        layer: int,
+        head: int,
+        rows: slice | None = None,
+        cols: slice | None = None,
+        *,
+        raw: bool = False,
     ) -> np.ndarray:
-        """Scaled scores ``q·kᵀ·scale`` before softmax, ``-inf`` where masked; (n_q, n_k) float32."""
-        s, allowed, _, _ = self._scores_t(layer, head, rows, cols)
+        """Scores the softmax saw, ``-inf`` where masked; (n_q, n_k) float32.
+
+        ``q·kᵀ·scale``, soft-capped to ``cap·tanh(q·kᵀ·scale / cap)`` in a layer with a cap
+        (Gemma 2) unless ``raw`` (the scaled scores before the cap). A learned sink is not a key:
+        its logit is :meth:`learned_sinks`.
+        """
+        s, allowed, rec, _ = self._scores_t(layer, head, rows, cols)
+        if not raw:
+            rec.cap(s)
         return s.masked_fill(~allowed, float("-inf")).cpu().numpy()
+
+    def softcap(self, layer: int) -> float | None:
+        """The attention-logit cap ``layer`` applied (Gemma 2), or None."""
+        return self._rec(layer).softcap
+
+    @property
+    def has_learned_sinks(self) -> bool:
+        """True when some recorded layer has learned sink logits (gpt-oss)."""
+        return any(r.sinks is not None for r in self.layers)
+
+    @property
+    def softcaps(self) -> tuple[float | None, ...]:
+        """Every layer's recorded cap (None: no cap, or not recorded yet)."""
+        return tuple(r.softcap for r in self.layers)
+
+    def learned_sinks(self, layer: int) -> np.ndarray | None:
+        """``(n_heads,)`` float64 learned sink logits of ``layer`` (gpt-oss), or None."""
+        rec = self._rec(layer)
+        return None if rec.sinks is None else rec.sinks.cpu().numpy()
+
+    def learned_sink_share(self, layer: int) -> np.ndarray:
+        """Share of each row's softmax mass that went to the learned sink, ``(n_heads, T)`` float32.
+
+        ``exp(sink_h − lse'_i)`` with ``lse'`` the recorded LSE that includes the sink: exactly
+        ``1 − Σ_j w_ij`` over the real keys (transformers' eager gpt-oss softmax drops this column).
+        Zeros for a layer without learned sinks.
+
+        Raises:
+            IndexError: layer out of range. RuntimeError: nothing captured yet.
+        """
+        rec = self._rec(layer)
+        lse = rec.lse()  # (H, T) float64
+        if rec.sinks is None:
+            return np.zeros(tuple(lse.shape), dtype=np.float32)
+        return torch.exp(rec.sinks.to(lse.device)[:, None] - lse).float().cpu().numpy()
 
     def weights(
         self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
@@ -210,7 +283,8 @@ class TorchTrace(TraceGeometry):
         """Exact attention weights of one head, shape ``(n_q, n_k)`` float32.
 
         A tile (``rows``, ``cols`` sub-ranges) is exact on its own thanks to the stored LSE: no
-        other column of its rows is needed. Rows over all columns sum to 1; masked cells are 0.
+        other column of its rows is needed. Rows over all columns sum to 1 (to 1 minus the
+        :meth:`learned_sink_share` in a model with learned sinks); masked cells are 0.
 
         Raises:
             IndexError: layer or head out of range. RuntimeError: nothing captured yet.
@@ -225,12 +299,12 @@ class TorchTrace(TraceGeometry):
         dt = torch.float64 if _wide(lse) else torch.float32
         q = rec.q()[head, r].to(dt)  # (n_q, D)
         k = rec.keys[kv, c].to(dt)  # (n_k, D)
-        w = torch.matmul(q, k.T).mul_(rec.scale)  # (n_q, n_k) scaled scores
+        w = rec.cap(torch.matmul(q, k.T).mul_(rec.scale))  # (n_q, n_k) scores (capped: Gemma 2)
         if rec.q().dtype in (torch.float16, torch.bfloat16):
             # The model path keeps the CPU kernel's LSE of half-precision inputs (~5e-5 off, so
             # prefill runs at the kernel's speed): rebuild these rows' LSE from float32 scores
             # over every key they see, reusing this tile's scores when it spans them all.
-            lse = self._row_lse(rec, kv, r, q, w if (c.start, c.stop) == (0, S) else None)
+            lse = self._row_lse(rec, head, r, q, w if (c.start, c.stop) == (0, S) else None)
         w.sub_(lse.to(dt)[:, None]).exp_()
         # Causal (+ window) mask in place, as bands of the tile: query position r.start + i sees
         # key c.start + j iff j - i <= r.start - c.start (and > that - window). Same mask as
@@ -241,16 +315,16 @@ class TorchTrace(TraceGeometry):
             w.triu_(diag - rec.sliding_window + 1)
         return w.float().cpu().numpy()
 
-    @staticmethod
     def _row_lse(
-        rec: LayerRecord, kv: int, r: slice, q: torch.Tensor, scores: torch.Tensor | None
+        self, rec: LayerRecord, head: int, r: slice, q: torch.Tensor, scores: torch.Tensor | None
     ) -> torch.Tensor:
-        """``(n_q,)`` float64 LSE of rows ``r`` from the stored q (``(n_q, D)``, float32/64) and every
-        key of KV head ``kv``, under the layer's causal (+ window) mask; ``scores`` are the rows' scaled
-        scores over all keys when the caller already has them."""
+        """``(n_q,)`` float64 LSE of rows ``r`` of query head ``head`` from the stored q (``(n_q, D)``,
+        float32/64) and every key of its KV head, under the layer's causal (+ window) mask, cap and
+        learned sink; ``scores`` are the rows' (capped) scores over all keys when the caller has them."""
         if scores is None:
             assert rec.keys is not None, "a recorded layer holds its keys"
-            scores = torch.matmul(q, rec.keys[kv].to(q.dtype).T).mul_(rec.scale)  # (n_q, S)
+            kv = self.kv_head(head)
+            scores = rec.cap(torch.matmul(q, rec.keys[kv].to(q.dtype).T).mul_(rec.scale))  # (n_q, S)
         s = scores.clone()
         diag = r.start  # query position r.start + i sees key j iff j - i <= r.start
         n_q, S = s.shape
@@ -260,7 +334,10 @@ class TorchTrace(TraceGeometry):
         if rec.sliding_window is not None:
             allowed &= j - i > diag - rec.sliding_window
         s.masked_fill_(~allowed, float("-inf"))
-        return torch.logsumexp(s.double(), dim=-1)
+        lse = torch.logsumexp(s.double(), dim=-1)
+        if rec.sinks is not None:  # gpt-oss: the sink's logit joins the denominator
+            lse = torch.logaddexp(lse, rec.sinks[head].to(lse.device).expand_as(lse))
+        return lse
 
     def weights_block(
         self,
@@ -302,7 +379,10 @@ class TorchTrace(TraceGeometry):
         kv_idx = torch.tensor(kvs, device=keys.device)
         k = keys[:, c].index_select(0, kv_idx)  # (h, n_k, D)
         lse = rec.lse()[heads][:, r].float()  # (h, n_q)
-        if dt == torch.float32:  # one pass: w = scale · q·kᵀ − lse (baddbmm broadcasts the LSE column)
+        if rec.softcap is not None:  # Gemma 2: the cap sits between the product and the LSE
+            w = rec.cap(torch.bmm(q.to(dt), k.to(dt).transpose(1, 2)).float().mul_(rec.scale))
+            w.sub_(lse[:, :, None])  # (h, n_q, n_k)
+        elif dt == torch.float32:  # one pass: w = scale · q·kᵀ − lse (baddbmm broadcasts the LSE column)
             w = torch.baddbmm(
                 -lse[:, :, None].expand(-1, -1, k.shape[1]),
                 q.float(),
@@ -350,7 +430,7 @@ class TorchTrace(TraceGeometry):
             q = rec.q().to(dt)  # (H, T, D)
             k0 = rec.keys[:, key].to(dt)  # (Hkv, D)
             k0 = k0[torch.from_numpy(self.arch.kv_heads()).to(k0.device)]  # (H, D): each head's KV row, tiny
-            s = torch.einsum("htd,hd->ht", q, k0) * rec.scale
+            s = rec.cap(torch.einsum("htd,hd->ht", q, k0) * rec.scale)
             w = torch.exp(s - rec.lse().to(dt)).float()
             vis = torch.from_numpy(
                 causal_allowed(np.arange(q.shape[1]), np.array([key]), rec.sliding_window)[:, 0]
@@ -373,7 +453,7 @@ class TorchTrace(TraceGeometry):
                 torch.einsum("kgtd,kpd->kgtp", q.reshape(-1, G, Tq, D), k).reshape(H, Tq, len(positions))
                 * rec.scale
             )  # (H, T, P)
-            w = torch.exp(s - rec.lse().float()[..., None])  # (H, T, P)
+            w = torch.exp(rec.cap(s) - rec.lse().float()[..., None])  # (H, T, P)
             seen = causal_allowed(np.arange(Tq), np.array(positions), rec.sliding_window)  # (T, P)
             vis = torch.from_numpy(seen).to(w.device)
             out.append(w.masked_fill(~vis[None], 0.0).sum(-1))
@@ -391,7 +471,7 @@ class TorchTrace(TraceGeometry):
             H, n, D = q.shape
             k = rec.keys[:, : T - offset].float()  # (Hkv, T − off, D): key i − off for row i
             s = torch.einsum("kgtd,ktd->kgt", q.reshape(-1, G, n, D), k).reshape(H, n) * rec.scale
-            w = torch.exp(s - rec.lse().float()[:, offset:])
+            w = torch.exp(rec.cap(s) - rec.lse().float()[:, offset:])
             if rec.sliding_window is not None and offset >= rec.sliding_window:
                 w = torch.zeros_like(w)
             out[layer, :, offset:] = w.cpu().numpy()
