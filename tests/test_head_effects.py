@@ -59,8 +59,18 @@ def _logprob(logits, tok):
     return float(x[tok] - np.log(np.exp(x).sum()))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma3_text"])
-@pytest.mark.parametrize("scope", ["readout", "everywhere"])
+@pytest.mark.parametrize(
+    "family, scope",
+    [
+        ("llama", "readout"),
+        *[
+            pytest.param(f, sc, marks=pytest.mark.slow)
+            for f in ("llama", "qwen3", "mistral", "gemma3_text")
+            for sc in ("readout", "everywhere")
+            if (f, sc) != ("llama", "readout")
+        ],
+    ],
+)
 def test_zero_ablation_equals_hooked_forward(family, scope, tmp_path):
     from attnscope.core.analysis.head_effects import head_effects, make_target
 
@@ -121,6 +131,7 @@ def test_mean_and_resample_ablation_and_kl(tmp_path):
     assert abs(eff2.query[0, 1] - want) < 1e-5
 
 
+@pytest.mark.slow
 def test_patching_denoise_and_noise_fractions(tmp_path):
     from attnscope.core.analysis.head_effects import make_target, patch_heads
 
@@ -154,7 +165,9 @@ def test_patching_denoise_and_noise_fractions(tmp_path):
         patch_heads(s, corrupt[:-1], t)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2", "phi3"])
+@pytest.mark.parametrize(
+    "family", ["llama", *[pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3", "gpt2", "phi3")]]
+)
 def test_direct_logit_attribution_sums_to_the_logit(family, tmp_path):
     from attnscope.core.analysis.head_effects import logit_attribution, make_target
 
@@ -177,7 +190,9 @@ def test_dla_refuses_post_norm_family(tmp_path):
         logit_attribution(s)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2"])
+@pytest.mark.parametrize(
+    "family", ["llama", *[pytest.param(f, marks=pytest.mark.slow) for f in ("gemma3_text", "gpt2")]]
+)
 def test_logit_lens_last_layer_is_the_model(family, tmp_path):
     from attnscope.core.analysis.head_effects import logit_lens
 
@@ -212,3 +227,124 @@ def test_bad_input_is_one_line(tmp_path):
         head_effects(s, method="resample")
     with pytest.raises(OutOfRange):
         logit_lens(s, positions=[40])
+
+
+def test_sweep_cancels_and_reports_progress(tmp_path):
+    from attnscope.core.analysis.head_effects import head_effects
+    from attnscope.core.errors import Cancelled
+
+    s, _ = _load("llama", tmp_path)
+    seen = []
+    with pytest.raises(Cancelled, match="stopped after 3 of"):
+        head_effects(s, progress=lambda i, n: seen.append((i, n)), cancelled=lambda: len(seen) >= 3)
+    n = s.info.n_layers * (s.info.n_heads + s.info.n_kv_heads)
+    assert seen == [(1, n), (2, n), (3, n)]
+    before = s.ids
+    assert head_effects(s).query.shape == (s.info.n_layers, s.info.n_heads)  # the session still works
+    assert s.ids == before and s.trace.seq_len == len(IDS)  # the sweep ran in its own cache
+
+
+def test_prefill_takes_token_ids(tmp_path):
+    from attnscope.core.errors import BadArgument
+
+    s, _ = _load("llama", tmp_path)
+    assert s.ids == IDS and s.n_prompt == len(IDS) and not s.chat_template
+    w = s.weights(0, 1)
+    s.prefill(s.prompt, chat_template=False)
+    with pytest.raises(BadArgument, match="vocabulary"):
+        s.prefill([5, 10_000])
+    s.prefill(np.array(IDS))
+    np.testing.assert_array_equal(s.weights(0, 1), w)
+
+
+@pytest.mark.slow
+def test_cli_ablate_patch_lens(tmp_path, capsys):
+    import json
+
+    from attnscope.core.cli.main import main
+
+    save_tiny("llama", tmp_path / "m")
+    m = str(tmp_path / "m")
+    prompt = ["--prompt", "ttt tt t", "--no-chat-template"]
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                m,
+                *prompt,
+                "--target",
+                "t",
+                "--json",
+                str(tmp_path / "a.json"),
+                "--csv",
+                str(tmp_path / "a.csv"),
+            ]
+        )
+        == 0
+    )
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert np.asarray(a["query_heads"]).shape == (2, 4) and np.asarray(a["kv_heads"]).shape == (2, 2)
+    dla = a["direct_logit_attribution"]
+    assert abs(dla["total"] - dla["logit"]) < 1e-4
+    rows = (tmp_path / "a.csv").read_text().splitlines()
+    assert rows[0] == "layer,head,kv_head,effect,direct_logit_attribution" and len(rows) == 9
+    assert (
+        main(
+            [
+                "patch",
+                "--model",
+                m,
+                *prompt,
+                "--corrupt",
+                "tt tttt",
+                "--target",
+                "t",
+                "--other",
+                " t",
+                "--json",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 0
+    )
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert np.asarray(p["denoise"]).shape == (2, 4)
+    capsys.readouterr()
+    assert main(["lens", "--model", m, *prompt, "--positions", "0,-1", "--json", "-"]) == 0
+    lens = json.loads(capsys.readouterr().out)  # the summary goes to stderr
+    assert lens["positions"][0] == 0 and len(lens["top_ids"]) == 2
+    # bad input: one line, non-zero
+    assert main(["ablate", "--model", m, *prompt, "--target", "tt tt", "--json", "-"]) != 0
+    assert "not one" in capsys.readouterr().err
+    assert main(["patch", "--model", m, *prompt, "--corrupt", "t", "--json", "-"]) != 0
+    assert "same length" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_remote_engine_gives_the_same_effects(tmp_path):
+    pytest.importorskip("zmq")
+    from attnscope.core.analysis.head_effects import head_effects, logit_attribution, logit_lens, make_target
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
+    from test_remote import TOKEN, serving
+
+    save_tiny("qwen3", tmp_path / "m")
+    local = Session.load(str(tmp_path / "m"))
+    local.prefill(IDS)
+    t = make_target(local, "logit_diff", token=9, other=14)
+    want = head_effects(local, t, "mean")
+    engine = Session.load(str(tmp_path / "m"))
+    with serving(engine) as server:
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
+        try:
+            r.prefill(IDS)
+            t2 = make_target(r, "logit_diff", token=9, other=14)
+            assert t2 == t
+            got = head_effects(r, t2, "mean")
+            np.testing.assert_array_equal(got.query, want.query)
+            np.testing.assert_array_equal(got.kv, want.kv)
+            assert logit_attribution(r, t).total == logit_attribution(local, t).total
+            np.testing.assert_array_equal(logit_lens(r, [3]).top_ids, logit_lens(local, [3]).top_ids)
+        finally:
+            r.close()

@@ -118,6 +118,7 @@ def token_id(session, token: int | str, what: str = "token") -> int:
     return int(ids[0])
 
 
+@remotable
 def make_target(
     session,
     kind: str = "logprob",

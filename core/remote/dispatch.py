@@ -30,6 +30,7 @@ REMOTE_MODULES = (
     "attnscope.core.analysis.compare_b",
     "attnscope.core.analysis.experiments",
     "attnscope.core.analysis.gqa",
+    "attnscope.core.analysis.head_effects",
     "attnscope.core.analysis.kv_live",
     "attnscope.core.analysis.maskview",
     "attnscope.core.analysis.roles",
