@@ -348,3 +348,23 @@ def test_remote_engine_gives_the_same_effects(tmp_path):
             np.testing.assert_array_equal(logit_lens(r, [3]).top_ids, logit_lens(local, [3]).top_ids)
         finally:
             r.close()
+
+
+@pytest.mark.slow
+def test_readme_ioi_example_on_smollm2():
+    """The README's "Which heads matter" table: the heads that move " Mary" over " John"."""
+    from attnscope.core.analysis.head_effects import head_effects, logit_attribution, make_target
+    from attnscope.core.session import Session
+
+    s = Session.load()
+    s.prefill("When Mary and John went to the store, John gave a drink to", chat_template=False)
+    t = make_target(s, "logit_diff", token=" Mary", other=" John")
+    eff = head_effects(s, t, "zero", "readout")
+    assert abs(eff.clean - 6.12) < 0.01
+    top = eff.top(5)
+    assert [(layer, h) for layer, h, _ in top[:3]] == [(23, 3), (29, 1), (29, 0)]
+    assert abs(top[0][2] - (-2.93)) < 0.01 and abs(top[1][2] - (-1.68)) < 0.01
+    assert abs(eff.kv[23, 1] - (-2.90)) < 0.01
+    dla = logit_attribution(s, t)
+    assert abs(dla.total - dla.logit) < 1e-4 and abs(dla.logit - eff.clean) < 1e-4
+    assert abs(dla.heads[23, 3] - 2.86) < 0.01 and abs(dla.heads[29, 1] - 1.73) < 0.01
