@@ -145,13 +145,14 @@ class Session:
 
     def prefill(
         self,
-        prompt: str,
+        prompt: str | list[int],
         chat_template: bool = True,
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
         all_logits: bool = False,
     ) -> list[Token]:
-        """Start a new sequence: tokenize ``prompt`` and run it through the model.
+        """Start a new sequence: tokenize ``prompt`` and run it through the model. ``prompt`` may also be
+        a list of token ids, fed as they are (no chat template; :attr:`prompt` becomes their decoded text).
 
         With ``all_logits`` every prompt position's logits are kept too (``n_prompt × vocab``
         float32, for :meth:`position_logits`; Compare needs them).
@@ -161,16 +162,30 @@ class Session:
             is not a string, ``chat_template``/``all_logits`` not a bool.
             Cancelled: ``cancelled()`` became true; the previous sequence is gone, the session empty.
         """
-        if not isinstance(prompt, str):  # a list of prompts is a batch (issue 12 §3)
-            raise SessionError(f"prefill takes one prompt (a string), got {type(prompt).__name__}: {_BATCH}")
         flag("chat_template", chat_template)  # WrongType: "no" would read as True
         flag("all_logits", all_logits)
-        if not prompt or not prompt.strip():
-            raise SessionError("the prompt is empty: type some text first")
-        ids = self.encode(prompt, chat_template)
-        if not ids:
-            raise SessionError(NO_TOKENS)
-        self.notice = roundtrip_notice(self.tokenizer, prompt)  # None, or how the tokenizer changed the text
+        if isinstance(prompt, list | tuple | np.ndarray) and not any(isinstance(x, str) for x in prompt):
+            try:  # token ids, fed as they are (no chat template), as TransformerLens users pass tokens
+                ids = as_token_ids(prompt, self.info.vocab_size)
+            except ValueError as e:
+                raise BadArgument(str(e)) from None
+            if not ids:
+                raise SessionError("the prompt is empty: give at least one token id")
+            prompt, chat_template = self.tokenizer.decode(ids), False
+            self.notice = None
+        elif not isinstance(prompt, str):  # a list of prompts is a batch
+            raise SessionError(
+                f"prefill takes one prompt (a string or token ids), got {type(prompt).__name__}: {_BATCH}"
+            )
+        else:
+            if not prompt or not prompt.strip():
+                raise SessionError("the prompt is empty: type some text first")
+            ids = self.encode(prompt, chat_template)
+            if not ids:
+                raise SessionError(NO_TOKENS)
+            self.notice = roundtrip_notice(
+                self.tokenizer, prompt
+            )  # None, or how the tokenizer changed the text
         if self.info.max_context and len(ids) > self.info.max_context:
             raise SessionError(
                 f"the prompt has {len(ids)} tokens, more than the model's context of {self.info.max_context}"

@@ -38,7 +38,11 @@ _KINDS = "biuf"
 
 #: the dataclasses a server decodes in requests (what ops take as arguments)
 SERVER_DATACLASSES = frozenset(
-    {"attnscope.core.sampling.Sampling", "attnscope.core.analysis.experiments.Experiment"}
+    {
+        "attnscope.core.sampling.Sampling",
+        "attnscope.core.analysis.experiments.Experiment",
+        "attnscope.core.analysis.head_effects.Target",
+    }
 )
 
 #: a reply buffer is zstd-compressed only above this size (smaller ones gain nothing)

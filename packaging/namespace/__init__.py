@@ -41,6 +41,12 @@ _PUBLIC = {
     "kv_cache_bytes": "attnscope.core.analysis.kv_formula",
     "export_head": "attnscope.core.io.export",
     "Sampling": "attnscope.core.sampling",
+    # which heads matter (README "Which heads matter")
+    "make_target": "attnscope.core.analysis.head_effects",
+    "head_effects": "attnscope.core.analysis.head_effects",
+    "patch_heads": "attnscope.core.analysis.head_effects",
+    "logit_attribution": "attnscope.core.analysis.head_effects",
+    "logit_lens": "attnscope.core.analysis.head_effects",
 }
 
 __all__ = ["__version__", *_PUBLIC]

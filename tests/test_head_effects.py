@@ -1,0 +1,370 @@
+"""Head ablation, activation patching, direct logit attribution and the logit lens
+(:mod:`attnscope.core.analysis.head_effects`) against plain transformers forwards with hooks.
+
+The reference for every effect is what a TransformerLens-style loop computes: an eager transformers
+model, a forward pre-hook on the layer's ``o_proj`` that replaces head ``h``'s slice
+``[h·D, (h+1)·D)`` of its input (at the read-out position only, or at every position), and the target
+read from the logits at the read-out position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from attnscope.core.errors import BadArgument, OutOfRange
+from tiny_models import save_tiny
+
+IDS = [5, 9, 14, 20, 9, 14, 33, 41, 7, 14, 20, 9]  # 12 tokens, with repeats
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _load(family, tmp_path):
+    from attnscope.core.session import Session
+
+    ref = save_tiny(family, tmp_path / family)
+    s = Session.load(str(tmp_path / family))
+    s.prefill(IDS)
+    return s, ref
+
+
+def _proj(ref, layer):
+    return ref.model.layers[layer].self_attn.o_proj
+
+
+def _hooked_logits(ref, ids, layer, heads, D, value=None, positions=slice(None)):
+    """Eager logits at every position with ``heads``' slices of layer ``layer``'s o_proj input replaced."""
+
+    def hook(_m, args):
+        x = args[0].clone()
+        for h in heads:
+            sl = slice(h * D, (h + 1) * D)
+            x[:, positions, sl] = 0 if value is None else value[..., sl]
+        return (x,)
+
+    handle = _proj(ref, layer).register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            return ref(torch.tensor([ids])).logits[0].double().numpy()
+    finally:
+        handle.remove()
+
+
+def _logprob(logits, tok):
+    x = logits - logits.max()
+    return float(x[tok] - np.log(np.exp(x).sum()))
+
+
+@pytest.mark.parametrize(
+    "family, scope",
+    [
+        ("llama", "readout"),
+        *[
+            pytest.param(f, sc, marks=pytest.mark.slow)
+            for f in ("llama", "qwen3", "mistral", "gemma3_text")
+            for sc in ("readout", "everywhere")
+            if (f, sc) != ("llama", "readout")
+        ],
+    ],
+)
+def test_zero_ablation_equals_hooked_forward(family, scope, tmp_path):
+    from attnscope.core.analysis.head_effects import head_effects, make_target
+
+    s, ref = _load(family, tmp_path)
+    p = 9
+    t = make_target(s, "logprob", position=p)
+    assert t.token == IDS[p + 1]  # default: the token the sequence holds next
+    eff = head_effects(s, t, "zero", scope)
+    D = s.info.head_dim
+    clean = _logprob(_hooked_logits(ref, IDS, 0, [], D)[p], t.token)
+    assert abs(eff.clean - clean) < 1e-5
+    pos = slice(p, p + 1) if scope == "readout" else slice(None)
+    for layer in range(s.info.n_layers):
+        for h in range(s.info.n_heads):
+            want = _logprob(_hooked_logits(ref, IDS, layer, [h], D, positions=pos)[p], t.token) - clean
+            assert abs(eff.query[layer, h] - want) < 1e-5, (family, scope, layer, h)
+        for k in range(s.info.n_kv_heads):
+            group = list(s.info.group(k))
+            want = _logprob(_hooked_logits(ref, IDS, layer, group, D, positions=pos)[p], t.token) - clean
+            assert abs(eff.kv[layer, k] - want) < 1e-5, (family, scope, layer, k)
+    assert np.abs(eff.query).max() > 1e-4  # the heads do matter in a random model
+
+
+def test_mean_and_resample_ablation_and_kl(tmp_path):
+    from attnscope.core.analysis.head_effects import head_effects, make_target
+
+    s, ref = _load("llama", tmp_path)
+    D, p = s.info.head_dim, len(IDS) - 1
+    captured = {}
+
+    def keep(_m, args):
+        captured["z"] = args[0][0].detach().clone()
+
+    handle = _proj(ref, 1).register_forward_pre_hook(keep)
+    with torch.no_grad():
+        ref(torch.tensor([IDS]))
+    handle.remove()
+    mean = captured["z"].mean(0, keepdim=True)
+    t = make_target(s, "kl")
+    eff = head_effects(s, t, "mean", "everywhere")
+    clean_logits = _hooked_logits(ref, IDS, 0, [], D)[p]
+    got = _hooked_logits(ref, IDS, 1, [2], D, value=mean)[p]
+    q, r = np.exp(clean_logits - clean_logits.max()), np.exp(got - got.max())
+    q, r = q / q.sum(), r / r.sum()
+    assert abs(eff.query[1, 2] - float(np.sum(q * np.log(q / r)))) < 1e-6
+    assert eff.clean == 0.0 and np.all(eff.query >= -1e-9)
+    # resample from a second prompt, read-out position only
+    other = [6, 8, 13, 21, 10, 15, 34, 40, 8, 13, 21, 10]
+    handle = _proj(ref, 0).register_forward_pre_hook(keep)
+    with torch.no_grad():
+        ref(torch.tensor([other]))
+    handle.remove()
+    t2 = make_target(s, "logprob", token=7)
+    eff2 = head_effects(s, t2, "resample", "readout", source=other)
+    want = _logprob(
+        _hooked_logits(ref, IDS, 0, [1], D, value=captured["z"][p], positions=slice(p, p + 1))[p], 7
+    ) - _logprob(clean_logits, 7)
+    assert abs(eff2.query[0, 1] - want) < 1e-5
+
+
+@pytest.mark.slow
+def test_patching_denoise_and_noise_fractions(tmp_path):
+    from attnscope.core.analysis.head_effects import make_target, patch_heads
+
+    s, ref = _load("qwen3", tmp_path)
+    D, p = s.info.head_dim, len(IDS) - 1
+    corrupt = list(IDS)
+    corrupt[3] = 44
+    t = make_target(s, "logit_diff", token=9, other=14)
+    res = patch_heads(s, corrupt, t, "everywhere")
+
+    def diff(logits):
+        return float(logits[p, 9] - logits[p, 14])
+
+    clean, bad = diff(_hooked_logits(ref, IDS, 0, [], D)), diff(_hooked_logits(ref, corrupt, 0, [], D))
+    assert abs(res.clean - clean) < 1e-5 and abs(res.corrupt - bad) < 1e-5
+    zc = {}
+
+    def keep(_m, args):
+        zc["z"] = args[0].detach().clone()
+
+    for layer in range(s.info.n_layers):
+        handle = _proj(ref, layer).register_forward_pre_hook(keep)
+        with torch.no_grad():
+            ref(torch.tensor([IDS]))
+        handle.remove()
+        z_clean = zc["z"]
+        for h in range(s.info.n_heads):
+            patched = diff(_hooked_logits(ref, corrupt, layer, [h], D, value=z_clean))
+            assert abs(res.denoise[layer, h] - (patched - bad) / (clean - bad)) < 1e-4
+    with pytest.raises(BadArgument, match="same length"):
+        patch_heads(s, corrupt[:-1], t)
+
+
+@pytest.mark.parametrize(
+    "family", ["llama", *[pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3", "gpt2", "phi3")]]
+)
+def test_direct_logit_attribution_sums_to_the_logit(family, tmp_path):
+    from attnscope.core.analysis.head_effects import logit_attribution, make_target
+
+    s, _ref = _load(family, tmp_path)
+    t = make_target(s, "logprob", position=7)
+    dla = logit_attribution(s, t)
+    assert abs(dla.total - dla.logit) < 1e-4
+    assert dla.residual_error < 1e-5
+    assert dla.heads.shape == (s.info.n_layers, s.info.n_heads) and np.abs(dla.heads).max() > 0
+    d2 = logit_attribution(s, make_target(s, "logit_diff", position=7, token=9, other=14))
+    assert abs(d2.total - d2.logit) < 1e-4
+
+
+def test_dla_refuses_post_norm_family(tmp_path):
+    from attnscope.core.analysis.head_effects import logit_attribution
+    from attnscope.core.errors import UnsupportedModelError
+
+    s, _ = _load("gemma3_text", tmp_path)
+    with pytest.raises(UnsupportedModelError, match="post-norm"):
+        logit_attribution(s)
+
+
+@pytest.mark.parametrize(
+    "family", ["llama", *[pytest.param(f, marks=pytest.mark.slow) for f in ("gemma3_text", "gpt2")]]
+)
+def test_logit_lens_last_layer_is_the_model(family, tmp_path):
+    from attnscope.core.analysis.head_effects import logit_lens
+
+    s, ref = _load(family, tmp_path)
+    lens = logit_lens(s, positions=[2, 5, -1], k=3)
+    with torch.no_grad():
+        logits = ref(torch.tensor([IDS])).logits[0].double().numpy()
+    pos = [2, 5, len(IDS) - 1]
+    assert lens.positions.tolist() == pos
+    want = np.argsort(-logits[pos], axis=-1)[:, :3]
+    np.testing.assert_array_equal(lens.top_ids[-1], want)
+    probs = np.exp(logits[pos] - logits[pos].max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    np.testing.assert_allclose(lens.top_probs[-1], np.take_along_axis(probs, want, -1), atol=1e-5)
+    assert lens.final_rank[-1].tolist() == [0, 0, 0]
+    assert lens.top_ids.shape == (s.info.n_layers, 3, 3)
+
+
+def test_bad_input_is_one_line(tmp_path):
+    from attnscope.core.analysis.head_effects import head_effects, logit_lens, make_target
+
+    s, _ = _load("llama", tmp_path)
+    with pytest.raises(OutOfRange):
+        make_target(s, position=99)
+    with pytest.raises(BadArgument, match="tokens"):
+        make_target(s, token="tt tt")  # several tokens
+    with pytest.raises(BadArgument, match="second token"):
+        make_target(s, "logit_diff", token=9)
+    with pytest.raises(BadArgument, match="method"):
+        head_effects(s, method="nope")
+    with pytest.raises(BadArgument, match="second prompt"):
+        head_effects(s, method="resample")
+    with pytest.raises(OutOfRange):
+        logit_lens(s, positions=[40])
+
+
+def test_sweep_cancels_and_reports_progress(tmp_path):
+    from attnscope.core.analysis.head_effects import head_effects
+    from attnscope.core.errors import Cancelled
+
+    s, _ = _load("llama", tmp_path)
+    seen = []
+    with pytest.raises(Cancelled, match="stopped after 3 of"):
+        head_effects(s, progress=lambda i, n: seen.append((i, n)), cancelled=lambda: len(seen) >= 3)
+    n = s.info.n_layers * (s.info.n_heads + s.info.n_kv_heads)
+    assert seen == [(1, n), (2, n), (3, n)]
+    before = s.ids
+    assert head_effects(s).query.shape == (s.info.n_layers, s.info.n_heads)  # the session still works
+    assert s.ids == before and s.trace.seq_len == len(IDS)  # the sweep ran in its own cache
+
+
+def test_prefill_takes_token_ids(tmp_path):
+    from attnscope.core.errors import BadArgument
+
+    s, _ = _load("llama", tmp_path)
+    assert s.ids == IDS and s.n_prompt == len(IDS) and not s.chat_template
+    w = s.weights(0, 1)
+    s.prefill(s.prompt, chat_template=False)
+    with pytest.raises(BadArgument, match="vocabulary"):
+        s.prefill([5, 10_000])
+    s.prefill(np.array(IDS))
+    np.testing.assert_array_equal(s.weights(0, 1), w)
+
+
+@pytest.mark.slow
+def test_cli_ablate_patch_lens(tmp_path, capsys):
+    import json
+
+    from attnscope.core.cli.main import main
+
+    save_tiny("llama", tmp_path / "m")
+    m = str(tmp_path / "m")
+    prompt = ["--prompt", "ttt tt t", "--no-chat-template"]
+    assert (
+        main(
+            [
+                "ablate",
+                "--model",
+                m,
+                *prompt,
+                "--target",
+                "t",
+                "--json",
+                str(tmp_path / "a.json"),
+                "--csv",
+                str(tmp_path / "a.csv"),
+            ]
+        )
+        == 0
+    )
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert np.asarray(a["query_heads"]).shape == (2, 4) and np.asarray(a["kv_heads"]).shape == (2, 2)
+    dla = a["direct_logit_attribution"]
+    assert abs(dla["total"] - dla["logit"]) < 1e-4
+    rows = (tmp_path / "a.csv").read_text().splitlines()
+    assert rows[0] == "layer,head,kv_head,effect,direct_logit_attribution" and len(rows) == 9
+    assert (
+        main(
+            [
+                "patch",
+                "--model",
+                m,
+                *prompt,
+                "--corrupt",
+                "tt tttt",
+                "--target",
+                "t",
+                "--other",
+                " t",
+                "--json",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 0
+    )
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert np.asarray(p["denoise"]).shape == (2, 4)
+    capsys.readouterr()
+    assert main(["lens", "--model", m, *prompt, "--positions", "0,-1", "--json", "-"]) == 0
+    lens = json.loads(capsys.readouterr().out)  # the summary goes to stderr
+    assert lens["positions"][0] == 0 and len(lens["top_ids"]) == 2
+    # bad input: one line, non-zero
+    assert main(["ablate", "--model", m, *prompt, "--target", "tt tt", "--json", "-"]) != 0
+    assert "not one" in capsys.readouterr().err
+    assert main(["patch", "--model", m, *prompt, "--corrupt", "t", "--json", "-"]) != 0
+    assert "same length" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_remote_engine_gives_the_same_effects(tmp_path):
+    pytest.importorskip("zmq")
+    from attnscope.core.analysis.head_effects import head_effects, logit_attribution, logit_lens, make_target
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
+    from test_remote import TOKEN, serving
+
+    save_tiny("qwen3", tmp_path / "m")
+    local = Session.load(str(tmp_path / "m"))
+    local.prefill(IDS)
+    t = make_target(local, "logit_diff", token=9, other=14)
+    want = head_effects(local, t, "mean")
+    engine = Session.load(str(tmp_path / "m"))
+    with serving(engine) as server:
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
+        try:
+            r.prefill(IDS)
+            t2 = make_target(r, "logit_diff", token=9, other=14)
+            assert t2 == t
+            got = head_effects(r, t2, "mean")
+            np.testing.assert_array_equal(got.query, want.query)
+            np.testing.assert_array_equal(got.kv, want.kv)
+            assert logit_attribution(r, t).total == logit_attribution(local, t).total
+            np.testing.assert_array_equal(logit_lens(r, [3]).top_ids, logit_lens(local, [3]).top_ids)
+        finally:
+            r.close()
+
+
+@pytest.mark.slow
+def test_readme_ioi_example_on_smollm2():
+    """The README's "Which heads matter" table: the heads that move " Mary" over " John"."""
+    from attnscope.core.analysis.head_effects import head_effects, logit_attribution, make_target
+    from attnscope.core.session import Session
+
+    s = Session.load()
+    s.prefill("When Mary and John went to the store, John gave a drink to", chat_template=False)
+    t = make_target(s, "logit_diff", token=" Mary", other=" John")
+    eff = head_effects(s, t, "zero", "readout")
+    assert abs(eff.clean - 6.12) < 0.01
+    top = eff.top(5)
+    assert [(layer, h) for layer, h, _ in top[:3]] == [(23, 3), (29, 1), (29, 0)]
+    assert abs(top[0][2] - (-2.93)) < 0.01 and abs(top[1][2] - (-1.68)) < 0.01
+    assert abs(eff.kv[23, 1] - (-2.90)) < 0.01
+    dla = logit_attribution(s, t)
+    assert abs(dla.total - dla.logit) < 1e-4 and abs(dla.logit - eff.clean) < 1e-4
+    assert abs(dla.heads[23, 3] - 2.86) < 0.01 and abs(dla.heads[29, 1] - 1.73) < 0.01
