@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from attnscope.core.analysis.remotable import remotable
 from attnscope.core.checks import index
 from attnscope.core.errors import BadArgument, Cancelled, OutOfRange, SessionError, UnsupportedModelError
-from attnscope.core.analysis.remotable import remotable
 
 TARGET_KINDS = ("logprob", "logit_diff", "kl")
 METHODS = ("zero", "mean", "resample")

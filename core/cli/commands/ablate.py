@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "ablate"
 HELP = "ablate every head (and GQA group) and write the change in a target (JSON/CSV)"
@@ -85,8 +85,8 @@ def write_rows(path, header: list[str], rows: list[list]) -> None:
 
 def run(args) -> int:
     from attnscope.core.analysis.head_effects import head_effects, logit_attribution
-    from attnscope.core.io.paths import check_output, shown, write_json
     from attnscope.core.errors import UnsupportedModelError
+    from attnscope.core.io.paths import check_output, shown, write_json
 
     if args.json is None and args.csv is None:
         raise ValueError("give --json FILE or --csv FILE (or both)")

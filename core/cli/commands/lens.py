@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from attnscope.core.cli.commands.ablate import write_rows
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "lens"
 HELP = "logit lens: each layer's top tokens at chosen positions (JSON/CSV)"

@@ -15,7 +15,7 @@ from attnscope.core.cli.commands.ablate import (
     target_of,
     write_rows,
 )
-from attnscope.core.cli.main import add_model_arguments, add_prompt_arguments, open_session
+from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "patch"
 HELP = "activation patching of every head between --prompt and --corrupt (JSON/CSV)"
