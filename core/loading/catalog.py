@@ -386,6 +386,15 @@ def _stamp(path: Path) -> tuple:
         return (None, None)
 
 
+def _files_stamp(folder: Path) -> tuple:
+    """(name, size, mtime) of every file directly in ``folder`` (links followed): what a folder's
+    entry is memoised on, so a shard added, removed, finished or cut is described afresh."""
+    try:
+        return tuple(sorted((f.name, *_stamp(f)) for f in folder.iterdir()))
+    except OSError:
+        return ()
+
+
 def _int(v) -> int:
     if isinstance(v, list):  # per-layer values (some GGUFs): the largest
         v = max((x for x in v if isinstance(x, int | float)), default=0)
@@ -598,7 +607,7 @@ def describe_hf_folder(
     from attnscope.core.loading.resolve import weight_files
 
     folder = Path(folder)
-    key = ("hf", str(folder), source, name, _stamp(folder / "config.json"), size_bytes, note)
+    key = ("hf", str(folder), source, name, _files_stamp(folder), size_bytes, note)
     if key in _memo:
         return _memo[key]
     reason, refused_by, cfg = _support(folder)

@@ -408,10 +408,14 @@ def weight_files(folder: Path, cfg: dict | None = None) -> list[Path]:
         if not name.endswith(".index.json") or not f.exists():  # a dangling link: said incomplete
             return [f]
         try:
-            shards = json.loads(f.read_text())["weight_map"].values()
-            return sorted({folder / str(w) for w in shards})
+            index = json.loads(f.read_text())
+            shards = index["weight_map"].values()
+            files = sorted({folder / str(w) for w in shards})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ModelLoadError(f"{f} is not a valid safetensors index: {_first_line(e)}") from None
+        if not isinstance(index.get("metadata"), dict):  # transformers reads index["metadata"]
+            raise ModelLoadError(f'{f} is not a valid safetensors index: it has no "metadata" object')
+        return files
     return []
 
 
