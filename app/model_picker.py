@@ -269,7 +269,13 @@ class CatalogModel(QAbstractTableModel):
             return QBrush(GREY)
         d = self.device_fit(index.row()) if col == FIT_COLUMN else None
         verdict = d.verdict if d is not None else (f.verdict if f is not None else None)
-        if role == Qt.BackgroundRole and col == FIT_COLUMN and e.supported and verdict in FIT_COLOURS:
+        if (
+            role == Qt.BackgroundRole
+            and col == FIT_COLUMN
+            and e.supported
+            and verdict in FIT_COLOURS
+            and not e.problem_on(self.backend)  # "not on torch" is no fit verdict
+        ):
             return QBrush(FIT_COLOURS[verdict])
         if role == Qt.ToolTipRole:
             if not e.supported:
