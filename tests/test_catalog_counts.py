@@ -507,3 +507,25 @@ def test_supported_exactly_when_it_loads(tmp_path, llama, damage):
     if damage is _metadata_int:  # the sample: refused by both, in the safetensors library's words
         assert why.startswith("model.safetensors has an invalid safetensors header (invalid JSON in header: ")
         assert "expected a string" in why
+
+
+def test_cli_models_says_what_is_incomplete_and_which_backend_refuses(tmp_path, monkeypatch, capsys, llama):
+    """``attnscope models`` prints the notes and, for the chosen backend, the models it cannot open."""
+    from attnscope.core.cli.main import main
+
+    hub = tmp_path / "hub"
+    _blob_repo(hub, "org/tiny-llama", {**_folder_files(llama[0]), "README.md": None})
+    mlx, _ = _mlx_quantised(llama[0], tmp_path / "tiny-8bit", 8)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("ATTNSCOPE_LMSTUDIO_MODELS", "")
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
+    assert main(["models", "--add", str(mlx)]) == 0
+    capsys.readouterr()
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "\nnotes:\n  org/tiny-llama: incomplete in the cache (blob missing): README.md" in out
+    assert "\nnot on torch:\n  tiny-8bit: llama checkpoint holds MLX-quantised weights (8-bit)" in out
+    [row] = [line for line in out.splitlines() if line.startswith("tiny-8bit ")]
+    assert row.rstrip().endswith("not on torch") and "108.9K" in row and "MLX 8-bit (group 64)" in row
+    assert main(["models", "--backend", "mlx"]) == 0
+    assert "not on mlx:" not in capsys.readouterr().out
