@@ -109,6 +109,9 @@ def test_names_beyond_the_sample(tmp_path, llama):
         assert model_name(snap) == repo_id and resolve(str(snap))[1] == repo_id
         [e] = catalog.describe_path(snap)
         assert e.name == repo_id and e.supported
+    sub = tmp_path / "hub" / "models--org--multi" / "snapshots" / REV / "base"
+    shutil.copytree(llama[0], sub)
+    assert model_name(sub) == "org/multi/base" and resolve(str(sub))[1] == "org/multi/base"
     g = tmp_path / "hub" / "models--x--y" / "snapshots" / REV / "sub" / "m-Q8_0.gguf"
     assert hf_cache_snapshot(g) == ("x/y", REV)
     assert model_name(llama[0]) == "llama" and hf_cache_snapshot(llama[0]) is None

@@ -191,9 +191,14 @@ def hf_cache_snapshot(folder: str | os.PathLike) -> tuple[str, str] | None:
 def model_name(folder: str | os.PathLike) -> str:
     """The name a model folder is shown by (status bar, messages, sidecars' ``model.name``, session
     files): ``org/name`` for a Hugging Face hub cache snapshot (:func:`hf_cache_snapshot`: its
-    revision is recorded apart, never in the name), else the folder's own name."""
-    hub = hf_cache_snapshot(folder) if Path(folder).is_dir() else None
-    return hub[0] if hub else Path(folder).name
+    revision is recorded apart, never in the name), ``org/name/<sub>`` for a model folder inside
+    one, else the folder's own name."""
+    p = Path(folder)
+    hub = hf_cache_snapshot(p) if p.is_dir() else None
+    if hub is None:
+        return p.name
+    inside = next(q for q in (p, *p.parents) if q.name == hub[1] and q.parent.name == "snapshots")
+    return "/".join((hub[0], *p.relative_to(inside).parts))  # a model folder inside a snapshot: repo/sub
 
 
 def cache_root() -> Path:
