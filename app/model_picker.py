@@ -138,11 +138,19 @@ BACKEND_LABELS = registry.labels()
 
 
 def backend_refusal(e: CatalogEntry, backend: str) -> str | None:
-    """Why ``backend`` cannot open ``e``, in the window's words (the menu to use, not a flag), or None."""
-    problem = registry.problem(e.architecture, backend)
+    """Why ``backend`` cannot open the supported entry ``e``, in the window's words (the menu to use,
+    not a flag), or None (:meth:`attnscope.core.loading.catalog.CatalogEntry.problem_on`: its family,
+    or this very file, e.g. an mlx-lm quantised folder on torch)."""
+    problem = e.problem_on(backend) if e.supported else None
     if problem is None:
         return None
-    return f"{problem[0].upper()}{problem[1:]}. Choose torch under Backend above to open it."
+    others = [b for b in registry.names() if b != backend and e.problem_on(b) is None]
+    where = (
+        f" Choose {BACKEND_LABELS.get(others[0], others[0])} under Backend above to open it."
+        if others
+        else ""
+    )
+    return f"{problem[0].upper()}{problem[1:]}.{where}"
 
 
 class CatalogModel(QAbstractTableModel):
@@ -225,7 +233,7 @@ class CatalogModel(QAbstractTableModel):
             return human_bytes(e.size_bytes), e.size_bytes
         if not e.supported:
             return "unsupported", float("inf")
-        if registry.problem(e.architecture, self.backend):
+        if e.problem_on(self.backend):
             return f"not on {BACKEND_LABELS.get(self.backend, self.backend)}", float("inf")
         if self.device_map != "none":
             row = self.entries.index(e) if e in self.entries else -1
@@ -261,7 +269,13 @@ class CatalogModel(QAbstractTableModel):
             return QBrush(GREY)
         d = self.device_fit(index.row()) if col == FIT_COLUMN else None
         verdict = d.verdict if d is not None else (f.verdict if f is not None else None)
-        if role == Qt.BackgroundRole and col == FIT_COLUMN and e.supported and verdict in FIT_COLOURS:
+        if (
+            role == Qt.BackgroundRole
+            and col == FIT_COLUMN
+            and e.supported
+            and verdict in FIT_COLOURS
+            and not e.problem_on(self.backend)  # "not on torch" is no fit verdict
+        ):
             return QBrush(FIT_COLOURS[verdict])
         if role == Qt.ToolTipRole:
             if not e.supported:
@@ -275,7 +289,7 @@ class CatalogModel(QAbstractTableModel):
                 return f.summary()
             if col == LOADS_AT_COLUMN and f is not None and f.dtype_reason:
                 return f.dtype_reason
-            return str(e.path)
+            return f"{e.path}\n{e.note}" if e.note else str(e.path)
         if role == Qt.TextAlignmentRole and col in (3, 4, 6, 7, 10):
             return int(Qt.AlignRight | Qt.AlignVCenter)
         if role == Qt.FontRole and col == 0 and e.source == "embedded":
@@ -798,6 +812,8 @@ class ModelPickerDialog(QDialog):
     def describe(e: CatalogEntry, f: FitEstimate | None, d: DeviceMapFit | None = None) -> str:
         """Rich text for the details pane (``d``: the per-device fit under a device map)."""
         head = f"<b>{_esc(e.name)}</b> &nbsp;<span style='color:gray'>{_esc(str(e.path))}</span><br>"
+        if e.note:  # what is incomplete or left out beside it (catalog.CatalogEntry.note)
+            head += f"<span style='color:#a06000'>Note: {_esc(e.note)}</span><br>"
         if not e.supported:
             return head + f"<span style='color:#b00020'>Not supported: {_esc(e.reason)}</span>"
         geo = (

@@ -27,7 +27,7 @@ from attnscope.core.ids import as_token_ids
 from attnscope.core.kv_formula import kv_cache_bytes as kv_formula
 from attnscope.core.loading.resolve import ModelInfo
 from attnscope.core.sampling import GREEDY, Sampling, choose, softmax
-from attnscope.core.tokens import NO_TOKENS, Token, roundtrip_notice, token_text
+from attnscope.core.tokens import NO_TOKENS, Token, decode_text, roundtrip_notice, token_text
 
 
 @dataclass(frozen=True)
@@ -375,7 +375,7 @@ class Session:
 
     def text(self, generated_only: bool = True) -> str:
         ids = self._ids[self._n_prompt :] if generated_only else self._ids
-        return self.tokenizer.decode(ids)
+        return decode_text(self.tokenizer, ids)  # an id the tokenizer does not know reads <id N>
 
     def weights(
         self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None

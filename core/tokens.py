@@ -175,12 +175,68 @@ def display_label(raw: str, kind: str | None = None) -> str:
     return visible_text(text)
 
 
+#: why a token reads ``<id N>`` (the next-token panel's legend and tooltip, the CLI's note, sidecars)
+UNKNOWN_ID_NOTE = (
+    "<id N> is a token id the tokenizer does not know: the model's vocabulary is padded past the "
+    "tokenizer's size (as Qwen and Phi-3 pad theirs), so the id has no text"
+)
+
+
+def unknown_label(token_id: int) -> str:
+    """The label of an id the tokenizer has no token for: ``<id 50211>``."""
+    return f"<id {int(token_id)}>"
+
+
+def is_unknown(raw: str, token_id: int) -> bool:
+    """Whether ``raw`` is :func:`unknown_label` of ``token_id`` (a token the tokenizer does not know)."""
+    return raw == unknown_label(token_id)
+
+
+def _raw_token(tokenizer, token_id: int) -> str | None:
+    """The tokenizer's string for ``token_id``; None when it has none (an id past its vocabulary:
+    fast tokenizers answer None, SentencePiece raises)."""
+    try:
+        raw = tokenizer.convert_ids_to_tokens(int(token_id))
+    except (IndexError, KeyError, ValueError, OverflowError, RuntimeError):
+        return None
+    return None if raw is None else raw if isinstance(raw, str) else str(raw)
+
+
 def token_text(tokenizer, token_id: int) -> tuple[str, str]:
     """``(raw, label)`` of one id of ``tokenizer``: its own string and :func:`display_label` by the
-    tokenizer's kind. The one place token text comes from (session tokens, next-token lists, exports)."""
-    raw = tokenizer.convert_ids_to_tokens(int(token_id))
-    raw = raw if isinstance(raw, str) else str(raw)
+    tokenizer's kind. The one place token text comes from (session tokens, next-token lists, exports).
+
+    An id the tokenizer does not know (a model vocabulary padded past the tokenizer's size) is
+    ``("<id N>", "<id N>")`` (:func:`unknown_label`, :data:`UNKNOWN_ID_NOTE`), never ``"None"``.
+    """
+    raw = _raw_token(tokenizer, token_id)
+    if raw is None:
+        label = unknown_label(token_id)
+        return label, label
     return raw, display_label(raw, tokenizer_kind(tokenizer))
+
+
+def decode_text(tokenizer, ids) -> str:
+    """``tokenizer.decode(ids)``, with each id the tokenizer does not know written as ``<id N>`` where it
+    stands (``decode`` alone drops it silently). Ids it knows decode as one run each, so the text is
+    ``decode(ids)`` itself when every id is known."""
+    ids = [int(i) for i in ids]
+    unknown = [_raw_token(tokenizer, i) is None for i in ids]
+    if not any(unknown):
+        return tokenizer.decode(ids)
+    out: list[str] = []
+    run: list[int] = []
+    for i, u in zip(ids, unknown, strict=True):
+        if not u:
+            run.append(i)
+            continue
+        if run:
+            out.append(tokenizer.decode(run))
+            run = []
+        out.append(unknown_label(i))
+    if run:
+        out.append(tokenizer.decode(run))
+    return "".join(out)
 
 
 @dataclass(frozen=True)

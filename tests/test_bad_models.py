@@ -109,11 +109,16 @@ def test_quantised_checkpoint(good, tmp_path):
 
 def test_missing_shard(good, tmp_path):
     folder = _copy(good, tmp_path, "llama")
+    # a sharded folder (transformers reads the index only when there is no model.safetensors)
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
     (folder / "model.safetensors.index.json").write_text(
         json.dumps(
             {
                 "metadata": {},
-                "weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"},
+                "weight_map": {
+                    "a": "model-00001-of-00002.safetensors",
+                    "b": "model-00002-of-00002.safetensors",
+                },
             }
         )
     )

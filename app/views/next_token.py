@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attnscope.core.analysis.timeline import NextTokenTable
 from attnscope.core.sampling import Sampling
+from attnscope.core.tokens import UNKNOWN_ID_NOTE, is_unknown
 from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QPainter
 from PySide6.QtWidgets import (
@@ -157,8 +158,15 @@ class TopTokenBars(QWidget):
 
     def set_table(self, table: NextTokenTable | None) -> None:
         self.table = table
+        # an id the tokenizer does not know reads <id N>: the legend says so in short, the tooltip in full
+        self.setToolTip(UNKNOWN_ID_NOTE if table is not None and self.has_unknown(table) else "")
         self.updateGeometry()
         self.update()
+
+    @staticmethod
+    def has_unknown(t: NextTokenTable) -> bool:
+        """Whether a candidate is an id the tokenizer does not know (:func:`attnscope.core.tokens.is_unknown`)."""
+        return any(is_unknown(r.raw, r.id) for r in t.rows)
 
     def set_placeholder(self, text: str | None = None) -> None:
         """What the empty panel says (None: :data:`PLACEHOLDER`)."""
@@ -222,6 +230,8 @@ class TopTokenBars(QWidget):
         lines = ["blue: the model's p (temperature 1)"]
         if any(SPACE_MARK in candidate_label(r.text) for r in t.rows):
             lines.append(f'{SPACE_MARK} marks a space: {SPACE_MARK}is is " is"')
+        if TopTokenBars.has_unknown(t):
+            lines.append("<id N>: an id with no text (padded vocab)")
         if not t.sampling.greedy:
             lines.append("orange: p after temperature, top-k, top-p")
         if t.chosen_id is not None:

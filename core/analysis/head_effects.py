@@ -175,7 +175,9 @@ class _Parts:
 def _parts(session) -> _Parts:
     be = session.backend
     model = getattr(be, "model", None)
-    if getattr(be, "name", "") != "torch" or model is None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):  # the MLX backend's model: no module hooks
         raise UnsupportedModelError(
             "head ablation, patching, direct logit attribution and the logit lens need the torch backend "
             "(the MLX backend's layers cannot be hooked): use --backend torch"

@@ -60,7 +60,8 @@ def mlx_device() -> str:
 
 
 def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
-    """Read every ``*.safetensors`` of ``folder`` as MLX arrays cast to ``dtype``.
+    """Read the ``*.safetensors`` files the loader reads (:func:`attnscope.core.loading.resolve.weight_files`:
+    not a second copy such as ``consolidated.safetensors``) as MLX arrays cast to ``dtype``.
 
     Drops buffers that are not parameters (``rotary_emb.inv_freq``) and a saved ``lm_head.weight``
     when embeddings are tied.
@@ -68,7 +69,9 @@ def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
     Raises:
         ModelLoadError: no safetensors (``pytorch_model.bin`` only) or an unreadable file.
     """
-    files = sorted(folder.glob("*.safetensors"))
+    from attnscope.core.loading.resolve import weight_files
+
+    files = [f for f in weight_files(folder) if f.suffix == ".safetensors"]
     if not files:
         raise ModelLoadError(
             f"{folder} has no *.safetensors weights: the MLX backend cannot read pytorch_model.bin"

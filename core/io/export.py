@@ -46,6 +46,7 @@ from attnscope.core.io.render import FrameRenderer, Renderer
 from attnscope.core.loading.device_map import record as dm_record
 from attnscope.core.loading.model_hash import model_sha256
 from attnscope.core.loading.quantize import record as quant_record
+from attnscope.core.tokens import UNKNOWN_ID_NOTE, is_unknown
 
 SCHEMA = "attnscope.export/1"
 SAFETENSORS_KEY = "weights"
@@ -58,6 +59,16 @@ Progress = Callable[[int, int, str], None]
 
 
 # -- provenance --------------------------------------------------------------------------------------
+def model_revision(source: str | os.PathLike | None) -> str | None:
+    """The revision (commit hash) of a model loaded from the Hugging Face hub cache, read from its
+    path ``models--<org>--<name>/snapshots/<revision>`` (:func:`attnscope.core.loading.resolve.hf_cache_snapshot`);
+    None for any other source. The name stays ``org/name`` (``model.name``)."""
+    from attnscope.core.loading.resolve import hf_cache_snapshot
+
+    hub = hf_cache_snapshot(source) if source else None
+    return hub[1] if hub else None
+
+
 def engine_record(session) -> dict:
     """``{"engine": {"address": "HOST:PORT", "host": name}}`` for a session whose model runs in an
     ``attnscope serve`` engine (:mod:`attnscope.core.remote`), ``{}`` for an in-process one."""
@@ -92,13 +103,15 @@ def session_metadata(session) -> dict:
     info = session.info
     toks = session.tokens
     sampling = getattr(session, "sampling", None)
-    return {
+    meta = {
         "schema": SCHEMA,
         "attnscope_version": __version__,
         "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "model": {
             "name": info.name,
             "source": info.source,
+            # the Hugging Face hub cache revision (snapshot commit) the weights came from; None elsewhere
+            "revision": model_revision(info.source),
             # a remote session knows the hash the engine computed on its own machine
             "sha256": getattr(session, "model_sha256", None) or model_sha256(info.source),
             "architecture": info.architecture,
@@ -133,6 +146,9 @@ def session_metadata(session) -> dict:
         "exact": True,
         "exact_note": EXACT_NOTE,
     }
+    if any(is_unknown(t.raw, t.id) for t in toks):  # their texts read <id N>: say why once
+        meta["token_note"] = UNKNOWN_ID_NOTE
+    return meta
 
 
 def head_metadata(

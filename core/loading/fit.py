@@ -189,6 +189,31 @@ def _mlx_packed_bytes(path: str, dtype: str, _mtime: int) -> int | None:
     return int(total) if packed else None
 
 
+def mlx_folder_packed_bytes(path, dtype: str) -> int | None:
+    """Weight bytes of an mlx-lm quantised folder as the MLX backend holds it: the packed ``uint32``
+    words as stored, every float tensor (scales, biases, norms) at ``dtype`` (it casts them on load),
+    over the files the loader reads (:func:`attnscope.core.loading.resolve.weight_files`). None when
+    unreadable."""
+    from attnscope.core.loading.resolve import check_safetensors, weight_files
+
+    try:
+        total = 0
+        for f in weight_files(Path(path)):
+            for k, v in check_safetensors(f).items():
+                if k == "__metadata__" or not isinstance(v, dict):
+                    continue
+                begin, end = v["data_offsets"]
+                n = 1
+                for d in v["shape"]:
+                    n *= int(d)
+                total += (
+                    int(end - begin) if v["dtype"] in ("U32", "I32", "U8", "I8") else n * dtype_bytes(dtype)
+                )
+        return total
+    except Exception:  # noqa: BLE001 - unreadable: the plain estimate applies
+        return None
+
+
 def embedding_params(path, fmt: str = "hf") -> int | None:
     """Parameters outside the decoder's linear layers that matter for size: the input embedding,
     plus ``lm_head`` when it is not tied to it (``vocab × hidden`` each). Read from config.json
@@ -311,6 +336,8 @@ def estimate_entry(
         if spec.packs_gguf and entry.format == "gguf" and quantize == "none"
         else None
     )
+    if backend == "mlx" and entry.format == "hf" and entry.quantised:  # an mlx-lm folder stays packed
+        packed = mlx_folder_packed_bytes(entry.path, dtype)
     est = estimate(
         n_params=entry.n_params,
         n_layers=entry.n_layers,

@@ -296,7 +296,8 @@ def entry_checkpoint(entry) -> Checkpoint:
     origin = f"GGUF {entry.dtype}" if entry.format == "gguf" else "config dtype"
     own, quantised = (
         normalise(getattr(entry, "checkpoint_dtype", "")),
-        bool(getattr(entry, "quantised", False)),
+        # dequantised on load (a GGUF); an mlx-lm folder stays packed and loads at its own dtype
+        bool(getattr(entry, "quantised", False)) and entry.format == "gguf",
     )
     if own is None and entry.format == "gguf":  # an entry built without them: read the file type name
         own = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(

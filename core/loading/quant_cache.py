@@ -431,32 +431,22 @@ def set_repr(module, mode: str, device_type: str) -> None:
 def list_entries() -> list[ConvertedModel]:
     """Every folder under :func:`root` as :class:`attnscope.core.loading.resolve.ConvertedModel`
     (``kind`` e.g. ``"int8 weights"``; ``source`` the model folder; incomplete ones flagged)."""
-    from attnscope.core.loading.resolve import ConvertedModel
+    from attnscope.core.loading.resolve import ConvertedModel, cache_entries
 
-    out: list[ConvertedModel] = []
-    base = root()
-    if not base.is_dir():
-        return out
-    for d in base.iterdir():
-        if not d.is_dir():
-            continue
-        try:
-            meta = json.loads((d / SOURCE).read_text())
-        except (OSError, ValueError):
-            meta = {}
+    def row(d: Path, meta: dict) -> ConvertedModel:
         mode = str(meta.get("mode") or d.name.split(".partial")[0].rsplit("-", 1)[-1])
-        out.append(
-            ConvertedModel(
-                path=d,
-                name=d.name,
-                source=str(meta.get("folder", "")),
-                sha256=str(meta.get("key", "")),
-                size_bytes=sum(f.stat().st_size for f in d.rglob("*") if f.is_file()),
-                complete=is_complete(d),
-                kind=f"{mode} weights" + (f" (torchao {meta['torchao']})" if meta.get("torchao") else ""),
-            )
+        lib = meta.get("torchao")
+        return ConvertedModel(
+            path=d,
+            name=d.name,
+            source=str(meta.get("folder") or ""),
+            sha256=str(meta.get("key") or ""),
+            size_bytes=sum(f.stat().st_size for f in d.rglob("*") if f.is_file()),
+            complete=is_complete(d),
+            kind=f"{mode} weights" + (f" (torchao {lib})" if lib else ""),
         )
-    return out
+
+    return cache_entries(root(), row)
 
 
 def load_into(

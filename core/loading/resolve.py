@@ -175,6 +175,34 @@ def default_gguf_path() -> Path:
     return files[0]
 
 
+def hf_cache_snapshot(folder: str | os.PathLike) -> tuple[str, str] | None:
+    """``(repo_id, revision)`` of a Hugging Face hub cache snapshot, None for any other path.
+
+    The hub cache lays a model out as ``models--<org>--<name>/snapshots/<revision>/`` (huggingface_hub's
+    cache layout, its ``scan_cache_dir`` reads the repo id the same way: ``--`` stands for ``/``);
+    a path inside a snapshot (a GGUF in it) gives its snapshot's repo and revision.
+    """
+    p = Path(folder)
+    for snap in (p, *p.parents):
+        if snap.parent.name == "snapshots" and snap.parent.parent.name.startswith("models--"):
+            repo = snap.parent.parent.name[len("models--") :].replace("--", "/")
+            return (repo, snap.name) if repo else None
+    return None
+
+
+def model_name(folder: str | os.PathLike) -> str:
+    """The name a model folder is shown by (status bar, messages, sidecars' ``model.name``, session
+    files): ``org/name`` for a Hugging Face hub cache snapshot (:func:`hf_cache_snapshot`: its
+    revision is recorded apart, never in the name), ``org/name/<sub>`` for a model folder inside
+    one, else the folder's own name."""
+    p = Path(folder)
+    hub = hf_cache_snapshot(p) if p.is_dir() else None
+    if hub is None:
+        return p.name
+    inside = next(q for q in (p, *p.parents) if q.name == hub[1] and q.parent.name == "snapshots")
+    return "/".join((hub[0], *p.relative_to(inside).parts))  # a model folder inside a snapshot: repo/sub
+
+
 def cache_root() -> Path:
     """Per-user folder for converted models (``ATTNSCOPE_CACHE_DIR`` overrides it)."""
     env = os.environ.get("ATTNSCOPE_CACHE_DIR")
@@ -330,7 +358,72 @@ def check_safetensors(path: Path) -> dict:
         raise ModelLoadError(
             f"{path.name} is truncated: its header promises {8 + n + end} bytes, the file has {size}"
         )
+    _safetensors_refusal(path)
     return header
+
+
+def _safetensors_refusal(path: Path) -> None:
+    """Raise what the safetensors library itself says when it opens ``path`` (header only, memory
+    mapped: no tensor is read), so a file listed as loadable is one the loader opens: ``__metadata__``
+    values that are not strings, a dtype it does not know, offsets that overlap, leave gaps or do not
+    cover the data, a shape that does not match the byte count.
+
+    Raises:
+        ModelLoadError: ``<file> has an invalid safetensors header (<the library's reason>)``.
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np"):
+            pass
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path.name}: {_first_line(e)}") from None
+    except Exception as e:  # safetensors_rust.SafetensorError, the one error class of its parser
+        why = _first_line(e).removeprefix("Error while deserializing header: ")
+        raise ModelLoadError(f"{path.name} has an invalid safetensors header ({why})") from None
+
+
+#: transformers' own names for a folder's weights, in the order ``from_pretrained`` looks for them
+#: (modeling_utils._get_resolved_checkpoint_files: safetensors, its shard index, then the torch pickles)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def weight_files(folder: Path, cfg: dict | None = None) -> list[Path]:
+    """The weight files the loader reads from a model folder, in name order; [] when there are none.
+
+    transformers' own selection (``from_pretrained`` on a local folder): the file a config's
+    ``transformers_weights`` names, else the first of :data:`WEIGHT_FILES` present, a shard index
+    standing for the files of its ``weight_map``. Other copies of the same weights beside them
+    (Mistral's ``consolidated.safetensors``, Meta's ``original/`` folder) are not read, so they are
+    not counted either (the catalog's parameters and size, the fit).
+
+    Raises:
+        ModelLoadError: a shard index that is not valid JSON with a ``weight_map`` of file names.
+    """
+    folder = Path(folder)
+    named = (cfg or {}).get("transformers_weights")
+    candidates = (named,) if isinstance(named, str) and named else WEIGHT_FILES
+    for name in candidates:
+        f = folder / name
+        if not (f.is_file() or f.is_symlink()):
+            continue
+        if not name.endswith(".index.json") or not f.exists():  # a dangling link: said incomplete
+            return [f]
+        try:
+            index = json.loads(f.read_text())
+            shards = index["weight_map"].values()
+            files = sorted({folder / str(w) for w in shards})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{f} is not a valid safetensors index: {_first_line(e)}") from None
+        if not isinstance(index.get("metadata"), dict):  # transformers reads index["metadata"]
+            raise ModelLoadError(f'{f} is not a valid safetensors index: it has no "metadata" object')
+        return files
+    return []
 
 
 def check_config(cfg: dict, backend: str = registry.DEFAULT) -> None:
@@ -389,25 +482,30 @@ def check_hf_folder(folder: Path, backend: str = registry.DEFAULT) -> dict:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {_first_line(e)}") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise ModelLoadError(f"{cfg_path} has no model_type: not a transformers model config")
-    shards = sorted(folder.glob("*.safetensors"))
-    if not (shards or (folder / "pytorch_model.bin").is_file()):
-        raise ModelLoadError(f"{folder} has no weights (*.safetensors or pytorch_model.bin)")
+    files = weight_files(folder, cfg)
+    if not files:
+        others = sorted(p.name for p in folder.glob("*.safetensors"))
+        held = f" (it holds {others[0]}, which transformers does not read)" if others else ""
+        raise ModelLoadError(
+            f"{folder} has no weights transformers loads (model.safetensors, a "
+            f"model.safetensors.index.json with its shards, or pytorch_model.bin){held}"
+        )
     if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise ModelLoadError(f"{folder} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
     check_config(cfg, backend)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            wanted = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ModelLoadError(f"{index} is not a valid safetensors index: {_first_line(e)}") from None
-        missing = sorted(w for w in wanted if not (folder / w).is_file())
-        if missing:
-            raise ModelLoadError(
-                f"{folder.name} is incomplete: shard {missing[0]} is missing ({len(missing)} of {len(wanted)})"
-            )
-    for shard in shards:
-        check_safetensors(shard)
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        what = (
+            "a dangling link (its download did not finish)"
+            if (folder / missing[0]).is_symlink()
+            else "missing"
+        )
+        raise ModelLoadError(
+            f"{folder.name} is incomplete: shard {missing[0]} is {what} ({len(missing)} of {len(files)})"
+        )
+    for shard in files:
+        if shard.suffix == ".safetensors":
+            check_safetensors(shard)
     return cfg
 
 
@@ -638,33 +736,46 @@ def _tree_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
+def cache_source_record(folder: Path) -> dict:
+    """The ``attnscope_source.json`` a cache entry keeps about where it came from, as a dict of
+    strings (values kept as written when they are strings or numbers, else ``str()``-ed); ``{}``
+    when the file is missing, unreadable, not JSON, or not an object (a damaged or hand-edited
+    file such as ``[1, 2]``: the entry is still listed, its source unknown). Never raises."""
+    try:
+        meta = json.loads((Path(folder) / "attnscope_source.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def cache_entries(base: Path, row: Callable[[Path, dict], ConvertedModel]) -> list[ConvertedModel]:
+    """One :class:`ConvertedModel` per folder under ``base`` (none when it is missing), each built
+    by ``row(folder, source record)`` from :func:`cache_source_record`: the one lister of both caches
+    (GGUF conversions here, quantised weights in :mod:`attnscope.core.loading.quant_cache`)."""
+    if not base.is_dir():
+        return []
+    return [row(d, cache_source_record(d)) for d in base.iterdir() if d.is_dir()]
+
+
+def _converted_row(d: Path, meta: dict) -> ConvertedModel:
+    return ConvertedModel(
+        path=d,
+        name=d.name,
+        source=str(meta.get("gguf") or ""),
+        sha256=str(meta.get("sha256") or ""),
+        size_bytes=_tree_bytes(d),
+        # a damaged entry (a truncated shard) reads as incomplete: the next load converts it again
+        complete=".partial" not in d.name and _is_converted(d) and not converted_damage(d),
+    )
+
+
 def list_converted() -> list[ConvertedModel]:
-    """Every folder in the conversion cache, largest first (sizes in bytes, summed file sizes), and
-    the quantised-weights entries beside it (:func:`attnscope.core.loading.quant_cache.list_entries`)."""
+    """Every folder in the conversion cache and the quantised-weights entries beside it
+    (:func:`attnscope.core.loading.quant_cache.list_entries`), largest first (sizes in bytes, summed
+    file sizes). A damaged source record lists the entry with its source unknown (:func:`cache_source_record`)."""
     from attnscope.core.loading.quant_cache import list_entries
 
-    root = cache_root() / "converted"
-    out = list_entries()
-    if root.is_dir():
-        for d in root.iterdir():
-            if not d.is_dir():
-                continue
-            try:
-                meta = json.loads((d / "attnscope_source.json").read_text())
-            except (OSError, ValueError):
-                meta = {}
-            meta = meta if isinstance(meta, dict) else {}  # a damaged or hand-edited file
-            out.append(
-                ConvertedModel(
-                    path=d,
-                    name=d.name,
-                    source=str(meta.get("gguf", "")),
-                    sha256=str(meta.get("sha256", "")),
-                    size_bytes=_tree_bytes(d),
-                    # a damaged entry (a truncated shard) reads as incomplete: the next load converts it again
-                    complete=".partial" not in d.name and _is_converted(d) and not converted_damage(d),
-                )
-            )
+    out = list_entries() + cache_entries(cache_root() / "converted", _converted_row)
     return sorted(out, key=lambda c: (-c.size_bytes, c.name))
 
 
@@ -730,7 +841,7 @@ def resolve(
             name = str(read_gguf(path).metadata.get("general.name") or name)
         return convert_gguf(path, progress, dtype, notes), name
     check_hf_folder(path, backend)
-    return path, path.name
+    return path, model_name(path)
 
 
 def is_default_ref(model: str | os.PathLike | None) -> bool:

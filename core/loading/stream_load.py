@@ -52,14 +52,11 @@ _DTYPES = {
 
 
 def safetensors_files(folder: Path) -> list[Path]:
-    """The folder's safetensors files: the index's shards in order, or the single file; [] if none."""
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / s for s in shards]
-    single = folder / "model.safetensors"
-    return [single] if single.is_file() else []
+    """The folder's safetensors files the loader reads (:func:`attnscope.core.loading.resolve.weight_files`:
+    the index's shards in name order, or the single file); [] if none."""
+    from attnscope.core.loading.resolve import weight_files
+
+    return [f for f in weight_files(Path(folder)) if f.suffix == ".safetensors"]
 
 
 def read_header(path: Path) -> tuple[int, dict]:

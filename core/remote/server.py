@@ -569,7 +569,9 @@ class EngineServer:
         return self._require().text(generated_only)
 
     def op_decode(self, ids):
-        return self._require().tokenizer.decode([int(i) for i in ids])
+        from attnscope.core.tokens import decode_text
+
+        return decode_text(self._require().tokenizer, ids)  # an unknown id reads <id N>
 
     def op_encode(self, prompt, chat_template=True):
         return self._require().encode(prompt, chat_template)

@@ -37,6 +37,7 @@ from attnscope.core.io import export_long, formats
 from attnscope.core.io.colormaps import ColourSpec
 from attnscope.core.io.paths import check_output, probe_folder
 from attnscope.core.io.render import PILLOW, Renderers
+from attnscope.core.tokens import UNKNOWN_ID_NOTE, is_unknown
 
 NAME = "export"
 HELP = "export attention maps as PNG/SVG/PDF or NPY/CSV/safetensors (+ JSON provenance), batches, animations"
@@ -499,6 +500,9 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 file=sys.stderr,
             )
     if args.all_heads or args.out or args.frames:  # the tokens of every map export (README), batches too
-        for t in s.tokens:
+        toks = s.tokens
+        for t in toks:
             print(f"{t.position}\t{t.id}\t{t.text!r}")
+        if any(is_unknown(t.raw, t.id) for t in toks):
+            print(f"note: {UNKNOWN_ID_NOTE}", file=sys.stderr)
     return 0

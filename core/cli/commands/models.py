@@ -82,10 +82,11 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def rows(entries, fits, device_fits=None) -> list[list[str]]:
+def rows(entries, fits, device_fits=None, backend: str = "") -> list[list[str]]:
     """Table cells per entry: name, source, arch, params, layers, heads/kv (group), head_dim, ctx, the file's
     precision, the precision it loads at, size, fit (per device with ``device_fits``:
-    :class:`attnscope.core.loading.fit_devices.DeviceMapFit` per entry, None where unknown)."""
+    :class:`attnscope.core.loading.fit_devices.DeviceMapFit` per entry, None where unknown); ``backend``:
+    the one the fit is for (an entry it cannot open says "not on <backend>")."""
     from attnscope.core.loading.fit import human_bytes
 
     out = []
@@ -97,6 +98,8 @@ def rows(entries, fits, device_fits=None) -> list[list[str]]:
             if (e.supported and f is not None)
             else "unsupported"
         )
+        if e.supported and backend and e.problem_on(backend):
+            fit = f"not on {backend}"
         if e.supported and d is not None:
             fit = f"refused ({d.quantize} needs one device)" if d.problem else f"{d.verdict} ({d.label()})"
         out.append(
@@ -265,7 +268,7 @@ def run(args) -> int:
             for e in entries
         ]
     if args.json != "-":
-        print(format_table(rows(entries, fits, device_fits)))
+        print(format_table(rows(entries, fits, device_fits, args.backend)))
         if device_map:
             where = ", ".join(
                 f"{'cuda:' + str(k) if isinstance(k, int) else k} {human_bytes(v)}"
@@ -282,6 +285,17 @@ def run(args) -> int:
             print("\nnot supported:")
             for e in refused:
                 print(f"  {e.name}: {e.reason}")
+        elsewhere = [(e, e.problem_on(args.backend)) for e in entries if e.supported]
+        elsewhere = [(e, why) for e, why in elsewhere if why]
+        if elsewhere:
+            print(f"\nnot on {args.backend}:")
+            for e, why in elsewhere:
+                print(f"  {e.name}: {why}")
+        noted = [e for e in entries if e.note]
+        if noted:
+            print("\nnotes:")
+            for e in noted:
+                print(f"  {e.name}: {e.note}")
     if args.json:
         doc = {
             "context": args.context,
