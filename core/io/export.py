@@ -159,7 +159,18 @@ def session_metadata(session) -> dict:
         "token_raw": [t.raw for t in toks],
         "exact": True,
         "exact_note": EXACT_NOTE,
+        # tensors of the forward that held inf/NaN, first first (attnscope.core.trace.finite); None:
+        # this backend does not check (the maps' own non-finite cells are counted per export)
+        "nonfinite": nonfinite_records(session),
     }
+
+
+def nonfinite_records(session) -> list[dict] | None:
+    """The non-finite tensors of the session's forwards (:meth:`attnscope.core.trace.finite.FiniteWatch.records`):
+    ``[]`` when every checked tensor was finite, None when the backend does not check."""
+    watch = getattr(getattr(session, "trace", None), "finite", None)
+    records = getattr(watch, "records", None)
+    return records() if callable(records) else None
 
 
 def head_metadata(
@@ -545,6 +556,7 @@ def export_head(
             )
         ]
     w = head_map(session, layer, head, n, mode, weighting)
+    meta["nonfinite_cells"] = int(np.count_nonzero(~np.isfinite(w)))  # drawn as non-finite, not weights
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
     colour = colour.with_range(*colour_range(session, layer, w, colour.range_mode, n))
