@@ -151,5 +151,6 @@ class StatusLine:
         # what the engine did by itself (a lossy tokenization, a RoPE cache re-run): said once each
         new = [n for n in snap.notices if n not in self._notices_shown]
         self._notices_shown = tuple(snap.notices)
-        if new:
-            self.bar.showMessage("Note: " + " · ".join(new), 20000)
+        if new:  # a non-finite forward (attnscope.core.trace.finite) stays until the next message
+            stay = any(n.startswith("non-finite forward") for n in new)
+            self.bar.showMessage("Note: " + " · ".join(new), 0 if stay else 20000)
