@@ -727,20 +727,36 @@ def frame_palette(cmap: str = "viridis") -> np.ndarray:
     return pal
 
 
-def draw_frame_legend(img, y: int, items, font, n_levels: int = N_FRAME_LEVELS) -> None:
-    """Draw the legend ``items`` (:func:`attnscope.core.io.render.legend`) as swatch + text from
-    ``(3, y)`` on the palette image ``img`` (palette of :func:`frame_palette`)."""
+def frame_legend_lines(items, font, width: int) -> list[list]:
+    """The legend ``items`` (:func:`attnscope.core.io.render.legend`) laid out in lines of at most
+    ``width`` pixels (swatch, text, gap), at least one item a line."""
+    lines: list[list] = [[]]
+    x = 3
+    for item in items:
+        need = 16 + int(font.getlength(item[1])) + 12
+        if lines[-1] and x + need > width:
+            lines.append([])
+            x = 3
+        lines[-1].append(item)
+        x += need
+    return lines if lines[0] else []
+
+
+def draw_frame_legend(img, y: int, lines, font, n_levels: int = N_FRAME_LEVELS) -> None:
+    """Draw the legend ``lines`` (:func:`frame_legend_lines`), :data:`LEGEND_H` pixels each, as
+    swatch + text from ``(3, y)`` on the palette image ``img`` (palette of :func:`frame_palette`)."""
     from attnscope.core.io.render import swatch_pixels
     from PIL import Image, ImageDraw
 
     draw = ImageDraw.Draw(img)
-    x = 3
-    for kind, text in items:
-        sw = swatch_pixels(kind, ColourSpec(), 12, 12, n_levels).astype(np.uint8)
-        img.paste(Image.fromarray(sw, mode="P"), (x, y + 3))  # indices as they are: one palette
-        draw.rectangle((x, y + 3, x + 11, y + 14), outline=BLACK)
-        draw.text((x + 16, y + 2), text, fill=BLACK, font=font)
-        x += 16 + int(draw.textlength(text, font=font)) + 12
+    for k, line in enumerate(lines):
+        x, top = 3, y + k * LEGEND_H
+        for kind, text in line:
+            sw = swatch_pixels(kind, ColourSpec(), 12, 12, n_levels).astype(np.uint8)
+            img.paste(Image.fromarray(sw, mode="P"), (x, top + 3))  # indices as they are: one palette
+            draw.rectangle((x, top + 3, x + 11, top + 14), outline=BLACK)
+            draw.text((x + 16, top + 2), text, fill=BLACK, font=font)
+            x += 16 + int(draw.textlength(text, font=font)) + 12
 
 
 def decode_frames(
@@ -784,8 +800,12 @@ def decode_frames(
     colour = colour.with_range(*(levels or colour_range(session, layer, w, colour.range_mode)))
     masked = map_mask(session, layer, T, mode)
     cap_h = 18 if caption else 0
-    leg_h = LEGEND_H if caption else 0
     font = ImageFont.load_default(size=13) if caption else None
+    # the legend of the first frame holds the most kinds but the non-finite rows it has not reached
+    # yet: lay out every kind the frames show, so every frame has the same size
+    every = legend(cell_kinds(w, masked, n0 if session.n_generated else None)) + legend(cell_kinds(w, masked))
+    kinds_seen = list(dict.fromkeys(every))
+    leg_h = LEGEND_H * len(frame_legend_lines(kinds_seen, font, T * cell)) if caption else 0
     pal = frame_palette(colour.cmap).reshape(-1).tolist()
     toks = session.tokens
     frames: list[Image.Image] = []
@@ -804,7 +824,8 @@ def decode_frames(
             tok = _ascii_label(toks[n - 1].text) if s > 0 else "(prompt)"
             text = f"L{layer} H{head}  step {s}/{session.n_generated}  seq_len {n}  new token {tok}"
             ImageDraw.Draw(img).text((3, 2), text, fill=BLACK, font=font)
-            draw_frame_legend(img, cap_h + grid.shape[0], legend(cell_kinds(w, masked, n)), font)
+            lines = frame_legend_lines(legend(cell_kinds(w, masked, n)), font, grid.shape[1])
+            draw_frame_legend(img, cap_h + grid.shape[0], lines, font)
         frames.append(img)
     return frames
 
