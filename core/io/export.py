@@ -168,9 +168,12 @@ def session_metadata(session) -> dict:
 def nonfinite_records(session) -> list[dict] | None:
     """The non-finite tensors of the session's forwards (:meth:`attnscope.core.trace.finite.FiniteWatch.records`):
     ``[]`` when every checked tensor was finite, None when the backend does not check."""
-    watch = getattr(getattr(session, "trace", None), "finite", None)
-    records = getattr(watch, "records", None)
-    return records() if callable(records) else None
+    try:  # a remote session's trace refuses what stays on the engine (SessionError)
+        watch = getattr(getattr(session, "trace", None), "finite", None)
+    except Exception:  # noqa: BLE001 - not checked here: said as None
+        return None
+    # attnscope.core.trace.finite.FiniteWatch (not imported: it needs torch)
+    return watch.records() if callable(getattr(type(watch), "records", None)) else None
 
 
 def head_metadata(
