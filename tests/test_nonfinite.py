@@ -87,6 +87,7 @@ def test_watch_names_inf_and_nan_with_one_reduction_per_tensor():
     assert "the logits" in line and "\n" not in line
 
 
+@pytest.mark.slow
 def test_float16_overflow_in_layer_1_is_named_and_maps_are_nan(overflowing, tmp_path):
     from attnscope.core.io import export as E
     from attnscope.core.session import Session
@@ -142,6 +143,7 @@ def test_float16_overflow_in_layer_1_is_named_and_maps_are_nan(overflowing, tmp_
     assert ok["nonfinite"] == [] and ok["nonfinite_cells"] == 0
 
 
+@pytest.mark.slow
 def test_the_same_weights_do_not_overflow_at_bfloat16(overflowing):
     """bfloat16 shares float32's exponent range (largest ~3.4e38): ~1e6 is finite, nothing said."""
     from attnscope.core.session import Session

@@ -115,6 +115,7 @@ def _figure_cells(a: np.ndarray, rect, cell: float, margin: int = 3):
     return px
 
 
+@pytest.mark.slow  # Qt's fonts and figure layout: seconds on a loaded machine
 def test_figure_png_and_svg_cells(tmp_path):
     from attnscope.app.figure import save_heatmap_figure
     from PySide6.QtCore import Qt
@@ -154,6 +155,7 @@ def _pdf_content(path) -> bytes:
     return b"\n".join(out)
 
 
+@pytest.mark.slow  # Qt's fonts and figure layout: seconds on a loaded machine
 def test_figure_pdf_cells(tmp_path):
     """No PDF rasteriser here: the page's fill operators are read instead. The NaN cell is one
     magenta rectangle, the zero cell the only one in magma's lowest colour, and the masked cells a
@@ -228,6 +230,7 @@ def test_bare_gif_frames_cells(tmp_path):
     assert (np.all(np.asarray(im.convert("RGB"))[cap + N * 20 :] == MAGENTA, axis=-1)).any()
 
 
+@pytest.mark.slow  # Qt's fonts and figure layout: seconds on a loaded machine
 def test_figure_gif_frames_cells(tmp_path):
     from attnscope.app.figure import FRAME_DPI, FRAME_SIZE, figure_frame
 
