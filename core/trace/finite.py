@@ -132,19 +132,19 @@ class FiniteWatch:
         if not pending:
             return []
         by_device: dict[torch.device, list[int]] = {}
-        for i, (_, _, v) in enumerate(pending):
-            by_device.setdefault(v.device, []).append(i)
+        for i, (_, _, red) in enumerate(pending):
+            by_device.setdefault(red.device, []).append(i)
         values: list[float] = [0.0] * len(pending)
         for idx in by_device.values():
             host = torch.stack([pending[i][2].float() for i in idx]).cpu().tolist()
-            for i, v in zip(idx, host, strict=True):
-                values[i] = v
+            for i, x in zip(idx, host, strict=True):
+                values[i] = float(x)
         new = []
-        for (layer, what, _), v in zip(pending, values, strict=True):
-            if math.isfinite(v) or (layer, what) in self._seen:
+        for (layer, what, _), x in zip(pending, values, strict=True):
+            if math.isfinite(x) or (layer, what) in self._seen:
                 continue
             self._seen.add((layer, what))
-            nf = NonFinite(layer, what, "NaN" if math.isnan(v) else "inf", self.dtype, self.positions)
+            nf = NonFinite(layer, what, "NaN" if math.isnan(x) else "inf", self.dtype, self.positions)
             self.found.append(nf)
             new.append(nf)
         return new
