@@ -173,7 +173,8 @@ def nonfinite_records(session) -> list[dict] | None:
     except Exception:  # noqa: BLE001 - not checked here: said as None
         return None
     # attnscope.core.trace.finite.FiniteWatch (not imported: it needs torch)
-    return watch.records() if callable(getattr(type(watch), "records", None)) else None
+    records = getattr(watch, "records", None) if callable(getattr(type(watch), "records", None)) else None
+    return records() if records is not None else None
 
 
 def head_metadata(
