@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from attnscope.app.paint import ensure_gui, paint_to_file
 from attnscope.core.analysis.pooling import max_pool
+from attnscope.core.io import render
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from attnscope.core.io.export_long import colour_for_length
 from PySide6.QtCore import QPointF, QRectF, Qt
@@ -53,15 +54,22 @@ def _tick_text(v: float, scale: str) -> str:
 
 
 def figure_layout(
-    n_rows: int, n_cols: int, size: tuple[int, int], dpi: float, label_w: float, label_h: float
+    n_rows: int,
+    n_cols: int,
+    size: tuple[int, int],
+    dpi: float,
+    label_w: float,
+    label_h: float,
+    legend: bool = False,
 ) -> tuple[QRectF, float]:
-    """The map's rectangle and cell size (px) inside a ``size`` figure; cells square, ≥ 1 px when possible."""
+    """The map's rectangle and cell size (px) inside a ``size`` figure; cells square, ≥ 1 px when
+    possible. ``legend``: a line under the key axis title names masked / non-finite / blank cells."""
     f = dpi / 72.0
     pad = 8 * f
     tick = 3 * f
     title_h = 14 * f + pad
     left = pad + label_h + pad / 2 + label_w + tick
-    right, bottom = _margins(dpi, label_w, label_h)
+    right, bottom = _margins(dpi, label_w, label_h, legend)
     top = pad + title_h
     aw, ah = max(1.0, size[0] - left - right), max(1.0, size[1] - top - bottom)
     cell = min(aw / n_cols, ah / n_rows)
@@ -97,6 +105,7 @@ def figure_minimum_size(
     colorbar_label: str = "attention weight",
     q_axis: str = "query position",
     k_axis: str = "key position",
+    legend: bool = False,
 ) -> tuple[int, int]:
     """The smallest figure ``(width, height)`` in pixels whose map (:func:`figure_layout`) is tall
     enough for the query-axis title and the colour bar's label (both run along its height, rotated),
@@ -114,17 +123,17 @@ def figure_minimum_size(
     cell = max(need_w / n_cols, need_h / n_rows)
     if cell >= 2:
         cell = math.ceil(cell)
-    zero, _ = figure_layout(n_rows, n_cols, (0, 0), dpi, label_w, label_h)  # its left and top margins
+    zero, _ = figure_layout(n_rows, n_cols, (0, 0), dpi, label_w, label_h, legend)  # left, top margins
     left, top = zero.left(), zero.top()
-    right, bottom = _margins(dpi, label_w, label_h)
+    right, bottom = _margins(dpi, label_w, label_h, legend)
     return math.ceil(left + right + cell * n_cols), math.ceil(top + bottom + cell * n_rows)
 
 
-def _margins(dpi: float, label_w: float, label_h: float) -> tuple[float, float]:
+def _margins(dpi: float, label_w: float, label_h: float, legend: bool = False) -> tuple[float, float]:
     """:func:`figure_layout`'s right and bottom margins (px)."""
     f = dpi / 72.0
     pad, tick = 8 * f, 3 * f
-    bottom = tick + label_w + pad / 2 + label_h + pad
+    bottom = tick + label_w + pad / 2 + label_h + pad + (label_h + pad / 2 if legend else 0.0)
     right = pad + 12 * f + tick + 4 * label_h + label_h + 2 * pad
     return right, bottom
 
@@ -143,19 +152,26 @@ def paint_heatmap(
     q_axis: str = "query position",
     k_axis: str = "key position",
     masked: np.ndarray | None = None,
+    blank_rows: int | None = None,
 ) -> QRectF:
     """Paint a labelled map (rows = queries top to bottom, columns = keys) into ``size``; returns the map's rect.
 
-    Cell colours are ``colour``'s (:meth:`attnscope.core.io.colormaps.ColourSpec.to_rgb`: map, scale and
-    range): exactly the colours of the plain PNG.
-    ``masked`` (bool, the map's shape): cells the mask hid, drawn as a grey hatch outside the colour
-    map (light grey in a raster map) instead of the colour of weight 0, as the window's heatmap does.
+    Cells as every output draws them (:mod:`attnscope.core.io.render`): weights in ``colour``'s
+    colours (map, scale, range: exactly the plain PNG's), ``masked`` cells (bool, the map's shape)
+    grey-hatched on white, never the colour of weight 0, non-finite cells magenta, rows from
+    ``blank_rows`` on (not generated yet) white; a legend line under the key axis names each of
+    those the map holds. Vector devices get rectangles and a vector hatch up to
+    :data:`VECTOR_MAX_CELLS` cells, else (and always for more cells than pixels) one image of
+    :func:`attnscope.core.io.render.map_pixels` at the map's pixel size.
     """
     w = np.asarray(weights, dtype=np.float32)
     n_rows, n_cols = w.shape
     f = dpi / 72.0
+    mk = masked if masked is not None and np.shape(masked) == w.shape else None
+    kinds = render.cell_kinds(w, mk, blank_rows)
+    items = render.legend(kinds)
     font, title_font, fm, q_short, k_short, label_w, label_h = _label_metrics(q_labels, k_labels, dpi)
-    rect, cell = figure_layout(n_rows, n_cols, size, dpi, label_w, label_h)
+    rect, cell = figure_layout(n_rows, n_cols, size, dpi, label_w, label_h, bool(items))
     p.setRenderHint(QPainter.Antialiasing, False)
     p.setRenderHint(QPainter.SmoothPixmapTransform, False)
 
@@ -170,8 +186,9 @@ def paint_heatmap(
     )
 
     # cells
-    rgb = colour.to_rgb(w)
+    hatch = QBrush(QColor(*render.MASK_HATCH), Qt.BDiagPattern)
     if n_rows * n_cols <= VECTOR_MAX_CELLS and cell >= 1:
+        rgb, _ = render.cell_colours(w, colour, mk, blank_rows)
         ov = min(0.5, cell / 4)
         for i in range(n_rows):
             row = rgb[i]
@@ -188,27 +205,30 @@ def paint_heatmap(
                 p.fillRect(
                     QRectF(rect.left() + a * cell, y, (b - a) * cell + dx, cell + dy), QColor(r, g, bl)
                 )
-        if masked is not None and masked.shape == w.shape and masked.any():
-            hatch = QBrush(QColor(150, 150, 150), Qt.BDiagPattern)
-            for i in np.flatnonzero(masked.any(axis=1)):
-                m = np.concatenate(([False], masked[i], [False]))
+        if mk is not None:
+            km = kinds == render.MASKED
+            for i in np.flatnonzero(km.any(axis=1)):
+                m = np.concatenate(([False], km[i], [False]))
                 edges = np.flatnonzero(m[1:] != m[:-1])
                 for a, b in zip(edges[::2], edges[1::2], strict=True):
                     r_ = QRectF(rect.left() + a * cell, rect.top() + i * cell, (b - a) * cell, cell)
-                    p.fillRect(r_, QColor(255, 255, 255))
+                    p.fillRect(r_, QColor(*render.MASK_BG))
                     p.fillRect(r_, hatch)
     else:
-        img_rgb = rgb
-        mk = masked if masked is not None and masked.shape == w.shape else None
+        src, src_mask, src_blank = w, mk, blank_rows
+        ph, pw = max(1, round(rect.height())), max(1, round(rect.width()))
         if cell < 1:  # more cells than pixels: keep the strongest weight of each block visible
-            pooled = max_pool(w, max(1, int(rect.height())), max(1, int(rect.width())))
-            img_rgb = colour.to_rgb(pooled)
+            from attnscope.core.analysis.pooling import block_edges
+
+            src = max_pool(w, ph, pw)
             if mk is not None:  # a block is masked when all its cells are
-                mk = max_pool((~mk).astype(np.float32), pooled.shape[0], pooled.shape[1]) == 0
-        if mk is not None and mk.any():
-            img_rgb = np.array(img_rgb, copy=True)
-            img_rgb[mk] = (225, 225, 225)
-        data = np.ascontiguousarray(img_rgb, dtype=np.uint8)
+                src_mask = max_pool((~mk).astype(np.float32), src.shape[0], src.shape[1]) == 0
+            if blank_rows is not None:  # a block row is blank when all its rows are
+                edges = block_edges(n_rows, src.shape[0])
+                src_blank = int(np.searchsorted(edges[:-1], blank_rows, side="left"))
+        data = np.ascontiguousarray(
+            render.map_pixels(src, colour, masked=src_mask, blank_rows=src_blank, size=(pw, ph))
+        )
         img = QImage(data.data, data.shape[1], data.shape[0], data.shape[1] * 3, QImage.Format_RGB888).copy()
         p.drawImage(rect, img)
 
@@ -253,6 +273,9 @@ def paint_heatmap(
     p.rotate(-90)
     p.drawText(QRectF(-rect.height() / 2, 0, rect.height(), label_h), Qt.AlignHCenter | Qt.AlignTop, q_axis)
     p.restore()
+    if items:  # what the cells that are not weights mean, one line under the key axis title
+        y = rect.bottom() + tick + 2 * f + label_w + 4 * f + label_h + 4 * f
+        _paint_legend(p, items, QPointF(8 * f, y), label_h, fm, size[0] - 16 * f, hatch)
 
     # colour bar (top = vmax): the 256 colours of the map as a 1 × 256 image stretched over the bar (one
     # small element in SVG/PDF; 256 rectangles would be 100 kB of SVG, a Qt gradient 45 kB of PDF);
@@ -281,6 +304,35 @@ def paint_heatmap(
     )
     p.restore()
     return rect
+
+
+def _paint_legend(p: QPainter, items, at: QPointF, h: float, fm: QFontMetricsF, width: float, hatch) -> None:
+    """Swatch + text of each ``(kind, text)`` (:func:`attnscope.core.io.render.legend`) on one line from
+    ``at``, within ``width`` px (the last text elided when it would run over)."""
+    x, end = at.x(), at.x() + width
+    sw = h * 0.8
+    frame = QPen(QColor(60, 60, 60))
+    frame.setWidthF(max(0.5, h / 30))
+    for kind, text in items:
+        box = QRectF(x, at.y() + (h - sw) / 2, sw, sw)
+        if kind == render.MASKED:
+            p.fillRect(box, QColor(*render.MASK_BG))
+            p.fillRect(box, hatch)
+        else:
+            fill = render.NONFINITE_RGB if kind == render.NONFINITE else render.BLANK_RGB
+            p.fillRect(box, QColor(*fill))
+        p.setPen(frame)
+        p.setBrush(Qt.NoBrush)
+        p.drawRect(box)
+        p.setPen(QColor(20, 20, 20))
+        room = end - (x + sw + h / 3)
+        if room <= h:
+            break
+        shown = fm.elidedText(text, Qt.ElideRight, room)
+        p.drawText(QRectF(x + sw + h / 3, at.y(), room, h), Qt.AlignLeft | Qt.AlignVCenter, shown)
+        x += sw + h / 3 + fm.horizontalAdvance(shown) + h
+        if x >= end:
+            break
 
 
 def figure_mask(shape, q_tokens, k_tokens, metadata: dict | None) -> np.ndarray | None:
@@ -337,10 +389,12 @@ def save_heatmap_figure(
     q_labels = [t.text for t in qt][: w.shape[0]] if qt is not None else [str(i) for i in range(w.shape[0])]
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
     masked = figure_mask(w.shape, qt, kt, metadata)
-    # the colour bar's label names the masked cells' grey (hatched in vector maps, light in raster ones)
-    bar = "attention weight · grey: masked" if masked is not None and masked.any() else "attention weight"
+    bar = "attention weight"  # masked and non-finite cells are named in the legend under the map
+    has_legend = bool(render.legend(render.cell_kinds(w, masked)))
     # refused before the file is opened: a size whose map would clip its labels (or not show at all)
-    need = figure_minimum_size(w.shape[0], w.shape[1], q_labels, k_labels, dpi, colorbar_label=bar)
+    need = figure_minimum_size(
+        w.shape[0], w.shape[1], q_labels, k_labels, dpi, colorbar_label=bar, legend=has_legend
+    )
     if size[0] < need[0] or size[1] < need[1]:
         raise ValueError(
             f"{size[0]}x{size[1]} px is too small for this figure at {dpi:g} dpi: it needs at least "
@@ -373,13 +427,14 @@ FRAME_DPI = 100.0
 
 
 def _frame_palette(colour: ColourSpec):
-    """A PIL palette image: 240 steps of ``colour``'s map and 16 greys (text, frame, background)."""
+    """A PIL palette image: 236 steps of ``colour``'s map and the 4 cell specials
+    (:func:`attnscope.core.io.render.map_palette`: masked white, hatch grey, non-finite magenta,
+    blank white), then 16 greys (text, frame, background)."""
     from PIL import Image
 
-    table = colour.lut()
     pal = np.concatenate(
         [
-            table[np.round(np.linspace(0, 255, 240)).astype(int)],
+            render.map_palette(colour, 236),
             np.repeat(np.linspace(0, 255, 16).round().astype(np.uint8)[:, None], 3, axis=1),
         ]
     )
@@ -397,11 +452,14 @@ def figure_frame(
     colour: ColourSpec = DEFAULT_COLOUR,
     size: tuple[int, int] = FRAME_SIZE,
     dpi: float = FRAME_DPI,
+    masked: np.ndarray | None = None,
 ):
     """One animation frame: the labelled figure (:func:`paint_heatmap`: token axes, colour bar, ``title``
-    as caption) of the ``(T, T)`` map ``weights`` with positions ``n .. T-1`` blank (not generated
-    yet), so every frame has the same layout. Returns a PIL palette image (240 colour-map steps +
-    16 greys; the cells are the map's colours to within one step of 256). Any thread (QImage)."""
+    as caption, legend) of the ``(T, T)`` map ``weights`` with rows ``n .. T-1`` blank (not generated
+    yet, named in the legend), so every frame has the same layout. ``masked``: the map's mask
+    (bool ``(T, T)``; default causal), hatched. Returns a PIL palette image (236 colour-map steps,
+    the cell specials of :func:`attnscope.core.io.render.map_palette`, 16 greys; the cells are the
+    map's colours to within one step of 256). Any thread (QImage)."""
     from PIL import Image
 
     ensure_gui()
@@ -412,11 +470,13 @@ def figure_frame(
         if tokens is not None
         else [(str(i) if i < n else "") for i in range(T)]
     )
+    if masked is None or np.shape(masked) != w.shape:
+        masked = render.mask_of(np.arange(T), np.arange(w.shape[1]))
     img = QImage(int(size[0]), int(size[1]), QImage.Format_RGB32)
     img.fill(Qt.white)
     p = QPainter(img)
     try:
-        rect = paint_heatmap(
+        paint_heatmap(
             p,
             size,
             w,
@@ -425,15 +485,9 @@ def figure_frame(
             title=title,
             colour=colour,
             dpi=dpi,
+            masked=masked,
+            blank_rows=n if n < T else None,
         )
-        if n < T:
-            cell = rect.width() / T
-            p.fillRect(QRectF(rect.left(), rect.top() + n * cell, rect.width(), (T - n) * cell + 1), Qt.white)
-            p.fillRect(QRectF(rect.left() + n * cell, rect.top(), (T - n) * cell + 1, n * cell), Qt.white)
-            pen = QPen(QColor(60, 60, 60))
-            pen.setWidthF(0.6 * dpi / 72.0)
-            p.setPen(pen)
-            p.drawRect(rect)
     finally:
         p.end()
     bits = img.constBits()

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 from attnscope.core.io.colormaps import to_rgb
+from attnscope.core.io.render import HATCH_PERIOD, MASK_HATCH
 from PySide6.QtCore import QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QWidget
 
-MASK_HATCH = (150, 150, 150)  # the heatmap's masked-cell hatch: grey lines on white, outside every map
 PENDING_RGB = (222, 222, 222)  # a layer not computed yet (a partial grid): flat light grey
 MASKED_LEGEND = "▨ masked (not a weight of 0)"
+NONFINITE_LEGEND = "magenta: NaN/inf (the forward overflowed), not a weight"  # to_rgb's NONFINITE_RGB
 
 
 def masked_blocks(n: int, p: int, window: int | None = None) -> np.ndarray:
@@ -40,7 +41,7 @@ def masked_blocks(n: int, p: int, window: int | None = None) -> np.ndarray:
     return ~allowed
 
 
-def hatch(h: int, w: int, pitch: int = 5) -> np.ndarray:
+def hatch(h: int, w: int, pitch: int = HATCH_PERIOD) -> np.ndarray:
     """``(h, w, 3)`` uint8: the masked-cell hatch (grey diagonal lines on white)."""
     yy, xx = np.mgrid[0:h, 0:w]
     out = np.full((h, w, 3), 255, np.uint8)
@@ -330,6 +331,8 @@ class HeadGridView(QScrollArea):
             text += " · " + scale_note(self.canvas.n, self.canvas.scale, self.canvas.n >= LONG_MAP)
         if self.canvas.thumbs is not None:
             text += f" · {MASKED_LEGEND}"
+            if not np.isfinite(self.canvas.thumbs).all():
+                text += f" · {NONFINITE_LEGEND}"
             note = getattr(self.canvas, "note", "")
             if note:
                 text += f" · {note} (grey: pending)"

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import pyqtgraph as pg
 from attnscope.core.analysis.aggregate import MODE_LABELS, MODES
-from attnscope.core.io.colormaps import normalize
+from attnscope.core.io.colormaps import NONFINITE_RGB, normalize
 from attnscope.core.tokens import Token
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontMetrics, QTextOption
@@ -90,6 +90,8 @@ def weight_text(v: float, scale: str = "linear") -> str:
     exact 0 that no mask hid says it underflowed float32; a weight under the log scale's floor says
     it is drawn in the floor's colour. Masked cells never reach here (the readout says "masked")."""
     v = float(v)
+    if not math.isfinite(v):
+        return f"{v} (non-finite: the forward overflowed; not a weight)"
     if v == 0:
         return "0 (not masked: under float32's smallest weight, ~1e-45)"
     text = f"{v:.4f}" if abs(v) >= 0.01 else f"{v:.2e}"
@@ -300,8 +302,16 @@ class HeatmapView(QWidget):
         # learned sinks (gpt-oss): each query row's share on the sink slot for the map shown, by absolute
         # row (None: no learned sinks, or not this map's yet); the readout says it
         self.learned_share: np.ndarray | None = None
-        self.image = pg.ImageItem()
+        self._legend_masked = False  # the legend names masked cells (_update_mask_legend)
+        # row-major per item (rows = queries): never the global pyqtgraph option, which only an app
+        # entry point sets, so a view built from a script or a notebook is not transposed
+        self.image = pg.ImageItem(axisOrder="row-major")
         self.plot.addItem(self.image)
+        # non-finite cells (NaN/inf of a forward that overflowed) are NaN in the image like masked ones:
+        # this RGBA layer over it paints them magenta (attnscope.core.io.render), never as a weight
+        self.nonfinite_image = pg.ImageItem(axisOrder="row-major")
+        self.nonfinite_image.setZValue(1)
+        self.plot.addItem(self.nonfinite_image)
         # under the exact tile, over the overview: its masked cells are NaN (transparent) like the map's,
         # and must show as masked, not as the pooled block below them (that block's max is of cells
         # the mask let through, so a staircase of coloured blocks showed along the diagonal)
@@ -309,9 +319,12 @@ class HeatmapView(QWidget):
         self.tile_backdrop.setZValue(4)
         self.tile_backdrop.hide()
         self.plot.addItem(self.tile_backdrop)
-        self.tile_image = pg.ImageItem()
+        self.tile_image = pg.ImageItem(axisOrder="row-major")
         self.tile_image.setZValue(5)
         self.plot.addItem(self.tile_image)
+        self.tile_nonfinite = pg.ImageItem(axisOrder="row-major")
+        self.tile_nonfinite.setZValue(5.5)
+        self.plot.addItem(self.tile_nonfinite)
         self.tile_frame = pg.QtWidgets.QGraphicsRectItem()
         self.tile_frame.setPen(pg.mkPen((230, 60, 60), width=2, cosmetic=True))
         self.tile_frame.setZValue(6)
@@ -496,14 +509,35 @@ class HeatmapView(QWidget):
             img[masked] = np.nan  # transparent: the hatch behind shows
         return img
 
-    def _update_mask_legend(self, any_masked: bool) -> None:
-        if not any_masked:
-            self.mask_legend.setText("")
-            return
-        what = "causal mask" + (
-            f", outside the {self.mask_window:,}-key sliding window" if self.mask_window else ""
-        )
-        self.mask_legend.setText(f"▨ hatched grey: masked ({what}), not a weight of 0")
+    @staticmethod
+    def _show_nonfinite(item, src: np.ndarray, masked: np.ndarray | None) -> bool:
+        """Paint ``src``'s non-finite cells (not masked) magenta on the RGBA layer ``item``, the rest
+        transparent; clear it when there are none. Returns whether there were any."""
+        bad = ~np.isfinite(src)
+        if masked is not None and masked.shape == bad.shape:
+            bad &= ~masked
+        if not bad.any():
+            item.clear()
+            return False
+        rgba = np.zeros((*bad.shape, 4), dtype=np.uint8)  # (rows, cols, RGBA): row-major as the map
+        rgba[bad] = (*NONFINITE_RGB, 255)
+        item.setImage(rgba, autoLevels=False, levels=(0, 255))
+        return True
+
+    def _update_mask_legend(self, any_masked: bool, any_nonfinite: bool = False) -> None:
+        self._legend_masked = any_masked
+        parts = []
+        if any_masked:
+            what = "causal mask" + (
+                f", outside the {self.mask_window:,}-key sliding window" if self.mask_window else ""
+            )
+            parts.append(f"▨ hatched grey: masked ({what}), not a weight of 0")
+        if any_nonfinite:
+            rgb = "#{:02x}{:02x}{:02x}".format(*NONFINITE_RGB)
+            parts.append(
+                f'<span style="color:{rgb}">■</span> magenta: NaN/inf (the forward overflowed), not a weight'
+            )
+        self.mask_legend.setText(" · ".join(parts))
 
     def _redraw(self) -> None:
         vmin, vmax = self.value_range()
@@ -511,7 +545,7 @@ class HeatmapView(QWidget):
         self.colorbar.setLevels((0.0, 1.0))
         src = self.weights if self.pooled is None else self.pooled.image
         self._current_window()
-        any_masked = False
+        any_masked = any_nonfinite = False
         if src is not None:
             if self.pooled is None:
                 m = (
@@ -522,12 +556,21 @@ class HeatmapView(QWidget):
             else:
                 m = self._pooled_masked(self.pooled)
             any_masked = m is not None and bool(m.any())
-            self.image.setImage(self._with_mask(self._norm(src), m), autoLevels=False, levels=(0.0, 1.0))
+            bad = ~np.isfinite(src)
+            self.image.setImage(
+                self._with_mask(self._norm(src), bad | m if m is not None and m.shape == bad.shape else bad),
+                autoLevels=False,
+                levels=(0.0, 1.0),
+            )
+            any_nonfinite = self._show_nonfinite(self.nonfinite_image, src, m)
         if self.tile is not None:
             t, r0, c0 = self.tile
             m = self.masked(np.arange(r0, r0 + t.shape[0]), np.arange(c0, c0 + t.shape[1]))
-            self.tile_image.setImage(self._with_mask(self._norm(t), m), autoLevels=False, levels=(0.0, 1.0))
-        self._update_mask_legend(any_masked)
+            self.tile_image.setImage(
+                self._with_mask(self._norm(t), m | ~np.isfinite(t)), autoLevels=False, levels=(0.0, 1.0)
+            )
+            any_nonfinite = self._show_nonfinite(self.tile_nonfinite, t, m) or any_nonfinite
+        self._update_mask_legend(any_masked, any_nonfinite)
         rng = (
             "fixed"
             if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None)
@@ -588,6 +631,7 @@ class HeatmapView(QWidget):
         self._redraw()
         # after setImage: ImageItem.setRect scales by the image's current shape
         self.image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
+        self.nonfinite_image.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.mask_bg.setRect(k_offset, q_offset, self.weights.shape[1], self.weights.shape[0])
         self.mask_bg.show()
         self._status_base = title  # what a later stale/partial status is said of: this map
@@ -622,6 +666,7 @@ class HeatmapView(QWidget):
         self.shared_max = shared_max
         self._redraw()
         self.image.setRect(0, 0, pooled.n, pooled.n)  # after setImage (see set_weights)
+        self.nonfinite_image.setRect(0, 0, pooled.n, pooled.n)
         self.mask_bg.setRect(0, 0, pooled.n, pooled.n)
         self.mask_bg.show()
         self._overview_title = self._status_base = title
@@ -643,9 +688,14 @@ class HeatmapView(QWidget):
         self._current_window()
         m = self.masked(np.arange(r0, r0 + nr), np.arange(c0, c0 + nc))
         self.tile_image.setImage(
-            self._with_mask(self._norm(self.tile[0]), m), autoLevels=False, levels=(0.0, 1.0)
+            self._with_mask(self._norm(self.tile[0]), m | ~np.isfinite(self.tile[0])),
+            autoLevels=False,
+            levels=(0.0, 1.0),
         )
+        if self._show_nonfinite(self.tile_nonfinite, self.tile[0], m):
+            self._update_mask_legend(self._legend_masked, True)
         self.tile_image.setRect(c0, r0, nc, nr)
+        self.tile_nonfinite.setRect(c0, r0, nc, nr)
         self.tile_backdrop.setRect(c0, r0, nc, nr)
         self.tile_backdrop.show()
         self.tile_frame.setRect(c0, r0, nc, nr)
@@ -657,6 +707,7 @@ class HeatmapView(QWidget):
         self.tile = None
         self._pending_tile = None
         self.tile_image.clear()
+        self.tile_nonfinite.clear()
         self.tile_backdrop.hide()
         self.tile_frame.hide()
 
@@ -770,6 +821,7 @@ class HeatmapView(QWidget):
     def clear(self) -> None:
         self.weights, self.pooled, self.tile = None, None, None
         self.image.clear()
+        self.nonfinite_image.clear()
         self._drop_tile()
         self.row_frame.hide()
         self.mask_bg.hide()

@@ -47,6 +47,10 @@ class StatusLine:
         self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.seq_label = QLabel("seq_len 0")
         self.kv_label = QLabel("KV cache 0 B")
+        # a forward that overflowed (attnscope.core.trace.finite): said as long as its sequence is shown
+        self.nonfinite_label = QLabel("")
+        self.nonfinite_label.setStyleSheet("color:#b00020; font-weight:bold;")
+        self.nonfinite_label.hide()
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(180)
         self.progress.setTextVisible(False)
@@ -56,7 +60,7 @@ class StatusLine:
         self.cancel_button.setToolTip("Stop the running job: prefill, decode, load, experiments… (Esc)")
         self.cancel_button.hide()
         sb.addWidget(self.model_label, 1)
-        for w in (self.progress, self.cancel_button, self.seq_label, self.kv_label):
+        for w in (self.nonfinite_label, self.progress, self.cancel_button, self.seq_label, self.kv_label):
             sb.addPermanentWidget(w)
         self.cancel_button.clicked.connect(engine.cancel)
         engine.progress.connect(self.on_progress)
@@ -64,6 +68,17 @@ class StatusLine:
         engine.error.connect(self.show_error)
         state.events.message.connect(lambda m: self.say(*m))
         state.events.error.connect(self.show_error)
+
+    def show_nonfinite(self, notes: list[str]) -> None:
+        """Keep a red "⚠ hidden states of layer 8 reach inf at float16" in the status bar while the
+        sequence's forward held non-finite values (the full notice in its tooltip); hidden otherwise."""
+        if not notes:
+            self.nonfinite_label.hide()
+            return
+        first = notes[0].removeprefix("non-finite forward: ").split(" (", 1)[0]
+        self.nonfinite_label.setText(f"⚠ {first}")
+        self.nonfinite_label.setToolTip(notes[0])
+        self.nonfinite_label.show()
 
     def say(self, text: str, timeout_ms: int = 0) -> None:
         self.bar.showMessage(text, timeout_ms)
@@ -150,8 +165,10 @@ class StatusLine:
             f"2 × {info.n_layers} layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
             f"{snap.seq_len} tokens × {dtype_bytes(info.dtype)} bytes = {snap.kv_cache_bytes:,} bytes"
         )
+        self.show_nonfinite([n for n in snap.notices if n.startswith("non-finite forward")])
         # what the engine did by itself (a lossy tokenization, a RoPE cache re-run): said once each
         new = [n for n in snap.notices if n not in self._notices_shown]
         self._notices_shown = tuple(snap.notices)
-        if new:
-            self.bar.showMessage("Note: " + " · ".join(new), 20000)
+        if new:  # a non-finite forward (attnscope.core.trace.finite) stays until the next message
+            stay = any(n.startswith("non-finite forward") for n in new)
+            self.bar.showMessage("Note: " + " · ".join(new), 0 if stay else 20000)

@@ -137,6 +137,14 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
     np.testing.assert_array_equal(b, to_rgb(w, scale="log")[ys][:, xs])
 
 
+def _hatch_only(pixels: np.ndarray) -> bool:
+    """Every RGB pixel is the masked cells' white or hatch grey (attnscope.core.io.render)."""
+    from attnscope.core.io.render import MASK_BG, MASK_HATCH
+
+    px = pixels.reshape(-1, 3)
+    return bool(np.all(np.all(px == MASK_BG, axis=1) | np.all(px == MASK_HATCH, axis=1)))
+
+
 def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     """Power γ and the auto/shared ranges reach every exported image, and the metadata says so."""
     from attnscope.core.analysis import aggregate
@@ -166,8 +174,10 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
         w = s.weights(4, h)
         cell = 2048 // s.seq_len
         a = np.asarray(img.convert("RGB"))[::cell, ::cell]
-        np.testing.assert_array_equal(a, to_rgb(w, "plasma", 0.0, top, "power", 0.25))
-        assert not np.array_equal(a, to_rgb(w, "plasma", 0.0, 1.0, "power", 0.5))  # not the defaults
+        ok = np.tril(np.ones(w.shape, dtype=bool))  # allowed cells: their colour; masked: the hatch
+        np.testing.assert_array_equal(a[ok], to_rgb(w, "plasma", 0.0, top, "power", 0.25)[ok])
+        assert _hatch_only(a[~ok])
+        assert not np.array_equal(a[ok], to_rgb(w, "plasma", 0.0, 1.0, "power", 0.5)[ok])  # not the defaults
     man = json.loads((out / "manifest.json").read_text())
     assert (man["scale"], man["gamma"], man["range"]) == ("power", 0.25, "shared")
     # auto: each map's own robust max; fixed stays [0, 1]
@@ -176,7 +186,8 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     a = np.asarray(Image.open(tmp_path / "auto.png").convert("RGB"))[
         :: 2048 // s.seq_len, :: 2048 // s.seq_len
     ]
-    np.testing.assert_array_equal(a, to_rgb(w, vmax=aggregate.robust_max(w)))
+    ok = np.tril(np.ones(w.shape, dtype=bool))
+    np.testing.assert_array_equal(a[ok], to_rgb(w, vmax=aggregate.robust_max(w))[ok])
     with pytest.raises(ValueError, match="unknown colour range"):
         E.export_batch(s, out, "png", [(0, 0)], colour=ColourSpec(range_mode="widest"))
     # decode frames share the same colouring
@@ -185,8 +196,9 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     idx = np.asarray(frames[-1])[:: 640 // s.seq_len, :: 640 // s.seq_len]
     from attnscope.core.io.colormaps import normalize
 
-    want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 253).astype(np.uint8)
-    np.testing.assert_array_equal(idx, want)
+    want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 249).astype(np.uint8)
+    np.testing.assert_array_equal(idx[ok], want[ok])
+    assert set(np.unique(idx[~ok]).tolist()) <= {E.N_FRAME_LEVELS, E.N_FRAME_LEVELS + 1}  # hatch
     # an animation gets its provenance sidecar like any other export
     gif, side = E.export_animation(s, 4, 2, tmp_path / "steps.gif", colour=power_auto)
     meta = json.loads(side.read_text())
@@ -259,11 +271,13 @@ def test_decode_frames_are_the_exact_maps_of_each_step(stepped):
     layer, head, n0, T = 7, 2, s.n_prompt, s.seq_len
     final = s.weights(layer, head)
     frames = E.decode_frames(s, layer, head, max_size=T * 4, caption=False)
-    # frames with a caption are 18 px taller
-    assert E.decode_frames(s, layer, head, max_size=T * 4)[0].size == (4 * T, 4 * T + 18)
+    # frames with a caption are 18 px taller, and have a legend of 18 px lines under the map
+    width, height = E.decode_frames(s, layer, head, max_size=T * 4)[0].size
+    legend_h = height - 4 * T - 18
+    assert width == 4 * T and legend_h > 0 and legend_h % E.LEGEND_H == 0
     assert len(frames) == 4
     pal = E.frame_palette()
-    assert np.array_equal(pal[:254], to_rgb(np.linspace(0, 1, 254)[None, :])[0])
+    assert np.array_equal(pal[:250], to_rgb(np.linspace(0, 1, 250)[None, :])[0])
     for step in (3, 2, 1, 0):  # the map after each step, recomputed independently by stepping back
         a = np.asarray(frames[step])  # palette indices
         assert frames[step].mode == "P" and a.shape == (4 * T, 4 * T)
@@ -272,8 +286,17 @@ def test_decode_frames_are_the_exact_maps_of_each_step(stepped):
         assert w_step.shape == (n, n)
         np.testing.assert_array_equal(w_step, final[:n, :n])  # causal: earlier maps are crops of the last
         cells = a[2::4, 2::4]
-        np.testing.assert_array_equal(cells[:n, :n], np.round(w_step * 253).astype(np.uint8))
-        assert np.all(cells[n:, :] == E.WHITE) and np.all(cells[:, n:] == E.WHITE)
+        ok = np.tril(np.ones((n, n), dtype=bool))
+        np.testing.assert_array_equal(cells[:n, :n][ok], np.round(w_step * 249).astype(np.uint8)[ok])
+        from attnscope.core.io.render import SPECIAL_BG, SPECIAL_BLANK, SPECIAL_HATCH
+
+        lv = E.N_FRAME_LEVELS
+        # masked cells (later keys) hatched, rows not generated yet blank: never a colour-map index
+        assert set(np.unique(cells[:n][~np.tril(np.ones((n, T), dtype=bool))]).tolist()) <= {
+            lv + SPECIAL_BG,
+            lv + SPECIAL_HATCH,
+        }
+        assert np.all(cells[n:, :] == lv + SPECIAL_BLANK)
         if step:
             s.step_back(1)
 

@@ -60,7 +60,10 @@ def test_full_size_stream_equals_the_in_memory_map(sess, tmp_path, mode):
     s = sess
     n = s.seq_len
     w = aggregate.map_at(s, 1, 1, mode)
-    E.save_map_png(w, tmp_path / "mem.png", ColourSpec(scale="log"), size=(n, n))
+    # the streamed bands draw the cells as every image does (masked ones hatched, the hatch continuing
+    # across bands): the in-memory PNG of the same mask
+    masked = E.map_mask(s, 1, n, mode)
+    E.save_map_png(w, tmp_path / "mem.png", ColourSpec(scale="log"), size=(n, n), masked=masked)
     XL.export_long_png(
         s, 1, 1, tmp_path / "st.png", n=n, mode=mode, full_size=True, colour=ColourSpec(scale="log")
     )
@@ -77,12 +80,28 @@ def test_overview_is_max_pooled_and_says_so(sess, tmp_path):
     XL.export_long_png(s, 0, 2, tmp_path / "ov.png", n=n, size=(9, 6), colour=ColourSpec(), metadata={"x": 1})
     img, info = _pixels(tmp_path / "ov.png")
     assert img.shape == (6, 9, 3)
-    np.testing.assert_array_equal(img, to_rgb(max_pool(s.weights(0, 2), 6, 9), "viridis"))
+    np.testing.assert_array_equal(img, _overview(s.weights(0, 2), 6, 9, ColourSpec()))
     meta = json.loads(info["attnscope"])
     assert meta["x"] == 1 and meta["pooling"]["kind"] == "max" and meta["pooling"]["image_size"] == [9, 6]
     assert meta["pooling"]["map_size"] == [n, n]
     with pytest.raises(ValueError, match="larger than"):
         XL.export_long_png(s, 0, 2, tmp_path / "big.png", n=n, size=(n + 1, 4))
+
+
+def _overview(w, rows, cols, colour):
+    """The max-pooled overview as drawn: block maxima coloured, blocks of only masked cells hatched."""
+    from attnscope.core.analysis.pooling import block_edges
+    from attnscope.core.io.render import map_pixels, pooled_mask
+
+    n = w.shape[0]
+    pooled = max_pool(w, rows, cols)
+    masked = pooled_mask(block_edges(n, rows), block_edges(n, cols))
+    # the colours of the blocks with an allowed cell are to_rgb's
+    np.testing.assert_array_equal(
+        map_pixels(pooled, colour, masked=masked)[~masked],
+        to_rgb(pooled, colour.cmap, scale=colour.scale)[~masked],
+    )
+    return map_pixels(pooled, colour, masked=masked)
 
 
 def test_full_size_above_the_limit_needs_the_flag(sess, tmp_path, monkeypatch):
@@ -112,7 +131,7 @@ def test_export_head_routes_long_maps(sess, tmp_path, monkeypatch):
     assert img.shape == (8, 8, 3)
     assert meta["colour"]["scale"] == "log" and meta["colour"]["scale_chosen"] == "by length"
     assert meta["pooling"]["kind"] == "max"
-    np.testing.assert_array_equal(img, to_rgb(max_pool(s.weights(1, 0), 8, 8), "viridis", scale="log"))
+    np.testing.assert_array_equal(img, _overview(s.weights(1, 0), 8, 8, ColourSpec(scale="log")))
     # the user's choice wins and is said
     (out,) = E.export_head(s, 1, 0, tmp_path / "lin.png", colour=ColourSpec(), full_size=True)
     img, info = _pixels(out)

@@ -230,7 +230,7 @@ class GqaView(QWidget, SavedControls):
             for ax in ("left", "bottom"):
                 p.getAxis(ax).setPen("k")
                 p.getAxis(ax).setTextPen("k")
-            img = pg.ImageItem()
+            img = pg.ImageItem(axisOrder="row-major")
             p.addItem(img)
             self.plots.append(p)
             self.images.append(img)

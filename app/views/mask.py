@@ -111,7 +111,7 @@ class MaskView(QWidget):
         for i, stretch in enumerate(COLUMN_STRETCH):
             grid.setColumnStretchFactor(i, stretch)
         self.ent_plot = self.plots.pop()
-        self.images = [pg.ImageItem() for _ in range(3)]
+        self.images = [pg.ImageItem(axisOrder="row-major") for _ in range(3)]
         self.score_bar = pg.ColorBarItem(
             values=(0, 1),
             colorMap=qt_colormap(),

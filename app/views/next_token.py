@@ -7,6 +7,8 @@ temperature, top-k and top-p (:func:`attnscope.core.sampling.filtered_probs`). T
 
 from __future__ import annotations
 
+import math
+
 from attnscope.core.analysis.timeline import NextTokenTable
 from attnscope.core.sampling import Sampling
 from attnscope.core.tokens import UNKNOWN_ID_NOTE, is_unknown
@@ -205,10 +207,13 @@ class TopTokenBars(QWidget):
             p.drawText(QRect(2, y, self.LABEL_W, self.ROW - 2), Qt.AlignVCenter | Qt.AlignRight, label)
             h_main = self.ROW - 10 if sampling else self.ROW - 6
             p.fillRect(QRect(bar_x, y + 2, bar_w, h_main), QColor(236, 239, 244))
-            p.fillRect(QRect(bar_x, y + 2, max(1, round(bar_w * r.p_model)), h_main), QColor(59, 82, 139))
+            # NaN logits (a forward that overflowed, attnscope.core.trace.finite): no bar, "NaN"
+            pm = r.p_model if math.isfinite(r.p_model) else 0.0
+            ps = r.p_sampled if math.isfinite(r.p_sampled) else 0.0
+            p.fillRect(QRect(bar_x, y + 2, max(1, round(bar_w * pm)), h_main), QColor(59, 82, 139))
             if sampling:
                 p.fillRect(
-                    QRect(bar_x, y + 2 + h_main + 1, max(0, round(bar_w * r.p_sampled)), 4),
+                    QRect(bar_x, y + 2 + h_main + 1, max(0, round(bar_w * ps)), 4),
                     QColor(230, 120, 20),
                 )
             p.setFont(small)

@@ -28,6 +28,7 @@ from attnscope.core.backends.hf_attention import (  # noqa: F401 (re-exported: t
 )
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
+from attnscope.core.trace import finite
 from attnscope.core.trace.torch_trace import TorchTrace
 
 PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
@@ -88,6 +89,7 @@ class TorchBackend:
             raise UnsupportedModelError(
                 f"found {n} attention modules with a layer index, expected {info.n_layers}: this family's layout is not supported"
             )
+        finite.watch_layers(model)  # hidden states checked as they happen (attnscope.core.trace.finite)
         # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see attnscope.core.attention.rope_length
         self.rope = LengthDependentRope(model)
         self.notices: list[RopeRecompute] = []  # KV-cache recomputes of the current sequence
@@ -246,6 +248,8 @@ class TorchBackend:
             self.trace.reserve(start + len(ids), dtype=self.model.dtype, device=self.device)
 
         def run_chunk(part: Sequence[int]) -> np.ndarray:
+            watch = self.trace.finite
+            watch.begin(self.seq_len, self.seq_len + len(part) - 1, self.model.dtype)
             res = self.model(
                 input_ids=torch.tensor([part], device=self.device),
                 **{self._cache_kw: self.cache},
@@ -254,7 +258,10 @@ class TorchBackend:
             )
             self.seq_len += len(part)
             self._ids += part
-            return res.logits[0].float().cpu().numpy()
+            watch.check(None, "logits", res.logits)
+            logits = res.logits[0].float().cpu().numpy()
+            finite.note(self.notices, watch)  # the first non-finite tensor, said once
+            return logits
 
         return chunked_forward(
             ids, PREFILL_CHUNK, run_chunk, lambda: self.truncate(start), progress, cancelled, all_logits

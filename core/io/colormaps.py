@@ -20,6 +20,9 @@ SCALES = ("linear", "log", "power")
 #: how a colour range is found: ``fixed`` [0, 1] (probabilities), ``auto`` (this map's robust max),
 #: ``shared`` (the layer's robust max); :func:`attnscope.core.io.export.colour_range`
 RANGE_MODES = ("fixed", "auto", "shared")
+#: the colour of a non-finite value (NaN, ±inf): magenta, in none of :data:`COLORMAPS`, so a cell of
+#: a forward that overflowed never reads as a weight (attnscope.core.io.render)
+NONFINITE_RGB = (255, 0, 255)
 
 
 @cache
@@ -74,9 +77,14 @@ def to_rgb(
     scale: str = "linear",
     gamma: float = 0.5,
 ) -> np.ndarray:
-    """Colour a 2-D array: ``(H, W)`` values → ``(H, W, 3)`` uint8 RGB (:func:`normalize`, then the LUT)."""
+    """Colour a 2-D array: ``(H, W)`` values → ``(H, W, 3)`` uint8 RGB (:func:`normalize`, then the LUT);
+    NaN and ±inf are :data:`NONFINITE_RGB`, never a colour of the map."""
     idx = np.round(normalize(values, vmin, vmax, scale, gamma) * 255).astype(np.intp)
-    return lut(cmap)[idx]
+    rgb = lut(cmap)[idx]
+    bad = ~np.isfinite(np.asarray(values, dtype=np.float64))
+    if bad.any():
+        rgb[bad] = NONFINITE_RGB
+    return rgb
 
 
 @dataclass(frozen=True)

@@ -145,10 +145,25 @@ def session_metadata(session) -> dict:
         "token_raw": [t.raw for t in toks],
         "exact": True,
         "exact_note": EXACT_NOTE,
+        # tensors of the forward that held inf/NaN, first first (attnscope.core.trace.finite); None:
+        # this backend does not check (the maps' own non-finite cells are counted per export)
+        "nonfinite": nonfinite_records(session),
     }
     if any(is_unknown(t.raw, t.id) for t in toks):  # their texts read <id N>: say why once
         meta["token_note"] = UNKNOWN_ID_NOTE
     return meta
+
+
+def nonfinite_records(session) -> list[dict] | None:
+    """The non-finite tensors of the session's forwards (:meth:`attnscope.core.trace.finite.FiniteWatch.records`):
+    ``[]`` when every checked tensor was finite, None when the backend does not check."""
+    try:  # a remote session's trace refuses what stays on the engine (SessionError)
+        watch = getattr(getattr(session, "trace", None), "finite", None)
+    except Exception:  # noqa: BLE001 - not checked here: said as None
+        return None
+    # attnscope.core.trace.finite.FiniteWatch (not imported: it needs torch)
+    records = getattr(watch, "records", None) if callable(getattr(type(watch), "records", None)) else None
+    return records() if records is not None else None
 
 
 def head_metadata(
@@ -323,25 +338,21 @@ def save_map_png(
     size: tuple[int, int] | None = None,
     dpi: float | None = None,
     metadata: dict | None = None,
+    masked: np.ndarray | None = None,
 ) -> Path:
-    """A plain map PNG: one colour-map colour per cell (``colour``: map, scale, range), rows =
-    queries, columns = keys.
+    """A plain map PNG (:func:`attnscope.core.io.render.map_pixels`): one colour-map colour per cell
+    (``colour``: map, scale, range), ``masked`` cells (bool, the map's shape) hatched grey on white,
+    non-finite cells magenta; rows = queries, columns = keys.
 
     ``size`` = exact ``(width, height)`` in pixels (nearest-neighbour, so every pixel still carries its
     cell's colour); default: square cells, longest side up to 2048 px. ``dpi`` is recorded in the PNG
     (pHYs). ``metadata`` goes into a PNG text chunk ``"attnscope"`` as JSON.
     """
     from attnscope.core.io.render import heatmap_image
-    from PIL import Image, PngImagePlugin
+    from PIL import PngImagePlugin
 
     path = Path(path)
-    if size is None:
-        img = heatmap_image(w, colour)
-    else:  # nearest, in integers: pixel (x, y) shows cell (⌊(2y+1)·n_query / 2·height⌋, ⌊(2x+1)·n_key / 2·width⌋)
-        rgb = colour.to_rgb(np.asarray(w))
-        ys = (2 * np.arange(size[1]) + 1) * rgb.shape[0] // (2 * size[1])
-        xs = (2 * np.arange(size[0]) + 1) * rgb.shape[1] // (2 * size[0])
-        img = Image.fromarray(np.ascontiguousarray(rgb[ys][:, xs]), mode="RGB")
+    img = heatmap_image(w, colour, masked=masked, size=size)
     kw: dict = {}
     if dpi:
         kw["dpi"] = (float(dpi), float(dpi))
@@ -351,6 +362,18 @@ def save_map_png(
         kw["pnginfo"] = info
     img.save(path, format="PNG", **kw)
     return path
+
+
+def map_mask(session, layer: int, n: int | None = None, mode: str = "head") -> np.ndarray:
+    """``(n, n)`` bool: the cells of an exported map the mask hid (causal, and ``layer``'s sliding
+    window unless ``mode`` is the mean of all layers, where a cell is masked only where every layer
+    masks it: the causal part), drawn hatched by every image (:mod:`attnscope.core.io.render`)."""
+    from attnscope.core.io.render import mask_of
+
+    n = session.seq_len if n is None else int(n)
+    window = None if mode == "all" else layer_sliding_window(session, layer)
+    pos = np.arange(n)
+    return mask_of(pos, pos, window)
 
 
 def embed_metadata(path: str | os.PathLike, metadata: dict) -> Path:
@@ -536,6 +559,7 @@ def export_head(
             )
         ]
     w = head_map(session, layer, head, n, mode, weighting)
+    meta["nonfinite_cells"] = int(np.count_nonzero(~np.isfinite(w)))  # drawn as non-finite, not weights
     if fmt in DATA_FORMATS:
         return write_data(w, path, meta)
     colour = colour.with_range(*colour_range(session, layer, w, colour.range_mode, n))
@@ -543,7 +567,8 @@ def export_head(
     if by_length:
         meta["colour"]["scale_chosen"] = "by length"
     if fmt == "png" and not figure:
-        return [save_map_png(w, path, colour, size=size, dpi=dpi, metadata=meta)]
+        masked = map_mask(session, layer, w.shape[0], mode)
+        return [save_map_png(w, path, colour, size=size, dpi=dpi, metadata=meta, masked=masked)]
     if renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.figure); none was given")
     title = head_title(session, layer, head, w.shape[0], mode)
@@ -677,20 +702,56 @@ def export_batch(
 
 
 # -- decode-step animations ----------------------------------------------------------------------------
-N_FRAME_LEVELS = 254  # palette: 254 colour-map steps, then black (captions) and white (not yet generated)
+N_FRAME_LEVELS = (
+    250  # palette: 250 colour-map steps, the 4 cell specials (attnscope.core.io.render), black, white
+)
 BLACK, WHITE = 254, 255
+LEGEND_H = 18  # pixels of the legend strip under a frame's map
 
 
 def frame_palette(cmap: str = "viridis") -> np.ndarray:
-    """``(256, 3)`` uint8 palette of animation frames: the colour map in 254 steps, black, white."""
-    from attnscope.core.io.colormaps import lut
+    """``(256, 3)`` uint8 palette of animation frames: :func:`attnscope.core.io.render.map_palette`
+    with :data:`N_FRAME_LEVELS` colour-map steps (masked white, hatch grey, non-finite magenta,
+    blank white after them), then black (text) and white (background)."""
+    from attnscope.core.io.render import map_palette
 
-    table = lut(cmap)
     pal = np.empty((256, 3), dtype=np.uint8)
-    pal[:N_FRAME_LEVELS] = table[np.round(np.linspace(0, 255, N_FRAME_LEVELS)).astype(int)]
+    pal[:254] = map_palette(ColourSpec(cmap=cmap), N_FRAME_LEVELS)
     pal[BLACK] = 0
     pal[WHITE] = 255
     return pal
+
+
+def frame_legend_lines(items, font, width: int) -> list[list]:
+    """The legend ``items`` (:func:`attnscope.core.io.render.legend`) laid out in lines of at most
+    ``width`` pixels (swatch, text, gap), at least one item a line."""
+    lines: list[list] = [[]]
+    x = 3
+    for item in items:
+        need = 16 + int(font.getlength(item[1])) + 12
+        if lines[-1] and x + need > width:
+            lines.append([])
+            x = 3
+        lines[-1].append(item)
+        x += need
+    return lines if lines[0] else []
+
+
+def draw_frame_legend(img, y: int, lines, font, n_levels: int = N_FRAME_LEVELS) -> None:
+    """Draw the legend ``lines`` (:func:`frame_legend_lines`), :data:`LEGEND_H` pixels each, as
+    swatch + text from ``(3, y)`` on the palette image ``img`` (palette of :func:`frame_palette`)."""
+    from attnscope.core.io.render import swatch_pixels
+    from PIL import Image, ImageDraw
+
+    draw = ImageDraw.Draw(img)
+    for k, line in enumerate(lines):
+        x, top = 3, y + k * LEGEND_H
+        for kind, text in line:
+            sw = swatch_pixels(kind, ColourSpec(), 12, 12, n_levels).astype(np.uint8)
+            img.paste(Image.fromarray(sw, mode="P"), (x, top + 3))  # indices as they are: one palette
+            draw.rectangle((x, top + 3, x + 11, top + 14), outline=BLACK)
+            draw.text((x + 16, top + 2), text, fill=BLACK, font=font)
+            x += 16 + int(draw.textlength(text, font=font)) + 12
 
 
 def decode_frames(
@@ -704,17 +765,20 @@ def decode_frames(
     first_step: int = 0,
     cancelled: Callable[[], bool] | None = None,
     levels: tuple[float, float] | None = None,
+    mode: str = "head",
 ):
     """One palette image per decode step of ``(layer, head)``: steps ``first_step .. n_generated``.
 
     Every frame has the final map's size (``seq_len`` cells a side, ``cell`` pixels each, the largest
     integer keeping the map within ``max_size``); frame ``s`` shows the exact map after step ``s``
-    (its top-left ``(n_prompt + s)²`` block, see module doc) and white where nothing was generated yet.
-    With ``caption`` a white strip above the map reads ``L3 H4 · step s/N · seq_len T · 'token'``.
-    Pixel value ``v`` of a cell maps to weight ``v / 253`` (linear scale, fixed range) through
-    :func:`frame_palette`; ``colour`` colours as :func:`export_head` does (its ``range_mode``
-    resolved on the final map, so every frame shares one scale; ``levels = (vmin, vmax)`` gives that
-    range precomputed).
+    (its top-left ``(n_prompt + s)²`` block, see module doc), drawn as every image draws a map
+    (:func:`attnscope.core.io.render.map_indices`): masked cells hatched, non-finite cells magenta,
+    the rows not generated yet blank (white). With ``caption`` a white strip above the map reads
+    ``L3 H4 · step s/N · seq_len T · 'token'`` and one under it names the blank, masked and
+    non-finite cells (:func:`attnscope.core.io.render.legend`). A weight's pixel value ``v`` is
+    ``round(x · 249)`` for its normalised weight ``x`` (:data:`N_FRAME_LEVELS`, :func:`frame_palette`);
+    ``colour`` colours as :func:`export_head` does (its ``range_mode`` resolved on the final map, so
+    every frame shares one scale; ``levels = (vmin, vmax)`` gives that range precomputed).
 
     Returns:
         list of PIL ``"P"`` images, ``n_generated - first_step + 1`` of them.
@@ -722,15 +786,21 @@ def decode_frames(
     Raises:
         SessionError: nothing has run. IndexError: layer/head out of range.
     """
+    from attnscope.core.io.render import cell_kinds, legend, map_indices
     from PIL import Image, ImageDraw, ImageFont
 
     w = session.weights(layer, head)
     T, n0 = w.shape[0], session.n_prompt
     cell = max(1, max_size // T)
     colour = colour.with_range(*(levels or colour_range(session, layer, w, colour.range_mode)))
-    idx = np.round(colour.normalize(w) * (N_FRAME_LEVELS - 1)).astype(np.uint8)
+    masked = map_mask(session, layer, T, mode)
     cap_h = 18 if caption else 0
     font = ImageFont.load_default(size=13) if caption else None
+    # the legend of the first frame holds the most kinds but the non-finite rows it has not reached
+    # yet: lay out every kind the frames show, so every frame has the same size
+    every = legend(cell_kinds(w, masked, n0 if session.n_generated else None)) + legend(cell_kinds(w, masked))
+    kinds_seen = list(dict.fromkeys(every))
+    leg_h = LEGEND_H * len(frame_legend_lines(kinds_seen, font, T * cell)) if caption else 0
     pal = frame_palette(colour.cmap).reshape(-1).tolist()
     toks = session.tokens
     frames: list[Image.Image] = []
@@ -738,18 +808,19 @@ def decode_frames(
         if cancelled is not None and cancelled():
             raise Cancelled(f"stopped after {len(frames)} frames")
         n = n0 + s
-        grid = np.full((T, T), WHITE, dtype=np.uint8)
-        grid[:n, :n] = idx[:n, :n]
-        if cell > 1:
-            grid = np.repeat(np.repeat(grid, cell, axis=0), cell, axis=1)
-        frame = np.full((cap_h + grid.shape[0], grid.shape[1]), WHITE, dtype=np.uint8)
-        frame[cap_h:] = grid
+        grid = map_indices(
+            w, colour, masked=masked, blank_rows=n, size=(T * cell, T * cell), n_levels=N_FRAME_LEVELS
+        ).astype(np.uint8)
+        frame = np.full((cap_h + grid.shape[0] + leg_h, grid.shape[1]), WHITE, dtype=np.uint8)
+        frame[cap_h : cap_h + grid.shape[0]] = grid
         img = Image.fromarray(frame, mode="P")
         img.putpalette(pal)
         if caption:
             tok = _ascii_label(toks[n - 1].text) if s > 0 else "(prompt)"
             text = f"L{layer} H{head}  step {s}/{session.n_generated}  seq_len {n}  new token {tok}"
             ImageDraw.Draw(img).text((3, 2), text, fill=BLACK, font=font)
+            lines = frame_legend_lines(legend(cell_kinds(w, masked, n)), font, grid.shape[1])
+            draw_frame_legend(img, cap_h + grid.shape[0], lines, font)
         frames.append(img)
     return frames
 
@@ -782,6 +853,7 @@ def export_animation(
     """
     w = session.weights(layer, head)
     colour = colour.with_range(*colour_range(session, layer, w, colour.range_mode))
+    masked = map_mask(session, layer, w.shape[0])
     if frame_renderer is None:
         frames = decode_frames(
             session, layer, head, colour=colour, cancelled=cancelled, levels=(colour.vmin, colour.vmax)
@@ -801,6 +873,7 @@ def export_animation(
                     tokens=toks,
                     title=caption,
                     colour=colour,
+                    masked=masked,
                 )
             )
     out = save_animation(frames, path, fps=fps)
@@ -812,6 +885,7 @@ def export_animation(
             "fps": fps,
             "frame_steps": list(range(session.n_generated + 1)),
             "colour": colour.metadata(),
+            "nonfinite_cells": int(np.count_nonzero(~np.isfinite(w))),
         }
     )
     return [out, write_json(sidecar_path(out), meta)]

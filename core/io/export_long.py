@@ -139,10 +139,19 @@ def map_bands(
             progress(k + 1, len(starts))
 
 
-def coloured(bands: Iterable[np.ndarray], colour: ColourSpec) -> Iterable[np.ndarray]:
-    """RGB uint8 bands of weight bands (:meth:`attnscope.core.io.colormaps.ColourSpec.to_rgb`)."""
+def coloured(
+    bands: Iterable[np.ndarray], colour: ColourSpec, window: int | None = None, masked: bool = True
+) -> Iterable[np.ndarray]:
+    """RGB uint8 bands of the row bands of a map from row 0 (:func:`attnscope.core.io.render.map_pixels`:
+    the cells every image draws; with ``masked`` the causal mask and sliding ``window`` hatched)."""
+    from attnscope.core.io.render import map_pixels, mask_of
+
+    r0 = 0
     for b in bands:
-        yield colour.to_rgb(b)
+        rows, cols = np.arange(r0, r0 + b.shape[0]), np.arange(b.shape[1])
+        m = mask_of(rows, cols, window) if masked else None
+        yield map_pixels(b, colour, masked=m, origin=(0, r0))
+        r0 += b.shape[0]
 
 
 def long_colour_range(
@@ -202,11 +211,15 @@ def export_long_png(
             f"a {n}x{n} PNG at one pixel per cell is {n * n / 1e6:.0f} M pixels; pass --full-size "
             f"(full_size=True) to write it, or --size WxH for a max-pooled overview"
         )
+    from attnscope.core.io.export import layer_sliding_window
+    from attnscope.core.io.render import map_pixels, pooled_mask
+
+    window = None if mode == "all" else layer_sliding_window(session, layer)
     if full:
         meta["pooling"] = None
         meta["image_size"] = [n, n]
         bands = coloured(
-            map_bands(session, layer, head, n, mode, cancelled=cancelled, progress=progress), colour
+            map_bands(session, layer, head, n, mode, cancelled=cancelled, progress=progress), colour, window
         )
         return write_png_rows(path, n, n, bands, meta, dpi)
     w, h = size if size is not None else (min(n, OVERVIEW_SIDE), min(n, OVERVIEW_SIDE))
@@ -221,5 +234,6 @@ def export_long_png(
         "one-cell features (a sink column, the diagonal) stay visible",
     }
     meta["image_size"] = [w, h]
-    rgb = colour.to_rgb(pm.image)
+    # blocks of only masked cells hatched (a block with one allowed cell shows its max)
+    rgb = map_pixels(pm.image, colour, masked=pooled_mask(pm.row_edges, pm.col_edges, window))
     return write_png_rows(path, w, h, [rgb], meta, dpi)

@@ -19,7 +19,12 @@ Two refinements, each stated in the reason string the status bar and the export 
   :func:`torch.cuda.is_bf16_supported` is false), ``auto`` picks float32 if the float32 weights
   fit in the memory available, and keeps the half precision (saying so) if they do not.
 
-An explicit float32/bfloat16/float16 is always obeyed. This module never imports torch at import
+* ``auto`` never picks a precision the family is known to overflow in (:data:`OVERFLOWS`: Gemma in
+  float16, whose hidden states pass float16's largest value, 65504, in transformers' own forward):
+  a float16 Gemma checkpoint loads at bfloat16 where the device has a fast bfloat16 matmul, else at
+  float32 (else bfloat16), and the reason says why.
+
+An explicit float32/bfloat16/float16 is always obeyed (the reason names a known overflow). This module never imports torch at import
 time and never loads a weight.
 """
 
@@ -45,6 +50,30 @@ _ALIASES = {
     "f16": "float16",
     "half": "float16",
 }
+
+#: model_type (``_text`` suffix dropped) → precisions its forward is known to overflow in. Gemma's
+#: activations are trained in bfloat16 and exceed float16's 65504: Gemma 3 270M's hidden states
+#: reach inf in layer 8 at float16 (transformers' eager forward; attnscope.core.trace.finite names it)
+OVERFLOWS: dict[str, tuple[str, ...]] = {
+    "gemma": ("float16",),
+    "gemma2": ("float16",),
+    "gemma3": ("float16",),
+    "gemma3n": ("float16",),
+}
+
+
+def overflows(family: str | None, dtype: str) -> bool:
+    """True when ``family`` (a model_type: ``"gemma3_text"``, ``"gemma3"``) is known to overflow at ``dtype``."""
+    fam = str(family or "").lower().removesuffix("_text")
+    return dtype in OVERFLOWS.get(fam, ())
+
+
+def _overflow_note(family: str, dtype: str) -> str:
+    return (
+        f"{family} is known to overflow at {dtype} (its hidden states pass float16's largest value, "
+        "65504, and the maps turn non-finite)"
+    )
+
 
 # ggml type ids (gguf.GGMLQuantizationType): F32 = 0, F16 = 1, BF16 = 30; everything else quantised
 _GGML_F32, _GGML_F16, _GGML_BF16 = 0, 1, 30
@@ -189,6 +218,7 @@ class Checkpoint:
     n_params: int = 0
     quantised: bool = False  # a GGUF with quantised weight matrices
     origin: str = ""  # where ``dtype`` came from, for the reason ("config dtype", "GGUF Q4_1")
+    family: str = ""  # transformers model_type ("gemma3_text"), for :data:`OVERFLOWS`
 
 
 def _gb(n: int) -> str:
@@ -219,7 +249,12 @@ def choose_dtype(
     """
     requested = check_choice(requested)
     if requested != "auto":
-        return requested, f"{requested}: asked for (--dtype {requested})"
+        warn = (
+            f"; {_overflow_note(checkpoint.family, requested)}"
+            if overflows(checkpoint.family, requested)
+            else ""
+        )
+        return requested, f"{requested}: asked for (--dtype {requested}){warn}"
     own = checkpoint.dtype or "float32"
     src = f" ({checkpoint.origin})" if checkpoint.origin else ""
     if checkpoint.dtype is None:
@@ -232,6 +267,8 @@ def choose_dtype(
             f"float32: a small quantised model{src} ({_gb(f32)} at float32) keeps its dequantised "
             "weights exact (bfloat16 would round them)"
         )
+    if overflows(checkpoint.family, own):
+        return _avoid_overflow(own, checkpoint, src, device, free_bytes, half_support)
     fast, why = half_support if half_support is not None else device_half_support(own, device)
     if fast:
         return own, f"{own}: the checkpoint's own precision{src}; {why}"
@@ -253,6 +290,27 @@ def choose_dtype(
     )
 
 
+def _avoid_overflow(
+    own: str,
+    checkpoint: Checkpoint,
+    src: str,
+    device: str,
+    free_bytes: int | None,
+    half_support: tuple[bool, str] | None,
+) -> tuple[str, str]:
+    """:func:`choose_dtype` for a checkpoint whose own precision its family overflows in: bfloat16
+    where the device has a fast bfloat16 matmul (or the weights would not fit at float32), else float32."""
+    note = f"the checkpoint is {own}{src} but {_overflow_note(checkpoint.family, own)}"
+    fast, why = half_support if half_support is not None else device_half_support("bfloat16", device)
+    if fast and not overflows(checkpoint.family, "bfloat16"):
+        return "bfloat16", f"bfloat16: {note}; {why}"
+    f32 = 4 * int(checkpoint.n_params)
+    free = available_bytes(device) if free_bytes is None else free_bytes
+    if not checkpoint.n_params or free is None or f32 <= free:
+        return "float32", f"float32: {note}; {why} (no fast bfloat16 matmul)"
+    return "bfloat16", f"bfloat16: {note}; {why}, and float32 ({_gb(f32)}) would not fit in {_gb(free)}"
+
+
 def inspect_checkpoint(model) -> Checkpoint:
     """Read a model reference's own precision from metadata (config.json, safetensors or GGUF headers).
 
@@ -269,25 +327,33 @@ def inspect_checkpoint(model) -> Checkpoint:
         else:
             path = Path(model).expanduser()
         if path.is_file():
-            from attnscope.core.loading.gguf_meta import read_gguf_header
+            from attnscope.core.loading.gguf_meta import model_type_of, read_gguf_header
 
             h = read_gguf_header(path)
             return Checkpoint(
-                gguf_checkpoint_dtype(h), h.n_params, gguf_is_quantised(h), f"GGUF {h.quant_name()}"
+                gguf_checkpoint_dtype(h),
+                h.n_params,
+                gguf_is_quantised(h),
+                f"GGUF {h.quant_name()}",
+                model_type_of(h),
             )
         from attnscope.core.loading.catalog import describe_hf_folder
 
         e = describe_hf_folder(path)
-        d = config_dtype(json.loads((path / "config.json").read_text()))
-        return Checkpoint(d or normalise(e.dtype), e.n_params, False, "config dtype" if d else "safetensors")
+        cfg = json.loads((path / "config.json").read_text())
+        d = config_dtype(cfg)
+        family = str(cfg.get("model_type") or (cfg.get("text_config") or {}).get("model_type") or "")
+        return Checkpoint(
+            d or normalise(e.dtype), e.n_params, False, "config dtype" if d else "safetensors", family
+        )
     except Exception:
         return Checkpoint(None)
 
 
 def decide(model, requested: str = "auto", device: str = "cpu") -> tuple[str, str]:
     """:func:`choose_dtype` for a model reference (see :func:`inspect_checkpoint`)."""
-    if check_choice(requested) != "auto":
-        return choose_dtype(requested, Checkpoint(None), device)
+    if check_choice(requested) != "auto":  # obeyed; the checkpoint only names a known overflow
+        return choose_dtype(requested, Checkpoint(None, family=inspect_checkpoint(model).family), device)
     return choose_dtype("auto", inspect_checkpoint(model), device)
 
 
@@ -306,7 +372,7 @@ def entry_checkpoint(entry) -> Checkpoint:
         quantised = str(entry.dtype).upper() not in ("F32", "F16", "BF16")
     elif own is None:
         own = normalise(entry.dtype)
-    return Checkpoint(own, int(entry.n_params), quantised, origin)
+    return Checkpoint(own, int(entry.n_params), quantised, origin, str(getattr(entry, "architecture", "")))
 
 
 def entry_dtype(

@@ -33,6 +33,7 @@ from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.checks import index, whole
 from attnscope.core.errors import OutOfRange
 from attnscope.core.trace.base import TraceGeometry, as_slice
+from attnscope.core.trace.finite import FiniteWatch
 
 # Rows of spare room a growing trace adds beyond what is asked (decode steps append one row each).
 HEADROOM_ROWS = 256
@@ -165,6 +166,7 @@ class TorchTrace(TraceGeometry):
             return
         rec = self.layers[layer]
         n, L = rec.rows, query.shape[2]
+        self.finite.check_attention(layer, query, key, lse, L)  # attnscope.core.trace.finite
         st = rec.store = self._store_on(query.device)
         if st.q is None or n + L > st.capacity or st.q.dtype != query.dtype:  # else: reserved already
             st.ensure(n + L, max(r.rows for r in self.layers), query.dtype, query.device)
@@ -196,6 +198,7 @@ class TorchTrace(TraceGeometry):
         return self._device_stores[key]
 
     def reset(self) -> None:
+        self.finite = FiniteWatch()  # non-finite values of this sequence's forwards
         self._store = _RowStore(self.n_layers, self.n_heads, self.head_dim)
         self._device_stores: dict[str, _RowStore] = {}
         self.layers = [LayerRecord(layer=i, store=self._store) for i in range(self.n_layers)]
