@@ -3,7 +3,8 @@
     .venv/bin/python tests/make_synthetic.py --model llama-3.2-1b --out /tmp/synth [--formats bf16,q8_0,q4_0] [--seed 0]
 
 writes, for one of :data:`CONFIGS` (Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-7B, Mistral-7B-v0.3,
-Gemma-3-1B: their published ``config.json`` values, written out below):
+Gemma-3-1B, gpt-oss-20b: their published ``config.json`` values, written out below; ``--layers N``
+keeps the first N decoder layers, every tensor at its published shape):
 
 * ``bf16``: bfloat16 safetensors (≤ 2 GB shards + index) in a Hugging Face hub cache layout,
   ``<out>/hub/models--synthetic--<Name>/snapshots/<rev>/`` (with ``refs/main``), so
@@ -158,6 +159,40 @@ CONFIGS: dict[str, dict] = {
         bos_token_id=2,
         eos_token_id=1,
     ),
+    # openai/gpt-oss-20b: learned attention sinks, alternating 128-key windows, 32 experts (4 active).
+    # Written as bf16 (the published checkpoint stores the experts in MXFP4); use --layers.
+    "gpt-oss-20b": dict(
+        _name="gpt-oss-20b",
+        model_type="gpt_oss",
+        architectures=["GptOssForCausalLM"],
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=24,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        attention_bias=True,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * 12,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        swiglu_limit=7.0,
+        tie_word_embeddings=False,
+        vocab_size=201088,
+        pad_token_id=199999,
+        eos_token_id=200002,
+    ),
 }
 GGUF_ARCH = {
     "llama": ("llama", "LLAMA"),
@@ -222,11 +257,12 @@ def _tokenizer_folder() -> Path:
     return resolve(None, dtype="float32")[0]
 
 
-def write_hf(key: str, out: Path, seed: int = 0, log=print) -> Path:
-    """Write the bf16 safetensors snapshot of ``key``; return the snapshot folder."""
+def write_hf(key: str, out: Path, seed: int = 0, log=print, layers: int | None = None) -> Path:
+    """Write the bf16 safetensors snapshot of ``key`` (``layers``: the first decoder layers only);
+    return the snapshot folder."""
     from safetensors.torch import save_file
 
-    config = hf_config(key)
+    config = hf_config(key, layers)
     name = CONFIGS[key]["_name"]
     repo = out / "hub" / f"models--synthetic--{name}"
     snap = repo / "snapshots" / REVISION
@@ -390,12 +426,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--formats", default="bf16,q8_0,q4_0", help="comma-separated: bf16, q8_0, q4_0")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=None, help="GGUF only: keep the first N decoder layers")
+    p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
     a = p.parse_args(argv)
     for f in a.formats.split(","):
         f = f.strip().lower()
         if f == "bf16":
-            print(write_hf(a.model, a.out, a.seed))
+            print(write_hf(a.model, a.out, a.seed, layers=a.layers))
         elif f in ("q8_0", "q4_0"):
             print(write_gguf(a.model, a.out, f.upper(), a.seed, layers=a.layers))
         else:

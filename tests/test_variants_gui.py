@@ -19,6 +19,9 @@ PROMPT = "Hi. The cat sat, then the dog sat.\nIt ran home"
 def _shot(widget, name: str) -> None:
     folder = os.environ.get("ATTNSCOPE_SHOTS")
     if folder:
+        from PySide6.QtWidgets import QApplication
+
+        QApplication.processEvents()  # let the plot's layout settle after a label change
         Path(folder).mkdir(parents=True, exist_ok=True)
         widget.grab().save(str(Path(folder) / f"sinks_{name}.png"))
 

@@ -448,7 +448,9 @@ class SinksView(QWidget, SavedControls):
         }.get(self.metric, "token 0 + delimiters")
         snap = self.state.snapshot
         kv = snap.info.kv_head(head) if snap is not None else head
-        pi.setLabel("left", "share of the row" if side else f"weight on {target}")
+        pi.setLabel(
+            "left", "share of the row" if side or self.metric in LEARNED_METRICS else f"weight on {target}"
+        )
         if side and r.running_learned is not None:  # two series: shorter words, one line
             title = (
                 f"Layer {layer} · head {head} (KV {kv}) · "

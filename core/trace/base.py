@@ -191,6 +191,53 @@ class TraceGeometry:
         w = torch.from_numpy(np.stack([self.weights(layer, h, rows, cols) for h in heads]))  # (h, n_q, n_k)
         return torch.log(w) if log else w
 
+    # -- the softmax variant (soft-capping, learned sinks), as each layer recorded it --------------
+    def softcap(self, layer: int) -> float | None:
+        """The attention-logit cap ``layer`` applied (Gemma 2: scores ``cap·tanh(s/cap)``), or None."""
+        cap = getattr(self._rec(layer), "softcap", None)
+        return None if cap is None else float(cap)
+
+    @property
+    def softcaps(self) -> tuple[float | None, ...]:
+        """Every layer's recorded cap (None: no cap, or not recorded yet)."""
+        return tuple(getattr(r, "softcap", None) for r in self.layers)
+
+    @property
+    def has_learned_sinks(self) -> bool:
+        """True when some recorded layer has learned sink logits (gpt-oss)."""
+        return any(getattr(r, "sinks", None) is not None for r in self.layers)
+
+    def learned_sinks(self, layer: int) -> np.ndarray | None:
+        """``(n_heads,)`` float64 learned sink logits of ``layer`` (gpt-oss), or None."""
+        sinks = getattr(self._rec(layer), "sinks", None)
+        if sinks is None:
+            return None
+        if hasattr(sinks, "cpu"):  # a torch tensor (kept on the layer's device)
+            sinks = sinks.detach().cpu().double().numpy()
+        return np.asarray(sinks, dtype=np.float64)
+
+    def learned_sink_share(self, layer: int) -> np.ndarray:
+        """Share of each row's softmax mass that went to the learned sink, ``(n_heads, T)`` float32.
+
+        ``exp(sink_h − lse'_i)`` with ``lse'`` the recorded LSE, which includes the sink
+        (:func:`attnscope.core.attention.fused.add_learned_sinks`): exactly ``1 − Σ_j w_ij`` over the
+        real keys (transformers' eager gpt-oss softmax drops this column). Zeros for a layer without
+        learned sinks.
+
+        Raises:
+            IndexError: layer out of range. RuntimeError: nothing captured yet.
+        """
+        lse = self.lse(layer)  # (H, T) float64
+        sinks = self.learned_sinks(layer)
+        if sinks is None:
+            return np.zeros(lse.shape, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            return np.exp(sinks[:, None] - lse).astype(np.float32)
+
+    def lse(self, layer: int) -> np.ndarray:
+        """LSE rows of ``layer``, ``(n_heads, T)`` float64 (each trace reads its store)."""
+        raise NotImplementedError
+
     def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
         """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape ``(n_q, n_k)``,
         bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; DESIGN.md "Masks")."""

@@ -12,7 +12,7 @@ Exact weights on demand (FlashAttention-2, Dao 2023, §3.1: ``P = exp(S − L)``
 Row-wise summaries need no T × T work: the mass head ``h`` puts on key 0 (the attention sink,
 handbook §4 "Attention sinks") is ``exp(q_i · k_0 · scale − lse_i)``, linear in T.
 
-Two families change the softmax, and every recomputation here follows (README "Families"):
+Two families change the softmax, and every recomputation here follows (README "How it works"):
 
 * soft-capping (Gemma 2): the score is ``cap·tanh(q·k·scale / cap)``; the layer's cap is recorded
   and applied by :func:`attnscope.core.attention.fused.softcap_scores` wherever a score is formed;
@@ -244,41 +244,6 @@ class TorchTrace(TraceGeometry):
         if not raw:
             rec.cap(s)
         return s.masked_fill(~allowed, float("-inf")).cpu().numpy()
-
-    def softcap(self, layer: int) -> float | None:
-        """The attention-logit cap ``layer`` applied (Gemma 2), or None."""
-        return self._rec(layer).softcap
-
-    @property
-    def has_learned_sinks(self) -> bool:
-        """True when some recorded layer has learned sink logits (gpt-oss)."""
-        return any(r.sinks is not None for r in self.layers)
-
-    @property
-    def softcaps(self) -> tuple[float | None, ...]:
-        """Every layer's recorded cap (None: no cap, or not recorded yet)."""
-        return tuple(r.softcap for r in self.layers)
-
-    def learned_sinks(self, layer: int) -> np.ndarray | None:
-        """``(n_heads,)`` float64 learned sink logits of ``layer`` (gpt-oss), or None."""
-        rec = self._rec(layer)
-        return None if rec.sinks is None else rec.sinks.cpu().numpy()
-
-    def learned_sink_share(self, layer: int) -> np.ndarray:
-        """Share of each row's softmax mass that went to the learned sink, ``(n_heads, T)`` float32.
-
-        ``exp(sink_h − lse'_i)`` with ``lse'`` the recorded LSE that includes the sink: exactly
-        ``1 − Σ_j w_ij`` over the real keys (transformers' eager gpt-oss softmax drops this column).
-        Zeros for a layer without learned sinks.
-
-        Raises:
-            IndexError: layer out of range. RuntimeError: nothing captured yet.
-        """
-        rec = self._rec(layer)
-        lse = rec.lse()  # (H, T) float64
-        if rec.sinks is None:
-            return np.zeros(tuple(lse.shape), dtype=np.float32)
-        return torch.exp(rec.sinks.to(lse.device)[:, None] - lse).float().cpu().numpy()
 
     def weights(
         self, layer: int, head: int, rows: slice | None = None, cols: slice | None = None
