@@ -56,7 +56,7 @@ class Snapshot:
     #: each layer's sliding window in tokens (None: causal only), as the backend's ``layer_windows()``;
     #: () when unknown (an older engine)
     layer_windows: tuple[int | None, ...] = ()
-    #: the softmax variant as the forwards ran (:mod:`attnscope.core.analysis.softmax_variant`): the
+    #: the softmax variant as the forwards ran (:mod:`attnscope.core.trace.softmax_variant`): the
     #: attention-logit cap (Gemma 2) or None, and whether learned sinks (gpt-oss) join the denominator
     softcap: float | None = None
     learned_sinks: bool = False
@@ -476,7 +476,7 @@ class Session:
 
     def snapshot(self) -> Snapshot:
         """A frozen copy of what the GUI shows (tokens, KV bytes, next-token top 10)."""
-        from attnscope.core.analysis import softmax_variant
+        from attnscope.core.trace import softmax_variant
 
         ran = self._logits is not None
         return Snapshot(

@@ -44,7 +44,7 @@ def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
 
     Inputs are non-negative and each slice along ``axis`` sums to 1 (attention rows do); they are
     not renormalised. A slice that sums to less than 1 (a model with learned sinks, gpt-oss: the
-    softmax's missing mass sits on the sink slot, :mod:`attnscope.core.analysis.softmax_variant`) has
+    softmax's missing mass sits on the sink slot, :mod:`attnscope.core.trace.softmax_variant`) has
     that residual ``1 − Σ`` counted as one more outcome, so the distance is the one between the full
     softmax distributions, sink included. Computed in float64; returns float64 of the broadcast
     shape without ``axis``, clipped to [0, 1].

@@ -112,7 +112,7 @@ def sequence_scores(
     if T < 2:
         out["sink"], out["local"] = nan.copy(), nan.copy()
         return out
-    from attnscope.core.analysis.softmax_variant import learned_sink_rows
+    from attnscope.core.trace.softmax_variant import learned_sink_rows
 
     sink_rows = weight_on_keys(trace, [0, *delimiters])
     learned = learned_sink_rows(trace)  # gpt-oss: the learned softmax slot is a sink too

@@ -265,7 +265,7 @@ def sink_report(
     else:
         sink = np.zeros(per_row.shape[:2], np.float32)
         sink_set = sink.copy()
-    from attnscope.core.analysis.softmax_variant import learned_sink_rows
+    from attnscope.core.trace.softmax_variant import learned_sink_rows
 
     per_row_learned = learned_sink_rows(trace)  # (L, H, T) or None
     learned = running_learned = None

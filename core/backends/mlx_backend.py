@@ -60,7 +60,7 @@ def mlx_device() -> str:
 
 
 def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
-    """Read the ``*.safetensors`` files the loader reads (:func:`attnscope.core.loading.resolve.weight_files`:
+    """Read the ``*.safetensors`` files the loader reads (:func:`attnscope.core.loading.weight_files.weight_files`:
     not a second copy such as ``consolidated.safetensors``) as MLX arrays cast to ``dtype``.
 
     Drops buffers that are not parameters (``rotary_emb.inv_freq``) and a saved ``lm_head.weight``

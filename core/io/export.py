@@ -37,16 +37,16 @@ from pathlib import Path
 
 import numpy as np
 from attnscope.core import __version__
-from attnscope.core.analysis import softmax_variant
 from attnscope.core.errors import Cancelled, OutOfRange
 from attnscope.core.io import formats
 from attnscope.core.io.colormaps import COLOUR_BY_LENGTH, DEFAULT_COLOUR, RANGE_MODES, ColourSpec
 from attnscope.core.io.formats import ANIMATION_FORMATS, BATCH_FORMATS, DATA_FORMATS
-from attnscope.core.io.render import FrameRenderer, Renderer
+from attnscope.core.io.render import FrameRenderer, Renderer, layer_sliding_window
 from attnscope.core.loading.device_map import record as dm_record
 from attnscope.core.loading.model_hash import model_sha256
 from attnscope.core.loading.quantize import record as quant_record
 from attnscope.core.tokens import UNKNOWN_ID_NOTE, is_unknown
+from attnscope.core.trace import softmax_variant
 
 SCHEMA = "attnscope.export/1"
 SAFETENSORS_KEY = "weights"
@@ -76,14 +76,6 @@ def engine_record(session) -> dict:
     if not isinstance(engine, str):
         return {}
     return {"engine": {"address": engine, "host": getattr(session.backend, "host", "")}}
-
-
-def layer_sliding_window(session, layer: int) -> int | None:
-    """The sliding window the kernel applied in ``layer`` (None = full causal), as captured."""
-    layers = getattr(session.trace, "layers", None)
-    if layers is not None and 0 <= layer < len(layers):
-        return getattr(layers[layer], "sliding_window", None)
-    return session.info.sliding_window
 
 
 def mask_info(session, layer: int) -> dict:
@@ -122,7 +114,7 @@ def session_metadata(session) -> dict:
             "group_size": info.group_size,
             "sliding_window": info.sliding_window,
             "n_params": info.n_params,
-            # the softmax variant as captured (attnscope.core.analysis.softmax_variant)
+            # the softmax variant as captured (attnscope.core.trace.softmax_variant)
             **softmax_variant.metadata(getattr(session, "trace", None)),
         },
         "backend": getattr(session.backend, "name", "?"),

@@ -211,8 +211,7 @@ def export_long_png(
             f"a {n}x{n} PNG at one pixel per cell is {n * n / 1e6:.0f} M pixels; pass --full-size "
             f"(full_size=True) to write it, or --size WxH for a max-pooled overview"
         )
-    from attnscope.core.io.export import layer_sliding_window
-    from attnscope.core.io.render import map_pixels, pooled_mask
+    from attnscope.core.io.render import layer_sliding_window, map_pixels, pooled_mask
 
     window = None if mode == "all" else layer_sliding_window(session, layer)
     if full:

@@ -258,3 +258,11 @@ def heatmap_image(
             cell = max(1, max_size // max(w.shape))
         size = (w.shape[1] * cell, w.shape[0] * cell)
     return Image.fromarray(np.ascontiguousarray(map_pixels(w, colour, masked=masked, size=size)), mode="RGB")
+
+
+def layer_sliding_window(session, layer: int) -> int | None:
+    """The sliding window the kernel applied in ``layer`` (None = full causal), as captured."""
+    layers = getattr(session.trace, "layers", None)
+    if layers is not None and 0 <= layer < len(layers):
+        return getattr(layers[layer], "sliding_window", None)
+    return session.info.sliding_window

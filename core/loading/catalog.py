@@ -599,12 +599,12 @@ def describe_hf_folder(
     message :func:`attnscope.core.loading.resolve.check_hf_folder` gives (bad config, truncated or
     invalid safetensors, ...): the list calls a folder supported exactly when a loader accepts it.
     Parameters and size count the files the loader reads
-    (:func:`attnscope.core.loading.resolve.weight_files`), once: a second copy of the weights beside
+    (:func:`attnscope.core.loading.weight_files.weight_files`), once: a second copy of the weights beside
     them is left out and named in ``note``. ``note`` (given) comes first, e.g. what is incomplete in
     the folder's cache repo.
     """
     from attnscope.core.loading.quantize import file_quantization
-    from attnscope.core.loading.resolve import weight_files
+    from attnscope.core.loading.weight_files import weight_files
 
     folder = Path(folder)
     key = ("hf", str(folder), source, name, _files_stamp(folder), size_bytes, note)

@@ -192,7 +192,7 @@ def _mlx_packed_bytes(path: str, dtype: str, _mtime: int) -> int | None:
 def mlx_folder_packed_bytes(path, dtype: str) -> int | None:
     """Weight bytes of an mlx-lm quantised folder as the MLX backend holds it: the packed ``uint32``
     words as stored, every float tensor (scales, biases, norms) at ``dtype`` (it casts them on load),
-    over the files the loader reads (:func:`attnscope.core.loading.resolve.weight_files`). None when
+    over the files the loader reads (:func:`attnscope.core.loading.weight_files.weight_files`). None when
     unreadable."""
     from attnscope.core.loading.resolve import check_safetensors, weight_files
 

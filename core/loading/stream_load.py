@@ -52,9 +52,9 @@ _DTYPES = {
 
 
 def safetensors_files(folder: Path) -> list[Path]:
-    """The folder's safetensors files the loader reads (:func:`attnscope.core.loading.resolve.weight_files`:
+    """The folder's safetensors files the loader reads (:func:`attnscope.core.loading.weight_files.weight_files`:
     the index's shards in name order, or the single file); [] if none."""
-    from attnscope.core.loading.resolve import weight_files
+    from attnscope.core.loading.weight_files import weight_files
 
     return [f for f in weight_files(Path(folder)) if f.suffix == ".safetensors"]
 
