@@ -50,6 +50,9 @@ SUPPORTED_ARCHITECTURES = {
 # its alternating local/global layers set ``module.sliding_window`` per layer, and Gemma 3 has
 # no attention soft-capping. Exact against eager, tests/test_families.py.
 SUPPORTED_ARCHITECTURES |= {"gemma3_text"}
+# Hybrid decoders (README "Hybrid models"): their softmax-attention layers run through our function, the
+# linear-attention / Mamba / short-convolution layers as transformers runs them. Exact, tests/test_hybrid.py.
+SUPPORTED_ARCHITECTURES |= {"qwen3_next", "qwen3_5_text", "granitemoehybrid", "falcon_h1", "lfm2"}
 REFUSED_ARCHITECTURES = {
     "gemma2": "its attention applies logit soft-capping (cap·tanh(s/cap) before the softmax), which "
     "AttnScope's fused attention and exact weight recomputation do not do yet",
@@ -122,7 +125,10 @@ class ModelInfo:
 def info_from_config(
     config, name: str, source: str, dtype: str, n_params: int = 0, has_chat_template: bool = False
 ) -> ModelInfo:
-    """Build :class:`ModelInfo` from a transformers config (any decoder-only family)."""
+    """Build :class:`ModelInfo` from a transformers config (any decoder-only family); ``layer_kinds`` from
+    :func:`attnscope.core.arch.layer_kinds_of` (what each layer of a hybrid model computes)."""
+    from attnscope.core.arch import layer_kinds_of
+
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
     n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
@@ -152,6 +158,7 @@ def info_from_config(
         dtype=dtype,
         n_params=n_params,
         has_chat_template=has_chat_template,
+        layer_kinds=layer_kinds_of(config),
     )
 
 
