@@ -107,6 +107,21 @@ class ArchConfig:
             raise NoAttentionMap(self.no_map_line(layer))
         return layer
 
+    def map_layer_near(self, layer: int, direction: int = 0) -> int:
+        """The attention layer to show for a request of ``layer``: ``layer`` itself when it has a map, else
+        the next one up (``direction > 0``), down (``< 0``) or the nearest (``0``, ties upwards), falling
+        back to the nearest when there is none that way. ``layer`` when no layer has a map."""
+        att = self.attention_layers
+        if not att or layer in att:
+            return layer
+        up = [i for i in att if i > layer]
+        down = [i for i in att if i < layer]
+        if direction > 0 and up:
+            return up[0]
+        if direction < 0 and down:
+            return down[-1]
+        return min(att, key=lambda i: (abs(i - layer), -i))
+
     def describe_layers(self) -> str:
         """One phrase for the picker and status bar: ``"2 of 8 layers attention (6 linear attention)"``;
         ``""`` when every layer is softmax attention with no state."""

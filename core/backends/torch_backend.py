@@ -90,6 +90,11 @@ class TorchBackend:
             if type(mod).__name__.endswith("Attention") and hasattr(mod, "layer_idx"):
                 mod._attnscope_trace = self.trace
                 found.append(int(mod.layer_idx))
+        if not arch.attention_layers:
+            raise UnsupportedModelError(
+                f"{info.name} has no softmax-attention layer ({arch.n_layers} layers of "
+                f"{', '.join(sorted(set(arch.layer_kinds)))}): there is no attention map to inspect"
+            )
         if sorted(found) != list(arch.attention_layers):
             want = len(arch.attention_layers)
             raise UnsupportedModelError(
