@@ -14,6 +14,7 @@ a trace).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +79,7 @@ class ArchConfig:
         """Whether layer ``layer`` keeps a recurrent or convolution state (:data:`STATE_KINDS`)."""
         return self.layer_kind(layer) in STATE_KINDS
 
-    @property
+    @functools.cached_property
     def attention_layers(self) -> tuple[int, ...]:
         """The real indices of the layers that have an attention map, ascending."""
         return tuple(i for i in range(self.n_layers) if self.has_map(i))
@@ -215,20 +216,32 @@ def layer_kinds_of(config) -> tuple[str, ...]:
     """Per-layer kinds of a transformers config (its text config for a multimodal one), by real layer
     index, from ``layer_types`` (Qwen3-Next, Qwen3.5, LFM2, Granite 4, Gemma 3, gpt-oss…) or
     ``layers_block_type`` (Falcon-H1); unknown names are kept as they are (a kind with no map). ``()`` when
-    the config names no layer types (every layer softmax attention).
+    the config names no layer types (every layer softmax attention). ``config``: a transformers config or
+    a parsed config.json dict.
 
     Per family (transformers 5 modeling code): Qwen3-Next / Qwen3.5 ``linear_attention`` is a Gated
     DeltaNet (kind ``linear_attention``); Granite 4 ``linear_attention`` is a Mamba-2 mixer (``mamba``);
     LFM2 ``conv`` is a gated short convolution (``conv``); Falcon-H1 ``hybrid`` runs attention and a
     Mamba-2 mixer in parallel in every layer (``attention_mamba``)."""
-    get_text = getattr(config, "get_text_config", None)
-    if callable(get_text):
-        config = get_text()
-    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
-    n = getattr(config, "num_hidden_layers", None)
+    if isinstance(config, dict):  # a parsed config.json (the catalog reads those): its text config
+        text = config.get("text_config")
+        c = text if isinstance(text, dict) else config
+        types = c.get("layer_types") or c.get("layers_block_type")
+        n, model_type = c.get("num_hidden_layers"), c.get("model_type") or config.get("model_type", "")
+        k = c.get("full_attention_interval")  # Qwen3-Next / Qwen3.5 written without layer_types
+        if not types and isinstance(n, int) and isinstance(k, int) and k > 0:
+            types = ["linear_attention" if (i + 1) % k else "full_attention" for i in range(n)]
+    else:
+        get_text = getattr(config, "get_text_config", None)
+        if callable(get_text):
+            config = get_text()
+        types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+        n, model_type = getattr(config, "num_hidden_layers", None), getattr(config, "model_type", "")
+    if not types and model_type == "falcon_h1" and isinstance(n, int):  # its config.json names no types
+        types = ["hybrid"] * n
     if not isinstance(types, list | tuple) or not types:
         return ()
-    mamba = getattr(config, "model_type", "") in _MAMBA_FAMILIES
+    mamba = model_type in _MAMBA_FAMILIES
     names = dict(_KIND_NAMES, hybrid="attention_mamba")
     if mamba:
         names["linear_attention"] = "mamba"

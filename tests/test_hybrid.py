@@ -144,6 +144,22 @@ def test_layer_kinds_from_configs():
         assert layer_kinds_of(cfg) == kinds, fam
         arch = ArchConfig(cfg.num_hidden_layers, 4, 2, 16, kinds)
         assert arch.attention_layers == att and arch.is_hybrid
+    # a parsed config.json as checkpoints write it (the catalog reads those)
+    assert layer_kinds_of(
+        {
+            "model_type": "granitemoehybrid",
+            "num_hidden_layers": 3,
+            "layer_types": ["mamba", "attention", "mamba"],
+        }
+    ) == ("mamba", "attention", "mamba")
+    assert layer_kinds_of({"model_type": "falcon_h1", "num_hidden_layers": 2}) == ("attention_mamba",) * 2
+    assert (
+        layer_kinds_of(
+            {"model_type": "qwen3_5", "text_config": {"num_hidden_layers": 4, "full_attention_interval": 2}}
+        )
+        == ("linear_attention", "attention") * 2
+    )
+    assert layer_kinds_of({"model_type": "llama", "num_hidden_layers": 2}) == ()
     arch = ArchConfig(4, 4, 2, 16, EXPECTED["qwen3_next"][0])
     assert arch.describe_layers() == "2 of 4 layers attention (2 linear attention)"
     assert (arch.map_layer_near(2, +1), arch.map_layer_near(2, -1), arch.map_layer_near(0)) == (3, 1, 1)
