@@ -92,9 +92,10 @@ class StateRecompute:
     length: int
 
     def __str__(self) -> str:
+        start = "from the start" if self.restored == 0 else f"from the copy at {self.restored}"
         return (
             f"step back to {self.length} tokens: the recurrent/conv states had no copy there, so tokens "
-            f"{self.restored}..{self.length - 1} were re-run from the copy at {self.restored}"
+            f"{self.restored}..{self.length - 1} were re-run {start}"
         )
 
 
