@@ -37,6 +37,30 @@ WIDGETS = (
 )
 
 
+def _ranges(layers) -> str:
+    """``"1, 3, 5–7"``: layer indices with runs collapsed."""
+    out: list[str] = []
+    layers = list(layers)
+    i = 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(str(layers[i]) if j == i else f"{layers[i]}–{layers[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def layer_kinds_tip(arch) -> str:
+    """One line per layer of a hybrid model: ``layer 2: linear attention, no map``."""
+    from attnscope.core.arch import kind_label
+
+    return "\n".join(
+        f"layer {i}: {kind_label(arch.layer_kind(i))}" if arch.has_map(i) else arch.no_map_line(i)
+        for i in range(arch.n_layers)
+    )
+
+
 def sample_prompts() -> list[str]:
     """The sample prompts shipped in ``assets/prompts.txt`` (``\\n`` in a line is a newline)."""
     try:
@@ -44,6 +68,31 @@ def sample_prompts() -> list[str]:
     except OSError:
         return ["The quick brown fox jumps over the lazy dog."]
     return [ln.replace("\\n", "\n") for ln in lines if ln.strip()]
+
+
+class LayerSpinBox(QSpinBox):
+    """The layer spin box: its arrows, Page Up / Page Down and the wheel step through the layers that have
+    an attention map (:meth:`set_map_layers`; a hybrid model's linear-attention, Mamba and convolution
+    layers are skipped, README "Hybrid models"); a typed layer without one moves to the next that has
+    one (:class:`attnscope.app.state.ViewState`). Values are the real layer indices."""
+
+    def __init__(self):
+        super().__init__()
+        self.map_layers: tuple[int, ...] = ()  # empty: every layer
+
+    def set_map_layers(self, layers) -> None:
+        self.map_layers = tuple(int(i) for i in layers)
+
+    def stepBy(self, steps: int) -> None:  # noqa: N802 (Qt's name)
+        if not self.map_layers or steps == 0:
+            super().stepBy(steps)
+            return
+        v = self.value()
+        ahead = [i for i in self.map_layers if (i > v if steps > 0 else i < v)]
+        if not ahead:
+            return
+        n = min(abs(steps), len(ahead))
+        self.setValue(ahead[n - 1] if steps > 0 else ahead[-n])
 
 
 class Controls:
@@ -86,7 +135,7 @@ class Controls:
             ctl.addWidget(w)
         ctl.addSpacing(18)
         ctl.addWidget(QLabel("Layer"))
-        self.layer_spin = QSpinBox()
+        self.layer_spin = LayerSpinBox()
         self.layer_spin.setToolTip("Layer, 0-based (Page Up / Page Down)")
         ctl.addWidget(self.layer_spin)
         ctl.addWidget(QLabel("Head"))
@@ -112,7 +161,17 @@ class Controls:
         """Layer and head spin boxes for a model with ``info.n_layers`` and ``info.n_heads``; the chat
         template box usable when the model has a template, and ticked then if the last choice was."""
         self.layer_spin.setRange(0, info.n_layers - 1)
+        arch = info.arch
+        self.layer_spin.set_map_layers(arch.attention_layers if arch.is_hybrid else ())
+        tip = "Layer, 0-based (Page Up / Page Down)"
+        if arch.is_hybrid:
+            tip += (
+                f". Attention maps in layers {_ranges(arch.attention_layers)} only: " + arch.describe_layers()
+            )
+        self.layer_spin.setToolTip(tip)
         self.head_spin.setRange(0, info.n_heads - 1)
+        if not arch.has_map(min(self.state.layer, info.n_layers - 1)):
+            self.state.layer = arch.map_layer_near(self.state.layer)
         self._loading_ranges = True
         try:
             self.chat_check.setEnabled(info.has_chat_template)
@@ -132,7 +191,12 @@ class Controls:
         info = snap.info
         kv = info.kv_head(self.state.head)
         members = ", ".join(f"q{h}" for h in info.group(kv))
-        self.group_label.setText(f"reads KV head {kv}  (GQA group: {members})")
+        text = f"reads KV head {kv}  (GQA group: {members})"
+        arch = info.arch
+        if arch.is_hybrid:  # which layers have maps, by real index (README "Hybrid models")
+            text += f"  ·  attention layers {_ranges(arch.attention_layers)} of {arch.n_layers}"
+        self.group_label.setText(text)
+        self.group_label.setToolTip(layer_kinds_tip(arch) if arch.is_hybrid else "")
 
     #: why Step, Step ×N and Back are off while a prompt runs (their tooltip then)
     PREFILL_TIP = "Off while the prompt runs (prefill): the sequence it would decode is being replaced"

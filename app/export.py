@@ -513,12 +513,18 @@ class BatchExportDialog(QDialog):
         """Scope texts name the current layer/head and the file counts of the loaded model."""
         snap = self.win.snapshot
         L, H = (snap.info.n_layers, snap.info.n_heads) if snap is not None else (0, 0)
+        # a hybrid model: only its attention layers have maps to export (README "Hybrid models")
+        n_att = len(snap.info.arch.attention_layers) if snap is not None else 0
         steps = snap.n_generated if snap is not None else 0
         i = max(0, self.scope_combo.currentIndex())
         self.scope_combo.blockSignals(True)
         self.scope_combo.clear()
         self.scope_combo.addItem(f"Every head of layer {self.win.layer} ({H} files)", "layer")
-        self.scope_combo.addItem(f"Every layer × head ({L} × {H} = {L * H} files)", "all")
+        if n_att != L:
+            every = f"Every attention layer × head ({n_att} of {L} layers × {H} = {n_att * H} files)"
+        else:
+            every = f"Every layer × head ({L} × {H} = {L * H} files)"
+        self.scope_combo.addItem(every, "all")
         self.scope_combo.addItem(
             f"Every decode step of layer {self.win.layer} · head {self.win.head} ({steps + 1} frames)",
             "steps",
@@ -631,7 +637,9 @@ class BatchExportDialog(QDialog):
                     cancelled=ctx.cancelled,
                     frame_renderer=figure_frame,
                 )
-            pairs = E.heads_in_scope(s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None)
+            pairs = E.heads_in_scope(
+                s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None, s.info.arch
+            )
             renderer = save_heatmap_figure if figure or fmt in formats.FIGURE_ONLY_FORMATS else None
             return E.export_batch(
                 s,

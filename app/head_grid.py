@@ -19,6 +19,7 @@ from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QWidget
 
 PENDING_RGB = (222, 222, 222)  # a layer not computed yet (a partial grid): flat light grey
+NO_MAP_RGB = (246, 246, 246)  # a hybrid model's layer with no attention map: a near-white band, named
 MASKED_LEGEND = "▨ masked (not a weight of 0)"
 NONFINITE_LEGEND = "magenta: NaN/inf (the forward overflowed), not a weight"  # to_rgb's NONFINITE_RGB
 
@@ -73,6 +74,9 @@ class HeadGridCanvas(QWidget):
         self.n: int | None = None  # tokens the thumbnails cover (chooses the colour scale)
         self.scale = "linear"  # colour scale: export_long.default_scale(n), as the heatmap's
         self.windows: tuple[int | None, ...] | None = None  # per-layer sliding windows (None: causal only)
+        # a hybrid model's layers with no map (NaN thumbnails, attnscope.core.trace.base): layer -> its line,
+        # "layer 2: linear attention, no map", drawn across the row instead of thumbnails
+        self.no_map: dict[int, str] = {}
         self._image: QImage | None = None
         self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
@@ -114,7 +118,19 @@ class HeadGridCanvas(QWidget):
         if self.thumbs is None:
             return QSize(400, 200)
         L, H = self.thumbs.shape[:2]
-        return QSize(self.head_x(H - 1) + self.THUMB + 12, self.layer_y(L - 1) + self.THUMB + 12)
+        width = self.head_x(H - 1) + self.THUMB + 12
+        if self.no_map:  # room for the longest "short convolution, no map" across a narrow grid
+            from PySide6.QtGui import QFontMetrics
+
+            fm = QFontMetrics(self.font())
+            text = max((fm.horizontalAdvance(self._no_map_text(i)) for i in self.no_map), default=0)
+            width = max(width, self.head_x(0) + text + 24)
+        return QSize(width, self.layer_y(L - 1) + self.THUMB + 12)
+
+    def _no_map_text(self, layer: int) -> str:
+        """What a layer with no map says across its row (the row is labelled ``layer N`` already)."""
+        line = self.no_map.get(layer, f"layer {layer}: no map")
+        return line.split(": ", 1)[-1]
 
     def cell_at(self, pos: QPoint) -> tuple[int, int] | None:
         if self.thumbs is None:
@@ -125,8 +141,15 @@ class HeadGridCanvas(QWidget):
             if x <= pos.x() < x + self.THUMB:
                 layer = (pos.y() - self.TOP) // (self.THUMB + self.GAP)
                 if 0 <= layer < L and pos.y() - self.layer_y(layer) < self.THUMB and pos.y() >= self.TOP:
+                    if self._is_no_map(int(layer)):
+                        return None  # no map to open
                     return int(layer), h
         return None
+
+    def _is_no_map(self, layer: int) -> bool:
+        if layer in self.no_map:
+            return True
+        return self.thumbs is not None and bool(np.isnan(self.thumbs[layer]).all())
 
     # -- drawing ------------------------------------------------------------------------------
     def _compose(self) -> QImage:
@@ -144,6 +167,11 @@ class HeadGridCanvas(QWidget):
         cover = self.n if self.n is not None else P
         pattern = hatch(self.THUMB, self.THUMB)
         for layer in range(L):
+            if self._is_no_map(layer):  # a hybrid model's layer with no map: a band, named in paintEvent
+                y = self.layer_y(layer)
+                x0, x1 = self.head_x(0), size.width() - 12
+                canvas[y : y + self.THUMB, x0:x1] = NO_MAP_RGB
+                continue
             done = bool(self.thumbs[layer].any())  # row 0 always puts weight 1 on key 0 once computed
             win = self.windows[layer] if self.windows is not None and layer < len(self.windows) else None
             masked = masked_blocks(cover, P, win)[idx][:, idx] if cover >= P else None
@@ -243,6 +271,15 @@ class HeadGridCanvas(QWidget):
                 Qt.AlignRight | Qt.AlignVCenter,
                 f"layer {layer}",
             )
+            if self._is_no_map(layer):
+                x0, x1 = self.head_x(0), self.width() - 12
+                p.setPen(QColor(110, 110, 110))
+                p.drawText(
+                    QRect(x0 + 6, self.layer_y(layer), x1 - x0 - 6, self.THUMB),
+                    Qt.AlignLeft | Qt.AlignVCenter,
+                    self._no_map_text(layer),
+                )
+                p.setPen(QColor(40, 40, 40))
         if self.selected is not None and self.selected[0] < L and self.selected[1] < H:
             layer, h = self.selected
             p.setPen(QPen(QColor(220, 30, 30), 3))

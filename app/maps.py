@@ -314,6 +314,10 @@ class MapPanel:
         canvas.cmap = self.state.colormap
         snap = self.state.snapshot  # sliding-window layers: blocks outside the window are hatched too
         canvas.windows = (snap.layer_windows or None) if snap is not None else None
+        arch = snap.info.arch if snap is not None else None  # a hybrid model's layers with no map, named
+        canvas.no_map = (
+            {i: arch.no_map_line(i) for i in range(arch.n_layers) if not arch.has_map(i)} if arch else {}
+        )
         canvas.set_thumbnails(thumbs, self.state.group_size, weighting, n=self.state.visible_len)
         self.push_grid()
 

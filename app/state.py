@@ -227,6 +227,19 @@ class ViewState(EventedState):
     query_row: int | None = None
     settings: dict = {}
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A hybrid model's layer with no attention map (README "Hybrid models") is never selected: the
+        # request moves to the attention layer that way (the spin box shows where it went).
+        if name == "layer" and self.snapshot is not None:
+            arch = getattr(self.snapshot.info, "arch", None)
+            if arch is not None and 0 <= int(value) < arch.n_layers and not arch.has_map(int(value)):
+                old = self.layer
+                value = arch.map_layer_near(int(value), int(value) - old)
+                if value == old:  # no change: tell the bound widgets, which still show the request
+                    self.events.layer.emit(old)
+                    return
+        super().__setattr__(name, value)
+
     def _changed(self, names: set[str]) -> None:
         if "layer" in names or "head" in names:
             self.events.selection.emit((self.layer, self.head))

@@ -126,6 +126,9 @@ class StatusLine:
             f"{count(info.n_heads, 'query head')} / {count(info.n_kv_heads, 'KV head')} · "
             f"head_dim {info.head_dim} · {snap.backend} {snap.device}"
         )
+        arch = info.arch
+        if arch.is_hybrid:  # "1 of 4 layers attention (3 linear attention)" (README "Hybrid models")
+            text += f" · {arch.describe_layers()}"
         why = getattr(info, "dtype_reason", "")  # attnscope.core.loading.precision: why this dtype
         quant = "; ".join(
             q
@@ -161,8 +164,9 @@ class StatusLine:
             f"seq_len {snap.seq_len}  ({snap.n_prompt} prompt + {snap.n_generated} generated)"
         )
         self.kv_label.setText(f"KV cache {format_bytes(snap.kv_cache_bytes)} ({snap.kv_cache_bytes:,} bytes)")
+        n_kv = len(info.arch.attention_layers)  # a hybrid model: its attention layers hold the KV cache
         self.kv_label.setToolTip(
-            f"2 × {info.n_layers} layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
+            f"2 × {n_kv} {'attention ' if n_kv != info.n_layers else ''}layers × {info.n_kv_heads} KV heads × {info.head_dim} head_dim × "
             f"{snap.seq_len} tokens × {dtype_bytes(info.dtype)} bytes = {snap.kv_cache_bytes:,} bytes"
         )
         self.show_nonfinite([n for n in snap.notices if n.startswith("non-finite forward")])

@@ -37,6 +37,11 @@ class OutOfRange(SessionError, IndexError):
     ``IndexError``, so callers that catch that keep working."""
 
 
+class NoAttentionMap(BadArgument):
+    """A layer that computes no softmax attention (a hybrid model's linear-attention, Mamba or
+    short-convolution layer) was asked for attention weights: ``layer 2: linear attention, no map``."""
+
+
 class BadPath(BadArgument, FileNotFoundError):
     """An output path whose folder does not exist. Also a ``FileNotFoundError`` (an ``OSError``)
     and a :class:`BadArgument`."""

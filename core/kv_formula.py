@@ -208,9 +208,20 @@ class KVConfig:
 
         ``windows``: the per-layer sliding windows (:func:`config_layer_windows`); a ModelInfo alone
         does not say which layers slide, so without them the cache counts every key in every layer.
+        A hybrid model (``info.layer_kinds``, README "Hybrid models") counts its attention layers only:
+        its linear-attention / Mamba / convolution layers keep a fixed-size state, no KV cache
+        (``windows`` may list every layer; those of the other layers are dropped).
         """
+        from attnscope.core.arch import arch_of
+
+        try:
+            att = arch_of(info).attention_layers
+        except (AttributeError, TypeError, ValueError):
+            att = tuple(range(info.n_layers))
+        if windows is not None and len(att) != info.n_layers and len(tuple(windows)) == info.n_layers:
+            windows = tuple(tuple(windows)[i] for i in att)
         return cls(
-            n_layers=info.n_layers,
+            n_layers=len(att),
             n_kv_heads=info.n_kv_heads,
             head_dim=info.head_dim,
             n_heads=info.n_heads,

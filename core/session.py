@@ -389,9 +389,12 @@ class Session:
             SessionError: nothing run yet. WrongType (a TypeError): layer/head not an int (bools
             refused), rows/cols not a slice. OutOfRange (an IndexError): layer/head, or a slice
             bound, out of range. BadArgument (a ValueError): a slice step other than 1.
+            NoAttentionMap (a BadArgument): a hybrid model's layer with no softmax attention
+            (``layer 2: linear attention, no map``).
         """
         self._require_run()
         index("layer", layer, self.info.n_layers)
+        self.info.arch.check_map(layer)
         index("head", head, self.info.n_heads)
         T = self.seq_len
         return self.trace.weights(int(layer), int(head), span("rows", rows, T), span("cols", cols, T))
@@ -406,7 +409,8 @@ class Session:
         return self.trace.sink_scores(index("key", key, self.seq_len))
 
     def kv_cache_bytes(self, seq_len: int | None = None, dtype: str | None = None) -> int:
-        """KV-cache bytes: 2 × n_layers × n_kv_heads × head_dim × seq_len × bytes per element.
+        """KV-cache bytes: 2 × n_layers × n_kv_heads × head_dim × seq_len × bytes per element (a hybrid
+        model: its attention layers only; their recurrent/conv states are ``backend.state_layer_bytes()``).
 
         ``seq_len`` defaults to the current sequence; ``dtype`` to the model's dtype.
 
@@ -416,7 +420,7 @@ class Session:
         if seq_len is not None and whole("seq_len", seq_len) < 0:
             raise OutOfRange(f"seq_len={seq_len} out of range: it must be >= 0")
         return kv_formula(
-            self.info.n_layers,
+            len(self.info.arch.attention_layers),  # a hybrid model's other layers keep no KV cache
             self.info.n_kv_heads,
             self.info.head_dim,
             self.seq_len if seq_len is None else seq_len,

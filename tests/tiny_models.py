@@ -123,6 +123,84 @@ FAMILIES = {
     ),
 }
 
+# Hybrid decoders (README "Hybrid models"): a few softmax-attention layers among linear-attention
+# (Gated DeltaNet), Mamba-2 or short-convolution layers, attention layers not at index 0 so that real and
+# attention-only indices differ. Each runs on the CPU through transformers' torch fallbacks (no
+# flash-linear-attention, causal-conv1d or mamba-ssm); chunk sizes small so the chunked scans see
+# several chunks and a partial one.
+_LINEAR = dict(
+    head_dim=16,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+)
+HYBRID_FAMILIES = {
+    "qwen3_next": (
+        "qwen3_next",
+        dict(
+            COMMON,
+            **_LINEAR,
+            num_hidden_layers=4,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        ),
+    ),
+    "qwen3_5_text": (
+        "qwen3_5_text",
+        dict(
+            COMMON,
+            **_LINEAR,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        ),
+    ),
+    "granitemoehybrid": (
+        "granitemoehybrid",
+        dict(
+            COMMON,
+            num_hidden_layers=4,
+            mamba_n_heads=4,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=32,
+            position_embedding_type="rope",
+            attention_multiplier=0.3,
+            layer_types=["mamba", "attention", "mamba", "mamba"],
+        ),
+    ),
+    "falcon_h1": (
+        "falcon_h1",
+        dict(
+            COMMON,
+            head_dim=16,
+            mamba_d_ssm=64,
+            mamba_n_heads=4,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_chunk_size=8,
+            key_multiplier=0.5,
+        ),
+    ),  # attention and a Mamba-2 mixer side by side in every layer
+    "lfm2": (
+        "lfm2",
+        dict(
+            COMMON,
+            num_hidden_layers=4,
+            conv_L_cache=3,
+            layer_types=["conv", "full_attention", "conv", "conv"],
+        ),
+    ),
+}
+
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>"]
 
 
@@ -153,7 +231,7 @@ def tiny_tokenizer():
 def tiny_config(family: str):
     from transformers import AutoConfig
 
-    model_type, kw = FAMILIES[family]
+    model_type, kw = FAMILIES[family] if family in FAMILIES else HYBRID_FAMILIES[family]
     return AutoConfig.for_model(model_type, **copy.deepcopy(kw))
 
 

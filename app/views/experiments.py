@@ -103,7 +103,7 @@ def _experiments_job(experiments: list[Experiment] | None, ids: tuple[int, ...],
                     served[0] += time.perf_counter() - t
             return ctx.cancelled() or stop()
 
-        exps = experiments if experiments is not None else default_experiments(len(ids))
+        exps = experiments if experiments is not None else default_experiments(len(ids), s.info.arch)
         t0 = time.perf_counter()
         results = run_experiments(s, exps, progress=ctx.progress, cancelled=cancelled)
         runs = len({r.experiment.decode_from for r in results}) + len(results)

@@ -360,7 +360,11 @@ class GqaView(QWidget, SavedControls):
         if self.layers is None:
             return
         _n, (within, across, rows_used) = self.layers
-        x = np.arange(len(within))
+        # a hybrid model's layers with no map are NaN (attnscope.core.trace.base): the attention layers'
+        # points only, at their real indices
+        x = np.flatnonzero(np.isfinite(within))
+        n_all = len(within)
+        within, across = np.asarray(within)[x], np.asarray(across)[x]
         p.plot(
             x,
             within,
@@ -386,6 +390,7 @@ class GqaView(QWidget, SavedControls):
         self.layers_title.setText(
             f"<b>Every layer</b> (mean JS over {rows_used} rows each): <span style='color:#3b528b'>● within a KV "
             f"group</span> vs <span style='color:#e67814'>■ across groups</span>; dashed: this layer"
+            + (f" · the {len(x)} attention layers of {n_all}" if len(x) != n_all else "")
         )
 
     # -- interaction -------------------------------------------------------------------------------

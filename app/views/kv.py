@@ -54,6 +54,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+STATE_COLOUR = "#9b7bb8"  # per-layer bars of a hybrid model's recurrent / convolution states
 SCHEME_COLOURS = {"MHA": "#c0392b", "GQA": "#2e86c1", "MQA": "#27ae60", "MLA": "#8e44ad"}
 CALC_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRESETS = {
@@ -238,8 +239,11 @@ class KVView(QWidget, SavedControls):
         pi.showGrid(y=True, alpha=0.25)
         self.kept_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KEPT_COLOUR)  # AttnScope keeps
         self.layer_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=NEED_COLOUR)  # the model needs
+        # a hybrid model's linear-attention / Mamba / convolution layers: their fixed-size states (not KV)
+        self.state_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=STATE_COLOUR)
         pi.addItem(self.kept_bars)
         pi.addItem(self.layer_bars)
+        pi.addItem(self.state_bars)
         freeze_plot(self.layer_plot, x_min=-1.0)
         lb.addWidget(self.layer_plot, 1)
 
@@ -476,19 +480,48 @@ class KVView(QWidget, SavedControls):
                 f"{format_bytes(int(live.layer_bytes.max()) if len(live.layer_bytes) else 0)} per layer"
             )
             self.live_label.setToolTip("")
+        states = (
+            np.asarray(live.state_layer_bytes, dtype=np.int64)
+            if live.state_layer_bytes is not None
+            else np.zeros(len(live.layer_bytes), np.int64)
+        )
+        if states.any():  # a hybrid model: its other layers' states, counted apart (README "Hybrid models")
+            n_state = int(np.count_nonzero(states))
+            self.live_label.setText(
+                self.live_label.text()
+                + f"<br><span style='color:{STATE_COLOUR}'>■</span> + <b>{format_bytes(live.state_bytes)}</b> "
+                f"({live.state_bytes:,} B) of recurrent/conv states in {n_state} layers: fixed size, "
+                f"not KV cache · KV in layers {', '.join(map(str, live.kv_layers))} only"
+            )
         self.update_status()
         self.windowsChanged.emit()  # the windows may be new: the heatmap redraws the masked cells
         n = len(live.layer_bytes)
-        need = cfg.layer_bytes(T).astype(float) if n == cfg.n_layers else live.layer_bytes.astype(float)
-        lmax = float(live.layer_bytes.max()) if n else 0.0
+        if n == cfg.n_layers:
+            need = cfg.layer_bytes(T).astype(float)
+        elif live.kv_layers and len(live.kv_layers) == cfg.n_layers:  # hybrid: back to real layer indices
+            need = np.zeros(n)
+            need[list(live.kv_layers)] = cfg.layer_bytes(T).astype(float)
+        else:
+            need = live.layer_bytes.astype(float)
+        lmax = float(max(live.layer_bytes.max(), states.max())) if n else 0.0
         # no sequence yet (0 bytes): the unit and range of one token's K + V in a layer, not 0..1e-9 bytes
         ltop = lmax or float(cfg.token_layer_bytes)
         lu, ls = unit_for(ltop)
         self.kept_bars.setOpts(x=np.arange(n), height=live.layer_bytes.astype(float) / ls, width=0.8)
         self.layer_bars.setOpts(x=np.arange(n), height=need / ls, width=0.8 if not live.windowed else 0.5)
+        # narrow, so that a layer with both (Falcon-H1: attention + Mamba) shows its K + V bar around it
+        self.state_bars.setOpts(x=np.arange(n), height=states.astype(float)[:n] / ls, width=0.35)
         lp = self.layer_plot.getPlotItem()
-        lp.setTitle(f"per layer ({n} layers)", color="#222", size="9pt")
-        lp.setLabel("left", f"K + V ({lu})")
+        if states.any():
+            lp.setTitle(
+                f"per layer ({n}): K + V, <span style='color:{STATE_COLOUR}'>■</span> state",
+                color="#222",
+                size="9pt",
+            )
+            lp.setLabel("left", f"K + V or state ({lu})")
+        else:
+            lp.setTitle(f"per layer ({n} layers)", color="#222", size="9pt")
+            lp.setLabel("left", f"K + V ({lu})")
         lp.setXRange(-0.8, n - 0.2, padding=0)
         # layers are whole numbers: ticks every 1, 2, 5… layers, never "0.5"
         major = next(k for k in (1, 2, 5, 10, 20, 50, 100, 10**9) if max(n, 1) / k <= 8)
@@ -575,7 +608,13 @@ class KVView(QWidget, SavedControls):
         if key is None or snap is None or live is None or live.config.name != snap.info.name:
             return None
         layer, _head, mode, _n = key
-        return map_window(live.config.windows, layer, mode)
+        windows = live.config.windows
+        if windows is not None and live.kv_layers and len(windows) != snap.info.n_layers:
+            # a hybrid model's config lists its attention layers only: real index -> position
+            if layer not in live.kv_layers:
+                return None
+            layer = live.kv_layers.index(layer)
+        return map_window(windows, layer, mode)
 
     def update_status(self) -> None:
         """The status bar's KV figure: what the model needs, and (if more) what AttnScope keeps."""
@@ -586,9 +625,15 @@ class KVView(QWidget, SavedControls):
         T = snap.seq_len
         need, kept = cfg.total_bytes(T), cfg.without_windows().total_bytes(T)
         if cfg.windows is None:
+            extra = f" + states {format_bytes(live.state_bytes)}" if live.state_bytes else ""
             self.statusChanged.emit(
-                f"KV cache {format_bytes(need)} ({need:,} bytes)",
-                f"{layer_formula(cfg, T)} ({cfg.dtype}) = {need:,} bytes",
+                f"KV cache {format_bytes(need)} ({need:,} bytes){extra}",
+                f"{layer_formula(cfg, T)} ({cfg.dtype}) = {need:,} bytes"
+                + (
+                    f"; the other layers' recurrent/conv states: {live.state_bytes:,} bytes (fixed size)"
+                    if extra
+                    else ""
+                ),
             )
             return
         self.statusChanged.emit(
@@ -631,7 +676,7 @@ class KVView(QWidget, SavedControls):
             )
             window = max((w for w in ws or () if w is not None), default=0)
             values = (
-                info.n_layers,
+                len(info.arch.attention_layers),  # a hybrid model: the layers with a KV cache
                 info.n_heads,
                 info.n_kv_heads,
                 info.head_dim,

@@ -220,9 +220,11 @@ class RolesView(QWidget, SavedControls):
         sort_col = self.table.horizontalHeader().sortIndicatorSection()
         sort_order = self.table.horizontalHeader().sortIndicatorOrder()
         self.table.setSortingEnabled(False)
-        self.table.setRowCount(t.n_layers * t.n_heads)
+        no_map = set(getattr(t, "no_map", ()))  # a hybrid model's layers with no map: not listed
+        layers = [layer for layer in range(t.n_layers) if layer not in no_map]
+        self.table.setRowCount(len(layers) * t.n_heads)
         row = 0
-        for layer in range(t.n_layers):
+        for layer in layers:
             for head in range(t.n_heads):
                 label = str(t.labels[layer, head])
                 bg = QBrush(QColor(ROLE_COLOURS.get(label, "#ffffff")))
@@ -256,7 +258,7 @@ class RolesView(QWidget, SavedControls):
         if sort_col >= 0:
             self.table.sortItems(sort_col, sort_order)
         self.on_selection(self.state.layer, self.state.head)
-        counts = Counter(str(x) for x in t.labels.ravel())
+        counts = Counter(str(t.labels[la, h]) for la in layers for h in range(t.n_heads))
         parts = [f"{ROLE_TITLES[k]} {counts[k]}" for k in (*ROLES, "mixed") if counts[k]]
         ind = t.heads_with("induction")[:4]
         ind_text = (
@@ -267,11 +269,13 @@ class RolesView(QWidget, SavedControls):
             if ind
             else ""
         )
+        skipped = f" · layers {', '.join(map(str, sorted(no_map)))}: no attention map" if no_map else ""
         self.summary.setText(
-            f"{t.n_layers * t.n_heads} heads at threshold {t.threshold:.2f}: "
+            f"{len(layers) * t.n_heads} heads at threshold {t.threshold:.2f}: "
             + ", ".join(parts)
             + ind_text
             + f" · local window {t.window} · seq_len {t.seq_len}"
+            + skipped
         )
         self._apply_filter()
 

@@ -101,28 +101,58 @@ class FramedSelectionDelegate(QStyledItemDelegate):
             painter.restore()
 
 
+NO_MAP_CELL = QColor(240, 240, 240)  # a hybrid model's layer with no attention map: a grey row, no score
+
+
+def no_map_lines(info) -> dict[int, str]:
+    """``{layer: "layer 2: linear attention, no map"}`` for a hybrid model's layers with no map (empty
+    for a model whose layers all have one); ``info``: a ModelInfo."""
+    arch = info.arch
+    return {i: arch.no_map_line(i) for i in range(arch.n_layers) if not arch.has_map(i)}
+
+
 def fill_score_table(
-    table: QTableWidget, values: np.ndarray, flags: np.ndarray | None, group_size: int, cmap: str = "viridis"
+    table: QTableWidget,
+    values: np.ndarray,
+    flags: np.ndarray | None,
+    group_size: int,
+    cmap: str = "viridis",
+    no_map: dict[int, str] | None = None,
 ) -> None:
-    """Fill a layers × heads ``QTableWidget`` with scores, coloured cells and flagged heads."""
+    """Fill a layers × heads ``QTableWidget`` with scores, coloured cells and flagged heads. Rows are the
+    real layer indices; the rows in ``no_map`` (a hybrid model's layers with no attention map, NaN
+    scores) are grey, empty, not selectable, and say why in their tooltip and header."""
+    no_map = no_map or {}
     L, H = values.shape
     table.setRowCount(L)
     table.setColumnCount(H)
     table.setHorizontalHeaderLabels([f"q{h}\nKV {h // group_size}" for h in range(H)])
-    table.setVerticalHeaderLabels([f"L{layer}" for layer in range(L)])
-    rgb, white = cell_colours(values, cmap)
+    table.setVerticalHeaderLabels(
+        [f"L{layer}" + (" · no map" if layer in no_map else "") for layer in range(L)]
+    )
+    rgb, white = cell_colours(np.nan_to_num(values), cmap)
     bold = QFont()
     bold.setBold(True)
     for layer in range(L):
         for head in range(H):
-            v = float(values[layer, head])
-            flagged = flags is not None and bool(flags[layer, head])
             it = table.item(layer, head)
             if it is None:
                 it = QTableWidgetItem()
-                it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
                 it.setTextAlignment(Qt.AlignCenter)
                 table.setItem(layer, head, it)
+            if layer in no_map:
+                it.setFlags(Qt.NoItemFlags)
+                it.setText(
+                    no_map[layer].split(": ", 1)[-1] if head == 0 else ""
+                )  # "linear attention, no map"
+                it.setToolTip(no_map[layer])
+                it.setBackground(QBrush(NO_MAP_CELL))
+                it.setData(Qt.UserRole, None)
+                continue
+            it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+            it.setToolTip("")
+            v = float(values[layer, head])
+            flagged = flags is not None and bool(flags[layer, head])
             it.setText(("nan" if np.isnan(v) else f"{v:.2f}") + (f" {FLAG}" if flagged else ""))
             it.setFont(bold if flagged else QFont())
             r, g, b = (int(x) for x in rgb[layer, head])
@@ -399,7 +429,10 @@ class SinksView(QWidget, SavedControls):
             )
             return
         flags = vals >= self.threshold
-        fill_score_table(self.table, vals, flags, self.state.group_size, self.state.colormap)
+        snap = self.state.snapshot
+        no_map = no_map_lines(snap.info) if snap is not None else {}
+        fill_score_table(self.table, vals, flags, self.state.group_size, self.state.colormap, no_map)
+        n_heads = int(np.count_nonzero(~np.isnan(vals)))  # a hybrid model: the attention layers' heads
         n = self.step_spin.value()
         when = "now" if n == r.seq_len else f"after {n} of {r.seq_len} tokens"
         if n == self.timeline_len() and n < r.seq_len:
@@ -411,8 +444,8 @@ class SinksView(QWidget, SavedControls):
             "sink_total": "token 0 + the learned sink",
         }.get(self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
         text = (
-            f"{int(flags.sum())} of {flags.size} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
-            f"mean {np.nanmean(vals):.2f}"
+            f"{int(flags.sum())} of {n_heads} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
+            f"mean {np.nanmean(vals):.2f}" + (f" · {len(no_map)} layers have no map (grey)" if no_map else "")
         )
         if r.has_learned_sinks and r.running_learned is not None and r.seq_len >= 2:
             learned = r.running_learned[..., max(n, 2) - 1]
@@ -426,6 +459,13 @@ class SinksView(QWidget, SavedControls):
     def _draw_head(self, layer: int, head: int) -> None:
         r = self.report
         if r is None or layer >= r.n_layers or head >= r.n_heads:
+            return
+        snap = self.state.snapshot
+        if snap is not None and not snap.info.arch.has_map(layer):  # a hybrid model's layer with no map
+            self.row_curve.setData([], [])
+            self.mean_curve.setData([], [])
+            self.learned_curve.setData([], [])
+            self.plot.getPlotItem().setTitle(snap.info.arch.no_map_line(layer), color="#222", size="10pt")
             return
         per_row, running = self._per_row(r), self._running(r)
         if self.metric == "sink_vw" and self.vw is not None:

@@ -58,7 +58,8 @@ def heads_in(info, layer: int, head: int, mode: str = "head") -> list[tuple[int,
         return [(layer, h) for h in arch.group(arch.kv_head(head))]
     if mode == "layer":
         return [(layer, h) for h in range(info.n_heads)]
-    return [(lyr, h) for lyr in range(info.n_layers) for h in range(info.n_heads)]
+    # "model": every head of every layer with a map (a hybrid model's other layers have none)
+    return [(lyr, h) for lyr in arch.attention_layers for h in range(info.n_heads)]
 
 
 def describe(info, layer: int, head: int, mode: str = "head") -> str:
@@ -72,6 +73,9 @@ def describe(info, layer: int, head: int, mode: str = "head") -> str:
         return f"Layer {layer} · mean of KV group {kv} ({members})"
     if mode == "layer":
         return f"Layer {layer} · mean of all {info.n_heads} query heads"
+    n_att = len(arch.attention_layers)
+    if n_att != info.n_layers:
+        return f"Mean of all {n_att * info.n_heads} heads of the {n_att} attention layers"
     return f"Mean of all {info.n_layers * info.n_heads} heads of {info.n_layers} layers"
 
 
@@ -308,7 +312,9 @@ def thumbnails(
     n = session.seq_len if n is None else n
     if not 1 <= n <= session.seq_len:
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
-    session.weights(0, 0, slice(0, 1), slice(0, 1))  # the session's own checks (ran)
+    session.weights(
+        session.info.arch.attention_layers[0], 0, slice(0, 1), slice(0, 1)
+    )  # the session's checks (ran)
     return blocked.thumbnails(
         session.trace, n, size, pooling, cancelled=cancelled, progress=progress, partial=partial
     )

@@ -527,10 +527,17 @@ def layer_by_layer(
 ) -> np.ndarray:
     """``(n_layers, n_heads, P, P)`` float32 thumbnails filled one layer at a time by ``layer_fn(layer)``
     (``(n_heads, P, P)``); ``progress(heads_done, n_layers × n_heads)`` once per head as each layer
-    completes, ``partial(copy, fraction)`` after each layer but the last (later layers are zeros)."""
+    completes, ``partial(copy, fraction)`` after each layer but the last (later layers are zeros). A
+    hybrid model's layer with no map (``layer_fn`` raises NoAttentionMap) is NaN
+    (:mod:`attnscope.core.trace.base`, "Layers with no map")."""
+    from attnscope.core.errors import NoAttentionMap
+
     out = np.zeros((n_layers, n_heads, P, P), dtype=np.float32)
     for layer in range(n_layers):
-        out[layer] = layer_fn(layer)
+        try:
+            out[layer] = layer_fn(layer)
+        except NoAttentionMap:
+            out[layer] = np.nan
         if progress is not None:
             for h in range(n_heads):
                 progress(layer * n_heads + h + 1, n_layers * n_heads)

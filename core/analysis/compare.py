@@ -199,7 +199,8 @@ class CompareResult:
     top1_agree: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def ranked(self) -> list[HeadDistance]:
-        """Every (layer, head), most changed first: by ``js_mean`` desc, then ``js_max`` desc, then layer, head."""
+        """Every (layer, head), most changed first: by ``js_mean`` desc, then ``js_max`` desc, then layer, head.
+        A hybrid model's layers with no map (NaN rows) are left out."""
         L, H = self.js_mean.shape
         heads = [
             HeadDistance(
@@ -207,6 +208,7 @@ class CompareResult:
             )
             for la in range(L)
             for h in range(H)
+            if not np.isnan(self.js_mean[la, h])
         ]
         return sorted(heads, key=lambda d: (-d.js_mean, -d.js_max, d.layer, d.head))
 
@@ -288,6 +290,12 @@ def _check_geometry(sa, sb) -> None:
             f"the runs have different attention layouts ({ia.n_layers} layers × {ia.n_heads} heads vs "
             f"{ib.n_layers} × {ib.n_heads}): Compare needs the same layers and heads"
         )
+    la, lb = ia.arch.attention_layers, ib.arch.attention_layers
+    if la != lb:  # hybrid models: the same layers must have maps
+        raise SessionError(
+            f"the runs have attention maps in different layers ({list(la)} vs {list(lb)}): "
+            "Compare needs the same attention layers"
+        )
 
 
 def compare_sessions(
@@ -328,7 +336,15 @@ def compare_sessions(
     rows = max(n - 1, 0)
     nf_a = norms[0] if norms else (lambda layer: value_norms(sa, layer))
     nf_b = norms[1] if norms else (lambda layer: value_norms(sb, layer))
+    maps = sa.info.arch
     for layer in range(L):
+        if not maps.has_map(
+            layer
+        ):  # a hybrid model's layer with no map: NaN rows (attnscope.core.trace.base)
+            js_sum[layer] = js_max[layer] = np.nan
+            if progress is not None:
+                progress((layer + 1) * H, L * H)
+            continue
         if weighting == VALUE_WEIGHTED:
             na, nb = nf_a(layer)[:, :n], nf_b(layer)[:, :n]
         for h in range(H):
@@ -457,7 +473,8 @@ def run_pair(
     run_a = RunInfo.of(sa)
     norms_a = None
     if weighting == VALUE_WEIGHTED:
-        norms_a = [value_norms(sa, la) for la in range(sa.info.n_layers)]
+        maps = sa.info.arch
+        norms_a = [value_norms(sa, la) if maps.has_map(la) else None for la in range(sa.info.n_layers)]
     if low_memory:
         release_model(sa)
     say("Running B…", 0.3)

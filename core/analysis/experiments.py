@@ -356,6 +356,29 @@ def _top1(session, logits: np.ndarray) -> tuple[int, str, float]:
     return i, token_text(session.tokenizer, i)[1], float(p[i])
 
 
+# Experiments that evict tokens from the KV cache: on a hybrid model (README "Hybrid models") the
+# linear-attention / Mamba / convolution layers fold every token into their state, so masking keys in the
+# attention layers would not evict anything from the model; the others change only what every attention
+# layer computes, which is as well-defined on a hybrid model (its other layers run unchanged).
+CACHE_POLICY_KINDS = ("evict_first", "sinks_window")
+
+
+def hybrid_refusal(arch, kind: str) -> str:
+    """Why experiment ``kind`` cannot run on a model of geometry ``arch`` (one line), ``""`` when it can."""
+    if kind not in CACHE_POLICY_KINDS or not arch.is_hybrid:
+        return ""
+    others = [i for i in range(arch.n_layers) if not arch.has_map(i) or arch.has_state(i)]
+    if not others:
+        return ""
+    from attnscope.core.arch import kind_label
+
+    first = others[0]
+    return (
+        f"{KINDS[kind]}: layer {first} is {kind_label(arch.layer_kind(first))}, whose state holds every token, "
+        "so evicting tokens from the attention layers' KV cache does not evict them from this hybrid model"
+    )
+
+
 @remotable
 def run_experiments(
     session,
@@ -378,7 +401,8 @@ def run_experiments(
 
     Raises:
         SessionError: nothing has run yet, or a sequence of one token.
-        UnsupportedModelError: not the torch backend.
+        UnsupportedModelError: not the torch backend; a cache-eviction experiment on a hybrid model
+            (:func:`hybrid_refusal`).
         Cancelled: cancelled between forwards.
     """
     session._require_run()
@@ -386,6 +410,10 @@ def run_experiments(
         raise UnsupportedModelError(
             f"experiments need the torch backend (this session runs on {session.backend.name})"
         )
+    for e in experiments:
+        why = hybrid_refusal(session.info.arch, e.kind)
+        if why:
+            raise UnsupportedModelError(why)
     ids = session.ids
     T, P = len(ids), session.n_prompt
     if T < 2:
@@ -440,13 +468,16 @@ def run_experiments(
     return out
 
 
-def default_experiments(seq_len: int) -> list[Experiment]:
-    """One experiment of each kind with parameters that fit a sequence of ``seq_len`` tokens."""
+def default_experiments(seq_len: int, arch=None) -> list[Experiment]:
+    """One experiment of each kind with parameters that fit a sequence of ``seq_len`` tokens; with
+    ``arch`` (:class:`attnscope.core.arch.ArchConfig`) those a hybrid model refuses
+    (:func:`hybrid_refusal`) are left out."""
     w = max(1, min(16, seq_len // 2))
-    return [
+    exps = [
         Experiment("evict_first", k=min(4, max(1, seq_len // 4))),
         Experiment("sinks_window", k=4, window=w),
         Experiment("no_causal_prefill"),
         Experiment("decode_top_left"),
         Experiment("no_scale"),
     ]
+    return [e for e in exps if arch is None or not hybrid_refusal(arch, e.kind)]

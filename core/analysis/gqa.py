@@ -280,6 +280,9 @@ def layer_table(
     rows = sample_rows(n, max_rows)
     within, across = np.zeros(info.n_layers), np.zeros(info.n_layers)
     for lyr in range(info.n_layers):
+        if not info.arch.has_map(lyr):  # a hybrid model's layer with no map: NaN (attnscope.core.trace.base)
+            within[lyr] = across[lyr] = np.nan
+            continue
         d = head_distances(session, lyr, n, rows=rows, cancelled=cancelled)
         _, within[lyr], across[lyr] = group_summary(d, g)
     return within, across, int(rows.size)

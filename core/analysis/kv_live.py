@@ -38,6 +38,17 @@ def live_layer_bytes(backend) -> np.ndarray:
     return np.asarray(backend.kv_layer_bytes(), dtype=np.int64)
 
 
+def live_state_bytes(backend) -> np.ndarray:
+    """Bytes the recurrent / convolution states of each layer hold now, ``(n_layers,)`` int64: a hybrid
+    model's linear-attention, Mamba and convolution layers (README "Hybrid models"), counted apart from
+    the KV cache (:meth:`attnscope.core.backends.torch_backend.TorchBackend.state_layer_bytes`); zeros for
+    a backend or model without such layers."""
+    fn = getattr(backend, "state_layer_bytes", None)
+    if fn is None:
+        return np.zeros(int(backend.info.n_layers), dtype=np.int64)
+    return np.asarray(fn(), dtype=np.int64)
+
+
 def cache_dtype(session) -> str:
     """Element type of the session's cache, as a :mod:`attnscope.core.kv_formula` dtype name (e.g. ``"float32"``)."""
     return str(session.backend.cache_dtype())
@@ -60,6 +71,10 @@ class KVLive:
         max_context: the model's maximum context (tokens; 0 when unknown).
         schemes_now: MHA / GQA / MQA rows at ``seq_len`` (what the model needs, windows kept).
         schemes_max: the same at ``max_context``.
+        state_layer_bytes: ``(n_layers,)`` int64, bytes of the recurrent / convolution states of a hybrid
+            model's other layers (linear attention, Mamba, short convolution): fixed-size, not part of the
+            KV cache, nor of ``total_bytes``; zeros for a model with attention layers only.
+        kv_layers: the real indices of the layers that keep a KV cache (every layer unless hybrid).
     """
 
     seq_len: int
@@ -71,6 +86,13 @@ class KVLive:
     schemes_now: tuple[SchemeRow, ...]
     schemes_max: tuple[SchemeRow, ...]
     model_bytes: int = 0
+    state_layer_bytes: np.ndarray | None = None
+    kv_layers: tuple[int, ...] = ()
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of all recurrent / convolution states (0 without hybrid layers)."""
+        return 0 if self.state_layer_bytes is None else int(np.asarray(self.state_layer_bytes).sum())
 
     @property
     def bytes_per_token(self) -> int:
@@ -105,4 +127,6 @@ def kv_live(session) -> KVLive:
         schemes_now=tuple(compare_schemes(cfg, T)),
         schemes_max=tuple(compare_schemes(cfg, max_ctx)),
         model_bytes=cfg.total_bytes(T),
+        state_layer_bytes=live_state_bytes(session.backend),
+        kv_layers=session.info.arch.attention_layers,
     )

@@ -209,8 +209,15 @@ def induction_scores(
 
 
 # -- labels -----------------------------------------------------------------------------------------
-def label_heads(scores: dict[str, np.ndarray], threshold: float = DEFAULT_THRESHOLD) -> np.ndarray:
-    """Label per head (module docstring): the best specific role ``>= threshold``, else sink, else mixed.
+NO_MAP = "no map"  # the label of every head of a hybrid model's layer with no softmax attention
+
+
+def label_heads(
+    scores: dict[str, np.ndarray], threshold: float = DEFAULT_THRESHOLD, no_map: Sequence[int] = ()
+) -> np.ndarray:
+    """Label per head (module docstring): the best specific role ``>= threshold``, else sink, else mixed;
+    :data:`NO_MAP` for every head of the layers in ``no_map`` (a hybrid model's layers without softmax
+    attention, whose scores are NaN: :mod:`attnscope.core.trace.base`, "Layers with no map").
 
     Args:
         scores: role name -> ``(L, H)`` scores (NaN = not measured, never chosen).
@@ -228,6 +235,8 @@ def label_heads(scores: dict[str, np.ndarray], threshold: float = DEFAULT_THRESH
         best = np.array(specific, dtype=object)[stack.argmax(0)]
         hit = stack.max(0) >= threshold
         labels[hit] = best[hit]
+    for layer in no_map:
+        labels[layer] = NO_MAP
     return labels
 
 
@@ -237,10 +246,11 @@ class RoleTable:
 
     Attributes:
         scores: role -> ``(n_layers, n_heads)`` float32 (see the module docstring).
-        labels: ``(n_layers, n_heads)`` role names or ``"mixed"``.
+        labels: ``(n_layers, n_heads)`` role names, ``"mixed"``, or :data:`NO_MAP`.
         threshold, window, probe_len, n_probes: the parameters used.
         group_size: query heads per KV head (for the KV-head column).
         seq_len: tokens of the user's sequence the prompt-based scores come from.
+        no_map: real indices of a hybrid model's layers with no softmax attention (NaN scores).
     """
 
     scores: dict
@@ -251,6 +261,7 @@ class RoleTable:
     n_probes: int
     group_size: int
     seq_len: int
+    no_map: tuple[int, ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -264,7 +275,9 @@ class RoleTable:
         """The same scores labelled with another threshold."""
         from dataclasses import replace
 
-        return replace(self, labels=label_heads(self.scores, threshold), threshold=float(threshold))
+        return replace(
+            self, labels=label_heads(self.scores, threshold, self.no_map), threshold=float(threshold)
+        )
 
     def rows(self) -> list[dict]:
         """One dict per head: layer, head, kv_head, label and every score (NaN -> None)."""
@@ -350,9 +363,12 @@ def role_table(
         )
     else:
         scores["induction"] = np.full(scores["sink"].shape, np.nan, dtype=np.float32)
+    arch = session.info.arch
+    no_map = tuple(i for i in range(arch.n_layers) if not arch.has_map(i))
     return RoleTable(
         scores=scores,
-        labels=label_heads(scores, threshold),
+        labels=label_heads(scores, threshold, no_map),
+        no_map=no_map,
         threshold=float(threshold),
         window=window,
         probe_len=probe_len,

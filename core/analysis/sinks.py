@@ -197,8 +197,9 @@ class SinkReport:
     def to_json(self) -> dict:
         """A JSON-ready dict (lists of floats, layers × heads)."""
 
-        def r(a):
-            return np.round(np.asarray(a, dtype=np.float64), 6).tolist()
+        def r(a):  # NaN (a hybrid model's layer with no map) -> None: JSON has no NaN
+            x = np.round(np.asarray(a, dtype=np.float64), 6)
+            return np.where(np.isnan(x), None, x).tolist()
 
         out = {
             "definition": "sink score = mean over query rows i >= 1 of the attention weight on key 0 "

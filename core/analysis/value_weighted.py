@@ -133,6 +133,11 @@ def value_weighted_sink_rows(
     if T <= key:
         return out
     for layer in range(L):
+        if not session.info.arch.has_map(layer):  # a hybrid model's layer with no map: NaN (trace.base)
+            out[layer] = np.nan
+            if progress is not None:
+                progress((layer + 1) * H, L * H)
+            continue
         norms = value_norms(session, layer).astype(np.float64)  # (H, T)
         for h in range(H):
             _check_cancel(cancelled)

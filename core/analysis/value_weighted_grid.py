@@ -79,7 +79,9 @@ def value_weighted_thumbnails(
     n = session.seq_len if n is None else n
     if not 1 <= n <= session.seq_len:
         raise IndexError(f"n={n} out of range 1..{session.seq_len}")
-    session.weights(0, 0, slice(0, 1), slice(0, 1))  # the session's own checks (ran)
+    session.weights(
+        session.info.arch.attention_layers[0], 0, slice(0, 1), slice(0, 1)
+    )  # the session's checks (ran)
     trace = session.trace
     with blocked.torch_threads(threads):
         return blocked.layer_by_layer(

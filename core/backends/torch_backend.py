@@ -9,6 +9,7 @@ or a batch of several sequences is refused with one line (:data:`attnscope.core.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,12 +27,15 @@ from attnscope.core.backends.hf_attention import (  # noqa: F401 (re-exported: t
     attnscope_mask,
     register_attention,
 )
+from attnscope.core.backends.recurrent_state import StateRecompute, StateSnapshots, state_layer_bytes
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
 from attnscope.core.trace import finite
 from attnscope.core.trace.torch_trace import TorchTrace
 
 PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
+# ModelInfo.load_note of a hybrid model: how step back treats its recurrent/conv states
+STEP_BACK_NOTE = "step back restores the recurrent/conv states from a copy kept per step (re-runs from the nearest copy when none)"
 
 
 def pick_device(requested: str | None = None) -> str:
@@ -79,15 +83,30 @@ class TorchBackend:
         # transformers renamed past_key_values -> cache (deprecated in 5.2x, removed in 5.40)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.trace = TorchTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
-        n = 0
+        arch = info.arch
+        self.trace = TorchTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim, arch.layer_kinds)
+        # A hybrid model (README "Hybrid models") has softmax attention in arch.attention_layers only; its
+        # linear-attention / Mamba / convolution modules run as transformers runs them, states in the cache.
+        found = []
         for mod in model.modules():
             if type(mod).__name__.endswith("Attention") and hasattr(mod, "layer_idx"):
                 mod._attnscope_trace = self.trace
-                n += 1
-        if n != info.n_layers:
+                found.append(int(mod.layer_idx))
+        if not arch.attention_layers:
             raise UnsupportedModelError(
-                f"found {n} attention modules with a layer index, expected {info.n_layers}: this family's layout is not supported"
+                f"{info.name} has no softmax-attention layer ({arch.n_layers} layers of "
+                f"{', '.join(sorted(set(arch.layer_kinds)))}): there is no attention map to inspect"
+            )
+        if sorted(found) != list(arch.attention_layers):
+            want = len(arch.attention_layers)
+            raise UnsupportedModelError(
+                f"found {len(found)} attention modules with a layer index, expected {want}: this family's layout is not supported"
+            )
+        self.hybrid = arch.is_hybrid
+        self.snapshots = StateSnapshots()  # recurrent/conv states per length, for step back (hybrid only)
+        if self.hybrid and STEP_BACK_NOTE not in info.load_note:
+            self.info = info = dataclasses.replace(
+                info, load_note="; ".join(n for n in (info.load_note, STEP_BACK_NOTE) if n)
             )
         finite.watch_layers(model)  # hidden states checked as they happen (attnscope.core.trace.finite)
         # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see attnscope.core.attention.rope_length
@@ -163,8 +182,42 @@ class TorchBackend:
         DynamicLayers, whose ``keys``/``values`` are ``(1, n_kv_heads, S, D)`` tensors once filled."""
         return self.cache.layers
 
+    def _new_cache(self):
+        """An empty cache: a plain ``DynamicCache`` (every position of every layer kept, also for
+        sliding-window layers), or for a hybrid model one with a ``LinearAttentionLayer`` (recurrent /
+        conv states) for each layer with no map, a full ``DynamicLayer`` for each attention layer, and both
+        for Falcon-H1's attention + Mamba layers (the layer classes transformers' own
+        ``DynamicCache(config=...)`` picks, windows left to our attention function)."""
+        cache = self._DynamicCache()
+        if not self.hybrid:
+            return cache
+        from transformers.cache_utils import (
+            DynamicLayer,
+            LinearAttentionAndFullAttentionLayer,
+            LinearAttentionLayer,
+        )
+
+        cfg = getattr(self.model, "config", None)
+        text = (
+            cfg.get_text_config(decoder=True) if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+        )
+        n_states = int(getattr(text, "number_of_conv_states", 1) or 1)
+        arch = self.info.arch
+        layers: list[Any] = []
+        for i in range(arch.n_layers):
+            if arch.has_map(i) and arch.has_state(i):
+                layers.append(LinearAttentionAndFullAttentionLayer(number_of_states=n_states))
+            elif arch.has_map(i):
+                layers.append(DynamicLayer())
+            else:
+                layers.append(LinearAttentionLayer(number_of_states=n_states))
+        cache.layers = layers
+        cache.layer_class_to_replicate = None
+        return cache
+
     def _clear(self) -> None:
-        self.cache = self._DynamicCache()
+        self.cache = self._new_cache()
+        self.snapshots.clear()
         self.trace.reset()
         self.seq_len = 0
         self._ids: list[int] = []  # the ids in the cache (a length-dependent RoPE may re-run them)
@@ -263,9 +316,26 @@ class TorchBackend:
             finite.note(self.notices, watch)  # the first non-finite tensor, said once
             return logits
 
-        return chunked_forward(
-            ids, PREFILL_CHUNK, run_chunk, lambda: self.truncate(start), progress, cancelled, all_logits
+        out = chunked_forward(
+            ids, PREFILL_CHUNK, run_chunk, lambda: self._rollback(start), progress, cancelled, all_logits
         )
+        if self.hybrid:  # the states after this forward, for a step back to this length
+            self.snapshots.take(self.seq_len, self.cache)
+        return out
+
+    def _rollback(self, start: int) -> None:
+        """Put the cache and Trace back to ``start`` positions after a failed or cancelled forward. A hybrid
+        model's states may have moved even when no chunk finished (a layer ran before the error), so they
+        are restored from the copy at ``start`` whatever ``seq_len`` says."""
+        if not self.hybrid:
+            self.truncate(start)
+        elif start <= 0:
+            self.reset()
+        elif self.snapshots.nearest(start) == start:
+            self.snapshots.restore(start, self.cache)
+            self._crop(start)
+        else:
+            self._rebuild(self._ids[:start])
 
     def truncate(self, n: int) -> None:
         """Drop positions ``>= n`` from the KV cache and the Trace (nothing is recomputed, unless a
@@ -281,6 +351,13 @@ class TorchBackend:
             self._rebuild(self._ids[:n])
             self.notices.append(self.rope.notice(before, n))
             return
+        if self.hybrid:
+            self._truncate_states(n)
+            return
+        self._crop(n)
+
+    def _crop(self, n: int) -> None:
+        """Cut the KV cache's K/V tensors and the Trace to ``n`` positions (``0 < n < seq_len``)."""
         self._ids = self._ids[:n]
         # Crop each layer's tensors ourselves: DynamicCache.crop's argument changed meaning across
         # transformers 5.x releases (final length vs. tokens to remove).
@@ -291,9 +368,27 @@ class TorchBackend:
                 cl.values = cl.values[..., :n, :]
         self.trace.truncate(n)
         # the trace's key references must follow the cropped cache tensors
-        for layer, rec in enumerate(self.trace.layers):
-            rec.keys = layers[layer].keys[0]
+        for layer in self.trace.arch.attention_layers:
+            self.trace.layers[layer].keys = layers[layer].keys[0]
         self.seq_len = n
+
+    @torch.inference_mode()
+    def _truncate_states(self, n: int) -> None:
+        """Step back a hybrid model to ``n`` positions (:mod:`attnscope.core.backends.recurrent_state`):
+        restore the recurrent/conv states copied at ``n``; with no copy there, restore the nearest earlier
+        copy and re-run the tokens up to ``n`` (a :class:`StateRecompute` notice)."""
+        ids = list(self._ids[:n])
+        m = self.snapshots.nearest(n)
+        if m is None or m == 0:
+            self._clear()
+            self._ids = []
+            m = 0
+        else:
+            self.snapshots.restore(m, self.cache)
+            self._crop(m)
+        if m < n:
+            self._run(ids[m:], None, None, False)
+            self.notices.append(StateRecompute(m, n))
 
     @torch.inference_mode()
     def value_norms(self, layer: int) -> np.ndarray:
@@ -307,6 +402,7 @@ class TorchBackend:
         """
         if not 0 <= layer < self.info.n_layers:
             raise IndexError(f"layer {layer} out of range 0..{self.info.n_layers - 1}")
+        self.info.arch.check_map(layer)  # NoAttentionMap: a hybrid model's layer without softmax attention
         if self.seq_len == 0 or len(self.cache.layers) <= layer:
             raise RuntimeError("nothing cached yet: run a prompt first")
         mod = next(
@@ -332,9 +428,15 @@ class TorchBackend:
         ]
         return torch.stack(out).cpu().numpy().astype(np.float32)  # (n_heads, S)
 
+    def state_layer_bytes(self) -> np.ndarray:
+        """Bytes each layer's recurrent / convolution states hold now (a hybrid model's linear-attention,
+        Mamba and convolution layers; :mod:`attnscope.core.backends.recurrent_state`), ``(n_layers,)``
+        int64; zeros for a model with attention layers only. Not part of :meth:`kv_layer_bytes`."""
+        return state_layer_bytes(self.cache, self.info.n_layers)
+
     def kv_layer_bytes(self) -> np.ndarray:
         """Bytes each layer's K and V tensors in the ``DynamicCache`` hold now (``numel × element_size``),
-        ``(n_layers,)`` int64."""
+        ``(n_layers,)`` int64 (a hybrid model's recurrent/conv states are :meth:`state_layer_bytes`)."""
         n = self.info.n_layers
         out = np.zeros(n, dtype=np.int64)
         for i, layer in enumerate(self.cache.layers[:n]):

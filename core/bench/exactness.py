@@ -140,14 +140,19 @@ def _errors(a: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def capture_weights(folder, dtype: str, quantize: str, ids: Sequence[int], device: str = "cpu") -> np.ndarray:
-    """AttnScope's weights of every head after one forward of ``ids``: ``(L, H, T, T)`` float32."""
+    """AttnScope's weights of every head after one forward of ``ids``: ``(L, H, T, T)`` float32, ``L`` the
+    layers with an attention map (all but a hybrid model's others, in the order of eager's
+    ``output_attentions``)."""
     from attnscope.core.session import Session
 
     s = Session.load(str(folder), dtype=dtype, quantize=quantize, device=device)
     s.backend.forward(list(ids))
     info = s.info
     out = np.stack(
-        [np.stack([s.trace.weights(layer, h) for h in range(info.n_heads)]) for layer in range(info.n_layers)]
+        [
+            np.stack([s.trace.weights(layer, h) for h in range(info.n_heads)])
+            for layer in info.arch.attention_layers
+        ]
     )
     del s
     _free()

@@ -246,6 +246,7 @@ def check_head_call(
 
     info = session.info
     index("layer", layer, info.n_layers)
+    info.arch.check_map(layer)  # NoAttentionMap: a hybrid model's layer with no softmax attention
     index("head", head, info.n_heads)
     if mode not in MODES:
         raise BadArgument(f"unknown mode {mode!r}: choose {', '.join(MODES)}")
@@ -582,17 +583,21 @@ def export_head(
 
 
 # -- batches ---------------------------------------------------------------------------------------------
-def heads_in_scope(n_layers: int, n_heads: int, layer: int | None = None) -> list[tuple[int, int]]:
-    """``(layer, head)`` pairs: every head of ``layer``, or every layer × head when ``layer`` is None.
+def heads_in_scope(n_layers: int, n_heads: int, layer: int | None = None, arch=None) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs: every head of ``layer``, or every layer × head when ``layer`` is None;
+    with ``arch`` (:class:`attnscope.core.arch.ArchConfig`) a hybrid model's layers with no map are left out.
 
     Raises:
-        IndexError: ``layer`` out of range.
+        IndexError: ``layer`` out of range. NoAttentionMap: ``layer`` has no map (with ``arch``).
     """
     if layer is not None:
         if not 0 <= layer < n_layers:
             raise IndexError(f"layer {layer} out of range 0..{n_layers - 1}")
+        if arch is not None:
+            arch.check_map(layer)
         return [(layer, h) for h in range(n_heads)]
-    return [(ll, h) for ll in range(n_layers) for h in range(n_heads)]
+    layers = range(n_layers) if arch is None else arch.attention_layers
+    return [(ll, h) for ll in layers for h in range(n_heads)]
 
 
 def batch_file_name(layer: int, head: int, fmt: str, n_layers: int = 100, n_heads: int = 100) -> str:

@@ -56,6 +56,9 @@ SUPPORTED_ARCHITECTURES |= {"gemma3_text"}
 # recomputation (attnscope.core.attention.fused.softcap_scores / add_learned_sinks); tests/test_softcap.py,
 # tests/test_learned_sinks.py.
 SUPPORTED_ARCHITECTURES |= {"gemma2", "gpt_oss"}
+# Hybrid decoders (README "Hybrid models"): their softmax-attention layers run through our function, the
+# linear-attention / Mamba / short-convolution layers as transformers runs them. Exact, tests/test_hybrid.py.
+SUPPORTED_ARCHITECTURES |= {"qwen3_next", "qwen3_5_text", "granitemoehybrid", "falcon_h1", "lfm2"}
 REFUSED_ARCHITECTURES = {
     "gemma3": "this checkpoint has a vision tower (Gemma3ForConditionalGeneration); AttnScope runs "
     "text-only decoders: the text-only Gemma 3 (model_type gemma3_text, e.g. gemma-3-1b, or a Gemma 3 GGUF) is supported",
@@ -125,7 +128,10 @@ class ModelInfo:
 def info_from_config(
     config, name: str, source: str, dtype: str, n_params: int = 0, has_chat_template: bool = False
 ) -> ModelInfo:
-    """Build :class:`ModelInfo` from a transformers config (any decoder-only family)."""
+    """Build :class:`ModelInfo` from a transformers config (any decoder-only family); ``layer_kinds`` from
+    :func:`attnscope.core.arch.layer_kinds_of` (what each layer of a hybrid model computes)."""
+    from attnscope.core.arch import layer_kinds_of
+
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
     n_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
@@ -155,6 +161,7 @@ def info_from_config(
         dtype=dtype,
         n_params=n_params,
         has_chat_template=has_chat_template,
+        layer_kinds=layer_kinds_of(config),
     )
 
 

@@ -3,6 +3,15 @@
 and the weight on a set of keys; each trace adds only its tensor maths.
 
 Kept free of torch and MLX so that either backend imports only its own array library.
+
+Layers with no map (README "Hybrid models"). A hybrid model's trace is indexed by the REAL layer index:
+``arch.layer_kinds`` says what each layer computes and ``arch.attention_layers`` lists the softmax-attention
+ones. Per-layer queries (``weights``, ``scores``, ``lse``, ``allowed``…) on a layer with no map raise
+:class:`attnscope.core.errors.NoAttentionMap` with one line (``layer 2: linear attention, no map``). The
+all-layer summaries (``weight_on_key``, ``row_mass``, ``diagonal``, ``sink_scores``, and every analysis
+built on them) keep their ``(n_layers, n_heads, …)`` shape and put NaN in the rows of the layers with
+no map: index ``l`` is always layer ``l``, and a view that sees a NaN row marks that layer instead
+of drawing it (:func:`map_layers` gives the rows that are real).
 """
 
 from __future__ import annotations
@@ -43,11 +52,31 @@ def key_positions(trace, positions: Sequence[int]) -> list[int]:
     return pos
 
 
+def map_layers(obj) -> tuple[int, ...]:
+    """The real indices of the layers of ``obj`` (a trace, a ModelInfo, an ArchConfig) that have an attention
+    map (:attr:`attnscope.core.arch.ArchConfig.attention_layers`; every layer for a model with no hybrid
+    layers)."""
+    from attnscope.core.arch import arch_of
+
+    return arch_of(obj).attention_layers
+
+
+def empty_rows(trace, *tail: int) -> np.ndarray:
+    """``(n_layers, n_heads, *tail)`` float32 zeros, NaN in the rows of layers with no map (the
+    module docstring's convention)."""
+    out = np.zeros((trace.n_layers, trace.n_heads, *tail), dtype=np.float32)
+    for layer in range(trace.n_layers):
+        if not trace.arch.has_map(layer):
+            out[layer] = np.nan
+    return out
+
+
 def summed_weight_on_keys(trace, positions: list[int]) -> np.ndarray:
     """``Σ_p trace.weight_on_key(p)``, ``(n_layers, n_heads, T)`` float32: the row mass of any trace that
-    offers ``weight_on_key`` (``positions`` as :func:`key_positions` returns them; zeros when empty)."""
+    offers ``weight_on_key`` (``positions`` as :func:`key_positions` returns them; zeros when empty, NaN rows
+    for layers with no map)."""
     if not positions:
-        return np.zeros((trace.n_layers, trace.n_heads, trace.seq_len), dtype=np.float32)
+        return empty_rows(trace, trace.seq_len)
     return np.sum([trace.weight_on_key(p) for p in positions], axis=0).astype(np.float32)
 
 
@@ -73,19 +102,23 @@ class TraceGeometry:
         """Weight on key ``key``, ``(n_layers, n_heads, T)`` float32 (each trace computes it)."""
         raise NotImplementedError
 
-    def _set_arch(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
-        """Set :attr:`arch` and its counts as attributes (``n_layers`` … ``group_size``).
+    def _set_arch(
+        self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, layer_kinds: Sequence[str] = ()
+    ) -> None:
+        """Set :attr:`arch` and its counts as attributes (``n_layers`` … ``group_size``); ``layer_kinds``
+        as :attr:`attnscope.core.arch.ArchConfig.layer_kinds` (empty: every layer attention).
 
         Raises:
             ValueError: ``n_heads`` not a multiple of ``n_kv_heads``.
         """
-        self.arch = ArchConfig(n_layers, n_heads, n_kv_heads, head_dim)
+        self.arch = ArchConfig(n_layers, n_heads, n_kv_heads, head_dim, tuple(layer_kinds))
         self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
         self.group_size = self.arch.group_size
 
     @property
     def seq_len(self) -> int:
-        return self.layers[0].n_rows() if self.layers else 0
+        first = next(iter(self.arch.attention_layers), None)
+        return self.layers[first].n_rows() if self.layers and first is not None else 0
 
     def kv_head(self, head: int) -> int:
         """The KV head query head ``head`` reads (:meth:`attnscope.core.arch.ArchConfig.kv_head`).
@@ -97,6 +130,7 @@ class TraceGeometry:
 
     def _rec(self, layer: int):
         index("layer", layer, self.n_layers)  # OutOfRange, WrongType
+        self.arch.check_map(layer)  # NoAttentionMap: a hybrid model's layer with no softmax attention
         rec = self.layers[layer]
         if not rec.n_rows() or rec.keys is None:
             raise RuntimeError("nothing captured yet: run a prompt first")
@@ -108,11 +142,12 @@ class TraceGeometry:
 
         Definition (issue "inspector", sinks): the mean over query rows ``i >= 1`` of the weight
         on key 0 (row 0 can only attend to itself, so it is left out). For ``key > 0`` the mean
-        is over rows ``i > key``; zeros when no row comes after ``key``.
+        is over rows ``i > key``; zeros when no row comes after ``key``. NaN rows for layers with no
+        map (module docstring).
         """
         w = self.weight_on_key(key)
         if w.shape[-1] <= key + 1:
-            return np.zeros(w.shape[:2], dtype=np.float32)
+            return empty_rows(self)
         return w[..., key + 1 :].mean(axis=-1)
 
     def row_mass(self, positions: Sequence[int]) -> np.ndarray:
@@ -127,7 +162,7 @@ class TraceGeometry:
         """
         pos = key_positions(self, positions)
         if not pos:
-            return np.zeros((self.n_layers, self.n_heads, self.seq_len), dtype=np.float32)
+            return empty_rows(self, self.seq_len)
         return self._row_mass(pos)
 
     def _row_mass(self, positions: list[int]) -> np.ndarray:
@@ -147,15 +182,15 @@ class TraceGeometry:
         if whole("offset", offset) < 0:
             raise BadArgument(f"offset must be >= 0, got {offset}")
         if offset >= self.seq_len:
-            return np.zeros((self.n_layers, self.n_heads, self.seq_len), dtype=np.float32)
+            return empty_rows(self, self.seq_len)
         return self._diagonal(offset)
 
     def _diagonal(self, offset: int, block: int = 256) -> np.ndarray:
         """:meth:`diagonal` (``0 <= offset < T``) through :meth:`weights` tiles of ``block`` rows: the
         diagonal of each ``(n, n)`` tile (a trace with a batched product overrides this)."""
         T = self.seq_len
-        out = np.zeros((self.n_layers, self.n_heads, T), dtype=np.float32)
-        for layer in range(self.n_layers):
+        out = empty_rows(self, T)
+        for layer in self.arch.attention_layers:
             for head in range(self.n_heads):
                 for r0 in range(offset, T, block):
                     r1 = min(T, r0 + block)

@@ -32,7 +32,7 @@ from attnscope.core.attention.fused import MaskCache, softcap_scores
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.checks import index, whole
 from attnscope.core.errors import OutOfRange
-from attnscope.core.trace.base import TraceGeometry, as_slice
+from attnscope.core.trace.base import TraceGeometry, as_slice, empty_rows
 from attnscope.core.trace.finite import FiniteWatch
 
 # Rows of spare room a growing trace adds beyond what is asked (decode steps append one row each).
@@ -126,8 +126,12 @@ class TorchTrace(TraceGeometry):
     All public methods return numpy float32 arrays on the host.
     """
 
-    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int):
-        self._set_arch(n_layers, n_heads, n_kv_heads, head_dim)  # ValueError: not a multiple
+    def __init__(
+        self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, layer_kinds: tuple[str, ...] = ()
+    ):
+        # layer_kinds: a hybrid model's per-layer kinds; rows are indexed by the real layer index
+        # (attnscope.core.trace.base, "Layers with no map")
+        self._set_arch(n_layers, n_heads, n_kv_heads, head_dim, layer_kinds)  # ValueError: not a multiple
         self.enabled = True
         self.mask_cache = MaskCache()  # the forwards' structural masks, built once per chunk (fused)
         self.overrides: Any = None  # experiments' attention hook (TorchBackend.fork; hf_attention reads it)
@@ -388,10 +392,14 @@ class TorchTrace(TraceGeometry):
         """Weight every query row of every head puts on key position ``key``.
 
         Returns ``(n_layers, n_heads, T)`` float32; rows that cannot see ``key`` (``i < key`` or
-        outside a sliding window) are 0. Cost: O(layers × heads × T × D), no T × T work.
+        outside a sliding window) are 0; layers with no map are NaN. Cost: O(layers × heads × T × D),
+        no T × T work.
         """
         out = []
         for layer in range(self.n_layers):
+            if not self.arch.has_map(layer):  # a hybrid model's layer with no map: a NaN row
+                out.append(torch.full((self.n_heads, self.seq_len), float("nan")))
+                continue
             rec = self._rec(layer)
             index("key", key, rec.keys.shape[1])  # OutOfRange (a negative key would read from the end)
             dt = torch.float64 if _wide(rec.lse()) else torch.float32
@@ -413,6 +421,9 @@ class TorchTrace(TraceGeometry):
         G = self.group_size
         idx = torch.tensor(positions)
         for layer in range(self.n_layers):
+            if not self.arch.has_map(layer):  # a hybrid model's layer with no map: a NaN row
+                out.append(torch.full((self.n_heads, self.seq_len), float("nan")))
+                continue
             rec = self._rec(layer)
             q = rec.q().float()  # (H, T, D)
             H, Tq, D = q.shape
@@ -431,9 +442,9 @@ class TorchTrace(TraceGeometry):
         """:meth:`attnscope.core.trace.base.TraceGeometry.diagonal` as one dot product per row: row ``i``
         against key ``i − offset``, GQA by viewing q as ``(Hkv, G, T − off, D)`` (``block`` unused)."""
         T = self.seq_len
-        out = np.zeros((self.n_layers, self.n_heads, T), dtype=np.float32)
+        out = empty_rows(self, T)  # NaN rows for a hybrid model's layers with no map
         G = self.group_size
-        for layer in range(self.n_layers):
+        for layer in self.arch.attention_layers:
             rec = self._rec(layer)
             q = rec.q().float()[:, offset:]  # (H, T − off, D)
             H, n, D = q.shape

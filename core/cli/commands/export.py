@@ -442,7 +442,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     if args.all_heads:
         if args.layer is not None and not 0 <= args.layer < info.n_layers:
             raise IndexError(f"layer {args.layer} out of range 0..{info.n_layers - 1}")
-        pairs = E.heads_in_scope(info.n_layers, info.n_heads, args.layer)
+        pairs = E.heads_in_scope(info.n_layers, info.n_heads, args.layer, info.arch)
         t0 = time.monotonic()
         written = E.export_batch(
             s,

@@ -61,7 +61,8 @@ def run(args) -> int:
     to = sys.stdout if out is not None else sys.stderr  # stdout: the JSON alone
     counts = Counter(str(x) for x in table.labels.ravel())
     summary = ", ".join(f"{roles.ROLE_TITLES[k]} {counts[k]}" for k in (*roles.ROLES, "mixed") if counts[k])
-    print(f"{table.n_layers * table.n_heads} heads: {summary}; wrote {shown(out)}", file=to)
+    n_heads = (table.n_layers - len(table.no_map)) * table.n_heads  # a hybrid model: attention layers only
+    print(f"{n_heads} heads: {summary}; wrote {shown(out)}", file=to)
     for role in ("induction", "previous_token"):
         top = table.heads_with(role)[:8]
         if top:

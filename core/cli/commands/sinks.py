@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "sinks"
@@ -52,17 +53,22 @@ def run(args) -> int:
         "chat_template": args.chat_template,
         **rep.to_json(),
     }
+    arch = s.info.arch
+    if arch.is_hybrid:  # rows of the layers with no map are null (README "Hybrid models")
+        data["attention_layers"] = list(arch.attention_layers)
+        data["layer_kinds"] = list(arch.layer_kinds)
     if getattr(args, "value_weighted", False):
         from attnscope.core.analysis.value_weighted import value_weighted_sink_scores
 
         data["sink_value_weighted"] = [
-            [round(float(x), 6) for x in row] for row in value_weighted_sink_scores(s)
+            [None if np.isnan(x) else round(float(x), 6) for x in row]
+            for row in value_weighted_sink_scores(s)
         ]
         data["weighting"] = ["attention", "value-weighted"]
     write_json(out, data)
     heads = rep.sink_heads()
     print(
-        f"{len(heads)} of {rep.n_layers * rep.n_heads} heads have sink score >= {threshold:g} "
+        f"{len(heads)} of {len(arch.attention_layers) * rep.n_heads} heads have sink score >= {threshold:g} "
         f"(seq_len {rep.seq_len}); wrote {shown(out)}",
         file=sys.stdout if out is not None else sys.stderr,  # stdout: the JSON alone
     )
