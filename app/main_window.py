@@ -139,9 +139,9 @@ class MainWindow(QMainWindow):
         self.add_view("grid", "Head grid", self.grid)
         self.add_view("gqa", "GQA groups", GqaView(self.state, self.engine))
         self.add_view("mask", "Mask", MaskView(self.state, self.engine))
-        from attnscope.app.views import compare, experiments, kv, roles, sinks
+        from attnscope.app.views import compare, experiments, heads, kv, roles, sinks
 
-        for mod in (sinks, kv, roles, experiments, compare):
+        for mod in (sinks, kv, roles, heads, experiments, compare):
             mod.install_view(self)
         build_menus(self)
         from attnscope.app.connect import install as install_engine_connector

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QAbstractButton, QComboBox, QDoubleSpinBox, QSpinBox
+from PySide6.QtWidgets import QAbstractButton, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 
 class SavedControls:
@@ -35,6 +35,8 @@ class SavedControls:
                 w.valueChanged.connect(push)
             elif isinstance(w, QAbstractButton):
                 w.toggled.connect(push)
+            elif isinstance(w, QLineEdit):
+                w.editingFinished.connect(push)
 
         def pull(settings: dict) -> None:
             want = settings.get(key)
@@ -55,6 +57,8 @@ class SavedControls:
                 state[name] = w.value()
             elif isinstance(w, QAbstractButton):
                 state[name] = w.isChecked()
+            elif isinstance(w, QLineEdit):
+                state[name] = w.text()
         return state
 
     def restore_view_state(self, state: dict) -> None:
@@ -75,5 +79,7 @@ class SavedControls:
                     w.setValue(int(v))
                 elif isinstance(w, QAbstractButton):
                     w.setChecked(bool(v))
+                elif isinstance(w, QLineEdit):
+                    w.setText(str(v))
             except (TypeError, ValueError, OverflowError):
                 continue

@@ -1,0 +1,357 @@
+"""Which heads matter: the layers × heads grid of ablation effects on a target, with each head's direct
+logit attribution, and the GQA groups' effects (:mod:`attnscope.core.analysis.head_effects`).
+
+The sweep runs on the engine thread when the user presses Run (it costs a decode step per head at the
+read-out scope, a forward per head everywhere), reports progress, can be cancelled (Esc / Cancel), and
+serves the other views' requests between heads so the window stays responsive. Results are keyed to the
+sequence they were computed for and marked out of date when it changes. Click a cell or a row to select
+the head; double-click to open its map.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from attnscope.app.engine import CancelledMessage, Request
+from attnscope.app.views.state import SavedControls
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+COLUMNS = ("Layer", "Head", "KV head", "Effect", "Direct")
+METRICS = (("log-prob of the target", "logprob"), ("logit difference", "logit_diff"), ("KL divergence", "kl"))
+METHODS = (("zero", "zero"), ("mean over positions", "mean"))
+SCOPES = (("at the read-out position", "readout"), ("at every position", "everywhere"))
+
+
+def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, scope: str):
+    """Engine job: target, ablation sweep and direct logit attribution for the sequence ``ids``."""
+
+    def job(ctx):
+        from attnscope.core.analysis.head_effects import head_effects, logit_attribution, make_target
+        from attnscope.core.errors import UnsupportedModelError
+
+        s = ctx.require()
+        if tuple(getattr(s, "ids", ids)) != ids:
+            return None
+        local = getattr(s, "remote_call", None) is None
+
+        def cancelled() -> bool:
+            if local:
+                ctx.serve_views()
+            return ctx.cancelled()
+
+        def progress(i: int, n: int) -> None:
+            ctx.progress(f"Ablating heads {i}/{n}", i / n)
+
+        t = make_target(s, kind, None, token or None, other or None)
+        eff = head_effects(s, t, method, scope, progress=progress, cancelled=cancelled)
+        try:
+            dla, note = logit_attribution(s, t), ""
+        except UnsupportedModelError as e:
+            dla, note = None, str(e)
+        text = s.tokenizer.decode
+        return eff, dla, note, text([t.token]), text([t.other]) if t.other >= 0 else ""
+
+    return job
+
+
+class _Item(QTableWidgetItem):
+    """A cell that sorts by its numeric value (``Qt.UserRole``)."""
+
+    def __lt__(self, other):
+        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
+        if isinstance(a, int | float) and isinstance(b, int | float):
+            return (-1e300 if np.isnan(a) else a) < (-1e300 if np.isnan(b) else b)
+        return super().__lt__(other)
+
+
+class HeadsView(QWidget, SavedControls):
+    """The "Which heads matter" tab."""
+
+    STATE_CONTROLS = ("target_edit", "other_edit", "metric_combo", "method_combo", "scope_combo")
+
+    def __init__(self, state, engine, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.state, self.engine = state, engine
+        self.result = None
+        self.result_key: tuple | None = None
+        self._running = False
+
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Target"))
+        self.target_edit = QLineEdit()
+        self.target_edit.setPlaceholderText("next token")
+        self.target_edit.setToolTip(
+            "The token whose prediction is measured: a text that is one token (' Mary') or an id. "
+            "Empty: the token the sequence holds next, or the model's top token after the last position."
+        )
+        top.addWidget(self.target_edit)
+        top.addWidget(QLabel("vs"))
+        self.other_edit = QLineEdit()
+        self.other_edit.setPlaceholderText("(none)")
+        self.other_edit.setToolTip("A second token: the target becomes logit(target) − logit(other)")
+        top.addWidget(self.other_edit)
+        self.metric_combo = QComboBox()
+        for label, key in METRICS:
+            self.metric_combo.addItem(label, key)
+        top.addWidget(self.metric_combo)
+        top.addWidget(QLabel("Ablate"))
+        self.method_combo = QComboBox()
+        for label, key in METHODS:
+            self.method_combo.addItem(label, key)
+        top.addWidget(self.method_combo)
+        self.scope_combo = QComboBox()
+        for label, key in SCOPES:
+            self.scope_combo.addItem(label, key)
+        self.scope_combo.setToolTip(
+            "Read-out position: the head's output is removed only where the target is read (the prefix's "
+            "KV cache is reused: one decode step per head). Every position: one forward per head."
+        )
+        top.addWidget(self.scope_combo)
+        self.run_button = QPushButton("Run")
+        self.run_button.setToolTip("Ablate every head and every GQA group at the last position")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        top.addWidget(self.run_button)
+        top.addWidget(self.cancel_button)
+        top.addStretch(1)
+
+        self.summary = QLabel("Run a prompt, then press Run to find the heads the prediction depends on.")
+        self.summary.setWordWrap(True)
+        self.summary.setStyleSheet("color:#335;")
+
+        self.plot = pg.PlotWidget()
+        self.plot.setBackground("w")
+        self.plot.setMenuEnabled(False)
+        self.plot.hideButtons()
+        self.plot.getPlotItem().invertY(True)
+        self.plot.setLabel("left", "layer")
+        self.plot.setLabel("bottom", "query head (grouped by KV head)")
+        self.image = pg.ImageItem(axisOrder="row-major")  # rows = layers, columns = heads
+        self.plot.addItem(self.image)
+        self.bar = pg.ColorBarItem(colorMap=pg.colormap.get("CET-D1"), interactive=False, width=12)
+        self.bar.setImageItem(self.image, insert_in=self.plot.getPlotItem())
+        self.image.mouseClickEvent = self._on_image_click
+        self._group_lines: list = []
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.horizontalHeaderItem(3).setToolTip(
+            "target with the head ablated − target of the clean run"
+        )
+        self.table.horizontalHeaderItem(4).setToolTip(
+            "direct logit attribution: the head's output through W_O and the final norm (scale frozen) "
+            "onto the target's unembedding"
+        )
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.setSortingEnabled(True)
+
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.plot)
+        split.addWidget(self.table)
+        split.setSizes([600, 400])
+
+        self.note = QLabel(
+            "Exact: each effect is a forward with that head's output replaced (a KV head: its whole group of "
+            "query heads). Negative: the target falls without the head."
+        )
+        self.note.setWordWrap(True)
+        self.note.setStyleSheet("color:#555;")
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addWidget(self.summary)
+        lay.addWidget(split, 1)
+        lay.addWidget(self.note)
+
+        self.run_button.clicked.connect(self.run)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.other_edit.textChanged.connect(self._on_other)
+        self.table.cellClicked.connect(self._on_clicked)
+        self.table.cellDoubleClicked.connect(self._on_activated)
+
+    # -- running ------------------------------------------------------------------------------------------
+    def _on_other(self, text: str) -> None:
+        if text.strip() and self.metric_combo.currentData() == "logprob":
+            self.metric_combo.setCurrentIndex(1)
+
+    def refresh(self) -> None:
+        """Mark a result of another sequence as out of date (the sweep runs only on Run)."""
+        if self.result is not None and self.result_key != self.state.sequence_key:
+            self.summary.setText("Out of date: the sequence changed since these effects; press Run again.")
+
+    def run(self) -> None:
+        snap = self.state.snapshot
+        if snap is None or not snap.seq_len:
+            self.state.fail("Run a prompt before asking which heads matter.")
+            return
+        kind = self.metric_combo.currentData()
+        other = self.other_edit.text()
+        if kind == "logit_diff" and not other.strip():
+            self.state.fail("A logit difference needs a second token: type it in the 'vs' box.")
+            return
+        ids = tuple(t.id for t in snap.tokens)
+        key = self.state.sequence_key
+        self._running = True
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.summary.setText(f"Ablating every head of {snap.seq_len} tokens…")
+        self.engine.submit(
+            "heads",
+            Request(
+                _effects_job(
+                    ids,
+                    kind,
+                    self.target_edit.text(),
+                    other if kind == "logit_diff" else "",
+                    self.method_combo.currentData(),
+                    self.scope_combo.currentData(),
+                ),
+                lambda r: self.set_result(r, key),
+                "which heads matter",
+                on_error=self._on_error,
+            ),
+        )
+
+    def cancel(self) -> None:
+        self.engine.cancel()
+        self._done()
+        self.summary.setText("Stopped: press Run to start again.")
+
+    def _done(self) -> None:
+        self._running = False
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+
+    def _on_error(self, message: str) -> None:
+        self._done()
+        if isinstance(message, CancelledMessage):
+            self.summary.setText("Stopped: press Run to start again.")
+            return
+        self.summary.setText(f"Could not run: {message}")
+        self.state.fail(f"Which heads matter: {message}")
+
+    # -- drawing ------------------------------------------------------------------------------------------
+    def set_result(self, result, key: tuple | None = None) -> None:
+        """Show ``(HeadEffects, LogitAttribution | None, note, target text, other text)`` (GUI thread)."""
+        self._done()
+        if result is None:
+            self.summary.setText("The sequence changed before the sweep ran: press Run again.")
+            return
+        self.result, self.result_key = result, self.state.sequence_key if key is None else key
+        eff, dla, note, tok, other = result
+        q = eff.query
+        lim = float(np.nanmax(np.abs(q))) if np.isfinite(q).any() else 1.0
+        self.image.setImage(np.nan_to_num(q), levels=(-lim or -1, lim or 1))
+        self.bar.setLevels((-lim or -1, lim or 1))
+        L, H = q.shape
+        self.image.setRect(-0.5, -0.5, H, L)
+        for line in self._group_lines:
+            self.plot.removeItem(line)
+        g = H // max(1, eff.kv.shape[1])
+        self._group_lines = [
+            pg.InfiniteLine(pos=k * g - 0.5, angle=90, pen=pg.mkPen("#444", width=1))
+            for k in range(1, eff.kv.shape[1])
+        ]
+        for line in self._group_lines:
+            self.plot.addItem(line)
+        self.plot.getAxis("bottom").setTicks([[(h, f"H{h}") for h in range(H)]])
+        step = max(1, L // 15)
+        self.plot.getAxis("left").setTicks([[(i, str(i)) for i in range(0, L, step)]])
+        self.plot.setXRange(-0.5, H - 0.5, padding=0)
+        self.plot.setYRange(-0.5, L - 0.5, padding=0)
+        self._fill(eff, dla)
+        what = {"logprob": f"log p({tok!r})", "logit_diff": f"logit({tok!r}) − logit({other!r})", "kl": "KL"}[
+            eff.target.kind
+        ]
+        top = eff.top(3)
+        names = ", ".join(f"L{a}H{b} ({e:+.3f})" for a, b, e in top)
+        kv = np.nan_to_num(eff.kv)
+        kl, kk = np.unravel_index(int(np.argmax(np.abs(kv))), kv.shape)
+        self.summary.setText(
+            f"{what} at position {eff.target.position} = {eff.clean:.4f} · {eff.method} ablation "
+            f"{'at the read-out position' if eff.scope == 'readout' else 'at every position'} · "
+            f"largest: {names} · GQA group L{kl} KV{kk}: {kv[kl, kk]:+.3f}" + (f" · {note}" if note else "")
+        )
+        self.state.say("Which heads matter: ready", 3000)
+
+    def _fill(self, eff, dla) -> None:
+        self.table.setSortingEnabled(False)
+        H, n_kv = eff.query.shape[1], eff.kv.shape[1]
+        g = H // max(1, n_kv)
+        rows = [
+            (layer, h, h // g, eff.query[layer, h], dla.heads[layer, h] if dla is not None else np.nan)
+            for layer in eff.layers
+            for h in range(H)
+        ]
+        rows += [(layer, -1, k, eff.kv[layer, k], np.nan) for layer in eff.layers for k in range(n_kv)]
+        self.table.setRowCount(len(rows))
+        for r, (layer, h, k, e, d) in enumerate(rows):
+            cells = [
+                (str(layer), layer),
+                ("group" if h < 0 else str(h), h),
+                (str(k), k),
+                (f"{e:+.4f}", float(e)),
+                ("" if np.isnan(d) else f"{d:+.4f}", float(d)),
+            ]
+            for c, (text, val) in enumerate(cells):
+                it = _Item(text)
+                it.setData(Qt.UserRole, val)
+                it.setData(Qt.UserRole + 1, (layer, h if h >= 0 else k * g))
+                it.setTextAlignment(Qt.AlignCenter)
+                self.table.setItem(r, c, it)
+        self.table.setSortingEnabled(True)
+        self.table.sortItems(3, Qt.AscendingOrder)  # the heads whose removal costs most first
+        self.table.scrollToTop()
+
+    def _head(self, row: int):
+        it = self.table.item(row, 0)
+        return None if it is None else tuple(it.data(Qt.UserRole + 1))
+
+    def _on_clicked(self, row: int, _col: int) -> None:
+        h = self._head(row)
+        if h is not None:
+            self.state.select(*h)
+
+    def _on_activated(self, row: int, _col: int) -> None:
+        h = self._head(row)
+        if h is not None:
+            self.state.select(*h)
+            self.state.tab = "heatmap"
+
+    def _on_image_click(self, ev) -> None:
+        if self.result is None:
+            return
+        p = ev.pos()
+        layer, head = int(p.y()), int(p.x())
+        q = self.result[0].query
+        if 0 <= layer < q.shape[0] and 0 <= head < q.shape[1]:
+            self.state.select(layer, head)
+            if ev.double():
+                self.state.tab = "heatmap"
+
+
+def install_view(window) -> HeadsView:
+    """Create the "Which heads matter" tab and register it with ``window.add_view("heads", ...)``."""
+    view = HeadsView(window.state, window.engine)
+    window.add_view("heads", "Which heads matter", view)
+    return view
