@@ -67,3 +67,15 @@ def test_bad_target_is_one_line_and_the_tab_keeps_working(win):
     view.metric_combo.setCurrentIndex(1)  # logit difference without a second token
     view.run()
     assert "second token" in (win.last_error or "") or "second token" in win.statusBar().currentMessage()
+
+
+def test_esc_cancel_stops_the_sweep_and_run_works_again(win):
+    win.show_view("heads")
+    view = win.views["heads"]
+    view.run()
+    win.engine.cancel()  # what Esc does
+    assert win.engine.wait_idle(120)
+    assert "Stopped" in view.summary.text() or view.result is not None  # it may have finished first
+    assert view.run_button.isEnabled() and not view.cancel_button.isEnabled()
+    view.run()
+    assert win.engine.wait_idle(120) and view.result is not None

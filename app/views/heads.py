@@ -34,6 +34,7 @@ COLUMNS = ("Layer", "Head", "KV head", "Effect", "Direct")
 METRICS = (("log-prob of the target", "logprob"), ("logit difference", "logit_diff"), ("KL divergence", "kl"))
 METHODS = (("zero", "zero"), ("mean over positions", "mean"))
 SCOPES = (("at the read-out position", "readout"), ("at every position", "everywhere"))
+STOPPED = "stopped"  # what the job returns when the sweep was cancelled
 
 
 def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, scope: str):
@@ -41,7 +42,7 @@ def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, sco
 
     def job(ctx):
         from attnscope.core.analysis.head_effects import head_effects, logit_attribution, make_target
-        from attnscope.core.errors import UnsupportedModelError
+        from attnscope.core.errors import Cancelled, UnsupportedModelError
 
         s = ctx.require()
         if tuple(getattr(s, "ids", ids)) != ids:
@@ -57,7 +58,10 @@ def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, sco
             ctx.progress(f"Ablating heads {i}/{n}", i / n)
 
         t = make_target(s, kind, None, token or None, other or None)
-        eff = head_effects(s, t, method, scope, progress=progress, cancelled=cancelled)
+        try:
+            eff = head_effects(s, t, method, scope, progress=progress, cancelled=cancelled)
+        except Cancelled:  # Esc (Engine.cancel) or Cancel: the tab says so and can run again
+            return STOPPED
         try:
             dla, note = logit_attribution(s, t), ""
         except UnsupportedModelError as e:
@@ -254,6 +258,9 @@ class HeadsView(QWidget, SavedControls):
     def set_result(self, result, key: tuple | None = None) -> None:
         """Show ``(HeadEffects, LogitAttribution | None, note, target text, other text)`` (GUI thread)."""
         self._done()
+        if isinstance(result, str) and result == STOPPED:
+            self.summary.setText("Stopped: press Run to start again.")
+            return
         if result is None:
             self.summary.setText("The sequence changed before the sweep ran: press Run again.")
             return
