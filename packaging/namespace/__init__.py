@@ -38,7 +38,7 @@ _PUBLIC = {
     "BadPath": "attnscope.core.errors",
     "ModelLoadError": "attnscope.core.errors",
     "Cancelled": "attnscope.core.errors",
-    "kv_cache_bytes": "attnscope.core.analysis.kv_formula",
+    "kv_cache_bytes": "attnscope.core.kv_formula",
     "export_head": "attnscope.core.io.export",
     "Sampling": "attnscope.core.sampling",
 }
