@@ -282,11 +282,9 @@ class Commands:
         s = self.state
         if name == s.backend:
             return
-        framework = registry.get(name).framework
-        if framework and importlib.util.find_spec(framework) is None:
-            self.win.status.show_error(
-                "MLX is not installed: pip install 'attnscope[mlx]' (mlx[cpu] on Linux)."
-            )
+        spec = registry.get(name)
+        if spec.framework and importlib.util.find_spec(spec.framework) is None:
+            self.win.status.show_error(f"{spec.title} is not installed: {spec.install}.")
             s.events.backend.emit(s.backend)  # the menu goes back to the backend that runs
             return
         s.backend = name

@@ -42,6 +42,7 @@ def _run(win, view):
     assert win.engine.wait_idle(60)
 
 
+@pytest.mark.slow  # about 11 s of CPU: run B, its maps and the CSV; the edited-prompt test stays fast
 def test_compare_tab_perturbed_model(win, folders, tmp_path):
     win.show_view("compare")
     view = win.views["compare"]

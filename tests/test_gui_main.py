@@ -23,6 +23,7 @@ def window(qtbot):
     win.close()
 
 
+@pytest.mark.slow  # about 20 s of CPU: a prompt, steps, every tab and the exports
 def test_run_step_switch_export(window, tmp_path):
     win = window
     assert (
@@ -128,6 +129,7 @@ def test_bad_input_keeps_app_alive(window, tmp_path):
     assert win.last_error is None and win.snapshot.seq_len > 0
 
 
+@pytest.mark.slow  # about 15 s of CPU: five tabs compute what they show, then a step
 def test_keyboard_shortcuts_switch_tabs_and_step(window, qtbot):
     """Ctrl+1…Ctrl+8 show the tabs in order (all eight listed in the View menu), F10 / Ctrl+F10 /
     Shift+F10 step, from the prompt box's focus as a user would press them."""

@@ -16,6 +16,8 @@ import inspect
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY_FILE = ROOT / "core" / "backends" / "registry.py"
 
@@ -116,13 +118,12 @@ def test_every_remotable_function_is_served():
     assert sorted(served()) == marked
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch, transformers and every analysis module
 def test_the_server_offers_what_served_lists():
     """The engine server starts from ``served()``: a fresh interpreter that builds one (no model)
     has every @remotable function registered, including modules nothing else imported."""
     import subprocess
     import sys
-
-    import pytest
 
     pytest.importorskip("zmq")
     probe = (
@@ -206,8 +207,6 @@ def test_export_formats_come_from_one_table():
 
 
 def test_the_window_lists_the_table_s_formats():
-    import pytest
-
     pytest.importorskip("PySide6")
     from attnscope.app import export as app_export
     from attnscope.core.io import formats

@@ -40,6 +40,7 @@ class BackendSpec:
         label: how messages name it (``"MLX"``); the name when empty.
         summary: where it runs, for the Backend menu (``"CUDA when available, else CPU"``).
         framework: the Python package it imports (the app checks it is installed before a switch).
+        install: how to install that package, for the message when it is missing.
         runtime_bytes: memory the framework itself takes beside weights, cache and capture (bytes; the
             fit estimate, :func:`attnscope.core.loading.fit.estimate`, whose ``RUNTIME_BYTES`` comment
             says how each was measured).
@@ -61,6 +62,7 @@ class BackendSpec:
     label: str = ""
     summary: str = ""
     framework: str = ""
+    install: str = ""
     runtime_bytes: int = 600_000_000
     memory: str = "RAM"
     device_prefix: str = ""
@@ -177,6 +179,7 @@ register(
         frozenset({"device", "dtype", "progress", "quantize", "device_map"}),
         summary="CUDA when available, else CPU",
         framework="torch",
+        install="pip install attnscope (torch comes with it)",
         runtime_bytes=600_000_000,
         overrides=True,
     )
@@ -193,6 +196,7 @@ register(
         label="MLX",
         summary="Apple silicon; slow CPU build on Linux",
         framework="mlx",
+        install="pip install 'attnscope[mlx]' (mlx[cpu] on Linux)",
         runtime_bytes=400_000_000,
         memory="unified memory",
         device_prefix="mlx",
