@@ -81,9 +81,13 @@ def write_family_gguf(
     if arch == "gemma3":
         w.add_sliding_window(cfg.sliding_window)
     rope = getattr(cfg, "rope_parameters", None) or {}
+    if "full_attention" in rope:  # Gemma 3: the global layers' RoPE is the file's; the local base is 10k
+        rope = rope["full_attention"]
     w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
-    if "rope_type" in rope:  # one set for every layer (Gemma 3 keeps one per layer type: default here)
-        rope_freqs = add_rope_scaling(w, cfg, head_dim)
+    if "rope_type" in rope:
+        import types
+
+        rope_freqs = add_rope_scaling(w, types.SimpleNamespace(rope_parameters=rope), head_dim)
         if rope_freqs is not None:
             w.add_tensor("rope_freqs.weight", rope_freqs)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)

@@ -213,11 +213,17 @@ def write_llama_gguf(
     name: str = "tiny-llama",
     unknown_type_tensor: str | None = None,
     tokenizer: bool = True,
+    rope_freqs: np.ndarray | None = None,
+    extra: dict | None = None,
+    extra_tensors: dict | None = None,
 ) -> Path:
     """Write a llama ``model`` as GGUF at ``path``.
 
     ``qtype``: a ``gguf.GGMLQuantizationType`` for 2-D weights (default F32; 1-D norms stay F32).
     ``unknown_type_tensor``: give that tensor the ggml type id 99, which no gguf release defines.
+    ``rope_freqs``: a ``rope_freqs.weight`` tensor to write instead of the one the config implies.
+    ``extra``: more metadata, ``{key: value}`` (ints as uint32, floats as float32, strings);
+    ``extra_tensors``: more tensors, ``{gguf name: float32 array}``.
     """
     import gguf
 
@@ -236,7 +242,17 @@ def write_llama_gguf(
     w.add_key_length(head_dim)  # the converter writes both whenever the config has head_dim
     w.add_value_length(head_dim)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    rope_freqs = add_rope_scaling(w, cfg, head_dim)
+    implied = add_rope_scaling(w, cfg, head_dim)
+    rope_freqs = implied if rope_freqs is None else np.asarray(rope_freqs, dtype=np.float32)
+    for key, value in (extra or {}).items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(
@@ -249,6 +265,8 @@ def write_llama_gguf(
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs)
+    for gname, arr in (extra_tensors or {}).items():
+        w.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32))
     for hf_name, t in model.state_dict().items():
         if hf_name.endswith("rotary_emb.inv_freq"):
             continue

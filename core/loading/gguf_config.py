@@ -37,6 +37,8 @@ import numpy as np
 HEAD_DIM_FAMILIES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "gemma2", "gemma3_text"}
 )
+#: families with one feed-forward per layer (a file with experts is another model)
+DENSE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"})
 #: families whose attention rotates only the first ``partial_rotary_factor`` of each head
 PARTIAL_ROTARY_FAMILIES = frozenset({"phi3"})
 # a recovered llama3 parameter set is used when it reproduces every divisor to this relative
@@ -94,7 +96,9 @@ def _snap(v: float, digits: int = 3) -> float:
     return float(r) if abs(r - v) <= 1e-5 * max(abs(v), 1e-12) else float(v)
 
 
-def llama3_parameters(factors: np.ndarray, theta: float, dim: int, original: int | None = None) -> dict | None:
+def llama3_parameters(
+    factors: np.ndarray, theta: float, dim: int, original: int | None = None
+) -> dict | None:
     """llama3 RoPE parameters whose divisors (:func:`llama3_factors`) are ``factors``, or None.
 
     The divisors are 1 above the high-frequency wavelength ``old/high``, ``factor`` below the
@@ -185,7 +189,11 @@ def rope_scaling_from_metadata(header, n_ctx: int, rope_dim: int) -> tuple[dict,
     orig = _key(meta, arch, "rope.scaling.original_context_length")
     attn = _key(meta, arch, "rope.scaling.attn_factor")
     theta = float(_key(meta, arch, "rope.freq_base", 10000.0))
-    if kind in ("", "none") and factor not in (None, 1.0) and _key(meta, arch, "rope.scale_linear") is not None:
+    if (
+        kind in ("", "none")
+        and factor not in (None, 1.0)
+        and _key(meta, arch, "rope.scale_linear") is not None
+    ):
         kind = "linear"  # the old key llama.cpp still reads as a linear factor
     params: dict = {}
     if kind == "linear" and factor not in (None, 1.0):
@@ -204,15 +212,23 @@ def rope_scaling_from_metadata(header, n_ctx: int, rope_dim: int) -> tuple[dict,
             # llama.cpp multiplies YaRN's own 1 + 0.1·ln(factor) by attn_factor; transformers'
             # attention_factor is the whole product
             params["attention_factor"] = float(attn) * (0.1 * math.log(params["factor"]) + 1.0)
-        if _key(meta, arch, "rope.scaling.yarn_log_multiplier") not in (None, 0.0):
-            notes.append("the file's rope.scaling.yarn_log_multiplier is not reproduced (YaRN attention factor)")
+        for name, neutral in (
+            ("yarn_log_multiplier", (0.0,)),
+            ("yarn_ext_factor", (-1.0, 1.0)),
+            ("yarn_attn_factor", (1.0,)),
+        ):
+            v = _key(meta, arch, f"rope.scaling.{name}")
+            if v is not None and float(v) not in neutral:
+                notes.append(f"the file's rope.scaling.{name} = {float(v):g} is not reproduced (YaRN)")
     elif kind == "longrope" or (
         kind in ("", "none") and any(t.name.startswith("rope_factors_") for t in header.tensors)
     ):
         long_f = read_small_tensor(header, "rope_factors_long.weight")
         short_f = read_small_tensor(header, "rope_factors_short.weight")
         if long_f is None and short_f is None:
-            raise UnsupportedModelError("the file says longrope RoPE scaling but holds no rope_factors tensors")
+            raise UnsupportedModelError(
+                "the file says longrope RoPE scaling but holds no rope_factors tensors"
+            )
         long_f = short_f if long_f is None else long_f
         short_f = long_f if short_f is None else short_f
         o = int(orig or n_ctx)
@@ -274,9 +290,21 @@ def fix_config(config, header) -> list[str]:
     n_head = _scalar(_key(meta, arch, "attention.head_count"))
     n_embd = _key(meta, arch, "embedding_length")
     n_layer = _key(meta, arch, "block_count")
-    n_ctx = int(_key(meta, arch, "context_length") or getattr(config, "max_position_embeddings", 2048) or 2048)
+    n_ctx = int(
+        _key(meta, arch, "context_length") or getattr(config, "max_position_embeddings", 2048) or 2048
+    )
     if not isinstance(n_head, int) or not isinstance(n_embd, int) or n_head <= 0:
         return []
+    if _key(meta, arch, "attention.causal") is False:
+        raise UnsupportedModelError(
+            "the file's attention is not causal (an encoder): AttnScope runs decoders"
+        )
+    n_expert = _key(meta, arch, "expert_count")
+    if isinstance(n_expert, int) and n_expert > 0 and model_type in DENSE_FAMILIES:
+        raise UnsupportedModelError(
+            f"the file is a mixture of {n_expert} experts, which transformers' {model_type} cannot hold "
+            "(a llama.cpp Mixtral file is stored as llama)"
+        )
     k_len = _scalar(_key(meta, arch, "attention.key_length"))
     v_len = _scalar(_key(meta, arch, "attention.value_length"))
     head_dim = int(k_len) if isinstance(k_len, int) and k_len > 0 else n_embd // n_head
@@ -301,9 +329,17 @@ def fix_config(config, header) -> list[str]:
                 f"transformers' {model_type} rotates them all"
             )
         config.partial_rotary_factor = rope_dim / head_dim
+    scale = _key(meta, arch, "attention.scale")
     if model_type == "gemma3_text":
         # llama.cpp (LLM_ARCH_GEMMA3): 1/sqrt(n_embd_head_k), 1/sqrt(n_embd / n_head) for the 27B (62 layers)
         config.query_pre_attn_scalar = n_embd // n_head if n_layer == 62 else head_dim
+        if isinstance(scale, float) and scale > 0:
+            config.query_pre_attn_scalar = 1.0 / scale**2
+    elif isinstance(scale, float) and abs(scale - head_dim**-0.5) > 1e-6 * head_dim**-0.5:
+        raise UnsupportedModelError(
+            f"the file's attention scale {scale:g} is not 1/sqrt(head size {head_dim}), "
+            f"which transformers' {model_type} uses"
+        )
     window = _key(meta, arch, "attention.sliding_window")
     if model_type == "phi3" and isinstance(window, int) and window > 0:
         config.sliding_window = window  # llama.cpp LLM_ARCH_PHI3 reads n_swa; transformers' mapping does not
@@ -317,7 +353,9 @@ def fix_config(config, header) -> list[str]:
         # per layer type (Gemma 3): llama.cpp scales the global layers only (rope_freq_scale_train_swa = 1)
         rp = {k: dict(v) for k, v in rp.items()}
         if params:
-            target = rp.setdefault("full_attention", {"rope_theta": float(_key(meta, arch, "rope.freq_base", 1e6))})
+            target = rp.setdefault(
+                "full_attention", {"rope_theta": float(_key(meta, arch, "rope.freq_base", 1e6))}
+            )
             theta = target.get("rope_theta")
             target.clear()
             target.update(params, rope_theta=theta)

@@ -48,7 +48,12 @@ OURS_ARCH = frozenset(
         Keys.Rope.SCALING_ATTN_FACTOR,
         Keys.Rope.SCALING_YARN_BETA_FAST,
         Keys.Rope.SCALING_YARN_BETA_SLOW,
-        Keys.Rope.SCALING_YARN_LOG_MUL,  # read to say it is not reproduced
+        Keys.Rope.SCALING_YARN_LOG_MUL,  # these three: read to say they are not reproduced
+        Keys.Rope.SCALING_YARN_EXT_FACTOR,
+        Keys.Rope.SCALING_YARN_ATTN_FACTOR,
+        Keys.Attention.SCALE,  # Gemma 3's query_pre_attn_scalar; refused where it is not 1/sqrt(d)
+        Keys.Attention.CAUSAL,  # refused when false (an encoder)
+        Keys.LLM.EXPERT_COUNT,  # refused for dense families (llama.cpp stores Mixtral as llama)
     )
 ) | {"rope.scale_linear"}  # the old name of rope.scaling.factor (linear), still read by llama.cpp
 OURS = frozenset(
@@ -102,7 +107,22 @@ IGNORED_PREFIXES: dict[str, str] = {
 IGNORED_ARCH: dict[str, str] = {
     _arch(Keys.Rope.SCALING_FINETUNED): "llama.cpp reads it and uses it nowhere",
     _arch(Keys.LLM.POOLING_TYPE): "embedding models' pooling: a causal LM's forward does not pool",
-    _arch(Keys.LLM.TENSOR_DATA_LAYOUT): "old Falcon files' tensor layout: not an architecture AttnScope converts",
+    _arch(
+        Keys.LLM.TENSOR_DATA_LAYOUT
+    ): "old Falcon files' tensor layout: not an architecture AttnScope converts",
+    _arch(
+        Keys.LLM.EMBEDDING_LENGTH_OUT
+    ): "the output size of embedding models: a causal LM's output is its vocabulary",
+    _arch(
+        Keys.LLM.EXPERT_USED_COUNT
+    ): "experts per token: read with expert_count, which dense families refuse",
+    _arch(Keys.LLM.EXPERT_GROUP_COUNT): "expert groups: read with expert_count, which dense families refuse",
+    _arch(
+        Keys.LLM.EXPERT_GROUP_USED_COUNT
+    ): "expert groups: read with expert_count, which dense families refuse",
+    _arch(
+        Keys.Rope.DIMENSION_SECTIONS
+    ): "multimodal M-RoPE sections (Qwen2-VL): not a text decoder AttnScope runs",
 }
 #: tensors read by gguf_config (RoPE scaling) rather than converted to weights
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
