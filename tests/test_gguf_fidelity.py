@@ -270,6 +270,7 @@ SAMPLES = [
     "Total:   1234 items",
     "  1. First item\n  2. Second item\n    3. Third, 2024-01-31",
     "It's 3.14159   and    you'll see 1000000 TOKENS\n\n\tdone!!",
+    "foo  \n  bar\r\nbaz",
 ]
 # the pre-tokenizer of each family's published tokenizer.json / tokenizer class
 _LLAMA3_JSON = (
@@ -352,12 +353,31 @@ def test_each_named_pre_tokenizer_splits_as_the_family_does(smol_gguf_tokenizer,
 
 @pytest.mark.slow
 def test_the_named_pre_tokenizers_really_differ(smol_gguf_tokenizer):
-    """The samples tell the pre-tokenizers apart, so the test above can fail."""
+    """The samples tell the pre-tokenizers apart, so the test above can fail (qwen2 and llama-bpe
+    differ only in how digits group, which SmolLM2's one-digit tokens cannot show: next test)."""
     got = {
-        pre: tuple(_with_pre(smol_gguf_tokenizer, pre)[0].encode(SAMPLES[1]))
-        for pre in ("smollm", "gpt-2", "qwen2", "llama-bpe")
+        pre: tuple(_with_pre(smol_gguf_tokenizer, pre)[0].encode("\n".join(SAMPLES)))
+        for pre in ("smollm", "gpt-2", "qwen2")
     }
-    assert len(set(got.values())) == 4
+    assert len(set(got.values())) == 3
+
+
+def test_digit_groups_of_qwen2_and_llama3():
+    """Qwen2 splits every digit, Llama 3 groups up to three: against transformers' own Qwen2Tokenizer."""
+    from tiny_models import tokenizer_vocab
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    vocab = {t: i for i, t in enumerate(tokenizer_vocab() + ["12", "123"])}
+    merges = [("1", "2"), ("12", "3")]
+    fast = Tokenizer(models.BPE(vocab=dict(vocab), merges=list(merges)))
+    fast.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=fast)
+    qwen, _ = _with_pre(tok, "qwen2")
+    llama, _ = _with_pre(tok, "llama-bpe")
+    assert qwen.tokenize("x 1234") == Qwen2Tokenizer(vocab=vocab, merges=merges).tokenize("x 1234")
+    assert qwen.tokenize("x 1234") == ["x", "Ġ", "1", "2", "3", "4"]
+    assert llama.tokenize("x 1234") == ["x", "Ġ", "123", "4"]
 
 
 def test_an_unknown_pre_tokenizer_is_said_once(tmp_path):

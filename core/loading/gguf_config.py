@@ -229,13 +229,14 @@ def rope_scaling_from_metadata(header, n_ctx: int, rope_dim: int) -> tuple[dict,
             raise UnsupportedModelError(
                 "the file says longrope RoPE scaling but holds no rope_factors tensors"
             )
-        long_f = short_f if long_f is None else long_f
-        short_f = long_f if short_f is None else short_f
+        longs = short_f if long_f is None else long_f  # one of them is there (checked above)
+        shorts = long_f if short_f is None else short_f
+        assert longs is not None and shorts is not None
         o = int(orig or n_ctx)
         params = {
             "rope_type": "longrope",
-            "long_factor": [float(v) for v in long_f],
-            "short_factor": [float(v) for v in short_f],
+            "long_factor": [float(v) for v in longs],
+            "short_factor": [float(v) for v in shorts],
             "original_max_position_embeddings": o,
         }
         default = 1.0 if n_ctx <= o else math.sqrt(1 + math.log(n_ctx / o) / math.log(o))

@@ -130,8 +130,13 @@ ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_s
 
 def _transformers_keys(arch: str, model_type: str) -> tuple[set[str], set[str]]:
     """``(full keys, arch keys)`` transformers' GGUF config and tokenizer mappings turn into values."""
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
+    from typing import cast
+
+    from transformers.integrations import ggml
+    from transformers.integrations.gguf import gguf_tokenizer_mapping
+
+    GGUF_CONFIG_MAPPING = cast(dict[str, dict[str, str | None]], ggml.GGUF_CONFIG_MAPPING)
+    GGUF_TOKENIZER_MAPPING = cast(dict[str, dict[str, str]], gguf_tokenizer_mapping.GGUF_TOKENIZER_MAPPING)
 
     full = {f"general.{k}" for k, v in GGUF_CONFIG_MAPPING["general"].items() if v is not None}
     full |= {f"tokenizer.{k}" for k, v in GGUF_CONFIG_MAPPING["tokenizer"].items() if v is not None}
