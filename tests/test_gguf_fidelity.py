@@ -129,6 +129,11 @@ def test_divisors_that_are_no_llama3_curve_are_kept_exactly(tmp_path):
         },
     )
     assert _max_map_error(_load(path), ref) < 1e-4
+    try:
+        from attnscope.core.backends.mlx_backend import MlxBackend
+    except ImportError:
+        return
+    assert _max_map_error(MlxBackend.load(str(path), dtype="float32"), ref) < 1e-4
 
 
 @pytest.mark.parametrize(

@@ -136,7 +136,7 @@ def _transformers_keys(arch: str, model_type: str) -> tuple[set[str], set[str]]:
     from transformers.integrations.gguf import gguf_tokenizer_mapping
 
     GGUF_CONFIG_MAPPING = cast(dict[str, dict[str, str | None]], ggml.GGUF_CONFIG_MAPPING)
-    GGUF_TOKENIZER_MAPPING = cast(dict[str, dict[str, str]], gguf_tokenizer_mapping.GGUF_TOKENIZER_MAPPING)
+    GGUF_TOKENIZER_MAPPING = gguf_tokenizer_mapping.GGUF_TOKENIZER_MAPPING
 
     full = {f"general.{k}" for k, v in GGUF_CONFIG_MAPPING["general"].items() if v is not None}
     full |= {f"tokenizer.{k}" for k, v in GGUF_CONFIG_MAPPING["tokenizer"].items() if v is not None}
