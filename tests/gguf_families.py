@@ -78,8 +78,8 @@ def write_family_gguf(
         w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)  # llama.cpp's converter writes both whenever the config has head_dim
     w.add_value_length(head_dim)
-    if arch == "gemma3":
-        w.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma3" or (arch == "phi3" and getattr(cfg, "sliding_window", None)):
+        w.add_sliding_window(cfg.sliding_window)  # Phi3MiniModel writes it too
     rope = getattr(cfg, "rope_parameters", None) or {}
     if "full_attention" in rope:  # Gemma 3: the global layers' RoPE is the file's; the local base is 10k
         rope = rope["full_attention"]
@@ -87,9 +87,19 @@ def write_family_gguf(
     if "rope_type" in rope:
         import types
 
-        rope_freqs = add_rope_scaling(w, types.SimpleNamespace(rope_parameters=rope), head_dim)
+        ns = types.SimpleNamespace(
+            rope_parameters=rope,
+            max_position_embeddings=cfg.max_position_embeddings,
+            original_max_position_embeddings=getattr(cfg, "original_max_position_embeddings", None),
+        )
+        rope_freqs = add_rope_scaling(w, ns, head_dim)
         if rope_freqs is not None:
             w.add_tensor("rope_freqs.weight", rope_freqs)
+        if rope.get("rope_type") == "longrope":
+            for which in ("long", "short"):
+                w.add_tensor(
+                    f"rope_factors_{which}.weight", np.array(rope[f"{which}_factor"], dtype=np.float32)
+                )
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     add_tiny_tokenizer(w, cfg.vocab_size)

@@ -162,6 +162,51 @@ def test_rope_scaling_keys_are_kept(rope, tmp_path):
     assert max(np.abs(lost[i] - ref[i]).max() for i in range(2)) > 1e-3
 
 
+def test_phi3_longrope_factor_tensors_and_window(tmp_path):
+    """Phi-3 128k's longrope lives in rope_factors_long/short (+ original_context_length), its window
+    in attention.sliding_window; 100 tokens cross the switch to the long factors at 64."""
+    rope = {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
+        "long_factor": [float(x) for x in np.geomspace(1, 40, 8)],
+        "original_max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+    }
+    model = family_model(
+        "phi3",
+        overrides=dict(rope_parameters=rope, original_max_position_embeddings=64, sliding_window=48),
+    )
+    path = write_family_gguf("phi3", tmp_path / "phi3.gguf", model=model, as_converter=True)
+    from attnscope.core.loading.gguf_config import gguf_config
+
+    cfg, notes = gguf_config(path)
+    assert notes == [] and cfg.rope_parameters["long_factor"] == pytest.approx(rope["long_factor"])
+    assert (cfg.rope_parameters["original_max_position_embeddings"], cfg.sliding_window) == (64, 48)
+    assert _max_map_error(_load(path), model) < 1e-4
+
+
+def test_phi3_window_and_partial_rotary_are_read():
+    from attnscope.core.loading.gguf_config import fix_config
+    from attnscope.core.loading.gguf_meta import GGUFHeader
+    from transformers import AutoConfig
+
+    meta = {
+        "general.architecture": "phi3",
+        "phi3.embedding_length": 3072,
+        "phi3.attention.head_count": 24,
+        "phi3.rope.dimension_count": 96,
+        "phi3.attention.sliding_window": 262144,
+        "phi3.block_count": 32,
+    }
+    cfg = AutoConfig.for_model("phi3")
+    fix_config(cfg, GGUFHeader(None, 3, meta, (), 0, 0))  # type: ignore[arg-type]
+    assert (cfg.head_dim, cfg.sliding_window, cfg.rope_parameters["partial_rotary_factor"]) == (
+        128,
+        262144,
+        0.75,
+    )
+
+
 def _gemma(**over):
     kw = dict(
         num_hidden_layers=6,  # llama.cpp's pattern: five sliding layers, then a global one

@@ -186,6 +186,13 @@ def add_rope_scaling(w, cfg, head_dim: int) -> np.ndarray | None:
         for key in ("beta_fast", "beta_slow"):
             if rp.get(key) is not None:
                 getattr(w, f"add_rope_scaling_yarn_{key}")(float(rp[key]))
+    elif kind == "longrope":  # Phi3MiniModel: the two factor sets are tensors (the caller adds them)
+        orig = int(rp.get("original_max_position_embeddings") or cfg.original_max_position_embeddings)
+        scale = cfg.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(
+            1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))
+        )
+        w.add_rope_scaling_orig_ctx_len(orig)
     elif kind == "llama3":
         base = float(rp["rope_theta"])
         freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))

@@ -365,7 +365,8 @@ def fix_config(config, header) -> list[str]:
             rp["sliding_attention"]["rope_theta"] = float(swa_base)
     elif params or rope_dim != head_dim:
         theta = rp.get("rope_theta", float(_key(meta, arch, "rope.freq_base", 10000.0)))
-        rp = dict(params or {"rope_type": rp.get("rope_type", "default")}, rope_theta=theta)
+        kept = {k: v for k, v in rp.items() if k == "partial_rotary_factor"}  # Phi-3 reads it here
+        rp = dict(kept, **(params or {"rope_type": rp.get("rope_type", "default")}), rope_theta=theta)
         if rope_dim != head_dim:
             rp["partial_rotary_factor"] = rope_dim / head_dim
     if params or nested or rope_dim != head_dim:
