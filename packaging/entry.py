@@ -55,11 +55,16 @@ def convert_default_model(target: Path) -> int:
     with tempfile.TemporaryDirectory(prefix=".attnscope-convert-", dir=target.parent) as tmp:
         os.environ["ATTNSCOPE_CACHE_DIR"] = tmp
         from attnscope.core.loading import resolve as models
+        from attnscope.core.loading.gguf_convert import is_current
 
         try:
             gguf = models.default_gguf_path()
-            if is_converted_folder(target) and _source_sha(target) == models.file_sha256(gguf):
-                print(target)  # already converted from this very file (a reinstall or an upgrade)
+            if (
+                is_converted_folder(target)
+                and _source_sha(target) == models.file_sha256(gguf)
+                and is_current(target)  # not one an older conversion made (an upgrade redoes it)
+            ):
+                print(target)  # already converted from this very file (a reinstall)
                 return 0
             out = models.convert_gguf(gguf)
         except Exception as e:  # noqa: BLE001 - one readable line for an installer log

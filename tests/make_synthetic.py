@@ -374,6 +374,10 @@ def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print, layers
     if arch == "gemma3":
         w.add_sliding_window(config.sliding_window)
     w.add_rope_freq_base(float(c["rope_theta"]))
+    from tiny_models import add_rope_scaling
+
+    # RoPE scaling as llama.cpp's converter writes it (Llama 3.x: only the rope_freqs.weight divisors)
+    rope_freqs = add_rope_scaling(w, config, head_dim) if arch == "llama" else None
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_vocab_size(config.vocab_size)
     _copy_tokenizer(w, default_gguf_path())
@@ -386,6 +390,8 @@ def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print, layers
             raise SystemExit(f"no GGUF name for {hf}")
         q = qtype if len(shape) == 2 and shape[-1] % 32 == 0 else gguf.GGMLQuantizationType.F32
         specs.append((i, hf, g + hf[len(base) :], shape, q))
+    if rope_freqs is not None:
+        w.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), rope_freqs.nbytes)
     for _i, _hf, gname, shape, q in specs:
         if q == gguf.GGMLQuantizationType.F32:
             w.add_tensor_info(gname, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
@@ -396,6 +402,8 @@ def write_gguf(key: str, out: Path, qname: str, seed: int = 0, log=print, layers
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
+    if rope_freqs is not None:
+        w.write_tensor_data(rope_freqs)
     for k, (i, hf, gname, shape, q) in enumerate(specs):
         arr = random_tensor(i, hf, shape, seed, "bfloat16").float().numpy()  # the bf16 folder's values
         if arch == "llama" and gname.endswith("attn_q.weight"):

@@ -90,7 +90,11 @@ def test_convert_writes_shards_index_config_tokenizer(tmp_path):
         with safe_open(str(out / s), "pt") as f:
             assert all(f.get_slice(k).get_dtype() == "BF16" for k in f.keys())
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
-    assert json.loads((out / "attnscope_source.json").read_text()) == {"gguf": str(path)}
+    assert json.loads((out / "attnscope_source.json").read_text()) == {
+        "gguf": str(path),
+        "conversion": gguf_convert.CONVERSION_VERSION,
+        "notes": [],
+    }
     m = AutoModelForCausalLM.from_pretrained(out)
     ref = transformers_tensors(path)
     assert m.dtype == torch.bfloat16

@@ -170,10 +170,14 @@ def test_host_libraries_are_bundled_off_linux():
 
 # -- the frozen entry script -------------------------------------------------------------------------
 def _fake_converted(folder: Path, sha: str = "0" * 64) -> Path:
+    from attnscope.core.loading.gguf_convert import CONVERSION_VERSION
+
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"x")
-    (folder / "attnscope_source.json").write_text(json.dumps({"gguf": "x.gguf", "sha256": sha}))
+    (folder / "attnscope_source.json").write_text(
+        json.dumps({"gguf": "x.gguf", "sha256": sha, "conversion": CONVERSION_VERSION})
+    )
     return folder
 
 
@@ -208,8 +212,10 @@ def test_entry_conversion_reuses_a_folder_from_the_same_gguf(entry, tmp_path, mo
     monkeypatch.setattr(models, "convert_gguf", fake_convert)
     target = _fake_converted(tmp_path / "opt" / "default-model", sha)
     assert entry.convert_default_model(target) == 0 and calls == []  # same GGUF: kept as it is
+    (target / "attnscope_source.json").write_text(json.dumps({"sha256": sha}))
+    assert entry.convert_default_model(target) == 0 and calls == [gguf]  # an older conversion: redone
     (target / "attnscope_source.json").write_text(json.dumps({"sha256": "f" * 64}))
-    assert entry.convert_default_model(target) == 0 and calls == [gguf]  # another GGUF: redone
+    assert entry.convert_default_model(target) == 0 and calls == [gguf, gguf]  # another GGUF: redone
     assert json.loads((target / "attnscope_source.json").read_text())["sha256"] == sha
     assert sorted(p.name for p in target.parent.iterdir()) == ["default-model"]  # no temp left
 

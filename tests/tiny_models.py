@@ -4,7 +4,8 @@
   with a 262-token byte-level BPE tokenizer into a folder, as transformers' ``save_pretrained`` does.
 * :func:`write_llama_gguf` writes a llama model as a GGUF with ``gguf.GGUFWriter``, tensor names
   from gguf's own HF→GGUF name map and q/k rows permuted as llama.cpp's converter does (transformers
-  reverses that permutation on load), so a float32 GGUF converts back to the very same weights.
+  reverses that permutation on load), so a float32 GGUF converts back to the very same weights;
+  head size and RoPE scaling as the converter writes them (:func:`add_rope_scaling`).
 * :func:`hf_cache_repo`, :func:`lmstudio_file`, :func:`ollama_model` lay files out as the Hugging
   Face hub cache, LM Studio and Ollama keep them.
 """
@@ -271,13 +272,61 @@ def add_tiny_tokenizer(w, vocab_size: int) -> None:
     """Write the tiny byte-level BPE tokenizer (padded with ``<extra_i>`` to ``vocab_size``) into GGUFWriter ``w``."""
     toks = tokenizer_vocab() + [f"<extra_{i}>" for i in range(vocab_size - len(tokenizer_vocab()))]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre("gpt-2")  # tiny_tokenizer's split: GPT-2's byte-level pattern
     w.add_token_list(toks)
     w.add_token_types([3 if t in SPECIALS or t.startswith("<extra_") else 1 for t in toks])
     w.add_token_merges([" ".join(m) for m in MERGES])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(0)
+
+
+def add_rope_scaling(w, cfg, head_dim: int) -> np.ndarray | None:
+    """Write ``cfg``'s RoPE scaling as llama.cpp's converter does (``convert_hf_to_gguf.py``):
+    linear / yarn as ``rope.scaling.*`` keys; llama3 as no key at all, only the per-frequency divisors
+    it returns for the ``rope_freqs.weight`` tensor (computed with the converter's formula from the
+    model's own ``rope_parameters``)."""
+    import math
+
+    import gguf
+
+    rp = dict(getattr(cfg, "rope_parameters", None) or {})
+    kind = rp.get("rope_type", "default")
+    if kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(rp["factor"]))
+    elif kind == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rp["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
+        for key in ("beta_fast", "beta_slow"):
+            if rp.get(key) is not None:
+                getattr(w, f"add_rope_scaling_yarn_{key}")(float(rp[key]))
+    elif kind == "longrope":  # Phi3MiniModel: the two factor sets are tensors (the caller adds them)
+        orig = int(rp.get("original_max_position_embeddings") or cfg.original_max_position_embeddings)
+        scale = cfg.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(
+            1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))
+        )
+        w.add_rope_scaling_orig_ctx_len(orig)
+    elif kind == "llama3":
+        base = float(rp["rope_theta"])
+        freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+        factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        old = rp["original_max_position_embeddings"]
+        low_wl, high_wl = old / lo, old / hi
+        out = []
+        for freq in freqs:
+            wavelen = 2 * math.pi / freq
+            if wavelen < high_wl:
+                out.append(1)
+            elif wavelen > low_wl:
+                out.append(factor)
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                out.append(1 / ((1 - smooth) / factor + smooth))
+        return np.array(out, dtype=np.float32)
+    return None
 
 
 def write_llama_gguf(
@@ -287,11 +336,17 @@ def write_llama_gguf(
     name: str = "tiny-llama",
     unknown_type_tensor: str | None = None,
     tokenizer: bool = True,
+    rope_freqs: np.ndarray | None = None,
+    extra: dict | None = None,
+    extra_tensors: dict | None = None,
 ) -> Path:
     """Write a llama ``model`` as GGUF at ``path``.
 
     ``qtype``: a ``gguf.GGMLQuantizationType`` for 2-D weights (default F32; 1-D norms stay F32).
     ``unknown_type_tensor``: give that tensor the ggml type id 99, which no gguf release defines.
+    ``rope_freqs``: a ``rope_freqs.weight`` tensor to write instead of the one the config implies.
+    ``extra``: more metadata, ``{key: value}`` (ints as uint32, floats as float32, strings);
+    ``extra_tensors``: more tensors, ``{gguf name: float32 array}``.
     """
     import gguf
 
@@ -305,8 +360,22 @@ def write_llama_gguf(
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)  # the converter writes both whenever the config has head_dim
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    implied = add_rope_scaling(w, cfg, head_dim)
+    rope_freqs = implied if rope_freqs is None else np.asarray(rope_freqs, dtype=np.float32)
+    for key, value in (extra or {}).items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, str(value))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(
@@ -317,6 +386,10 @@ def write_llama_gguf(
     if tokenizer:
         add_tiny_tokenizer(w, cfg.vocab_size)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs)
+    for gname, arr in (extra_tensors or {}).items():
+        w.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32))
     for hf_name, t in model.state_dict().items():
         if hf_name.endswith("rotary_emb.inv_freq"):
             continue

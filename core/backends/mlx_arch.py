@@ -68,7 +68,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 DEFAULT_ROPE_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")  # longrope: one factor set only
 
 # Keys that change the computation in other families; if a config sets them to a non-neutral
 # value, refusing is better than silently computing something else.
@@ -208,6 +208,15 @@ class ModelArgs:
         d["rope_parameters"] = dict(rp)
         if rp.get("partial_rotary_factor", 1.0) != 1.0:
             raise UnsupportedModelError("partial rotary embeddings are not implemented by the MLX backend")
+        if d["rope_type"] == "longrope" and (
+            rp.get("short_factor") != rp.get("long_factor") or rp.get("attention_factor") != 1.0
+        ):
+            # one set of divisors and no attention factor (a GGUF's rope_freqs kept as they are,
+            # attnscope.core.loading.gguf_config) is position-independent; Phi-3's two sets are not
+            raise UnsupportedModelError(
+                "longrope RoPE with two factor sets or an attention factor is not implemented by the "
+                "MLX backend: use --backend torch"
+            )
         return cls(**d)
 
     # -- derived --------------------------------------------------------------------------------
@@ -245,7 +254,8 @@ class ModelArgs:
         """RoPE inverse frequencies ``(head_dim // 2,)`` float32, computed as transformers does.
 
         ``default``: ``1 / theta^(2i/d)``; ``linear``: divided by ``factor``; ``llama3``: the
-        Llama 3.1 smooth low/high-frequency rescaling (transformers ``_compute_llama3_parameters``).
+        Llama 3.1 smooth low/high-frequency rescaling (transformers ``_compute_llama3_parameters``);
+        ``longrope`` with one factor set: ``1 / (factor_i · theta^(2i/d))``.
         """
         d = self.head_dim
         exps = np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d)
@@ -253,6 +263,11 @@ class ModelArgs:
         rp = self.rope_parameters
         if self.rope_type == "linear":
             inv = inv / np.float32(rp["factor"])
+        elif self.rope_type == "longrope":  # transformers _compute_longrope_parameters, one factor set
+            inv = (
+                np.float32(1.0)
+                / (np.asarray(rp["short_factor"], np.float32) * np.float32(self.rope_theta) ** exps)
+            ).astype(np.float32)
         elif self.rope_type == "llama3":
             factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
             old = rp.get("original_max_position_embeddings", self.max_position_embeddings)

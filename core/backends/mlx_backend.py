@@ -251,9 +251,10 @@ class MlxBackend:
         t0 = time.perf_counter()
         # a Q4_0/Q4_1/Q8_0 GGUF stays quantised (attnscope.core.backends.mlx_gguf); others convert
         packed, gguf = None, gguf_path_of(model) if quantize == "none" else None
+        notes: list[str] = []  # what a GGUF holds that is not reproduced, a cache entry redone
         if gguf is not None:
             try:
-                packed = load_packed(gguf, DTYPES[dtype], progress)
+                packed = load_packed(gguf, DTYPES[dtype], progress, notes)
             except Exception as e:
                 raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
         if packed is not None:
@@ -261,7 +262,7 @@ class MlxBackend:
             cfg, packed_weights, packed_q, tok = packed
             folder, name = gguf, DEFAULT_MODEL_NAME if is_default_ref(model) else gguf.stem
         else:
-            folder, name = resolve(model, progress, dtype, backend=cls.name)
+            folder, name = resolve(model, progress, dtype, backend=cls.name, notes=notes)
             progress(f"Loading {name} for MLX…", 0.96)
             try:
                 cfg = json.loads((folder / "config.json").read_text())
@@ -311,6 +312,7 @@ class MlxBackend:
             quantization_file=file_quantization(folder if file_q or packed else model_source(model)),
             quantization_runtime=runtime,
             dtype_reason=dtype_reason,
+            load_note="; ".join(notes),
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0

@@ -65,17 +65,20 @@ def _unpermute(w: mx.array, n_head: int) -> mx.array:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def load_packed(path: Path, dtype, progress=None):
+def load_packed(path: Path, dtype, progress=None, notes: list[str] | None = None):
     """Read a GGUF for MLX keeping its Q4_0/Q4_1/Q8_0 tensors quantised.
 
     Args:
         path: the .gguf file.
         dtype: the MLX float dtype for float tensors, scales and biases (``mx.float32`` keeps the
             file's values exactly; see the module docstring).
+        notes: where given, gets what the file holds that is not reproduced (the same notes as the
+            conversion path: :func:`attnscope.core.loading.gguf_convert.plan_notes`, the tokenizer's).
 
     Returns:
-        ``(config dict, weights, quantization, tokenizer)``: ``config`` as transformers parses the
-        GGUF's metadata (``model_type``, sizes, RoPE), ``weights`` under Hugging Face names with
+        ``(config dict, weights, quantization, tokenizer)``: ``config`` as the conversion reads the
+        GGUF's metadata (:func:`attnscope.core.loading.gguf_config.gguf_config`: ``model_type``, sizes,
+        head size, RoPE and its scaling), the tokenizer with the file's pre-tokenizer, ``weights`` under Hugging Face names with
         ``<layer>.scales`` / ``.biases`` next to each packed ``<layer>.weight``, ``quantization``
         the mlx-lm style dict :func:`attnscope.core.backends.mlx_backend.build_model` takes (a
         default plus one ``{"group_size", "bits"}`` entry per packed layer: Q8_0 layers are 8-bit,
@@ -85,13 +88,15 @@ def load_packed(path: Path, dtype, progress=None):
     Raises:
         Whatever gguf, transformers or mx.load raise for an unreadable file.
     """
-    from attnscope.core.loading.gguf_convert import tensor_plan
-    from transformers import AutoTokenizer
+    from attnscope.core.loading.gguf_config import gguf_config
+    from attnscope.core.loading.gguf_convert import plan_notes, tensor_plan
+    from attnscope.core.loading.gguf_tokenizer import gguf_tokenizer
 
     path = Path(path)
     if not packable(path):
         return None
-    reader, processor, name_map, config = tensor_plan(path)
+    config, found = gguf_config(path)
+    reader, processor, name_map, config = tensor_plan(path, config)
     del reader
     if type(processor).__name__ not in _PROCESSORS:
         return None
@@ -111,7 +116,7 @@ def load_packed(path: Path, dtype, progress=None):
         gguf_name = f"{stem}.weight" if part in ("scales", "biases") else key
         hf = name_map.get(gguf_name)
         if hf is None:
-            continue  # tensors transformers does not load either (e.g. rope_freqs)
+            continue  # not weights: rope_freqs / rope_factors_* are read into the config (gguf_config)
         hf_stem = hf.rpartition(".")[0]
         if permute and ".attn_q." in key:
             arr = _unpermute(arr, n_heads)
@@ -124,7 +129,9 @@ def load_packed(path: Path, dtype, progress=None):
             packed = raw[f"{stem}.weight"]
             bits = packed.shape[-1] * 32 // (arr.shape[-1] * GGUF_GROUP)
             quantization[hf_stem] = {"group_size": GGUF_GROUP, "bits": int(bits)}
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tok, tok_notes = gguf_tokenizer(path)
+    if notes is not None:
+        notes.extend(found + tok_notes + plan_notes(path, config, name_map))
     cfg.pop("quantization_config", None)
     return cfg, weights, quantization, tok
 

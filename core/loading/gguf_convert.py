@@ -5,8 +5,11 @@ into one float32 state dict before the model sees any of it: a 4.9 GB Llama-3.1-
 more than 32 GB of RAM. This module does the same conversion one tensor at a time, reusing
 transformers' own pieces so the result is the same numbers in the same places:
 
-* config: :func:`transformers.AutoConfig.from_pretrained` with ``gguf_file=`` (metadata only);
-* tokenizer: :func:`transformers.AutoTokenizer.from_pretrained` with ``gguf_file=``;
+* config: :func:`transformers.AutoConfig.from_pretrained` with ``gguf_file=`` (metadata only), plus
+  what transformers drops and llama.cpp reads (head size, Gemma 3's scale, RoPE scaling from the
+  metadata and from ``rope_freqs`` / ``rope_factors_*``: :mod:`attnscope.core.loading.gguf_config`);
+* tokenizer: :func:`transformers.AutoTokenizer.from_pretrained` with ``gguf_file=``, with the
+  pre-tokenizer the file names (``tokenizer.ggml.pre``: :mod:`attnscope.core.loading.gguf_tokenizer`);
 * names: :func:`transformers.modeling_gguf_pytorch_utils.get_gguf_hf_weights_map` on the model
   built on the ``meta`` device (no memory);
 * per-architecture fix-ups (Llama q/k rows back in Hugging Face order — the inverse of
@@ -15,6 +18,11 @@ transformers' own pieces so the result is the same numbers in the same places:
 * dequantisation: :func:`gguf.quants.dequantize` (float32), then ``.to(dtype)``: exactly
   transformers' ``torch.from_numpy(weights).to(torch_dtype)``, so float32 is bit-exact and
   bfloat16/float16 are transformers' float32 values rounded (round-to-nearest-even).
+
+What the file holds that none of this reads (:func:`attnscope.core.loading.gguf_keys.unread`) is
+named in one note. The notes and :data:`CONVERSION_VERSION` are recorded in the folder's
+``attnscope_source.json``: a folder made by an older conversion is not current
+(:func:`is_current`) and is converted again.
 
 Tensors are written to safetensors shards of at most ``shard_bytes`` as they come (plus
 ``model.safetensors.index.json`` when there is more than one shard); the file's pages are released
@@ -36,6 +44,10 @@ from pathlib import Path
 import numpy as np
 
 ProgressFn = Callable[[str, float], None]
+#: bumped whenever a conversion of the same file would differ (config, tokenizer or weights), so
+#: cached folders made before are converted again (2: head size, scale, RoPE scaling, pre-tokenizer)
+CONVERSION_VERSION = 2
+SOURCE = "attnscope_source.json"
 SHARD_BYTES = 2 * 10**9  # ≤ 2 GB per safetensors shard
 CHUNK_BYTES = 256 << 20  # tensors larger than this at float32 are dequantised in row blocks
 # transformers processors whose process() acts row by row (elementwise or no-op) except on q/k/qkv
@@ -67,8 +79,9 @@ def tensor_plan(gguf_path: Path, config=None):
     (``model.layers.0.self_attn.q_proj.weight``), from the model built on the meta device.
     """
     import torch
+    from attnscope.core.loading.gguf_config import gguf_config
     from gguf import GGUFReader
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
@@ -77,7 +90,7 @@ def tensor_plan(gguf_path: Path, config=None):
 
     gguf_path = Path(gguf_path)
     if config is None:
-        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        config, _notes = gguf_config(gguf_path)
     reader = GGUFReader(gguf_path)
     arch = gguf_architecture(reader)
     # transformers builds the processor from the config dict it parsed from the same metadata
@@ -104,17 +117,20 @@ def _release(reader, t) -> None:
         pass
 
 
-def iter_tensors(gguf_path: Path, dtype: str = "float32", config=None, progress: ProgressFn = _noop):
+def iter_tensors(
+    gguf_path: Path, dtype: str = "float32", config=None, progress: ProgressFn = _noop, plan=None
+):
     """Yield ``(hf_name, torch.Tensor at dtype)`` for every weight of a GGUF, one at a time.
 
     ``progress(message, fraction)`` is called before each tensor (fraction of the file's bytes
     done, in [0, 1]); it may raise (e.g. :class:`attnscope.core.errors.Cancelled`) to stop between tensors.
+    ``plan``: :func:`tensor_plan`'s result when the caller has it already.
     """
     import torch
     from gguf.quants import dequantize
 
     tdt = _torch_dtype(dtype)
-    reader, processor, name_map, config = tensor_plan(gguf_path, config)
+    reader, processor, name_map, config = plan if plan is not None else tensor_plan(gguf_path, config)
     total = sum(int(t.n_bytes) for t in reader.tensors) or 1
     done = 0
     rowwise = type(processor).__name__ in _ROWWISE
@@ -161,6 +177,34 @@ def iter_tensors(gguf_path: Path, dtype: str = "float32", config=None, progress:
     progress("all tensors converted", 1.0)
 
 
+def plan_notes(gguf_path: Path, config, name_map) -> list[str]:
+    """The note naming what the file holds that the conversion does not read (``[]`` if nothing)."""
+    from attnscope.core.loading.gguf_keys import unread, unread_note
+    from attnscope.core.loading.gguf_meta import read_gguf_header
+
+    note = unread_note(*unread(read_gguf_header(gguf_path), config.model_type, name_map))
+    return [note] if note else []
+
+
+def is_current(folder: Path) -> bool:
+    """Whether ``folder``'s ``attnscope_source.json`` says it was made by this :data:`CONVERSION_VERSION`."""
+    try:
+        meta = json.loads((Path(folder) / SOURCE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("conversion") == CONVERSION_VERSION
+
+
+def conversion_notes(folder: Path) -> list[str]:
+    """The notes the conversion of ``folder`` recorded (what the file holds that is not reproduced)."""
+    try:
+        meta = json.loads((Path(folder) / SOURCE).read_text())
+    except (OSError, ValueError):
+        return []
+    notes = meta.get("notes") if isinstance(meta, dict) else None
+    return [str(n) for n in notes] if isinstance(notes, list) else []
+
+
 def convert(
     gguf_path: Path,
     out: Path,
@@ -176,7 +220,8 @@ def convert(
         progress: ``(message, fraction in [0, 1])`` per tensor; raising in it cancels the conversion
             (the partial folder is removed, ``out`` is untouched).
         shard_bytes: largest shard in bytes (one tensor larger than this gets a shard of its own).
-        source: written as ``attnscope_source.json`` (where the folder came from).
+        source: written as ``attnscope_source.json`` (where the folder came from), with
+            ``conversion`` (:data:`CONVERSION_VERSION`) and ``notes`` (:func:`conversion_notes`) added.
 
     Returns:
         ``out``. If another process finished the same conversion first, its folder is kept.
@@ -184,8 +229,10 @@ def convert(
     Raises:
         Whatever transformers or gguf raise for a file they cannot read; what ``progress`` raises.
     """
+    from attnscope.core.loading.gguf_config import gguf_config
+    from attnscope.core.loading.gguf_tokenizer import gguf_tokenizer
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     gguf_path, out = Path(gguf_path), Path(out)
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
@@ -193,10 +240,12 @@ def convert(
     tmp.mkdir(parents=True)
     try:
         progress("reading config and tokenizer", 0.0)
-        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        config, notes = gguf_config(gguf_path)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
-        tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tok, tok_notes = gguf_tokenizer(gguf_path)
+        plan = tensor_plan(gguf_path, config)
+        notes += tok_notes + plan_notes(gguf_path, config, plan[2])
         shards: list[dict[str, str]] = []
         current: dict = {}
         size = 0
@@ -210,7 +259,7 @@ def convert(
                 shards.append({k: name for k in current})
                 current, size = {}, 0
 
-        for name, tensor in iter_tensors(gguf_path, dtype, config, progress):
+        for name, tensor in iter_tensors(gguf_path, dtype, config, progress, plan=plan):
             nbytes = tensor.numel() * tensor.element_size()
             if current and size + nbytes > shard_bytes:
                 flush()
@@ -238,8 +287,7 @@ def convert(
         except Exception:  # noqa: BLE001 - a generation config is optional
             pass
         tok.save_pretrained(tmp)
-        if source is not None:
-            (tmp / "attnscope_source.json").write_text(json.dumps(source))
+        (tmp / SOURCE).write_text(json.dumps(dict(source or {}, conversion=CONVERSION_VERSION, notes=notes)))
         if out.exists():  # another process converted the same file meanwhile: keep its folder
             shutil.rmtree(tmp, ignore_errors=True)
             return out

@@ -606,8 +606,10 @@ def convert_gguf(
     not the float32 state dict transformers' loader builds. ``progress`` is called per tensor
     and may raise :class:`attnscope.core.errors.Cancelled`; a cancelled or failed conversion leaves no
     cache entry. The cache holds one copy per (file hash, dtype). A cached entry that is damaged
-    (:func:`converted_damage`: a truncated shard, a cut JSON file) is removed and converted again,
-    with a progress line saying so and, where ``notes`` is given, one line appended to it.
+    (:func:`converted_damage`: a truncated shard, a cut JSON file) or was made by an older
+    conversion (:func:`attnscope.core.loading.gguf_convert.is_current`) is removed and converted
+    again, with a progress line saying so and, where ``notes`` is given, one line appended to it.
+    ``notes`` also gets what the conversion recorded the file holds and it does not reproduce.
 
     Raises:
         ModelLoadError: broken file, or a quantisation transformers cannot dequantise.
@@ -624,10 +626,17 @@ def convert_gguf(
         raise ModelLoadError(_cache_unwritable(gguf, e)) from None
     out = converted_dir(gguf, dtype)
     damage = converted_damage(out) if _is_converted(out) else None
-    if damage == "":
+    # made by an older conversion (one that dropped RoPE scaling, head size, pre-tokenizer): stale
+    stale = damage == "" and not gguf_convert.is_current(out)
+    if damage == "" and not stale:
+        if notes is not None:
+            notes.extend(gguf_convert.conversion_notes(out))
         return out
-    shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover, or a damaged entry
-    if damage:
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete leftover, a damaged or a stale entry
+    if stale:
+        redo = f"the cached conversion of {gguf.name} was made by an older AttnScope: converted again"
+        progress(f"The cached conversion of {gguf.name} is out of date: converting it again…", 0.02)
+    elif damage:
         redo = f"the cached conversion of {gguf.name} was damaged ({damage}): converted again"
         progress(f"The cached conversion of {gguf.name} is damaged ({damage}): converting it again…", 0.02)
     else:
@@ -656,8 +665,10 @@ def convert_gguf(
     except Exception as e:
         raise ModelLoadError(f"cannot load {gguf.name}: {_first_line(e)}") from None
     progress("Converted.", 0.95)
-    if damage and notes is not None:
+    if (damage or stale) and notes is not None:
         notes.append(redo)
+    if notes is not None:
+        notes.extend(gguf_convert.conversion_notes(out))
     return out
 
 
