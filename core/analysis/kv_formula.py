@@ -208,7 +208,10 @@ class KVConfig:
 
         ``windows``: the per-layer sliding windows (:func:`config_layer_windows`); a ModelInfo alone
         does not say which layers slide, so without them the cache counts every key in every layer.
+        A model with multi-head latent attention (``info.kv_latent_dim`` > 0: DeepSeek-V2/V3) gets its
+        MLA cache, latent + decoupled RoPE key per token and layer, which is what its cache holds.
         """
+        latent = int(getattr(info, "kv_latent_dim", 0) or 0)
         return cls(
             n_layers=info.n_layers,
             n_kv_heads=info.n_kv_heads,
@@ -218,6 +221,8 @@ class KVConfig:
             batch=batch,
             name=getattr(info, "name", ""),
             windows=None if windows is None else tuple(windows),
+            kv_latent_dim=latent or None,
+            rope_head_dim=int(getattr(info, "rope_head_dim", 0) or 0) if latent else 0,
         )
 
     @property

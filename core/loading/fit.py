@@ -11,7 +11,12 @@
   rest (embeddings, ``lm_head``, norms: :func:`embedding_params`) stays at the load dtype.
 * runtime: what the process holds besides (Python, torch/transformers or MLX, the tokenizer,
   one prefill chunk's activations, the allocator's slack): :data:`RUNTIME_BYTES`, measured.
-* KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.analysis.kv_formula.kv_cache_bytes`).
+* KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.analysis.kv_formula.kv_cache_bytes`);
+  for multi-head latent attention the latent cache (:func:`attnscope.core.analysis.kv_formula.mla_cache_bytes`),
+  and the capture keeps the per-head keys rebuilt from it (``n_layers × n_heads × head_dim × T``).
+* mixture-of-experts: every expert's weights count (``n_params`` sums the checkpoint's tensors), not
+  only the ones a token runs through; a multimodal checkpoint counts its language model only
+  (:mod:`attnscope.core.loading.text_only`: the vision tower is not loaded).
 * capture buffers (:class:`attnscope.core.trace.torch_trace.TorchTrace`): per layer the post-RoPE query rows,
   ``n_heads × T × head_dim`` elements in the model's dtype (float32 by default, as the Trace keeps
   the query tensor the layer produced), plus the LSE rows, ``n_heads × T`` float32.
@@ -324,6 +329,14 @@ def estimate_entry(
         quantize=quantize,
         linear_params=linear,
     )
+    latent = int(getattr(entry, "kv_latent_dim", 0) or 0)
+    if latent:  # MLA: the cache holds the latent; the Trace keeps the per-head keys rebuilt from it
+        from attnscope.core.analysis.kv_formula import mla_cache_bytes
+
+        kv = mla_cache_bytes(entry.n_layers, latent, int(entry.rope_head_dim or 0), ctx, dtype)
+        rebuilt = entry.n_layers * entry.n_heads * entry.head_dim * ctx * dtype_bytes(dtype)
+        est = replace(est, kv_cache_bytes=kv, capture_bytes=est.capture_bytes + rebuilt)
+        est = replace(est, verdict=_verdict(est.total_bytes, est.free_bytes))
     if packed is not None:  # kept quantised: at its packed size (mlx_packed_bytes)
         est = replace(
             est,
