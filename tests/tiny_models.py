@@ -125,7 +125,7 @@ FAMILIES = {
         ),
     ),
     # multi-head latent attention: keys and values rebuilt from a compressed latent, value head size
-    # (24) differs from the key head size (16 + 8 with the decoupled RoPE part)
+    # (20) differs from the key head size (16 + 8 with the decoupled RoPE part)
     "deepseek_v2": (
         "deepseek_v2",
         dict(
@@ -135,7 +135,7 @@ FAMILIES = {
             q_lora_rank=None,
             qk_nope_head_dim=16,
             qk_rope_head_dim=8,
-            v_head_dim=24,
+            v_head_dim=20,
             n_routed_experts=4,
             n_shared_experts=1,
             num_experts_per_tok=2,
@@ -152,7 +152,7 @@ FAMILIES = {
             q_lora_rank=48,
             qk_nope_head_dim=16,
             qk_rope_head_dim=8,
-            v_head_dim=24,
+            v_head_dim=20,
             n_routed_experts=4,
             n_shared_experts=1,
             num_experts_per_tok=2,
@@ -171,7 +171,7 @@ FAMILIES = {
             q_lora_rank=48,
             qk_nope_head_dim=16,
             qk_rope_head_dim=8,
-            v_head_dim=24,
+            v_head_dim=20,
             n_routed_experts=4,
             n_shared_experts=1,
             num_experts_per_tok=2,
@@ -279,17 +279,18 @@ def tiny_tokenizer():
 ALL_FAMILIES = sorted({**FAMILIES, **MULTIMODAL})
 
 
-def tiny_config(family: str):
+def tiny_config(family: str, **overrides):
+    """The family's tiny config; ``overrides`` replace its (text config's) fields."""
     from transformers import AutoConfig
 
     if family in MULTIMODAL:
         model_type, text, vision, top = copy.deepcopy(MULTIMODAL[family])
-        return AutoConfig.for_model(model_type, text_config=text, vision_config=vision, **top)
+        return AutoConfig.for_model(model_type, text_config={**text, **overrides}, vision_config=vision, **top)
     model_type, kw = FAMILIES[family]
-    return AutoConfig.for_model(model_type, **copy.deepcopy(kw))
+    return AutoConfig.for_model(model_type, **{**copy.deepcopy(kw), **overrides})
 
 
-def tiny_model(family: str, seed: int = 0, attn: str = "eager"):
+def tiny_model(family: str, seed: int = 0, attn: str = "eager", **overrides):
     """A random model of ``family`` in eval mode, float32 (a multimodal one whole: vision tower too,
     as its checkpoint is saved)."""
     import torch
@@ -297,12 +298,12 @@ def tiny_model(family: str, seed: int = 0, attn: str = "eager"):
 
     torch.manual_seed(seed)
     auto = AutoModelForImageTextToText if family in MULTIMODAL else AutoModelForCausalLM
-    return auto.from_config(tiny_config(family), attn_implementation=attn).eval()
+    return auto.from_config(tiny_config(family, **overrides), attn_implementation=attn).eval()
 
 
-def save_tiny(family: str, folder: Path, seed: int = 0):
+def save_tiny(family: str, folder: Path, seed: int = 0, **overrides):
     """Save a random ``family`` model + tokenizer into ``folder`` (safetensors); return the eager model."""
-    model = tiny_model(family, seed)
+    model = tiny_model(family, seed, **overrides)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
