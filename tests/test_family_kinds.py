@@ -162,6 +162,10 @@ def test_moe_fit_counts_every_expert(tmp_path):
     assert experts > total / 3 and e.n_params == total
     f = estimate_entry(e, context=64, dtype="float32", free_bytes=1 << 34)
     assert f.weights_bytes == 4 * total
+    # --quantize int8 makes the nn.Linear layers 1 byte; the fused experts (and embeddings) keep 4
+    f8 = estimate_entry(e, context=64, dtype="float32", free_bytes=1 << 34, quantize="int8")
+    emb = 2 * 272 * 64  # untied embeddings and lm_head
+    assert f8.weights_bytes == (total - emb - experts) * 1 + (emb + experts) * 4
     assert e.attention_kind == "GQA 4/2 · 4 experts, 2 active"
 
 

@@ -226,6 +226,40 @@ def _embedding_params(path: str, fmt: str, _mtime: int) -> int | None:
         return None
 
 
+def expert_params(path, fmt: str = "hf") -> int:
+    """Parameters of a mixture-of-experts checkpoint's routed experts (tensors under ``.experts.``,
+    per expert or fused; GGUF ``*_exps`` tensors), which ``--quantize`` leaves at the load dtype:
+    transformers runs them as fused 3-D parameters, not the ``nn.Linear`` layers
+    :func:`attnscope.core.loading.quantize.linear_targets` quantises. 0 for a dense model or when
+    unreadable. Cached per (path, mtime)."""
+    try:
+        p = Path(path)
+        return _expert_params(str(p), fmt, (p if fmt == "gguf" else p / "config.json").stat().st_mtime_ns)
+    except OSError:
+        return 0
+
+
+@lru_cache(maxsize=512)
+def _expert_params(path: str, fmt: str, _mtime: int) -> int:
+    import math
+
+    try:
+        if fmt == "gguf":
+            from attnscope.core.loading.gguf_meta import read_gguf_header
+
+            return sum(int(t.n_elements) for t in read_gguf_header(path).tensors if "_exps" in t.name)
+        from attnscope.core.loading.resolve import check_safetensors
+
+        total = 0
+        for shard in sorted(Path(path).glob("*.safetensors")):
+            for k, v in check_safetensors(shard).items():
+                if ".experts." in k and isinstance(v, dict):
+                    total += math.prod(int(d) for d in v.get("shape", []))
+        return total
+    except Exception:  # noqa: BLE001 - unreadable: counted as linear (the estimate's old behaviour)
+        return 0
+
+
 def estimate(
     *,
     n_params: int,
@@ -307,7 +341,8 @@ def estimate_entry(
         dtype, forced = load_dtype(quantize, dtype)
         reason = f"{dtype}: {forced}" if forced else reason
         emb = embedding_params(entry.path, entry.format)
-        linear = None if emb is None else entry.n_params - emb
+        # a MoE model's experts stay at the load dtype (expert_params): every expert counts at full size
+        linear = None if emb is None else max(0, entry.n_params - emb - expert_params(entry.path, entry.format))
     packed = (
         mlx_packed_bytes(entry.path, dtype)
         if backend == "mlx" and entry.format == "gguf" and quantize == "none"
