@@ -202,13 +202,17 @@ class CatalogModel(QAbstractTableModel):
             return SOURCE_LABELS.get(e.source, e.source), catalog.SOURCES.index(
                 e.source
             ) if e.source in catalog.SOURCES else 9
-        if col == 2:  # a multimodal checkpoint loads its language model alone (attnscope.core.loading.text_only)
+        if (
+            col == 2
+        ):  # a multimodal checkpoint loads its language model alone (attnscope.core.loading.text_only)
             return (e.architecture or "?") + (" · text only" if e.text_only else ""), e.architecture
         if col == 3:
             return count_label(e.n_params), e.n_params
         if col == 4:
             return str(e.n_layers or "?"), e.n_layers
-        if col == 5:  # the attention kind (attnscope.core.loading.attention_kind): "GQA 32/8 · 128 experts, 8 active"
+        if (
+            col == 5
+        ):  # the attention kind (attnscope.core.loading.attention_kind): "GQA 32/8 · 128 experts, 8 active"
             heads = f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
             return (e.attention_kind or heads), (
                 e.group_size,

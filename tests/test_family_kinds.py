@@ -141,7 +141,14 @@ def test_mla_geometry_and_latent_cache(tmp_path):
     s = Session.load(str(tmp_path / "m"))
     s.prefill("latent attention " * 3, chat_template=False)
     i = s.info
-    assert (i.n_heads, i.n_kv_heads, i.head_dim, i.v_head_dim, i.kv_latent_dim, i.rope_head_dim) == (4, 4, 24, 20, 32, 8)
+    assert (i.n_heads, i.n_kv_heads, i.head_dim, i.v_head_dim, i.kv_latent_dim, i.rope_head_dim) == (
+        4,
+        4,
+        24,
+        20,
+        32,
+        8,
+    )
     live = kv_live(s)
     want = mla_cache_bytes(i.n_layers, 32, 8, s.seq_len, "float32")
     assert live.total_bytes == live.formula_bytes == want

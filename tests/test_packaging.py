@@ -51,8 +51,8 @@ def tf_rules():
 
 def test_model_code_kept_for_every_supported_architecture(tf_rules):
     from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
     excludes, kept = tf_rules

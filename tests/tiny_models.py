@@ -202,7 +202,10 @@ MULTIMODAL = {
     ),
     "qwen2_5_vl": (
         "qwen2_5_vl",
-        dict(COMMON, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        dict(
+            COMMON,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        ),
         dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64),
         dict(image_token_id=270, video_token_id=271, vision_start_token_id=268),
     ),
@@ -218,7 +221,14 @@ MULTIMODAL = {
                 "mrope_interleaved": True,
             },
         ),
-        dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, deepstack_visual_indexes=[]),
+        dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            deepstack_visual_indexes=[],
+        ),
         dict(image_token_id=270, video_token_id=271, vision_start_token_id=268),
     ),
     "llama4": (
@@ -285,7 +295,9 @@ def tiny_config(family: str, **overrides):
 
     if family in MULTIMODAL:
         model_type, text, vision, top = copy.deepcopy(MULTIMODAL[family])
-        return AutoConfig.for_model(model_type, text_config={**text, **overrides}, vision_config=vision, **top)
+        return AutoConfig.for_model(
+            model_type, text_config={**text, **overrides}, vision_config=vision, **top
+        )
     model_type, kw = FAMILIES[family]
     return AutoConfig.for_model(model_type, **{**copy.deepcopy(kw), **overrides})
 

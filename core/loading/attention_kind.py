@@ -114,7 +114,11 @@ def describe(geo: AttentionGeometry) -> str:
     if geo.n_layers and geo.attention_layers != geo.n_layers:
         parts.append(f"{geo.attention_layers} of {geo.n_layers} layers attention")
     if geo.n_experts:
-        moe = f"{geo.n_experts} experts, {geo.experts_active} active" if geo.experts_active else f"{geo.n_experts} experts"
+        moe = (
+            f"{geo.n_experts} experts, {geo.experts_active} active"
+            if geo.experts_active
+            else f"{geo.n_experts} experts"
+        )
         if geo.shared_experts:
             moe += f" + {geo.shared_experts} shared"
         parts.append(moe)

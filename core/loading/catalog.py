@@ -104,7 +104,9 @@ class CatalogEntry:
     experts_active: int = 0
     kv_latent_dim: int = 0  # MLA latent per token and layer (0: not MLA), and its decoupled RoPE key
     rope_head_dim: int = 0
-    text_only: bool = False  # a multimodal checkpoint: only its language model loads (n_params counts it alone)
+    text_only: bool = (
+        False  # a multimodal checkpoint: only its language model loads (n_params counts it alone)
+    )
 
     @property
     def group_size(self) -> int:
@@ -413,7 +415,9 @@ def config_geometry(cfg: dict) -> dict:
                 window = None
             if types and not any("sliding" in str(t) for t in types):
                 window = None
-            mla = _int(getattr(conf, "kv_lora_rank", 0))  # MLA: per-head keys of nope + rope size, n_kv = n_heads
+            mla = _int(
+                getattr(conf, "kv_lora_rank", 0)
+            )  # MLA: per-head keys of nope + rope size, n_kv = n_heads
             return dict(
                 n_layers=_int(getattr(conf, "num_hidden_layers", 0)),
                 n_heads=n_heads,

@@ -342,7 +342,9 @@ def estimate_entry(
         reason = f"{dtype}: {forced}" if forced else reason
         emb = embedding_params(entry.path, entry.format)
         # a MoE model's experts stay at the load dtype (expert_params): every expert counts at full size
-        linear = None if emb is None else max(0, entry.n_params - emb - expert_params(entry.path, entry.format))
+        linear = (
+            None if emb is None else max(0, entry.n_params - emb - expert_params(entry.path, entry.format))
+        )
     packed = (
         mlx_packed_bytes(entry.path, dtype)
         if backend == "mlx" and entry.format == "gguf" and quantize == "none"

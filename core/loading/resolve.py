@@ -806,12 +806,12 @@ def load_torch(
     """
     import torch
     from attnscope.core.backends.hf_attention import ATTN_NAME, register_attention
+    from attnscope.core.loading import text_only
     from attnscope.core.loading.device_map import check_device_map
     from attnscope.core.loading.device_map import info_fields as dm_record
     from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
     from attnscope.core.loading.precision import decide
     from attnscope.core.loading.quantize import check_mode, file_quantization, load_dtype, quantize_model
-    from attnscope.core.loading import text_only
     from attnscope.core.loading.stream_load import load_quantised
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -194,7 +194,9 @@ def family_code(text_model_type: str) -> FamilyCode | str:
                 if (
                     isinstance(node, ast.Assign)
                     and any(
-                        isinstance(t, ast.Attribute) and t.attr == "is_causal" and isinstance(t.value, ast.Name)
+                        isinstance(t, ast.Attribute)
+                        and t.attr == "is_causal"
+                        and isinstance(t.value, ast.Name)
                         for t in node.targets
                     )
                     and not (isinstance(node.value, ast.Constant) and node.value.value is True)
@@ -269,7 +271,9 @@ def model_type_problem(model_type: str) -> str | None:
     except (ValueError, KeyError, TypeError):
         return f"architecture {model_type!r} is not supported: transformers does not know it"
     except Exception as e:  # noqa: BLE001 - a config class that needs arguments: one line, never a crash
-        return f"architecture {model_type!r} is not supported: its config cannot be built ({type(e).__name__})"
+        return (
+            f"architecture {model_type!r} is not supported: its config cannot be built ({type(e).__name__})"
+        )
     return config_problem(config)
 
 

@@ -68,7 +68,9 @@ def _built_class(text_config_class):
 
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
-    mod = importlib.import_module(f"transformers.models.{model_type_to_module_name(mt)}.modeling_{model_type_to_module_name(mt)}")
+    mod = importlib.import_module(
+        f"transformers.models.{model_type_to_module_name(mt)}.modeling_{model_type_to_module_name(mt)}"
+    )
     base = getattr(mod, MODEL_MAPPING_NAMES[mt])
     pretrained = next(c for c in base.__mro__[1:] if c.__name__.endswith("PreTrainedModel"))
 
@@ -78,7 +80,9 @@ def _built_class(text_config_class):
         config_class = text_config_class
         base_model_prefix = "model"
         _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-        _no_split_modules = [n for n in (getattr(pretrained, "_no_split_modules", None) or []) if "Vision" not in n]
+        _no_split_modules = [
+            n for n in (getattr(pretrained, "_no_split_modules", None) or []) if "Vision" not in n
+        ]
 
         def __init__(self, config):
             super().__init__(config)
