@@ -109,6 +109,9 @@ class StatusLine:
             f"{count(info.n_heads, 'query head')} / {count(info.n_kv_heads, 'KV head')} · "
             f"head_dim {info.head_dim} · {snap.backend} {snap.device}"
         )
+        kind = getattr(info, "attention_kind", "")  # attnscope.core.loading.attention_kind: MoE, MLA, hybrid
+        if kind and ("experts" in kind or kind.startswith("MLA") or "layers attention" in kind):
+            text += f" · {kind}"
         why = getattr(info, "dtype_reason", "")  # attnscope.core.loading.precision: why this dtype
         quant = "; ".join(
             q
