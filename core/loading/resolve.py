@@ -331,8 +331,10 @@ def check_safetensors(path: Path) -> dict:
 def check_config(cfg: dict, backend: str = "torch") -> None:
     """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
 
-    Beyond :func:`check_architecture`: attention logit soft-capping (any family that sets
-    ``attn_logit_softcapping``); a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
+    First the support rule on the config as transformers builds it
+    (:func:`attnscope.core.loading.support_rule.dict_problem`: a multimodal checkpoint is judged by its
+    language model); then attention logit soft-capping (any family that sets
+    ``attn_logit_softcapping``, while the path lacks it); a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
     bitsandbytes, compressed-tensors, torchao) where this machine lacks the device or library
     transformers runs that method with (:func:`attnscope.core.loading.quantize.prequantised_problem`: one line per
     method and device); an mlx-lm quantised folder (``quantization``) on the torch backend.
