@@ -176,6 +176,28 @@ def test_rule_admits_from_the_code_not_a_list():
         assert not isinstance(code, str) and code.attention_classes and code.supports_backend
 
 
+def test_rule_without_model_source_admits_tested_families(monkeypatch):
+    """A packaged app keeps transformers as bytecode: no source to read, so the tested families run
+    and any other is refused saying why."""
+    from attnscope.core.loading import support_rule
+
+    def no_source(path):
+        raise FileNotFoundError(path)
+
+    support_rule.family_code.cache_clear()
+    support_rule.model_type_problem.cache_clear()
+    monkeypatch.setattr(support_rule, "_read_source", no_source)
+    try:
+        assert support_rule.model_type_problem("qwen3_moe") is None
+        assert support_rule.model_type_problem("gemma3") is None
+        why = support_rule.model_type_problem("cohere")
+        assert why is not None and why.startswith("cohere is not supported: no model source")
+    finally:
+        monkeypatch.undo()
+        support_rule.family_code.cache_clear()
+        support_rule.model_type_problem.cache_clear()
+
+
 def test_multimodal_language_model_only(tmp_path):
     """A Gemma 3 checkpoint with its vision tower: the language model loads alone and says so."""
     from attnscope.core.session import Session

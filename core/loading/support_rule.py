@@ -91,6 +91,9 @@ TESTED_FAMILIES = frozenset(
 )
 
 
+SOURCELESS = "no model source"
+
+
 @dataclass(frozen=True)
 class FamilyCode:
     """What the rule read from one family's modeling module. Class names as written there."""
@@ -109,6 +112,12 @@ def text_config_of(config):
     """The language model's config of a transformers config (itself for a text-only one)."""
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
+
+
+def _read_source(path: str) -> str:
+    """The text of a modeling module (OSError where only bytecode is there, as in a frozen app)."""
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 @lru_cache(maxsize=256)
@@ -133,10 +142,11 @@ def family_code(text_model_type: str) -> FamilyCode | str:
     if spec is None or not spec.origin:
         return f"the model code of {text_model_type!r} ({name}) is not installed"
     try:
-        with open(spec.origin, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError) as e:
-        return f"cannot read the model code of {text_model_type!r}: {type(e).__name__}"
+        tree = ast.parse(_read_source(spec.origin))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as e:
+        # a frozen app keeps transformers as bytecode only: SOURCELESS (config_problem then admits the
+        # tested families, whose model code the bundle was built with)
+        return f"{SOURCELESS}: the model code of {text_model_type!r} cannot be read ({type(e).__name__})"
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     if base not in classes:
         return f"the model code of {text_model_type!r} does not define {base}"
@@ -238,6 +248,8 @@ def config_problem(config) -> str | None:
     text = text_config_of(config)
     tmt = getattr(text, "model_type", mt) or mt
     code = family_code(tmt)
+    if isinstance(code, str) and code.startswith(SOURCELESS) and mt in TESTED_FAMILIES:
+        return None  # no source to read (a packaged app): a family proven exact runs
     if isinstance(code, str):
         return f"{mt} is not supported: {code}"
     if not code.attention_classes:
@@ -322,7 +334,7 @@ def loaded_problem(model) -> str | None:
     config = getattr(model, "config", None)
     code = family_code(getattr(text_config_of(config), "model_type", "") or "")
     if isinstance(code, str):
-        return code
+        return None if code.startswith(SOURCELESS) else code
     names = set(code.attention_classes)
     if not any(type(m).__name__ in names for m in model.modules()):
         return (
