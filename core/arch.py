@@ -20,7 +20,7 @@ import numpy as np
 
 # What a decoder layer computes (README "How it works"): softmax attention layers have an attention map;
 # the others of a hybrid model (linear attention, state-space / Mamba, short convolution) have none.
-ATTENTION_KINDS = ("attention", "sliding_attention")
+ATTENTION_KINDS: tuple[str, ...] = ("attention", "sliding_attention")
 
 
 @dataclass(frozen=True)

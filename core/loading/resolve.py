@@ -868,7 +868,7 @@ def load_torch(
         if why:
             raise UnsupportedModelError(why)
         if dm is None:
-            m.to(device)  # type: ignore[arg-type]  # transformers' @wraps on .to() hides the bound self
+            m.to(device)
         m.eval()
         n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
         if quantize != "none":

@@ -55,23 +55,25 @@ def text_config(config):
 
 
 @lru_cache(maxsize=32)
-def _built_class(text_config_class):
+def _built_class(mt: str):
+    import importlib
+
     import torch
     from torch import nn
     from transformers import GenerationMixin
     from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
     from transformers.utils.deprecation import deprecate_kwarg
 
-    mt = text_config_class.model_type
-    import importlib
+    text_config_class = CONFIG_MAPPING[mt]
 
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
     mod = importlib.import_module(
         f"transformers.models.{model_type_to_module_name(mt)}.modeling_{model_type_to_module_name(mt)}"
     )
-    base = getattr(mod, MODEL_MAPPING_NAMES[mt])
+    base = getattr(mod, str(MODEL_MAPPING_NAMES[mt]))
     pretrained = next(c for c in base.__mro__[1:] if c.__name__.endswith("PreTrainedModel"))
 
     class TextOnlyForCausalLM(pretrained, GenerationMixin):  # type: ignore[misc,valid-type]
@@ -136,7 +138,7 @@ def causal_lm_class(text_cfg):
     try:
         return AutoModelForCausalLM._model_mapping[type(text_cfg)]
     except KeyError:
-        return _built_class(type(text_cfg))
+        return _built_class(str(text_cfg.model_type))
 
 
 def from_pretrained(folder, config, **kwargs):
