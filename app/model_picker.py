@@ -67,7 +67,7 @@ COLUMNS = [
     "Architecture",
     "Params",
     "Layers",
-    "Heads / KV (group)",
+    "Attention",
     "head_dim",
     "Max context",
     "dtype / quant",
@@ -210,14 +210,19 @@ class CatalogModel(QAbstractTableModel):
             return SOURCE_LABELS.get(e.source, e.source), catalog.SOURCES.index(
                 e.source
             ) if e.source in catalog.SOURCES else 9
-        if col == 2:
-            return e.architecture or "?", e.architecture
+        if (
+            col == 2
+        ):  # a multimodal checkpoint loads its language model alone (attnscope.core.loading.text_only)
+            return (e.architecture or "?") + (" · text only" if e.text_only else ""), e.architecture
         if col == 3:
             return count_label(e.n_params), e.n_params
         if col == 4:
             return str(e.n_layers or "?"), e.n_layers
-        if col == 5:
-            return (f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"), (
+        if (
+            col == 5
+        ):  # the attention kind (attnscope.core.loading.attention_kind): "GQA 32/8 · 128 experts, 8 active"
+            heads = f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
+            return (e.attention_kind or heads), (
                 e.group_size,
                 e.n_heads,
             )
@@ -823,6 +828,18 @@ class ModelPickerDialog(QDialog):
             f"max context {e.max_context:,}"
             + (f", sliding window {e.sliding_window}" if e.sliding_window else "")
             + f"; {e.dtype}, {human_bytes(e.size_bytes)} on disk."
+            + (f"<br>Attention: {_esc(e.attention_kind)}." if e.attention_kind else "")
+            + (
+                f" Every expert is loaded ({e.n_experts} per MoE layer); {e.experts_active} run per token."
+                if e.n_experts and e.experts_active
+                else ""
+            )
+            + (
+                "<br>Multimodal checkpoint: vision tower not loaded: text prompts only (images as input are "
+                "not supported); the parameters and the fit count the language model alone."
+                if e.text_only
+                else ""
+            )
         )
         if f is None:
             return head + geo

@@ -129,6 +129,11 @@ class StatusLine:
         arch = info.arch
         if arch.is_hybrid:  # "1 of 4 layers attention (3 linear attention)" (README "Hybrid models")
             text += f" · {arch.describe_layers()}"
+        kind = getattr(info, "attention_kind", "")  # attnscope.core.loading.attention_kind: MoE, MLA
+        if arch.is_hybrid:  # the layer count is said above
+            kind = " · ".join(p for p in kind.split(" · ") if "layers attention" not in p)
+        if kind and ("experts" in kind or kind.startswith("MLA")):
+            text += f" · {kind}"
         why = getattr(info, "dtype_reason", "")  # attnscope.core.loading.precision: why this dtype
         quant = "; ".join(
             q

@@ -23,7 +23,7 @@ import numpy as np
 # the others of a hybrid model (linear attention, state-space / Mamba, short convolution) have none.
 # "attention_mamba" (Falcon-H1) runs softmax attention and a Mamba mixer side by side in one layer: it
 # has a map and a recurrent state.
-ATTENTION_KINDS = ("attention", "sliding_attention", "attention_mamba")
+ATTENTION_KINDS: tuple[str, ...] = ("attention", "sliding_attention", "attention_mamba")
 # Kinds that carry a recurrent or convolution state instead of (or beside) a KV cache
 STATE_KINDS = ("linear_attention", "mamba", "conv", "attention_mamba")
 # How the window and the error lines name each kind

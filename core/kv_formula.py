@@ -211,6 +211,8 @@ class KVConfig:
         A hybrid model (``info.layer_kinds``, README "Hybrid models") counts its attention layers only:
         its linear-attention / Mamba / convolution layers keep a fixed-size state, no KV cache
         (``windows`` may list every layer; those of the other layers are dropped).
+        A model with multi-head latent attention (``info.kv_latent_dim`` > 0: DeepSeek-V2/V3) gets its
+        MLA cache, latent + decoupled RoPE key per token and layer, which is what its cache holds.
         """
         from attnscope.core.arch import arch_of
 
@@ -220,6 +222,7 @@ class KVConfig:
             att = tuple(range(info.n_layers))
         if windows is not None and len(att) != info.n_layers and len(tuple(windows)) == info.n_layers:
             windows = tuple(tuple(windows)[i] for i in att)
+        latent = int(getattr(info, "kv_latent_dim", 0) or 0)
         return cls(
             n_layers=len(att),
             n_kv_heads=info.n_kv_heads,
@@ -229,6 +232,8 @@ class KVConfig:
             batch=batch,
             name=getattr(info, "name", ""),
             windows=None if windows is None else tuple(windows),
+            kv_latent_dim=latent or None,
+            rope_head_dim=int(getattr(info, "rope_head_dim", 0) or 0) if latent else 0,
         )
 
     @property

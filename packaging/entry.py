@@ -111,10 +111,11 @@ def selfcheck() -> int:
 
     for arch in sorted(SUPPORTED_ARCHITECTURES):
         try:
-            from transformers import AutoConfig, AutoModelForCausalLM
+            from attnscope.core.loading import text_only
+            from transformers import AutoConfig
 
             cfg = AutoConfig.for_model(arch)
-            AutoModelForCausalLM._model_mapping[type(cfg)]  # imports modeling_<arch>
+            text_only.causal_lm_class(text_only.text_config(cfg))  # imports modeling_<arch>
         except Exception as e:  # noqa: BLE001
             failures.append(
                 f"architecture {arch} ({MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(arch)}): {type(e).__name__}: {e}"

@@ -3,8 +3,9 @@
     .venv/bin/python tests/make_synthetic.py --model llama-3.2-1b --out /tmp/synth [--formats bf16,q8_0,q4_0] [--seed 0]
 
 writes, for one of :data:`CONFIGS` (Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-7B, Mistral-7B-v0.3,
-Gemma-3-1B, gpt-oss-20b: their published ``config.json`` values, written out below; ``--layers N``
-keeps the first N decoder layers, every tensor at its published shape):
+Gemma-3-1B, gpt-oss-20b (learned sinks + MoE); Qwen3-30B-A3B (MoE), Gemma-3-12B (multimodal: vision tower + language model),
+DeepSeek-V2-Lite (MLA + MoE), bf16 only: their published ``config.json`` values, written out below;
+``--layers N`` keeps the first N decoder layers, every tensor at its published shape):
 
 * ``bf16``: bfloat16 safetensors (≤ 2 GB shards + index) in a Hugging Face hub cache layout,
   ``<out>/hub/models--synthetic--<Name>/snapshots/<rev>/`` (with ``refs/main``), so
@@ -193,6 +194,120 @@ CONFIGS: dict[str, dict] = {
         pad_token_id=199999,
         eos_token_id=200002,
     ),
+    # mixture-of-experts: 128 experts per layer, 8 active per token (Qwen/Qwen3-30B-A3B config.json)
+    "qwen3-30b-a3b": dict(
+        _name="Qwen3-30B-A3B",
+        model_type="qwen3_moe",
+        architectures=["Qwen3MoeForCausalLM"],
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        vocab_size=151936,
+        hidden_act="silu",
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ),
+    # the multimodal checkpoint (google/gemma-3-12b-it config.json): SigLIP vision tower + the language
+    # model; AttnScope loads the language model alone
+    "gemma-3-12b": dict(
+        _name="Gemma-3-12B",
+        model_type="gemma3",
+        architectures=["Gemma3ForConditionalGeneration"],
+        text_config=dict(
+            model_type="gemma3_text",
+            hidden_size=3840,
+            intermediate_size=15360,
+            num_hidden_layers=48,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            sliding_window=1024,
+            sliding_window_pattern=6,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-6,
+            vocab_size=262208,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=1152,
+            intermediate_size=4304,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            image_size=896,
+            patch_size=14,
+            vision_use_head=False,
+        ),
+        mm_tokens_per_image=256,
+        boi_token_index=255999,
+        eoi_token_index=256000,
+        image_token_index=262144,
+        tie_word_embeddings=True,
+        bos_token_id=2,
+        eos_token_id=1,
+    ),
+    # multi-head latent attention + MoE: 64 routed experts, 6 active, 2 shared
+    # (deepseek-ai/DeepSeek-V2-Lite config.json)
+    "deepseek-v2-lite": dict(
+        _name="DeepSeek-V2-Lite",
+        model_type="deepseek_v2",
+        architectures=["DeepseekV2ForCausalLM"],
+        hidden_size=2048,
+        intermediate_size=10944,
+        moe_intermediate_size=1408,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=64,
+        n_shared_experts=2,
+        num_experts_per_tok=6,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        topk_method="greedy",
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        max_position_embeddings=163840,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 40,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 4096,
+        },
+        tie_word_embeddings=False,
+        vocab_size=102400,
+        hidden_act="silu",
+        bos_token_id=100000,
+        eos_token_id=100001,
+    ),
 }
 GGUF_ARCH = {
     "llama": ("llama", "LLAMA"),
@@ -207,16 +322,19 @@ SHARD = 2 * 10**9
 def hf_config(key: str, layers: int | None = None):
     """The transformers config of ``key`` (bfloat16); ``layers``: keep only the first decoder layers
     (every tensor keeps its published shape: a cheap checkpoint of the real geometry for tests)."""
+    import copy
+
     from transformers import AutoConfig
 
-    cfg = {k: v for k, v in CONFIGS[key].items() if not k.startswith("_")}
+    cfg = {k: v for k, v in copy.deepcopy(CONFIGS[key]).items() if not k.startswith("_")}
     mt = cfg.pop("model_type")
+    text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg  # a multimodal one's LM
     if layers is not None:
-        if not 1 <= layers <= cfg["num_hidden_layers"]:
-            raise SystemExit(f"--layers must be in 1..{cfg['num_hidden_layers']} for {key}")
-        cfg["num_hidden_layers"] = layers
-        if "layer_types" in cfg:
-            cfg["layer_types"] = cfg["layer_types"][:layers]
+        if not 1 <= layers <= text["num_hidden_layers"]:
+            raise SystemExit(f"--layers must be in 1..{text['num_hidden_layers']} for {key}")
+        text["num_hidden_layers"] = layers
+        if "layer_types" in text:
+            text["layer_types"] = text["layer_types"][:layers]
     return AutoConfig.for_model(mt, dtype="bfloat16", **cfg)
 
 
@@ -231,7 +349,7 @@ def tensor_specs(config) -> list[tuple[str, tuple[int, ...]]]:
     return [
         (k, tuple(v.shape))
         for k, v in m.state_dict().items()
-        if not (tied and k == "lm_head.weight") and not k.endswith("rotary_emb.inv_freq")
+        if not (tied and k == "lm_head.weight") and not k.endswith("inv_freq")
     ]
 
 
@@ -258,12 +376,12 @@ def _tokenizer_folder() -> Path:
 
 
 def write_hf(key: str, out: Path, seed: int = 0, log=print, layers: int | None = None) -> Path:
-    """Write the bf16 safetensors snapshot of ``key`` (``layers``: the first decoder layers only);
-    return the snapshot folder."""
+    """Write the bf16 safetensors snapshot of ``key``; return the snapshot folder. With ``layers``,
+    ``<Name>-L<layers>`` holding only the first decoder layers (every tensor at its published shape)."""
     from safetensors.torch import save_file
 
     config = hf_config(key, layers)
-    name = CONFIGS[key]["_name"]
+    name = CONFIGS[key]["_name"] + ("" if layers is None else f"-L{layers}")
     repo = out / "hub" / f"models--synthetic--{name}"
     snap = repo / "snapshots" / REVISION
     if snap.exists():
@@ -434,7 +552,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--formats", default="bf16,q8_0,q4_0", help="comma-separated: bf16, q8_0, q4_0")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=None, help="keep the first N decoder layers")
+    p.add_argument(
+        "--layers", type=int, default=None, help="keep the first N decoder layers (published tensor shapes)"
+    )
     a = p.parse_args(argv)
     for f in a.formats.split(","):
         f = f.strip().lower()

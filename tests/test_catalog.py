@@ -428,8 +428,8 @@ def test_cli_lists_and_writes_json(stores, monkeypatch, tmp_path, capsys):
         "qwen3",
         f"{sum(p.numel() for p in stores['refs']['qwen3'].parameters()) / 1e3:.1f}K",
         "2",
+        "GQA",  # the attention kind: "GQA 4/2"
         "4/2",
-        "(2)",
         "32",
         "256",
     ]

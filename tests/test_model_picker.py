@@ -120,7 +120,7 @@ def test_sorting_by_a_numeric_column(qtbot):
         "mistralai/Mistral-7B-Instruct-v0.1",
         "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M",
     ]
-    dlg.table.sortByColumn(COLUMNS.index("Heads / KV (group)"), Qt.DescendingOrder)
+    dlg.table.sortByColumn(COLUMNS.index("Attention"), Qt.DescendingOrder)
     assert dlg.proxy.index(0, 0).data() == "llama3.3:70b"  # group of 8
 
 

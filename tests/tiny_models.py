@@ -122,6 +122,104 @@ FAMILIES = {
             ),
         ),
     ),
+    # dense newcomers (Llama-like GQA decoders with their own norms, windows and RoPE layouts)
+    "olmo3": (
+        "olmo3",
+        dict(
+            COMMON,
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        ),
+    ),
+    "exaone4": (
+        "exaone4",
+        dict(
+            COMMON,
+            num_hidden_layers=4,
+            sliding_window=4,
+            sliding_window_pattern=4,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        ),
+    ),
+    "seed_oss": ("seed_oss", dict(COMMON, head_dim=16, attention_bias=True)),
+    "apertus": ("apertus", dict(COMMON)),  # xIELU activation, QK-norm
+    "ernie4_5": ("ernie4_5", dict(COMMON, head_dim=16)),
+    "glm4": ("glm4", dict(COMMON, head_dim=16, partial_rotary_factor=0.5)),  # RoPE on half of each head
+    # mixture-of-experts: attention unchanged, the router picks experts per token
+    "mixtral": ("mixtral", dict(COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    "qwen3_moe": (
+        "qwen3_moe",
+        dict(COMMON, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    ),
+    "olmoe": ("olmoe", dict(COMMON, num_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": (
+        "qwen2_moe",
+        dict(
+            COMMON,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+        ),
+    ),
+    # multi-head latent attention: keys and values rebuilt from a compressed latent, value head size
+    # (20) differs from the key head size (16 + 8 with the decoupled RoPE part)
+    "deepseek_v2": (
+        "deepseek_v2",
+        dict(
+            COMMON,
+            num_key_value_heads=4,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=20,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
+    ),
+    "deepseek_v3": (
+        "deepseek_v3",
+        dict(
+            COMMON,
+            num_key_value_heads=4,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=20,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
+    ),
+    "glm4_moe_lite": (
+        "glm4_moe_lite",
+        dict(
+            COMMON,
+            num_key_value_heads=4,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=20,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
+    ),
 }
 
 # Hybrid decoders (README "Hybrid models"): a few softmax-attention layers among linear-attention
@@ -202,6 +300,82 @@ HYBRID_FAMILIES = {
     ),
 }
 
+# multimodal checkpoints: (model_type, text_config kwargs, vision_config kwargs, top-level kwargs).
+# AttnScope loads the language model only (attnscope.core.loading.text_only); the vision tower is
+# random and tiny here, and never run.
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+MULTIMODAL = {
+    "gemma3": (
+        "gemma3",
+        dict(FAMILIES["gemma3_text"][1]),
+        dict(_VISION, image_size=28, patch_size=14),
+        dict(mm_tokens_per_image=4, image_token_index=270, boi_token_index=268, eoi_token_index=269),
+    ),
+    "mistral3": (
+        "mistral3",
+        dict(COMMON, head_dim=16, sliding_window=None),
+        dict(_VISION, head_dim=16, image_size=28, patch_size=14),
+        dict(image_token_index=270, spatial_merge_size=1),
+    ),
+    "qwen2_5_vl": (
+        "qwen2_5_vl",
+        dict(
+            COMMON,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        ),
+        dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64),
+        dict(image_token_id=270, video_token_id=271, vision_start_token_id=268),
+    ),
+    "qwen3_vl": (
+        "qwen3_vl",
+        dict(
+            COMMON,
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True,
+            },
+        ),
+        dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            deepstack_visual_indexes=[],
+        ),
+        dict(image_token_id=270, video_token_id=271, vision_start_token_id=268),
+    ),
+    "llama4": (
+        "llama4",
+        dict(
+            COMMON,
+            num_hidden_layers=4,
+            head_dim=16,
+            intermediate_size_mlp=128,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            no_rope_layer_interval=4,
+            attention_chunk_size=1024,
+        ),
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+            vision_output_dim=32,
+            projector_input_dim=32,
+            projector_output_dim=64,
+        ),
+        dict(image_token_index=270),
+    ),
+}
+
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>"]
 
 
@@ -229,25 +403,36 @@ def tiny_tokenizer():
     )
 
 
-def tiny_config(family: str):
+ALL_FAMILIES = sorted({**FAMILIES, **MULTIMODAL})
+
+
+def tiny_config(family: str, **overrides):
+    """The family's tiny config; ``overrides`` replace its (text config's) fields."""
     from transformers import AutoConfig
 
+    if family in MULTIMODAL:
+        model_type, text, vision, top = copy.deepcopy(MULTIMODAL[family])
+        return AutoConfig.for_model(
+            model_type, text_config={**text, **overrides}, vision_config=vision, **top
+        )
     model_type, kw = FAMILIES[family] if family in FAMILIES else HYBRID_FAMILIES[family]
-    return AutoConfig.for_model(model_type, **copy.deepcopy(kw))
+    return AutoConfig.for_model(model_type, **{**copy.deepcopy(kw), **overrides})
 
 
-def tiny_model(family: str, seed: int = 0, attn: str = "eager"):
-    """A random model of ``family`` in eval mode, float32."""
+def tiny_model(family: str, seed: int = 0, attn: str = "eager", **overrides):
+    """A random model of ``family`` in eval mode, float32 (a multimodal one whole: vision tower too,
+    as its checkpoint is saved)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation=attn).eval()
+    auto = AutoModelForImageTextToText if family in MULTIMODAL else AutoModelForCausalLM
+    return auto.from_config(tiny_config(family, **overrides), attn_implementation=attn).eval()
 
 
-def save_tiny(family: str, folder: Path, seed: int = 0):
+def save_tiny(family: str, folder: Path, seed: int = 0, **overrides):
     """Save a random ``family`` model + tokenizer into ``folder`` (safetensors); return the eager model."""
-    model = tiny_model(family, seed)
+    model = tiny_model(family, seed, **overrides)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)

@@ -62,8 +62,12 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
     if attention_mask is not None:
         kind = "a padding mask" if getattr(attention_mask, "ndim", 2) == 2 else "a custom attention mask"
         raise UnsupportedModelError(f"the model was called with {kind}: {BATCH_REFUSAL}")
-    # Mistral passes its window as a keyword only; Qwen2/Gemma set it per layer on the module too.
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    # Mistral passes its window as a keyword only; Qwen2/Gemma set it per layer on the module too. A
+    # keyword given as None wins over the module's: EXAONE 4 keeps the window on every layer's module
+    # and passes None on its global layers (tests/test_families.py, exaone4).
+    window = (
+        kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
+    )
     causal = getattr(module, "is_causal", True)
     capture: TorchTrace | None = getattr(module, "_attnscope_trace", None)
     if query.shape[0] != 1 and capture is not None and capture.enabled:

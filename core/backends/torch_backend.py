@@ -410,7 +410,14 @@ class TorchBackend:
             for m in self.model.modules()
             if getattr(m, "_attnscope_trace", None) is self.trace and getattr(m, "layer_idx", None) == layer
         )
-        values = self._cache_layers()[layer].values[0, :, : self.seq_len].float()  # (n_kv_heads, S, D)
+        cl = self._cache_layers()[layer]
+        if getattr(self.info, "kv_latent_dim", 0) and hasattr(mod, "expand_kv"):
+            # MLA (DeepSeek-V2/V3): the cache holds the latent and the RoPE key; the per-head values are
+            # rebuilt from it as the model does (its expand_kv), (n_heads, S, v_head_dim)
+            _k, v = mod.expand_kv(cl.keys[:, :, : self.seq_len], cl.values[:, :, : self.seq_len])
+            values = v[0].float()
+        else:
+            values = cl.values[0, :, : self.seq_len].float()  # (n_kv_heads, S, D)
         proj = next((getattr(mod, n) for n in ("o_proj", "c_proj", "dense") if hasattr(mod, n)), None)
         if proj is None:
             raise UnsupportedModelError(f"{type(mod).__name__} has no output projection AttnScope knows")

@@ -109,6 +109,15 @@ class CatalogEntry:
     # backend name -> why that backend cannot open this very file (an mlx-lm quantised folder on torch),
     # for the backends that refuse it while another one runs it; family rules are in backends.registry.problem
     refused_by: tuple[tuple[str, str], ...] = ()
+    # what its attention is (attnscope.core.loading.attention_kind.describe): "GQA 32/4 · 128 experts, 8 active"
+    attention_kind: str = ""
+    n_experts: int = 0  # routed experts per MoE layer (0: dense) and experts per token
+    experts_active: int = 0
+    kv_latent_dim: int = 0  # MLA latent per token and layer (0: not MLA), and its decoupled RoPE key
+    rope_head_dim: int = 0
+    text_only: bool = (
+        False  # a multimodal checkpoint: only its language model loads (n_params counts it alone)
+    )
 
     @property
     def group_size(self) -> int:
@@ -459,11 +468,18 @@ def config_geometry(cfg: dict) -> dict:
                 window = None
             if types and not any("sliding" in str(t) for t in types):
                 window = None
+            mla = _int(
+                getattr(conf, "kv_lora_rank", 0)
+            )  # MLA: per-head keys of nope + rope size, n_kv = n_heads
             return dict(
                 n_layers=_int(getattr(conf, "num_hidden_layers", 0)),
                 n_heads=n_heads,
-                n_kv_heads=_int(getattr(conf, "num_key_value_heads", None)) or n_heads,
-                head_dim=_int(getattr(conf, "head_dim", None)) or (hidden // n_heads if n_heads else 0),
+                n_kv_heads=n_heads if mla else (_int(getattr(conf, "num_key_value_heads", None)) or n_heads),
+                head_dim=(
+                    _int(getattr(conf, "qk_nope_head_dim", 0)) + _int(getattr(conf, "qk_rope_head_dim", 0))
+                    if mla
+                    else _int(getattr(conf, "head_dim", None)) or (hidden // n_heads if n_heads else 0)
+                ),
                 max_context=_int(getattr(conf, "max_position_embeddings", 0)),
                 sliding_window=_int(window) or None,
             )
@@ -618,6 +634,7 @@ def describe_hf_folder(
         except (OSError, ValueError):
             cfg = {}
     geo = config_geometry(cfg)
+    kind = _attention_fields(cfg)
     try:
         files = weight_files(folder, cfg)
     except ModelLoadError:
@@ -630,6 +647,10 @@ def describe_hf_folder(
             header = check_safetensors(shard)
         except ModelLoadError:
             continue
+        if kind["text_only"]:  # the language model's tensors alone: the vision tower is not loaded
+            from attnscope.core.loading.text_only import language_header
+
+            header = language_header(header)
         headers.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
     n_params, dtypes, packed = count_parameters(headers, cfg)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
@@ -663,9 +684,31 @@ def describe_hf_folder(
         note="; ".join(notes),
         refused_by=refused_by,
         **geo,
+        **kind,
     )
     _memo[key] = entry
     return entry
+
+
+def _attention_fields(cfg: dict) -> dict:
+    """CatalogEntry's attention fields from a parsed ``config.json``
+    (:func:`attnscope.core.loading.attention_kind.geometry` of the config transformers builds)."""
+    from attnscope.core.loading import attention_kind
+
+    conf = transformers_config(cfg)  # the text config of a multimodal one
+    text_only = isinstance(cfg.get("text_config"), dict) or isinstance(cfg.get("vision_config"), dict)
+    if conf is None:
+        return dict(text_only=text_only)
+    g = attention_kind.geometry(conf)
+    line = attention_kind.describe(g)
+    return dict(
+        attention_kind=line,
+        n_experts=g.n_experts,
+        experts_active=g.experts_active,
+        kv_latent_dim=g.kv_latent_dim,
+        rope_head_dim=g.rope_head_dim,
+        text_only=text_only,
+    )
 
 
 def describe_gguf(path: Path, source: str = "user", name: str | None = None) -> CatalogEntry:
@@ -731,9 +774,37 @@ def describe_gguf(path: Path, source: str = "user", name: str | None = None) -> 
         model_ref=str(path),
         checkpoint_dtype=gguf_checkpoint_dtype(h),
         quantised=gguf_is_quantised(h),
+        **_gguf_attention_fields(h, n_heads, n_kv),
     )
     _memo[key] = entry
     return entry
+
+
+def _gguf_attention_fields(h, n_heads: int, n_kv: int) -> dict:
+    """CatalogEntry's attention fields from a GGUF header (llama.cpp's keys: ``expert_count``,
+    ``expert_used_count``, ``attention.kv_lora_rank``, ``rope.dimension_count``)."""
+    from attnscope.core.loading.attention_kind import AttentionGeometry, describe
+
+    n_layers = _int(h.arch_value("block_count"))
+    latent = _int(h.arch_value("attention.kv_lora_rank"))
+    g = AttentionGeometry(
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_heads if latent else n_kv,
+        kv_latent_dim=latent,
+        rope_head_dim=_int(h.arch_value("rope.dimension_count")) if latent else 0,
+        n_experts=_int(h.arch_value("expert_count")),
+        experts_active=_int(h.arch_value("expert_used_count")),
+        shared_experts=_int(h.arch_value("expert_shared_count")),
+        attention_layers=n_layers,
+    )
+    return dict(
+        attention_kind=describe(g),
+        n_experts=g.n_experts,
+        experts_active=g.experts_active,
+        kv_latent_dim=g.kv_latent_dim,
+        rope_head_dim=g.rope_head_dim,
+    )
 
 
 def _is_model_gguf(p: Path) -> bool:

@@ -11,7 +11,12 @@
   rest (embeddings, ``lm_head``, norms: :func:`embedding_params`) stays at the load dtype.
 * runtime: what the process holds besides (Python, torch/transformers or MLX, the tokenizer,
   one prefill chunk's activations, the allocator's slack): :data:`RUNTIME_BYTES`, measured.
-* KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.kv_formula.kv_cache_bytes`).
+* KV cache: ``2 × n_layers × n_kv_heads × head_dim × T × bytes(dtype)`` (:func:`attnscope.core.kv_formula.kv_cache_bytes`);
+  for multi-head latent attention the latent cache (:func:`attnscope.core.kv_formula.mla_cache_bytes`),
+  and the capture keeps the per-head keys rebuilt from it (``n_layers × n_heads × head_dim × T``).
+* mixture-of-experts: every expert's weights count (``n_params`` sums the checkpoint's tensors), not
+  only the ones a token runs through; a multimodal checkpoint counts its language model only
+  (:mod:`attnscope.core.loading.text_only`: the vision tower is not loaded).
 * capture buffers (:class:`attnscope.core.trace.torch_trace.TorchTrace`): per layer the post-RoPE query rows,
   ``n_heads × T × head_dim`` elements in the model's dtype (float32 by default, as the Trace keeps
   the query tensor the layer produced), plus the LSE rows, ``n_heads × T`` float32.
@@ -248,6 +253,40 @@ def _embedding_params(path: str, fmt: str, _mtime: int) -> int | None:
         return None
 
 
+def expert_params(path, fmt: str = "hf") -> int:
+    """Parameters of a mixture-of-experts checkpoint's routed experts (tensors under ``.experts.``,
+    per expert or fused; GGUF ``*_exps`` tensors), which ``--quantize`` leaves at the load dtype:
+    transformers runs them as fused 3-D parameters, not the ``nn.Linear`` layers
+    :func:`attnscope.core.loading.quantize.linear_targets` quantises. 0 for a dense model or when
+    unreadable. Cached per (path, mtime)."""
+    try:
+        p = Path(path)
+        return _expert_params(str(p), fmt, (p if fmt == "gguf" else p / "config.json").stat().st_mtime_ns)
+    except OSError:
+        return 0
+
+
+@lru_cache(maxsize=512)
+def _expert_params(path: str, fmt: str, _mtime: int) -> int:
+    import math
+
+    try:
+        if fmt == "gguf":
+            from attnscope.core.loading.gguf_meta import read_gguf_header
+
+            return sum(int(t.n_elements) for t in read_gguf_header(path).tensors if "_exps" in t.name)
+        from attnscope.core.loading.resolve import check_safetensors
+
+        total = 0
+        for shard in sorted(Path(path).glob("*.safetensors")):
+            for k, v in check_safetensors(shard).items():
+                if ".experts." in k and isinstance(v, dict):
+                    total += math.prod(int(d) for d in v.get("shape", []))
+        return total
+    except Exception:  # noqa: BLE001 - unreadable: counted as linear (the estimate's old behaviour)
+        return 0
+
+
 def estimate(
     *,
     n_params: int,
@@ -330,7 +369,10 @@ def estimate_entry(
         dtype, forced = load_dtype(quantize, dtype)
         reason = f"{dtype}: {forced}" if forced else reason
         emb = embedding_params(entry.path, entry.format)
-        linear = None if emb is None else entry.n_params - emb
+        # a MoE model's experts stay at the load dtype (expert_params): every expert counts at full size
+        linear = (
+            None if emb is None else max(0, entry.n_params - emb - expert_params(entry.path, entry.format))
+        )
     packed = (
         mlx_packed_bytes(entry.path, dtype)
         if spec.packs_gguf and entry.format == "gguf" and quantize == "none"
@@ -354,6 +396,14 @@ def estimate_entry(
         quantize=quantize,
         linear_params=linear,
     )
+    latent = int(getattr(entry, "kv_latent_dim", 0) or 0)
+    if latent:  # MLA: the cache holds the latent; the Trace keeps the per-head keys rebuilt from it
+        from attnscope.core.kv_formula import mla_cache_bytes
+
+        kv = mla_cache_bytes(entry.n_layers, latent, int(entry.rope_head_dim or 0), ctx, dtype)
+        rebuilt = entry.n_layers * entry.n_heads * entry.head_dim * ctx * dtype_bytes(dtype)
+        est = replace(est, kv_cache_bytes=kv, capture_bytes=est.capture_bytes + rebuilt)
+        est = replace(est, verdict=_verdict(est.total_bytes, est.free_bytes))
     if packed is not None:  # kept quantised: at its packed size (mlx_packed_bytes)
         est = replace(
             est,

@@ -175,7 +175,12 @@ def skeleton(config, dtype: str):
     quiet.setLevel(logging.ERROR)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+            try:
+                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+            except ValueError:  # a multimodal checkpoint's language model (Qwen2.5-VL's): text_only builds it
+                from attnscope.core.loading.text_only import causal_lm_class
+
+                model = causal_lm_class(config)._from_config(config, dtype=getattr(torch, dtype))
     finally:
         quiet.setLevel(level)
     _skeletons[key] = (config, model)

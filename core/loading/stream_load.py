@@ -142,6 +142,7 @@ def load_quantised(
     import torch
     from accelerate import init_empty_weights
     from attnscope.core.loading import quantize as q
+    from attnscope.core.loading import text_only
     from transformers import AutoConfig, AutoModelForCausalLM
 
     files = safetensors_files(Path(folder))
@@ -149,10 +150,19 @@ def load_quantised(
         return None
     headers = [read_header(p) for p in files]
     cfg = AutoConfig.from_pretrained(folder)
+    multimodal = text_only.is_multimodal(cfg)
+    if multimodal:  # the language model alone, its tensors renamed; the vision tower's never read
+        cfg = text_only.text_config(cfg)
+        headers = [(start, text_only.language_header(h)) for start, h in headers]
     with init_empty_weights():  # parameters on meta; buffers (RoPE inv_freq) real, as from_pretrained
-        model = AutoModelForCausalLM.from_config(
-            cfg, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
-        )
+        if multimodal:
+            model = text_only.causal_lm_class(cfg)._from_config(
+                cfg, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+            )
+        else:
+            model = AutoModelForCausalLM.from_config(
+                cfg, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+            )
     params = dict(model.named_parameters(remove_duplicate=False))
     buffers = dict(model.named_buffers())
     ckpt = {k for _, h in headers for k in h}

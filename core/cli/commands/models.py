@@ -83,7 +83,7 @@ def _count(n: int) -> str:
 
 
 def rows(entries, fits, device_fits=None, backend: str = "") -> list[list[str]]:
-    """Table cells per entry: name, source, arch, params, layers, heads/kv (group), head_dim, ctx, the file's
+    """Table cells per entry: name, source, arch, params, layers, attention kind, head_dim, ctx, the file's
     precision, the precision it loads at, size, fit (per device with ``device_fits``:
     :class:`attnscope.core.loading.fit_devices.DeviceMapFit` per entry, None where unknown); ``backend``:
     the one the fit is for (an entry it cannot open says "not on <backend>")."""
@@ -92,7 +92,10 @@ def rows(entries, fits, device_fits=None, backend: str = "") -> list[list[str]]:
     out = []
     device_fits = device_fits or [None] * len(entries)
     for e, f, d in zip(entries, fits, device_fits, strict=True):
-        heads = f"{e.n_heads}/{e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
+        # the attention kind (attnscope.core.loading.attention_kind): "GQA 32/8 · 128 experts, 8 active"
+        heads = e.attention_kind or (f"{e.n_heads}/{e.n_kv_heads} ({e.group_size})" if e.n_heads else "?")
+        if e.text_only:
+            heads += " · text only"
         fit = (
             f"{f.verdict} ({human_bytes(f.total_bytes)})"
             if (e.supported and f is not None)
@@ -127,7 +130,7 @@ HEADERS = [
     "arch",
     "params",
     "layers",
-    "heads/kv (group)",
+    "attention",
     "head_dim",
     "ctx",
     "dtype/quant",
