@@ -155,7 +155,7 @@ def fix_tokenizer(tok, metadata: dict) -> list[str]:
     if str(metadata.get("tokenizer.ggml.model", "")) != "gpt2":
         return []
     pre = str(metadata.get("tokenizer.ggml.pre", "") or "")
-    backend = tok.backend_tokenizer
+    rust_tok = tok.backend_tokenizer  # the tokenizers-library object
     spec = PRE_TOKENIZERS.get(pre)
     if spec is None:
         what = f"pre-tokenizer {pre!r}" if pre else "no pre-tokenizer (tokenizer.ggml.pre)"
@@ -163,9 +163,9 @@ def fix_tokenizer(tok, metadata: dict) -> list[str]:
             f"the file names {what}, which AttnScope does not reproduce: text is split with GPT-2's "
             "pattern, so tokens may differ from the original tokenizer's"
         ]
-    backend.pre_tokenizer = pre_tokenizer(spec)
-    if pre in IGNORE_MERGES and hasattr(backend.model, "ignore_merges"):
-        backend.model.ignore_merges = True
+    rust_tok.pre_tokenizer = pre_tokenizer(spec)
+    if pre in IGNORE_MERGES and hasattr(rust_tok.model, "ignore_merges"):
+        rust_tok.model.ignore_merges = True
     return []
 
 
