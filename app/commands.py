@@ -127,18 +127,21 @@ class Commands:
             return
         self.engine.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
         win.heatmap.mark_stale("stale: previous prompt (running the new one…)")
+        win.decode_panel.mark_stale("stale: previous prompt (running the new one…)")
         chat = win.chat_check.isChecked() and win.chat_check.isEnabled()
         self._prefill_started()
 
         def done(snap) -> None:  # the run ended: the map shown is the previous prompt's until the new one
             self._prefill_ended()
             win.heatmap.mark_stale("stale: previous prompt (computing the new map…)")
+            win.decode_panel.mark_stale("stale: previous prompt (computing the new table…)")
             self.ran(snap)
 
         def failed(message: str) -> None:  # ... and says so when it ended without a new sequence
             self._prefill_ended()
             ended = "was cancelled" if isinstance(message, CancelledMessage) else "failed"
             win.heatmap.mark_stale(f"stale: previous prompt (the new run {ended})")
+            win.decode_panel.mark_stale(f"stale: previous prompt (the new run {ended})")
             self.command_failed(message)
 
         self.engine.enqueue(jobs.prefill_job(prompt, chat), done, failed, label="prefill")
@@ -182,6 +185,16 @@ class Commands:
         if snap is None or snap.seq_len == 0:
             self.win.status.show_error("Run a prompt before stepping.")
             return
+        if not self.state.at_latest:  # new tokens go after the newest: show them, never off-screen
+            back = self.state.step
+            self.state.step = snap.n_generated  # the timeline follows (bound), and new steps after it
+            self.state.say(
+                f"The timeline was at step {back} of {snap.n_generated}: moved to the newest step, "
+                f"where the {n} new token{'s' if n != 1 else ''} go.",
+                10000,
+            )
+
+        self.win.decode_panel.mark_stale(f"stale: decoding {n} token{'s' if n != 1 else ''}…")
 
         def done(result) -> None:
             snap, made = result
@@ -306,8 +319,14 @@ class Commands:
         win = self.win
         view = self.state.to_view_dict()
         sampling = win.decode_panel.sampling()
+        # the box keeps what the user typed: replaced only when it held the prompt that was replayed
+        typed = win.prompt_edit.toPlainText()
+        edited = win.controls.prompt_edited
         self.loaded(snap)
-        win.prompt_edit.setPlainText(snap.prompt or win.prompt_edit.toPlainText())
+        if not edited and snap.prompt:
+            win.prompt_edit.setPlainText(snap.prompt)
+        elif win.prompt_edit.toPlainText() != typed:
+            win.prompt_edit.setPlainText(typed)
         win.chat_check.setChecked(snap.chat_template)
         win.decode_panel.set_sampling(sampling)  # the replayed session kept these settings
         self.ran(snap)

@@ -84,6 +84,15 @@ class Controls:
         self.stepn_button.setToolTip("Decode N tokens (Ctrl+F10)")
         for w in (self.back_button, self.step_button, QLabel("N"), self.steps_spin, self.stepn_button):
             ctl.addWidget(w)
+        # the prompt box differs from the prompt that ran: Step decodes the run shown, not the text
+        self.edited_label = QLabel(self.EDITED_TEXT)
+        self.edited_label.setStyleSheet("color:#b35900; font-weight: bold;")
+        self.edited_label.setToolTip(self.EDITED_TIP)
+        keep = self.edited_label.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)  # the row does not jump when the hint comes and goes
+        self.edited_label.setSizePolicy(keep)
+        self.edited_label.hide()
+        ctl.addWidget(self.edited_label)
         ctl.addSpacing(18)
         ctl.addWidget(QLabel("Layer"))
         self.layer_spin = QSpinBox()
@@ -107,6 +116,28 @@ class Controls:
         bind_colour_combo(state, self.cmap_combo)
         state.events.selection.connect(lambda _sel: self.update_group_label())
         state.events.snapshot.connect(lambda _snap: self.update_group_label())
+        state.events.snapshot.connect(lambda _snap: self.update_edited())
+        self.prompt_edit.textChanged.connect(self.update_edited)
+
+    #: shown beside Step ×N while the prompt box holds text that has not run
+    EDITED_TEXT = "prompt edited — press Run"
+    EDITED_TIP = (
+        "The prompt box differs from the prompt that ran: Step and Step ×N continue the run shown "
+        "(its prompt is in the token strip below); Run starts the edited prompt."
+    )
+
+    @property
+    def prompt_edited(self) -> bool:
+        """True when a prompt ran and the prompt box now holds other text (Step would continue the
+        run shown, not the text in the box)."""
+        snap = self.state.snapshot
+        if snap is None or snap.seq_len == 0 or snap.prompt is None:
+            return False
+        return self.prompt_edit.toPlainText() != snap.prompt
+
+    def update_edited(self) -> None:
+        """Show or hide the "prompt edited — press Run" hint."""
+        self.edited_label.setVisible(self.prompt_edited)
 
     def set_ranges(self, info) -> None:
         """Layer and head spin boxes for a model with ``info.n_layers`` and ``info.n_heads``; the chat

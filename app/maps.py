@@ -174,7 +174,9 @@ class MapPanel:
         title = f"{describe(snap.info, layer, head, mode)} · seq_len {n}{when}"
         title += f" · {hm.apply_length_defaults(n)}"
         self.push_colour()  # the scale may follow the length (set with the combo's signals blocked)
-        if getattr(hm, "weighting", "attention") == "value-weighted":
+        vw = getattr(hm, "weighting", "attention") == "value-weighted"
+        hm.set_bar_label("value-weighted" if vw and pooled is None else "attention")
+        if vw:
             title += (
                 " · value-weighted α·‖v W_O‖, row-normalised"
                 if pooled is None

@@ -94,3 +94,36 @@ class TimelineBar(QWidget):
         else:
             self.label.setText(f"step {t} / {N} · {what} · positions 0..{self.n_prompt + t - 1}")
         self.latest_button.setEnabled(t != N)
+
+
+class LiveSequenceNote(QLabel):
+    """The header line of a tab that computes on the live sequence (every position, the newest
+    included) rather than on the timeline's step: shown while the timeline sits at an earlier step,
+    saying which positions the tab shows; hidden at the newest step, where both agree.
+
+    ``state`` is the window's :class:`attnscope.app.state.ViewState` (its ``snapshot`` and ``step``)."""
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.state = state
+        self.setWordWrap(True)
+        self.setStyleSheet("color:#7a4a00; background:#fff6e0; padding:3px;")
+        state.events.changed.connect(
+            lambda names: self.update_text() if {"step", "snapshot"} & names else None
+        )
+        self.update_text()
+
+    def update_text(self) -> None:
+        s = self.state
+        snap = s.snapshot
+        if snap is None or snap.seq_len == 0 or s.at_latest:
+            self.setText("")
+            self.hide()
+            return
+        n = snap.seq_len
+        self.setText(
+            f"Live sequence: this tab shows all {n} positions (0..{n - 1}), not the timeline's step "
+            f"{s.step} of {snap.n_generated} (positions 0..{s.visible_len - 1}) that Heatmap, Mask, Sinks "
+            "and GQA show. Latest » lines them up."
+        )
+        self.show()
