@@ -172,12 +172,30 @@ class Controls:
         """Enable Run once a model is loaded; Step once a prompt ran; Back once a token was generated;
         Step, Step ×N and Back stay off while a prefill runs (:meth:`set_prefilling`)."""
         self._has_model = has_model
+        has_model = has_model and not self.engine_lost
         snap = self.state.snapshot
         ran = snap is not None and snap.seq_len > 0 and not getattr(self, "prefilling", False)
         self.run_button.setEnabled(has_model)
         for w in (self.step_button, self.stepn_button):
             w.setEnabled(has_model and ran)
         self.back_button.setEnabled(has_model and ran and snap.n_generated > 0)
+
+    #: True while the remote engine is lost: Run, Step, Step ×N and Back off (their tooltip says why)
+    engine_lost = False
+    LOST_TIP = "Off while the engine is lost: File → Reconnect to engine"
+
+    def set_engine_lost(self, lost: bool) -> None:
+        """The remote engine was lost (``lost``) or is back: the commands that need it off or on."""
+        if lost == self.engine_lost:
+            return
+        self.engine_lost = lost
+        for w in (self.run_button, self.step_button, self.stepn_button, self.back_button):
+            if lost:
+                w.setProperty("tip_before_lost", w.toolTip())
+                w.setToolTip(self.LOST_TIP)
+            else:
+                w.setToolTip(w.property("tip_before_lost") or w.toolTip())
+        self.set_running(getattr(self, "_has_model", True))
 
     def set_prefilling(self, on: bool) -> None:
         """A prefill was queued (``on``) or ended: decoding controls off until it ends, their tooltips

@@ -8,7 +8,7 @@ writes the labels of each new snapshot.
 from __future__ import annotations
 
 from attnscope.app.connect import LINK_CHECK
-from attnscope.app.engine import CancelledMessage
+from attnscope.app.engine import CancelledMessage, EngineLostMessage
 from attnscope.core.units import count, format_bytes
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
 from superqt import QElidingLabel
@@ -67,13 +67,23 @@ class StatusLine:
         self.bar.showMessage(text, timeout_ms)
 
     def show_error(self, message: str) -> None:
-        """Show ``message`` in the status bar and, when the window is visible, a dialog."""
+        """Show ``message`` in the status bar and, when the window is visible, a dialog (never for a
+        cancelled job or a lost engine: a status line)."""
+        if getattr(message, "from_view", False) and isinstance(self.last_error, EngineLostMessage):
+            if self._engine_lost():  # the loss was said: a view's request to the lost engine adds nothing
+                return
         self.last_error = message
         self.bar.showMessage(message, 15000)
         if isinstance(message, CancelledMessage):
             return  # the user asked for it: the status line says what stopped, no dialog
+        if isinstance(message, EngineLostMessage) or self._engine_lost():
+            return  # the lasting "engine … lost — File → Reconnect" label says it: never a dialog per key
         if self.window.isVisible() and QApplication.platformName() not in ("offscreen", "minimal"):
             QMessageBox.warning(self.window, APP_NAME, message)
+
+    def _engine_lost(self) -> bool:
+        conn = getattr(self.window, "engine_connector", None)
+        return conn is not None and conn.lost() is not None
 
     def on_progress(self, message: str, fraction: float) -> None:
         self._busy_message = message
