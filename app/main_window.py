@@ -189,6 +189,7 @@ class MainWindow(QMainWindow):
         split.setSizes([700, 150])
         outer.addWidget(split, 1)
         self.setCentralWidget(central)
+        self.splitters = (split, hsplit)  # the layout the window remembers (app/window_settings.py)
 
     def _bind(self) -> None:
         """Widgets ⇄ state, and who hears what."""

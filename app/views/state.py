@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QAbstractButton, QComboBox, QDoubleSpinBox, QSpinBox
+from PySide6.QtWidgets import QAbstractButton, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 
 class SavedControls:
     """Mixin for a view: its controls named in ``STATE_CONTROLS`` (attribute names, restored in that
     order) are saved and restored. A combo box is saved by its text, a spin box by its value, a
-    check box by its state. Restoring skips missing names, unknown texts and bad values: an old or
+    check box by its state, a line edit by its text. Restoring skips missing names, unknown texts and bad values: an old or
     hand-edited session never breaks the window."""
 
     STATE_CONTROLS: tuple[str, ...] = ()
@@ -35,6 +35,8 @@ class SavedControls:
                 w.valueChanged.connect(push)
             elif isinstance(w, QAbstractButton):
                 w.toggled.connect(push)
+            elif isinstance(w, QLineEdit):
+                w.textChanged.connect(push)
 
         def pull(settings: dict) -> None:
             want = settings.get(key)
@@ -55,6 +57,8 @@ class SavedControls:
                 state[name] = w.value()
             elif isinstance(w, QAbstractButton):
                 state[name] = w.isChecked()
+            elif isinstance(w, QLineEdit):
+                state[name] = w.text()
         return state
 
     def restore_view_state(self, state: dict) -> None:
@@ -75,5 +79,7 @@ class SavedControls:
                     w.setValue(int(v))
                 elif isinstance(w, QAbstractButton):
                     w.setChecked(bool(v))
+                elif isinstance(w, QLineEdit) and isinstance(v, str):
+                    w.setText(v)
             except (TypeError, ValueError, OverflowError):
                 continue
