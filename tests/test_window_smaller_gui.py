@@ -137,3 +137,29 @@ def test_a_session_keeps_compares_b_prompt(win, tmp_path):
     _idle(win)
     assert view.prompt_edit.text() == "The dog sat on the mat."
     assert view.kind_combo.currentData() == "prompt"
+
+
+def test_uniform_causal_baseline_is_a_uniform_heads_sink_score():
+    import numpy as np
+    from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+    for n in (2, 3, 4, 17, 2048):
+        w = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]  # a uniform causal head, float64
+        assert uniform_causal_baseline(n) == pytest.approx(w[1:, 0].mean(), rel=1e-12)
+    assert uniform_causal_baseline(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        uniform_causal_baseline(1)
+
+
+def test_sinks_tab_shows_the_baseline_and_each_heads_ratio(win):
+    from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+    win.show_view("sinks")
+    _idle(win)
+    view = win.views["sinks"]
+    n = view.step_spin.value()
+    b = uniform_causal_baseline(n)
+    assert f"uniform causal baseline {b:.3f}" in view.summary.text()
+    it = view.table.item(1, 2)
+    v = it.data(Qt.UserRole)
+    assert f"×{v / b:.1f} the uniform causal baseline {b:.3f} at {n} tokens" in it.toolTip()

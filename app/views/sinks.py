@@ -347,9 +347,23 @@ class SinksView(QWidget, SavedControls):
         what = {"sink": "token 0", "sink_vw": "token 0, value-weighted"}.get(
             self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens"
         )
+        base = ""
+        if self.metric == "sink" and n >= 2:  # token 0's share under plain causal averaging, and × that
+            from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+            b = uniform_causal_baseline(n)
+            base = f" · uniform causal baseline {b:.3f} (mean ×{np.nanmean(vals) / b:.1f})"
+            for layer in range(vals.shape[0]):
+                for head in range(vals.shape[1]):
+                    it = self.table.item(layer, head)
+                    if it is not None and np.isfinite(vals[layer, head]):
+                        it.setToolTip(
+                            f"L{layer} q{head}: {vals[layer, head]:.3f} on token 0 = ×{vals[layer, head] / b:.1f} "
+                            f"the uniform causal baseline {b:.3f} at {n} tokens (mean over rows i ≥ 1 of 1/(i+1))"
+                        )
         self.summary.setText(
             f"{int(flags.sum())} of {flags.size} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
-            f"mean {np.nanmean(vals):.2f}"
+            f"mean {np.nanmean(vals):.2f}{base}"
         )
         self.threshold_line.setValue(self.threshold)
         self._draw_head(self.state.layer, self.state.head)
