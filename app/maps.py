@@ -117,8 +117,10 @@ class MapPanel:
         hm.set_colormap(spec.cmap)
         canvas = self.grid.canvas
         canvas.cmap = spec.cmap
+        canvas.follow, canvas.gamma = spec.scale, spec.gamma  # the grid shows the heatmap's Scale
         if canvas.thumbs is not None:
             canvas.set_thumbnails(canvas.thumbs, canvas.group_size)
+            self.grid.show_scale()
         self.show_token_strip()
 
     def clear(self, why: str = "") -> None:

@@ -163,3 +163,22 @@ def test_sinks_tab_shows_the_baseline_and_each_heads_ratio(win):
     it = view.table.item(1, 2)
     v = it.data(Qt.UserRole)
     assert f"×{v / b:.1f} the uniform causal baseline {b:.3f} at {n} tokens" in it.toolTip()
+
+
+def test_head_grid_follows_the_heatmaps_scale(win):
+    import numpy as np
+
+    win.show_view("grid")
+    _idle(win)
+    canvas = win.grid.canvas
+    assert canvas.thumbs is not None and canvas.scale == "linear" == win.heatmap.scale
+    linear = np.asarray(canvas._canvas, dtype=float).copy()
+    win.heatmap.set_scale("log")
+    win.maps.push_colour()
+    _idle(win)
+    assert canvas.scale == "log"
+    log = np.asarray(canvas._canvas, dtype=float)
+    # by pixel: small weights (most cells) are lifted off the map's darkest colour under log
+    assert log.mean() > linear.mean() + 10
+    assert "log" in win.grid.title.text()
+    win.grid.grab().save("/work/notes/shots/window_grid_log.png")
