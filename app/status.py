@@ -31,6 +31,13 @@ LONG_JOBS = (
 )
 
 
+def backend_device(backend: str, device: str) -> str:
+    """``"torch cpu"``, ``"mlx cpu"`` (MLX names its devices ``mlx:cpu`` / ``mlx:gpu``: the backend
+    is said once), ``"torch cuda:0"``."""
+    device = str(device)
+    return f"{backend} {device.removeprefix(f'{backend}:')}"
+
+
 class StatusLine:
     """The status bar's widgets (``model_label``, ``seq_label``, ``kv_label``, ``progress``,
     ``cancel_button``) and what they say."""
@@ -117,7 +124,7 @@ class StatusLine:
         text = (
             f"{info.name} · {info.architecture} · {count(info.n_layers, 'layer')} · "
             f"{count(info.n_heads, 'query head')} / {count(info.n_kv_heads, 'KV head')} · "
-            f"head_dim {info.head_dim} · {snap.backend} {snap.device}"
+            f"head_dim {info.head_dim} · {backend_device(snap.backend, snap.device)}"
         )
         why = getattr(info, "dtype_reason", "")  # attnscope.core.loading.precision: why this dtype
         quant = "; ".join(

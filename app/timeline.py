@@ -131,7 +131,7 @@ class LiveSequenceNote(QLabel):
         n = snap.seq_len
         self.setText(
             f"Live sequence: this tab shows all {n} positions (0..{n - 1}), not the timeline's step "
-            f"{s.step} of {snap.n_generated} (positions 0..{s.visible_len - 1}) that Heatmap, Mask, Sinks "
+            f"{s.step} of {snap.n_generated} (positions 0..{s.visible_len - 1}) that Heatmap, Head grid, Mask, Sinks "
             "and GQA show. Latest » lines them up."
         )
         self.show()

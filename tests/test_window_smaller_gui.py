@@ -182,3 +182,17 @@ def test_head_grid_follows_the_heatmaps_scale(win):
     assert log.mean() > linear.mean() + 10
     assert "log" in win.grid.title.text()
     win.grid.grab().save("/work/notes/shots/window_grid_log.png")
+
+
+def test_status_bar_names_the_backend_once(win):
+    import dataclasses
+
+    from attnscope.app.status import backend_device
+
+    assert (
+        backend_device("mlx", "mlx:cpu") == "mlx cpu" and backend_device("torch", "cuda:0") == "torch cuda:0"
+    )
+    snap = dataclasses.replace(win.snapshot, backend="mlx", device="mlx:cpu")
+    win.status.show_model(snap)
+    text = win.status.model_label.text()
+    assert "mlx cpu" in text and "mlx mlx" not in text, text
