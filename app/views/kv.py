@@ -304,6 +304,7 @@ class KVView(QWidget, SavedControls):
         self.preset_combo.addItem("This model", None)
         for name in PRESETS:
             self.preset_combo.addItem(name, name)
+        self.preset_combo.addItem(self.CUSTOM, "custom")  # the fields as edited (restorable from a session)
         form.addRow("Preset", self.preset_combo)
         self.calc_layers = self._spin(1, 1000, 80, "Transformer layers with a KV cache")
         self.calc_heads = self._spin(1, 1024, 64, "Query heads (MHA caches one K/V head per query head)")
@@ -664,6 +665,7 @@ class KVView(QWidget, SavedControls):
             w.blockSignals(True)
             getattr(w, setter)(v)
             w.blockSignals(False)
+        self._preset_filled = self._calc_values()  # what an edit is told apart from
         if hasattr(self, "push_settings"):
             self.push_settings()  # set with the signals blocked: the state (and a saved session) follows
         self.recalculate()
@@ -671,19 +673,8 @@ class KVView(QWidget, SavedControls):
     #: the preset entry for fields edited away from every preset
     CUSTOM = "Custom (edited)"
 
-    def _preset_values(self, name) -> tuple | None:
-        if name is None or name not in PRESETS:
-            return None
-        values = PRESETS[name]
-        return tuple(values) + (0, "all")[len(values) - 7 :]
-
-    def _mark_custom(self) -> None:
-        """Edited fields no longer match the preset shown: the preset box says "Custom (edited)"
-        (a named preset's label never describes other numbers)."""
-        want = self._preset_values(self.preset_combo.currentData())
-        if want is None:
-            return
-        now = (
+    def _calc_values(self) -> tuple:
+        return (
             self.calc_layers.value(),
             self.calc_heads.value(),
             self.calc_kv.value(),
@@ -694,12 +685,14 @@ class KVView(QWidget, SavedControls):
             self.calc_window.value(),
             self.calc_sliding.currentText(),
         )
-        if now == want:
+
+    def _mark_custom(self) -> None:
+        """Edited fields no longer match the preset shown (a named one, or "This model" as it filled
+        them): the preset box says "Custom (edited)", so a preset's label never describes other numbers."""
+        want = getattr(self, "_preset_filled", None)
+        if self.preset_combo.currentData() == "custom" or want is None or self._calc_values() == want:
             return
         i = self.preset_combo.findData("custom")
-        if i < 0:
-            self.preset_combo.addItem(self.CUSTOM, "custom")
-            i = self.preset_combo.count() - 1
         self.preset_combo.blockSignals(True)
         self.preset_combo.setCurrentIndex(i)
         self.preset_combo.blockSignals(False)
