@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnscope.app import jobs
-from attnscope.app.engine import CancelledMessage
+from attnscope.app.engine import CancelledMessage, EngineLostMessage
 from attnscope.core.backends import registry
 
 
@@ -37,8 +37,19 @@ def counted_step_job(n: int):
     step = jobs.step_job(n)
 
     def job(ctx):
+        from attnscope.app.engine import lost_engine
+
         before = ctx.require().n_generated
-        snap = step(ctx)
+        try:
+            snap = step(ctx)
+        except Exception as e:
+            # a remote engine stopped part-way (SIGTERM): the tokens it made stay (the client's own
+            # copy of the sequence), with why it stopped
+            s = ctx.session
+            if not lost_engine(e) or not hasattr(s, "local_snapshot"):
+                raise
+            snap = s.local_snapshot()
+            return snap, snap.n_generated - before, str(e).strip().splitlines()[0]
         return snap, snap.n_generated - before
 
     return job
@@ -126,24 +137,29 @@ class Commands:
     # -- running ----------------------------------------------------------------------------------
     def run_prompt(self) -> None:
         win = self.win
+        if self.engine_lost():
+            return
         prompt = win.prompt_edit.toPlainText()
         if not prompt.strip():
             win.status.show_error("The prompt is empty: type some text first.")
             return
         self.engine.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
         win.heatmap.mark_stale("stale: previous prompt (running the new one…)")
+        win.decode_panel.mark_stale("stale: previous prompt (running the new one…)")
         chat = win.chat_check.isChecked() and win.chat_check.isEnabled()
         self._prefill_started()
 
         def done(snap) -> None:  # the run ended: the map shown is the previous prompt's until the new one
             self._prefill_ended()
             win.heatmap.mark_stale("stale: previous prompt (computing the new map…)")
+            win.decode_panel.mark_stale("stale: previous prompt (computing the new table…)")
             self.ran(snap)
 
         def failed(message: str) -> None:  # ... and says so when it ended without a new sequence
             self._prefill_ended()
             ended = "was cancelled" if isinstance(message, CancelledMessage) else "failed"
             win.heatmap.mark_stale(f"stale: previous prompt (the new run {ended})")
+            win.decode_panel.mark_stale(f"stale: previous prompt (the new run {ended})")
             self.command_failed(message)
 
         self.engine.enqueue(jobs.prefill_job(prompt, chat), done, failed, label="prefill")
@@ -178,8 +194,21 @@ class Commands:
         if getattr(self, "_placeholder", None):  # shown again by the next empty state
             win.heatmap.placeholder.setText(self._placeholder)
 
+    def engine_lost(self) -> bool:
+        """True (and a status line saying so) when the remote engine is lost: a command there cannot
+        run; nothing is queued, no dialog (the status bar's lasting label says it)."""
+        conn = getattr(self.win, "engine_connector", None)
+        engine = conn.lost() if conn is not None else None
+        if engine is None:
+            return False
+        self.state.say("Engine lost: File → Reconnect to engine to go on.", 8000)
+        return True
+
     def step(self, n: int = 1) -> None:
-        """Decode ``n`` tokens. Refused with a status line (nothing queued) while a prefill runs."""
+        """Decode ``n`` tokens. Refused with a status line (nothing queued) while a prefill runs or the
+        remote engine is lost."""
+        if self.engine_lost():
+            return
         if self.prefills:
             self.state.say(self.PREFILL_REFUSAL, 8000)
             return
@@ -187,10 +216,31 @@ class Commands:
         if snap is None or snap.seq_len == 0:
             self.win.status.show_error("Run a prompt before stepping.")
             return
+        if not self.state.at_latest:  # new tokens go after the newest: show them, never off-screen
+            back = self.state.step
+            self.state.step = snap.n_generated  # the timeline follows (bound), and new steps after it
+            self.state.say(
+                f"The timeline was at step {back} of {snap.n_generated}: moved to the newest step, "
+                f"where the {n} new token{'s' if n != 1 else ''} go.",
+                10000,
+            )
+
+        self.win.decode_panel.mark_stale(f"stale: decoding {n} token{'s' if n != 1 else ''}…")
 
         def done(result) -> None:
-            snap, made = result
+            snap, made, *lost = result
             self.ran(snap)
+            if lost:  # the engine went away part-way: its tokens stay, the status line says it
+                from attnscope.app.engine import EngineLostMessage
+
+                kept = (
+                    f"the {made} token{'s' if made != 1 else ''} made stay" if made else "no token was added"
+                )
+                self.win.status.show_error(
+                    EngineLostMessage(f"Step stopped after {made} of {n}: {kept}; {lost[0]}")
+                )
+                self.win.engine_connector.show_link()
+                return
             if made < n and snap.seq_len:  # cancelled part-way: the tokens made so far stay
                 self.win.status.show_error(
                     CancelledMessage(
@@ -202,6 +252,8 @@ class Commands:
         self.engine.enqueue(counted_step_job(n), done, self.command_failed, label="decode")
 
     def step_back(self, n: int = 1) -> None:
+        if self.engine_lost():
+            return
         if self.prefills:
             self.state.say(self.PREFILL_REFUSAL, 8000)
             return
@@ -216,6 +268,8 @@ class Commands:
         now (a cancelled prefill leaves the session empty: the clear empty state, never the old map
         with controls that no longer match it)."""
         self.win.status.show_error(message)
+        if isinstance(message, EngineLostMessage):  # nothing to ask a lost engine: the run shown stays
+            return
         self.engine.enqueue(jobs.sync_job, lambda snap: self._synced(snap, message), label="sync")
 
     def _synced(self, snap, why: str = "") -> None:
@@ -310,8 +364,14 @@ class Commands:
         win = self.win
         view = self.state.to_view_dict()
         sampling = win.decode_panel.sampling()
+        # the box keeps what the user typed: replaced only when it held the prompt that was replayed
+        typed = win.prompt_edit.toPlainText()
+        edited = win.controls.prompt_edited
         self.loaded(snap)
-        win.prompt_edit.setPlainText(snap.prompt or win.prompt_edit.toPlainText())
+        if not edited and snap.prompt:
+            win.prompt_edit.setPlainText(snap.prompt)
+        elif win.prompt_edit.toPlainText() != typed:
+            win.prompt_edit.setPlainText(typed)
         win.chat_check.setChecked(snap.chat_template)
         win.decode_panel.set_sampling(sampling)  # the replayed session kept these settings
         self.ran(snap)

@@ -42,11 +42,33 @@ def connect_job(address: str, token: str | None, sampling=None):
             r.close()
             raise
         old, ctx.session = ctx.session, r
-        if old is not None and hasattr(old, "close"):
-            old.close()
-        return r.snapshot()
+        released = release_session(old)
+        del old
+        if released:
+            from attnscope.core.memory import collect
+
+            collect()  # the local weights are back before the engine's run is shown
+        return r.snapshot(), released
 
     return job
+
+
+def release_session(old) -> str | None:
+    """Let go of the session a connection replaced: a remote one is closed; a local one drops its
+    model's weights, KV cache and Trace (:meth:`Backend.release_weights`, :meth:`Session.clear`), so
+    this machine's memory is free while the model runs in the engine. Returns the released local
+    model's name (None: nothing local was held)."""
+    if old is None:
+        return None
+    if hasattr(old, "close"):
+        old.close()
+        return None
+    name = getattr(getattr(old, "info", None), "name", None) or "the local model"
+    old.clear()
+    release = getattr(getattr(old, "backend", None), "release_weights", None)
+    if release is not None:
+        release()
+    return name
 
 
 #: how often an idle window connected to an engine looks at the connection (milliseconds)
@@ -204,8 +226,14 @@ class EngineConnector:
         win.state.say(f"Connecting to the engine at {address}…")
         job = connect_job(address, token, win.decode_panel.sampling())
 
-        def done(snap) -> None:
+        def done(result) -> None:
+            snap, released = result
             self._connected(snap)
+            if released:  # said: the model this machine held is gone from its memory
+                win.state.say(
+                    f"Connected to the engine at {address}; {released} was unloaded from this machine's memory.",
+                    12000,
+                )
             if remember:
                 self._remember_token(address, token)
             if then is not None:
@@ -218,7 +246,9 @@ class EngineConnector:
         says connecting failed and, with no model, the model line says what to do next."""
         import re
 
-        if type(message) is str:  # not a CancelledMessage; "… at HOST:PORT: cannot reach … at HOST:PORT" once
+        from attnscope.app.engine import CancelledMessage
+
+        if not isinstance(message, CancelledMessage):  # "… at HOST:PORT: cannot reach … at HOST:PORT" once
             message = re.sub(r"^cannot reach the engine at \S+: ", "", message)
         self.win.commands.load_failed(message, what=f"Could not connect to the engine at {address}")
         if self.win.state.snapshot is None:
@@ -296,7 +326,16 @@ class EngineConnector:
         """Show (or hide) the lasting "engine at HOST:PORT lost — File → Reconnect" of the status bar."""
         engine = self.lost()
         self.lost_label.setVisible(engine is not None)
+        self.win.controls.set_engine_lost(engine is not None)  # Run, Step, Back off meanwhile
         if engine is not None:
+            # what is on screen stays (the tokens made before the loss included), said to be stale
+            win = self.win
+            why = "stale: the engine is lost — File → Reconnect"
+            win.heatmap.mark_stale(why)
+            win.decode_panel.mark_stale(why)
+            snap = win.state.snapshot
+            if snap is not None and win.token_strip.n_shown != win.state.visible_len:
+                win.token_strip.show_tokens(list(snap.tokens)[: win.state.visible_len])
             self.lost_label.setText(f"engine at {engine} lost — File → Reconnect")
             self.lost_label.setToolTip(
                 (f"{self._lost_why}\n" if self._lost_why else "")

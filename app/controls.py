@@ -133,6 +133,15 @@ class Controls:
         self.stepn_button.setToolTip("Decode N tokens (Ctrl+F10)")
         for w in (self.back_button, self.step_button, QLabel("N"), self.steps_spin, self.stepn_button):
             ctl.addWidget(w)
+        # the prompt box differs from the prompt that ran: Step decodes the run shown, not the text
+        self.edited_label = QLabel(self.EDITED_TEXT)
+        self.edited_label.setStyleSheet("color:#b35900; font-weight: bold;")
+        self.edited_label.setToolTip(self.EDITED_TIP)
+        keep = self.edited_label.sizePolicy()
+        keep.setRetainSizeWhenHidden(True)  # the row does not jump when the hint comes and goes
+        self.edited_label.setSizePolicy(keep)
+        self.edited_label.hide()
+        ctl.addWidget(self.edited_label)
         ctl.addSpacing(18)
         ctl.addWidget(QLabel("Layer"))
         self.layer_spin = LayerSpinBox()
@@ -156,6 +165,28 @@ class Controls:
         bind_colour_combo(state, self.cmap_combo)
         state.events.selection.connect(lambda _sel: self.update_group_label())
         state.events.snapshot.connect(lambda _snap: self.update_group_label())
+        state.events.snapshot.connect(lambda _snap: self.update_edited())
+        self.prompt_edit.textChanged.connect(self.update_edited)
+
+    #: shown beside Step ×N while the prompt box holds text that has not run
+    EDITED_TEXT = "prompt edited — press Run"
+    EDITED_TIP = (
+        "The prompt box differs from the prompt that ran: Step and Step ×N continue the run shown "
+        "(its prompt is in the token strip below); Run starts the edited prompt."
+    )
+
+    @property
+    def prompt_edited(self) -> bool:
+        """True when a prompt ran and the prompt box now holds other text (Step would continue the
+        run shown, not the text in the box)."""
+        snap = self.state.snapshot
+        if snap is None or snap.seq_len == 0 or snap.prompt is None:
+            return False
+        return self.prompt_edit.toPlainText() != snap.prompt
+
+    def update_edited(self) -> None:
+        """Show or hide the "prompt edited — press Run" hint."""
+        self.edited_label.setVisible(self.prompt_edited)
 
     def set_ranges(self, info) -> None:
         """Layer and head spin boxes for a model with ``info.n_layers`` and ``info.n_heads``; the chat
@@ -205,12 +236,30 @@ class Controls:
         """Enable Run once a model is loaded; Step once a prompt ran; Back once a token was generated;
         Step, Step ×N and Back stay off while a prefill runs (:meth:`set_prefilling`)."""
         self._has_model = has_model
+        has_model = has_model and not self.engine_lost
         snap = self.state.snapshot
         ran = snap is not None and snap.seq_len > 0 and not getattr(self, "prefilling", False)
         self.run_button.setEnabled(has_model)
         for w in (self.step_button, self.stepn_button):
             w.setEnabled(has_model and ran)
         self.back_button.setEnabled(has_model and ran and snap.n_generated > 0)
+
+    #: True while the remote engine is lost: Run, Step, Step ×N and Back off (their tooltip says why)
+    engine_lost = False
+    LOST_TIP = "Off while the engine is lost: File → Reconnect to engine"
+
+    def set_engine_lost(self, lost: bool) -> None:
+        """The remote engine was lost (``lost``) or is back: the commands that need it off or on."""
+        if lost == self.engine_lost:
+            return
+        self.engine_lost = lost
+        for w in (self.run_button, self.step_button, self.stepn_button, self.back_button):
+            if lost:
+                w.setProperty("tip_before_lost", w.toolTip())
+                w.setToolTip(self.LOST_TIP)
+            else:
+                w.setToolTip(w.property("tip_before_lost") or w.toolTip())
+        self.set_running(getattr(self, "_has_model", True))
 
     def set_prefilling(self, on: bool) -> None:
         """A prefill was queued (``on``) or ended: decoding controls off until it ends, their tooltips

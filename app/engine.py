@@ -35,6 +35,21 @@ class CancelledMessage(str):
     warning dialog (:meth:`attnscope.app.main_window.MainWindow.show_error`)."""
 
 
+class EngineLostMessage(str):
+    """The message of a job that failed because the remote engine is gone (it stopped, or the network
+    dropped): the status bar's lasting "engine … lost" label says it, so a status line, never a
+    dialog (one per key press while the engine is away). ``from_view``: a view's request failed
+    (not a command the user gave): once the loss was said, it adds nothing."""
+
+    from_view = False
+
+
+def lost_engine(e: BaseException) -> bool:
+    """True for the remote client's ``EngineLost`` (named, not imported: the remote stack stays off
+    the window's start-up path)."""
+    return any(c.__name__ == "EngineLost" for c in type(e).__mro__)
+
+
 @dataclass
 class Job:
     fn: Callable[[JobContext], Any]
@@ -183,7 +198,7 @@ class EngineWorker(QObject):
             self.failed.emit(job, CancelledMessage(str(e) or "cancelled"))
         except (AttnScopeError, ValueError, IndexError, OSError) as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            self.failed.emit(job, msg)
+            self.failed.emit(job, EngineLostMessage(msg) if lost_engine(e) else msg)
         except Exception as e:  # a bug: keep the app alive, say what happened
             traceback.print_exc()
             self.failed.emit(job, f"internal error: {type(e).__name__}: {e}")
@@ -240,7 +255,7 @@ class Engine(QObject):
 
     progress = Signal(str, float)
     busy = Signal(bool, str)
-    error = Signal(str)
+    error = Signal(object)  # a one-line message: str, CancelledMessage or EngineLostMessage (kept)
     idle = Signal()
 
     def __init__(self, parent: QObject | None = None, state=None):
@@ -407,6 +422,9 @@ class Engine(QObject):
     @Slot(object, object)
     def _on_failed(self, job: Job, message: str) -> None:
         _, on_error = self._callbacks.pop(job.id, (None, None))
+        if job.channel is not None and isinstance(message, EngineLostMessage):
+            message = EngineLostMessage(message)
+            message.from_view = True
         try:
             if on_error is not None:
                 on_error(message)

@@ -166,6 +166,8 @@ class ExportController:
 
             old = ctx.session
             reused = old is not None and sessionfile.same_model(old, sf)
+            if reused:  # refused before the running sequence is touched (replay checks a new model)
+                sessionfile.check_view(sf.view, old.info)
             if reused and old.seq_len:
                 previous.update(
                     prompt=old.prompt,

@@ -72,7 +72,9 @@ class HeadGridCanvas(QWidget):
         )
         self.pooling = "max"
         self.n: int | None = None  # tokens the thumbnails cover (chooses the colour scale)
-        self.scale = "linear"  # colour scale: export_long.default_scale(n), as the heatmap's
+        self.scale = "linear"  # colour scale: the heatmap's (follow), else export_long.default_scale(n)
+        self.follow: str | None = None  # the heatmap's scale, which the thumbnails follow (None: by length)
+        self.gamma = 0.5  # the power scale's exponent, as the heatmap's
         self.windows: tuple[int | None, ...] | None = None  # per-layer sliding windows (None: causal only)
         # a hybrid model's layers with no map (NaN thumbnails, attnscope.core.trace.base): layer -> its line,
         # "layer 2: linear attention, no map", drawn across the row instead of thumbnails
@@ -88,7 +90,8 @@ class HeadGridCanvas(QWidget):
         """Show ``thumbs (L, H, P, P)``; ``weighting`` (``"attention"`` / ``"value-weighted"``) says what
         they measure (``None``: unchanged); ``n``: the tokens they cover (``None``: unchanged), which
         chooses the colour scale like the heatmap's default (log over [1e-6, 1] from 2,048 tokens,
-        where most block maxima are far below 1 and linear colours show one flat field)."""
+        where most block maxima are far below 1 and linear colours show one flat field) unless
+        :attr:`follow` names the heatmap's scale, which wins."""
         from attnscope.core.io.export_long import default_scale
 
         if weighting is not None:
@@ -96,6 +99,8 @@ class HeadGridCanvas(QWidget):
         if n is not None:
             self.n = int(n)
             self.scale = default_scale(self.n)
+        if self.follow is not None:  # the heatmap's Scale: one colour mapping on both tabs
+            self.scale = self.follow
         self.thumbs = np.asarray(thumbs, dtype=np.float32)
         self.group_size = max(1, group_size)
         self._image = self._compose()
@@ -180,7 +185,7 @@ class HeadGridCanvas(QWidget):
                 if not done:
                     canvas[y : y + self.THUMB, x : x + self.THUMB] = PENDING_RGB
                     continue
-                rgb = to_rgb(self.thumbs[layer, h], self.cmap, 0.0, 1.0, self.scale)[idx][:, idx]
+                rgb = to_rgb(self.thumbs[layer, h], self.cmap, 0.0, 1.0, self.scale, self.gamma)[idx][:, idx]
                 if masked is not None:
                     rgb[masked] = pattern[masked]
                 canvas[y : y + self.THUMB, x : x + self.THUMB] = rgb

@@ -400,11 +400,20 @@ class HeatmapView(QWidget):
         return self.weighting_combo.currentData()
 
     def _on_weighting(self, *_):
-        vw = self.weighting == "value-weighted"
-        self.colorbar.axis.setLabel(
-            "value-weighted share (α·‖v W_O‖, row-normalised)" if vw else "attention weight"
-        )
+        self.set_bar_label(self.weighting)
         self.optionsChanged.emit()  # the data must be re-requested
+
+    #: the colour bar's label per weighting shown
+    BAR_LABELS = {
+        "attention": "attention weight",
+        "value-weighted": "value-weighted share (α·‖v W_O‖, row-normalised)",
+    }
+
+    def set_bar_label(self, shown: str) -> None:
+        """Label the colour bar with what the cells show (``"attention"`` or ``"value-weighted"``;
+        a long map that falls back to attention says attention). The label is the bar's one side
+        label (pyqtgraph's ColorBarItem draws it on its left axis; the tick axis stays unlabelled)."""
+        self.colorbar.getAxis("left").setLabel(self.BAR_LABELS.get(shown, shown))
 
     @property
     def gamma(self) -> float:

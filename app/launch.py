@@ -58,9 +58,19 @@ def run_gui(args) -> int:
         dtype=args.dtype,
         quantize=getattr(args, "quantize", "none"),
         device_map=getattr(args, "device_map", None),
-        autoload=not getattr(args, "engine", None),  # --engine: the model is the engine's
+        autoload=False,  # loaded below: once the window is drawn (--engine: the model is the engine's)
     )
     win.resize(*size)
+    if not args.screenshot:  # the last prompt, colours and layout (a screenshot is of the defaults)
+        from attnscope.app import window_settings
+
+        window_settings.restore(win, prompt=args.prompt is None)
+        app.aboutToQuit.connect(lambda: window_settings.save(win))
+    if not getattr(args, "engine", None):
+        if args.screenshot:
+            win.load_model(args.model)
+        else:  # the window comes first; the model (torch, transformers, the weights) loads under it
+            _load_after_first_paint(win, args.model)
 
     def put_prompt() -> None:  # after the engine's run (with its own prompt) is shown, on --engine
         if args.prompt is not None:
@@ -82,9 +92,79 @@ def run_gui(args) -> int:
         if not args.screenshot:
             QTimer.singleShot(0, lambda: _after_load(win, args))
     if not args.screenshot:
+        if os.environ.get(STARTUP_PROBE):
+            _probe_startup(app, win)
         win.show()
         return app.exec()
     return _screenshot(app, win, args)
+
+
+#: environment variable: ``attnscope`` opens the window, prints when it was drawn and when the model
+#: was ready (:data:`STARTUP_LINE`), then quits (``attnscope bench --startup``, core/bench/startup.py)
+STARTUP_PROBE = "ATTNSCOPE_STARTUP_PROBE"
+STARTUP_LINE = "attnscope-startup"
+
+
+def _probe_startup(app, win: MainWindow) -> None:
+    """Print ``attnscope-startup {"shown": s, "ready": s, "error": …}`` (seconds on the clock of
+    ``time.time()``) once the window was first painted and the model was loaded, then quit."""
+    import json
+    import time
+
+    from PySide6.QtCore import QEvent, QObject
+
+    marks: dict = {}
+
+    def finish(error: str | None = None) -> None:
+        if "done" in marks:
+            return
+        marks["done"] = True
+        marks.setdefault("ready", time.time())
+        out = {"shown": marks.get("shown"), "ready": marks["ready"], "error": error}
+        print(f"{STARTUP_LINE} {json.dumps(out)}", flush=True)
+        QTimer.singleShot(0, app.quit)
+
+    class FirstPaint(QObject):
+        def eventFilter(self, obj, event) -> bool:
+            if event.type() == QEvent.Paint and "shown" not in marks:
+                marks["shown"] = time.time()
+            return False
+
+    painted = FirstPaint(win)
+    win.installEventFilter(painted)
+
+    def loaded(_snap) -> None:
+        marks["ready"] = time.time()
+        marks.setdefault("shown", marks["ready"])
+        finish()
+
+    win.state.events.loaded.connect(loaded)
+    failed = QTimer(win)  # a failed load is the status line's error
+    failed.timeout.connect(lambda: win.last_error and finish(str(win.last_error)))
+    failed.start(200)
+    QTimer.singleShot(600_000, lambda: finish("no model after 600 s"))
+
+
+def _load_after_first_paint(win: MainWindow, model: str | None) -> None:
+    """Queue the model's load once the window has been painted (or after 0.5 s at the latest), so
+    the engine thread's imports never hold up the first frame (README "Performance")."""
+    from PySide6.QtCore import QEvent, QObject
+
+    started: list[bool] = []
+
+    def start() -> None:
+        if not started:
+            started.append(True)
+            win.load_model(model)
+
+    class FirstPaint(QObject):
+        def eventFilter(self, obj, event) -> bool:
+            if event.type() == QEvent.Paint and not started:
+                QTimer.singleShot(0, start)  # after this paint
+            return False
+
+    win.installEventFilter(FirstPaint(win))
+    QTimer.singleShot(500, start)
 
 
 def _after_load(win: MainWindow, args) -> None:

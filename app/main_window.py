@@ -31,7 +31,7 @@ from attnscope.app.menus import about_text, add_view_action, build_menus
 from attnscope.app.state import ViewState
 from attnscope.app.status import APP_NAME, StatusLine
 from attnscope.app.tabs import EmptyOverlay, ViewTabs
-from attnscope.app.timeline import TimelineBar
+from attnscope.app.timeline import LiveSequenceNote, TimelineBar
 from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
 from attnscope.app.views.mask import MaskView
@@ -53,6 +53,8 @@ __all__ = ["APP_NAME", "MainWindow", "human_bytes", "window_wording"]
 
 #: panels that need no sequence, never covered by the "Run a prompt" overlay
 NO_OVERLAY = ("heatmap", "kv")
+#: tabs that compute on the live sequence (every position), not on the timeline's step
+LIVE_SEQUENCE_VIEWS = ("kv", "roles", "experiments", "compare")
 
 
 def human_bytes(n: int) -> str:
@@ -143,6 +145,9 @@ class MainWindow(QMainWindow):
 
         for mod in (sinks, kv, roles, heads, experiments, compare):
             mod.install_view(self)
+        for key in LIVE_SEQUENCE_VIEWS:  # their header says so while the timeline is at an earlier step
+            if key in self.views and self.views[key].layout() is not None:
+                self.views[key].layout().insertWidget(0, LiveSequenceNote(self.state))
         build_menus(self)
         from attnscope.app.connect import install as install_engine_connector
 
@@ -185,6 +190,7 @@ class MainWindow(QMainWindow):
         split.setSizes([700, 150])
         outer.addWidget(split, 1)
         self.setCentralWidget(central)
+        self.splitters = (split, hsplit)  # the layout the window remembers (app/window_settings.py)
 
     def _bind(self) -> None:
         """Widgets ⇄ state, and who hears what."""

@@ -117,8 +117,10 @@ class MapPanel:
         hm.set_colormap(spec.cmap)
         canvas = self.grid.canvas
         canvas.cmap = spec.cmap
+        canvas.follow, canvas.gamma = spec.scale, spec.gamma  # the grid shows the heatmap's Scale
         if canvas.thumbs is not None:
             canvas.set_thumbnails(canvas.thumbs, canvas.group_size)
+            self.grid.show_scale()
         self.show_token_strip()
 
     def clear(self, why: str = "") -> None:
@@ -196,7 +198,9 @@ class MapPanel:
         title = f"{describe(snap.info, layer, head, mode)} · seq_len {n}{when}"
         title += f" · {hm.apply_length_defaults(n)}"
         self.push_colour()  # the scale may follow the length (set with the combo's signals blocked)
-        if getattr(hm, "weighting", "attention") == "value-weighted":
+        vw = getattr(hm, "weighting", "attention") == "value-weighted"
+        hm.set_bar_label("value-weighted" if vw and pooled is None else "attention")
+        if vw:
             title += (
                 " · value-weighted α·‖v W_O‖, row-normalised"
                 if pooled is None

@@ -7,7 +7,7 @@ writes the labels of each new snapshot.
 
 from __future__ import annotations
 
-from attnscope.app.engine import CancelledMessage
+from attnscope.app.engine import CancelledMessage, EngineLostMessage
 from attnscope.core.units import count, format_bytes
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
 from superqt import QElidingLabel
@@ -31,6 +31,13 @@ LONG_JOBS = (
     "compare",
     "experiments",
 )
+
+
+def backend_device(backend: str, device: str) -> str:
+    """``"torch cpu"``, ``"mlx cpu"`` (MLX names its devices ``mlx:cpu`` / ``mlx:gpu``: the backend
+    is said once), ``"torch cuda:0"``."""
+    device = str(device)
+    return f"{backend} {device.removeprefix(f'{backend}:')}"
 
 
 class StatusLine:
@@ -84,13 +91,23 @@ class StatusLine:
         self.bar.showMessage(text, timeout_ms)
 
     def show_error(self, message: str) -> None:
-        """Show ``message`` in the status bar and, when the window is visible, a dialog."""
+        """Show ``message`` in the status bar and, when the window is visible, a dialog (never for a
+        cancelled job or a lost engine: a status line)."""
+        if getattr(message, "from_view", False) and isinstance(self.last_error, EngineLostMessage):
+            if self._engine_lost():  # the loss was said: a view's request to the lost engine adds nothing
+                return
         self.last_error = message
         self.bar.showMessage(message, 15000)
         if isinstance(message, CancelledMessage):
             return  # the user asked for it: the status line says what stopped, no dialog
+        if isinstance(message, EngineLostMessage) or self._engine_lost():
+            return  # the lasting "engine … lost — File → Reconnect" label says it: never a dialog per key
         if self.window.isVisible() and QApplication.platformName() not in ("offscreen", "minimal"):
             QMessageBox.warning(self.window, APP_NAME, message)
+
+    def _engine_lost(self) -> bool:
+        conn = getattr(self.window, "engine_connector", None)
+        return conn is not None and conn.lost() is not None
 
     def on_progress(self, message: str, fraction: float) -> None:
         self._busy_message = message
@@ -124,7 +141,7 @@ class StatusLine:
         text = (
             f"{info.name} · {info.architecture} · {count(info.n_layers, 'layer')} · "
             f"{count(info.n_heads, 'query head')} / {count(info.n_kv_heads, 'KV head')} · "
-            f"head_dim {info.head_dim} · {snap.backend} {snap.device}"
+            f"head_dim {info.head_dim} · {backend_device(snap.backend, snap.device)}"
         )
         arch = info.arch
         if arch.is_hybrid:  # "1 of 4 layers attention (3 linear attention)" (README "Hybrid models")

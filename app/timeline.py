@@ -32,7 +32,7 @@ class TimelineBar(QWidget):
         self.slider.setToolTip("Replay the weights as they were after each decode step (0 = after prefill)")
         lay.addWidget(self.slider, 1)
         self.label = QLabel("step 0 / 0")
-        self.label.setMinimumWidth(250)
+        self.label.setFixedWidth(250)
         lay.addWidget(self.label)
         self.latest_button = QToolButton()
         self.latest_button.setText("Latest »")
@@ -86,11 +86,52 @@ class TimelineBar(QWidget):
         self._update_label()
         self.stepChanged.emit(v)
 
+    def _text(self, t: int, N: int) -> str:
+        what = "after prefill" if t == 0 else f"after {t} decode step{'s' if t > 1 else ''}"
+        return f"step {t} / {N} · {what} · positions 0..{self.n_prompt + t - 1}"
+
     def _update_label(self) -> None:
         t, N = self.step, self.slider.maximum()
-        what = "after prefill" if t == 0 else f"after {t} decode step{'s' if t > 1 else ''}"
         if self.n_prompt + t == 0:
             self.label.setText(getattr(self, "_running_text", "") or "no sequence yet: run a prompt")
         else:
-            self.label.setText(f"step {t} / {N} · {what} · positions 0..{self.n_prompt + t - 1}")
+            self.label.setText(self._text(t, N))
+        # one width for the whole range (its widest label), so the slider keeps its length while
+        # it is dragged; it changes only with the range (a new token)
+        fm = self.label.fontMetrics()
+        widest = max(fm.horizontalAdvance(self._text(N, N)), fm.horizontalAdvance(self.label.text()))
+        self.label.setFixedWidth(max(250, widest + 8))
         self.latest_button.setEnabled(t != N)
+
+
+class LiveSequenceNote(QLabel):
+    """The header line of a tab that computes on the live sequence (every position, the newest
+    included) rather than on the timeline's step: shown while the timeline sits at an earlier step,
+    saying which positions the tab shows; hidden at the newest step, where both agree.
+
+    ``state`` is the window's :class:`attnscope.app.state.ViewState` (its ``snapshot`` and ``step``)."""
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.state = state
+        self.setWordWrap(True)
+        self.setStyleSheet("color:#7a4a00; background:#fff6e0; padding:3px;")
+        state.events.changed.connect(
+            lambda names: self.update_text() if {"step", "snapshot"} & names else None
+        )
+        self.update_text()
+
+    def update_text(self) -> None:
+        s = self.state
+        snap = s.snapshot
+        if snap is None or snap.seq_len == 0 or s.at_latest:
+            self.setText("")
+            self.hide()
+            return
+        n = snap.seq_len
+        self.setText(
+            f"Live sequence: this tab shows all {n} positions (0..{n - 1}), not the timeline's step "
+            f"{s.step} of {snap.n_generated} (positions 0..{s.visible_len - 1}) that Heatmap, Head grid, Mask, Sinks "
+            "and GQA show. Latest » lines them up."
+        )
+        self.show()

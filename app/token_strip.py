@@ -66,6 +66,7 @@ class TokenStrip(QTextBrowser):
         self.anchorClicked.connect(self._on_anchor)
         self.setMinimumHeight(70)
         self.setPlaceholderText("Tokens appear here after Run.")
+        self.n_shown = 0  # tokens shown by the last show_tokens
 
     def show_tokens(
         self,
@@ -74,6 +75,7 @@ class TokenStrip(QTextBrowser):
         query: int | None = None,
         cmap: str = "viridis",
     ) -> None:
+        self.n_shown = len(tokens)
         self.setHtml(token_html(tokens, weights, query, cmap))
         # keep the query token (by default the newest) in sight: long chat prompts fill the pane
         if query is not None:

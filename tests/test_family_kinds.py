@@ -132,8 +132,8 @@ def test_value_weighted_norms_are_the_models_values(run):
 def test_mla_geometry_and_latent_cache(tmp_path):
     """MLA: keys of 16 + 8 (decoupled RoPE) per head, values of 20; the cache holds the 32-wide latent
     + the 8-wide RoPE key per token and layer, which the KV figures count."""
-    from attnscope.core.kv_formula import mla_cache_bytes
     from attnscope.core.analysis.kv_live import kv_live
+    from attnscope.core.kv_formula import mla_cache_bytes
     from attnscope.core.loading.catalog import describe_hf_folder
     from attnscope.core.session import Session
 

@@ -72,8 +72,7 @@ def test_a_lost_engine_is_said_until_reconnect(qtbot, tmp_path, first):
         assert _lost_text(w) == lost  # ... the lasting indication stays
         title = w.heatmap.plot.titleLabel.text
         assert "running" not in title, title
-        if first == "run":
-            assert "stale: previous prompt (the new run failed)" in title
+        assert "stale: the engine is lost — File → Reconnect" in title  # why nothing new comes
         w.grab().save(str(tmp_path / "lost.png"))
         conn.reconnect()  # nothing answers yet: still lost
         assert w.engine.wait_idle(60)

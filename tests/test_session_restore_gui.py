@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from attnscope.core.io.colormaps import normalize
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QSpinBox
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 PROMPT = "The cat sat on the mat. The cat"
 
@@ -45,6 +45,8 @@ def _other_value(w):
     """A value of control ``w`` other than its current one (its last item, one step up or down)."""
     if isinstance(w, QComboBox):
         return w.itemText(w.count() - 1 if w.currentIndex() != w.count() - 1 else 0)
+    if isinstance(w, QLineEdit):
+        return w.text() + " (edited)"
     step = w.singleStep()
     return w.value() + step if w.value() + step <= w.maximum() else w.value() - step
 
@@ -65,6 +67,8 @@ def _set_every_saved_control(win) -> dict:
                 w.setCurrentText(v)
             elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
                 w.setValue(v)
+            elif isinstance(w, QLineEdit):
+                w.setText(v)
         want[key] = view.view_state()
     return want
 

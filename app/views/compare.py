@@ -217,7 +217,8 @@ class CompareView(QWidget, SavedControls):
     """The Compare tab, built with the :class:`attnscope.app.state.ViewState` (run A is its sequence)
     and the :class:`attnscope.app.engine.Engine`."""
 
-    STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo")
+    # saved in session files (B's prompt too: README "Compare two runs")
+    STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo", "prompt_edit")
 
     def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
@@ -936,7 +937,7 @@ class CompareView(QWidget, SavedControls):
             tk = la[c] if c < len(la) else "?"
             tb = lb[r] if r < len(lb) else "?"
             where = f"query {r} {ta!r}" + (f" (B: {tb!r})" if tb != ta else "") + f" → key {c} {tk!r}"
-        self.hover.setText(f"{where}: A {wa:.5f} · B {wb:.5f} · A − B {d:+.5f}")
+        self.hover.setText(f"{where}: A {_weight(wa)} · B {_weight(wb)} · A − B {_weight(d, '+')}")
 
     def _on_click(self, ev) -> None:
         rc = self._cell_at(ev.scenePos())
@@ -1037,6 +1038,13 @@ class CompareView(QWidget, SavedControls):
         side = write_json(sidecar_path(out), meta)
         self.state.say(f"Wrote {out} and {side.name}", 6000)
         return [out, side]
+
+
+def _weight(v: float, sign: str = "") -> str:
+    """A weight as the heatmap's readout writes it (:func:`attnscope.app.heatmap.weight_text`): 4
+    decimals from 0.01, 3 significant digits below (``3.21e-05``); ``sign="+"`` signs a difference."""
+    v = float(v)
+    return f"{v:{sign}.4f}" if v == 0 or abs(v) >= 0.01 else f"{v:{sign}.2e}"
 
 
 def install_view(window) -> CompareView:

@@ -119,7 +119,10 @@ def layer_formula(cfg: KVConfig, seq_len: int) -> str:
 
 
 def unit_for(max_bytes: float, at_least: float = 2.0) -> tuple[str, float]:
-    """The largest decimal unit in which ``max_bytes`` is ``>= at_least``: ``("MB", 1e6)`` etc."""
+    """The largest decimal unit in which ``max_bytes`` is ``>= at_least``: ``("MB", 1e6)`` etc.;
+    terabytes from 1 TB (``1.37 TB``, never ``1374 GB``)."""
+    if max_bytes >= 1e12:
+        return "TB", 1e12
     for name, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if max_bytes >= at_least * size:
             return name, size
@@ -149,7 +152,7 @@ def fill_scheme_table(
 ) -> None:
     """Rows: scheme, KV heads, bytes now, (bytes at max context), × smaller than MHA.
 
-    Each size column is printed in one decimal unit chosen by its largest entry, 3 significant
+    The whole table is printed in one decimal unit chosen by its largest entry, 3 significant
     digits (the handbook's "21.5 GB · 2.68 GB · 0.336 GB"); the exact bytes are the tooltip.
     """
     heads = ["Scheme", "KV heads", f"{rows_now[0].seq_len:,} tokens"]
@@ -161,8 +164,8 @@ def fill_scheme_table(
     table.setHorizontalHeaderLabels(heads)
     table.setRowCount(len(rows_now))
     columns = [rows_now] + ([rows_max] if rows_max is not None else [])
+    unit, size = unit_for(max(r.total_bytes for rows in columns for r in rows), at_least=1.0)  # one unit
     for c, rows in enumerate(columns, start=2):
-        unit, size = unit_for(max(r.total_bytes for r in rows), at_least=1.0)
         for i, row in enumerate(rows):
             it = _item(f"{fmt3(row.total_bytes / size)} {unit}")
             cfg = row.config
@@ -305,6 +308,7 @@ class KVView(QWidget, SavedControls):
         self.preset_combo.addItem("This model", None)
         for name in PRESETS:
             self.preset_combo.addItem(name, name)
+        self.preset_combo.addItem(self.CUSTOM, "custom")  # the fields as edited (restorable from a session)
         form.addRow("Preset", self.preset_combo)
         self.calc_layers = self._spin(1, 1000, 80, "Transformer layers with a KV cache")
         self.calc_heads = self._spin(1, 1024, 64, "Query heads (MHA caches one K/V head per query head)")
@@ -664,6 +668,9 @@ class KVView(QWidget, SavedControls):
 
     def _on_preset(self) -> None:
         name = self.preset_combo.currentData()
+        if name == "custom":  # the edited fields stay as they are
+            self.recalculate()
+            return
         if name is None:
             info = self.state.snapshot.info if self.state.snapshot is not None else None
             if info is None:
@@ -703,9 +710,39 @@ class KVView(QWidget, SavedControls):
             w.blockSignals(True)
             getattr(w, setter)(v)
             w.blockSignals(False)
+        self._preset_filled = self._calc_values()  # what an edit is told apart from
         if hasattr(self, "push_settings"):
             self.push_settings()  # set with the signals blocked: the state (and a saved session) follows
         self.recalculate()
+
+    #: the preset entry for fields edited away from every preset
+    CUSTOM = "Custom (edited)"
+
+    def _calc_values(self) -> tuple:
+        return (
+            self.calc_layers.value(),
+            self.calc_heads.value(),
+            self.calc_kv.value(),
+            self.calc_dim.value(),
+            self.calc_tokens.value(),
+            self.calc_dtype.currentText(),
+            self.calc_batch.value(),
+            self.calc_window.value(),
+            self.calc_sliding.currentText(),
+        )
+
+    def _mark_custom(self) -> None:
+        """Edited fields no longer match the preset shown (a named one, or "This model" as it filled
+        them): the preset box says "Custom (edited)", so a preset's label never describes other numbers."""
+        want = getattr(self, "_preset_filled", None)
+        if self.preset_combo.currentData() == "custom" or want is None or self._calc_values() == want:
+            return
+        i = self.preset_combo.findData("custom")
+        self.preset_combo.blockSignals(True)
+        self.preset_combo.setCurrentIndex(i)
+        self.preset_combo.blockSignals(False)
+        if hasattr(self, "push_settings"):
+            self.push_settings()
 
     def _calc_error(self, text: str) -> None:
         self.calc_result.setText(text)
@@ -726,10 +763,14 @@ class KVView(QWidget, SavedControls):
         self.calc_result.setStyleSheet("font-weight:bold;")
         T = self.calc_tokens.value()
         total = cfg.total_bytes(T)
-        text = (
-            f"KV cache: {format_bytes(total)}  ({total:,} bytes) · "
-            f"{format_bytes(cfg.bytes_per_token)} per token · {cfg.scheme}"
-        )
+        self._mark_custom()
+        b = cfg.batch
+        per_token = f"{format_bytes(cfg.bytes_per_token)} per token"
+        if b > 1:  # the formula's per-token bytes cover the whole batch: say both
+            per_token = (
+                f"{format_bytes(cfg.bytes_per_token // b)} per token per sequence ({per_token} × batch {b})"
+            )
+        text = f"KV cache: {format_bytes(total)}  ({total:,} bytes) · {per_token} · {cfg.scheme}"
         if cfg.windows is not None:
             kept = cfg.without_windows().total_bytes(T)
             text += (

@@ -162,6 +162,7 @@ class TopTokenBars(QWidget):
         self.table = table
         # an id the tokenizer does not know reads <id N>: the legend says so in short, the tooltip in full
         self.setToolTip(UNKNOWN_ID_NOTE if table is not None and self.has_unknown(table) else "")
+        self.stale = False
         self.updateGeometry()
         self.update()
 
@@ -169,6 +170,9 @@ class TopTokenBars(QWidget):
     def has_unknown(t: NextTokenTable) -> bool:
         """Whether a candidate is an id the tokenizer does not know (:func:`attnscope.core.tokens.is_unknown`)."""
         return any(is_unknown(r.raw, r.id) for r in t.rows)
+
+    #: True while the table shown is of an earlier run or step (drawn faded, :meth:`DecodePanel.mark_stale`)
+    stale = False
 
     def set_placeholder(self, text: str | None = None) -> None:
         """What the empty panel says (None: :data:`PLACEHOLDER`)."""
@@ -188,6 +192,8 @@ class TopTokenBars(QWidget):
             return
         t = self.table
         w = self.width()
+        if self.stale:  # an earlier run's or step's numbers: faded, the header says why
+            p.setOpacity(0.4)
         bar_x, bar_w = self.LABEL_W + 6, max(40, w - self.LABEL_W - 6 - 58)
         mono = QFont("monospace")
         mono.setStyleHint(QFont.Monospace)
@@ -285,7 +291,9 @@ class DecodePanel(QScrollArea):
         self.controls.set_sampling(s)
 
     def set_table(self, table: NextTokenTable | None) -> None:
+        """Show ``table`` (None: the empty panel); clears a stale mark."""
         self.bars.set_table(table)
+        self.stale_reason = ""
         if table is None:
             self.header.setText("—")
             return
@@ -293,3 +301,19 @@ class DecodePanel(QScrollArea):
         self.header.setText(
             f"Top {len(table.rows)} at position {table.position} ({where}) · entropy {table.entropy:.2f} nats"
         )
+
+    stale_reason = ""
+
+    def mark_stale(self, why: str) -> None:
+        """Say that the table shown is not of the sequence that now runs (a new Run, a decode): the
+        header leads with ``why`` in red and the bars fade, until the next :meth:`set_table`. Nothing
+        is marked when no table is shown."""
+        if self.bars.table is None:
+            return
+        header = self.header.text()
+        if self.stale_reason:
+            header = header.split("<br>", 1)[-1]
+        self.stale_reason = why
+        self.header.setText(f"<span style='color:#b02a2a'>{why}</span><br>{header}")
+        self.bars.stale = True
+        self.bars.update()

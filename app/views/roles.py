@@ -158,9 +158,17 @@ class RolesView(QWidget, SavedControls):
         self.table.cellActivated.connect(self._on_activated)
         # a sort the user asks for shows the top of the new order (Qt keeps the scroll offset, so the
         # best-scoring heads would sit out of view); after the table's own sort, hence the 0 ms timer
-        self.table.horizontalHeader().sectionClicked.connect(
-            lambda _c: QTimer.singleShot(0, self.table.scrollToTop)
-        )
+        self.table.horizontalHeader().sectionClicked.connect(self._on_header_clicked)
+        self._sorted_by = 0  # the column sorted by; a score column's first click sorts highest first
+
+    #: columns holding scores: a first click on one sorts it descending (the strongest heads on top)
+    SCORE_COLUMNS = frozenset(range(4, 4 + len(ROLES)))
+
+    def _on_header_clicked(self, col: int) -> None:
+        if col != self._sorted_by and col in self.SCORE_COLUMNS:
+            self.table.sortByColumn(col, Qt.DescendingOrder)
+        self._sorted_by = col
+        QTimer.singleShot(0, self.table.scrollToTop)
 
     # -- state ------------------------------------------------------------------------------------------
     def on_selection(self, layer: int, head: int) -> None:

@@ -443,9 +443,24 @@ class SinksView(QWidget, SavedControls):
             "learned": "the learned sink",
             "sink_total": "token 0 + the learned sink",
         }.get(self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
+        base = ""
+        if self.metric == "sink" and n >= 2:  # token 0's share under plain causal averaging, and × that
+            from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+            b = uniform_causal_baseline(n)
+            base = f" · uniform causal baseline {b:.3f} (mean ×{np.nanmean(vals) / b:.1f})"
+            for layer in range(vals.shape[0]):
+                for head in range(vals.shape[1]):
+                    it = self.table.item(layer, head)
+                    if it is not None and np.isfinite(vals[layer, head]):
+                        it.setToolTip(
+                            f"L{layer} q{head}: {vals[layer, head]:.3f} on token 0 = ×{vals[layer, head] / b:.1f} "
+                            f"the uniform causal baseline {b:.3f} at {n} tokens (mean over rows i ≥ 1 of 1/(i+1))"
+                        )
         text = (
             f"{int(flags.sum())} of {n_heads} heads are sink heads (mass on {what} ≥ {self.threshold:.2f}, {when}) · "
-            f"mean {np.nanmean(vals):.2f}" + (f" · {len(no_map)} layers have no map (grey)" if no_map else "")
+            f"mean {np.nanmean(vals):.2f}{base}"
+            + (f" · {len(no_map)} layers have no map (grey)" if no_map else "")
         )
         if r.has_learned_sinks and r.running_learned is not None and r.seq_len >= 2:
             learned = r.running_learned[..., max(n, 2) - 1]

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QAbstractButton, QComboBox, QDoubleSpinBox, QLineE
 class SavedControls:
     """Mixin for a view: its controls named in ``STATE_CONTROLS`` (attribute names, restored in that
     order) are saved and restored. A combo box is saved by its text, a spin box by its value, a
-    check box by its state. Restoring skips missing names, unknown texts and bad values: an old or
+    check box by its state, a line edit by its text. Restoring skips missing names, unknown texts and bad values: an old or
     hand-edited session never breaks the window."""
 
     STATE_CONTROLS: tuple[str, ...] = ()
@@ -36,7 +36,7 @@ class SavedControls:
             elif isinstance(w, QAbstractButton):
                 w.toggled.connect(push)
             elif isinstance(w, QLineEdit):
-                w.editingFinished.connect(push)
+                w.textChanged.connect(push)
 
         def pull(settings: dict) -> None:
             want = settings.get(key)
@@ -79,7 +79,7 @@ class SavedControls:
                     w.setValue(int(v))
                 elif isinstance(w, QAbstractButton):
                     w.setChecked(bool(v))
-                elif isinstance(w, QLineEdit):
-                    w.setText(str(v))
+                elif isinstance(w, QLineEdit) and isinstance(v, str):
+                    w.setText(v)
             except (TypeError, ValueError, OverflowError):
                 continue

@@ -101,6 +101,20 @@ def weight_on_keys(trace, positions: Sequence[int]) -> np.ndarray:
     return summed_weight_on_keys(trace, key_positions(trace, positions))
 
 
+def uniform_causal_baseline(n: int) -> float:
+    """The sink score a head would get from plain causal averaging: a uniform causal head puts
+    ``1 / (i + 1)`` on token 0 in row ``i``, so over rows ``1 .. n − 1`` the mean is
+    ``(H_n − 1) / (n − 1)`` with ``H_n`` the n-th harmonic number (e.g. 0.5 at n = 2, 0.3611 at
+    n = 4). A head's score divided by this tells a sink (many times it) from averaging (about 1).
+
+    Raises:
+        ValueError: ``n < 2`` (no row ``i >= 1``).
+    """
+    if n < 2:
+        raise ValueError(f"the baseline needs at least 2 tokens, got {n}")
+    return float(np.mean(1.0 / np.arange(2, n + 1, dtype=np.float64)))
+
+
 def running_mean_from_row1(per_row: np.ndarray) -> np.ndarray:
     """``r[..., t]`` = mean of ``per_row[..., 1 : t + 1]``: the score after ``t + 1`` tokens.
 

@@ -249,6 +249,26 @@ def same_model(session, sf: SessionFile) -> bool:
 SAVED_DTYPE_REASON = "{dtype}: the dtype the session was saved at"
 
 
+def check_view(view: Any, info: Any) -> None:
+    """Check a session's ``view`` dict against the model that loads: ``view.layer`` within
+    ``0..info.n_layers - 1`` and ``view.head`` within ``0..info.n_heads - 1`` (absent or null: not
+    checked). The one check the window's File → Open session and ``attnscope export --session``
+    share, made by :func:`replay` before the prefill.
+
+    Raises:
+        SessionFileError: one line naming the field, its value and the model's range.
+    """
+    if not isinstance(view, dict):
+        return
+    for key, n, what in (("layer", info.n_layers, "layers"), ("head", info.n_heads, "query heads")):
+        v = view.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v < n:
+            raise SessionFileError(
+                f"bad session file: view.{key} is {v}, but {getattr(info, 'name', 'the model')} has "
+                f"{what} 0..{n - 1}"
+            )
+
+
 def replay(
     sf: SessionFile,
     session=None,
@@ -312,6 +332,7 @@ def replay(
             import dataclasses
 
             session.info = dataclasses.replace(session.info, dtype_reason=dtype_reason.format(dtype=sf.dtype))
+    check_view(sf.view, session.info)  # before the prefill: a refused file runs nothing
     if check is not None:
         check(session.info)
     sha = getattr(session, "model_sha256", None) or model_sha256(session.info.source)

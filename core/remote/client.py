@@ -519,6 +519,8 @@ class RemoteSession:
                     continue
                 if kind == "error":
                     if reply.get("type") == "Stopping":  # SIGTERM on the engine: it goes away now
+                        if isinstance(reply.get("state"), dict):  # the tokens a stopped step made stay
+                            self._apply(reply["state"])
                         raise self._lost(str(reply.get("error") or "the engine is shutting down"))
                     exc = _ERRORS.get(str(reply.get("type")), RemoteError)
                     raise exc(str(reply.get("error") or "the engine refused the request"))
@@ -781,6 +783,30 @@ class RemoteSession:
     def snapshot(self):
         """The engine's :class:`~attnscope.core.session.Snapshot` (one round trip)."""
         return self._request("snapshot")
+
+    def local_snapshot(self):
+        """A :class:`~attnscope.core.session.Snapshot` of this client's own copy of the engine's
+        sequence (no round trip): what a window keeps showing once the engine is gone, e.g. the
+        tokens a Step ×N made before the engine stopped. ``top_next`` is empty (the candidates'
+        texts are the engine's to decode); ``kv_cache_bytes`` is the formula's.
+
+        Raises:
+            SessionError: no model (nothing was ever described by an engine).
+        """
+        self._require_model()
+        return Snapshot(
+            info=self.info,
+            backend=self.backend.name,
+            device=str(self.backend.device),
+            tokens=tuple(self._tokens),
+            n_prompt=self._n_prompt,
+            prompt=self.prompt,
+            chat_template=self.chat_template,
+            kv_cache_bytes=self.kv_cache_bytes(),
+            top_next=(),
+            notices=tuple(str(n) for n in self._notices),
+            layer_windows=tuple(layer.sliding_window for layer in self.trace.layers) if self.trace else (),
+        )
 
     def remote_call(self, name: str, args: tuple, kwargs: dict):
         """Run the ``@remotable`` function ``name`` on the engine (:mod:`attnscope.core.analysis.remotable`)."""

@@ -174,6 +174,7 @@ class EngineServer:
             self.sock.bind(f"{addr}:{port}")
             self.port = port
         self._stop = False
+        self._clients: set[bytes] = set()  # identities that sent a request (told when the engine stops)
         self._probe: Any = None  # op_probe's float32 buffer, kept between probes
         self._busy: Any = None  # (identity, request id, op) while a request runs
         self._cancel = False
@@ -191,7 +192,15 @@ class EngineServer:
             if not self.sock.poll(poll_ms):
                 continue
             frames = self.sock.recv_multipart(copy=False)
+            self._clients.add(frames[0].bytes)
             self._serve_one(frames[0].bytes, frames[1:])
+        # stopped between requests (SIGTERM): each client's next request reads this first, so it
+        # says the engine is shutting down, not only that the connection closed (README "Remote engine")
+        for ident in self._clients:
+            try:
+                self._error(ident, None, "Stopping", "the engine is shutting down")
+            except Exception:  # noqa: BLE001 (a client already gone: nothing to tell)
+                pass
 
     def stop(self) -> None:
         """Make :meth:`serve_forever` return, stopping the request it runs at its next cancel check
@@ -300,7 +309,12 @@ class EngineServer:
             self._error(ident, rid, e.kind, str(e))
         except Cancelled as e:
             if self._stop:
-                self._error(ident, rid, "Stopping", f"the engine is shutting down ({op} stopped: {e})")
+                # the tokens a stopped step or feed made stay the client's (README "Remote engine")
+                reply = {"id": rid, "kind": "error", "type": "Stopping"}
+                reply["error"] = f"the engine is shutting down ({op} stopped: {e})"
+                if op in ("step", "feed") and self.session is not None:
+                    reply["state"] = self._state(args)
+                self._send(ident, reply)
             else:
                 self._error(ident, rid, "Cancelled", str(e) or "cancelled")
         except IndexError as e:

@@ -108,6 +108,12 @@ def add_arguments(p) -> None:
     # --engine HOST:PORT: the map and sink table over the network (core/bench/remote.py)
     add_engine_arguments(p)
     p.add_argument(
+        "--startup",
+        action="store_true",
+        help="time the window's start-up (drawn, ready to Run) against a bare 'import torch' "
+        "(fresh processes; --repeats, default 3)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
@@ -146,6 +152,16 @@ def run(args) -> int:
     if getattr(args, "engine", None):
         return _run_remote(args, out)
     _check_views_options(args)
+    if getattr(args, "startup", False):
+        from attnscope.core.bench.startup import format_startup_table, run_startup_bench
+
+        result = run_startup_bench(
+            model=args.model,
+            repeats=args.repeats if args.repeats is not None else (1 if args.quick else 3),
+            log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+        )
+        _emit(format_startup_table(result), result, args.json, out)
+        return 0
     if getattr(args, "views", False):
         from attnscope.core.bench.views import main as views_main
 
