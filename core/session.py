@@ -171,7 +171,7 @@ class Session:
                 raise BadArgument(str(e)) from None
             if not ids:
                 raise SessionError("the prompt is empty: give at least one token id")
-            prompt, chat_template = self.tokenizer.decode(ids), False
+            text, chat_template = str(self.tokenizer.decode(ids)), False
             self.notice = None
         elif not isinstance(prompt, str):  # a list of prompts is a batch
             raise SessionError(
@@ -183,6 +183,7 @@ class Session:
             ids = self.encode(prompt, chat_template)
             if not ids:
                 raise SessionError(NO_TOKENS)
+            text = prompt
             self.notice = roundtrip_notice(
                 self.tokenizer, prompt
             )  # None, or how the tokenizer changed the text
@@ -192,7 +193,7 @@ class Session:
             )
         self.clear()  # a cancelled or failed forward leaves the session empty, never half old, half new
         logits = self.backend.forward(ids, progress=progress, cancelled=cancelled, all_logits=all_logits)
-        self.prompt, self.chat_template = prompt, chat_template
+        self.prompt, self.chat_template = text, chat_template
         self._prompt_logits = logits if all_logits else None
         logits = logits[-1] if all_logits else logits
         self._ids = list(ids)

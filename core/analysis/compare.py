@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from attnscope.core import memory
@@ -491,7 +492,7 @@ def run_pair(
         cancelled=cancelled,
     )
     _check_geometry(sa, sb)
-    norms = None
+    norms: Any = None  # (layer -> A's value norms, layer -> B's), as compare_sessions takes them
     if norms_a is not None:
         norms = (lambda layer: norms_a[layer], lambda layer: value_norms(sb, layer))
     total = sa.info.n_layers * sa.info.n_heads

@@ -182,12 +182,13 @@ def _parts(session) -> _Parts:
             "head ablation, patching, direct logit attribution and the logit lens need the torch backend "
             "(the MLX backend's layers cannot be hooked): use --backend torch"
         )
-    dec = model.get_decoder() if hasattr(model, "get_decoder") else model
+    m: Any = model  # a transformers PreTrainedModel
+    dec: Any = m.get_decoder() if hasattr(m, "get_decoder") else m
     if not (hasattr(dec, "layers") or hasattr(dec, "h")):
         dec = getattr(model, "transformer", dec)  # GPT-2
     layers = getattr(dec, "layers", None) or getattr(dec, "h", None)
     norm = next((getattr(dec, n) for n in ("norm", "ln_f", "final_layernorm") if hasattr(dec, n)), None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head: Any = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
     if layers is None or norm is None or head is None:
         raise UnsupportedModelError(
             f"{session.info.architecture}: its decoder layers, final norm or unembedding cannot be found"
@@ -215,7 +216,7 @@ def _parts(session) -> _Parts:
                 None,
             )
         )
-    cfg = getattr(model, "config", None)
+    cfg: Any = getattr(model, "config", None)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     post = any(hasattr(layers[0], n) for n in ("post_feedforward_layernorm", "post_mlp_layernorm"))
     return _Parts(

@@ -213,7 +213,9 @@ class SinkReport:
 
         def r(a):  # NaN (a hybrid model's layer with no map) -> None: JSON has no NaN
             x = np.round(np.asarray(a, dtype=np.float64), 6)
-            return np.where(np.isnan(x), None, x).tolist()
+            y = x.astype(object)
+            y[np.isnan(x)] = None
+            return y.tolist()
 
         out = {
             "definition": "sink score = mean over query rows i >= 1 of the attention weight on key 0 "

@@ -111,7 +111,7 @@ class TorchBackend:
         finite.watch_layers(model)  # hidden states checked as they happen (attnscope.core.trace.finite)
         # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see attnscope.core.attention.rope_length
         self.rope = LengthDependentRope(model)
-        self.notices: list[RopeRecompute] = []  # KV-cache recomputes of the current sequence
+        self.notices: list[RopeRecompute | StateRecompute] = []  # KV-cache recomputes of the current sequence
         # Chunked attention (Llama 4: layer_types "chunked_attention", attention_chunk_size): its mask
         # equals the causal one up to one chunk, and our attention function applies only causal +
         # window, so sequences longer than a chunk are refused rather than run with the wrong mask.

@@ -136,8 +136,8 @@ def run(args) -> int:
     where = sys.stdout if out is not None or args.json is None else sys.stderr
     what = {"logprob": "log p", "logit_diff": "logit diff", "kl": "KL"}[t.kind]
     print(f"clean {what} = {eff.clean:.4f}; heads by |effect| ({args.method}, {args.scope}):", file=where)
-    for layer, h, e in eff.top(args.top):
-        line = f"  L{layer} H{h} (KV {s.info.kv_head(h)}): {e:+.4f}"
+    for layer, h, effect in eff.top(args.top):
+        line = f"  L{layer} H{h} (KV {s.info.kv_head(h)}): {effect:+.4f}"
         if dla is not None:
             line += f"   direct {dla.heads[layer, h]:+.4f}"
         print(line, file=where)
