@@ -137,9 +137,7 @@ class Controls:
         self.edited_label = QLabel(self.EDITED_TEXT)
         self.edited_label.setStyleSheet("color:#b35900; font-weight: bold;")
         self.edited_label.setToolTip(self.EDITED_TIP)
-        keep = self.edited_label.sizePolicy()
-        keep.setRetainSizeWhenHidden(True)  # the row does not jump when the hint comes and goes
-        self.edited_label.setSizePolicy(keep)
+        # takes no room while hidden: kept, its width would raise the window's minimum past 1000 px
         self.edited_label.hide()
         ctl.addWidget(self.edited_label)
         ctl.addSpacing(18)
