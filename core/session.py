@@ -164,7 +164,10 @@ class Session:
         """
         flag("chat_template", chat_template)  # WrongType: "no" would read as True
         flag("all_logits", all_logits)
-        if isinstance(prompt, list | tuple | np.ndarray) and not any(isinstance(x, str) for x in prompt):
+        nested = isinstance(prompt, list | tuple | np.ndarray) and any(
+            isinstance(x, str | list | tuple | np.ndarray) for x in prompt
+        )
+        if isinstance(prompt, list | tuple | np.ndarray) and not nested:
             try:  # token ids, fed as they are (no chat template), as TransformerLens users pass tokens
                 ids = as_token_ids(prompt, self.info.vocab_size)
             except ValueError as e:

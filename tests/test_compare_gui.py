@@ -157,7 +157,7 @@ def test_heatmap_value_weighted_scale(win):
     np.testing.assert_allclose(win.weights[1:].sum(axis=1), 1.0, atol=1e-5)  # row-normalised
     assert not np.allclose(win.weights, s.weights(win.layer, win.head, slice(0, n), slice(0, n)), atol=1e-3)
     assert win.exports.view_state()["weighting"] == "value-weighted"  # exports record the scale shown
-    assert "value-weighted" in hm.colorbar.axis.labelText
+    assert "value-weighted" in hm.colorbar.getAxis("left").labelText  # the bar's one label
     # an aggregate: mean over the KV group's heads of their value-weighted maps
     hm.set_aggregate("group")
     assert win.engine.wait_idle(60) and win.last_error is None

@@ -163,7 +163,9 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         from PySide6.QtCore import QPointF
 
         view._on_hover(view.plots[2].vb.mapViewToScene(QPointF(c + 0.5, r + 0.5)))
-        assert view.hover.text().startswith(f"query {r}") and f"{A[r, c]:.5f}" in view.hover.text()
+        from attnscope.app.views.compare import _weight
+
+        assert view.hover.text().startswith(f"query {r}") and _weight(A[r, c]) in view.hover.text()
         if shots:
             view.grab().save(os.path.join(shots, "comparelong_zoomed.png"))
         # zoomed back out: the tile goes, the overview's range and titles come back

@@ -90,7 +90,7 @@ def test_after_a_reload_the_first_map_is_whole_and_old_panels_are_covered(window
     win.show_view("sinks")
     assert win.engine.wait_idle(120) and win.views["sinks"].report is not None
     overlays = win._empty_overlays
-    assert set(overlays) == {"grid", "gqa", "mask", "sinks", "roles", "experiments", "compare"}
+    assert set(overlays) == {"grid", "gqa", "mask", "sinks", "roles", "heads", "experiments", "compare"}
     assert not any(o.isVisible() for o in overlays.values())
     win.load_model(None)  # the same model again: a fresh session, nothing run
     assert win.engine.wait_idle(300) and win.snapshot.seq_len == 0

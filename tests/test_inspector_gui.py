@@ -57,10 +57,11 @@ def test_timeline_replays_steps(win):
     assert [r.id for r in table.rows] == [t.id for t in s.next_token_probs(10)] or table.step != 3
     # the token strip shows the sequence as it was: n0 + 1 tokens
     assert win.token_strip.toHtml().count("tok:") == n0 + 1
-    # stepping while looking back keeps the chosen step; Latest follows again
+    # stepping while looking back moves the timeline to the newest step first (no token is added out
+    # of sight); Latest stays there
     win.step(1)
     assert win.engine.wait_idle(60)
-    assert (tl.step, tl.n_generated) == (1, 4) and win.weights.shape == (n0 + 1, n0 + 1)
+    assert (tl.step, tl.n_generated) == (4, 4) and win.weights.shape == (n0 + 4, n0 + 4)
     tl.latest_button.click()
     assert win.engine.wait_idle(60)
     assert tl.step == 4 and win.weights.shape == (n0 + 4, n0 + 4)

@@ -378,7 +378,7 @@ def estimate_entry(
         if spec.packs_gguf and entry.format == "gguf" and quantize == "none"
         else None
     )
-    if backend == "mlx" and entry.format == "hf" and entry.quantised:  # an mlx-lm folder stays packed
+    if spec.checkpoint_quant == "mlx-lm" and entry.format == "hf" and entry.quantised:  # stays packed
         packed = mlx_folder_packed_bytes(entry.path, dtype)
     est = estimate(
         n_params=entry.n_params,

@@ -15,6 +15,16 @@ Traces that record neither (MLX, older remote engines) read as plain softmax eve
 from __future__ import annotations
 
 import numpy as np
+from attnscope.core.errors import AttnScopeError
+
+
+def _recorded(rec, name: str):
+    """``rec.name``, or None when the record has none or keeps it elsewhere (a remote engine's stand-in
+    records raise :class:`attnscope.core.errors.SessionError`: the tensors stay on the engine)."""
+    try:
+        return getattr(rec, name, None)
+    except AttnScopeError:
+        return None
 
 
 def layer_softcap(trace, layer: int) -> float | None:
@@ -22,7 +32,7 @@ def layer_softcap(trace, layer: int) -> float | None:
     layers = getattr(trace, "layers", None) or []
     if not 0 <= layer < len(layers):
         return None
-    cap = getattr(layers[layer], "softcap", None)
+    cap = _recorded(layers[layer], "softcap")
     return None if cap is None else float(cap)
 
 
@@ -39,13 +49,13 @@ def model_softcap(trace) -> float | None:
 
 def has_learned_sinks(trace) -> bool:
     """True when some layer of ``trace`` recorded learned sink logits."""
-    return any(getattr(r, "sinks", None) is not None for r in getattr(trace, "layers", None) or [])
+    return any(_recorded(r, "sinks") is not None for r in getattr(trace, "layers", None) or [])
 
 
 def learned_sink_logits(trace, layer: int) -> np.ndarray | None:
     """``(n_heads,)`` float64 learned sink logits of ``layer``, or None."""
     layers = getattr(trace, "layers", None) or []
-    if not 0 <= layer < len(layers) or getattr(layers[layer], "sinks", None) is None:
+    if not 0 <= layer < len(layers) or _recorded(layers[layer], "sinks") is None:
         return None
     return np.asarray(layers[layer].sinks.detach().cpu().double().numpy())
 
