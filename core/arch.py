@@ -3,7 +3,7 @@
 Grouped-query attention (Ainslie et al. 2023, "GQA"): ``n_heads`` query heads share ``n_kv_heads``
 key/value heads in contiguous groups of ``group_size = n_heads // n_kv_heads``; query head ``h``
 reads KV head ``h // group_size`` (the grouping transformers' ``repeat_kv`` and mlx-lm's
-``mx.repeat(..., axis=1)`` imply; DESIGN.md "Conventions"). MHA is ``group_size = 1``, MQA
+``mx.repeat(..., axis=1)`` imply; README "How it works"). MHA is ``group_size = 1``, MQA
 ``n_kv_heads = 1``.
 
 Everything that maps heads (the traces, the analyses, the views' labels) asks an

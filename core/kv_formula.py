@@ -1,7 +1,7 @@
 """KV-cache accounting (and the naive attention matrix's memory), for any model configuration.
 
 KV-cache bytes = 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × bytes_per_element
-(DESIGN.md; handbook §7 "MQA and GQA: shrinking the KV cache"). The factor 2 is K and V.
+(Shazeer 2019 for MQA, Ainslie et al. 2023 for GQA). The factor 2 is K and V.
 
 * MHA caches one K and one V per query head (``n_kv_heads = n_heads``); GQA one per group of
   query heads (Ainslie et al. 2023); MQA a single one (``n_kv_heads = 1``, Shazeer 2019).

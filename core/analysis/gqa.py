@@ -1,6 +1,6 @@
 """How alike the query heads of a GQA group are, and which KV head they read.
 
-Grouped-query attention (Ainslie et al. 2023; seed 000 §4, seed 004 "MQA/GQA/MLA"): query head
+Grouped-query attention (Ainslie et al. 2023): query head
 ``h`` reads KV head ``h // group_size``, so the ``group_size`` query heads of a group attend over
 the *same* keys with different queries. Whether they then look at the same places is measured
 row by row with the Jensen–Shannon distance.

@@ -4,12 +4,12 @@ A *step* is one forward call: step 0 is prefill (``L = n_prompt`` new queries ov
 ``S = n_prompt`` keys); step ``t >= 1`` is decode step ``t`` (``L = 1`` new query, position
 ``n_prompt + t − 1``, over ``S = n_prompt + t`` cached keys).
 
-The applied mask is the bottom-right aligned causal mask (seed 000 §3, DESIGN.md)::
+The applied mask is the bottom-right aligned causal mask (README "How it works", :mod:`attnscope.core.attention.masks`)::
 
     allowed[i, j] = j <= i + (S − L)          i.e. tril(ones(L, S), k = S − L)
 
 so in decode (``L = 1``) the single query sees every cached key; the classic bug is
-``tril(k = 0)``, which would let it see key 0 only (seed 004 §9). A sliding window of ``W`` keys
+``tril(k = 0)``, which would let it see key 0 only (the is_causal-with-cache pitfall; tests/test_masks.py). A sliding window of ``W`` keys
 additionally needs ``j > i + (S − L) − W``. A single-sequence session has no padding, so there
 is no padding mask (batch = 1, every position is a real token).
 

@@ -7,7 +7,7 @@ sequence was ``n_prompt + t`` tokens long.
 Why cropping is exact (no recompute, no stored history): with a causal mask query row ``i`` only
 sees keys ``j <= i``, and the KV cache is append-only, so neither the keys nor the LSE of row
 ``i`` change when later tokens arrive. The map at step ``t`` is therefore exactly the top-left
-``(n_prompt + t) × (n_prompt + t)`` block of the map now (seed 000 §3: bottom-right aligned
+``(n_prompt + t) × (n_prompt + t)`` block of the map now (bottom-right aligned
 ``tril(k=S−L)``; a decode step adds one row and one column and touches nothing else). A sliding
 window only removes keys from a row, so the argument holds with one too.
 

@@ -3,7 +3,7 @@
 This is the fast path every attention layer of a transformers model runs through when it is loaded
 with ``attn_implementation="attnscope"`` (see :mod:`attnscope.core.backends.torch_backend`).
 
-Shapes (DESIGN.md): q ``(B, n_heads, L, head_dim)``; k, v ``(B, n_kv_heads, S, head_dim)``;
+Shapes (README "How it works"): q ``(B, n_heads, L, head_dim)``; k, v ``(B, n_kv_heads, S, head_dim)``;
 query head ``h`` reads KV head ``h // group_size`` with ``group_size = n_heads // n_kv_heads``.
 GQA is done by *viewing* q as ``(B * n_kv_heads, group_size, L, D)`` and k, v as
 ``(B * n_kv_heads, 1, S, D)`` expanded with stride 0 along the group: K/V are never copied.
@@ -313,7 +313,7 @@ def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask, mask_cache
     if mask is not None:
         Mask(array=mask).check_shape(B, H, L, S)
     window = sliding_window if (sliding_window is not None and sliding_window < S) else None
-    if v.shape[-1] != D:  # the fused kernels take one head size for q, k and v (issue 12 §2)
+    if v.shape[-1] != D:  # the fused kernels take one head size for q, k and v (tests/test_flash.py)
         return _math_f32(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
     is_causal = False
     structural = causal
@@ -551,7 +551,7 @@ def _math_f32(q, k, v, *, scale, causal, sliding_window, mask, softcap=None):
 
 # |LSE| up to which a float32 LSE is exact enough for the weights: exp(s − lse) inherits the LSE's
 # absolute error as a relative one, and half a float32 ulp below 16 is 2⁻²⁴·16 ≈ 9.5e-7. Rows above
-# it get their LSE (and their weights) from float64 scores (issue 12 §1: at |lse| ≈ 3·10⁴ a float32
+# it get their LSE (and their weights) from float64 scores (README "What 'exact' means per dtype": at |lse| ≈ 3·10⁴ a float32
 # ulp is 0.002, rows summed to 1.0006).
 LSE_FP32_EXACT = 16.0
 
@@ -656,7 +656,7 @@ def exact_lse(
         scale, causal, sliding_window, mask: the mask and scale the LSE was computed with.
 
     Returns:
-        ``(B, n_heads, L)`` float64. Rules (measured in issue 12 §1 and README "What 'exact'
+        ``(B, n_heads, L)`` float64. Rules (measured, README "What 'exact'
         means per dtype"):
 
         * float16 / bfloat16 inputs with a kernel's float32 LSE: every row is recomputed from

@@ -3,7 +3,7 @@
 Two functions:
 
 * :func:`attention` — the MLX reference: scores, softmax and LSE in float32 by broadcasting
-  (tiny-llm / seed 000 §4: q viewed as ``(B, n_kv_heads, group, L, D)``, k and v as
+  (tiny-llm's GQA: q viewed as ``(B, n_kv_heads, group, L, D)``, k and v as
   ``(B, n_kv_heads, 1, S, D)``; K/V are never tiled), optional LSE and weights.
 * :func:`sdpa_with_lse_mlx` — what the MLX backend calls in every layer: the output from
   ``mx.fast.scaled_dot_product_attention`` (fused on Apple silicon) and the per-row LSE computed
@@ -20,7 +20,7 @@ Two functions:
   verified here, no Apple GPU);
 * on the CPU (mlx 0.32, Linux) it rounds the scores to the input dtype before its float32
   softmax: measured here, bfloat16 outputs off by up to 3.5e-2 (relative) at ``|s| ≈ 86``, an
-  error of about ``2⁻⁸·|s|`` (0.48 absolute on a small test, issue 12 §6). On the CPU the wrapper
+  error of about ``2⁻⁸·|s|`` (0.48 absolute on a small test, tests/test_mlx_backend.py). On the CPU the wrapper
   therefore computes the output from its own float32 scores (which the LSE needs anyway);
   ``mx.fast`` is used on the GPU (Metal), where it is fused. ``fused=`` overrides the choice,
   but for bfloat16 / float16 inputs ``mx.fast`` is used only on a device where a probe
@@ -30,7 +30,7 @@ Two functions:
 
 The LSE is kept as its two FlashAttention parts, the row max ``m`` and ``ℓ = log Σ exp(s − m)``
 (``parts=True``), so that the Trace's weights ``exp((s − m) − ℓ)`` do not inherit the float32
-rounding of ``m + ℓ`` (0.001 at ``|lse| ≈ 3·10⁴``, issue 12 §1; Metal has no float64).
+rounding of ``m + ℓ`` (0.001 at ``|lse| ≈ 3·10⁴``, README "What 'exact' means per dtype"; Metal has no float64).
 
 mlx is an optional dependency (``pip install attnscope[mlx]``): import this module only where
 ``import mlx.core`` works.
@@ -254,7 +254,7 @@ def sdpa_with_lse_mlx(
     if fused is None:
         fused = on_gpu
     if fused and (g.Dv != g.D or not fast_keeps_float32_scores(q.dtype)):
-        fused = False  # issue 12 §2 and §6: a kernel call that would crash or round the scores
+        fused = False  # tests/test_mlx_backend.py: a kernel call that would crash or round the scores
     B, H, Hkv, G, L, S = g.B, g.n_heads, g.n_kv_heads, g.group_size, g.L, g.S
     qg = q.reshape(B, Hkv, G, L, g.D)
     kg = mx.expand_dims(k, 2)

@@ -1,6 +1,6 @@
 """Attention masks as boolean "allowed" arrays, shared by every backend and view.
 
-Conventions (DESIGN.md, seed 000 §3 "causal_mask(L, S)"):
+Conventions (tiny-llm's ``causal_mask(L, S)``, README "How it works"):
 
 * Query row ``i`` of ``L`` new rows attends key ``j`` of ``S`` keys iff ``j <= i + (S - L)``:
   the causal mask is aligned to the bottom-right corner (``tril(k=S-L)``), so a decode step
@@ -94,7 +94,7 @@ class Mask:
 
     Attributes:
         causal: bottom-right aligned causal mask: query row ``i`` of ``L`` sees key ``j`` of ``S``
-            iff ``j <= i + (S - L)`` (seed 000 §3, ``tril(k=S-L)``). With ``L > S`` the first
+            iff ``j <= i + (S - L)`` (``tril(k=S-L)``, as tiny-llm's ``causal_mask``). With ``L > S`` the first
             ``L - S`` rows see no key at all (their output is zero).
         window: sliding window of ``W`` keys: additionally ``j > i + (S - L) - W`` (the query
             itself and the ``W - 1`` keys before it). Needs ``causal=True``.
@@ -236,7 +236,7 @@ def to_4d(a):
 def group_heads(a4, n_kv_heads: int):
     """View a ``(b, h, L, S)`` mask as ``(b, n_kv_heads|1, group|1, L, S)`` for grouped attention.
 
-    Query head ``h`` belongs to KV head ``h // group_size`` (DESIGN.md), so a per-head mask
+    Query head ``h`` belongs to KV head ``h // group_size`` (:meth:`attnscope.core.arch.ArchConfig.kv_head`), so a per-head mask
     reshapes without copying; a mask shared by all heads (``h == 1``) gets two unit dims.
     Works on numpy, torch and MLX arrays.
     """

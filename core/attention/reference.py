@@ -6,7 +6,7 @@ and the MLX ones in :mod:`attnscope.core.attention.fused_mlx`) follows one contr
 
 * inputs ``q (B, n_heads, L, D)``, ``k (B, n_kv_heads, S, D)``, ``v (B, n_kv_heads, S, Dv)``;
   ``n_heads`` a multiple of ``n_kv_heads`` (MHA, GQA, MQA). Query head ``h`` reads KV head
-  ``h // group_size``; K/V are broadcast over the group, never copied (tiny-llm, seed 000 §4);
+  ``h // group_size``; K/V are broadcast over the group, never copied (tiny-llm's GQA);
 * ``mask``: anything :func:`attnscope.core.attention.masks.as_mask` accepts (None, ``"causal"`` bottom-right aligned,
   an int sliding window, a boolean or additive array, a :class:`attnscope.core.attention.masks.Mask` combining them);
 * ``scale`` defaults to ``1/sqrt(D)`` (Vaswani et al. 2017 §3.2.1);

@@ -140,7 +140,7 @@ class TraceGeometry:
     def sink_scores(self, key: int = 0) -> np.ndarray:
         """Sink score per head, ``(n_layers, n_heads)`` float32.
 
-        Definition (issue "inspector", sinks): the mean over query rows ``i >= 1`` of the weight
+        Definition (README "Using the app", Sinks): the mean over query rows ``i >= 1`` of the weight
         on key 0 (row 0 can only attend to itself, so it is left out). For ``key > 0`` the mean
         is over rows ``i > key``; zeros when no row comes after ``key``. NaN rows for layers with no
         map (module docstring).
@@ -275,7 +275,7 @@ class TraceGeometry:
 
     def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
         """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape ``(n_q, n_k)``,
-        bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; DESIGN.md "Masks")."""
+        bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; README "How it works"; attnscope.core.attention.masks)."""
         rec = self._rec(layer)
         T, S = rec.n_rows(), rec.keys.shape[1]
         r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")

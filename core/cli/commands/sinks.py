@@ -1,6 +1,6 @@
 """``attnscope sinks``: the layers × heads table of attention-sink scores, as JSON.
 
-Sink score of a head (issue "inspector", sinks): the mean, over query rows ``i >= 1``, of the
+Sink score of a head (README "Using the app", Sinks): the mean, over query rows ``i >= 1``, of the
 weight on key 0 (row 0 can only attend to itself, so it is left out); computed from ``q``,
 ``k_0`` and the LSE rows, linear in the sequence (:mod:`attnscope.core.analysis.sinks`). The JSON also holds the
 mass on ``{0} ∪ delimiters`` (``sink_set``), the table after prefill and after each decode step
