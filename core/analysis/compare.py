@@ -50,6 +50,7 @@ from attnscope.core.analysis.value_weighted import (
 )
 from attnscope.core.backends import registry
 from attnscope.core.errors import SessionError
+from attnscope.core.trace import softmax_variant
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,10 @@ def compare_sessions(
     nf_a = norms[0] if norms else (lambda layer: value_norms(sa, layer))
     nf_b = norms[1] if norms else (lambda layer: value_norms(sb, layer))
     maps = sa.info.arch
+    # a learned sink slot (gpt-oss) is one more outcome of every row (attnscope.core.analysis.gqa.js_distance)
+    slot = softmax_variant.has_learned_sinks(getattr(sa, "trace", None)) or softmax_variant.has_learned_sinks(
+        getattr(sb, "trace", None)
+    )
     for layer in range(L):
         if not maps.has_map(
             layer
@@ -357,7 +362,7 @@ def compare_sessions(
                 wb = sb.weights(layer, h, r, slice(0, n))
                 if weighting == VALUE_WEIGHTED:
                     wa, wb = apply_norms(wa, na[h], True), apply_norms(wb, nb[h], True)
-                d = js_distance(wa, wb, axis=1)  # (band,)
+                d = js_distance(wa, wb, axis=1, sink_slot=slot)  # (band,)
                 js_sum[layer, h] += d.sum()
                 k = int(d.argmax())
                 if d[k] > js_max[layer, h] or r0 == 1:

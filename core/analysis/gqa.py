@@ -39,22 +39,23 @@ def _js_terms(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return 0.5 * kp + 0.5 * kq
 
 
-def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1) -> np.ndarray:
+def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1, sink_slot: bool = False) -> np.ndarray:
     """Base-2 Jensen–Shannon distance between distributions along ``axis`` (module docstring).
 
     Inputs are non-negative and each slice along ``axis`` sums to 1 (attention rows do); they are
-    not renormalised. A slice that sums to less than 1 (a model with learned sinks, gpt-oss: the
-    softmax's missing mass sits on the sink slot, :mod:`attnscope.core.trace.softmax_variant`) has
-    that residual ``1 − Σ`` counted as one more outcome, so the distance is the one between the full
-    softmax distributions, sink included. Computed in float64; returns float64 of the broadcast
+    not renormalised. With ``sink_slot`` (a model with learned sinks, gpt-oss: the softmax's missing
+    mass sits on the sink slot, :mod:`attnscope.core.trace.softmax_variant`) each slice's residual
+    ``1 − Σ`` counts as one more outcome, so the distance is the one between the full softmax
+    distributions, sink included; without it the residual is float rounding and is not counted (its
+    square root would read as a distance). Computed in float64; returns float64 of the broadcast
     shape without ``axis``, clipped to [0, 1].
     """
     p = np.asarray(p, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
     jsd = _js_terms(p, q).sum(axis=axis)
-    rp = np.clip(1.0 - p.sum(axis=axis), 0.0, 1.0)  # the learned sink's share (~1e-7 rounding otherwise)
-    rq = np.clip(1.0 - q.sum(axis=axis), 0.0, 1.0)
-    if max(float(rp.max(initial=0.0)), float(rq.max(initial=0.0))) > 1e-6:
+    if sink_slot:
+        rp = np.clip(1.0 - p.sum(axis=axis), 0.0, 1.0)  # the learned sink's share of each slice
+        rq = np.clip(1.0 - q.sum(axis=axis), 0.0, 1.0)
         jsd = jsd + _js_terms(rp, rq)
     return np.sqrt(np.clip(jsd, 0.0, 1.0))
 
