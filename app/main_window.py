@@ -143,7 +143,7 @@ class MainWindow(QMainWindow):
         self.add_view("mask", "Mask", MaskView(self.state, self.engine))
         from attnscope.app.views import compare, experiments, heads, kv, roles, sinks
 
-        for mod in (sinks, kv, roles, heads, experiments, compare):
+        for mod in (sinks, kv, roles, experiments, compare, heads):
             mod.install_view(self)
         for key in LIVE_SEQUENCE_VIEWS:  # their header says so while the timeline is at an earlier step
             if key in self.views and self.views[key].layout() is not None:

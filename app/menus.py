@@ -117,7 +117,7 @@ def build_menus(win) -> None:
 
 
 def add_view_action(win, key: str, title: str) -> None:
-    """View → Show <title>, with Ctrl+1…Ctrl+9 for the first nine tabs."""
+    """View → Show <title>, with Ctrl+1…Ctrl+9 for the first nine tabs and Ctrl+0 for the tenth."""
     idx = list(win.views).index(key)
     # (QAction.triggered passes `checked`: the lambda takes it first, or it would become the key)
     action(
@@ -125,7 +125,7 @@ def add_view_action(win, key: str, title: str) -> None:
         win.view_menu,
         f"Show {title}",
         lambda _checked=False, k=key: win.show_view(k),
-        f"Ctrl+{idx + 1}" if idx < 9 else None,
+        f"Ctrl+{idx + 1}" if idx < 9 else "Ctrl+0" if idx == 9 else None,
     )
 
 

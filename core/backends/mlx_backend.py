@@ -37,6 +37,7 @@ from attnscope.core.backends.mlx_gguf import describe as describe_packed
 from attnscope.core.backends.mlx_gguf import gguf_path_of, load_packed, logical_params
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
+from attnscope.core.loading.attention_kind import heads_line
 from attnscope.core.loading.quantize import file_quantization
 from attnscope.core.loading.resolve import (
     DEFAULT_MODEL_NAME,
@@ -313,6 +314,8 @@ class MlxBackend:
             quantization_runtime=runtime,
             dtype_reason=dtype_reason,
             load_note="; ".join(notes),
+            # dense GQA/MHA/MQA only on MLX (its families): the heads line, as the torch load says it
+            attention_kind=heads_line(args.n_heads, args.n_kv_heads),
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0
