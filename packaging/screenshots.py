@@ -1,53 +1,200 @@
-"""Regenerate the README's screenshots of the window, made by the app itself on the embedded model.
+"""Regenerate every picture the README and the docs show, made by the app itself on the embedded model.
 
-Usage: ``QT_QPA_PLATFORM=offscreen .venv/bin/python packaging/screenshots.py [OUT_DIR]`` (default
-``assets/screenshots``). Each picture is one user journey: type a prompt, Run, open a tab, set its
-controls, run it, grab the window at 1400 × 900.
+Usage::
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python packaging/screenshots.py [--out DIR] [NAME ...]
+
+writes each picture of :data:`PICTURES` (or only the NAMEs given, e.g. ``grid.png``) to ``DIR``
+(default ``docs/images``). Each picture is one user journey: type a prompt, Run, open a tab, set its
+controls, run it, grab the window at 1400 × 900; the decode GIF is the CLI's batch export
+(``attnscope export … --frames decode.gif``). PNGs are stored with an adaptive 256-colour palette
+so that the pages stay light.
+
+A new picture is one function ``def my_picture(sh: Shots, path: Path) -> None`` (bring the window
+to the state to show with :meth:`Shots.run` / :meth:`Shots.tab`, then :meth:`Shots.grab` it to
+``path``) and one entry in :data:`PICTURES`.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "images"
+SIZE = (1400, 900)
+
+#: the tour's prompt (raw text, no chat template): a repeated phrase, so induction and
+#: previous-token heads show, and a few decode steps after it
+TOUR = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the"
+TOUR_STEPS = 4
+#: the tour's head: an induction head of SmolLM2 on this prompt (the Head roles tab names it)
+TOUR_LAYER, TOUR_HEAD = 18, 6
+#: the indirect-object prompt the "Which heads matter" picture runs
 IOI = "When Mary and John went to the store, John gave a drink to"
 
 
-def _wait(app, w) -> None:
-    while not w.engine.wait_idle(1):
-        app.processEvents()
-    for _ in range(20):
-        app.processEvents()
-    if w.last_error:
-        raise SystemExit(f"screenshots: {w.last_error}")
+class Shots:
+    """One window on the embedded model, shared by every picture; runs only what changed."""
+
+    def __init__(self) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        self.app = QApplication.instance() or QApplication(sys.argv)
+        from attnscope.app.main_window import MainWindow
+
+        self.w = MainWindow(model=None)
+        self.w.resize(*SIZE)
+        self.w.show()
+        self.wait()
+        self._ran: tuple[str, int] | None = None
+
+    def wait(self) -> None:
+        """Until the engine is idle and the window has painted; a window error stops the script."""
+        while not self.w.engine.wait_idle(1):
+            self.app.processEvents()
+        for _ in range(20):
+            self.app.processEvents()
+        if self.w.last_error:
+            raise SystemExit(f"screenshots: {self.w.last_error}")
+
+    def run(self, prompt: str, steps: int = 0) -> None:
+        """Run ``prompt`` (no chat template) and ``steps`` greedy decode steps, unless that is on screen."""
+        if self._ran == (prompt, steps):
+            return
+        self.w.prompt_edit.setPlainText(prompt)
+        self.w.chat_check.setChecked(False)
+        self.w.run_prompt()
+        self.wait()
+        if steps:
+            self.w.step(steps)
+            self.wait()
+        self._ran = (prompt, steps)
+
+    def tab(self, key: str, layer: int | None = None, head: int | None = None):
+        """Show tab ``key`` (a ``MainWindow.views`` key) at ``layer``/``head``; returns its widget."""
+        if layer is not None or head is not None:
+            self.w.select(self.w.layer if layer is None else layer, self.w.head if head is None else head)
+        self.w.show_view(key)
+        self.w.refresh_current_view()
+        self.wait()
+        return self.w.views[key]
+
+    def grab(self, path: Path) -> None:
+        """Save the window to ``path`` as a palette PNG (256 colours)."""
+        from PIL import Image
+
+        self.wait()
+        raw = path.with_suffix(".raw.png")
+        if not self.w.grab().save(str(raw), "PNG"):
+            raise SystemExit(f"screenshots: could not write {raw}")
+        with Image.open(raw) as im:
+            im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        raw.unlink()
+
+    def close(self) -> None:
+        self.w.close()
 
 
-def main(out: Path) -> int:
-    from PySide6.QtWidgets import QApplication
+# -- the pictures: one function each, listed in PICTURES ------------------------------------------
 
-    app = QApplication.instance() or QApplication(sys.argv)
-    from attnscope.app.main_window import MainWindow
 
-    out.mkdir(parents=True, exist_ok=True)
-    w = MainWindow(model=None)
-    w.resize(1400, 900)
-    w.show()
-    _wait(app, w)
-    w.prompt_edit.setPlainText(IOI)
-    w.chat_check.setChecked(False)
-    w.run_prompt()
-    _wait(app, w)
-    w.show_view("heads")
-    view = w.views["heads"]
+def window(sh: Shots, path: Path) -> None:
+    """The README's first picture: the window on the heatmap after a few decode steps."""
+    sh.run(TOUR, TOUR_STEPS)
+    sh.tab("heatmap", TOUR_LAYER, TOUR_HEAD)
+    sh.grab(path)
+
+
+def tab_picture(key: str, layer: int = TOUR_LAYER, head: int = TOUR_HEAD) -> Callable[[Shots, Path], None]:
+    """A tab on the tour's run, as the tab opens (its own default controls)."""
+
+    def picture(sh: Shots, path: Path) -> None:
+        sh.run(TOUR, TOUR_STEPS)
+        sh.tab(key, layer, head)
+        sh.grab(path)
+
+    picture.__doc__ = f"The {key!r} tab on the tour's run."
+    return picture
+
+
+def compare(sh: Shots, path: Path) -> None:
+    """The Compare tab: the same model at bfloat16 as run B."""
+    sh.run(TOUR, TOUR_STEPS)
+    view = sh.tab("compare", TOUR_LAYER, TOUR_HEAD)
+    kinds = [view.kind_combo.itemData(i) for i in range(view.kind_combo.count())]
+    view.kind_combo.setCurrentIndex(kinds.index("dtype"))
+    view.dtype_combo.setCurrentText("bfloat16")
+    if view.run_b() is None:
+        raise SystemExit(f"screenshots: compare: {view.summary.text()}")
+    sh.wait()
+    sh.grab(path)
+
+
+def which_heads_matter(sh: Shots, path: Path) -> None:
+    """The Which heads matter tab on the IOI prompt: logit(" Mary") − logit(" John")."""
+    sh.run(IOI)
+    view = sh.tab("heads")
     view.target_edit.setText(" Mary")
     view.other_edit.setText(" John")
     view.run()
-    _wait(app, w)
-    w.grab().save(str(out / "which_heads_matter.png"))
-    print(f"screenshots: wrote {out / 'which_heads_matter.png'}")
-    w.close()
+    sh.grab(path)
+
+
+def decode_gif(sh: Shots, path: Path) -> None:
+    """Stepping through decode: the CLI's batch GIF export of the tour's head, one frame a step."""
+    import contextlib
+    import io
+
+    from attnscope.app.cli import main as cli
+
+    argv = ["export", "--prompt", TOUR, "--no-chat-template", "--steps", "6"]
+    argv += ["--layer", str(TOUR_LAYER), "--head", str(TOUR_HEAD), "--frames", str(path), "--fps", "1.5"]
+    with contextlib.redirect_stdout(io.StringIO()):  # the tokens it lists
+        code = cli(argv)
+    if code != 0:
+        raise SystemExit("screenshots: the GIF export failed")
+    Path(f"{path}.json").unlink(missing_ok=True)  # the provenance sidecar: not a picture
+
+
+#: file name under the output folder -> the function that makes it (README / docs order)
+PICTURES: dict[str, Callable[[Shots, Path], None]] = {
+    "window.png": window,
+    "grid.png": tab_picture("grid"),
+    "gqa.png": tab_picture("gqa"),
+    "mask.png": tab_picture("mask"),
+    "sinks.png": tab_picture("sinks"),
+    "kv.png": tab_picture("kv"),
+    "roles.png": tab_picture("roles"),
+    "experiments.png": tab_picture("experiments"),
+    "compare.png": compare,
+    "which_heads_matter.png": which_heads_matter,
+    "decode.gif": decode_gif,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"pictures to make (default all: {', '.join(PICTURES)})"
+    )
+    p.add_argument("--out", type=Path, default=OUT, help="output folder (default docs/images)")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in PICTURES]
+    if unknown:
+        p.error(f"unknown picture {unknown[0]!r}; choose from {', '.join(PICTURES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    sh = Shots()
+    try:
+        for name in args.names or PICTURES:
+            PICTURES[name](sh, args.out / name)
+            print(f"screenshots: wrote {args.out / name}", flush=True)
+    finally:
+        sh.close()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("assets/screenshots")))
+    raise SystemExit(main())
