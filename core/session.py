@@ -158,8 +158,8 @@ class Session:
         float32, for :meth:`position_logits`; Compare needs them).
 
         Raises:
-            SessionError: empty prompt, or longer than the model's context. WrongType: a prompt that
-            is not a string, ``chat_template``/``all_logits`` not a bool.
+            SessionError: empty prompt, or longer than the model's context.
+            WrongType: a prompt that is not a string, ``chat_template``/``all_logits`` not a bool.
             Cancelled: ``cancelled()`` became true; the previous sequence is gone, the session empty.
         """
         flag("chat_template", chat_template)  # WrongType: "no" would read as True
@@ -300,8 +300,9 @@ class Session:
         later :meth:`step` samples what the original run would have sampled next.
 
         Raises:
-            SessionError: no prompt yet. BadArgument: an id outside the vocabulary, a batch, or more
-            tokens than the model's context has room for (refused before any is fed).
+            SessionError: no prompt yet.
+            BadArgument: an id outside the vocabulary, a batch, or more tokens than the model's
+                context has room for (refused before any is fed).
             Cancelled: ``cancelled()`` became true.
         """
         from attnscope.core.errors import Cancelled
