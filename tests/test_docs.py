@@ -116,3 +116,50 @@ def test_docs_build_strict(tmp_path):
     # the benchmarks page carries the committed run's table
     bench = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
     assert "attnscope bench:" in bench and "<!-- bench-table -->" not in bench
+
+
+def test_file_formats_page_names_every_session_field():
+    """docs/file-formats.md's session-file table lists every top-level key a saved session holds."""
+    from attnscope.core.io.sessionfile import SessionFile
+    from attnscope.core.sampling import Sampling
+
+    sf = SessionFile(
+        model="default",
+        model_name="m",
+        model_sha256=None,
+        backend="torch",
+        dtype="float32",
+        device="cpu",
+        prompt="hi",
+        chat_template=False,
+        sampling=Sampling(),
+        token_ids=(1, 2),
+        n_prompt=1,
+        engine={"address": "127.0.0.1:8765", "host": "h"},
+        device_map={"strategy": "auto", "placement": {}},
+    )
+    page = (ROOT / "docs" / "file-formats.md").read_text(encoding="utf-8")
+    section = page.split("## The session file", 1)[1].split("\n## ", 1)[0]
+    for key in sf.to_dict():
+        assert f"`{key}" in section, key
+
+
+@pytest.mark.slow  # a tiny model's load, prefill and export: a few seconds, more on a busy machine
+def test_file_formats_page_names_every_sidecar_field(tmp_path):
+    """docs/file-formats.md's sidecar table lists every top-level key of a real export's sidecar."""
+    import json
+
+    from attnscope import Session, export_head
+    from tiny_models import save_tiny
+
+    save_tiny("llama", tmp_path / "m")
+    s = Session.load(str(tmp_path / "m"))
+    s.prefill([1, 2, 3])
+    s.step(1)
+    export_head(s, 0, 1, tmp_path / "h.npy")
+    meta = json.loads((tmp_path / "h.npy.json").read_text(encoding="utf-8"))
+    page = (ROOT / "docs" / "file-formats.md").read_text(encoding="utf-8")
+    section = page.split("## The sidecar JSON", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| field | meaning |", 1)[1]
+    for key in meta:
+        assert f"`{key}`" in table, key
