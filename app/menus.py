@@ -7,14 +7,14 @@ View → Show <tab> entries are added by :func:`add_view_action` as tabs are reg
 from __future__ import annotations
 
 from attnscope.app.text_keys import MAP_KEYS, OUTSIDE_TEXT, keep_keys_in_text_boxes
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.io import formats
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
 
 def backend_items() -> tuple[tuple[str, str], ...]:
-    """(name, menu text) for each registered backend (:mod:`attnscope.core.backends.registry`):
+    """(name, menu text) for each registered backend (:mod:`attnscope.core.backend_registry`):
     ``("mlx", "&MLX (Apple silicon; slow CPU build on Linux)")``."""
     return tuple(
         (spec.name, f"&{spec.title} ({spec.summary})" if spec.summary else f"&{spec.title}")

@@ -24,7 +24,7 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.loading import catalog
 from attnscope.core.loading.catalog import CatalogEntry
 from attnscope.core.loading.device_map import DEVICE_MAPS

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.checks import flag, in_range, index, span, whole
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, WrongType
 from attnscope.core.ids import BATCH_REFUSAL as _BATCH
@@ -113,14 +113,14 @@ class Session:
         ``device_map``: ``auto|balanced|sequential`` (torch only, :mod:`attnscope.core.loading.device_map`): layers
         across GPUs, then CPU, then disk, through accelerate.
 
-        The backend comes from :mod:`attnscope.core.backends.registry` (``backend`` is its name);
+        The backend comes from :mod:`attnscope.core.backend_registry` (``backend`` is its name);
         options it does not take are not passed (MLX picks its own device).
 
         Raises:
             ModelLoadError: the model reference is unusable (message says why).
             SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
-        from attnscope.core.backends.registry import get
+        from attnscope.core.backend_registry import get
         from attnscope.core.loading.resolve import quiet_imports
 
         quiet_imports()  # before any backend imports transformers (and with it torchao)

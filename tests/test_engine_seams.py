@@ -289,7 +289,7 @@ def test_weights_block_of_both_traces(tiny_sessions):
 
 
 def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
     from attnscope.core.errors import UnsupportedModelError
 
     for s in tiny_sessions.values():
@@ -311,7 +311,7 @@ def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
 
 # -- the registry ---------------------------------------------------------------------------------------
 def test_registry_names_and_refusals(tmp_path):
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
     from attnscope.core.errors import SessionError
     from attnscope.core.session import Session
 

@@ -18,8 +18,8 @@ import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
-from attnscope.core.backends import registry
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (

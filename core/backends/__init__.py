@@ -10,6 +10,6 @@ A backend offers (see :class:`attnscope.core.backends.torch_backend.TorchBackend
 * ``device``: a short string ("cpu", "cuda:0", "mlx:cpu").
 
 The protocol, declared: :class:`attnscope.core.backends.base.Backend` (with the chunked prefill loop
-both share); the name -> class table, the one list of backends: :mod:`attnscope.core.backends.registry`
+both share); the name -> class table, the one list of backends: :mod:`attnscope.core.backend_registry`
 (``registry.names()``).
 """

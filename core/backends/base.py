@@ -4,7 +4,7 @@ A backend owns one model, its KV cache and a :class:`attnscope.core.trace.base.T
 :class:`attnscope.core.session.Session` and every analysis talk to it only through this protocol, never
 through its model or cache objects (those differ per framework: a transformers model and
 ``DynamicCache`` for torch, an :mod:`attnscope.core.backends.mlx_arch` model and per-layer ``KVCache``
-for MLX). :mod:`attnscope.core.backends.registry` maps a backend's name to its class.
+for MLX). :mod:`attnscope.core.backend_registry` maps a backend's name to its class.
 
 A new backend: a class with these members (``tests/test_engine_seams.py`` checks both shipped ones
 against the protocol, members and signatures), an entry in the registry, and a Trace that

@@ -29,7 +29,7 @@ from typing import cast
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from attnscope.core import backend_registry as registry
 from attnscope.core.attention.rope_length import LengthDependentRope, RopeRecompute
-from attnscope.core.backends import registry
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.hf_attention import (  # noqa: F401 (re-exported: the torch seam's names)
@@ -139,9 +139,9 @@ class TorchBackend:
                 whose weights do not cover config.json (tensors that would be random: ``config.json
                 says 40 layers but the weights hold 30``) or whose shapes differ from it (the tensor
                 and both shapes), from transformers' own loading report
-                (:mod:`attnscope.core.backends.load_report`).
+                (:mod:`attnscope.core.loading.load_report`).
         """
-        from attnscope.core.backends import load_report
+        from attnscope.core.loading import load_report
         from attnscope.core.loading.device_map import input_device
         from attnscope.core.loading.resolve import load_torch
 

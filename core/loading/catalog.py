@@ -107,7 +107,7 @@ class CatalogEntry:
     # download in its Hugging Face cache repo, a dangling README link, a second copy of the weights not read
     note: str = ""
     # backend name -> why that backend cannot open this very file (an mlx-lm quantised folder on torch),
-    # for the backends that refuse it while another one runs it; family rules are in backends.registry.problem
+    # for the backends that refuse it while another one runs it; family rules are in backend_registry.problem
     refused_by: tuple[tuple[str, str], ...] = ()
     # what its attention is (attnscope.core.loading.attention_kind.describe): "GQA 32/4 · 128 experts, 8 active"
     attention_kind: str = ""
@@ -128,8 +128,8 @@ class CatalogEntry:
         """Why ``backend`` cannot open this model (one line), None when it can: the entry is not
         supported at all (:attr:`reason`), that backend refuses this file (:attr:`refused_by`: the
         same check :func:`attnscope.core.loading.resolve.check_hf_folder` makes at load time for
-        that backend), or its family (:func:`attnscope.core.backends.registry.problem`)."""
-        from attnscope.core.backends.registry import problem
+        that backend), or its family (:func:`attnscope.core.backend_registry.problem`)."""
+        from attnscope.core.backend_registry import problem
 
         if not self.supported:
             return self.reason or "not supported"
@@ -530,8 +530,8 @@ def _support(folder: Path) -> tuple[str, tuple[tuple[str, str], ...], dict]:
     the config) and each backend's family rule. ``reason`` is "" when some backend runs the folder
     (then ``refused_by`` names the backends that refuse this file, and why); else the reason a load
     on the default (first registered) backend gives."""
-    from attnscope.core.backends.registry import names
-    from attnscope.core.backends.registry import problem as backend_problem
+    from attnscope.core.backend_registry import names
+    from attnscope.core.backend_registry import problem as backend_problem
     from attnscope.core.loading.resolve import check_config
 
     backends = names()

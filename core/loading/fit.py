@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
 
 TIGHT_FRACTION = 0.8

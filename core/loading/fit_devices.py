@@ -47,7 +47,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
 from attnscope.core.loading.fit import (
     FITS,

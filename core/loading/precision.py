@@ -203,7 +203,7 @@ def device_half_support(dtype: str, device: str) -> tuple[bool, str]:
 
 def available_bytes(device: str) -> int | None:
     """Memory a load may use on ``device`` (bytes; :func:`attnscope.core.loading.fit.free_memory`), None if unknown."""
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
     from attnscope.core.loading.fit import free_memory
 
     return free_memory(registry.for_device(device).name, device)[0]

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+from attnscope.core import backend_registry as registry
 from attnscope.core.arch import ArchConfig
-from attnscope.core.backends import registry
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.loading import attention_kind, support_rule
 from attnscope.core.loading.weight_files import weight_files

@@ -171,7 +171,7 @@ def load_quantised(
     unexpected = ckpt - set(params) - set(buffers)
     if missing or unexpected:
         return None
-    from attnscope.core.backends.load_report import mismatch_line
+    from attnscope.core.loading.load_report import mismatch_line
 
     why = mismatch_line(
         [

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY
-from attnscope.core.backends import registry
 from attnscope.core.errors import BadArgument, Cancelled, ModelLoadError, OutOfRange, SessionError
 from attnscope.core.remote import wire
 from attnscope.core.session import Snapshot, TopToken  # noqa: F401  (re-exported for callers)

@@ -31,8 +31,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
-from attnscope.core.backends import registry
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
 from attnscope.core.remote import wire
 

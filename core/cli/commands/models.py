@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 
 NAME = "models"
 HELP = "list local models (HF cache, LM Studio, Ollama, added paths) with size and fit estimate"
