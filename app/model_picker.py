@@ -348,7 +348,7 @@ class ConvertedCacheDialog(QDialog):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        from attnscope.core.loading.resolve import cache_root
+        from attnscope.core.loading.cache_folder import cache_root
 
         self.setWindowTitle("Converted models cache")
         self.resize(1000, 300)
@@ -383,7 +383,7 @@ class ConvertedCacheDialog(QDialog):
         self.refresh()
 
     def refresh(self) -> None:
-        from attnscope.core.loading.resolve import list_converted
+        from attnscope.core.loading.conversion_cache import list_converted
 
         self.items = list_converted()
         self.table.setRowCount(len(self.items))
@@ -404,7 +404,7 @@ class ConvertedCacheDialog(QDialog):
         self.clear_one.setEnabled(bool(self.items))
 
     def _clear_selected(self) -> None:
-        from attnscope.core.loading.resolve import clear_converted
+        from attnscope.core.loading.conversion_cache import clear_converted
 
         rows = sorted({i.row() for i in self.table.selectedIndexes()})
         for r in rows:
@@ -412,7 +412,7 @@ class ConvertedCacheDialog(QDialog):
         self.refresh()
 
     def _clear_all(self) -> None:
-        from attnscope.core.loading.resolve import clear_converted
+        from attnscope.core.loading.conversion_cache import clear_converted
 
         clear_converted()
         self.refresh()

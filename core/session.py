@@ -25,7 +25,7 @@ from attnscope.core.errors import BadArgument, OutOfRange, SessionError, WrongTy
 from attnscope.core.ids import BATCH_REFUSAL as _BATCH
 from attnscope.core.ids import as_token_ids
 from attnscope.core.kv_formula import kv_cache_bytes as kv_formula
-from attnscope.core.loading.resolve import ModelInfo
+from attnscope.core.loading.model_info import ModelInfo
 from attnscope.core.sampling import GREEDY, Sampling, choose, softmax
 from attnscope.core.tokens import NO_TOKENS, Token, decode_text, roundtrip_notice, token_text
 
@@ -121,7 +121,7 @@ class Session:
             SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
         from attnscope.core.backend_registry import get
-        from attnscope.core.loading.resolve import quiet_imports
+        from attnscope.core.loading.quiet import quiet_imports
 
         quiet_imports()  # before any backend imports transformers (and with it torchao)
         spec = get(backend)  # SessionError: unknown backend

@@ -293,7 +293,7 @@ def test_mlx_folder_beyond_the_sample(tmp_path, llama):
     pytest.importorskip("PySide6")
     from attnscope.app.model_picker import backend_refusal
     from attnscope.core.backend_registry import problem as backend_problem
-    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
+    from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
 
     folder, _ = _mlx_quantised(llama[0], tmp_path / "mlx4", 4, {"model.layers.0.mlp.down_proj": 8})
     [e] = catalog.describe_path(folder)

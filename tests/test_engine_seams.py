@@ -119,7 +119,7 @@ def test_arch_config_maps_query_heads_to_kv_heads():
 
 def test_model_info_and_traces_share_the_arch(tmp_path):
     from attnscope.core.arch import ArchConfig, arch_of
-    from attnscope.core.loading.resolve import ModelInfo
+    from attnscope.core.loading.model_info import ModelInfo
     from attnscope.core.trace.torch_trace import TorchTrace
 
     info = ModelInfo("m", "src", "llama", 2, 6, 2, 16, 96, 128, 1e4, None, 100, "float32")

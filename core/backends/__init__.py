@@ -2,7 +2,7 @@
 
 A backend offers (see :class:`attnscope.core.backends.torch_backend.TorchBackend`):
 
-* ``info``: :class:`attnscope.core.loading.resolve.ModelInfo`; ``trace``: a Trace (``weights``, ``sink_scores``...);
+* ``info``: :class:`attnscope.core.loading.model_info.ModelInfo`; ``trace``: a Trace (``weights``, ``sink_scores``...);
 * ``tokenizer``: a transformers tokenizer;
 * ``forward(ids) -> np.ndarray``: feed new token ids, return the last position's logits (float32);
 * ``truncate(n)``: drop every position ``>= n`` from the KV cache and the Trace;

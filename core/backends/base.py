@@ -33,7 +33,7 @@ class Backend(Protocol):
 
     Attributes:
         name: the registry name (``"torch"``, ``"mlx"``), shown to the user.
-        info: :class:`attnscope.core.loading.resolve.ModelInfo` of the loaded model.
+        info: :class:`attnscope.core.loading.model_info.ModelInfo` of the loaded model.
         tokenizer: a transformers tokenizer.
         trace: the :class:`attnscope.core.trace.base.Trace` the forwards fill.
         device: a short string (``"cpu"``, ``"cuda:0"``, ``"mlx:cpu"``).

@@ -40,36 +40,15 @@ from pathlib import Path
 
 import platformdirs
 from attnscope.core.errors import AttnScopeError, ModelLoadError, UnsupportedModelError
+from attnscope.core.loading import safetensors_header
+from attnscope.core.loading.checks import check_hf_folder, gguf_problem, read_gguf
 from attnscope.core.loading.precision import config_dtype, gguf_checkpoint_dtype, gguf_is_quantised, normalise
-from attnscope.core.loading.resolve import (
-    DEFAULT_MODEL_NAME,
-    check_hf_folder,
-    check_safetensors,
-    default_gguf_path,
-    gguf_problem,
-    model_name,
-    read_gguf,
-)
+from attnscope.core.loading.resolve import DEFAULT_MODEL_NAME, default_gguf_path, model_name
+from attnscope.core.loading.safetensors_header import check_safetensors
 
 SOURCES = ("embedded", "hf-cache", "lmstudio", "ollama", "user")
 OLLAMA_MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
 USER_FILE = "models.json"
-
-# safetensors dtype -> torch dtype name (safetensors spec)
-_ST_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
 
 
 @dataclass(frozen=True)
@@ -127,7 +106,7 @@ class CatalogEntry:
     def problem_on(self, backend: str) -> str | None:
         """Why ``backend`` cannot open this model (one line), None when it can: the entry is not
         supported at all (:attr:`reason`), that backend refuses this file (:attr:`refused_by`: the
-        same check :func:`attnscope.core.loading.resolve.check_hf_folder` makes at load time for
+        same check :func:`attnscope.core.loading.checks.check_hf_folder` makes at load time for
         that backend), or its family (:func:`attnscope.core.backend_registry.problem`)."""
         from attnscope.core.backend_registry import problem
 
@@ -453,7 +432,7 @@ def config_geometry(cfg: dict) -> dict:
     (0 / None where absent). Fields the file omits take transformers' defaults for its model type
     (:func:`transformers_config`): a Qwen2 config without ``use_sliding_window`` uses no window, a
     Gemma 3 one without ``head_dim`` has 256, a Mistral one without ``sliding_window`` 4096, as the
-    loaded model will (:func:`attnscope.core.loading.resolve.info_from_config` reads the same object). The window is None
+    loaded model will (:func:`attnscope.core.loading.model_info.info_from_config` reads the same object). The window is None
     when no layer of ``layer_types`` is a sliding one. Configs transformers cannot build are read as
     they are (``use_sliding_window`` then defaults to false, as in transformers' Qwen2 family).
     """
@@ -526,13 +505,13 @@ def _folder_bytes(folder: Path, skip: Iterable[Path] = ()) -> int:
 
 def _support(folder: Path) -> tuple[str, tuple[tuple[str, str], ...], dict]:
     """``(reason, refused_by, config)`` of a model folder, from the very checks the loaders make:
-    :func:`attnscope.core.loading.resolve.check_hf_folder` for each registered backend (the files,
+    :func:`attnscope.core.loading.checks.check_hf_folder` for each registered backend (the files,
     the config) and each backend's family rule. ``reason`` is "" when some backend runs the folder
     (then ``refused_by`` names the backends that refuse this file, and why); else the reason a load
     on the default (first registered) backend gives."""
     from attnscope.core.backend_registry import names
     from attnscope.core.backend_registry import problem as backend_problem
-    from attnscope.core.loading.resolve import check_config
+    from attnscope.core.loading.checks import check_config
 
     backends = names()
     refused: dict[str, str] = {}  # backend -> why it refuses this folder's config
@@ -612,7 +591,7 @@ def describe_hf_folder(
     """Describe a Hugging Face model folder from ``config.json`` and its safetensors headers.
 
     Never raises for a broken folder: the entry comes back with ``supported=False`` and the
-    message :func:`attnscope.core.loading.resolve.check_hf_folder` gives (bad config, truncated or
+    message :func:`attnscope.core.loading.checks.check_hf_folder` gives (bad config, truncated or
     invalid safetensors, ...): the list calls a folder supported exactly when a loader accepts it.
     Parameters and size count the files the loader reads
     (:func:`attnscope.core.loading.weight_files.weight_files`), once: a second copy of the weights beside
@@ -656,7 +635,7 @@ def describe_hf_folder(
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
     if not dtype and dtypes:
         st = dtypes.most_common(1)[0][0]
-        dtype = _ST_DTYPES.get(st, st.lower())
+        dtype = safetensors_header.DTYPES.get(st, st.lower())
     checkpoint = config_dtype(cfg) or normalise(dtype) or ""
     label = file_quantization(folder) if packed else ""
     text_cfg = cfg.get("text_config")
@@ -715,7 +694,7 @@ def describe_gguf(path: Path, source: str = "user", name: str | None = None) -> 
     """Describe a GGUF file from its header and tensor table (no weights read).
 
     Never raises for a broken file: the entry comes back unsupported with the message
-    :func:`attnscope.core.loading.resolve.check_gguf` would raise (truncated, a tensor type transformers cannot
+    :func:`attnscope.core.loading.checks.check_gguf` would raise (truncated, a tensor type transformers cannot
     dequantise, a split file, an architecture that cannot run).
     """
     from attnscope.core.loading.gguf_meta import model_type_of

@@ -199,7 +199,8 @@ def mlx_folder_packed_bytes(path, dtype: str) -> int | None:
     words as stored, every float tensor (scales, biases, norms) at ``dtype`` (it casts them on load),
     over the files the loader reads (:func:`attnscope.core.loading.weight_files.weight_files`). None when
     unreadable."""
-    from attnscope.core.loading.resolve import check_safetensors, weight_files
+    from attnscope.core.loading.safetensors_header import check_safetensors
+    from attnscope.core.loading.weight_files import weight_files
 
     try:
         total = 0
@@ -275,7 +276,7 @@ def _expert_params(path: str, fmt: str, _mtime: int) -> int:
             from attnscope.core.loading.gguf_meta import read_gguf_header
 
             return sum(int(t.n_elements) for t in read_gguf_header(path).tensors if "_exps" in t.name)
-        from attnscope.core.loading.resolve import check_safetensors
+        from attnscope.core.loading.safetensors_header import check_safetensors
 
         total = 0
         for shard in sorted(Path(path).glob("*.safetensors")):

@@ -567,7 +567,7 @@ class RemoteSession:
 
     # -- local copy of the engine's state ----------------------------------------------------------
     def _clear_local(self) -> None:
-        self.info: Any = None  # attnscope.core.loading.resolve.ModelInfo once a model is loaded
+        self.info: Any = None  # attnscope.core.loading.model_info.ModelInfo once a model is loaded
         self.backend: Any = None  # RemoteBackend
         self.tokenizer: Any = None  # RemoteTokenizer
         self.trace: Any = None  # RemoteTrace
