@@ -34,10 +34,10 @@ from attnscope.core.loading.fit import (
     TIGHT,
     FitEstimate,
     estimate_entry,
-    free_memory,
     human_bytes,
 )
 from attnscope.core.loading.fit_devices import DeviceMapFit, device_fit_entry, measured_free
+from attnscope.core.loading.free_memory import free_memory
 from attnscope.core.units import count
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
@@ -424,7 +424,7 @@ class ModelPickerDialog(QDialog):
     Args:
         parent: the main window (or None).
         scanner: returns the entries (default :func:`attnscope.core.loading.catalog.scan`); runs on a worker thread.
-        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`attnscope.core.loading.fit.free_memory`).
+        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`attnscope.core.loading.free_memory.free_memory`).
         context, backend, device, dtype: initial fit settings.
         scan_now: start scanning at once (tests may call :meth:`rescan` themselves).
         quantize, device_map: initial Quantise and Device map choices (``"none"``: one device).

@@ -21,10 +21,10 @@ from attnscope.core.loading.fit import (
     RUNTIME_BYTES,
     TIGHT,
     UNKNOWN,
-    _meminfo_available,
     estimate,
     estimate_entry,
 )
+from attnscope.core.loading.free_memory import _meminfo_available
 from tiny_models import (
     eager_reference,
     hf_cache_repo,

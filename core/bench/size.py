@@ -366,7 +366,7 @@ def _exactness_room(conv: dict, dtype: str) -> str:
 
 
 def _mem_available() -> int | None:
-    from attnscope.core.loading.fit import _meminfo_available
+    from attnscope.core.loading.free_memory import _meminfo_available
 
     return _meminfo_available()
 

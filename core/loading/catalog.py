@@ -41,8 +41,13 @@ from pathlib import Path
 import platformdirs
 from attnscope.core.errors import AttnScopeError, ModelLoadError, UnsupportedModelError
 from attnscope.core.loading import safetensors_header
+from attnscope.core.loading.checkpoint_dtype import (
+    config_dtype,
+    gguf_checkpoint_dtype,
+    gguf_is_quantised,
+    normalise,
+)
 from attnscope.core.loading.checks import check_hf_folder, gguf_problem, read_gguf
-from attnscope.core.loading.precision import config_dtype, gguf_checkpoint_dtype, gguf_is_quantised, normalise
 from attnscope.core.loading.resolve import DEFAULT_MODEL_NAME, default_gguf_path, model_name
 from attnscope.core.loading.safetensors_header import check_safetensors
 
@@ -937,7 +942,7 @@ def _unfinished(repo: Path) -> str:
     """One line on a cache repo's unfinished downloads (huggingface_hub writes a file's blob as
     ``blobs/<etag>.incomplete`` until it is complete, and links it into the snapshot only then);
     "" when there are none."""
-    from attnscope.core.loading.fit import human_bytes
+    from attnscope.core.units import format_bytes
 
     blobs = repo / "blobs"
     partial = sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
@@ -946,7 +951,7 @@ def _unfinished(repo: Path) -> str:
     size = sum(_stamp(p)[0] or 0 for p in partial)
     n = len(partial)
     return (
-        f"{n} download{'s' if n > 1 else ''} in this cache repo not finished ({human_bytes(size)} so far, "
+        f"{n} download{'s' if n > 1 else ''} in this cache repo not finished ({format_bytes(size)} so far, "
         f"blobs/*.incomplete): not listed until complete"
     )
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from attnscope.core import backend_registry as registry
 from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
+from attnscope.core.loading.free_memory import free_memory
 
 TIGHT_FRACTION = 0.8
 # Bytes per decoder linear weight at each --quantize mode (scales: int8 one per output row, ≈ 0;
@@ -101,44 +102,6 @@ def capture_bytes(n_layers: int, n_heads: int, head_dim: int, seq_len: int, dtyp
     """Bytes the Trace holds at ``seq_len`` tokens: per layer q rows (``n_heads × T × head_dim``,
     model dtype) + LSE rows (``n_heads × T``, float32)."""
     return n_layers * n_heads * seq_len * (head_dim * dtype_bytes(dtype) + LSE_BYTES)
-
-
-def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def free_memory(backend: str = registry.DEFAULT, device: str = "cpu") -> tuple[int | None, str]:
-    """``(free bytes or None, what was measured)`` for ``backend`` on ``device``.
-
-    CUDA: ``torch.cuda.mem_get_info`` of that device (None when CUDA is not available). CPU and
-    MLX: available system RAM (psutil if installed, else /proc/meminfo; None elsewhere).
-    """
-    spec = registry.get(backend)
-    if "device" in spec.options and str(device).startswith("cuda"):
-        try:
-            import torch
-
-            if not torch.cuda.is_available():
-                return None, "VRAM (no CUDA device)"
-            dev = torch.device(device)
-            idx = dev.index if dev.index is not None else torch.cuda.current_device()
-            free, _total = torch.cuda.mem_get_info(idx)
-            return int(free), f"VRAM (cuda:{idx})"
-        except Exception:  # noqa: BLE001 - a broken driver reads as "unknown", never as a crash
-            return None, "VRAM"
-    label = spec.memory
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available), label
-    except ImportError:
-        return _meminfo_available(), label
 
 
 def weights_bytes(

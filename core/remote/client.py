@@ -650,7 +650,7 @@ class RemoteSession:
 
     def free_memory(self, backend: str = registry.DEFAULT, device: str = "cpu") -> tuple[int | None, str]:
         """``(free bytes | None, what was measured)`` on the engine's machine
-        (:func:`attnscope.core.loading.fit.free_memory` run there)."""
+        (:func:`attnscope.core.loading.free_memory.free_memory` run there)."""
         free, label = self._request("free_memory", {"backend": backend, "device": device})
         return free, label
 
