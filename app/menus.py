@@ -27,7 +27,7 @@ def action(win, menu, text: str, slot, shortcut=None) -> QAction:
     a = QAction(text, win)
     if shortcut is not None:
         a.setShortcut(QKeySequence(shortcut))
-        a.setShortcutContext(Qt.WindowShortcut)
+        a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
     a.triggered.connect(slot)
     menu.addAction(a)
     win.addAction(a)
@@ -41,14 +41,16 @@ def build_menus(win) -> None:
     mb, ex, cmd = win.menuBar(), win.exports, win.commands
     menus = win.menus = {}
     file_menu = menus["file"] = mb.addMenu("&File")
-    win.open_action = action(win, file_menu, "&Open model…", win.open_model_dialog, QKeySequence.Open)
+    win.open_action = action(
+        win, file_menu, "&Open model…", win.open_model_dialog, QKeySequence.StandardKey.Open
+    )
     action(win, file_menu, "Open model &folder…", win.open_folder_dialog)
     action(win, file_menu, "Load &default model", lambda: cmd.load_model(None))
     file_menu.addSeparator()
     action(win, file_menu, "&Save session…", ex.save_session_dialog, "Ctrl+S")
     action(win, file_menu, "Open s&ession…", ex.open_session_dialog, "Ctrl+Shift+O")
     file_menu.addSeparator()
-    action(win, file_menu, "&Quit", win.close, QKeySequence.Quit)
+    action(win, file_menu, "&Quit", win.close, QKeySequence.StandardKey.Quit)
 
     export_menu = menus["export"] = mb.addMenu("&Export")
     images = "/".join(s.upper() for s in formats.IMAGE_FORMATS)

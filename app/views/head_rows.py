@@ -14,14 +14,14 @@ if TYPE_CHECKING:
     from attnscope.app.state import ViewState
 
 #: the item data role holding a row's ``(layer, head)`` (first column)
-HEAD_ROLE = Qt.UserRole + 1
+HEAD_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
 class NumericItem(QTableWidgetItem):
-    """A cell that sorts by its numeric value (``Qt.UserRole``), not its text; NaN sorts lowest."""
+    """A cell that sorts by its numeric value (``Qt.ItemDataRole.UserRole``), not its text; NaN sorts lowest."""
 
     def __lt__(self, other):
-        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
+        a, b = self.data(Qt.ItemDataRole.UserRole), other.data(Qt.ItemDataRole.UserRole)
         if isinstance(a, int | float) and isinstance(b, int | float):
             return (-1e300 if np.isnan(a) else a) < (-1e300 if np.isnan(b) else b)
         return super().__lt__(other)

@@ -113,15 +113,17 @@ class RolesView(QWidget, SavedControls, HeadRows):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
         for i, r in enumerate(ROLES):
-            self.table.horizontalHeaderItem(4 + i).setToolTip(SCORE_TIPS[r])
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+            header = self.table.horizontalHeaderItem(4 + i)
+            assert header is not None  # setHorizontalHeaderLabels made one per column
+            header.setToolTip(SCORE_TIPS[r])
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.setSortingEnabled(True)
-        self.table.sortByColumn(0, Qt.AscendingOrder)
+        self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.table.setToolTip(
             "Click a header to sort · click: select the head · double-click: open it in the heatmap"
         )
@@ -156,7 +158,7 @@ class RolesView(QWidget, SavedControls, HeadRows):
 
     def _on_header_clicked(self, col: int) -> None:
         if col != self._sorted_by and col in self.SCORE_COLUMNS:
-            self.table.sortByColumn(col, Qt.DescendingOrder)
+            self.table.sortByColumn(col, Qt.SortOrder.DescendingOrder)
         self._sorted_by = col
         QTimer.singleShot(0, self.table.scrollToTop)
 
@@ -169,7 +171,9 @@ class RolesView(QWidget, SavedControls, HeadRows):
         self.table.blockSignals(True)
         self.table.setCurrentCell(row, 0)
         self.table.blockSignals(False)
-        self.table.scrollToItem(self.table.item(row, 0), QAbstractItemView.PositionAtCenter)
+        item = self.table.item(row, 0)
+        if item is not None:
+            self.table.scrollToItem(item, QAbstractItemView.ScrollHint.PositionAtCenter)
 
     def row_of(self, layer: int, head: int) -> int | None:
         """Table row showing ``(layer, head)`` (after sorting), or None."""
@@ -215,6 +219,7 @@ class RolesView(QWidget, SavedControls, HeadRows):
 
     def _fill(self) -> None:
         t = self.table_data
+        assert t is not None  # filled only once a table came (set_table, _on_threshold)
         sort_col = self.table.horizontalHeader().sortIndicatorSection()
         sort_order = self.table.horizontalHeader().sortIndicatorOrder()
         self.table.setSortingEnabled(False)
@@ -234,17 +239,17 @@ class RolesView(QWidget, SavedControls, HeadRows):
                 ]
                 for c, (text, val) in enumerate(cells):
                     it = NumericItem(text)
-                    it.setData(Qt.UserRole, val if val is not None else text)
+                    it.setData(Qt.ItemDataRole.UserRole, val if val is not None else text)
                     it.setData(HEAD_ROLE, (layer, head))
-                    it.setTextAlignment(Qt.AlignCenter)
+                    it.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                     it.setBackground(bg)
                     self.table.setItem(row, c, it)
                 for i, r in enumerate(ROLES):
                     v = float(t.scores[r][layer, head])
                     it = NumericItem("—" if np.isnan(v) else f"{v:.3f}")
-                    it.setData(Qt.UserRole, v)
+                    it.setData(Qt.ItemDataRole.UserRole, v)
                     it.setData(HEAD_ROLE, (layer, head))
-                    it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                    it.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                     it.setBackground(QBrush(_score_colour(v)))
                     if label == r:
                         f = it.font()
@@ -281,7 +286,7 @@ class RolesView(QWidget, SavedControls, HeadRows):
         want = self.filter_combo.currentData()
         for row in range(self.table.rowCount()):
             it = self.table.item(row, 3)
-            label = it.data(Qt.UserRole) if it is not None else None
+            label = it.data(Qt.ItemDataRole.UserRole) if it is not None else None
             self.table.setRowHidden(row, want is not None and label != ROLE_TITLES[want])
 
 

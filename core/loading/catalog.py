@@ -1163,11 +1163,3 @@ def scan(
         seen.add(key)
         out.append(e)
     return out
-
-
-def find(entries: Iterable[CatalogEntry], model_ref: str) -> CatalogEntry | None:
-    """The entry whose ``model_ref`` (or path) is ``model_ref``."""
-    for e in entries:
-        if e.model_ref == model_ref or str(e.path) == model_ref:
-            return e
-    return None
