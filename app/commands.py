@@ -14,7 +14,7 @@ from pathlib import Path
 
 from attnscope.app import jobs
 from attnscope.app.engine import CancelledMessage, EngineLostMessage
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 
 
 def window_wording(message: str) -> str:

@@ -135,7 +135,7 @@ class ConnectDialog(QDialog):
         self.address = QLineEdit(address)
         self.address.setPlaceholderText("host:port (an 'attnscope serve' engine; tunnel with ssh -L)")
         self.token = QLineEdit(self._remembered_token())
-        self.token.setEchoMode(QLineEdit.Password)
+        self.token.setEchoMode(QLineEdit.EchoMode.Password)
         # the token follows the address (each engine's own remembered token) until the user types one
         self._token_typed = False
         self.token.textEdited.connect(lambda _t: setattr(self, "_token_typed", True))
@@ -145,7 +145,9 @@ class ConnectDialog(QDialog):
         form.addRow("Engine:", self.address)
         form.addRow("Token:", self.token)
         form.addRow(QLabel("ssh -L 8765:localhost:8765 server, then connect to 127.0.0.1:8765"))
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
@@ -206,7 +208,7 @@ class EngineConnector:
         s = self.win.engine.session
         current = (str(s.engine), s.token) if self.where() is not None else None
         dlg = ConnectDialog(self.win, current=current)
-        if dlg.exec() != QDialog.Accepted:
+        if dlg.exec() != QDialog.DialogCode.Accepted:
             return
         dlg.remember()
         self.connect(dlg.address.text().strip(), dlg.token.text().strip() or None, remember=True)

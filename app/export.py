@@ -371,7 +371,7 @@ class ExportController:
                 f"This map is {n:,} × {n:,} cells: the file holds {format_bytes(n * n * 4)} of float32 weights "
                 "(held once in memory while written; CSV is about three times larger). Export it anyway?",
             )
-            if answer != QMessageBox.Yes:
+            if answer != QMessageBox.StandardButton.Yes:
                 return
         name = f"attn_L{self.win.layer}_H{self.win.head}.npy"
         path, chosen = QFileDialog.getSaveFileName(
@@ -422,7 +422,9 @@ class ExportViewDialog(QDialog):
             "PNG: pixels = layout size × DPI / 96. SVG and PDF are vectors (size / 96 inches)."
         )
         form.addRow("DPI (PNG)", self.dpi_spin)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
         form.addRow(buttons)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -553,7 +555,7 @@ class BatchExportDialog(QDialog):
                 item = self.format_combo.model().item(i)
                 item.setEnabled(False)
                 item.setText("MP4 video (unavailable: see tooltip)")
-                self.format_combo.setItemData(i, self.mp4_unavailable, Qt.ToolTipRole)
+                self.format_combo.setItemData(i, self.mp4_unavailable, Qt.ItemDataRole.ToolTipRole)
             self.path_label.setText("File")
             p = Path(self.path_edit.text())
             if p.suffix.lower() not in ANIMATION_SUFFIXES:
@@ -584,7 +586,9 @@ class BatchExportDialog(QDialog):
             if self.format_combo.itemData(i) == (fmt, figure):
                 item = self.format_combo.model().item(i)
                 if item is not None and not item.isEnabled():
-                    raise ValueError(self.format_combo.itemData(i, Qt.ToolTipRole) or f"{fmt} is unavailable")
+                    raise ValueError(
+                        self.format_combo.itemData(i, Qt.ItemDataRole.ToolTipRole) or f"{fmt} is unavailable"
+                    )
                 self.format_combo.setCurrentIndex(i)
                 return
         raise ValueError(f"format {fmt!r} not offered for this scope")

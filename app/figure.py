@@ -172,8 +172,8 @@ def paint_heatmap(
     items = render.legend(kinds)
     font, title_font, fm, q_short, k_short, label_w, label_h = _label_metrics(q_labels, k_labels, dpi)
     rect, cell = figure_layout(n_rows, n_cols, size, dpi, label_w, label_h, bool(items))
-    p.setRenderHint(QPainter.Antialiasing, False)
-    p.setRenderHint(QPainter.SmoothPixmapTransform, False)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing, False)
+    p.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)
 
     # title
     p.setFont(title_font)
@@ -181,12 +181,12 @@ def paint_heatmap(
     tfm = QFontMetricsF(title_font)
     p.drawText(
         QRectF(8 * f, 6 * f, size[0] - 16 * f, tfm.height() + 2),
-        Qt.AlignHCenter | Qt.AlignTop,
-        tfm.elidedText(title, Qt.ElideRight, size[0] - 16 * f),
+        Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop,
+        tfm.elidedText(title, Qt.TextElideMode.ElideRight, size[0] - 16 * f),
     )
 
     # cells
-    hatch = QBrush(QColor(*render.MASK_HATCH), Qt.BDiagPattern)
+    hatch = QBrush(QColor(*render.MASK_HATCH), Qt.BrushStyle.BDiagPattern)
     if n_rows * n_cols <= VECTOR_MAX_CELLS and cell >= 1:
         rgb, _ = render.cell_colours(w, colour, mk, blank_rows)
         ov = min(0.5, cell / 4)
@@ -229,14 +229,16 @@ def paint_heatmap(
         data = np.ascontiguousarray(
             render.map_pixels(src, colour, masked=src_mask, blank_rows=src_blank, size=(pw, ph))
         )
-        img = QImage(data.data, data.shape[1], data.shape[0], data.shape[1] * 3, QImage.Format_RGB888).copy()
+        img = QImage(
+            data.data, data.shape[1], data.shape[0], data.shape[1] * 3, QImage.Format.Format_RGB888
+        ).copy()
         p.drawImage(rect, img)
 
     # frame
     pen = QPen(QColor(60, 60, 60))
     pen.setWidthF(0.6 * f)
     p.setPen(pen)
-    p.setBrush(Qt.NoBrush)
+    p.setBrush(Qt.BrushStyle.NoBrush)
     p.drawRect(rect)
 
     # token labels: every stride-th, so labels never overlap
@@ -249,7 +251,7 @@ def paint_heatmap(
         p.drawLine(QPointF(rect.left() - tick, y), QPointF(rect.left(), y))
         p.drawText(
             QRectF(rect.left() - tick - label_w - 2 * f, y - label_h / 2, label_w + f, label_h),
-            Qt.AlignRight | Qt.AlignVCenter,
+            Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
             q_short[i],
         )
     for j in range(0, n_cols, stride):
@@ -259,19 +261,25 @@ def paint_heatmap(
         p.translate(x, rect.bottom() + tick + 2 * f)
         p.rotate(-90)
         p.drawText(
-            QRectF(-label_w, -label_h / 2, label_w, label_h), Qt.AlignRight | Qt.AlignVCenter, k_short[j]
+            QRectF(-label_w, -label_h / 2, label_w, label_h),
+            Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+            k_short[j],
         )
         p.restore()
     # axis titles
     p.drawText(
         QRectF(rect.left(), rect.bottom() + tick + 2 * f + label_w + 4 * f, rect.width(), label_h),
-        Qt.AlignHCenter | Qt.AlignTop,
+        Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop,
         k_axis,
     )
     p.save()
     p.translate(rect.left() - tick - label_w - 6 * f - label_h, rect.center().y())
     p.rotate(-90)
-    p.drawText(QRectF(-rect.height() / 2, 0, rect.height(), label_h), Qt.AlignHCenter | Qt.AlignTop, q_axis)
+    p.drawText(
+        QRectF(-rect.height() / 2, 0, rect.height(), label_h),
+        Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop,
+        q_axis,
+    )
     p.restore()
     if items:  # what the cells that are not weights mean, one line under the key axis title
         y = rect.bottom() + tick + 2 * f + label_w + 4 * f + label_h + 4 * f
@@ -282,7 +290,7 @@ def paint_heatmap(
     # ticks are placed through the same normalisation as the cells
     bar = QRectF(rect.right() + 10 * f, rect.top(), 12 * f, max(rect.height(), 60 * f))
     strip = np.ascontiguousarray(colour.lut()[::-1].reshape(-1, 1, 3))
-    p.drawImage(bar, QImage(strip.data, 1, strip.shape[0], 3, QImage.Format_RGB888).copy())
+    p.drawImage(bar, QImage(strip.data, 1, strip.shape[0], 3, QImage.Format.Format_RGB888).copy())
     p.setPen(pen)
     p.drawRect(bar)
     p.setPen(QColor(20, 20, 20))
@@ -291,7 +299,7 @@ def paint_heatmap(
         p.drawLine(QPointF(bar.right(), y), QPointF(bar.right() + tick, y))
         p.drawText(
             QRectF(bar.right() + tick + f, y - label_h / 2, 4 * label_h, label_h),
-            Qt.AlignLeft | Qt.AlignVCenter,
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
             _tick_text(v, colour.scale),
         )
     p.save()
@@ -299,7 +307,7 @@ def paint_heatmap(
     p.rotate(90)
     p.drawText(
         QRectF(-bar.height() / 2, -label_h, bar.height(), label_h),
-        Qt.AlignHCenter | Qt.AlignBottom,
+        Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignBottom,
         colorbar_label,
     )
     p.restore()
@@ -322,14 +330,18 @@ def _paint_legend(p: QPainter, items, at: QPointF, h: float, fm: QFontMetricsF, 
             fill = render.NONFINITE_RGB if kind == render.NONFINITE else render.BLANK_RGB
             p.fillRect(box, QColor(*fill))
         p.setPen(frame)
-        p.setBrush(Qt.NoBrush)
+        p.setBrush(Qt.BrushStyle.NoBrush)
         p.drawRect(box)
         p.setPen(QColor(20, 20, 20))
         room = end - (x + sw + h / 3)
         if room <= h:
             break
-        shown = fm.elidedText(text, Qt.ElideRight, room)
-        p.drawText(QRectF(x + sw + h / 3, at.y(), room, h), Qt.AlignLeft | Qt.AlignVCenter, shown)
+        shown = fm.elidedText(text, Qt.TextElideMode.ElideRight, room)
+        p.drawText(
+            QRectF(x + sw + h / 3, at.y(), room, h),
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+            shown,
+        )
         x += sw + h / 3 + fm.horizontalAdvance(shown) + h
         if x >= end:
             break
@@ -472,8 +484,8 @@ def figure_frame(
     )
     if masked is None or np.shape(masked) != w.shape:
         masked = render.mask_of(np.arange(T), np.arange(w.shape[1]))
-    img = QImage(int(size[0]), int(size[1]), QImage.Format_RGB32)
-    img.fill(Qt.white)
+    img = QImage(int(size[0]), int(size[1]), QImage.Format.Format_RGB32)
+    img.fill(Qt.GlobalColor.white)
     p = QPainter(img)
     try:
         paint_heatmap(

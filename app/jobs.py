@@ -9,7 +9,7 @@ for commands). Commands go through ``Engine.enqueue``; view jobs through ``Engin
 
 from __future__ import annotations
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 
 
 def load_job(model, backend, device, dtype, sampling=None, quantize="none", device_map=None):

@@ -46,7 +46,7 @@ def run_gui(args) -> int:
         if args.prompt is not None and not args.prompt.strip():
             raise ValueError("the prompt is empty: give some text with --prompt")
     size = _parse_size(args.size)
-    QSettings.setDefaultFormat(QSettings.IniFormat)  # configuration at the entry point, not at import
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)  # configuration at the entry point, not at import
     qt_options.configure()  # pyqtgraph: row-major images, no antialiasing
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName(APP_NAME)
@@ -126,7 +126,7 @@ def _probe_startup(app, win: MainWindow) -> None:
 
     class FirstPaint(QObject):
         def eventFilter(self, obj, event) -> bool:
-            if event.type() == QEvent.Paint and "shown" not in marks:
+            if event.type() == QEvent.Type.Paint and "shown" not in marks:
                 marks["shown"] = time.time()
             return False
 
@@ -159,7 +159,7 @@ def _load_after_first_paint(win: MainWindow, model: str | None) -> None:
 
     class FirstPaint(QObject):
         def eventFilter(self, obj, event) -> bool:
-            if event.type() == QEvent.Paint and not started:
+            if event.type() == QEvent.Type.Paint and not started:
                 QTimer.singleShot(0, start)  # after this paint
             return False
 
@@ -217,5 +217,5 @@ def _dispose(app, win: MainWindow) -> None:
     from PySide6.QtCore import QEvent
 
     win.deleteLater()
-    app.sendPostedEvents(None, QEvent.DeferredDelete)
+    app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     app.processEvents()

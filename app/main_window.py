@@ -36,7 +36,7 @@ from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
 from attnscope.app.views.mask import MaskView
 from attnscope.app.views.next_token import DecodePanel
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.io.colormaps import ASSETS
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon

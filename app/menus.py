@@ -7,14 +7,14 @@ View → Show <tab> entries are added by :func:`add_view_action` as tabs are reg
 from __future__ import annotations
 
 from attnscope.app.text_keys import MAP_KEYS, OUTSIDE_TEXT, keep_keys_in_text_boxes
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.io import formats
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
 
 def backend_items() -> tuple[tuple[str, str], ...]:
-    """(name, menu text) for each registered backend (:mod:`attnscope.core.backends.registry`):
+    """(name, menu text) for each registered backend (:mod:`attnscope.core.backend_registry`):
     ``("mlx", "&MLX (Apple silicon; slow CPU build on Linux)")``."""
     return tuple(
         (spec.name, f"&{spec.title} ({spec.summary})" if spec.summary else f"&{spec.title}")
@@ -27,7 +27,7 @@ def action(win, menu, text: str, slot, shortcut=None) -> QAction:
     a = QAction(text, win)
     if shortcut is not None:
         a.setShortcut(QKeySequence(shortcut))
-        a.setShortcutContext(Qt.WindowShortcut)
+        a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
     a.triggered.connect(slot)
     menu.addAction(a)
     win.addAction(a)
@@ -41,14 +41,16 @@ def build_menus(win) -> None:
     mb, ex, cmd = win.menuBar(), win.exports, win.commands
     menus = win.menus = {}
     file_menu = menus["file"] = mb.addMenu("&File")
-    win.open_action = action(win, file_menu, "&Open model…", win.open_model_dialog, QKeySequence.Open)
+    win.open_action = action(
+        win, file_menu, "&Open model…", win.open_model_dialog, QKeySequence.StandardKey.Open
+    )
     action(win, file_menu, "Open model &folder…", win.open_folder_dialog)
     action(win, file_menu, "Load &default model", lambda: cmd.load_model(None))
     file_menu.addSeparator()
     action(win, file_menu, "&Save session…", ex.save_session_dialog, "Ctrl+S")
     action(win, file_menu, "Open s&ession…", ex.open_session_dialog, "Ctrl+Shift+O")
     file_menu.addSeparator()
-    action(win, file_menu, "&Quit", win.close, QKeySequence.Quit)
+    action(win, file_menu, "&Quit", win.close, QKeySequence.StandardKey.Quit)
 
     export_menu = menus["export"] = mb.addMenu("&Export")
     images = "/".join(s.upper() for s in formats.IMAGE_FORMATS)

@@ -24,7 +24,7 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.loading import catalog
 from attnscope.core.loading.catalog import CatalogEntry
 from attnscope.core.loading.device_map import DEVICE_MAPS
@@ -34,10 +34,10 @@ from attnscope.core.loading.fit import (
     TIGHT,
     FitEstimate,
     estimate_entry,
-    free_memory,
     human_bytes,
 )
 from attnscope.core.loading.fit_devices import DeviceMapFit, device_fit_entry, measured_free
+from attnscope.core.loading.free_memory import free_memory
 from attnscope.core.units import count
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
@@ -79,7 +79,7 @@ FIT_COLUMN = COLUMNS.index("Fit")
 LOADS_AT_COLUMN = COLUMNS.index(
     "Loads at"
 )  # the precision it loads at (attnscope.core.loading.precision; follows the dtype box)
-SORT_ROLE = Qt.UserRole + 1
+SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 GREY = QColor(150, 150, 150)
 FIT_COLOURS = {FITS: QColor(200, 235, 200), TIGHT: QColor(250, 225, 160), NO_FIT: QColor(245, 190, 190)}
 SOURCE_LABELS = {
@@ -191,10 +191,14 @@ class CatalogModel(QAbstractTableModel):
     def columnCount(self, parent=QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(COLUMNS)
 
-    def headerData(self, section, orientation, role=Qt.DisplayRole):
-        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return COLUMNS[section]
-        if orientation == Qt.Horizontal and role == Qt.ToolTipRole and section == FIT_COLUMN:
+        if (
+            orientation == Qt.Orientation.Horizontal
+            and role == Qt.ItemDataRole.ToolTipRole
+            and section == FIT_COLUMN
+        ):
             return (
                 "weights (at the Quantise choice) + KV cache + capture buffers at the chosen context "
                 "+ the runtime, against free memory now; with a Device map, what each device holds "
@@ -253,13 +257,13 @@ class CatalogModel(QAbstractTableModel):
             return "…", 0
         return f"{f.verdict} · {human_bytes(f.total_bytes)}", f.total_bytes
 
-    def data(self, index, role=Qt.DisplayRole):
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
         if not index.isValid():
             return None
         e = self.entries[index.row()]
         f = self.fits[index.row()] if index.row() < len(self.fits) else None
         col = index.column()
-        if role == Qt.DisplayRole:
+        if role == Qt.ItemDataRole.DisplayRole:
             return self._cell(e, f, col)[0]
         if role == SORT_ROLE:
             key = self._cell(e, f, col)[1]
@@ -270,19 +274,19 @@ class CatalogModel(QAbstractTableModel):
             if isinstance(key, bool) or key is None:
                 return -1.0 if key is None else float(key)
             return float(key) if isinstance(key, int | float) else key
-        if role == Qt.ForegroundRole and not e.supported:
+        if role == Qt.ItemDataRole.ForegroundRole and not e.supported:
             return QBrush(GREY)
         d = self.device_fit(index.row()) if col == FIT_COLUMN else None
         verdict = d.verdict if d is not None else (f.verdict if f is not None else None)
         if (
-            role == Qt.BackgroundRole
+            role == Qt.ItemDataRole.BackgroundRole
             and col == FIT_COLUMN
             and e.supported
             and verdict in FIT_COLOURS
             and not e.problem_on(self.backend)  # "not on torch" is no fit verdict
         ):
             return QBrush(FIT_COLOURS[verdict])
-        if role == Qt.ToolTipRole:
+        if role == Qt.ItemDataRole.ToolTipRole:
             if not e.supported:
                 return f"Not supported: {e.reason}"
             problem = backend_refusal(e, self.backend)
@@ -295,9 +299,9 @@ class CatalogModel(QAbstractTableModel):
             if col == LOADS_AT_COLUMN and f is not None and f.dtype_reason:
                 return f.dtype_reason
             return f"{e.path}\n{e.note}" if e.note else str(e.path)
-        if role == Qt.TextAlignmentRole and col in (3, 4, 6, 7, 10):
-            return int(Qt.AlignRight | Qt.AlignVCenter)
-        if role == Qt.FontRole and col == 0 and e.source == "embedded":
+        if role == Qt.ItemDataRole.TextAlignmentRole and col in (3, 4, 6, 7, 10):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.FontRole and col == 0 and e.source == "embedded":
             font = QFont()
             font.setBold(True)
             return font
@@ -305,8 +309,10 @@ class CatalogModel(QAbstractTableModel):
 
     def flags(self, index):
         if not index.isValid():
-            return Qt.NoItemFlags
-        return Qt.ItemIsEnabled | Qt.ItemIsSelectable  # unsupported rows stay selectable to read why
+            return Qt.ItemFlag.NoItemFlags
+        return (
+            Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+        )  # unsupported rows stay selectable to read why
 
 
 class _ScanThread(QThread):
@@ -348,7 +354,7 @@ class ConvertedCacheDialog(QDialog):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        from attnscope.core.loading.resolve import cache_root
+        from attnscope.core.loading.cache_folder import cache_root
 
         self.setWindowTitle("Converted models cache")
         self.resize(1000, 300)
@@ -361,9 +367,9 @@ class ConvertedCacheDialog(QDialog):
         lay.addWidget(self.where)
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["Converted model", "Size", "From", "Kind"])
-        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         lay.addWidget(self.table)
         self.total = QLabel()
@@ -383,7 +389,7 @@ class ConvertedCacheDialog(QDialog):
         self.refresh()
 
     def refresh(self) -> None:
-        from attnscope.core.loading.resolve import list_converted
+        from attnscope.core.loading.conversion_cache import list_converted
 
         self.items = list_converted()
         self.table.setRowCount(len(self.items))
@@ -393,7 +399,7 @@ class ConvertedCacheDialog(QDialog):
             for col, text in enumerate((name, human_bytes(c.size_bytes), c.source or "?", kind)):
                 item = QTableWidgetItem(text)
                 if col == 1:
-                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, col, item)
         self.table.resizeColumnsToContents()
         self.total.setText(
@@ -404,7 +410,7 @@ class ConvertedCacheDialog(QDialog):
         self.clear_one.setEnabled(bool(self.items))
 
     def _clear_selected(self) -> None:
-        from attnscope.core.loading.resolve import clear_converted
+        from attnscope.core.loading.conversion_cache import clear_converted
 
         rows = sorted({i.row() for i in self.table.selectedIndexes()})
         for r in rows:
@@ -412,7 +418,7 @@ class ConvertedCacheDialog(QDialog):
         self.refresh()
 
     def _clear_all(self) -> None:
-        from attnscope.core.loading.resolve import clear_converted
+        from attnscope.core.loading.conversion_cache import clear_converted
 
         clear_converted()
         self.refresh()
@@ -424,7 +430,7 @@ class ModelPickerDialog(QDialog):
     Args:
         parent: the main window (or None).
         scanner: returns the entries (default :func:`attnscope.core.loading.catalog.scan`); runs on a worker thread.
-        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`attnscope.core.loading.fit.free_memory`).
+        free_memory_fn: ``(backend, device) -> (free bytes | None, label)`` (default :func:`attnscope.core.loading.free_memory.free_memory`).
         context, backend, device, dtype: initial fit settings.
         scan_now: start scanning at once (tests may call :meth:`rescan` themselves).
         quantize, device_map: initial Quantise and Device map choices (``"none"``: one device).
@@ -549,32 +555,32 @@ class ModelPickerDialog(QDialog):
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setSortRole(SORT_ROLE)
-        self.proxy.setFilterCaseSensitivity(Qt.CaseInsensitive)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
         self.proxy.setFilterKeyColumn(-1)
         self.table = QTableView()
         self.table.setModel(self.proxy)
         self.table.setSortingEnabled(True)
-        self.table.sortByColumn(1, Qt.AscendingOrder)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.sortByColumn(1, Qt.SortOrder.AscendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setAlternatingRowColors(True)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)
         hh = self.table.horizontalHeader()
-        hh.setSectionResizeMode(QHeaderView.ResizeToContents)
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         hh.setSectionResizeMode(
-            0, QHeaderView.Stretch
+            0, QHeaderView.ResizeMode.Stretch
         )  # long names elide in the middle, the tail is the quant
-        self.table.setTextElideMode(Qt.ElideMiddle)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         lay.addWidget(self.table, 1)
 
         self.status = QLabel("Scanning…")
         lay.addWidget(self.status)
         self.details = QLabel()
         self.details.setWordWrap(True)
-        self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setMinimumHeight(64)
-        self.details.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        self.details.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.details.setStyleSheet(
             "QLabel { background: palette(base); border: 1px solid palette(mid); padding: 6px; }"
         )
@@ -593,8 +599,10 @@ class ModelPickerDialog(QDialog):
         hint = self.drop_hint = QLabel("or drop a folder / .gguf here")
         hint.setStyleSheet("color: gray")
         row.addWidget(hint)
-        self.buttons = QDialogButtonBox(QDialogButtonBox.Open | QDialogButtonBox.Cancel)
-        self.open_btn = self.buttons.button(QDialogButtonBox.Open)
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel
+        )
+        self.open_btn = self.buttons.button(QDialogButtonBox.StandardButton.Open)
         row.addWidget(self.buttons)
         lay.addLayout(row)
 

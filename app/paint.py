@@ -75,8 +75,8 @@ def paint_to_file(
     w, h = int(size[0]), int(size[1])
     text = json.dumps(metadata, ensure_ascii=False) if metadata is not None else ""
     if fmt == "png":
-        img = QImage(max(1, round(w * scale)), max(1, round(h * scale)), QImage.Format_RGB32)
-        img.fill(Qt.white)
+        img = QImage(max(1, round(w * scale)), max(1, round(h * scale)), QImage.Format.Format_RGB32)
+        img.fill(Qt.GlobalColor.white)
         dpm = round(dpi / 0.0254)  # the chosen DPI (pixels are size × scale: the DPI is what they mean)
         img.setDotsPerMeterX(dpm)
         img.setDotsPerMeterY(dpm)
@@ -105,7 +105,7 @@ def paint_to_file(
         if not p.begin(gen):
             raise OSError(f"could not write {path}")
         try:
-            p.fillRect(QRectF(0, 0, w, h), Qt.white)
+            p.fillRect(QRectF(0, 0, w, h), Qt.GlobalColor.white)
             paint(p)
         finally:
             p.end()
@@ -119,7 +119,12 @@ def paint_to_file(
     writer = QPdfWriter(str(path))
     writer.setResolution(round(dpi))
     writer.setPageSize(
-        QPageSize(QSizeF(w / dpi * 72.0, h / dpi * 72.0), QPageSize.Point, "", QPageSize.ExactMatch)
+        QPageSize(
+            QSizeF(w / dpi * 72.0, h / dpi * 72.0),
+            QPageSize.Unit.Point,
+            "",
+            QPageSize.SizeMatchPolicy.ExactMatch,
+        )
     )
     writer.setPageMargins(QMarginsF(0, 0, 0, 0))
     writer.setTitle(visible_text(title) or "AttnScope")
@@ -127,7 +132,9 @@ def paint_to_file(
     p = QPainter()
     if not p.begin(writer):
         raise OSError(f"could not write {path}")
-    p.setRenderHint(QPainter.LosslessImageRendering, True)  # Flate, not JPEG: cells keep their exact colours
+    p.setRenderHint(
+        QPainter.RenderHint.LosslessImageRendering, True
+    )  # Flate, not JPEG: cells keep their exact colours
     try:
         p.scale(writer.width() / w, writer.height() / h)
         paint(p)
@@ -256,13 +263,13 @@ def _settle(widget) -> None:
     for _ in range(3):  # nested layouts settle in a few rounds; only this widget's tree (its parent's
         tree = [widget, *widget.findChildren(QWidget)]  # layout would put the old size back)
         for w in tree:
-            QApplication.sendPostedEvents(w, QEvent.LayoutRequest)
+            QApplication.sendPostedEvents(w, QEvent.Type.LayoutRequest)
             lay = w.layout()
             if lay is not None:
                 lay.activate()
         for w in tree:
-            if w.testAttribute(Qt.WA_PendingResizeEvent):
-                w.setAttribute(Qt.WA_PendingResizeEvent, False)
+            if w.testAttribute(Qt.WidgetAttribute.WA_PendingResizeEvent):
+                w.setAttribute(Qt.WidgetAttribute.WA_PendingResizeEvent, False)
                 QApplication.sendEvent(w, QResizeEvent(w.size(), w.size()))
         for view in _graphics_views(tree):  # pyqtgraph: the scene's layouts (QGraphicsLayout) too
             # its resizeEvent fits the central item to the view again (clamped to the item's minimum
@@ -270,8 +277,8 @@ def _settle(widget) -> None:
             vp, inner = view.viewport(), view.contentsRect()  # a hidden scroll area leaves its viewport
             if vp.geometry() != inner:  # at the old size (pyqtgraph's resizeEvent does not lay it out)
                 vp.setGeometry(inner)
-                if vp.testAttribute(Qt.WA_PendingResizeEvent):
-                    vp.setAttribute(Qt.WA_PendingResizeEvent, False)
+                if vp.testAttribute(Qt.WidgetAttribute.WA_PendingResizeEvent):
+                    vp.setAttribute(Qt.WidgetAttribute.WA_PendingResizeEvent, False)
                     QApplication.sendEvent(vp, QResizeEvent(vp.size(), vp.size()))
             QApplication.sendEvent(view, QResizeEvent(view.size(), view.size()))
             ci = getattr(view, "centralWidget", None)
@@ -299,7 +306,7 @@ def _settle_ancestors(widget) -> None:
         w = w.parentWidget()
     for w in reversed(chain):
         w.ensurePolished()
-        QApplication.sendPostedEvents(w, QEvent.LayoutRequest)
+        QApplication.sendPostedEvents(w, QEvent.Type.LayoutRequest)
         if w.layout() is not None:
             w.layout().activate()
     widget.ensurePolished()
@@ -315,7 +322,7 @@ def _overflow(widget) -> tuple[int, int]:
         ci = getattr(view, "centralWidget", None)
         if ci is None or not hasattr(ci, "effectiveSizeHint"):
             continue
-        need = ci.effectiveSizeHint(Qt.MinimumSize)
+        need = ci.effectiveSizeHint(Qt.SizeHint.MinimumSize)
         vp = view.viewport().size()
         grow_w = max(grow_w, math.ceil(need.width() - vp.width()))
         grow_h = max(grow_h, math.ceil(need.height() - vp.height()))
@@ -374,14 +381,14 @@ def render_widget(
     inner_policies = [(t.horizontalScrollBarPolicy(), t.verticalScrollBarPolicy()) for t in inner]
     if size is None:
         for t in inner:
-            t.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-            t.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+            t.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            t.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     policies = None
     if want is not None and want != old:
         if isinstance(target, QAbstractScrollArea):
             policies = (target.horizontalScrollBarPolicy(), target.verticalScrollBarPolicy())
-            target.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-            target.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+            target.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            target.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         target.resize(want)
     lossless, elided = [], []
     try:
@@ -400,8 +407,11 @@ def render_widget(
             from PySide6.QtWidgets import QGraphicsView
 
             for v in [target, *target.findChildren(QGraphicsView)]:
-                if isinstance(v, QGraphicsView) and not v.renderHints() & QPainter.LosslessImageRendering:
-                    v.setRenderHint(QPainter.LosslessImageRendering, True)
+                if (
+                    isinstance(v, QGraphicsView)
+                    and not v.renderHints() & QPainter.RenderHint.LosslessImageRendering
+                ):
+                    v.setRenderHint(QPainter.RenderHint.LosslessImageRendering, True)
                     lossless.append(v)
 
         def paint(p: QPainter) -> None:
@@ -425,7 +435,7 @@ def render_widget(
         )
     finally:
         for v in lossless:
-            v.setRenderHint(QPainter.LosslessImageRendering, False)
+            v.setRenderHint(QPainter.RenderHint.LosslessImageRendering, False)
         for label, text in elided:
             label.setText(text)
         if target.size() != old or elided:  # resized for the render, or grown to its minimum

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 
 #: seconds the picker waits for the engine's list (a scan reads metadata only)
 SCAN_TIMEOUT_S = 60.0

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 
 

@@ -51,7 +51,7 @@ class StatusLine:
         self._busy_message: str | None = None
         self._notices_shown: tuple[str, ...] = ()  # Snapshot.notices already said
         self.model_label = QElidingLabel("No model")  # a long model line ends in "…", never clipped mid-word
-        self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.model_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.seq_label = QLabel("seq_len 0")
         self.kv_label = QLabel("KV cache 0 B")
         # a forward that overflowed (attnscope.core.trace.finite): said as long as its sequence is shown

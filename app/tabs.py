@@ -19,13 +19,13 @@ class EmptyOverlay(QLabel):
 
     def __init__(self, page: QWidget):
         super().__init__(self.TEXT, page)
-        self.setAlignment(Qt.AlignCenter)
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.setStyleSheet("background: rgba(255, 255, 255, 240); color: #666; font-size: 13pt;")
         page.installEventFilter(self)
         self.hide()
 
     def eventFilter(self, obj, event) -> bool:
-        if event.type() == QEvent.Resize:
+        if event.type() == QEvent.Type.Resize:
             self.setGeometry(obj.rect())
         return False
 
@@ -48,7 +48,7 @@ class ViewTabs(QTabWidget):
         if not isinstance(widget, (QScrollArea, HeatmapView)):
             page = ViewPage()
             page.setWidgetResizable(True)
-            page.setFrameShape(QFrame.NoFrame)
+            page.setFrameShape(QFrame.Shape.NoFrame)
             page.setWidget(widget)
         return super().addTab(page, title)
 

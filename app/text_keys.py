@@ -48,7 +48,7 @@ class TextBoxKeys(QObject):
         return (Qt.Key(event.key()), mods) in self._keys
 
     def eventFilter(self, obj, event) -> bool:
-        if event.type() == QEvent.ShortcutOverride and is_text_box(obj) and self.wants(event):
+        if event.type() == QEvent.Type.ShortcutOverride and is_text_box(obj) and self.wants(event):
             event.accept()  # the text box takes the key: no shortcut fires, the key press reaches it
             return True
         return False

@@ -8,7 +8,7 @@ reads KV head ``h // group_size`` (the grouping transformers' ``repeat_kv`` and 
 
 Everything that maps heads (the traces, the analyses, the views' labels) asks an
 :class:`ArchConfig`: :meth:`ArchConfig.kv_head`, :meth:`ArchConfig.group`. :func:`arch_of` builds one
-from anything with the four attention attributes (a :class:`attnscope.core.loading.resolve.ModelInfo`,
+from anything with the four attention attributes (a :class:`attnscope.core.loading.model_info.ModelInfo`,
 a trace).
 """
 

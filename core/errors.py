@@ -45,3 +45,10 @@ class NoAttentionMap(BadArgument):
 class BadPath(BadArgument, FileNotFoundError):
     """An output path whose folder does not exist. Also a ``FileNotFoundError`` (an ``OSError``)
     and a :class:`BadArgument`."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of ``e``'s message (at most 300 characters; the class name when empty): how a
+    library's multi-line error becomes the one line a :class:`ModelLoadError` says."""
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]

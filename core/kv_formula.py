@@ -204,7 +204,7 @@ class KVConfig:
 
     @classmethod
     def from_info(cls, info, dtype: str | None = None, batch: int = 1, windows=None) -> KVConfig:
-        """From a :class:`attnscope.core.loading.resolve.ModelInfo` (or anything with its attention attributes).
+        """From a :class:`attnscope.core.loading.model_info.ModelInfo` (or anything with its attention attributes).
 
         ``windows``: the per-layer sliding windows (:func:`config_layer_windows`); a ModelInfo alone
         does not say which layers slide, so without them the cache counts every key in every layer.

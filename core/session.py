@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.checks import flag, in_range, index, span, whole
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, WrongType
 from attnscope.core.ids import BATCH_REFUSAL as _BATCH
 from attnscope.core.ids import as_token_ids
 from attnscope.core.kv_formula import kv_cache_bytes as kv_formula
-from attnscope.core.loading.resolve import ModelInfo
+from attnscope.core.loading.model_info import ModelInfo
 from attnscope.core.sampling import GREEDY, Sampling, choose, softmax
 from attnscope.core.tokens import NO_TOKENS, Token, decode_text, roundtrip_notice, token_text
 
@@ -113,15 +113,15 @@ class Session:
         ``device_map``: ``auto|balanced|sequential`` (torch only, :mod:`attnscope.core.loading.device_map`): layers
         across GPUs, then CPU, then disk, through accelerate.
 
-        The backend comes from :mod:`attnscope.core.backends.registry` (``backend`` is its name);
+        The backend comes from :mod:`attnscope.core.backend_registry` (``backend`` is its name);
         options it does not take are not passed (MLX picks its own device).
 
         Raises:
             ModelLoadError: the model reference is unusable (message says why).
             SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
-        from attnscope.core.backends.registry import get
-        from attnscope.core.loading.resolve import quiet_imports
+        from attnscope.core.backend_registry import get
+        from attnscope.core.loading.quiet import quiet_imports
 
         quiet_imports()  # before any backend imports transformers (and with it torchao)
         spec = get(backend)  # SessionError: unknown backend

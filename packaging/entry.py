@@ -54,19 +54,19 @@ def convert_default_model(target: Path) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".attnscope-convert-", dir=target.parent) as tmp:
         os.environ["ATTNSCOPE_CACHE_DIR"] = tmp
-        from attnscope.core.loading import resolve as models
+        from attnscope.core.loading import cache_folder, conversion_cache, resolve
         from attnscope.core.loading.gguf_convert import is_current
 
         try:
-            gguf = models.default_gguf_path()
+            gguf = resolve.default_gguf_path()
             if (
                 is_converted_folder(target)
-                and _source_sha(target) == models.file_sha256(gguf)
+                and _source_sha(target) == cache_folder.file_sha256(gguf)
                 and is_current(target)  # not one an older conversion made (an upgrade redoes it)
             ):
                 print(target)  # already converted from this very file (a reinstall)
                 return 0
-            out = models.convert_gguf(gguf)
+            out = conversion_cache.convert_gguf(gguf)
         except Exception as e:  # noqa: BLE001 - one readable line for an installer log
             print(f"attnscope: error: could not convert the default model: {e}", file=sys.stderr)
             return 1
@@ -106,7 +106,8 @@ def selfcheck() -> int:
             if "mlx" in info.name and not _has("mlx"):
                 continue
             need(info.name)
-    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES, default_gguf_path
+    from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
+    from attnscope.core.loading.resolve import default_gguf_path
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     for arch in sorted(SUPPORTED_ARCHITECTURES):

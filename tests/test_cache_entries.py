@@ -9,7 +9,8 @@ import json
 import pytest
 from attnscope.core.cli.main import main
 from attnscope.core.loading import quant_cache
-from attnscope.core.loading.resolve import cache_source_record, list_converted
+from attnscope.core.loading.cache_folder import cache_source_record
+from attnscope.core.loading.conversion_cache import list_converted
 
 
 @pytest.fixture

@@ -21,10 +21,10 @@ from attnscope.core.loading.fit import (
     RUNTIME_BYTES,
     TIGHT,
     UNKNOWN,
-    _meminfo_available,
     estimate,
     estimate_entry,
 )
+from attnscope.core.loading.free_memory import _meminfo_available
 from tiny_models import (
     eager_reference,
     hf_cache_repo,
@@ -179,7 +179,7 @@ def test_found_models_run_exactly_against_eager(stores, name):
 
 def test_quantised_gguf_runs_exactly_against_eager_on_its_dequantised_weights(stores):
     """A Q8_0 file: exact against eager on the same (dequantised) weights, close to the float original."""
-    from attnscope.core.loading.resolve import converted_dir
+    from attnscope.core.loading.conversion_cache import converted_dir
     from transformers import AutoModelForCausalLM
 
     e = _scan(stores)["tiny-pub/tiny-llama-GGUF/tiny-llama-Q8_0"]
@@ -453,7 +453,8 @@ def test_cli_add_remove_and_cache(stores, monkeypatch, tmp_path, capsys):
     # conversion cache: empty, then one model after a load, then cleared
     rc, out, _ = _cli(["models", "--list-cache"], capsys)
     assert "0 converted model(s)" in out
-    from attnscope.core.loading.resolve import converted_dir, list_converted, resolve
+    from attnscope.core.loading.conversion_cache import converted_dir, list_converted
+    from attnscope.core.loading.resolve import resolve
 
     resolve(str(stores["q8"]))
     assert [c.name for c in list_converted()] == [converted_dir(stores["q8"]).name]

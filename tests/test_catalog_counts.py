@@ -292,8 +292,8 @@ def test_mlx_folder_beyond_the_sample(tmp_path, llama):
     points torch users at MLX; a family MLX does not run is unsupported (no backend opens it)."""
     pytest.importorskip("PySide6")
     from attnscope.app.model_picker import backend_refusal
-    from attnscope.core.backends.registry import problem as backend_problem
-    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
+    from attnscope.core.backend_registry import problem as backend_problem
+    from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
 
     folder, _ = _mlx_quantised(llama[0], tmp_path / "mlx4", 4, {"model.layers.0.mlp.down_proj": 8})
     [e] = catalog.describe_path(folder)

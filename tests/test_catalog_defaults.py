@@ -112,7 +112,7 @@ def test_omitted_fields_take_transformers_defaults(cfg, field, value):
 
 def test_matches_the_loaded_models_info():
     """The catalog and the loader read one config object: same geometry."""
-    from attnscope.core.loading.resolve import info_from_config
+    from attnscope.core.loading.model_info import info_from_config
     from transformers import AutoConfig
 
     for cfg in (

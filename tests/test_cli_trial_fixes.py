@@ -379,15 +379,15 @@ def test_models_add_keeps_a_readable_model(folder, tmp_path, monkeypatch, capsys
 
 
 def test_list_cache_tells_conversions_from_quantised_weights(tmp_path, monkeypatch, capsys):
-    from attnscope.core.loading import resolve
-    from attnscope.core.loading.resolve import ConvertedModel
+    from attnscope.core.loading import conversion_cache
+    from attnscope.core.loading.cache_folder import ConvertedModel
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path))
     items = [
         ConvertedModel(tmp_path / "a", "a-0123", "a.gguf", "0123", 1000, True),
         ConvertedModel(tmp_path / "b", "b-int8", "b", "", 2000, True, kind="int8 weights (torchao)"),
     ]
-    monkeypatch.setattr(resolve, "list_converted", lambda: items)
+    monkeypatch.setattr(conversion_cache, "list_converted", lambda: items)
     assert main(["models", "--list-cache"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 from attnscope.core.errors import ModelLoadError
-from attnscope.core.loading import resolve as R
+from attnscope.core.loading import conversion_cache as R
 from tiny_models import tiny_model, write_llama_gguf
 
 

@@ -119,7 +119,7 @@ def test_arch_config_maps_query_heads_to_kv_heads():
 
 def test_model_info_and_traces_share_the_arch(tmp_path):
     from attnscope.core.arch import ArchConfig, arch_of
-    from attnscope.core.loading.resolve import ModelInfo
+    from attnscope.core.loading.model_info import ModelInfo
     from attnscope.core.trace.torch_trace import TorchTrace
 
     info = ModelInfo("m", "src", "llama", 2, 6, 2, 16, 96, 128, 1e4, None, 100, "float32")
@@ -289,7 +289,7 @@ def test_weights_block_of_both_traces(tiny_sessions):
 
 
 def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
     from attnscope.core.errors import UnsupportedModelError
 
     for s in tiny_sessions.values():
@@ -311,7 +311,7 @@ def test_fork_leaves_the_session_alone_and_mlx_refuses_overrides(tiny_sessions):
 
 # -- the registry ---------------------------------------------------------------------------------------
 def test_registry_names_and_refusals(tmp_path):
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
     from attnscope.core.errors import SessionError
     from attnscope.core.session import Session
 

@@ -12,7 +12,7 @@ import pytest
 from attnscope.core.errors import Cancelled
 from attnscope.core.io import export as E
 from attnscope.core.io.colormaps import ColourSpec, to_rgb
-from attnscope.core.loading.resolve import file_sha256
+from attnscope.core.loading.cache_folder import file_sha256
 from export_files import read_data
 from PIL import Image, ImageSequence
 

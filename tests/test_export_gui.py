@@ -195,14 +195,8 @@ def test_render_widget_size_dpi_and_whole_tables(qtbot, tmp_path):
 
 # -- the window -----------------------------------------------------------------------------------------------
 @pytest.fixture()
-def ran_window(qtbot):
-    from attnscope.app.main_window import MainWindow
-
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.resize(1300, 850)
-    win.show()
-    assert win.engine.wait_idle(300), "model did not load"
+def ran_window(make_window):
+    win = make_window(size=(1300, 850))
     win.prompt_edit.setPlainText("The quick brown fox jumps over the lazy dog.")
     win.chat_check.setChecked(False)
     win.run_prompt()
@@ -211,8 +205,7 @@ def ran_window(qtbot):
     assert win.engine.wait_idle(120)
     win.select(3, 4)
     assert win.engine.wait_idle(60)
-    yield win
-    win.close()
+    return win
 
 
 @pytest.mark.slow

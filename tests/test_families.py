@@ -137,7 +137,7 @@ def test_tested_families_are_the_ones_tested():
 )
 def test_rule_refuses_with_one_line(model_type, why):
     """Decided from transformers' model code (support_rule), not a list: the reason names what is missing."""
-    from attnscope.core.loading.resolve import check_architecture
+    from attnscope.core.loading.checks import check_architecture
 
     with pytest.raises(UnsupportedModelError, match=why) as e:
         check_architecture(model_type)

@@ -21,7 +21,7 @@ Q = gguf.GGMLQuantizationType
 @pytest.fixture(autouse=True)
 def _tmp_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    from attnscope.core.loading.resolve import quiet_transformers
+    from attnscope.core.loading.quiet import quiet_transformers
 
     quiet_transformers()
 
@@ -121,7 +121,7 @@ def test_cancel_between_tensors_leaves_nothing(tmp_path):
 
 
 def test_cache_is_keyed_by_hash_and_dtype(tmp_path):
-    from attnscope.core.loading.resolve import convert_gguf, converted_dir, list_converted
+    from attnscope.core.loading.conversion_cache import convert_gguf, converted_dir, list_converted
 
     path = write_family_gguf("llama", tmp_path / "l.gguf", Q.Q8_0)
     msgs = []
@@ -139,7 +139,7 @@ def test_cache_is_keyed_by_hash_and_dtype(tmp_path):
 
 
 def test_half_written_cache_is_not_used(tmp_path):
-    from attnscope.core.loading.resolve import convert_gguf, converted_dir
+    from attnscope.core.loading.conversion_cache import convert_gguf, converted_dir
 
     path = write_family_gguf("llama", tmp_path / "l.gguf", Q.Q8_0)
     out = converted_dir(path, "float32")

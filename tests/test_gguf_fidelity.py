@@ -40,7 +40,7 @@ LLAMA3 = {
 @pytest.fixture(autouse=True)
 def _tmp_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    from attnscope.core.loading.resolve import quiet_transformers
+    from attnscope.core.loading.quiet import quiet_transformers
 
     quiet_transformers()
 
@@ -358,7 +358,8 @@ def _reference_pre(name):
 @pytest.fixture(scope="module")
 def smol_gguf_tokenizer():
     """transformers' own tokenizer of the embedded SmolLM2 GGUF (no pre-tokenizer fix)."""
-    from attnscope.core.loading.resolve import default_gguf_path, quiet_transformers
+    from attnscope.core.loading.quiet import quiet_transformers
+    from attnscope.core.loading.resolve import default_gguf_path
     from transformers import AutoTokenizer
 
     quiet_transformers()
@@ -377,7 +378,8 @@ def _with_pre(tok, pre):
 @pytest.mark.slow
 def test_smollm2_tokenizes_like_its_original_tokenizer(smol_gguf_tokenizer, tmp_path, monkeypatch):
     """The samples: the converted SmolLM2 (pre-tokenizer "smollm") against its tokenizer.json's pre-tokenizer."""
-    from attnscope.core.loading.resolve import convert_gguf, default_gguf_path
+    from attnscope.core.loading.conversion_cache import convert_gguf
+    from attnscope.core.loading.resolve import default_gguf_path
     from transformers import AutoTokenizer
 
     ref = copy.deepcopy(smol_gguf_tokenizer)
@@ -566,8 +568,8 @@ def test_a_key_or_tensor_nobody_reads_is_said_in_the_load_note(tmp_path):
 
 # -- the cache ---------------------------------------------------------------------------------------
 def test_an_entry_made_by_the_older_conversion_is_converted_again(tmp_path):
+    from attnscope.core.loading.conversion_cache import convert_gguf
     from attnscope.core.loading.gguf_convert import CONVERSION_VERSION, SOURCE, is_current
-    from attnscope.core.loading.resolve import convert_gguf
 
     model = family_model("llama", overrides={"rope_parameters": dict(LLAMA3)})
     path = write_llama_gguf(model, tmp_path / "l3.gguf")
@@ -590,7 +592,7 @@ def test_an_entry_made_by_the_older_conversion_is_converted_again(tmp_path):
 
 
 def test_conversion_records_its_notes_and_repeats_them_on_every_load(tmp_path):
-    from attnscope.core.loading.resolve import convert_gguf
+    from attnscope.core.loading.conversion_cache import convert_gguf
 
     path = write_llama_gguf(family_model("llama"), tmp_path / "x.gguf", extra={"llama.mystery": 1.5})
     first, again = [], []

@@ -6,18 +6,13 @@ import importlib.util
 
 import numpy as np
 import pytest
-from attnscope.app.main_window import MainWindow
 
 PROMPT = "The cat sat on the mat."
 
 
 @pytest.fixture()
-def window(qtbot):
-    win = MainWindow()
-    qtbot.addWidget(win)
-    assert win.engine.wait_idle(300)
-    yield win
-    win.close()
+def window(make_window):
+    return make_window(size=None, show=False)
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from attnscope.app.engine import CancelledMessage
 from attnscope.app.main_window import MainWindow
-from attnscope.core.loading.resolve import default_gguf_path, file_sha256
+from attnscope.core.loading.cache_folder import file_sha256
+from attnscope.core.loading.resolve import default_gguf_path
 from attnscope.core.sampling import Sampling
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog

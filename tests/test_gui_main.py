@@ -5,22 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attnscope.app.heatmap import weight_text
-from attnscope.app.main_window import MainWindow
 from PIL import Image
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-
-
-@pytest.fixture()
-def window(qtbot):
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.resize(1200, 800)
-    win.show()
-    assert win.engine.wait_idle(300), "model did not load"
-    assert win.last_error is None
-    yield win
-    win.close()
 
 
 @pytest.mark.slow  # about 20 s of CPU: a prompt, steps, every tab and the exports

@@ -46,7 +46,7 @@ def test_run_fills_grid_and_table_with_the_core_numbers(win, tmp_path):
     win.grab().save(str(tmp_path / "heads_tab.png"))
     # a row click selects the head
     view._on_clicked(0, 0)
-    layer, head = view._head(0)
+    layer, head = view.head_at(0)
     assert (win.state.layer, win.state.head) == (layer, head)
     # a new prompt: the result says it is out of date
     win.prompt_edit.setPlainText("tt t ttt")

@@ -17,12 +17,8 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
 
 @pytest.fixture()
-def win(qtbot):
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.engine.wait_idle(300), "model did not load"
+def win(make_window):
+    w = make_window()
     w.prompt_edit.setPlainText(PROMPT)
     w.chat_check.setChecked(False)
     w.run_prompt()
@@ -30,8 +26,7 @@ def win(qtbot):
     w.step(3)
     assert w.engine.wait_idle(120)
     assert w.last_error is None
-    yield w
-    w.close()
+    return w
 
 
 def _session(w):

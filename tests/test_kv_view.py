@@ -49,17 +49,8 @@ def test_kv_live_counts_the_tensors(tiny_folder):
 
 
 @pytest.fixture()
-def win(qtbot, tiny_folder):
-    from attnscope.app.main_window import MainWindow
-
-    w = MainWindow(model=str(tiny_folder))
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    assert w.engine.wait_idle(120), "model did not load"
-    assert w.last_error is None
-    yield w
-    w.close()
+def win(make_window, tiny_folder):
+    return make_window(tiny_folder)
 
 
 def _cells(table) -> list[list[str]]:

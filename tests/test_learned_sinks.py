@@ -260,7 +260,7 @@ def test_gpt_oss_long_chunked_prefill_equals_eager(tmp_path):
 
 @pytest.mark.parametrize("family", ["gpt_oss", "gemma2"])
 def test_mlx_backend_refuses_the_two_families_in_one_line(family):
-    from attnscope.core.backends.registry import problem as backend_problem
+    from attnscope.core.backend_registry import problem as backend_problem
 
     why = backend_problem(family, "mlx")
     assert why is not None and family in why and "\n" not in why

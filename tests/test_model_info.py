@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from attnscope.core.errors import ModelLoadError
-from attnscope.core.loading.resolve import info_from_config
+from attnscope.core.loading.model_info import info_from_config
 
 LLAMA = dict(
     model_type="llama",

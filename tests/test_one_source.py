@@ -1,7 +1,7 @@
 """Lists with one source: what a backend, an export format or a remote analysis needs is written in one
 place (README, "How it works"), and everything else derives it.
 
-* backends: :mod:`attnscope.core.backends.registry` is the only place a backend's name is typed
+* backends: :mod:`attnscope.core.backend_registry` is the only place a backend's name is typed
   (an AST scan of core/ and app/; a module name such as ``find_spec("torch")`` is not a backend name);
 * remote analyses: every ``@remotable`` function in the tree is one the engine server offers
   (:func:`attnscope.core.analysis.remotable.served`);
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REGISTRY_FILE = ROOT / "core" / "backends" / "registry.py"
+REGISTRY_FILE = ROOT / "core" / "backend_registry.py"
 
 #: calls whose string argument names a Python module or distribution, not a backend
 _MODULE_CALLS = {"find_spec", "import_module", "__import__", "version", "_version"}
@@ -64,7 +64,7 @@ def _scan_text(src: str, rel: str, names: set[str]) -> list[str]:
 def test_backend_names_are_typed_only_in_the_registry():
     """Adding a backend is one register() call: no other module of core/ or app/ types a backend's
     name (derive it: registry.names(), registry.DEFAULT, a spec's label or attributes)."""
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
 
     names = set(registry.names())
     assert names >= {"torch", "mlx"}

@@ -43,14 +43,14 @@ def entry():
 # -- what the bundle keeps ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tf_rules():
-    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
+    from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
 
     excludes, kept = bundle_rules.transformers_excludes(SUPPORTED_ARCHITECTURES)
     return set(excludes), kept
 
 
 def test_model_code_kept_for_every_supported_architecture(tf_rules):
-    from attnscope.core.loading.resolve import SUPPORTED_ARCHITECTURES
+    from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import model_type_to_module_name
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
@@ -199,20 +199,20 @@ def test_entry_finds_a_preconverted_default_model(entry, tmp_path, monkeypatch):
 
 
 def test_entry_conversion_reuses_a_folder_from_the_same_gguf(entry, tmp_path, monkeypatch):
-    from attnscope.core.loading import resolve as models
+    from attnscope.core.loading import cache_folder, conversion_cache, resolve
 
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF fake weights")
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # restored after the test
-    monkeypatch.setattr(models, "default_gguf_path", lambda: gguf)
-    sha = models.file_sha256(gguf)
+    monkeypatch.setattr(resolve, "default_gguf_path", lambda: gguf)
+    sha = cache_folder.file_sha256(gguf)
     calls = []
 
     def fake_convert(path, progress=None):
         calls.append(path)
-        return _fake_converted(models.cache_root() / "converted" / "tiny-new", sha)
+        return _fake_converted(cache_folder.cache_root() / "converted" / "tiny-new", sha)
 
-    monkeypatch.setattr(models, "convert_gguf", fake_convert)
+    monkeypatch.setattr(conversion_cache, "convert_gguf", fake_convert)
     target = _fake_converted(tmp_path / "opt" / "default-model", sha)
     assert entry.convert_default_model(target) == 0 and calls == []  # same GGUF: kept as it is
     (target / "attnscope_source.json").write_text(json.dumps({"sha256": sha}))

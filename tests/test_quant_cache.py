@@ -273,7 +273,7 @@ def test_a_full_disk_costs_one_line_and_leaves_nothing(folder, cache_dir, monkey
     def enospc(*_a, **_k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(quant_cache, "_write_safetensors", enospc)
+    monkeypatch.setattr(quant_cache, "write_safetensors", enospc)
     notes: list[str] = []
     load_quantised(folder, "int8", "float32", "cpu", ATTN_NAME, notes=notes)
     assert notes == [
@@ -296,7 +296,7 @@ def test_too_little_free_space_is_not_even_tried(folder, cache_dir, monkeypatch)
 
 
 def test_load_torch_records_the_note(folder, tmp_path, monkeypatch):
-    from attnscope.core.loading.resolve import load_torch
+    from attnscope.core.backends.torch_load import load_torch
 
     _, _, info = load_torch(str(folder), dtype="float32", quantize="int8")
     assert info.load_note == ""
@@ -309,8 +309,8 @@ def test_load_torch_records_the_note(folder, tmp_path, monkeypatch):
 
 def test_listed_and_cleared_with_the_conversion_cache(folder, capsys):
     from attnscope.core.cli.main import main
+    from attnscope.core.loading.conversion_cache import clear_converted, list_converted
     from attnscope.core.loading.fit import human_bytes
-    from attnscope.core.loading.resolve import clear_converted, list_converted
 
     load_quantised(folder, "int8", "float32", "cpu", ATTN_NAME)
     load_quantised(folder, "int8", "bfloat16", "cpu", ATTN_NAME)

@@ -63,7 +63,7 @@ def test_the_status_bar_says_the_cache_was_not_written(qtbot):
     from types import SimpleNamespace
 
     from attnscope.app.status import StatusLine
-    from attnscope.core.loading.resolve import ModelInfo
+    from attnscope.core.loading.model_info import ModelInfo
     from PySide6.QtCore import QObject, Signal
     from PySide6.QtWidgets import QMainWindow
 

@@ -19,7 +19,8 @@ pytest.importorskip("torchao")
 
 from attnscope.core.backends.torch_backend import ATTN_NAME, register_attention  # noqa: E402
 from attnscope.core.loading.quantize import is_quantised, quantize_model  # noqa: E402
-from attnscope.core.loading.stream_load import load_quantised, read_header, safetensors_files  # noqa: E402
+from attnscope.core.loading.safetensors_header import read_header
+from attnscope.core.loading.stream_load import load_quantised, safetensors_files  # noqa: E402
 from tiny_models import COMMON, save_tiny, tiny_tokenizer  # noqa: E402
 
 IDS = [1, 40, 41, 42, 7, 8, 9, 100, 101, 102]
@@ -151,7 +152,7 @@ def test_blocked_lm_head_gives_the_same_logits(n_rows):
 
 
 def test_header_reader_matches_safetensors(q256):
-    from attnscope.core.loading.stream_load import read_tensor
+    from attnscope.core.loading.safetensors_header import read_tensor
     from safetensors import safe_open
 
     f0 = safetensors_files(q256)[0]
@@ -173,7 +174,7 @@ def test_session_uses_the_streamed_load(q256):
 
 _PEAK = """
 import resource, sys, torch
-from attnscope.core.loading.resolve import load_torch
+from attnscope.core.backends.torch_load import load_torch
 load_torch(sys.argv[1], dtype="bfloat16", quantize="int8")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """

@@ -26,7 +26,7 @@ def _tmp_cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("qname", ["Q8_0", "Q4_0"])
 def test_streamed_conversion_of_a_real_shaped_synthetic_equals_transformers(qname, tmp_path):
     from attnscope.core.loading import gguf_convert
-    from attnscope.core.loading.resolve import quiet_transformers
+    from attnscope.core.loading.quiet import quiet_transformers
 
     quiet_transformers()
     path = write_gguf("llama-3.2-1b", tmp_path, qname, layers=1, log=lambda *_: None)

@@ -1,4 +1,5 @@
-"""Run mypy over attnscope.core and the app's state/engine modules (config: pyproject ``[tool.mypy]``).
+"""Run mypy over attnscope.core and attnscope.app (config: pyproject ``[tool.mypy]``, which lists the app
+modules not yet clean).
 
 Usage: ``.venv/bin/python tests/typecheck.py [extra mypy arguments or files]``; exit status is mypy's.
 

@@ -29,7 +29,7 @@ import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.io.colormaps import lut as colormap_lut
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (

@@ -18,8 +18,8 @@ import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
-from attnscope.core.backends import registry
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
@@ -133,9 +133,9 @@ def format_duration(seconds: float) -> str:
     return f"about {seconds / 3600:.1f} h"
 
 
-def _item(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
+def _item(text: str, align=Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter) -> QTableWidgetItem:
     it = QTableWidgetItem(text)
-    it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+    it.setFlags(Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsEnabled)
     it.setTextAlignment(align)
     return it
 
@@ -170,7 +170,7 @@ class ExperimentsView(QWidget, SavedControls):
         self.kind_combo = QComboBox()
         for key, title in KINDS.items():
             self.kind_combo.addItem(title, key)
-        self.kind_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.kind_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.kind_combo.setMinimumContentsLength(max(len(t) for t in KINDS.values()))
         top.addWidget(self.kind_combo)
         self.k_label = QLabel("k")
@@ -222,13 +222,13 @@ class ExperimentsView(QWidget, SavedControls):
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().hide()
         hh = self.table.horizontalHeader()
-        hh.setSectionResizeMode(QHeaderView.ResizeToContents)
-        hh.setSectionResizeMode(1, QHeaderView.Stretch)
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        hh.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.horizontalHeaderItem(3).setToolTip(
             "Σ p_base · (log p_base − log p_exp) over the vocabulary, nats"
@@ -267,14 +267,14 @@ class ExperimentsView(QWidget, SavedControls):
         )
         self.decode_line = pg.InfiniteLine(
             angle=90,
-            pen=pg.mkPen("#888", style=Qt.DotLine),
+            pen=pg.mkPen("#888", style=Qt.PenStyle.DotLine),
             label="decode rows →",
             labelOpts={"position": 0.95, "color": "#555"},
         )
         pi.addItem(self.decode_line)
         self.decode_line.hide()
 
-        split = QSplitter(Qt.Vertical)
+        split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.table)
         split.addWidget(self.plot)
         split.setStretchFactor(0, 1)
@@ -516,16 +516,16 @@ class ExperimentsView(QWidget, SavedControls):
             ex = r.experiment
             changed = r.top1_changed
             cells = [
-                _item(SHORT[ex.kind], Qt.AlignLeft | Qt.AlignVCenter),
+                _item(SHORT[ex.kind], Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter),
                 _item(
                     ", ".join(p for p in (ex.params, f"decode from {ex.decode_from}") if p),
-                    Qt.AlignLeft | Qt.AlignVCenter,
+                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                 ),
                 _item(str(r.seq_len)),
                 _item(f"{r.kl_next:.4f}"),
                 _item(
                     f"{_tok(r.top1_base)} → {_tok(r.top1_exp)}" + ("  changed" if changed else "  same"),
-                    Qt.AlignLeft | Qt.AlignVCenter,
+                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                 ),
                 _item(f"{r.p_exp_of_base_top1:.3f}"),
                 _item(

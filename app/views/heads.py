@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage, Request
+from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
 from attnscope.app.views.state import SavedControls
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -25,7 +26,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -72,17 +72,7 @@ def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, sco
     return job
 
 
-class _Item(QTableWidgetItem):
-    """A cell that sorts by its numeric value (``Qt.UserRole``)."""
-
-    def __lt__(self, other):
-        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
-        if isinstance(a, int | float) and isinstance(b, int | float):
-            return (-1e300 if np.isnan(a) else a) < (-1e300 if np.isnan(b) else b)
-        return super().__lt__(other)
-
-
-class HeadsView(QWidget, SavedControls):
+class HeadsView(QWidget, SavedControls, HeadRows):
     """The "Which heads matter" tab."""
 
     STATE_CONTROLS = ("target_edit", "other_edit", "metric_combo", "method_combo", "scope_combo")
@@ -321,29 +311,14 @@ class HeadsView(QWidget, SavedControls):
                 ("" if np.isnan(d) else f"{d:+.4f}", float(d)),
             ]
             for c, (text, val) in enumerate(cells):
-                it = _Item(text)
+                it = NumericItem(text)
                 it.setData(Qt.UserRole, val)
-                it.setData(Qt.UserRole + 1, (layer, h if h >= 0 else k * g))
+                it.setData(HEAD_ROLE, (layer, h if h >= 0 else k * g))
                 it.setTextAlignment(Qt.AlignCenter)
                 self.table.setItem(r, c, it)
         self.table.setSortingEnabled(True)
         self.table.sortItems(3, Qt.AscendingOrder)  # the heads whose removal costs most first
         self.table.scrollToTop()
-
-    def _head(self, row: int):
-        it = self.table.item(row, 0)
-        return None if it is None else tuple(it.data(Qt.UserRole + 1))
-
-    def _on_clicked(self, row: int, _col: int) -> None:
-        h = self._head(row)
-        if h is not None:
-            self.state.select(*h)
-
-    def _on_activated(self, row: int, _col: int) -> None:
-        h = self._head(row)
-        if h is not None:
-            self.state.select(*h)
-            self.state.tab = "heatmap"
 
     def _on_image_click(self, ev) -> None:
         if self.result is None:

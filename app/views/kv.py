@@ -79,7 +79,7 @@ class WheelToPage(QObject):
         self.plot = plot
 
     def eventFilter(self, obj, event) -> bool:
-        if event.type() != QEvent.Wheel:
+        if event.type() != QEvent.Type.Wheel:
             return False
         w = self.plot.parentWidget()
         while w is not None and not isinstance(w, QAbstractScrollArea):
@@ -140,9 +140,9 @@ def _kv_job(ctx):
     return kv_live(ctx.require())
 
 
-def _item(text: str, align=Qt.AlignRight | Qt.AlignVCenter) -> QTableWidgetItem:
+def _item(text: str, align=Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter) -> QTableWidgetItem:
     it = QTableWidgetItem(text)
-    it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+    it.setFlags(Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsEnabled)
     it.setTextAlignment(align)
     return it
 
@@ -185,12 +185,17 @@ def fill_scheme_table(
             table.setItem(i, c, it)
     for i, r in enumerate(rows_now):
         table.setItem(
-            i, 0, _item(r.label + (f"  ({given})" if r.is_given else ""), Qt.AlignLeft | Qt.AlignVCenter)
+            i,
+            0,
+            _item(
+                r.label + (f"  ({given})" if r.is_given else ""),
+                Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+            ),
         )
         table.setItem(i, 1, _item(str(r.config.n_kv_heads)))
         table.setItem(i, len(heads) - 1, _item("1×" if r.vs_mha == 1 else f"{r.vs_mha:.3g}× smaller"))
     header = table.horizontalHeader()
-    header.setSectionResizeMode(QHeaderView.ResizeToContents)
+    header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     header.setStretchLastSection(True)
     table.verticalHeader().setDefaultSectionSize(22)
     table.setFixedHeight(26 + 22 * len(rows_now) + 4)
@@ -231,7 +236,7 @@ class KVView(QWidget, SavedControls):
         live_box = QGroupBox("Live KV cache (measured tensors)")
         lb = QVBoxLayout(live_box)
         self.live_label = QLabel("Run a prompt to fill the cache.")
-        self.live_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.live_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.live_label.setWordWrap(True)
         lb.addWidget(self.live_label)
         self.layer_plot = pg.PlotWidget(background="w")
@@ -260,7 +265,9 @@ class KVView(QWidget, SavedControls):
         gp.showGrid(x=True, y=True, alpha=0.25)
         gp.addLegend(offset=(10, 10), labelTextColor="#222")
         self.formula_curve = gp.plot([], [], pen=pg.mkPen("#2e86c1", width=2), name="formula (this model)")
-        self.need_curve = gp.plot([], [], pen=pg.mkPen("#1e8449", width=2, style=Qt.DashLine))  # windows
+        self.need_curve = gp.plot(
+            [], [], pen=pg.mkPen("#1e8449", width=2, style=Qt.PenStyle.DashLine)
+        )  # windows
         self.measured_points = gp.plot(
             [],
             [],
@@ -285,7 +292,7 @@ class KVView(QWidget, SavedControls):
         self.proj_curves: dict[str, pg.PlotDataItem] = {}
         self.now_line = pg.InfiniteLine(
             angle=90,
-            pen=pg.mkPen("#e67e22", width=1, style=Qt.DashLine),
+            pen=pg.mkPen("#e67e22", width=1, style=Qt.PenStyle.DashLine),
             label="now",
             labelOpts={"position": 0.55, "color": "#a04000"},
         )
@@ -294,7 +301,7 @@ class KVView(QWidget, SavedControls):
         freeze_plot(self.proj_plot)
 
         self.scheme_table = QTableWidget()
-        self.scheme_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.scheme_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.scheme_table.verticalHeader().hide()
 
         # calculator
@@ -303,7 +310,9 @@ class KVView(QWidget, SavedControls):
         cl = QVBoxLayout(calc)
         form = QFormLayout()
         self.preset_combo = QComboBox()
-        self.preset_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.preset_combo.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
         self.preset_combo.setMinimumContentsLength(20)
         self.preset_combo.addItem("This model", None)
         for name in PRESETS:
@@ -333,7 +342,9 @@ class KVView(QWidget, SavedControls):
             "repeated (Gemma 3: 5:1); or a list of layers such as 0-4,6-10"
         )
         self.calc_sliding.setMinimumContentsLength(6)
-        self.calc_sliding.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.calc_sliding.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
         grid = QGridLayout()
         pairs = [
             ("Layers", self.calc_layers),
@@ -347,17 +358,17 @@ class KVView(QWidget, SavedControls):
             ("Sliding layers", self.calc_sliding),
         ]
         for i, (text, w) in enumerate(pairs):
-            grid.addWidget(QLabel(text), i // 3, 2 * (i % 3), Qt.AlignRight)
+            grid.addWidget(QLabel(text), i // 3, 2 * (i % 3), Qt.AlignmentFlag.AlignRight)
             grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
         cl.addLayout(form)
         cl.addLayout(grid)
         self.calc_result = QLabel("")
-        self.calc_result.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.calc_result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.calc_result.setStyleSheet("font-weight:bold;")
         self.calc_result.setWordWrap(True)
         cl.addWidget(self.calc_result)
         self.calc_table = QTableWidget()
-        self.calc_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.calc_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.calc_table.verticalHeader().hide()
         cl.addWidget(self.calc_table)
 
@@ -579,7 +590,7 @@ class KVView(QWidget, SavedControls):
             pen = pg.mkPen(
                 SCHEME_COLOURS.get(r.scheme, "#555"),
                 width=3 if r.is_given else 1.5,
-                style=Qt.SolidLine if r.is_given else Qt.DashLine,
+                style=Qt.PenStyle.SolidLine if r.is_given else Qt.PenStyle.DashLine,
             )
             if curve is None:
                 curve = pp.plot([], [], pen=pen, name=name)
@@ -590,7 +601,7 @@ class KVView(QWidget, SavedControls):
                 self.kept_curve = pp.plot(
                     [],
                     [],
-                    pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.DotLine),
+                    pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.PenStyle.DotLine),
                     name="AttnScope keeps (every key, this model)",
                 )
             kx = np.array([0, max_ctx], dtype=np.int64)

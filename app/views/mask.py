@@ -13,6 +13,7 @@ each row's share on the sink slot (its weights then sum to less than 1).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyqtgraph as pg
@@ -21,6 +22,10 @@ from attnscope.app.heatmap import qt_colormap, token_label
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+if TYPE_CHECKING:
+    from attnscope.core.analysis.maskview import MaskReport
+    from attnscope.core.loading.model_info import ModelInfo
 
 BLOCKED_RGB = (215, 215, 215)
 ALLOWED_RGB = (70, 130, 180)
@@ -59,17 +64,19 @@ class MaskView(QWidget):
     def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
         self.state, self.engine = state, engine
-        self.report = None
+        self.report: MaskReport | None = None
+        self.report_key: tuple | None = None
+        self.report_tokens: list = []  # the tokens the report was computed with
+        self.report_info: ModelInfo | None = None
         self.cmap = state.colormap
         state.events.selection.connect(self.on_selection)
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
         state.events.changed.connect(self._on_changed)
-        self.report_key = self.report_tokens = self.report_info = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         self.header = QLabel("Run a prompt to see the masks that were applied.")
         self.header.setWordWrap(True)
-        self.header.setTextFormat(Qt.RichText)
+        self.header.setTextFormat(Qt.TextFormat.RichText)
         lay.addWidget(self.header)
         # soft-capped layers (Gemma 2): which scores the middle panel shows
         self.cap_row = QWidget()
@@ -94,7 +101,7 @@ class MaskView(QWidget):
         self.glw.setMinimumSize(360, 260)
         lay.addWidget(self.glw, 1)
         self.readout = QLabel("Hover a cell to read its mask, score and weight.")
-        self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.readout)
 
         self.plots = []
@@ -173,7 +180,8 @@ class MaskView(QWidget):
 
     def clear(self) -> None:
         """No report: empty panels and the placeholder line."""
-        self.report = self.report_key = self.report_tokens = self.report_info = None
+        self.report = self.report_key = self.report_info = None
+        self.report_tokens = []
         for p in self.plots + [self.ent_plot]:
             p.clear()
             p.getAxis("left").setTicks(None)
@@ -201,6 +209,7 @@ class MaskView(QWidget):
     def shown_scores(self) -> np.ndarray:
         """The scores the middle panel draws: the capped ones, or the raw ones when asked (capped layers)."""
         r = self.report
+        assert r is not None  # drawn only once a report came (_on_report)
         if r.raw_scores is not None and self.cap_combo.currentData() == "raw":
             return r.raw_scores
         return r.scores
@@ -208,6 +217,7 @@ class MaskView(QWidget):
     def variant_note(self) -> str:
         """The header's words on soft-capping and learned sinks ("" for a plain softmax)."""
         r = self.report
+        assert r is not None  # drawn only once a report came (_on_report)
         out = ""
         if r.softcap is not None and r.raw_scores is not None:
             fin = np.isfinite(r.raw_scores)
@@ -232,7 +242,9 @@ class MaskView(QWidget):
 
     def _draw(self) -> None:
         r = self.report
+        assert r is not None  # drawn only once a report came (_on_report)
         info = self.report_info
+        assert info is not None  # set with the report (_on_report)
         n_rows = r.row_stop - r.row_start
         self.cap_row.setVisible(r.raw_scores is not None)
         scores = self.shown_scores()

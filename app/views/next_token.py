@@ -143,7 +143,7 @@ class TopTokenBars(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.table: NextTokenTable | None = None
-        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Minimum)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
         self.setMinimumWidth(230)
 
     def sizeHint(self) -> QSize:
@@ -181,12 +181,12 @@ class TopTokenBars(QWidget):
 
     def paintEvent(self, _e) -> None:
         p = QPainter(self)
-        p.fillRect(self.rect(), Qt.white)
+        p.fillRect(self.rect(), Qt.GlobalColor.white)
         if self.table is None or not self.table.rows:
-            p.setPen(Qt.darkGray)
+            p.setPen(Qt.GlobalColor.darkGray)
             p.drawText(
                 self.rect(),
-                Qt.AlignCenter | Qt.TextWordWrap,
+                Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
                 self.placeholder,
             )
             return
@@ -196,7 +196,7 @@ class TopTokenBars(QWidget):
             p.setOpacity(0.4)
         bar_x, bar_w = self.LABEL_W + 6, max(40, w - self.LABEL_W - 6 - 58)
         mono = QFont("monospace")
-        mono.setStyleHint(QFont.Monospace)
+        mono.setStyleHint(QFont.StyleHint.Monospace)
         small = QFont(self.font())
         small.setPointSizeF(max(7.0, small.pointSizeF() - 1.5))
         sampling = not t.sampling.greedy
@@ -210,7 +210,11 @@ class TopTokenBars(QWidget):
             p.setFont(f)
             p.setPen(QColor(20, 20, 20))
             label = candidate_label(r.text)
-            p.drawText(QRect(2, y, self.LABEL_W, self.ROW - 2), Qt.AlignVCenter | Qt.AlignRight, label)
+            p.drawText(
+                QRect(2, y, self.LABEL_W, self.ROW - 2),
+                Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight,
+                label,
+            )
             h_main = self.ROW - 10 if sampling else self.ROW - 6
             p.fillRect(QRect(bar_x, y + 2, bar_w, h_main), QColor(236, 239, 244))
             # NaN logits (a forward that overflowed, attnscope.core.trace.finite): no bar, "NaN"
@@ -225,14 +229,16 @@ class TopTokenBars(QWidget):
             p.setFont(small)
             p.drawText(
                 QRect(bar_x + bar_w + 4, y, 56, self.ROW - 2),
-                Qt.AlignVCenter | Qt.AlignLeft,
+                Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft,
                 f"{100 * r.p_model:.1f}%",
             )
         y = 6 + len(t.rows) * self.ROW
         p.setFont(small)
         p.setPen(QColor(90, 90, 90))
         for line in self._legend(t):
-            p.drawText(QRect(4, y, w - 8, 16), Qt.AlignLeft | Qt.AlignVCenter, line)
+            p.drawText(
+                QRect(4, y, w - 8, 16), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, line
+            )
             y += 16
         p.end()
 
@@ -257,8 +263,8 @@ class DecodePanel(QScrollArea):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWidgetResizable(True)
-        self.setFrameShape(QScrollArea.NoFrame)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         inner = QWidget()
         self.setWidget(inner)
         self.setMinimumWidth(215)

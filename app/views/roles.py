@@ -13,6 +13,7 @@ from collections import Counter
 
 import numpy as np
 from attnscope.app.engine import Request
+from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
 from PySide6.QtCore import Qt, QTimer
@@ -26,7 +27,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QSpinBox,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -57,16 +57,6 @@ def _roles_job(window: int):
     return job
 
 
-class _Item(QTableWidgetItem):
-    """A cell that sorts by its numeric value (``Qt.UserRole``), not its text."""
-
-    def __lt__(self, other):
-        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return (-1 if np.isnan(a) else a) < (-1 if np.isnan(b) else b)
-        return super().__lt__(other)
-
-
 def _score_colour(v: float) -> QColor:
     """White → blue as the score goes 0 → 1 (readable black text throughout)."""
     if np.isnan(v):
@@ -75,7 +65,7 @@ def _score_colour(v: float) -> QColor:
     return QColor(int(255 - 120 * t), int(255 - 80 * t), 255)
 
 
-class RolesView(QWidget, SavedControls):
+class RolesView(QWidget, SavedControls, HeadRows):
     """The Head roles tab."""
 
     STATE_CONTROLS = ("threshold_spin", "window_spin", "filter_combo")  # saved in session files
@@ -123,15 +113,17 @@ class RolesView(QWidget, SavedControls):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
         for i, r in enumerate(ROLES):
-            self.table.horizontalHeaderItem(4 + i).setToolTip(SCORE_TIPS[r])
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+            header = self.table.horizontalHeaderItem(4 + i)
+            assert header is not None  # setHorizontalHeaderLabels made one per column
+            header.setToolTip(SCORE_TIPS[r])
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.setSortingEnabled(True)
-        self.table.sortByColumn(0, Qt.AscendingOrder)
+        self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.table.setToolTip(
             "Click a header to sort · click: select the head · double-click: open it in the heatmap"
         )
@@ -166,7 +158,7 @@ class RolesView(QWidget, SavedControls):
 
     def _on_header_clicked(self, col: int) -> None:
         if col != self._sorted_by and col in self.SCORE_COLUMNS:
-            self.table.sortByColumn(col, Qt.DescendingOrder)
+            self.table.sortByColumn(col, Qt.SortOrder.DescendingOrder)
         self._sorted_by = col
         QTimer.singleShot(0, self.table.scrollToTop)
 
@@ -179,7 +171,9 @@ class RolesView(QWidget, SavedControls):
         self.table.blockSignals(True)
         self.table.setCurrentCell(row, 0)
         self.table.blockSignals(False)
-        self.table.scrollToItem(self.table.item(row, 0), QAbstractItemView.PositionAtCenter)
+        item = self.table.item(row, 0)
+        if item is not None:
+            self.table.scrollToItem(item, QAbstractItemView.ScrollHint.PositionAtCenter)
 
     def row_of(self, layer: int, head: int) -> int | None:
         """Table row showing ``(layer, head)`` (after sorting), or None."""
@@ -225,6 +219,7 @@ class RolesView(QWidget, SavedControls):
 
     def _fill(self) -> None:
         t = self.table_data
+        assert t is not None  # filled only once a table came (set_table, _on_threshold)
         sort_col = self.table.horizontalHeader().sortIndicatorSection()
         sort_order = self.table.horizontalHeader().sortIndicatorOrder()
         self.table.setSortingEnabled(False)
@@ -243,18 +238,18 @@ class RolesView(QWidget, SavedControls):
                     (ROLE_TITLES[label], None),
                 ]
                 for c, (text, val) in enumerate(cells):
-                    it = _Item(text)
-                    it.setData(Qt.UserRole, val if val is not None else text)
-                    it.setData(Qt.UserRole + 1, (layer, head))
-                    it.setTextAlignment(Qt.AlignCenter)
+                    it = NumericItem(text)
+                    it.setData(Qt.ItemDataRole.UserRole, val if val is not None else text)
+                    it.setData(HEAD_ROLE, (layer, head))
+                    it.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                     it.setBackground(bg)
                     self.table.setItem(row, c, it)
                 for i, r in enumerate(ROLES):
                     v = float(t.scores[r][layer, head])
-                    it = _Item("—" if np.isnan(v) else f"{v:.3f}")
-                    it.setData(Qt.UserRole, v)
-                    it.setData(Qt.UserRole + 1, (layer, head))
-                    it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                    it = NumericItem("—" if np.isnan(v) else f"{v:.3f}")
+                    it.setData(Qt.ItemDataRole.UserRole, v)
+                    it.setData(HEAD_ROLE, (layer, head))
+                    it.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                     it.setBackground(QBrush(_score_colour(v)))
                     if label == r:
                         f = it.font()
@@ -291,24 +286,8 @@ class RolesView(QWidget, SavedControls):
         want = self.filter_combo.currentData()
         for row in range(self.table.rowCount()):
             it = self.table.item(row, 3)
-            label = it.data(Qt.UserRole) if it is not None else None
+            label = it.data(Qt.ItemDataRole.UserRole) if it is not None else None
             self.table.setRowHidden(row, want is not None and label != ROLE_TITLES[want])
-
-    def head_at(self, row: int) -> tuple[int, int] | None:
-        """``(layer, head)`` shown in table row ``row`` (after sorting)."""
-        it = self.table.item(row, 0)
-        return None if it is None else tuple(it.data(Qt.UserRole + 1))
-
-    def _on_clicked(self, row: int, _col: int) -> None:
-        h = self.head_at(row)
-        if h is not None:
-            self.state.select(*h)
-
-    def _on_activated(self, row: int, _col: int) -> None:
-        h = self.head_at(row)
-        if h is not None:
-            self.state.select(*h)
-            self.state.tab = "heatmap"
 
 
 def install_view(window) -> RolesView:

@@ -90,9 +90,9 @@ class FramedSelectionDelegate(QStyledItemDelegate):
     """Paints cells with their own colour also when selected, and frames the selected cell in red."""
 
     def paint(self, painter, option, index) -> None:
-        selected = bool(option.state & QStyle.State_Selected)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
         opt = QStyleOptionViewItem(option)
-        opt.state &= ~(QStyle.State_Selected | QStyle.State_HasFocus)
+        opt.state &= ~(QStyle.StateFlag.State_Selected | QStyle.StateFlag.State_HasFocus)
         super().paint(painter, opt, index)
         if selected:
             painter.save()
@@ -138,18 +138,18 @@ def fill_score_table(
             it = table.item(layer, head)
             if it is None:
                 it = QTableWidgetItem()
-                it.setTextAlignment(Qt.AlignCenter)
+                it.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                 table.setItem(layer, head, it)
             if layer in no_map:
-                it.setFlags(Qt.NoItemFlags)
+                it.setFlags(Qt.ItemFlag.NoItemFlags)
                 it.setText(
                     no_map[layer].split(": ", 1)[-1] if head == 0 else ""
                 )  # "linear attention, no map"
                 it.setToolTip(no_map[layer])
                 it.setBackground(QBrush(NO_MAP_CELL))
-                it.setData(Qt.UserRole, None)
+                it.setData(Qt.ItemDataRole.UserRole, None)
                 continue
-            it.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
+            it.setFlags(Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsEnabled)
             it.setToolTip("")
             v = float(values[layer, head])
             flagged = flags is not None and bool(flags[layer, head])
@@ -158,7 +158,7 @@ def fill_score_table(
             r, g, b = (int(x) for x in rgb[layer, head])
             it.setBackground(QBrush(QColor(r, g, b)))
             it.setForeground(QBrush(QColor("white" if white[layer, head] else "black")))
-            it.setData(Qt.UserRole, v)
+            it.setData(Qt.ItemDataRole.UserRole, v)
 
 
 class SinksView(QWidget, SavedControls):
@@ -194,7 +194,9 @@ class SinksView(QWidget, SavedControls):
             "softmax slot takes, exp(sink − lse) = 1 − Σ_j w_ij; it moves no value. Token 0 + learned sink: "
             "both no-op destinations together."
         )
-        self.metric_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.metric_combo.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
         self.metric_combo.setMinimumContentsLength(18)
         top.addWidget(self.metric_combo)
         top.addSpacing(12)
@@ -221,9 +223,9 @@ class SinksView(QWidget, SavedControls):
         top.addWidget(self.summary, 1)
 
         self.table = QTableWidget()
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.setToolTip("Click: select the head · double-click: open it in the heatmap")
         # keep the score colour of the selected cell visible: a frame, not a fill
@@ -251,7 +253,7 @@ class SinksView(QWidget, SavedControls):
         self.learned_curve = pi.plot(
             [],
             [],
-            pen=pg.mkPen(LEARNED_COLOUR, width=1.5, style=Qt.DashLine),
+            pen=pg.mkPen(LEARNED_COLOUR, width=1.5, style=Qt.PenStyle.DashLine),
             symbol="t",
             symbolSize=5,
             symbolBrush=LEARNED_COLOUR,
@@ -260,13 +262,13 @@ class SinksView(QWidget, SavedControls):
         self.threshold_line = pg.InfiniteLine(
             angle=0,
             pos=DEFAULT_THRESHOLD,
-            pen=pg.mkPen("#b02a2a", width=1, style=Qt.DashLine),
+            pen=pg.mkPen("#b02a2a", width=1, style=Qt.PenStyle.DashLine),
             label="threshold {value:.2f}",
             labelOpts={"position": 0.05, "color": "#b02a2a"},
         )
         self.decode_line = pg.InfiniteLine(
             angle=90,
-            pen=pg.mkPen("#666", width=1, style=Qt.DotLine),
+            pen=pg.mkPen("#666", width=1, style=Qt.PenStyle.DotLine),
             label="decode →",
             labelOpts={"position": 0.06, "color": "#444"},
         )
@@ -274,7 +276,7 @@ class SinksView(QWidget, SavedControls):
         pi.addItem(self.decode_line)
         self.decode_line.hide()
 
-        split = QSplitter(Qt.Vertical)
+        split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.table)
         split.addWidget(self.plot)
         split.setStretchFactor(0, 3)
@@ -538,7 +540,7 @@ class SinksView(QWidget, SavedControls):
             self.table.blockSignals(False)
         it = self.table.item(layer, head)
         if it is not None:
-            self.table.scrollToItem(it, QAbstractItemView.PositionAtCenter)
+            self.table.scrollToItem(it, QAbstractItemView.ScrollHint.PositionAtCenter)
 
     def _set_vw(self, result) -> None:
         """Value-weighted per-row shares arrived (GUI thread): keep them with their running means."""

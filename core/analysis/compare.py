@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from attnscope.core import backend_registry as registry
 from attnscope.core import memory
 from attnscope.core.analysis.aggregate import _check_cancel
 from attnscope.core.analysis.gqa import js_distance
@@ -48,7 +49,6 @@ from attnscope.core.analysis.value_weighted import (
     check_weighting,
     value_norms,
 )
-from attnscope.core.backends import registry
 from attnscope.core.errors import SessionError
 from attnscope.core.trace import softmax_variant
 

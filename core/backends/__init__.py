@@ -2,7 +2,7 @@
 
 A backend offers (see :class:`attnscope.core.backends.torch_backend.TorchBackend`):
 
-* ``info``: :class:`attnscope.core.loading.resolve.ModelInfo`; ``trace``: a Trace (``weights``, ``sink_scores``...);
+* ``info``: :class:`attnscope.core.loading.model_info.ModelInfo`; ``trace``: a Trace (``weights``, ``sink_scores``...);
 * ``tokenizer``: a transformers tokenizer;
 * ``forward(ids) -> np.ndarray``: feed new token ids, return the last position's logits (float32);
 * ``truncate(n)``: drop every position ``>= n`` from the KV cache and the Trace;
@@ -10,6 +10,6 @@ A backend offers (see :class:`attnscope.core.backends.torch_backend.TorchBackend
 * ``device``: a short string ("cpu", "cuda:0", "mlx:cpu").
 
 The protocol, declared: :class:`attnscope.core.backends.base.Backend` (with the chunked prefill loop
-both share); the name -> class table, the one list of backends: :mod:`attnscope.core.backends.registry`
+both share); the name -> class table, the one list of backends: :mod:`attnscope.core.backend_registry`
 (``registry.names()``).
 """

@@ -4,7 +4,7 @@ A backend owns one model, its KV cache and a :class:`attnscope.core.trace.base.T
 :class:`attnscope.core.session.Session` and every analysis talk to it only through this protocol, never
 through its model or cache objects (those differ per framework: a transformers model and
 ``DynamicCache`` for torch, an :mod:`attnscope.core.backends.mlx_arch` model and per-layer ``KVCache``
-for MLX). :mod:`attnscope.core.backends.registry` maps a backend's name to its class.
+for MLX). :mod:`attnscope.core.backend_registry` maps a backend's name to its class.
 
 A new backend: a class with these members (``tests/test_engine_seams.py`` checks both shipped ones
 against the protocol, members and signatures), an entry in the registry, and a Trace that
@@ -33,7 +33,7 @@ class Backend(Protocol):
 
     Attributes:
         name: the registry name (``"torch"``, ``"mlx"``), shown to the user.
-        info: :class:`attnscope.core.loading.resolve.ModelInfo` of the loaded model.
+        info: :class:`attnscope.core.loading.model_info.ModelInfo` of the loaded model.
         tokenizer: a transformers tokenizer.
         trace: the :class:`attnscope.core.trace.base.Trace` the forwards fill.
         device: a short string (``"cpu"``, ``"cuda:0"``, ``"mlx:cpu"``).

@@ -15,7 +15,7 @@ causal, bottom-right aligned, plus the layer's sliding window (``module.sliding_
 has one. A padding mask, a custom 4-d mask or a batch of several sequences is refused with one line
 (:data:`attnscope.core.ids.BATCH_REFUSAL`): the Trace holds one sequence.
 
-Its own module so that the loader (:func:`attnscope.core.loading.resolve.load_torch`, which loads a model
+Its own module so that the loader (:func:`attnscope.core.backends.torch_load.load_torch`, which loads a model
 with ``attn_implementation=ATTN_NAME``) and the backend (which calls the loader) do not import
 each other.
 """

@@ -33,10 +33,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
-from attnscope.core.backends.support import MLX_FAMILIES
+from attnscope.core.backend_registry import MLX_FAMILIES
 from attnscope.core.errors import UnsupportedModelError
 
-FAMILIES = MLX_FAMILIES  # one list (attnscope.core.backends.support), also read by the model picker
+FAMILIES = MLX_FAMILIES  # one list (attnscope.core.backend_registry), also read by the model picker
 
 # Defaults of each family's transformers config class (transformers 5), used when config.json
 # omits a key (not always mlx-lm's: Mistral / Qwen default to 8 / 32 KV heads, not n_heads). tests/test_mlx_backend.py checks them against the config classes themselves.

@@ -29,26 +29,21 @@ from typing import cast
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
 from attnscope.core.backends.mlx_gguf import describe as describe_packed
 from attnscope.core.backends.mlx_gguf import gguf_path_of, load_packed, logical_params
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
+from attnscope.core.errors import first_line as _first_line
 from attnscope.core.ids import as_token_ids
 from attnscope.core.loading.attention_kind import heads_line
+from attnscope.core.loading.model_info import ModelInfo
+from attnscope.core.loading.progress import ProgressFn
 from attnscope.core.loading.quantize import file_quantization
-from attnscope.core.loading.resolve import (
-    DEFAULT_MODEL_NAME,
-    ModelInfo,
-    ProgressFn,
-    _first_line,
-    is_default_ref,
-    model_source,
-    quiet_transformers,
-    resolve,
-)
+from attnscope.core.loading.quiet import quiet_transformers
+from attnscope.core.loading.resolve import DEFAULT_MODEL_NAME, is_default_ref, model_source, resolve
 from attnscope.core.trace.mlx_trace import MlxTrace
 
 PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
@@ -70,7 +65,7 @@ def load_weights(folder, args: ModelArgs, dtype) -> dict[str, mx.array]:
     Raises:
         ModelLoadError: no safetensors (``pytorch_model.bin`` only) or an unreadable file.
     """
-    from attnscope.core.loading.resolve import weight_files
+    from attnscope.core.loading.weight_files import weight_files
 
     files = [f for f in weight_files(folder) if f.suffix == ".safetensors"]
     if not files:

@@ -5,7 +5,7 @@ each 32-weight block becomes a packed ``uint32`` row (4 or 8 bits per weight) pl
 one bias per group of 32 (Q4_0: ``d·(q − 8)`` → scale ``d``, bias ``−8d``; Q4_1: ``d·q + m``;
 Q8_0: ``d·q`` with ``q`` offset to unsigned, bias ``−128d``). Other types (F32, F16, the k-quants)
 come back as float arrays. So a GGUF whose every quantised tensor has one of these types loads
-here at its file size, where the conversion path (:func:`attnscope.core.loading.resolve.convert_gguf`)
+here at its file size, where the conversion path (:func:`attnscope.core.loading.conversion_cache.convert_gguf`)
 would dequantise it to a float folder first.
 
 Exactness: scales and biases are stored as float16 in the file; at a float32 load they are cast

@@ -1,7 +1,7 @@
 """The torch backend: transformers models running through AttnScope's registered attention function.
 
 :mod:`attnscope.core.backends.hf_attention` puts :func:`attnscope_attention` in transformers'
-attention interface; :func:`attnscope.core.loading.resolve.load_torch` loads a model with it, and
+attention interface; :func:`attnscope.core.backends.torch_load.load_torch` loads a model with it, and
 :class:`TorchBackend` points every attention module at its :class:`attnscope.core.trace.torch_trace.TorchTrace`,
 which the function fills with the new query rows and their LSE. A padding mask, a custom 4-d mask
 or a batch of several sequences is refused with one line (:data:`attnscope.core.ids.BATCH_REFUSAL`).
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from attnscope.core import backend_registry as registry
 from attnscope.core.attention.rope_length import LengthDependentRope, RopeRecompute
-from attnscope.core.backends import registry
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.hf_attention import (  # noqa: F401 (re-exported: the torch seam's names)
@@ -135,15 +135,15 @@ class TorchBackend:
         go to the input embeddings' device: :func:`attnscope.core.loading.device_map.input_device`).
 
         Raises:
-            ModelLoadError: as :func:`attnscope.core.loading.resolve.load_torch`; also a checkpoint
+            ModelLoadError: as :func:`attnscope.core.backends.torch_load.load_torch`; also a checkpoint
                 whose weights do not cover config.json (tensors that would be random: ``config.json
                 says 40 layers but the weights hold 30``) or whose shapes differ from it (the tensor
                 and both shapes), from transformers' own loading report
-                (:mod:`attnscope.core.backends.load_report`).
+                (:mod:`attnscope.core.loading.load_report`).
         """
-        from attnscope.core.backends import load_report
+        from attnscope.core.backends.torch_load import load_torch
+        from attnscope.core.loading import load_report
         from attnscope.core.loading.device_map import input_device
-        from attnscope.core.loading.resolve import load_torch
 
         device = pick_device(device)
         with load_report.collect() as reports:

@@ -286,7 +286,8 @@ def measure_exactness(
         ModelLoadError: the model, dtype or quantisation cannot be loaded.
     """
     from attnscope.core.loading.quantize import check_mode
-    from attnscope.core.loading.resolve import quiet_transformers, resolve
+    from attnscope.core.loading.quiet import quiet_transformers
+    from attnscope.core.loading.resolve import resolve
 
     quiet_transformers()
     quantize = check_mode(quantize)

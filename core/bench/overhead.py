@@ -336,7 +336,7 @@ class HFRunner:
 
     def __init__(self, folder, attn_implementation: str, device: str, output_attentions: bool = False):
         import torch
-        from attnscope.core.loading.resolve import quiet_transformers
+        from attnscope.core.loading.quiet import quiet_transformers
         from transformers import AutoModelForCausalLM, DynamicCache
 
         quiet_transformers()  # no "Loading weights" bar in the bench's own output

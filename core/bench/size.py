@@ -71,7 +71,9 @@ def _vocab_for_ids(tok, config_vocab: int) -> int:
 
 # -- phases (run in a fresh process each) ------------------------------------------------------------
 def phase_convert(spec: dict) -> dict:
-    from attnscope.core.loading.resolve import _is_converted, converted_dir, quiet_transformers, resolve
+    from attnscope.core.loading.conversion_cache import _is_converted, converted_dir
+    from attnscope.core.loading.quiet import quiet_transformers
+    from attnscope.core.loading.resolve import resolve
 
     quiet_transformers()
     model, dtype = spec["model"], spec["dtype"]
@@ -175,7 +177,7 @@ def phase_scope(spec: dict) -> dict:
 
 def phase_sdpa(spec: dict) -> dict:
     import torch
-    from attnscope.core.loading.resolve import quiet_transformers
+    from attnscope.core.loading.quiet import quiet_transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     quiet_transformers()
@@ -364,7 +366,7 @@ def _exactness_room(conv: dict, dtype: str) -> str:
 
 
 def _mem_available() -> int | None:
-    from attnscope.core.loading.fit import _meminfo_available
+    from attnscope.core.loading.free_memory import _meminfo_available
 
     return _meminfo_available()
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 
 
 def add_model_arguments(p: argparse.ArgumentParser, device_map: bool = True) -> None:

@@ -140,8 +140,8 @@ def parse(d: Any, version: int) -> dict:
     Raises:
         FieldError: the first bad or missing field, one line (see the module docstring).
     """
-    from attnscope.core.backends import registry
-    from attnscope.core.loading.precision import CHOICES as DTYPE_CHOICES
+    from attnscope.core import backend_registry as registry
+    from attnscope.core.loading.checkpoint_dtype import CHOICES as DTYPE_CHOICES
 
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise FieldError(f'not an AttnScope session file (no "format": "{FORMAT}")')

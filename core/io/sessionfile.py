@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.core import __version__
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.errors import AttnScopeError, SessionError
 from attnscope.core.loading.device_map import DEVICE_MAPS
 from attnscope.core.loading.device_map import record as dm_record

@@ -40,36 +40,20 @@ from pathlib import Path
 
 import platformdirs
 from attnscope.core.errors import AttnScopeError, ModelLoadError, UnsupportedModelError
-from attnscope.core.loading.precision import config_dtype, gguf_checkpoint_dtype, gguf_is_quantised, normalise
-from attnscope.core.loading.resolve import (
-    DEFAULT_MODEL_NAME,
-    check_hf_folder,
-    check_safetensors,
-    default_gguf_path,
-    gguf_problem,
-    model_name,
-    read_gguf,
+from attnscope.core.loading import safetensors_header
+from attnscope.core.loading.checkpoint_dtype import (
+    config_dtype,
+    gguf_checkpoint_dtype,
+    gguf_is_quantised,
+    normalise,
 )
+from attnscope.core.loading.checks import check_hf_folder, gguf_problem, read_gguf
+from attnscope.core.loading.resolve import DEFAULT_MODEL_NAME, default_gguf_path, model_name
+from attnscope.core.loading.safetensors_header import check_safetensors
 
 SOURCES = ("embedded", "hf-cache", "lmstudio", "ollama", "user")
 OLLAMA_MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
 USER_FILE = "models.json"
-
-# safetensors dtype -> torch dtype name (safetensors spec)
-_ST_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
 
 
 @dataclass(frozen=True)
@@ -107,7 +91,7 @@ class CatalogEntry:
     # download in its Hugging Face cache repo, a dangling README link, a second copy of the weights not read
     note: str = ""
     # backend name -> why that backend cannot open this very file (an mlx-lm quantised folder on torch),
-    # for the backends that refuse it while another one runs it; family rules are in backends.registry.problem
+    # for the backends that refuse it while another one runs it; family rules are in backend_registry.problem
     refused_by: tuple[tuple[str, str], ...] = ()
     # what its attention is (attnscope.core.loading.attention_kind.describe): "GQA 32/4 · 128 experts, 8 active"
     attention_kind: str = ""
@@ -127,9 +111,9 @@ class CatalogEntry:
     def problem_on(self, backend: str) -> str | None:
         """Why ``backend`` cannot open this model (one line), None when it can: the entry is not
         supported at all (:attr:`reason`), that backend refuses this file (:attr:`refused_by`: the
-        same check :func:`attnscope.core.loading.resolve.check_hf_folder` makes at load time for
-        that backend), or its family (:func:`attnscope.core.backends.registry.problem`)."""
-        from attnscope.core.backends.registry import problem
+        same check :func:`attnscope.core.loading.checks.check_hf_folder` makes at load time for
+        that backend), or its family (:func:`attnscope.core.backend_registry.problem`)."""
+        from attnscope.core.backend_registry import problem
 
         if not self.supported:
             return self.reason or "not supported"
@@ -453,7 +437,7 @@ def config_geometry(cfg: dict) -> dict:
     (0 / None where absent). Fields the file omits take transformers' defaults for its model type
     (:func:`transformers_config`): a Qwen2 config without ``use_sliding_window`` uses no window, a
     Gemma 3 one without ``head_dim`` has 256, a Mistral one without ``sliding_window`` 4096, as the
-    loaded model will (:func:`attnscope.core.loading.resolve.info_from_config` reads the same object). The window is None
+    loaded model will (:func:`attnscope.core.loading.model_info.info_from_config` reads the same object). The window is None
     when no layer of ``layer_types`` is a sliding one. Configs transformers cannot build are read as
     they are (``use_sliding_window`` then defaults to false, as in transformers' Qwen2 family).
     """
@@ -526,13 +510,13 @@ def _folder_bytes(folder: Path, skip: Iterable[Path] = ()) -> int:
 
 def _support(folder: Path) -> tuple[str, tuple[tuple[str, str], ...], dict]:
     """``(reason, refused_by, config)`` of a model folder, from the very checks the loaders make:
-    :func:`attnscope.core.loading.resolve.check_hf_folder` for each registered backend (the files,
+    :func:`attnscope.core.loading.checks.check_hf_folder` for each registered backend (the files,
     the config) and each backend's family rule. ``reason`` is "" when some backend runs the folder
     (then ``refused_by`` names the backends that refuse this file, and why); else the reason a load
     on the default (first registered) backend gives."""
-    from attnscope.core.backends.registry import names
-    from attnscope.core.backends.registry import problem as backend_problem
-    from attnscope.core.loading.resolve import check_config
+    from attnscope.core.backend_registry import names
+    from attnscope.core.backend_registry import problem as backend_problem
+    from attnscope.core.loading.checks import check_config
 
     backends = names()
     refused: dict[str, str] = {}  # backend -> why it refuses this folder's config
@@ -612,7 +596,7 @@ def describe_hf_folder(
     """Describe a Hugging Face model folder from ``config.json`` and its safetensors headers.
 
     Never raises for a broken folder: the entry comes back with ``supported=False`` and the
-    message :func:`attnscope.core.loading.resolve.check_hf_folder` gives (bad config, truncated or
+    message :func:`attnscope.core.loading.checks.check_hf_folder` gives (bad config, truncated or
     invalid safetensors, ...): the list calls a folder supported exactly when a loader accepts it.
     Parameters and size count the files the loader reads
     (:func:`attnscope.core.loading.weight_files.weight_files`), once: a second copy of the weights beside
@@ -656,7 +640,7 @@ def describe_hf_folder(
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
     if not dtype and dtypes:
         st = dtypes.most_common(1)[0][0]
-        dtype = _ST_DTYPES.get(st, st.lower())
+        dtype = safetensors_header.DTYPES.get(st, st.lower())
     checkpoint = config_dtype(cfg) or normalise(dtype) or ""
     label = file_quantization(folder) if packed else ""
     text_cfg = cfg.get("text_config")
@@ -715,7 +699,7 @@ def describe_gguf(path: Path, source: str = "user", name: str | None = None) -> 
     """Describe a GGUF file from its header and tensor table (no weights read).
 
     Never raises for a broken file: the entry comes back unsupported with the message
-    :func:`attnscope.core.loading.resolve.check_gguf` would raise (truncated, a tensor type transformers cannot
+    :func:`attnscope.core.loading.checks.check_gguf` would raise (truncated, a tensor type transformers cannot
     dequantise, a split file, an architecture that cannot run).
     """
     from attnscope.core.loading.gguf_meta import model_type_of
@@ -958,7 +942,7 @@ def _unfinished(repo: Path) -> str:
     """One line on a cache repo's unfinished downloads (huggingface_hub writes a file's blob as
     ``blobs/<etag>.incomplete`` until it is complete, and links it into the snapshot only then);
     "" when there are none."""
-    from attnscope.core.loading.fit import human_bytes
+    from attnscope.core.units import format_bytes
 
     blobs = repo / "blobs"
     partial = sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
@@ -967,7 +951,7 @@ def _unfinished(repo: Path) -> str:
     size = sum(_stamp(p)[0] or 0 for p in partial)
     n = len(partial)
     return (
-        f"{n} download{'s' if n > 1 else ''} in this cache repo not finished ({human_bytes(size)} so far, "
+        f"{n} download{'s' if n > 1 else ''} in this cache repo not finished ({format_bytes(size)} so far, "
         f"blobs/*.incomplete): not listed until complete"
     )
 
@@ -1179,11 +1163,3 @@ def scan(
         seen.add(key)
         out.append(e)
     return out
-
-
-def find(entries: Iterable[CatalogEntry], model_ref: str) -> CatalogEntry | None:
-    """The entry whose ``model_ref`` (or path) is ``model_ref``."""
-    for e in entries:
-        if e.model_ref == model_ref or str(e.path) == model_ref:
-            return e
-    return None

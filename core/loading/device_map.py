@@ -118,7 +118,7 @@ def strategy_name(device_map: str | dict | None) -> str:
 
 
 def info_fields(model, device_map: str | dict | None) -> dict:
-    """:class:`attnscope.core.loading.resolve.ModelInfo` fields of a loaded model: ``device_map``
+    """:class:`attnscope.core.loading.model_info.ModelInfo` fields of a loaded model: ``device_map``
     (:func:`strategy_name`) and ``device_placement`` (``((placement, bytes), ...)``, :func:`placement`;
     empty without a map)."""
     name = strategy_name(device_map)

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
+from attnscope.core.loading.free_memory import free_memory
 
 TIGHT_FRACTION = 0.8
 # Bytes per decoder linear weight at each --quantize mode (scales: int8 one per output row, ≈ 0;
@@ -103,44 +104,6 @@ def capture_bytes(n_layers: int, n_heads: int, head_dim: int, seq_len: int, dtyp
     return n_layers * n_heads * seq_len * (head_dim * dtype_bytes(dtype) + LSE_BYTES)
 
 
-def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def free_memory(backend: str = registry.DEFAULT, device: str = "cpu") -> tuple[int | None, str]:
-    """``(free bytes or None, what was measured)`` for ``backend`` on ``device``.
-
-    CUDA: ``torch.cuda.mem_get_info`` of that device (None when CUDA is not available). CPU and
-    MLX: available system RAM (psutil if installed, else /proc/meminfo; None elsewhere).
-    """
-    spec = registry.get(backend)
-    if "device" in spec.options and str(device).startswith("cuda"):
-        try:
-            import torch
-
-            if not torch.cuda.is_available():
-                return None, "VRAM (no CUDA device)"
-            dev = torch.device(device)
-            idx = dev.index if dev.index is not None else torch.cuda.current_device()
-            free, _total = torch.cuda.mem_get_info(idx)
-            return int(free), f"VRAM (cuda:{idx})"
-        except Exception:  # noqa: BLE001 - a broken driver reads as "unknown", never as a crash
-            return None, "VRAM"
-    label = spec.memory
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available), label
-    except ImportError:
-        return _meminfo_available(), label
-
-
 def weights_bytes(
     n_params: int,
     fmt: str = "hf",
@@ -199,7 +162,8 @@ def mlx_folder_packed_bytes(path, dtype: str) -> int | None:
     words as stored, every float tensor (scales, biases, norms) at ``dtype`` (it casts them on load),
     over the files the loader reads (:func:`attnscope.core.loading.weight_files.weight_files`). None when
     unreadable."""
-    from attnscope.core.loading.resolve import check_safetensors, weight_files
+    from attnscope.core.loading.safetensors_header import check_safetensors
+    from attnscope.core.loading.weight_files import weight_files
 
     try:
         total = 0
@@ -275,7 +239,7 @@ def _expert_params(path: str, fmt: str, _mtime: int) -> int:
             from attnscope.core.loading.gguf_meta import read_gguf_header
 
             return sum(int(t.n_elements) for t in read_gguf_header(path).tensors if "_exps" in t.name)
-        from attnscope.core.loading.resolve import check_safetensors
+        from attnscope.core.loading.safetensors_header import check_safetensors
 
         total = 0
         for shard in sorted(Path(path).glob("*.safetensors")):

@@ -14,14 +14,14 @@ Free memory per device (bytes): by default what the load itself measures (accele
 ``get_max_memory``: ``torch.cuda.mem_get_info`` per GPU, ``psutil.virtual_memory().available`` for
 ``"cpu"``; transformers then keeps 10 % of the CPU's back), or a dict the caller injects
 (``{0: 24e9, 1: 24e9, "cpu": 64e9}``, as ``max_memory=`` would be). ``"disk"`` is unlimited for the
-placement; its verdict uses the free space under the offload folder (:func:`attnscope.core.loading.resolve.cache_root`).
+placement; its verdict uses the free space under the offload folder (:func:`attnscope.core.loading.cache_folder.cache_root`).
 
 Per device, in bytes (:class:`DeviceFit`):
 
 * weights: the parameters placed there (each once: a tied ``lm_head`` counts with the embedding), at
   the load dtype; with ``--quantize int8|int4`` the decoder's ``nn.Linear`` weights at
   :data:`attnscope.core.loading.fit.QUANT_BYTES` each. The *placement* is computed at the float dtype,
-  because a device-mapped load quantises after dispatch (:func:`attnscope.core.loading.resolve.load_torch`).
+  because a device-mapped load quantises after dispatch (:func:`attnscope.core.backends.torch_load.load_torch`).
 * KV cache and capture: per decoder layer, ``2 × n_kv_heads × head_dim × T`` cache elements and
   ``n_heads × T × head_dim`` query rows (model dtype) + ``n_heads × T`` LSE floats, on that layer's
   *execution* device: a layer placed on ``"cpu"``/``"disk"`` runs on the first GPU of the map when
@@ -47,7 +47,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.kv_formula import dtype_bytes, kv_cache_bytes
 from attnscope.core.loading.fit import (
     FITS,
@@ -303,7 +303,7 @@ def run_budget(config, dtype: str, free: dict | None = None, backend: str = regi
 
 def disk_free() -> int | None:
     """Free bytes on the file system of the offload folder (the cache root or its nearest parent)."""
-    from attnscope.core.loading.resolve import cache_root
+    from attnscope.core.loading.cache_folder import cache_root
 
     p = cache_root()
     while not p.exists() and p != p.parent:

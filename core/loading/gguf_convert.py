@@ -38,12 +38,11 @@ import json
 import mmap
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from attnscope.core.loading.progress import ProgressFn, no_progress
 
-ProgressFn = Callable[[str, float], None]
 #: bumped whenever a conversion of the same file would differ (config, tokenizer or weights), so
 #: cached folders made before are converted again (2: head size, scale, RoPE scaling, pre-tokenizer)
 CONVERSION_VERSION = 2
@@ -53,10 +52,6 @@ CHUNK_BYTES = 256 << 20  # tensors larger than this at float32 are dequantised i
 # transformers processors whose process() acts row by row (elementwise or no-op) except on q/k/qkv
 _ROWWISE = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor", "NemotronTensorProcessor")
 _WHOLE = (".attn_q.", ".attn_k.", ".attn_qkv.")
-
-
-def _noop(_m: str, _f: float) -> None:
-    pass
 
 
 def _torch_dtype(dtype: str):
@@ -118,7 +113,7 @@ def _release(reader, t) -> None:
 
 
 def iter_tensors(
-    gguf_path: Path, dtype: str = "float32", config=None, progress: ProgressFn = _noop, plan=None
+    gguf_path: Path, dtype: str = "float32", config=None, progress: ProgressFn = no_progress, plan=None
 ):
     """Yield ``(hf_name, torch.Tensor at dtype)`` for every weight of a GGUF, one at a time.
 
@@ -209,7 +204,7 @@ def convert(
     gguf_path: Path,
     out: Path,
     dtype: str = "float32",
-    progress: ProgressFn = _noop,
+    progress: ProgressFn = no_progress,
     shard_bytes: int = SHARD_BYTES,
     source: dict | None = None,
 ) -> Path:

@@ -12,11 +12,11 @@ from pathlib import Path
 def model_sha256(source: str | os.PathLike | None) -> str | None:
     """SHA-256 identifying a model's weights, or None when ``source`` is not on disk.
 
-    A file (GGUF, safetensors) hashes as itself (:func:`attnscope.core.loading.resolve.file_sha256`, memoised). A
+    A file (GGUF, safetensors) hashes as itself (:func:`attnscope.core.loading.cache_folder.file_sha256`, memoised). A
     Hugging Face folder hashes as the SHA-256 of the text ``"<name> <sha256>\\n"`` over its
     ``config.json`` and weight files (``*.safetensors``, ``*.bin``, ``*.gguf``) in name order.
     """
-    from attnscope.core.loading.resolve import file_sha256
+    from attnscope.core.loading.cache_folder import file_sha256
 
     if not source:
         return None

@@ -22,7 +22,7 @@ is rebuilt with torchao's ``unflatten_tensor_state_dict`` (its own constructors)
 safetensors support lacks the CPU int4 tensor (``Int4OpaqueTensor``): that one is stored the same
 way with its attributes in a small JSON of ours (``"_encoder": "attnscope"``) and rebuilt with the
 class's own constructor from the same inner tensors and attributes. The file is written here by
-:func:`_write_safetensors` one tensor at a time (``safetensors.torch.save_file`` needs the whole
+:func:`attnscope.core.loading.safetensors_header.write_safetensors` one tensor at a time (``safetensors.torch.save_file`` needs the whole
 dict in memory, and torchao's flatten clones every inner tensor), so writing costs no second copy
 of the model. No pickle anywhere.
 
@@ -39,14 +39,18 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from attnscope.core.loading.resolve import ConvertedModel
+from attnscope.core.loading.cache_folder import ConvertedModel, cache_entries, cache_root
+from attnscope.core.loading.safetensors_header import (
+    read_header,
+    read_metadata,
+    read_tensor,
+    write_safetensors,
+)
 
 FORMAT = 1  # bump when the entry layout changes: old entries then get a new key
 SUBDIR = "quantised"
@@ -54,27 +58,12 @@ WEIGHTS = "weights.safetensors"
 SOURCE = "attnscope_source.json"
 KEEP_FREE = 1 << 30  # bytes (or 5 % of the disk, if more) an entry must leave free, else it is not written
 _OWN = "attnscope"  # "_encoder" of the subclasses torchao's safetensors support lacks
-# torch dtype name -> safetensors dtype name (the safetensors format spec; inverse of stream_load._DTYPES)
-_ST_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
 
 
 def root() -> Path:
     """The folder holding every quantised-weights entry: ``cache_root()/"quantised"``, beside the
     GGUF conversion cache (``ATTNSCOPE_QUANT_CACHE_DIR`` overrides it: the test suite keeps its
     entries in a temporary folder while sharing the real conversion cache)."""
-    from attnscope.core.loading.resolve import cache_root
-
     env = os.environ.get("ATTNSCOPE_QUANT_CACHE_DIR")
     return Path(env) if env else cache_root() / SUBDIR
 
@@ -229,50 +218,6 @@ def _stored(name: str, t) -> list[tuple[str, Any]]:
     return [(f"{module}._{leaf}_{inner}", getattr(t, inner)) for inner in _inner_names(t)]
 
 
-def _raw(t) -> memoryview:
-    """The bytes of a plain tensor, row-major, as a buffer (one copy only if not contiguous/CPU)."""
-    import torch
-
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous().reshape(-1)
-    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
-
-
-def _write_safetensors(path: Path, items: list[tuple[str, Any]], meta: dict[str, str], progress=None):
-    """Write a safetensors file one tensor at a time (format: 8-byte little-endian header length,
-    the JSON header padded to 8 bytes, then each tensor's bytes in header order), fsync'ed.
-
-    Raises:
-        OSError: the file cannot be written (ENOSPC, EACCES, ...).
-        KeyError: a dtype safetensors has no name for.
-    """
-    header: dict = {"__metadata__": meta}
-    offset = 0
-    for key, t in items:
-        n = t.numel() * t.element_size()
-        header[key] = {
-            "dtype": _ST_DTYPES[str(t.dtype).split(".")[-1]],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + n],
-        }
-        offset += n
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        done = 0
-        for key, t in items:
-            f.write(_raw(t))
-            done += t.numel() * t.element_size()
-            if progress is not None:
-                progress(f"caching {key}", done / max(offset, 1))
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -326,7 +271,7 @@ def write(model, keys: list[str], entry: Path, source: dict, progress=None) -> s
             )
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write_safetensors(tmp / WEIGHTS, items, meta, progress)
+        write_safetensors(tmp / WEIGHTS, items, meta, progress)
         (tmp / SOURCE).write_text(json.dumps(dict(source, bytes=need), indent=1))
         if entry.exists():  # another process finished the same entry meanwhile: keep its
             shutil.rmtree(tmp, ignore_errors=True)
@@ -362,13 +307,10 @@ def read(entry: Path, device: str = "cpu") -> Iterator[tuple[str, Any]]:
         ValueError: a damaged file (short read, inconsistent metadata, an unknown class).
         OSError: the file cannot be read.
     """
-    from attnscope.core.loading.stream_load import read_header, read_tensor
-
     path = Path(entry) / WEIGHTS
     start, header = read_header(path)
+    meta = read_metadata(path)
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        meta = json.loads(f.read(n)).get("__metadata__") or {}
         try:
             names = json.loads(meta["tensor_names"])
         except (KeyError, TypeError, ValueError):
@@ -429,9 +371,8 @@ def set_repr(module, mode: str, device_type: str) -> None:
 
 # -- listing ----------------------------------------------------------------------------------------
 def list_entries() -> list[ConvertedModel]:
-    """Every folder under :func:`root` as :class:`attnscope.core.loading.resolve.ConvertedModel`
+    """Every folder under :func:`root` as :class:`attnscope.core.loading.cache_folder.ConvertedModel`
     (``kind`` e.g. ``"int8 weights"``; ``source`` the model folder; incomplete ones flagged)."""
-    from attnscope.core.loading.resolve import ConvertedModel, cache_entries
 
     def row(d: Path, meta: dict) -> ConvertedModel:
         mode = str(meta.get("mode") or d.name.split(".partial")[0].rsplit("-", 1)[-1])

@@ -40,7 +40,7 @@ RSS from ``/usr/bin/time -f %M``): none 2.47 GB of weights, peak 2.99 GB; int8 1
 4.27-4.71 GB, 2.26 GB resident after the prefill; int4 1.04 GB, peak 3.72 GB, when the bf16 model
 was loaded whole (its memory-mapped pages resident) before its layers were quantised; loading
 through transformers' ``TorchAoConfig`` instead measured 4.12 / 3.52 GB (the mapped checkpoint
-stays resident). :func:`attnscope.core.loading.resolve.load_torch` therefore loads a quantised
+stays resident). :func:`attnscope.core.backends.torch_load.load_torch` therefore loads a quantised
 model tensor by tensor (:mod:`attnscope.core.loading.stream_load`): no float copy of the whole
 checkpoint, peak ≈ the quantised model (README "Real-size models" has the measured figures).
 :func:`quantize_model` remains the path for folders that cannot be streamed and for callers that
@@ -318,7 +318,7 @@ def file_quantization(source) -> str:
 
 def record(info) -> dict:
     """The ``"quantization"`` entry of a sidecar or session file for a loaded model's
-    :class:`attnscope.core.loading.resolve.ModelInfo`: ``{"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)",
+    :class:`attnscope.core.loading.model_info.ModelInfo`: ``{"file": "Q4_K_M", "runtime": "int8 weight-only (torchao …)",
     "mode": "int8"}`` (``""`` where the file is float / the weights run unquantised; ``mode`` is the
     ``--quantize`` value a reopened session loads with)."""
     runtime = getattr(info, "quantization_runtime", "") or ""

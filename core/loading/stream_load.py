@@ -31,24 +31,10 @@ later loads of the same checkpoint, dtype and mode read them back instead of qua
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
-# safetensors dtype names -> torch dtype names (https://github.com/huggingface/safetensors, format spec)
-_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
+from attnscope.core.loading.safetensors_header import read_header, read_tensor
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -57,41 +43,6 @@ def safetensors_files(folder: Path) -> list[Path]:
     from attnscope.core.loading.weight_files import weight_files
 
     return [f for f in weight_files(Path(folder)) if f.suffix == ".safetensors"]
-
-
-def read_header(path: Path) -> tuple[int, dict]:
-    """``(data_start, entries)`` of a safetensors file: the byte offset of its data section and
-    ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` (offsets relative to data_start).
-
-    Raises:
-        ValueError: not a safetensors file (header length beyond the file).
-    """
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > Path(path).stat().st_size:
-            raise ValueError(f"{Path(path).name}: not a safetensors file")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return 8 + n, header
-
-
-def read_tensor(f, data_start: int, entry: dict):
-    """One tensor of an open safetensors file, read into memory of its own (no memory map).
-
-    Returns a CPU tensor of the stored dtype and shape. Raises ValueError for a dtype not in
-    :data:`_DTYPES` or a short read.
-    """
-    import torch
-
-    name = _DTYPES.get(entry["dtype"])
-    if name is None:
-        raise ValueError(f"safetensors dtype {entry['dtype']} not supported")
-    begin, end = entry["data_offsets"]
-    buf = torch.empty(end - begin, dtype=torch.uint8)
-    f.seek(data_start + begin)
-    if end > begin and f.readinto(buf.numpy().data) != end - begin:
-        raise ValueError("short read: truncated safetensors file")
-    return buf.view(getattr(torch, name)).reshape(entry["shape"])
 
 
 def _set(model, key: str, t, is_buffer: bool) -> None:
@@ -171,7 +122,7 @@ def load_quantised(
     unexpected = ckpt - set(params) - set(buffers)
     if missing or unexpected:
         return None
-    from attnscope.core.backends.load_report import mismatch_line
+    from attnscope.core.loading.load_report import mismatch_line
 
     why = mismatch_line(
         [

@@ -6,13 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attnscope.core.errors import ModelLoadError
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
-
+from attnscope.core.errors import ModelLoadError, first_line
 
 #: transformers' own names for a folder's weights, in the order ``from_pretrained`` looks for them
 #: (modeling_utils._get_resolved_checkpoint_files: safetensors, its shard index, then the torch pickles)
@@ -50,7 +44,7 @@ def weight_files(folder: Path, cfg: dict | None = None) -> list[Path]:
             shards = index["weight_map"].values()
             files = sorted({folder / str(w) for w in shards})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ModelLoadError(f"{f} is not a valid safetensors index: {_first_line(e)}") from None
+            raise ModelLoadError(f"{f} is not a valid safetensors index: {first_line(e)}") from None
         if not isinstance(index.get("metadata"), dict):  # transformers reads index["metadata"]
             raise ModelLoadError(f'{f} is not a valid safetensors index: it has no "metadata" object')
         return files

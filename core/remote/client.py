@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY
-from attnscope.core.backends import registry
 from attnscope.core.errors import BadArgument, Cancelled, ModelLoadError, OutOfRange, SessionError
 from attnscope.core.remote import wire
 from attnscope.core.session import Snapshot, TopToken  # noqa: F401  (re-exported for callers)
@@ -567,7 +567,7 @@ class RemoteSession:
 
     # -- local copy of the engine's state ----------------------------------------------------------
     def _clear_local(self) -> None:
-        self.info: Any = None  # attnscope.core.loading.resolve.ModelInfo once a model is loaded
+        self.info: Any = None  # attnscope.core.loading.model_info.ModelInfo once a model is loaded
         self.backend: Any = None  # RemoteBackend
         self.tokenizer: Any = None  # RemoteTokenizer
         self.trace: Any = None  # RemoteTrace
@@ -650,7 +650,7 @@ class RemoteSession:
 
     def free_memory(self, backend: str = registry.DEFAULT, device: str = "cpu") -> tuple[int | None, str]:
         """``(free bytes | None, what was measured)`` on the engine's machine
-        (:func:`attnscope.core.loading.fit.free_memory` run there)."""
+        (:func:`attnscope.core.loading.free_memory.free_memory` run there)."""
         free, label = self._request("free_memory", {"backend": backend, "device": device})
         return free, label
 

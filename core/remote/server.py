@@ -31,8 +31,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
-from attnscope.core.backends import registry
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
 from attnscope.core.remote import wire
 
@@ -512,8 +512,8 @@ class EngineServer:
 
     def op_free_memory(self, backend=registry.DEFAULT, device="cpu"):
         """``[free bytes | None, what was measured]`` on the engine's machine
-        (:func:`attnscope.core.loading.fit.free_memory`): the model picker's Fit column."""
-        from attnscope.core.loading.fit import free_memory
+        (:func:`attnscope.core.loading.free_memory.free_memory`): the model picker's Fit column."""
+        from attnscope.core.loading.free_memory import free_memory
 
         if not (isinstance(backend, str) and isinstance(device, str)):
             raise ValueError("malformed request: free_memory takes a backend and a device name")

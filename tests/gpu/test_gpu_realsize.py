@@ -57,7 +57,7 @@ def _model_8b(seed: int = 0):
 
 def _backend(m):
     from attnscope.core.backends.torch_backend import TorchBackend
-    from attnscope.core.loading.resolve import info_from_config
+    from attnscope.core.loading.model_info import info_from_config
 
     info = info_from_config(m.config, name="llama-8b-shaped", source="synthetic", dtype="bfloat16")
     return TorchBackend(m, tokenizer=None, info=info, device="cuda")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import sys
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments
 
 NAME = "compare"

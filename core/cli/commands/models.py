@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from attnscope.core.backends import registry
+from attnscope.core import backend_registry as registry
 
 NAME = "models"
 HELP = "list local models (HF cache, LM Studio, Ollama, added paths) with size and fit estimate"
@@ -166,8 +166,9 @@ def _device_fit_json(d) -> dict | None:
 
 
 def _cache(args) -> int:
+    from attnscope.core.loading.cache_folder import cache_root
+    from attnscope.core.loading.conversion_cache import clear_converted, list_converted
     from attnscope.core.loading.fit import human_bytes
-    from attnscope.core.loading.resolve import cache_root, clear_converted, list_converted
 
     if args.list_cache:
         from attnscope.core.loading import quant_cache

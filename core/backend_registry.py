@@ -1,5 +1,10 @@
 """Which backends exist: a name -> :class:`BackendSpec` table, read without importing any framework.
 
+A leaf of core (it imports only :mod:`attnscope.core.errors`), below every layer of the data path
+(README, "How it works"): the loaders ask a spec what a backend loads and how much memory its
+framework takes (:mod:`attnscope.core.loading.fit`, :mod:`attnscope.core.loading.checks`, the catalog)
+before any backend class is imported, and the backends, the session, the CLI and the app ask it too.
+
 :meth:`attnscope.core.session.Session.load` asks :func:`get` for the spec of ``--backend NAME`` and
 calls :meth:`BackendSpec.load`; nothing else in the engine branches on a backend's name. The class
 behind a spec is imported only when a model is loaded (torch and MLX are heavy, and MLX is absent
@@ -20,8 +25,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from attnscope.core.backends.support import MLX_FAMILIES
 from attnscope.core.errors import SessionError
+
+#: the model families (transformers ``model_type``) the MLX backend runs: its spec's ``families``,
+#: asked by the picker before a model is opened (:func:`problem`); :mod:`attnscope.core.backends.mlx_arch`
+#: refuses with the same list when loading
+MLX_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
