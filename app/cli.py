@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     from attnscope.core.openmp import quiet_openmp
 
     quiet_openmp()  # before anything loads torch: OpenMP reads its spin count once
+    from attnscope.core.loading import torchao_defer
+
+    torchao_defer.defer()  # transformers' quantiser registry would import torchao on every start
     from attnscope.core.cli.main import main as core_main
 
     return core_main(sys.argv[1:] if argv is None else argv, gui=_gui, renderers=_qt_renderers)

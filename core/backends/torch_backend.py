@@ -141,6 +141,9 @@ class TorchBackend:
                 and both shapes), from transformers' own loading report
                 (:mod:`attnscope.core.backends.load_report`).
         """
+        from attnscope.core.loading import torchao_defer
+
+        torchao_defer.defer()  # before transformers' quantiser registry loads (load_report imports it)
         from attnscope.core.backends import load_report
         from attnscope.core.loading.device_map import input_device
         from attnscope.core.loading.resolve import load_torch

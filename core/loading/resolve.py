@@ -903,6 +903,9 @@ def load_torch(
     Raises:
         ModelLoadError / UnsupportedModelError: see :func:`resolve`.
     """
+    from attnscope.core.loading import torchao_defer
+
+    torchao_defer.defer()  # before transformers' quantiser registry loads: no torchao import at start
     import torch
     from attnscope.core.backends.hf_attention import ATTN_NAME, register_attention
     from attnscope.core.loading import text_only
@@ -944,6 +947,8 @@ def load_torch(
             # leave room for the run: accelerate would otherwise fill RAM (or the GPU) with layers
             max_memory = run_budget(full_config, dtype)
         if streamed is None:
+            if torchao_defer.needs_torchao(full_config):  # a torchao-quantised checkpoint
+                torchao_defer.restore()
             kw = dict(
                 dtype=getattr(torch, dtype),
                 attn_implementation=ATTN_NAME,
