@@ -38,11 +38,11 @@ class _Loader(importlib.abc.Loader):
         import transformers.utils as tu
 
         real = tu.is_torchao_available
-        tu.is_torchao_available = lambda *_a, **_k: False  # type: ignore[assignment]
+        tu.is_torchao_available = lambda *_a, **_k: False
         try:
-            self.inner.exec_module(module)  # type: ignore[attr-defined]
+            self.inner.exec_module(module)
         finally:
-            tu.is_torchao_available = real  # type: ignore[assignment]
+            tu.is_torchao_available = real
         _state["deferred"] = True
 
 
