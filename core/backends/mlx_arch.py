@@ -426,8 +426,11 @@ class CausalLM(nn.Module):
     def __call__(self, ids: mx.array, caches: list[KVCache], trace=None, last_only: bool = False) -> mx.array:
         """Logits ``(B, L, vocab)`` (``(B, 1, vocab)`` with ``last_only``) for ``ids (B, L)`` int32."""
         x = self.model.embed_tokens(ids)
-        for layer, cache in zip(self.model.layers, caches, strict=True):
+        watch = getattr(trace, "finite", None)  # attnscope.core.trace.mlx_trace.MlxFiniteWatch
+        for i, (layer, cache) in enumerate(zip(self.model.layers, caches, strict=True)):
             x = layer(x, cache, self._rope_freqs, trace)
+            if watch is not None:
+                watch.check(i, "hidden states", x)  # one lazy max(|x|), read with the logits
         if last_only:
             x = x[:, -1:]
         x = self.model.norm(x)

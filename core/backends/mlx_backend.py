@@ -49,6 +49,7 @@ from attnscope.core.loading.resolve import (
     quiet_transformers,
     resolve,
 )
+from attnscope.core.trace import finite
 from attnscope.core.trace.mlx_trace import MlxTrace
 
 PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
@@ -207,7 +208,9 @@ class MlxBackend:
     def __init__(self, model: CausalLM, tokenizer, info: ModelInfo):
         self.model, self.tokenizer, self.info = model, tokenizer, info
         self.memo: dict = {}  # analyses' results that depend on the model alone (Backend.memo)
-        self.notices: list = []  # nothing recomputes by itself on MLX (no length-dependent RoPE)
+        # nothing recomputes by itself on MLX (no length-dependent RoPE); a non-finite forward is
+        # said here (attnscope.core.trace.finite.NonFiniteNotice)
+        self.notices: list = []
         self.args = model.args
         self.device = mlx_device()
         self.trace = MlxTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
@@ -365,11 +368,21 @@ class MlxBackend:
 
         def run_chunk(part: np.ndarray) -> np.ndarray:
             chunk = mx.array(part[None].astype(np.int32))  # (1, n)
+            watch = self.trace.finite  # non-finite values said at once (attnscope.core.trace.finite)
+            watch.begin(self.seq_len, self.seq_len + len(part) - 1, DTYPES[self.info.dtype])
             logits = self.model(chunk, self.caches, self.trace, last_only=not all_logits)
+            watch.check(None, "logits", logits)
             logits = logits[0].astype(mx.float32)
-            mx.eval(logits, *self.trace.pending(), *(a for c in self.caches for a in c.state()))
+            mx.eval(
+                logits,
+                *self.trace.pending(),
+                *watch.pending(),
+                *(a for c in self.caches for a in c.state()),
+            )
             self.seq_len += chunk.shape[1]
-            return np.array(logits)
+            out = np.array(logits)
+            finite.note(self.notices, watch)  # the first non-finite tensor, said once
+            return out
 
         return chunked_forward(
             arr, PREFILL_CHUNK, run_chunk, lambda: self._rollback(start), progress, cancelled, all_logits
