@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -35,6 +35,7 @@ from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
 from attnscope.core.backends.mlx_gguf import describe as describe_packed
 from attnscope.core.backends.mlx_gguf import gguf_path_of, load_packed, logical_params
+from attnscope.core.backends.support import MLX_LM_FAMILIES, mlx_lm_installed
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
 from attnscope.core.ids import as_token_ids
 from attnscope.core.loading.attention_kind import heads_line
@@ -177,7 +178,8 @@ def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str
         n += ok
         return ok
 
-    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=count)
+    # an mlx-lm model (attnscope.core.backends.mlx_lm_arch) is quantised in its own module tree
+    nn.quantize(getattr(model, "lm", model), group_size=group_size, bits=bits, class_predicate=count)
     mx.eval(model.parameters())
     return f"int{bits} weight-only (mlx.nn.quantize, groups of {group_size}), {n} linear layers"
 
@@ -197,6 +199,20 @@ def float_weight(layer) -> mx.array:
     return layer.weight
 
 
+def attention_line(cfg: dict, args) -> str:
+    """The model's attention kind (:func:`attnscope.core.loading.attention_kind.describe` of its
+    config, ``"GQA 4/2 · 4 experts, 2 active"``); the heads line when transformers cannot build
+    the config."""
+    from attnscope.core.loading.attention_kind import describe, geometry
+
+    try:
+        from transformers import AutoConfig
+
+        return describe(geometry(AutoConfig.for_model(**cfg)))
+    except Exception:  # noqa: BLE001 - a GGUF's converted config or an unusual one: the heads line
+        return heads_line(args.n_heads, args.n_kv_heads)
+
+
 class MlxBackend:
     """Owns an MLX model, its per-layer KV caches and the Trace. One thread: see the module docstring.
 
@@ -205,7 +221,7 @@ class MlxBackend:
     name = registry.name_for(__name__, "MlxBackend")
     supports_overrides = False  # the MLX attention has no experiment hook (fork(overrides=...) refuses)
 
-    def __init__(self, model: CausalLM, tokenizer, info: ModelInfo):
+    def __init__(self, model: CausalLM | Any, tokenizer, info: ModelInfo):
         self.model, self.tokenizer, self.info = model, tokenizer, info
         self.memo: dict = {}  # analyses' results that depend on the model alone (Backend.memo)
         # nothing recomputes by itself on MLX (no length-dependent RoPE); a non-finite forward is
@@ -272,12 +288,28 @@ class MlxBackend:
                 cfg = json.loads((folder / "config.json").read_text())
             except (OSError, ValueError) as e:
                 raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_first_line(e)}") from None
-        try:
-            args = ModelArgs.from_dict(cfg)
-        except KeyError as e:
-            raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
         file_q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else None
-        if packed is not None:
+        m: Any
+        args: Any  # ModelArgs, or mlx_lm_arch.LmArgs for an mlx-lm family
+        if packed is None and cfg.get("model_type") in MLX_LM_FAMILIES:
+            # mlx-lm's model code with our attention hooked in (attnscope.core.backends.mlx_lm_arch)
+            if not mlx_lm_installed():
+                raise UnsupportedModelError(
+                    f"the MLX backend runs {cfg['model_type']} through mlx-lm, which is not installed: "
+                    "pip install mlx-lm"
+                )
+            from attnscope.core.backends import mlx_lm_arch
+
+            m = mlx_lm_arch.load(folder, cfg, DTYPES[dtype])
+            args = m.args
+        else:
+            try:
+                args = ModelArgs.from_dict(cfg)
+            except KeyError as e:
+                raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
+        if packed is None and cfg.get("model_type") in MLX_LM_FAMILIES:
+            runtime = ""
+        elif packed is not None:
             if args.tie_word_embeddings:
                 packed_weights = {k: v for k, v in packed_weights.items() if not k.startswith("lm_head.")}
             m = build_model(args, packed_weights, packed_q)
@@ -317,8 +349,8 @@ class MlxBackend:
             quantization_runtime=runtime,
             dtype_reason=dtype_reason,
             load_note="; ".join(notes),
-            # dense GQA/MHA/MQA only on MLX (its families): the heads line, as the torch load says it
-            attention_kind=heads_line(args.n_heads, args.n_kv_heads),
+            # the attention kind as the torch load says it (heads; experts of an mlx-lm MoE family)
+            attention_kind=attention_line(cfg, args),
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0
