@@ -158,7 +158,7 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array], quantization: dic
 MLX_GROUP = 64  # weights per scale/bias group for --quantize on MLX (mlx-lm's default)
 
 
-def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str:
+def quantize_mlx(model: CausalLM | Any, bits: int, group_size: int = MLX_GROUP) -> str:
     """``mlx.nn.quantize`` the decoder layers' ``nn.Linear`` (not embeddings, not lm_head) in place,
     affine ``bits``-bit with one scale and bias per ``group_size`` weights; return the description
     recorded as the runtime quantisation. Layers whose input size ``group_size`` does not divide stay float."""
@@ -179,7 +179,8 @@ def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str
         return ok
 
     # an mlx-lm model (attnscope.core.backends.mlx_lm_arch) is quantised in its own module tree
-    nn.quantize(getattr(model, "lm", model), group_size=group_size, bits=bits, class_predicate=count)
+    target: Any = getattr(model, "lm", model)
+    nn.quantize(target, group_size=group_size, bits=bits, class_predicate=count)
     mx.eval(model.parameters())
     return f"int{bits} weight-only (mlx.nn.quantize, groups of {group_size}), {n} linear layers"
 
@@ -501,4 +502,4 @@ class MlxBackend:
 
     def release_weights(self) -> None:
         """Drop the model (its weights); Trace, caches and logits stay, so ``trace.weights`` still works."""
-        self.model = None  # type: ignore[assignment]  # released: only the trace and caches are read now
+        self.model = None  # released: only the trace and caches are read now

@@ -53,9 +53,9 @@ class _Forward:
 
 def _traced_sdpa(queries, keys, values, cache, scale, mask, sinks=None, **kw):
     """mlx-lm's ``scaled_dot_product_attention`` as AttnScope runs it (module docstring)."""
-    ctx = getattr(_STATE, "ctx", None)
+    ctx: _Forward | None = getattr(_STATE, "ctx", None)
     layer = None if ctx is None else ctx.layer_of.get(id(cache))
-    if layer is None:
+    if ctx is None or layer is None:
         return _ORIGINAL(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks, **kw)
     if sinks is not None:
         raise UnsupportedModelError("learned attention sinks are not implemented by the MLX backend")
@@ -83,7 +83,7 @@ def hook() -> None:
             name.startswith("mlx_lm.models.")
             and getattr(mod, "scaled_dot_product_attention", None) is _ORIGINAL
         ):
-            mod.scaled_dot_product_attention = _traced_sdpa
+            mod.scaled_dot_product_attention = _traced_sdpa  # type: ignore[attr-defined]
 
 
 def mlx_lm_config(cfg: dict) -> dict:
