@@ -866,6 +866,11 @@ class ModelPickerDialog(QDialog):
             f"{human_bytes(f.weights_bytes)}{conv} + KV cache {human_bytes(f.kv_cache_bytes)} + capture "
             f"{human_bytes(f.capture_bytes)}{runtime} = <b>{human_bytes(f.total_bytes)}</b> of {free}."
         )
+        if f.load_copy_bytes:  # core.loading.fit.LOAD_COPY: the peak is the load's, counted in the total
+            fit += (
+                f" While loading, the {html.escape(e.checkpoint_dtype)} file's "
+                f"{human_bytes(f.load_copy_bytes)} stay mapped beside the {f.dtype} copy."
+            )
         why = f"<br>Loads at {html.escape(f.dtype_reason)}." if f.dtype_reason else ""
         if d is not None:
             colour = {FITS: "#1b7a1b", TIGHT: "#a06000", NO_FIT: "#b00020"}.get(d.verdict, "gray")

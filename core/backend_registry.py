@@ -20,6 +20,7 @@ backend's name is typed anywhere else in core/ or app/.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,10 +28,27 @@ from typing import Any
 
 from attnscope.core.errors import SessionError
 
-#: the model families (transformers ``model_type``) the MLX backend runs: its spec's ``families``,
-#: asked by the picker before a model is opened (:func:`problem`); :mod:`attnscope.core.backends.mlx_arch`
+# Which model families the MLX backend runs, from two sources of model code: the hand-written models of
+# attnscope.core.backends.mlx_arch (MLX_OWN_FAMILIES), and mlx-lm's own ``models/<family>.py`` with
+# AttnScope's attention path hooked in (attnscope.core.backends.mlx_lm_arch, MLX_LM_FAMILIES: the
+# families whose exactness against the torch backend tests/test_mlx_lm.py proves), run when mlx-lm is
+# installed. transformers model_type values.
+MLX_OWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+MLX_LM_FAMILIES = ("mixtral", "qwen3_moe", "phi3", "gemma3_text")
+
+
+def mlx_lm_installed() -> bool:
+    """Whether ``mlx_lm`` can be imported (found, not imported: no MLX import here)."""
+    try:
+        return importlib.util.find_spec("mlx_lm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: every family the MLX backend runs here (mlx-lm's only where it is installed): its spec's ``families``,
+#: asked by the picker and ``attnscope models`` before a model is opened (:func:`problem`); the backend
 #: refuses with the same list when loading
-MLX_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+MLX_FAMILIES = MLX_OWN_FAMILIES + (MLX_LM_FAMILIES if mlx_lm_installed() else ())
 
 
 @dataclass(frozen=True)

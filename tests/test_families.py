@@ -119,9 +119,11 @@ def test_mistral_window_reaches_the_trace(tmp_path):
 def test_tested_families_are_the_ones_tested():
     """README's supported list (support_rule.TESTED_FAMILIES) is exactly the families this file proves."""
     from attnscope.core.loading.support_rule import TESTED_FAMILIES
-    from tiny_models import HYBRID_FAMILIES
+    from tiny_models import HYBRID_FAMILIES, HYBRID_MULTIMODAL
 
-    assert TESTED_FAMILIES == {ref_architecture(f) for f in ALL_FAMILIES} | set(HYBRID_FAMILIES)
+    assert TESTED_FAMILIES == (
+        {ref_architecture(f) for f in ALL_FAMILIES} | set(HYBRID_FAMILIES) | set(HYBRID_MULTIMODAL)
+    )
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pytest
 from attnscope.core.errors import NoAttentionMap, UnsupportedModelError
-from tiny_models import HYBRID_FAMILIES, eager_reference, save_tiny, tiny_config
+from tiny_models import HYBRID_FAMILIES, HYBRID_MULTIMODAL, eager_reference, save_tiny, tiny_config
 
 IDS = list(range(5, 31))  # 26 tokens: a prefill of 20 in chunks of 8 (8 + 8 + 4), then 6 decode steps
 N_PREFILL = 20
@@ -27,6 +27,8 @@ N_PREFILL = 20
 EXPECTED = {
     "qwen3_next": (("linear_attention", "attention", "linear_attention", "attention"), (1, 3)),
     "qwen3_5_text": (("linear_attention", "linear_attention", "attention", "linear_attention"), (2,)),
+    # the multimodal checkpoint (vision tower left unloaded): its language model is qwen3_5_text
+    "qwen3_5": (("linear_attention", "linear_attention", "attention", "linear_attention"), (2,)),
     "granitemoehybrid": (("mamba", "attention", "mamba", "mamba"), (1,)),
     "falcon_h1": (("attention_mamba", "attention_mamba"), (0, 1)),
     "lfm2": (("conv", "attention", "conv", "conv"), (1,)),
@@ -34,6 +36,7 @@ EXPECTED = {
 NO_MAP_LINES = {
     "qwen3_next": "layer 0: linear attention, no map",
     "qwen3_5_text": "layer 0: linear attention, no map",
+    "qwen3_5": "layer 0: linear attention, no map",
     "granitemoehybrid": "layer 0: Mamba (state space), no map",
     "lfm2": "layer 0: short convolution, no map",
 }
@@ -65,7 +68,8 @@ def folders(tmp_path_factory):
 # Each family's exactness test runs 3-15 s on a busy 2-core machine (the torch fallbacks of the
 # recurrent scans are many small ops): LFM2, the quickest, runs by default; the others are slow tests.
 FAMILY_PARAMS = [
-    fam if fam == "lfm2" else pytest.param(fam, marks=pytest.mark.slow) for fam in sorted(HYBRID_FAMILIES)
+    fam if fam == "lfm2" else pytest.param(fam, marks=pytest.mark.slow)
+    for fam in sorted(HYBRID_FAMILIES) + list(HYBRID_MULTIMODAL)
 ]
 
 
@@ -133,6 +137,16 @@ def test_hybrid_family_matches_eager(family, folders, monkeypatch):
     for layer, w in _weights(s).items():
         np.testing.assert_array_equal(w, weights[layer])
     assert not be.notices  # restored, nothing re-run
+    if family in HYBRID_MULTIMODAL:  # the language model alone is loaded, said and counted
+        from attnscope.core.loading.catalog import describe_hf_folder
+
+        assert "vision tower not loaded: text prompts only" in s.info.load_note
+        assert not any("visual" in n or "vision" in n for n, _ in be.model.named_parameters())
+        assert s.info.n_params == sum(p.numel() for p in be.model.parameters())
+        e = describe_hf_folder(folder)
+        assert e.supported and e.text_only and e.architecture == s.info.architecture == family
+        assert 0 <= e.n_params - s.info.n_params <= sum(b.numel() for b in be.model.buffers())
+        assert e.attention_kind == s.info.attention_kind == "GQA 4/2 · 1 of 4 layers attention"
 
 
 def test_layer_kinds_from_configs():
@@ -140,7 +154,7 @@ def test_layer_kinds_from_configs():
     from attnscope.core.arch import ArchConfig, layer_kinds_of
 
     for fam, (kinds, att) in EXPECTED.items():
-        cfg = tiny_config(fam)
+        cfg = tiny_config(fam).get_text_config()
         assert layer_kinds_of(cfg) == kinds, fam
         arch = ArchConfig(cfg.num_hidden_layers, 4, 2, 16, kinds)
         assert arch.attention_layers == att and arch.is_hybrid
@@ -313,29 +327,31 @@ def test_a_model_with_no_attention_layer_is_refused(tmp_path):
 def test_catalog_reads_a_hybrid_folder(folders):
     from attnscope.core.loading.catalog import describe_hf_folder
 
-    for fam in HYBRID_FAMILIES:
+    for fam in (*HYBRID_FAMILIES, *HYBRID_MULTIMODAL):
         folder, ref = folders[fam]
         e = describe_hf_folder(folder)
         assert e.supported, (fam, e.reason)
-        assert e.n_layers == ref.config.num_hidden_layers
+        assert e.n_layers == ref.config.get_text_config().num_hidden_layers
 
 
 @pytest.mark.slow
-def test_long_chunked_prefill_and_decode_exact(tmp_path, monkeypatch):
-    """A 608-token prefill (chunks of 512 + 96) and 8 decode steps on a Qwen3.5 text model: every
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5"])
+def test_long_chunked_prefill_and_decode_exact(family, tmp_path, monkeypatch):
+    """A 608-token prefill (chunks of 512 + 96) and 8 decode steps on a Qwen3.5 text model and on
+    the language model of a Qwen3.5 multimodal checkpoint (partial, interleaved M-RoPE): every
     attention layer exact against eager, logits against eager and SDPA, and a step back of 4 steps
     followed by the same 4 gives the same weights."""
     import torch
     from attnscope.core.session import Session
-    from tiny_models import tiny_tokenizer
-    from transformers import AutoModelForCausalLM
+    from tiny_models import tiny_model, tiny_tokenizer
 
-    cfg = tiny_config("qwen3_5_text")
-    cfg.max_position_embeddings = 1024
-    cfg.layer_types = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
-    torch.manual_seed(1)
-    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    folder = tmp_path / "qwen3_5_long"
+    ref = tiny_model(
+        family,
+        seed=1,
+        max_position_embeddings=1024,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    )
+    folder = tmp_path / f"{family}_long"
     ref.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     rng = np.random.default_rng(0)

@@ -250,3 +250,105 @@ def test_a_float16_gemma3_folder_loads_at_a_safe_precision(tmp_path):
     dtype, why = decide(folder, "auto")
     assert dtype in ("bfloat16", "float32") and "known to overflow at float16" in why
     assert "known to overflow" in decide(folder, "float16")[1]
+
+
+# -- the MLX backend (attnscope.core.trace.mlx_trace.MlxFiniteWatch) ---------------------------------------
+def test_mlx_watch_reads_its_reductions_at_once():
+    mx = pytest.importorskip("mlx.core")
+    from attnscope.core.trace.mlx_trace import MlxFiniteWatch
+
+    w = MlxFiniteWatch()
+    w.begin(0, 3, mx.float16)
+    w.check(0, "queries", mx.ones((1, 2, 4, 8), dtype=mx.float16))
+    w.check(1, "hidden states", mx.array([1.0, math.inf, 2.0]))
+    w.check(None, "logits", mx.array([[0.0, math.nan], [math.inf, 1.0]]))
+    w.check(1, "ids", mx.array([1, 2]))  # integers: ignored
+    w.check(2, "hidden states", np.ones(3))  # not an MLX array: ignored
+    assert len(w.pending()) == 3
+    assert w.flush() == [
+        NonFinite(1, "hidden states", "inf", "float16", (0, 3)),
+        NonFinite(None, "logits", "NaN", "float16", (0, 3)),
+    ]
+
+
+@pytest.mark.slow
+def test_mlx_float16_overflow_is_named_and_recorded(overflowing, tmp_path):
+    """The same sample on the MLX backend: the same line, the same sidecar records."""
+    pytest.importorskip("mlx.core")
+    from attnscope.core.io import export as E
+    from attnscope.core.session import Session
+
+    folder, _ = overflowing
+    s = Session.load(str(folder), dtype="float16", backend="mlx")
+    s.prefill(PROMPT)
+    T = s.seq_len
+    notes = [str(n) for n in s.notices]
+    assert len(notes) == 1
+    assert notes[0].startswith(
+        f"non-finite forward: hidden states of layer 1 reach inf at float16 (positions 0–{T - 1}); "
+        "layer 2 and the logits follow"
+    )
+    found = s.backend.trace.finite.found
+    assert {(f.layer, f.what) for f in found} == {
+        (1, "hidden states"),
+        (2, "queries"),
+        (2, "keys"),
+        (2, "LSE"),
+        (2, "hidden states"),
+        (None, "logits"),
+    }
+    assert np.isnan(s.logits).all()
+    s.step(1)
+    assert [str(n) for n in s.notices] == notes  # said once
+    meta = json.loads(E.sidecar_path(E.export_head(s, 2, 0, tmp_path / "l2.npy")[0]).read_text())
+    assert meta["nonfinite"][0] == {
+        "layer": 1,
+        "what": "hidden states",
+        "kind": "inf",
+        "dtype": "float16",
+        "positions": [0, T - 1],
+    }
+    assert meta["nonfinite_cells"] > 0
+    # float32: nothing said, the records are an empty list (checked, all finite), not None
+    ok = Session.load(str(folder), dtype="float32", backend="mlx")
+    ok.prefill(PROMPT)
+    assert ok.notices == []
+    meta = json.loads(E.sidecar_path(E.export_head(ok, 2, 0, tmp_path / "ok.npy")[0]).read_text())
+    assert meta["nonfinite"] == [] and meta["nonfinite_cells"] == 0
+
+
+# -- over a remote engine (attnscope.core.remote) ---------------------------------------------------------
+@pytest.mark.slow
+def test_remote_engine_carries_the_records_to_the_sidecar(overflowing, tmp_path):
+    """The engine's line reaches the client's notices and its records the client's sidecar."""
+    pytest.importorskip("zmq")
+    from attnscope.core.io import export as E
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
+    from test_remote import TOKEN, serving
+
+    folder, _ = overflowing
+    engine = Session.load(str(folder), dtype="float16", device="cpu")
+    with serving(engine) as server:
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN, timeout=30)
+        try:
+            r.prefill(PROMPT, chat_template=False)
+            T = len(r.ids)
+            notes = [str(n) for n in r.notices]
+            assert len(notes) == 1 and notes[0].startswith(
+                "non-finite forward: hidden states of layer 1 reach inf at float16"
+            )
+            meta = json.loads(E.sidecar_path(E.export_head(r, 2, 0, tmp_path / "r.npy")[0]).read_text())
+            assert meta["nonfinite"] == engine.backend.trace.finite.records()
+            assert meta["nonfinite"][0] == {
+                "layer": 1,
+                "what": "hidden states",
+                "kind": "inf",
+                "dtype": "float16",
+                "positions": [0, T - 1],
+            }
+            assert len(meta["nonfinite"]) == 6
+            r.clear()  # a new sequence: the engine's watch forgets them, and so does the sidecar
+            assert E.nonfinite_records(r) == []
+        finally:
+            r.close()

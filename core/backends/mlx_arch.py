@@ -33,10 +33,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from attnscope.core.attention.fused_mlx import sdpa_with_lse_mlx
-from attnscope.core.backend_registry import MLX_FAMILIES
+from attnscope.core.backend_registry import MLX_OWN_FAMILIES
 from attnscope.core.errors import UnsupportedModelError
 
-FAMILIES = MLX_FAMILIES  # one list (attnscope.core.backend_registry), also read by the model picker
+# the hand-written families (attnscope.core.backend_registry; the registry's list adds mlx-lm's)
+FAMILIES = MLX_OWN_FAMILIES
 
 # Defaults of each family's transformers config class (transformers 5), used when config.json
 # omits a key (not always mlx-lm's: Mistral / Qwen default to 8 / 32 KV heads, not n_heads). tests/test_mlx_backend.py checks them against the config classes themselves.
@@ -335,6 +336,12 @@ class KVCache:
     def state(self) -> list[mx.array]:
         return [] if self.keys is None or self.values is None else [self.keys, self.values]
 
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        """What an mlx-lm model asks its cache for (``create_attention_mask``): ``"causal"``, None
+        for one row; the attention hook applies the layer's own mask instead
+        (:mod:`attnscope.core.backends.mlx_lm_arch`)."""
+        return None if n == 1 else "causal"
+
 
 # -- attention ------------------------------------------------------------------------------------
 class Attention(nn.Module):
@@ -426,8 +433,11 @@ class CausalLM(nn.Module):
     def __call__(self, ids: mx.array, caches: list[KVCache], trace=None, last_only: bool = False) -> mx.array:
         """Logits ``(B, L, vocab)`` (``(B, 1, vocab)`` with ``last_only``) for ``ids (B, L)`` int32."""
         x = self.model.embed_tokens(ids)
-        for layer, cache in zip(self.model.layers, caches, strict=True):
+        watch = getattr(trace, "finite", None)  # attnscope.core.trace.mlx_trace.MlxFiniteWatch
+        for i, (layer, cache) in enumerate(zip(self.model.layers, caches, strict=True)):
             x = layer(x, cache, self._rope_freqs, trace)
+            if watch is not None:
+                watch.check(i, "hidden states", x)  # one lazy max(|x|), read with the logits
         if last_only:
             x = x[:, -1:]
         x = self.model.norm(x)

@@ -24,12 +24,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from attnscope.core import backend_registry as registry
+from attnscope.core.backend_registry import MLX_LM_FAMILIES, mlx_lm_installed
 from attnscope.core.backends.base import PREFILL_CHUNK as BASE_CHUNK
 from attnscope.core.backends.base import chunked_forward
 from attnscope.core.backends.mlx_arch import CausalLM, KVCache, ModelArgs
@@ -44,6 +45,7 @@ from attnscope.core.loading.progress import ProgressFn
 from attnscope.core.loading.quantize import file_quantization
 from attnscope.core.loading.quiet import quiet_transformers
 from attnscope.core.loading.resolve import DEFAULT_MODEL_NAME, is_default_ref, model_source, resolve
+from attnscope.core.trace import finite
 from attnscope.core.trace.mlx_trace import MlxTrace
 
 PREFILL_CHUNK = BASE_CHUNK  # tokens per prefill chunk (this module's name: tests set it per backend)
@@ -151,7 +153,7 @@ def build_model(args: ModelArgs, weights: dict[str, mx.array], quantization: dic
 MLX_GROUP = 64  # weights per scale/bias group for --quantize on MLX (mlx-lm's default)
 
 
-def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str:
+def quantize_mlx(model: CausalLM | Any, bits: int, group_size: int = MLX_GROUP) -> str:
     """``mlx.nn.quantize`` the decoder layers' ``nn.Linear`` (not embeddings, not lm_head) in place,
     affine ``bits``-bit with one scale and bias per ``group_size`` weights; return the description
     recorded as the runtime quantisation. Layers whose input size ``group_size`` does not divide stay float."""
@@ -171,7 +173,9 @@ def quantize_mlx(model: CausalLM, bits: int, group_size: int = MLX_GROUP) -> str
         n += ok
         return ok
 
-    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=count)
+    # an mlx-lm model (attnscope.core.backends.mlx_lm_arch) is quantised in its own module tree
+    target: Any = getattr(model, "lm", model)
+    nn.quantize(target, group_size=group_size, bits=bits, class_predicate=count)
     mx.eval(model.parameters())
     return f"int{bits} weight-only (mlx.nn.quantize, groups of {group_size}), {n} linear layers"
 
@@ -191,6 +195,20 @@ def float_weight(layer) -> mx.array:
     return layer.weight
 
 
+def attention_line(cfg: dict, args) -> str:
+    """The model's attention kind (:func:`attnscope.core.loading.attention_kind.describe` of its
+    config, ``"GQA 4/2 · 4 experts, 2 active"``); the heads line when transformers cannot build
+    the config."""
+    from attnscope.core.loading.attention_kind import describe, geometry
+
+    try:
+        from transformers import AutoConfig
+
+        return describe(geometry(AutoConfig.for_model(**cfg)))
+    except Exception:  # noqa: BLE001 - a GGUF's converted config or an unusual one: the heads line
+        return heads_line(args.n_heads, args.n_kv_heads)
+
+
 class MlxBackend:
     """Owns an MLX model, its per-layer KV caches and the Trace. One thread: see the module docstring.
 
@@ -199,10 +217,12 @@ class MlxBackend:
     name = registry.name_for(__name__, "MlxBackend")
     supports_overrides = False  # the MLX attention has no experiment hook (fork(overrides=...) refuses)
 
-    def __init__(self, model: CausalLM, tokenizer, info: ModelInfo):
+    def __init__(self, model: CausalLM | Any, tokenizer, info: ModelInfo):
         self.model, self.tokenizer, self.info = model, tokenizer, info
         self.memo: dict = {}  # analyses' results that depend on the model alone (Backend.memo)
-        self.notices: list = []  # nothing recomputes by itself on MLX (no length-dependent RoPE)
+        # nothing recomputes by itself on MLX (no length-dependent RoPE); a non-finite forward is
+        # said here (attnscope.core.trace.finite.NonFiniteNotice)
+        self.notices: list = []
         self.args = model.args
         self.device = mlx_device()
         self.trace = MlxTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim)
@@ -264,12 +284,28 @@ class MlxBackend:
                 cfg = json.loads((folder / "config.json").read_text())
             except (OSError, ValueError) as e:
                 raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_first_line(e)}") from None
-        try:
-            args = ModelArgs.from_dict(cfg)
-        except KeyError as e:
-            raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
         file_q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else None
-        if packed is not None:
+        m: Any
+        args: Any  # ModelArgs, or mlx_lm_arch.LmArgs for an mlx-lm family
+        if packed is None and cfg.get("model_type") in MLX_LM_FAMILIES:
+            # mlx-lm's model code with our attention hooked in (attnscope.core.backends.mlx_lm_arch)
+            if not mlx_lm_installed():
+                raise UnsupportedModelError(
+                    f"the MLX backend runs {cfg['model_type']} through mlx-lm, which is not installed: "
+                    "pip install mlx-lm"
+                )
+            from attnscope.core.backends import mlx_lm_arch
+
+            m = mlx_lm_arch.load(folder, cfg, DTYPES[dtype])
+            args = m.args
+        else:
+            try:
+                args = ModelArgs.from_dict(cfg)
+            except KeyError as e:
+                raise ModelLoadError(f"{folder / 'config.json'} lacks {e.args[0]!r}") from None
+        if packed is None and cfg.get("model_type") in MLX_LM_FAMILIES:
+            runtime = ""
+        elif packed is not None:
             if args.tie_word_embeddings:
                 packed_weights = {k: v for k, v in packed_weights.items() if not k.startswith("lm_head.")}
             m = build_model(args, packed_weights, packed_q)
@@ -309,8 +345,8 @@ class MlxBackend:
             quantization_runtime=runtime,
             dtype_reason=dtype_reason,
             load_note="; ".join(notes),
-            # dense GQA/MHA/MQA only on MLX (its families): the heads line, as the torch load says it
-            attention_kind=heads_line(args.n_heads, args.n_kv_heads),
+            # the attention kind as the torch load says it (heads; experts of an mlx-lm MoE family)
+            attention_kind=attention_line(cfg, args),
         )
         backend = cls(m, tok, info)
         backend.load_seconds = time.perf_counter() - t0
@@ -360,11 +396,21 @@ class MlxBackend:
 
         def run_chunk(part: np.ndarray) -> np.ndarray:
             chunk = mx.array(part[None].astype(np.int32))  # (1, n)
+            watch = self.trace.finite  # non-finite values said at once (attnscope.core.trace.finite)
+            watch.begin(self.seq_len, self.seq_len + len(part) - 1, DTYPES[self.info.dtype])
             logits = self.model(chunk, self.caches, self.trace, last_only=not all_logits)
+            watch.check(None, "logits", logits)
             logits = logits[0].astype(mx.float32)
-            mx.eval(logits, *self.trace.pending(), *(a for c in self.caches for a in c.state()))
+            mx.eval(
+                logits,
+                *self.trace.pending(),
+                *watch.pending(),
+                *(a for c in self.caches for a in c.state()),
+            )
             self.seq_len += chunk.shape[1]
-            return np.array(logits)
+            out = np.array(logits)
+            finite.note(self.notices, watch)  # the first non-finite tensor, said once
+            return out
 
         return chunked_forward(
             arr, PREFILL_CHUNK, run_chunk, lambda: self._rollback(start), progress, cancelled, all_logits
@@ -451,4 +497,4 @@ class MlxBackend:
 
     def release_weights(self) -> None:
         """Drop the model (its weights); Trace, caches and logits stay, so ``trace.weights`` still works."""
-        self.model = None  # type: ignore[assignment]  # released: only the trace and caches are read now
+        self.model = None  # released: only the trace and caches are read now

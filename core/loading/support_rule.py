@@ -94,6 +94,10 @@ TESTED_FAMILIES = frozenset(
         "qwen2_5_vl",
         "qwen3_vl",
         "llama4",
+        "llava",
+        "internvl",
+        "qwen3_vl_moe",
+        "qwen3_5",  # hybrid too: tests/test_hybrid.py (tests/tiny_models.py HYBRID_MULTIMODAL)
     }
 )
 

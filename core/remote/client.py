@@ -203,13 +203,29 @@ class _LayerWindow:
         )
 
 
+class RemoteFinite:
+    """``session.trace.finite`` of a remote session: the engine's
+    :meth:`attnscope.core.trace.finite.FiniteWatch.records`, as its last state sent them."""
+
+    def __init__(self, session: RemoteSession):
+        self._s = session
+
+    def records(self) -> list[dict] | None:
+        """The engine's non-finite tensors (``[]``: all finite), None when the engine's backend
+        does not check or the engine is older than this field."""
+        recs = self._s._nonfinite
+        return None if recs is None else [dict(r) for r in recs]
+
+
 class RemoteTrace:
     """``session.trace`` of a remote session: per-layer sliding windows (``layers[i].sliding_window``),
-    ``weights``/``sink_scores`` through the session; anything else needs the local tensors."""
+    ``weights``/``sink_scores`` through the session, the engine's non-finite records (``finite``);
+    anything else needs the local tensors."""
 
     def __init__(self, session: RemoteSession, windows):
         self._s = session
         self.layers = [_LayerWindow(w, session.engine) for w in windows]
+        self.finite = RemoteFinite(session)
 
     def weights(self, layer, head, rows=None, cols=None):
         return self._s.weights(layer, head, rows, cols)
@@ -581,6 +597,7 @@ class RemoteSession:
         self._n_prompt = 0
         self._logits: Any = None
         self._notices: list[str] = []
+        self._nonfinite: list[dict] | None = None  # the engine's FiniteWatch.records()
 
     def _describe(self, desc: dict) -> None:
         self.desc = desc
@@ -610,6 +627,8 @@ class RemoteSession:
         self.sampling = st["sampling"]
         self.notice = st.get("notice")
         self._notices = list(st.get("notices") or [])
+        nf = st.get("nonfinite")
+        self._nonfinite = [dict(r) for r in nf if isinstance(r, dict)] if isinstance(nf, list) else None
         self._logits = None if st.get("logits") is None else np.array(st["logits"])
         self._tokens = self._tokens[: st.get("tokens_from", 0)] + list(st.get("tokens") or [])
 

@@ -34,6 +34,7 @@ from typing import Any
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
+from attnscope.core.io.export import nonfinite_records
 from attnscope.core.remote import wire
 
 #: one tile (or map) at most this many cells: 2^26 float32 = 256 MiB (an 8192² map)
@@ -444,6 +445,8 @@ class EngineServer:
             sampling=s.sampling,
             notice=s.notice,
             notices=[str(n) for n in s.notices],
+            # the forward's non-finite tensors, for the client's sidecars (attnscope.core.trace.finite)
+            nonfinite=nonfinite_records(s),
             logits=s._logits,
             tokens_from=start,
             tokens=[s._token(i) for i in range(min(max(start, 0), len(ids)), len(ids))],

@@ -57,8 +57,9 @@ class NonFinite:
         return d
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def _dtype_name(dtype: Any) -> str:
+    """``"float16"`` for ``torch.float16`` and for MLX's ``mlx.core.float16``."""
+    return str(dtype).rsplit(".", 1)[-1]
 
 
 def describe(found: list[NonFinite]) -> str:
@@ -103,7 +104,7 @@ class FiniteWatch:
         self.found = []
         self._seen = set()
 
-    def begin(self, first: int, last: int, dtype: torch.dtype) -> None:
+    def begin(self, first: int, last: int, dtype: Any) -> None:
         """A chunk of token positions ``first .. last`` (inclusive) is about to run at ``dtype``."""
         self._pending = []
         self.positions = (int(first), int(last))
@@ -111,17 +112,41 @@ class FiniteWatch:
 
     def check(self, layer: int | None, what: str, tensor: Any) -> None:
         """Queue one reduction of ``tensor`` (a floating torch tensor; anything else is ignored)."""
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
-            return
         if (layer, what) in self._seen:
             return
-        self._pending.append((layer, what, tensor.detach().abs().amax()))
+        red = self._reduce(tensor)
+        if red is not None:
+            self._pending.append((layer, what, red))
 
-    def check_attention(
-        self, layer: int, query: torch.Tensor, key: torch.Tensor, lse: torch.Tensor, n_new: int
-    ) -> None:
+    def _reduce(self, tensor: Any) -> Any:
+        """``amax(|tensor|)`` as a 0-d tensor on the tensor's device (not read), or None: not a
+        non-empty floating torch tensor. An array library's watch overrides this and :meth:`_read`
+        (:class:`attnscope.core.trace.mlx_trace.MlxFiniteWatch`)."""
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+            return None
+        return tensor.detach().abs().amax()
+
+    def _read(self, reductions: list) -> list[float]:
+        """The values of :meth:`_reduce`'s results, one transfer per device."""
+        by_device: dict[torch.device, list[int]] = {}
+        for i, red in enumerate(reductions):
+            by_device.setdefault(red.device, []).append(i)
+        values: list[float] = [0.0] * len(reductions)
+        for idx in by_device.values():
+            host = torch.stack([reductions[i].float() for i in idx]).cpu().tolist()
+            for i, x in zip(idx, host, strict=True):
+                values[i] = float(x)
+        return values
+
+    def pending(self) -> list:
+        """The queued reductions of this chunk, not read yet (a lazy array library evaluates them
+        with the chunk's logits: :class:`attnscope.core.backends.mlx_backend.MlxBackend`)."""
+        return [red for _, _, red in self._pending]
+
+    def check_attention(self, layer: int, query: Any, key: Any, lse: Any, n_new: int) -> None:
         """Queue the checks of one attention call: ``query`` ``(B, n_heads, L, D)``, the ``n_new``
-        new rows of ``key`` ``(B, n_kv_heads, S, D)`` and ``lse`` ``(B, n_heads, L)``."""
+        new rows of ``key`` ``(B, n_kv_heads, S, D)`` and ``lse`` ``(B, n_heads, L)`` (torch tensors,
+        or the arrays of the watch's library)."""
         self.check(layer, "queries", query)
         self.check(layer, "keys", key[..., key.shape[-2] - n_new :, :])
         self.check(layer, "LSE", lse)
@@ -131,14 +156,7 @@ class FiniteWatch:
         pending, self._pending = self._pending, []
         if not pending:
             return []
-        by_device: dict[torch.device, list[int]] = {}
-        for i, (_, _, red) in enumerate(pending):
-            by_device.setdefault(red.device, []).append(i)
-        values: list[float] = [0.0] * len(pending)
-        for idx in by_device.values():
-            host = torch.stack([pending[i][2].float() for i in idx]).cpu().tolist()
-            for i, x in zip(idx, host, strict=True):
-                values[i] = float(x)
+        values = self._read([red for _, _, red in pending])
         new = []
         for (layer, what, _), x in zip(pending, values, strict=True):
             if math.isfinite(x) or (layer, what) in self._seen:

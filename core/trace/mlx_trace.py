@@ -28,9 +28,28 @@ import numpy as np
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.checks import index
 from attnscope.core.trace.base import TraceGeometry, as_slice
+from attnscope.core.trace.finite import FiniteWatch
 
 if TYPE_CHECKING:
     from attnscope.core.backends.mlx_arch import KVCache
+
+
+class MlxFiniteWatch(FiniteWatch):
+    """:class:`attnscope.core.trace.finite.FiniteWatch` over MLX arrays: ``max(|x|)`` per tensor,
+    kept lazy (the backend evaluates :meth:`pending` with the chunk's logits), read as one
+    ``mx.stack`` in one transfer (:meth:`flush`)."""
+
+    def _reduce(self, tensor):
+        if (
+            not isinstance(tensor, mx.array)
+            or not mx.issubdtype(tensor.dtype, mx.floating)
+            or tensor.size == 0
+        ):
+            return None
+        return mx.max(mx.abs(tensor))
+
+    def _read(self, reductions: list) -> list[float]:
+        return [float(x) for x in np.array(mx.stack(reductions).astype(mx.float32)).tolist()]
 
 
 @dataclass
@@ -86,6 +105,7 @@ class MlxTrace(TraceGeometry):
         self._set_arch(n_layers, n_heads, n_kv_heads, head_dim)  # ValueError: not a multiple
         self.enabled = True
         self.layers = [MlxLayerRecord() for _ in range(n_layers)]
+        self.finite = MlxFiniteWatch()  # non-finite values of this sequence's forwards
 
     def reserve(self, n_rows: int, dtype=None, device=None) -> None:
         """Accepted for API parity with :meth:`attnscope.core.trace.torch_trace.TorchTrace.reserve`; nothing to do here.
@@ -112,6 +132,9 @@ class MlxTrace(TraceGeometry):
             return
         rec = self.layers[layer]
         m, ell = lse if isinstance(lse, tuple) else (lse, mx.zeros_like(lse))
+        L = query.shape[2]
+        # queries, the L new keys (the cache's last rows) and the LSE m + ℓ (attnscope.core.trace.finite)
+        self.finite.check_attention(layer, query, cache.keys[..., : cache.offset, :], m + ell, L)
         rec.q_chunks.append(query[0])
         rec.lse_chunks.append(m[0])
         rec.ell_chunks.append(ell[0])
@@ -129,6 +152,7 @@ class MlxTrace(TraceGeometry):
 
     def reset(self) -> None:
         self.layers = [MlxLayerRecord() for _ in range(self.n_layers)]
+        self.finite = MlxFiniteWatch()
 
     def truncate(self, n: int) -> None:
         """Forget every row at position ``>= n`` (step back); the cache trims its own keys."""
