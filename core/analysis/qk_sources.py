@@ -181,6 +181,12 @@ PRE_NORMS = (
     "input_norm",
 )
 
+#: (attention-output norm, MLP-output norm) of sandwich-norm layers: Gemma 2/3 and OLMo 2; GLM-4
+SANDWICH = (
+    ("post_self_attn_layernorm", "post_mlp_layernorm"),
+    ("post_attention_layernorm", "post_feedforward_layernorm"),
+)
+
 
 def _attn_module(layer):
     return next((getattr(layer, n) for n in ("self_attn", "attn", "attention") if hasattr(layer, n)), None)
@@ -241,13 +247,15 @@ def _layout(session, layer: int) -> dict:
     cfg: Any = getattr(model, "config", None)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     layers = parts.layers
-    for l in range(layer):
-        if parts.out_proj[l] is None or parts.mlp[l] is None:
+    for li in range(layer):
+        if parts.out_proj[li] is None or parts.mlp[li] is None:
             raise UnsupportedModelError(
-                f"{session.info.architecture}: layer {l} has no attention output projection or MLP to hook, "
+                f"{session.info.architecture}: layer {li} has no attention output projection or MLP to hook, "
                 "so the residual stream cannot be split into head and MLP outputs"
             )
-    sandwich = [hasattr(ly, "post_feedforward_layernorm") for ly in layers]
+    # sandwich norms: (the attention output's norm, the MLP output's norm) under each family's names
+    pairs = [next((pr for pr in SANDWICH if all(hasattr(ly, n) for n in pr)), None) for ly in layers]
+    sandwich = [pr is not None for pr in pairs]
     attn = _attn_module(layers[layer])
     dec: Any = model.get_decoder() if hasattr(model, "get_decoder") else model
     wpe = getattr(dec, "wpe", None) or getattr(getattr(model, "transformer", None), "wpe", None)
@@ -255,13 +263,9 @@ def _layout(session, layer: int) -> dict:
         "parts": parts,
         "attn": attn,
         "sandwich": sandwich,
-        "post_attn": [
-            getattr(ly, "post_attention_layernorm", None) if s else None
-            for ly, s in zip(layers, sandwich, strict=True)
-        ],
+        "post_attn": [getattr(ly, pr[0]) if pr else None for ly, pr in zip(layers, pairs, strict=True)],
         "mlp_out": [
-            getattr(ly, "post_feedforward_layernorm") if s else m
-            for ly, s, m in zip(layers, sandwich, parts.mlp, strict=True)
+            getattr(ly, pr[1]) if pr else m for ly, pr, m in zip(layers, pairs, parts.mlp, strict=True)
         ],
         "residual_multiplier": float(getattr(cfg, "residual_multiplier", None) or 1.0),
         "wpe": wpe,
@@ -292,11 +296,11 @@ def _capture(session, lay: dict, layer: int, ids: list[int], positions: list[int
         for p, lp in local():
             cap.x0[p] = x[0, lp].detach().clone()
 
-    def keep(store, l, pre: bool):
+    def keep(store, li, pre: bool):
         def hook(_m, args, out=None):
             t = args[0] if pre else _first(out)
             for p, lp in local():
-                store[(l, p)] = t[0, lp].detach().clone()
+                store[(li, p)] = t[0, lp].detach().clone()
 
         return hook
 
@@ -322,11 +326,11 @@ def _capture(session, lay: dict, layer: int, ids: list[int], positions: list[int
         if state["start"] <= last < state["start"] + state["n"]:
             raise _Stop
 
-    pre = [(parts.out_proj[l], keep(cap.z, l, True)) for l in range(layer)]
+    pre = [(parts.out_proj[li], keep(cap.z, li, True)) for li in range(layer)]
     pre += [(m, qk_hook(n)) for n, m in lay["qk_norms"].items()]
     pre.append((parts.out_proj[layer], stop))
-    post = [(lay["mlp_out"][l], keep(cap.mlp, l, False)) for l in range(layer)]
-    post += [(parts.out_proj[l], keep(cap.o, l, False)) for l in range(layer) if lay["sandwich"][l]]
+    post = [(lay["mlp_out"][li], keep(cap.mlp, li, False)) for li in range(layer)]
+    post += [(parts.out_proj[li], keep(cap.o, li, False)) for li in range(layer) if lay["sandwich"][li]]
     handles = [
         parts.layers[0].register_forward_pre_hook(first, with_kwargs=True),
         parts.layers[layer].register_forward_pre_hook(resid_hook, with_kwargs=True),
@@ -375,11 +379,10 @@ def _components(session, lay: dict, cap: _Capture, layer: int):
 
     parts = lay["parts"]
     info = session.info
-    H, D = info.n_heads, info.head_dim
+    H = info.n_heads
     rm = lay["residual_multiplier"]
     names: list[str] = []
     rows: dict[int, list] = {p: [] for p in cap.positions}
-    ids = session.ids
     with torch.inference_mode():
         for p in cap.positions:
             x0 = cap.x0[p]
@@ -392,19 +395,19 @@ def _components(session, lay: dict, cap: _Capture, layer: int):
             names += ["token embedding", "position embedding"]
         else:
             names.append("embedding")
-        del ids
-        for l in range(layer):
-            proj = parts.out_proj[l]
+        for li in range(layer):
+            proj = parts.out_proj[li]
             has_bias = getattr(proj, "bias", None) is not None
-            post = lay["post_attn"][l]
+            post = lay["post_attn"][li]
             if post is not None and getattr(post, "bias", None) is not None:
                 has_bias = True
-            names += [f"L{l} H{h}" for h in range(H)]
+            names += [f"L{li} H{h}" for h in range(H)]
             if has_bias:
-                names.append(f"L{l} attn bias")
-            names.append(f"L{l} MLP")
+                names.append(f"L{li} attn bias")
+            names.append(f"L{li} MLP")
             for p in cap.positions:
-                z = cap.z[(l, p)]
+                z = cap.z[(li, p)]
+                D = z.shape[-1] // H  # a head's width at the projection's input (MLA: v_head_dim)
                 # head h alone through the projection: a block-diagonal batch of n_heads rows, then zeros
                 batch = torch.zeros((H + 1, H * D), dtype=z.dtype, device=z.device)
                 for h in range(H):
@@ -412,14 +415,14 @@ def _components(session, lay: dict, cap: _Capture, layer: int):
                 out = _first(proj(batch))
                 heads, bias = out[:H] - out[H], out[H]
                 if post is not None:  # sandwich norm: frozen at the real sublayer output
-                    ref = cap.o[(l, p)]
+                    ref = cap.o[(li, p)]
                     zero = _frozen(post, torch.zeros_like(bias)[None], ref)[0]
                     heads = _frozen(post, heads, ref) - zero
                     bias = _frozen(post, bias[None], ref)[0]
                 rows[p] += list(heads * rm)
                 if has_bias:
                     rows[p].append(bias * rm)
-                rows[p].append(cap.mlp[(l, p)] * rm)
+                rows[p].append(cap.mlp[(li, p)] * rm)
     vecs = {p: torch.stack(r) for p, r in rows.items()}
     err = 0.0
     for p in cap.positions:
@@ -537,9 +540,13 @@ def _probe(session, be, lay: dict, cap: _Capture, U: dict, i: int, j: int):
         pej = cap.call[j][1]["position_embeddings"]
 
         def rows(a, b):
-            return torch.cat([a[:, lp : lp + 1].expand(ni, -1, -1), b[:, lpj : lpj + 1].expand(nj, -1, -1)])
+            a, b = a[:, lp : lp + 1], b[:, lpj : lpj + 1]  # (1, 1, ...) the rows at i and j
+            return torch.cat([a.expand(ni, *a.shape[1:]), b.expand(nj, *b.shape[1:])])
 
-        kwargs["position_embeddings"] = tuple(rows(a, b) for a, b in zip(pe, pej, strict=True))
+        if isinstance(pe, torch.Tensor):  # one tensor (DeepSeek's complex frequencies), not (cos, sin)
+            kwargs["position_embeddings"] = rows(pe, pej)
+        else:
+            kwargs["position_embeddings"] = tuple(rows(a, b) for a, b in zip(pe, pej, strict=True))
     for k in ("cache", "past_key_values", "past_key_value", "layer_past", "attention_mask"):
         if k in kwargs:
             kwargs[k] = None
