@@ -46,7 +46,61 @@ def main(out: Path) -> int:
     w.grab().save(str(out / "which_heads_matter.png"))
     print(f"screenshots: wrote {out / 'which_heads_matter.png'}")
     w.close()
+    why_sources(out)
     return 0
+
+
+def induction_split(session, top: int = 10):
+    """The README's induction example: on the Head roles tab's probe (``[bos] r r``, |r| = 50) the strongest
+    induction head's cell from the last query to the key after its earlier occurrence, split by source."""
+    import numpy as np
+    from attnscope.core.analysis import roles
+    from attnscope.core.analysis.qk_sources import source_split
+
+    R = roles.PROBE_LEN
+    ids, off = roles.probe_ids(session.tokenizer, session.info.vocab_size, R, 0)
+    session.prefill(ids)
+    ind = roles.induction_scores_from_trace(session.trace, R, off)
+    layer, head = (int(x) for x in np.unravel_index(np.argmax(ind), ind.shape))
+    i = off + 2 * R - 1
+    return source_split(session, layer, head, i, i - R + 1, top=top)
+
+
+def why_sources(out: Path) -> Path:
+    """``why_sources.png``: the induction example's top source pairs as bars (the Why panel's By source box)."""
+    from PySide6.QtWidgets import QApplication, QLabel, QVBoxLayout, QWidget
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    from attnscope.app.views.source_bars import SourceBars
+    from attnscope.core.analysis import roles
+    from attnscope.core.session import Session
+
+    session = Session.load()
+    split = induction_split(session)
+    prev = roles.sequence_scores(session.trace)["previous_token"]
+    kl, kh = (int(x) for x in split.key_totals[0][0][1:].split(" H"))
+    w = QWidget()
+    lay = QVBoxLayout(w)
+    title = QLabel(
+        f"<b>Why L{split.layer} H{split.head} (an induction head) attends from the second copy to the token "
+        "after the first occurrence</b>: the key side is built by "
+        f"L{kl} H{kh}, a previous-token head (previous-token score {prev[kl, kh]:.2f}, Head roles tab)"
+    )
+    title.setWordWrap(True)
+    lay.addWidget(title)
+    bars = SourceBars()
+    bars.show_split(split)
+    lay.addWidget(bars)
+    w.resize(900, 560)
+    w.show()
+    for _ in range(20):
+        app.processEvents()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "why_sources.png"
+    w.grab().save(str(path))
+    print(f"screenshots: wrote {path}")
+    w.close()
+    return path
 
 
 if __name__ == "__main__":
