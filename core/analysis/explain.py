@@ -268,7 +268,6 @@ class _Rotary:
     def _apply(self, layer: int, vecs, cos, sin):
         """The family's own rotation of ``vecs`` ``(n, D)`` float64 at cos/sin ``(1, n, r)``: ``(n, D)``."""
         import torch
-
         from attnscope.core.errors import UnsupportedModelError
 
         fn = self.apply_fn(layer)
@@ -288,7 +287,6 @@ class _Rotary:
     def layout(self, layer: int, head_dim: int, T: int) -> RopeLayout:
         """:func:`rope_layout` of ``layer`` (cached per layer type and length-dependent frequencies)."""
         import torch
-
         from attnscope.core.errors import UnsupportedModelError
 
         if self.apply_fn(layer) is None:
