@@ -403,6 +403,22 @@ class Session:
         T = self.seq_len
         return self.trace.weights(int(layer), int(head), span("rows", rows, T), span("cols", cols, T))
 
+    def explain(self, layer: int, head: int, query: int, key: int):
+        """Why ``head`` of ``layer`` gives key ``key`` its score at query ``query``: the score split by
+        rotary frequency band, the row's split, and the row with the rotation removed
+        (:func:`attnscope.core.analysis.explain.explain`; docs "Why a head attends").
+
+        Returns:
+            :class:`attnscope.core.analysis.explain.Explanation`.
+
+        Raises:
+            SessionError: nothing run yet. WrongType / OutOfRange: a bad layer, head or position.
+            UnsupportedModelError: a rotation it cannot read (not the torch backend).
+        """
+        from attnscope.core.analysis.explain import explain
+
+        return explain(self, layer, head, query, key)
+
     def sink_scores(self, key: int = 0) -> np.ndarray:
         """``(n_layers, n_heads)`` mean weight on key ``key`` over the rows after it.
 
