@@ -215,3 +215,38 @@ def test_smollm2_induction_head_key_side_is_a_previous_token_head(smol_session):
         kl, kh = (int(x) for x in key_side[1:].split(" H"))
         assert prev[kl, kh] > roles.DEFAULT_THRESHOLD, (r.pairs[0], prev[kl, kh])
         assert r.key_totals[0][0] == "L16 H0" and r.key_totals[0][1] > 0.5 * r.score
+
+
+def test_explain_sources_session_cli_and_wire(tmp_path, capsys):
+    """``explain(..., sources=True)``, ``Session.explain`` and ``attnscope explain --sources --json`` give
+    the split of :func:`source_split`; the Explanation with its split travels over the engine's wire."""
+    from attnscope.core.analysis.explain import explain
+    from attnscope.core.analysis.qk_sources import SourceSplit, source_split
+    from attnscope.core.cli.main import main
+    from attnscope.core.remote import wire
+
+    s, _ = _load("qwen3", tmp_path)
+    direct = source_split(s, 1, 2, 10, 4, top=4)
+    e = explain(s, 1, 2, 10, 4, sources=True, top=4)
+    assert isinstance(e.sources, SourceSplit) and e.sources.pairs == direct.pairs
+    assert e.sources.score == pytest.approx(e.score, rel=1e-6)  # the band half reads the same score
+    assert s.explain(1, 2, 10, 4).sources is None
+    assert s.explain(1, 2, 10, 4, sources=True, top=4).sources.pairs == direct.pairs
+    assert explain(s, 1, 2, 4, 10, sources=True).sources is None  # a key after the query: no score
+    head, bufs = wire.encode(e)
+    back = wire.decode(head, bufs, wire.core_dataclass)
+    assert back.sources.pairs == e.sources.pairs and np.array_equal(back.sources.table, e.sources.table)
+
+    folder, out = str(tmp_path / "qwen3"), tmp_path / "why.json"
+    prompt = "the cat sat on the mat"
+    s.prefill(prompt, chat_template=False)
+    direct = source_split(s, 1, 2, 10, 4, top=4)
+    argv = ["explain", "--model", folder, "--prompt", prompt, "--no-chat-template"]
+    argv += ["--layer", "1", "--head", "2", "--query", "10", "--key", "4"]
+    assert main([*argv, "--sources", "--top", "4", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())["sources"]
+    assert [(p["query"], p["key"]) for p in data["pairs"]] == [(q, k) for q, k, _ in direct.pairs]
+    assert [p["value"] for p in data["pairs"]] == pytest.approx([v for *_, v in direct.pairs], abs=1e-6)
+    assert sum(data["key_totals"].values()) == pytest.approx(direct.score, rel=1e-4)
+    text = capsys.readouterr().out
+    assert "by source" in text and "query: " in text and "frozen" in text and "rest (" in text

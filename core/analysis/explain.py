@@ -511,22 +511,34 @@ def _softmax_row(session, layer: int, head: int, query: int, s: np.ndarray) -> n
 
 
 @remotable
-def explain(session, layer: int, head: int, query: int, key: int) -> Explanation:
+def explain(
+    session, layer: int, head: int, query: int, key: int, *, sources: bool = False, top: int = 10
+) -> Explanation:
     """Why ``head`` of ``layer`` gives key ``key`` its score at query ``query`` (docs "Why a head attends").
 
     The cell's score and its row's weighted score split by rotary band (exact, no forward), the row's
     actual weights and its counterfactual with the rotation removed (pre-RoPE ``q·k·scale``, same mask,
     soft-cap and sink). Positions are token positions of the session's sequence (0-based).
 
+    With ``sources``, :attr:`Explanation.sources` is the score split by the components that wrote the
+    query and the key (:func:`attnscope.core.analysis.qk_sources.source_split`, its ``top`` largest pairs:
+    one forward of the prefix; None for a key after the query, which the head never scores).
+
     Returns:
-        :class:`Explanation` (``sources`` None: :mod:`attnscope.core.analysis.qk_sources` fills it).
+        :class:`Explanation` (``sources`` None unless asked for).
 
     Raises:
         SessionError: nothing run yet. WrongType / OutOfRange: a bad layer, head or position.
         NoAttentionMap: a hybrid model's layer with no map. UnsupportedModelError: not the torch
-        backend, or a rotation explain cannot read (:func:`rope_layout`).
+        backend, or a rotation explain cannot read (:func:`rope_layout`); with ``sources``, a model whose
+        score cannot be split by source (:mod:`attnscope.core.analysis.qk_sources`). BadArgument: ``top`` < 1.
     """
     layer, head, query, key = _check(session, layer, head, query, key)
+    split = None
+    if sources and key <= query:
+        from attnscope.core.analysis.qk_sources import source_split
+
+        split = source_split(session, layer, head, query, key, top=top)
     lay = rope_layout(session, layer)
     n = query + 1
     q, k, scale = _qk(session, layer, head, slice(query, n), slice(0, session.seq_len))
@@ -554,6 +566,7 @@ def explain(session, layer: int, head: int, query: int, key: int) -> Explanation
         weight=float(row[key]) if key < n and allowed else 0.0,
         allowed=allowed,
         capped=getattr(rec, "softcap", None),
+        sources=split,
     )
 
 

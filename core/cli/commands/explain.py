@@ -30,6 +30,18 @@ def add_arguments(p) -> None:
         help="bands turning faster than every N tokens count as positional in the head summary (default 64)",
     )
     p.add_argument(
+        "--sources",
+        action="store_true",
+        help="also split the score by the components that wrote the query and the key (embedding, earlier "
+        "heads, MLPs; exact up to the norms' frozen scale; one forward of the prefix)",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=10,
+        help="with --sources: how many of the largest pairs to list (default 10)",
+    )
+    p.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -71,6 +83,23 @@ def _bar(share: float, width: int = 20) -> str:
     return ("+" if share >= 0 else "-") * n
 
 
+def _print_sources(split, where) -> None:
+    """The by-source lines: top pairs, the rest, each side's largest totals, the approximation."""
+    if split is None:
+        print("  by source: none (the key comes after the query: the head never scores it)", file=where)
+        return
+    print(f"  by source (query part × key part, the {len(split.pairs)} largest of the table):", file=where)
+    for pair in split.pairs:
+        print(f"    {split.pair_line(pair)}", file=where)
+    n_rest = len(split.components) ** 2 - len(split.pairs)
+    print(f"    rest ({n_rest} pairs)  {split.rest:+.4f}", file=where)
+    for side, items in (("query", split.query_totals), ("key", split.key_totals)):
+        print(f"  {side} built by: " + ", ".join(f"{n} {v:+.4f}" for n, v in items[:5]), file=where)
+    for note in split.notes:
+        print(f"  {note}", file=where)
+    print(f"  {split.approximation}", file=where)
+
+
 def run(args) -> int:
     from attnscope.core.analysis.explain import explain, head_positional_share, tokens_text
     from attnscope.core.checks import index
@@ -85,7 +114,7 @@ def run(args) -> int:
     s = open_session(args, check=check)
     T = s.seq_len
     q, k = _position("query", args.query, T), _position("key", args.key, T)
-    e = explain(s, args.layer, args.head, q, k)
+    e = explain(s, args.layer, args.head, q, k, sources=args.sources, top=args.top)
     share = head_positional_share(s, args.layer, args.head, short_tokens=args.short_tokens)
     if args.json is not None:
         write_json(out, payload(s, e, share, args.short_tokens))  # out None: standard output
@@ -116,6 +145,8 @@ def run(args) -> int:
         f"(share of score variance in bands turning faster than every {tokens_text(args.short_tokens)} tokens)",
         file=where,
     )
+    if args.sources:
+        _print_sources(e.sources, where)
     if out is not None:
         print(f"wrote {shown(out)}", file=where)
     return 0
