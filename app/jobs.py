@@ -280,6 +280,18 @@ def explain_job(layer, head, query, key):
     return job
 
 
+def sources_job(layer, head, query, key, top=10):
+    """The Why panel's By source box (:func:`attnscope.core.analysis.qk_sources.source_split`): ``(cell,
+    SourceSplit)``, one forward of the prefix on the engine thread."""
+
+    def job(ctx):
+        from attnscope.core.analysis.qk_sources import source_split
+
+        return (layer, head, query, key), source_split(ctx.require(), layer, head, query, key, top=top)
+
+    return job
+
+
 def share_grid_job():
     """Every head's positional share (:func:`attnscope.core.analysis.explain.positional_share_grid`),
     ``(L, H)`` float32; progress per layer, cancelled between layers."""

@@ -27,7 +27,7 @@ def source_rows(split) -> list[tuple[str, float, tuple]]:
 
 
 def _totals(items, k: int = 3) -> str:
-    return ", ".join(f"{n} {v:+.2f}" for n, v in items[:k])
+    return ", ".join(f"{n} {v:+.3g}" for n, v in items[:k])
 
 
 class SourceBars(QWidget):

@@ -11,8 +11,11 @@ the stored q row and the cached keys) and shows
 * the head's one-line summary, "positional ↔ content: 0.83 positional"
   (:func:`attnscope.core.analysis.explain.head_positional_share`).
 
-The "By source" group box (:attr:`WhyPanel.sources_box`) is hidden: it is filled by the by-source split
-of :mod:`attnscope.core.analysis.qk_sources` through :meth:`WhyPanel.show_sources`.
+The "By source" group box (:attr:`WhyPanel.sources_box`) follows once the bands are shown: the score split
+by the components that wrote the query and the key (:func:`attnscope.core.analysis.qk_sources.source_split`,
+one forward of the prefix on the engine thread, asked as its own request so the bands never wait for it),
+its largest (query part × key part) pairs as bars, each side's largest totals, and the frozen-scale
+approximation stated under them (:class:`attnscope.app.views.source_bars.SourceBars`).
 
 The panel's visibility and clicked cell are kept in the view state's settings under ``"why"``
 (``{"visible": bool, "query": int | None, "key": int | None}``), so session files keep them. Esc
@@ -133,6 +136,10 @@ class WhyPanel(QWidget):
         # filled by attnscope.core.analysis.qk_sources (the by-source split) through show_sources()
         self.sources_box = QGroupBox("By source")
         self.sources_box.setLayout(QVBoxLayout())
+        self.sources_status = QLabel("")
+        self.sources_status.setWordWrap(True)
+        self.sources_box.layout().addWidget(self.sources_status)
+        self.source_bars = None  # a SourceBars, made the first time a split arrives
         self.sources_box.hide()
         self.note = QLabel(
             "Exact, no forward: the bands add up to the score q·k·scale of the stored post-RoPE query and "
@@ -191,6 +198,7 @@ class WhyPanel(QWidget):
     def cancel(self) -> None:
         """Stop a computation that has not come back (Esc): its result is dropped."""
         self.engine.cancel_token("why")
+        self.engine.cancel_token("why-sources")
         self.header.setText("Stopped. " + HINT)
 
     def _on_error(self, message) -> None:
@@ -266,15 +274,54 @@ class WhyPanel(QWidget):
         self.cell_line.setValue(k)
         if e.sources is not None:
             self.show_sources(e.sources)
+        else:
+            self.request_sources(layer, head, q, k)
+
+    def request_sources(self, layer: int, head: int, query: int, key: int) -> None:
+        """Ask the engine for the cell's by-source split (one forward of the prefix); the box says so meanwhile."""
+        if key > query:
+            self.show_sources(None)
+            return
+        self.sources_status.setText("By source: one forward of the prefix…")
+        self.sources_box.show()
+        self.engine.submit(
+            "why-sources",
+            Request(
+                jobs.sources_job(layer, head, query, key),
+                lambda res: self.show_sources(res[1]),
+                "why: by source",
+                key=self.request_key,
+                on_error=lambda m: self.show_sources(f"Cannot split this score by source: {m}"),
+            ),
+        )
 
     def show_sources(self, split) -> None:
-        """Show the by-source split of the cell in :attr:`sources_box` (implemented with
-        :mod:`attnscope.core.analysis.qk_sources`, the by-source half; until then the box stays hidden).
+        """Show the by-source split of the cell in :attr:`sources_box` (GUI thread).
 
-        Raises:
-            NotImplementedError: always, until the by-source split is wired in.
+        Args:
+            split: a :class:`attnscope.core.analysis.qk_sources.SourceSplit`; a message (``str``: the one
+                line a refusal gave); or None (a key after the query: no score to split).
         """
-        raise NotImplementedError("the By source box is filled by attnscope.core.analysis.qk_sources")
+        from attnscope.app.views.source_bars import SourceBars
+
+        self.sources_box.show()
+        if split is None or isinstance(split, str):
+            self.sources_status.setText(
+                split or "By source: the key comes after the query, no score to split."
+            )
+            if self.source_bars is not None:
+                self.source_bars.hide()
+            return
+        if self.source_bars is None:
+            self.source_bars = SourceBars()
+            self.source_bars.setMinimumHeight(300)
+            self.sources_box.layout().addWidget(self.source_bars)
+        self.sources_status.setText(
+            f"Which earlier components wrote this query and key: the {len(split.pairs)} largest "
+            "(query part × key part) pairs of the score."
+        )
+        self.source_bars.show_split(split)
+        self.source_bars.show()
 
 
 def _wire_grid_shares(window) -> None:
