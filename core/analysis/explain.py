@@ -248,6 +248,7 @@ class _Rotary:
         import torch
 
         mod = self.rotary
+        assert mod is not None, "a layer with a rotation has a rotary module (layout() checks it)"
         dtype = getattr(self.model, "dtype", torch.float32)
         device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
         x = torch.zeros(1, dtype=dtype, device=device)
