@@ -284,7 +284,7 @@ class HeadGridCanvas(QWidget):
         font = QFont(self.font())
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         p.setFont(font)
-        if not getattr(self, "note", ""):  # the scale, also in an export of the canvas alone
+        if not getattr(self, "note", "") and not self._showing_shares():  # the scale (also in an export)
             p.setPen(QColor(30, 60, 140))
             p.drawText(
                 QRect(2, 4, self.LEFT - 4, 36),
@@ -326,6 +326,7 @@ class HeadGridCanvas(QWidget):
                     continue
                 for h in range(H):
                     v = float(self.shares[layer, h])
+                    p.setPen(QColor(255, 255, 255) if np.isfinite(v) and v < 0.2 else QColor(30, 30, 30))
                     p.drawText(
                         QRect(self.head_x(h), self.layer_y(layer), self.THUMB, self.THUMB),
                         Qt.AlignCenter,
@@ -366,8 +367,7 @@ def share_rgb(v: float) -> tuple[int, int, int]:
 
 
 SHARE_TITLE = (
-    "positional share per head: the share of its score variance in rotary bands turning faster than every "
-    "64 tokens (orange: attends by position, blue: by content)"
+    "positional share (score variance in bands faster than 64 tokens): orange position, blue content"
 )
 
 SCALE_TITLES = {

@@ -22,6 +22,24 @@ def _wait(app, w) -> None:
         raise SystemExit(f"screenshots: {w.last_error}")
 
 
+def why_panel(app, w, out: Path) -> Path:
+    """The Why panel beside the heatmap: a previous-token head of SmolLM2 (layer 16, head 0) at the last
+    query, its previous token clicked (the bands, the row's split, the row with the rotation removed)."""
+    w.resize(1600, 900)
+    w.select(16, 0)
+    w.show_view("heatmap")
+    _wait(app, w)
+    T = w.snapshot.seq_len
+    w.why_dock.show()
+    w.heatmap.mark_row(T - 1)
+    w.why_panel.explain_cell(T - 1, T - 2)
+    _wait(app, w)
+    path = out / "why_panel.png"
+    w.grab().save(str(path))
+    print(f"screenshots: wrote {path}")
+    return path
+
+
 def main(out: Path) -> int:
     from PySide6.QtWidgets import QApplication
 
@@ -45,6 +63,7 @@ def main(out: Path) -> int:
     _wait(app, w)
     w.grab().save(str(out / "which_heads_matter.png"))
     print(f"screenshots: wrote {out / 'which_heads_matter.png'}")
+    why_panel(app, w, out)
     w.close()
     why_sources(out)
     return 0

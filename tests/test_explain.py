@@ -250,6 +250,13 @@ def test_bad_cells_are_one_line(tmp_path):
     empty.clear()
     with pytest.raises(SessionError):
         explain(empty, 0, 0, 0, 0)
+    from types import SimpleNamespace
+
+    from attnscope.core.analysis.explain import _Rotary
+    from attnscope.core.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="torch backend"):  # an MLX model is no torch module
+        _Rotary(SimpleNamespace(model=SimpleNamespace(modules=lambda: [])))
 
 
 def test_explanation_travels_over_the_wire(tmp_path):

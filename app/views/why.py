@@ -123,7 +123,9 @@ class WhyPanel(QWidget):
         self.rows_plot.setMenuEnabled(False)
         self.rows_plot.setMinimumHeight(130)
         self.rows_plot.setTitle("Row weights: actual vs rotation removed", color="#222", size="9pt")
-        self.rows_plot.addLegend(offset=(-5, 5), labelTextSize="8pt")
+        self.rows_plot.addLegend(
+            offset=(-5, 5), labelTextSize="8pt", labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 220)
+        )
         self.rows_plot.setLabel("bottom", "key position")
         self.actual_curve = self.rows_plot.plot(
             [], [], pen=pg.mkPen(SLOW_BRUSH, width=2), name="actual", symbol="o", symbolSize=4

@@ -203,10 +203,11 @@ class _Rotary:
     module that feeds it, the layer type (Gemma 3's local/global) and the family's ``apply_rotary_pos_emb``."""
 
     def __init__(self, backend):
+        import torch
         from attnscope.core.errors import UnsupportedModelError
 
         model = getattr(backend, "model", None)
-        if model is None or not hasattr(model, "modules"):
+        if not isinstance(model, torch.nn.Module):  # MLX: its modules are not torch's
             raise UnsupportedModelError(
                 "explain needs the torch backend (it reads the model's own rotary modules)"
             )
@@ -248,6 +249,7 @@ class _Rotary:
         import torch
 
         mod = self.rotary
+        assert mod is not None, "a layer with a rotation has a rotary module (layout() checks it)"
         dtype = getattr(self.model, "dtype", torch.float32)
         device = next((p.device for p in self.model.parameters()), torch.device("cpu"))
         x = torch.zeros(1, dtype=dtype, device=device)
