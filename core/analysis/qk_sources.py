@@ -632,12 +632,12 @@ def source_split(session, layer: int, head: int, query: int, key: int, *, top: i
     if isinstance(top, bool) or not isinstance(top, int | np.integer) or top < 1:
         raise BadArgument(f"top must be a whole number >= 1, got {top!r}")
     kv = info.arch.kv_head(head)
+    lay = _layout(session, layer)  # UnsupportedModelError first: not the torch backend
     rec = session.trace._rec(layer)
     q_real = rec.q()[head, i].double()
     k_real = rec.keys[kv, j].double()
     score = float(rec.scale * (q_real @ k_real))
 
-    lay = _layout(session, layer)
     pos = sorted({i, j})
     cap = _capture(session, lay, layer, session.ids[: i + 1], pos)
     names, vecs, rerr = _components(session, lay, cap, layer)
