@@ -124,7 +124,7 @@ class WhyPanel(QWidget):
         self.rows_plot.setMinimumHeight(130)
         self.rows_plot.setTitle("Row weights: actual vs rotation removed", color="#222", size="9pt")
         self.rows_plot.addLegend(
-            offset=(-5, 5), labelTextSize="8pt", labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 220)
+            offset=(45, 5), labelTextSize="8pt", labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 220)
         )
         self.rows_plot.setLabel("bottom", "key position")
         self.actual_curve = self.rows_plot.plot(
