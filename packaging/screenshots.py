@@ -25,7 +25,7 @@ def _wait(app, w) -> None:
 def why_panel(app, w, out: Path) -> Path:
     """The Why panel beside the heatmap: a previous-token head of SmolLM2 (layer 16, head 0) at the last
     query, its previous token clicked (the bands, the row's split, the row with the rotation removed)."""
-    w.resize(1600, 900)
+    w.resize(1600, 1100)
     w.select(16, 0)
     w.show_view("heatmap")
     _wait(app, w)
@@ -33,6 +33,13 @@ def why_panel(app, w, out: Path) -> Path:
     w.why_dock.show()
     w.heatmap.mark_row(T - 1)
     w.why_panel.explain_cell(T - 1, T - 2)
+    _wait(app, w)
+    panel = w.why_panel
+    for _ in range(3000):  # the By source box follows the bands: one forward of the prefix
+        if panel.source_bars is not None and panel.source_bars.rows:
+            break
+        w.engine.wait_idle(0.1)
+        app.processEvents()
     _wait(app, w)
     path = out / "why_panel.png"
     w.grab().save(str(path))
