@@ -7,6 +7,11 @@ say which (the window keeps it the same choice as the heatmap's). Columns are la
 GQA groups of ``group_size`` query heads (query head ``h`` reads KV head ``h // group_size``), with a
 gap and a shaded band per group and a header "KV head k". Clicking a thumbnail emits
 ``headClicked(layer, head)``.
+
+The "Colour" combo can colour each head by its positional share instead
+(:func:`attnscope.core.analysis.explain.positional_share_grid`, docs "Why a head attends"): one flat
+colour per head from blue (0: the score varies with content) through white to orange (1: with position),
+the value printed on it.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ class HeadGridCanvas(QWidget):
         # a hybrid model's layers with no map (NaN thumbnails, attnscope.core.trace.base): layer -> its line,
         # "layer 2: linear attention, no map", drawn across the row instead of thumbnails
         self.no_map: dict[int, str] = {}
+        self.colour_by = "maps"  # or "share": each head one colour, its positional share
+        self.shares: np.ndarray | None = None  # (L, H) positional shares (attnscope.core.analysis.explain)
         self._image: QImage | None = None
         self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
@@ -106,6 +113,31 @@ class HeadGridCanvas(QWidget):
         self._image = self._compose()
         self.setFixedSize(self.sizeHint())
         self.update()
+
+    def set_shares(self, shares: np.ndarray | None) -> None:
+        """The heads' positional shares ``(L, H)`` in [0, 1] (NaN: none), drawn while :attr:`colour_by`
+        is ``"share"``."""
+        self.shares = None if shares is None else np.asarray(shares, dtype=np.float32)
+        if self.shares is not None and self.thumbs is None:  # no thumbnails yet: the grid's geometry only
+            L, H = self.shares.shape
+            self.thumbs = np.zeros((L, H, 4, 4), dtype=np.float32)
+        self.set_colour_by(self.colour_by)
+
+    def set_colour_by(self, mode: str) -> None:
+        """``"maps"`` (the thumbnails) or ``"share"`` (:meth:`set_shares`)."""
+        self.colour_by = mode
+        if self.thumbs is not None:
+            self._image = self._compose()
+            self.setFixedSize(self.sizeHint())
+        self.update()
+
+    def _showing_shares(self) -> bool:
+        return (
+            self.colour_by == "share"
+            and self.shares is not None
+            and self.thumbs is not None
+            and self.shares.shape == self.thumbs.shape[:2]
+        )
 
     def set_selected(self, layer: int, head: int) -> None:
         self.selected = (layer, head)
@@ -182,6 +214,9 @@ class HeadGridCanvas(QWidget):
             masked = masked_blocks(cover, P, win)[idx][:, idx] if cover >= P else None
             for h in range(H):
                 x, y = self.head_x(h), self.layer_y(layer)
+                if self._showing_shares():
+                    canvas[y : y + self.THUMB, x : x + self.THUMB] = share_rgb(float(self.shares[layer, h]))
+                    continue
                 if not done:
                     canvas[y : y + self.THUMB, x : x + self.THUMB] = PENDING_RGB
                     continue
@@ -249,7 +284,7 @@ class HeadGridCanvas(QWidget):
         font = QFont(self.font())
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         p.setFont(font)
-        if not getattr(self, "note", ""):  # the scale, also in an export of the canvas alone
+        if not getattr(self, "note", "") and not self._showing_shares():  # the scale (also in an export)
             p.setPen(QColor(30, 60, 140))
             p.drawText(
                 QRect(2, 4, self.LEFT - 4, 36),
@@ -285,6 +320,18 @@ class HeadGridCanvas(QWidget):
                     self._no_map_text(layer),
                 )
                 p.setPen(QColor(40, 40, 40))
+        if self._showing_shares():  # the value on each head
+            for layer in range(L):
+                if self._is_no_map(layer):
+                    continue
+                for h in range(H):
+                    v = float(self.shares[layer, h])
+                    p.setPen(QColor(255, 255, 255) if np.isfinite(v) and v < 0.2 else QColor(30, 30, 30))
+                    p.drawText(
+                        QRect(self.head_x(h), self.layer_y(layer), self.THUMB, self.THUMB),
+                        Qt.AlignCenter,
+                        "—" if not np.isfinite(v) else f"{v:.2f}",
+                    )
         if self.selected is not None and self.selected[0] < L and self.selected[1] < H:
             layer, h = self.selected
             p.setPen(QPen(QColor(220, 30, 30), 3))
@@ -308,6 +355,21 @@ class HeadGridCanvas(QWidget):
             )
 
 
+def share_rgb(v: float) -> tuple[int, int, int]:
+    """Blue (0: content) → white (0.5) → orange (1: position); light grey for NaN."""
+    if not np.isfinite(v):
+        return PENDING_RGB
+    t = float(np.clip(v, 0.0, 1.0))
+    blue, white, orange = np.array((52, 101, 164)), np.array((255, 255, 255)), np.array((230, 126, 34))
+    c = blue + (white - blue) * (t / 0.5) if t < 0.5 else white + (orange - white) * ((t - 0.5) / 0.5)
+    r, g, b = (int(round(x)) for x in c)
+    return r, g, b
+
+
+SHARE_TITLE = (
+    "positional share (score variance in bands faster than 64 tokens): orange position, blue content"
+)
+
 SCALE_TITLES = {
     "attention": "attention weights α, max-pooled per block",
     "value-weighted": "value-weighted α·‖v W_O‖ (Kobayashi et al. 2020), row-normalised, max-pooled per block",
@@ -320,6 +382,7 @@ class HeadGridView(QScrollArea):
 
     BAR = 42  # room for a title of two lines (scale, legend, partial note)
     weightingChanged = Signal(str)
+    colourByChanged = Signal(str)  # "maps" or "share" (the positional share per head)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -335,6 +398,15 @@ class HeadGridView(QScrollArea):
             "value-weighted maps α·‖v W_O‖ (the same choice as the heatmap's Weights)"
         )
         lay.addWidget(self.weighting_combo)
+        lay.addWidget(QLabel("Colour"))
+        self.colour_combo = QComboBox()
+        self.colour_combo.addItem("maps", "maps")
+        self.colour_combo.addItem("positional share", "share")
+        self.colour_combo.setToolTip(
+            "The heads' maps, or one colour per head: its positional share (how much of its score "
+            "varies with position rather than content: Why a head attends)"
+        )
+        lay.addWidget(self.colour_combo)
         self.title = QLabel()
         self.title.setWordWrap(True)  # a long title wraps rather than losing its end
         lay.addWidget(self.title, 1)
@@ -343,12 +415,19 @@ class HeadGridView(QScrollArea):
             lambda _i: self.weightingChanged.emit(self.weighting)
         )
         self.canvas = HeadGridCanvas()
+        self.colour_combo.currentIndexChanged.connect(self._on_colour_by)
         self.setWidget(self.canvas)
         self.setWidgetResizable(False)
         self.setAlignment(Qt.AlignHCenter | Qt.AlignTop)
         self.setStyleSheet("QScrollArea { background: white; }")
         self.headClicked = self.canvas.headClicked
         self.show_scale()
+
+    def _on_colour_by(self, _i) -> None:
+        mode = self.colour_combo.currentData()
+        self.canvas.set_colour_by(mode)
+        self.show_scale()
+        self.colourByChanged.emit(mode)
 
     @property
     def weighting(self) -> str:
@@ -365,6 +444,10 @@ class HeadGridView(QScrollArea):
 
     def show_scale(self) -> None:
         """Title: the scale of the thumbnails on screen (or of those being computed, when it differs)."""
+        if self.canvas.colour_by == "share":
+            got = self.canvas._showing_shares()
+            self.title.setText(f"Showing: {SHARE_TITLE}" + ("" if got else " · computing…"))
+            return
         shown = SCALE_TITLES.get(self.canvas.weighting, self.canvas.weighting)
         text = f"Showing: {shown}"
         if self.canvas.thumbs is not None and self.canvas.n is not None:

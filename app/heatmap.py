@@ -197,12 +197,14 @@ class HeatmapView(QWidget):
         tileWanted(r0, r1, c0, c1): a long map is zoomed in: the exact tile of rows ``r0:r1`` and
             cols ``c0:c1`` is wanted (answer with :meth:`set_tile`).
         rowClicked(row): a query row was clicked.
+        cellClicked(row, col): the cell at query ``row``, key ``col`` (absolute positions) was clicked.
     """
 
     hovered = Signal(str)
     optionsChanged = Signal()
     tileWanted = Signal(int, int, int, int)
     rowClicked = Signal(int)
+    cellClicked = Signal(int, int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -992,6 +994,7 @@ class HeatmapView(QWidget):
         if cell is not None:
             self.mark_row(cell[0] + self.q_offset)
             self.rowClicked.emit(cell[0] + self.q_offset)
+            self.cellClicked.emit(cell[0] + self.q_offset, cell[1] + self.k_offset)
 
     def mark_row(self, row: int | None) -> None:
         """Outline query row ``row`` (absolute position) across the map, or remove the outline (None)."""

@@ -262,3 +262,45 @@ def grid_job(size, n, weighting="attention"):
         )
 
     return job
+
+
+def explain_job(layer, head, query, key):
+    """The Why panel's data for one cell (:func:`attnscope.core.analysis.explain.explain`): ``(cell,
+    Explanation, positional share of the head)`` with ``cell = (layer, head, query, key)``."""
+
+    def job(ctx):
+        from attnscope.core.analysis.explain import explain, head_positional_share
+
+        s = ctx.require()
+        e = explain(s, layer, head, query, key)
+        if ctx.cancelled():
+            return (layer, head, query, key), e, None
+        return (layer, head, query, key), e, head_positional_share(s, layer, head)
+
+    return job
+
+
+def sources_job(layer, head, query, key, top=10):
+    """The Why panel's By source box (:func:`attnscope.core.analysis.qk_sources.source_split`): ``(cell,
+    SourceSplit)``, one forward of the prefix on the engine thread."""
+
+    def job(ctx):
+        from attnscope.core.analysis.qk_sources import source_split
+
+        return (layer, head, query, key), source_split(ctx.require(), layer, head, query, key, top=top)
+
+    return job
+
+
+def share_grid_job():
+    """Every head's positional share (:func:`attnscope.core.analysis.explain.positional_share_grid`),
+    ``(L, H)`` float32; progress per layer, cancelled between layers."""
+
+    def job(ctx):
+        from attnscope.core.analysis.explain import positional_share_grid
+
+        return positional_share_grid(
+            ctx.require(), progress=percent_progress(ctx, "Positional share"), cancelled=ctx.cancelled
+        )
+
+    return job

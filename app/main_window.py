@@ -149,6 +149,9 @@ class MainWindow(QMainWindow):
             if key in self.views and self.views[key].layout() is not None:
                 self.views[key].layout().insertWidget(0, LiveSequenceNote(self.state))
         build_menus(self)
+        from attnscope.app.views import why
+
+        why.install(self)  # the Why panel, a dock beside the heatmap (View → Why this score)
         from attnscope.app.connect import install as install_engine_connector
 
         install_engine_connector(self)  # File → Connect to engine… (the remote engine, app/connect.py)

@@ -159,6 +159,82 @@ def decode_gif(sh: Shots, path: Path) -> None:
     Path(f"{path}.json").unlink(missing_ok=True)  # the provenance sidecar: not a picture
 
 
+def why_panel(sh: Shots, path: Path) -> None:
+    """The Why panel beside the heatmap: a previous-token head of SmolLM2 (layer 16, head 0) at the last
+    query, its previous token clicked (the bands, the row's split, the row with the rotation removed, and
+    the By source box, which follows the bands: one forward of the prefix)."""
+    w = sh.w
+    sh.run(TOUR, TOUR_STEPS)
+    w.resize(1600, 1100)
+    try:
+        sh.tab("heatmap", 16, 0)
+        T = w.snapshot.seq_len
+        w.why_dock.show()
+        w.heatmap.mark_row(T - 1)
+        w.why_panel.explain_cell(T - 1, T - 2)
+        sh.wait()
+        panel = w.why_panel
+        for _ in range(3000):
+            if panel.source_bars is not None and panel.source_bars.rows:
+                break
+            w.engine.wait_idle(0.1)
+            sh.app.processEvents()
+        sh.grab(path)
+    finally:
+        w.why_dock.hide()
+        w.resize(*SIZE)
+        sh.wait()
+
+
+def induction_split(session, top: int = 10):
+    """The README's induction example: on the Head roles tab's probe (``[bos] r r``, |r| = 50) the strongest
+    induction head's cell from the last query to the key after its earlier occurrence, split by source."""
+    import numpy as np
+    from attnscope.core.analysis import roles
+    from attnscope.core.analysis.qk_sources import source_split
+
+    R = roles.PROBE_LEN
+    ids, off = roles.probe_ids(session.tokenizer, session.info.vocab_size, R, 0)
+    session.prefill(ids)
+    ind = roles.induction_scores_from_trace(session.trace, R, off)
+    layer, head = (int(x) for x in np.unravel_index(np.argmax(ind), ind.shape))
+    i = off + 2 * R - 1
+    return source_split(session, layer, head, i, i - R + 1, top=top)
+
+
+def why_sources(sh: Shots, path: Path) -> None:
+    """The induction example's top source pairs as bars (the Why panel's By source box), with a title
+    naming the previous-token head that builds the key side."""
+    from attnscope.app.views.source_bars import SourceBars
+    from attnscope.core.analysis import roles
+    from attnscope.core.session import Session
+    from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+    session = Session.load()
+    split = induction_split(session)
+    prev = roles.sequence_scores(session.trace)["previous_token"]
+    kl, kh = (int(x) for x in split.key_totals[0][0][1:].split(" H"))
+    w = QWidget()
+    lay = QVBoxLayout(w)
+    title = QLabel(
+        f"<b>Why L{split.layer} H{split.head} (an induction head) attends from the second copy to the token "
+        "after the first occurrence</b>: the key side is built by "
+        f"L{kl} H{kh}, a previous-token head (previous-token score {prev[kl, kh]:.2f}, Head roles tab)"
+    )
+    title.setWordWrap(True)
+    lay.addWidget(title)
+    bars = SourceBars()
+    bars.show_split(split)
+    lay.addWidget(bars)
+    w.resize(900, 560)
+    w.show()
+    for _ in range(20):
+        sh.app.processEvents()
+    if not w.grab().save(str(path)):
+        raise SystemExit(f"screenshots: could not write {path}")
+    w.close()
+
+
 #: file name under the output folder -> the function that makes it (README / docs order)
 PICTURES: dict[str, Callable[[Shots, Path], None]] = {
     "window.png": window,
@@ -171,6 +247,8 @@ PICTURES: dict[str, Callable[[Shots, Path], None]] = {
     "experiments.png": tab_picture("experiments"),
     "compare.png": compare,
     "which_heads_matter.png": which_heads_matter,
+    "why_panel.png": why_panel,
+    "why_sources.png": why_sources,
     "decode.gif": decode_gif,
 }
 

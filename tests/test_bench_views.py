@@ -39,3 +39,24 @@ def test_floors_follow_the_rates():
     assert f["mean_all_8192"] > f["head_grid_8000"] > f["head_grid_2000"] > f["one_head_8192"]
     r = BV.kernel_rates(repeats=2)
     assert r["tile_matmul_flops"] > 1e8 and r["exp_per_s"] > 1e6
+
+
+def test_explain_rows_time_the_band_split_and_the_share_ratio(tmp_path, monkeypatch):
+    """The Why rows (:func:`attnscope.core.bench.views.explain_rows`) on a tiny model: each row there,
+    the ratio is the two times it divides, and the table prints them with their targets."""
+    from attnscope.core.session import Session
+    from tiny_models import save_tiny
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    s = Session.load(str(tmp_path / "m"))
+    s.prefill(list(range(5, 69)))
+    out = {"rows": {}}
+    BV.explain_rows(s, out, layer=1, head=2)
+    rows, ex = out["rows"], out["explain"]
+    assert rows["explain_cell_8192"] > 0 and rows["explain_row_8192"] > 0
+    assert rows["positional_share_vs_overview"] == ex["positional_share_s"] / ex["overview_s"]
+    assert out["ratios"]["positional_share_vs_overview"] == rows["positional_share_vs_overview"]
+    table = BV.format_views({"smol": out})
+    assert "why: one cell's band split at 8,192 (no forward)" in table and "≤ 5 ms" in table
+    assert "≤ 1.00×" in table

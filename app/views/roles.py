@@ -4,7 +4,9 @@ Scores and labels are :class:`attnscope.core.analysis.roles.RoleTable` (engine t
 :mod:`attnscope.core.analysis.roles`): previous-token, sink/delimiter and positional/local on the session's
 sequence, induction on a repeated random-token probe run in a separate KV cache (computed once
 per model). Click a header to sort; click a row to select the head, double-click (or Enter) to
-open it in the heatmap. The label threshold re-labels at once; the local window recomputes.
+open it in the heatmap. The label threshold re-labels at once; the local window recomputes. The last
+column is each head's positional share on this sequence (:func:`attnscope.core.analysis.explain.positional_share_grid`:
+near 1 the score varies with position, near 0 with content; docs "Why a head attends").
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-COLUMNS = ("Layer", "Head", "KV head", "Label", *(ROLE_TITLES[r] for r in ROLES))
+COLUMNS = ("Layer", "Head", "KV head", "Label", *(ROLE_TITLES[r] for r in ROLES), "positional share")
+SHARE_TIP = (
+    "share of the head's score variance over this sequence's map carried by the rotary bands turning "
+    "faster than every 64 tokens: near 1 by position (previous-token, local), near 0 by content (induction)"
+)
 ROLE_COLOURS = {
     "previous_token": "#d6eaf8",
     "induction": "#fdebd0",
@@ -75,6 +81,9 @@ class RolesView(QWidget, SavedControls, HeadRows):
         self.state, self.engine = state, engine
         self.table_data: RoleTable | None = None
         self.table_key: tuple | None = None  # the state's sequence_key the table was computed for
+        self.shares: np.ndarray | None = None  # (L, H) positional shares, for shares_key
+        self.shares_key: tuple | None = None
+        self.share_column = 4 + len(ROLES)
         state.events.selection.connect(lambda sel: self.on_selection(*sel))
 
         top = QHBoxLayout()
@@ -116,6 +125,9 @@ class RolesView(QWidget, SavedControls, HeadRows):
             header = self.table.horizontalHeaderItem(4 + i)
             assert header is not None  # setHorizontalHeaderLabels made one per column
             header.setToolTip(SCORE_TIPS[r])
+        share_header = self.table.horizontalHeaderItem(self.share_column)
+        assert share_header is not None
+        share_header.setToolTip(SHARE_TIP)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -154,7 +166,7 @@ class RolesView(QWidget, SavedControls, HeadRows):
         self._sorted_by = 0  # the column sorted by; a score column's first click sorts highest first
 
     #: columns holding scores: a first click on one sorts it descending (the strongest heads on top)
-    SCORE_COLUMNS = frozenset(range(4, 4 + len(ROLES)))
+    SCORE_COLUMNS = frozenset(range(4, 5 + len(ROLES)))  # the role scores and the positional share
 
     def _on_header_clicked(self, col: int) -> None:
         if col != self._sorted_by and col in self.SCORE_COLUMNS:
@@ -200,6 +212,25 @@ class RolesView(QWidget, SavedControls, HeadRows):
                 key=lambda: self.state.sequence_key,
             ),
         )
+        from attnscope.app.jobs import share_grid_job
+
+        self.engine.submit(
+            "roles-share",
+            Request(
+                share_grid_job(),
+                lambda g: self.set_shares(g, key),
+                "positional share",
+                key=lambda: self.state.sequence_key,
+                on_error=lambda _m: self.set_shares(None, key),
+            ),
+        )
+
+    def set_shares(self, shares, key: tuple | None = None) -> None:
+        """The positional-share column (``(L, H)``, or None where the model has none to give: "—")."""
+        self.shares = None if shares is None else np.asarray(shares, dtype=np.float32)
+        self.shares_key = self.state.sequence_key if key is None else key
+        if self.table_data is not None:
+            self._fill()
 
     # -- drawing -----------------------------------------------------------------------------------------
     def set_table(self, table: RoleTable, key: tuple | None = None) -> None:
@@ -256,6 +287,14 @@ class RolesView(QWidget, SavedControls, HeadRows):
                         f.setBold(True)
                         it.setFont(f)
                     self.table.setItem(row, 4 + i, it)
+                have = self.shares is not None and self.shares_key == self.table_key
+                v = float(self.shares[layer, head]) if have and self.shares is not None else float("nan")
+                it = NumericItem("—" if np.isnan(v) else f"{v:.3f}")
+                it.setData(Qt.ItemDataRole.UserRole, v)
+                it.setData(HEAD_ROLE, (layer, head))
+                it.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                it.setBackground(QBrush(_score_colour(v)))
+                self.table.setItem(row, self.share_column, it)
                 row += 1
         self.table.setSortingEnabled(True)
         if sort_col >= 0:

@@ -9,6 +9,9 @@ Rows (each one run; times in seconds on this machine, peak RSS in bytes):
 * mean of all layers at 8,192 (:func:`attnscope.core.analysis.aggregate.pooled_map`, mode ``all``: the heatmap's
   1024-px overview of the mean of 270 heads);
 * one head's map at 8,192 (the heatmap's overview of one head; the full exact 8192² array too);
+* why a head attends at 8,192 (:mod:`attnscope.core.analysis.explain`, no forward): the band split of one
+  cell and of one row, and the head's positional share, whose time is also given as a ratio to that
+  head's overview (``ratios``: the same cost is the target);
 * a long model (``--long-model``, Gemma 3 270M): a 32,000-token prefill with capture (peak RSS),
   what its sliding-window layers cost against the global ones (stored keys, thumbnail time), and
   the bare PNG export of a 16,000-token map of it, streamed at one pixel per cell (extra peak RSS).
@@ -29,6 +32,9 @@ TARGETS = {  # row -> (limit, unit)
     "head_grid_8000": (30.0, "s"),
     "mean_all_8192": (30.0, "s"),
     "one_head_8192": (0.050, "s"),
+    "explain_cell_8192": (0.005, "s"),
+    "explain_row_8192": (0.005, "s"),
+    "positional_share_vs_overview": (1.0, "x"),
     "png_16k_extra_rss": (1.1e9, "B"),
     "long_prefill_peak_rss": (12e9, "B"),
 }
@@ -37,6 +43,9 @@ LABELS = {
     "head_grid_8000": "head grid after prefill, SmolLM2, 8,000 tokens",
     "mean_all_8192": "mean of all layers, 8,192 tokens (1024-px overview)",
     "one_head_8192": "one head's map at 8,192 (1024-px overview)",
+    "explain_cell_8192": "why: one cell's band split at 8,192 (no forward)",
+    "explain_row_8192": "why: one row's band split at 8,192 (no forward)",
+    "positional_share_vs_overview": "why: a head's positional share ÷ its 1024-px overview, 8,192",
     "png_16k_extra_rss": "PNG export of a 16k map (one pixel per cell, streamed), extra peak RSS",
     "long_prefill_peak_rss": "Gemma 3 270M, 32,000-token prefill with capture, peak RSS",
 }
@@ -102,11 +111,36 @@ def views_smol(T: int = 8192, model: str | None = None, log: Callable[[str], Non
         _, t = _timed(lambda h=h: aggregate.pooled_map(s, 10 + h, h, "head", n))
         times.append(t)
     rows["one_head_8192"] = sorted(times)[1]
+    explain_rows(s, out, log)
     peak = PeakRSS()
     before = peak.start()
     _, out["one_head_exact_full_s"] = _timed(lambda: s.weights(3, 4))
     out["one_head_exact_full_extra_rss"] = peak.stop() - before
     return out
+
+
+def explain_rows(s, out: dict, log: Callable[[str], None] = lambda _m: None, layer: int = 10, head: int = 1):
+    """The rows of :mod:`attnscope.core.analysis.explain` on session ``s`` (median of 5, after one warm-up
+    that reads the model's rotation): a cell's and a row's band split at the last query, the head's
+    positional share, and its ratio to the same head's 1024-px overview timed just before."""
+    from attnscope.core.analysis import aggregate
+    from attnscope.core.analysis.explain import cell_bands, head_positional_share, row_bands
+
+    n = s.seq_len
+    rows = out["rows"]
+
+    def median(fn) -> float:
+        fn()
+        return sorted(_timed(fn)[1] for _ in range(5))[2]
+
+    log(f"views: why a head attends at {n}")
+    rows["explain_cell_8192"] = median(lambda: cell_bands(s, layer, head, n - 1, n // 2))
+    rows["explain_row_8192"] = median(lambda: row_bands(s, layer, head, n - 1))
+    overview = median(lambda: aggregate.pooled_map(s, layer, head, "head", n))
+    share = median(lambda: head_positional_share(s, layer, head))
+    out["explain"] = {"layer": layer, "head": head, "overview_s": overview, "positional_share_s": share}
+    rows["positional_share_vs_overview"] = share / overview
+    out.setdefault("ratios", {})["positional_share_vs_overview"] = share / overview
 
 
 def synthetic_trace(
@@ -298,6 +332,8 @@ def targets(rows: dict) -> list[dict]:
 
 
 def _fmt(v, unit):
+    if unit == "x":
+        return f"{v:.2f}×"
     if unit == "B":
         return f"{v / 1e9:.2f} GB"
     return f"{v * 1e3:.0f} ms" if v < 1 else f"{v:.1f} s"

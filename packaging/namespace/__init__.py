@@ -47,6 +47,10 @@ _PUBLIC = {
     "patch_heads": "attnscope.core.analysis.head_effects",
     "logit_attribution": "attnscope.core.analysis.head_effects",
     "logit_lens": "attnscope.core.analysis.head_effects",
+    # why a head attends (docs "Why a head attends")
+    "explain": "attnscope.core.analysis.explain",
+    "head_positional_share": "attnscope.core.analysis.explain",
+    "positional_share_grid": "attnscope.core.analysis.explain",
 }
 
 __all__ = ["__version__", *_PUBLIC]

@@ -114,6 +114,14 @@ def add_arguments(p) -> None:
         "(fresh processes; --repeats, default 3)",
     )
     p.add_argument(
+        "--sources",
+        type=int,
+        default=None,
+        metavar="T",
+        help="time a score's split by source (attnscope explain --sources) against a prefill of its "
+        "T-token prefix, side by side (target: at most 1.5x); --repeats, default 3",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
@@ -161,6 +169,17 @@ def run(args) -> int:
             log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
         )
         _emit(format_startup_table(result), result, args.json, out)
+        return 0
+    if getattr(args, "sources", None) is not None:
+        from attnscope.core.bench.sources import format_sources, sources_bench
+
+        result = sources_bench(
+            model=args.model,
+            T=args.sources,
+            repeats=args.repeats if args.repeats is not None else (1 if args.quick else 3),
+            log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+        )
+        _emit(format_sources(result), result, args.json, out)
         return 0
     if getattr(args, "views", False):
         from attnscope.core.bench.views import main as views_main
