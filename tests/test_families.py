@@ -135,6 +135,10 @@ def test_tested_families_are_the_ones_tested():
         ("bert", r"^bert is not supported: its attention is bidirectional \(an encoder\)"),
         ("xlnet", r"^xlnet is not supported: its layers do not call transformers' attention interface"),
         ("no_such_family", r"^architecture 'no_such_family' is not supported: transformers does not know it"),
+        # multimodal wrappers that change their language model on text (PaliGemma attends both ways over
+        # the prompt, Aya Vision scales the logits): untested wrappers are refused, not run causally
+        ("paligemma", r"^paligemma is not supported: .*multimodal checkpoint only for the families tested"),
+        ("aya_vision", r"^aya_vision is not supported: .*multimodal checkpoint only for the families tested"),
     ],
 )
 def test_rule_refuses_with_one_line(model_type, why):

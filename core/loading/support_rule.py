@@ -19,7 +19,10 @@ the catalog):
    the config's per-layer kinds (:func:`attnscope.core.arch.layer_kinds_of`) name layers that are not
    softmax attention (a hybrid model's linear-attention / Mamba / convolution layers, which have
    no map and are shown as such);
-5. non-causal attention (an encoder: ``is_causal`` not literally True and ``config.is_decoder``
+5. the language model of a multimodal checkpoint runs only for the wrappers in
+   :data:`TESTED_FAMILIES` (a wrapper may change what its language model does with text: bidirectional
+   prompt attention, a logit scale);
+6. non-causal attention (an encoder: ``is_causal`` not literally True and ``config.is_decoder``
    False) and encoder-decoder configs are refused.
 
 Which families are *tested* exact against eager is :data:`TESTED_FAMILIES` (tests/test_families.py
@@ -261,6 +264,15 @@ def config_problem(config) -> str | None:
     code = family_code(tmt)
     if isinstance(code, str) and code.startswith(SOURCELESS) and mt in TESTED_FAMILIES:
         return None  # no source to read (a packaged app): a family proven exact runs
+    multimodal = text is not config or getattr(config, "vision_config", None) is not None
+    if multimodal and mt not in TESTED_FAMILIES:
+        # The wrapper may change what its language model does with text alone (PaliGemma attends both
+        # ways over the prompt, Aya Vision scales the logits): only the wrappers proven equal to the full
+        # model on text (tests/test_families.py, tests/test_hybrid.py) run.
+        return (
+            f"{mt} is not supported: AttnScope runs the language model of a multimodal checkpoint only for "
+            "the families tested equal to the whole model on text prompts, and this one is not among them"
+        )
     if isinstance(code, str):
         return f"{mt} is not supported: {code}"
     if not code.attention_classes:
