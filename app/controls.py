@@ -73,7 +73,7 @@ def sample_prompts() -> list[str]:
 class LayerSpinBox(QSpinBox):
     """The layer spin box: its arrows, Page Up / Page Down and the wheel step through the layers that have
     an attention map (:meth:`set_map_layers`; a hybrid model's linear-attention, Mamba and convolution
-    layers are skipped, README "Hybrid models"); a typed layer without one moves to the next that has
+    layers are skipped, docs/how-it-works.md "Hybrid models"); a typed layer without one moves to the next that has
     one (:class:`attnscope.app.state.ViewState`). Values are the real layer indices."""
 
     def __init__(self):
@@ -222,7 +222,7 @@ class Controls:
         members = ", ".join(f"q{h}" for h in info.group(kv))
         text = f"reads KV head {kv}  (GQA group: {members})"
         arch = info.arch
-        if arch.is_hybrid:  # which layers have maps, by real index (README "Hybrid models")
+        if arch.is_hybrid:  # which layers have maps, by real index (docs/how-it-works.md "Hybrid models")
             text += f"  ·  attention layers {_ranges(arch.attention_layers)} of {arch.n_layers}"
         self.group_label.setText(text)
         self.group_label.setToolTip(layer_kinds_tip(arch) if arch.is_hybrid else "")

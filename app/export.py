@@ -517,7 +517,7 @@ class BatchExportDialog(QDialog):
         """Scope texts name the current layer/head and the file counts of the loaded model."""
         snap = self.win.snapshot
         L, H = (snap.info.n_layers, snap.info.n_heads) if snap is not None else (0, 0)
-        # a hybrid model: only its attention layers have maps to export (README "Hybrid models")
+        # a hybrid model: only its attention layers have maps to export (docs/how-it-works.md "Hybrid models")
         n_att = len(snap.info.arch.attention_layers) if snap is not None else 0
         steps = snap.n_generated if snap is not None else 0
         i = max(0, self.scope_combo.currentIndex())

@@ -147,7 +147,7 @@ def _probe_startup(app, win: MainWindow) -> None:
 
 def _load_after_first_paint(win: MainWindow, model: str | None) -> None:
     """Queue the model's load once the window has been painted (or after 0.5 s at the latest), so
-    the engine thread's imports never hold up the first frame (README "Performance")."""
+    the engine thread's imports never hold up the first frame (docs/benchmarks.md)."""
     from PySide6.QtCore import QEvent, QObject
 
     started: list[bool] = []

@@ -228,7 +228,7 @@ class ViewState(EventedState):
     settings: dict = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # A hybrid model's layer with no attention map (README "Hybrid models") is never selected: the
+        # A hybrid model's layer with no attention map (docs/how-it-works.md "Hybrid models") is never selected: the
         # request moves to the attention layer that way (the spin box shows where it went).
         if name == "layer" and self.snapshot is not None:
             arch = getattr(self.snapshot.info, "arch", None)

@@ -144,7 +144,9 @@ class StatusLine:
             f"head_dim {info.head_dim} · {backend_device(snap.backend, snap.device)}"
         )
         arch = info.arch
-        if arch.is_hybrid:  # "1 of 4 layers attention (3 linear attention)" (README "Hybrid models")
+        if (
+            arch.is_hybrid
+        ):  # "1 of 4 layers attention (3 linear attention)" (docs/how-it-works.md "Hybrid models")
             text += f" · {arch.describe_layers()}"
         kind = getattr(info, "attention_kind", "")  # attnscope.core.loading.attention_kind: MoE, MLA
         if arch.is_hybrid:  # the layer count is said above

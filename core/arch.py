@@ -3,7 +3,7 @@
 Grouped-query attention (Ainslie et al. 2023, "GQA"): ``n_heads`` query heads share ``n_kv_heads``
 key/value heads in contiguous groups of ``group_size = n_heads // n_kv_heads``; query head ``h``
 reads KV head ``h // group_size`` (the grouping transformers' ``repeat_kv`` and mlx-lm's
-``mx.repeat(..., axis=1)`` imply; README "How it works"). MHA is ``group_size = 1``, MQA
+``mx.repeat(..., axis=1)`` imply; docs/how-it-works.md). MHA is ``group_size = 1``, MQA
 ``n_kv_heads = 1``.
 
 Everything that maps heads (the traces, the analyses, the views' labels) asks an
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# What a decoder layer computes (README "Hybrid models"): softmax attention layers have an attention map;
+# What a decoder layer computes (docs/how-it-works.md "Hybrid models"): softmax attention layers have an attention map;
 # the others of a hybrid model (linear attention, state-space / Mamba, short convolution) have none.
 # "attention_mamba" (Falcon-H1) runs softmax attention and a Mamba mixer side by side in one layer: it
 # has a map and a recurrent state.

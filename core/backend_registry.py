@@ -1,7 +1,7 @@
 """Which backends exist: a name -> :class:`BackendSpec` table, read without importing any framework.
 
 A leaf of core (it imports only :mod:`attnscope.core.errors`), below every layer of the data path
-(README, "How it works"): the loaders ask a spec what a backend loads and how much memory its
+(docs/how-it-works.md): the loaders ask a spec what a backend loads and how much memory its
 framework takes (:mod:`attnscope.core.loading.fit`, :mod:`attnscope.core.loading.checks`, the catalog)
 before any backend class is imported, and the backends, the session, the CLI and the app ask it too.
 

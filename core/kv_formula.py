@@ -208,7 +208,7 @@ class KVConfig:
 
         ``windows``: the per-layer sliding windows (:func:`config_layer_windows`); a ModelInfo alone
         does not say which layers slide, so without them the cache counts every key in every layer.
-        A hybrid model (``info.layer_kinds``, README "Hybrid models") counts its attention layers only:
+        A hybrid model (``info.layer_kinds``, docs/how-it-works.md "Hybrid models") counts its attention layers only:
         its linear-attention / Mamba / convolution layers keep a fixed-size state, no KV cache
         (``windows`` may list every layer; those of the other layers are dropped).
         A model with multi-head latent attention (``info.kv_latent_dim`` > 0: DeepSeek-V2/V3) gets its

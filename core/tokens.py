@@ -2,7 +2,7 @@
 
 Byte-level BPE tokenizers (GPT-2, Llama-3, SmolLM2, Qwen) store bytes as printable stand-ins
 (``Ġ`` = space, ``Ċ`` = newline); SentencePiece uses ``▁`` for a space. Labels decode those for
-display, while the raw token and id stay available for the hover readout (README "Using the app").
+display, while the raw token and id stay available for the hover readout (docs/window.md).
 """
 
 from __future__ import annotations

@@ -352,7 +352,7 @@ def test_remote_engine_gives_the_same_effects(tmp_path):
 
 @pytest.mark.slow
 def test_readme_ioi_example_on_smollm2():
-    """The README's "Which heads matter" table: the heads that move " Mary" over " John"."""
+    """The docs/heads.md table: the heads that move " Mary" over " John"."""
     from attnscope.core.analysis.head_effects import head_effects, logit_attribution, make_target
     from attnscope.core.session import Session
 

@@ -1,4 +1,4 @@
-"""Hybrid decoders (README "Hybrid models"): Qwen3-Next, Qwen3.5, Granite 4, Falcon-H1, LFM2.
+"""Hybrid decoders (docs/how-it-works.md "Hybrid models"): Qwen3-Next, Qwen3.5, Granite 4, Falcon-H1, LFM2.
 
 A few softmax-attention layers among linear-attention (Gated DeltaNet), Mamba-2 or short-convolution
 layers. For each family a tiny random model (tests/tiny_models.py, fixed seed) is loaded through

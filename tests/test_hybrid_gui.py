@@ -1,4 +1,4 @@
-"""A hybrid model in the window (README "Hybrid models"), on a tiny LFM2 with attention in layers 1 and 3
+"""A hybrid model in the window (docs/how-it-works.md "Hybrid models"), on a tiny LFM2 with attention in layers 1 and 3
 and short convolutions in 0 and 2: the layer spin box steps through the attention layers by their real
 index, the head grid, Sinks, Head roles, KV tab, status bar and batch export mark the others
 ("layer 2: short convolution, no map") and nothing asks a convolution layer for a map (pytest-qt,

@@ -1,6 +1,6 @@
 """The public Python API: `from attnscope import Session`, and the README's notebook example.
 
-The README's "Python API" block is executed as written (in a temporary folder) and the numbers its
+The docs/python-api.md block is executed as written (in a temporary folder) and the numbers its
 comments promise are checked against what it prints, so the documentation cannot drift.
 """
 

@@ -222,7 +222,7 @@ FAMILIES = {
     ),
 }
 
-# Hybrid decoders (README "Hybrid models"): a few softmax-attention layers among linear-attention
+# Hybrid decoders (docs/how-it-works.md "Hybrid models"): a few softmax-attention layers among linear-attention
 # (Gated DeltaNet), Mamba-2 or short-convolution layers, attention layers not at index 0 so that real and
 # attention-only indices differ. Each runs on the CPU through transformers' torch fallbacks (no
 # flash-linear-attention, causal-conv1d or mamba-ssm); chunk sizes small so the chunked scans see

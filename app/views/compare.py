@@ -217,7 +217,7 @@ class CompareView(QWidget, SavedControls):
     """The Compare tab, built with the :class:`attnscope.app.state.ViewState` (run A is its sequence)
     and the :class:`attnscope.app.engine.Engine`."""
 
-    # saved in session files (B's prompt too: README "Compare two runs")
+    # saved in session files (B's prompt too: docs/tabs/compare.md)
     STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo", "prompt_edit")
 
     def __init__(self, state, engine, parent: QWidget | None = None):

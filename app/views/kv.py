@@ -500,7 +500,9 @@ class KVView(QWidget, SavedControls):
             if live.state_layer_bytes is not None
             else np.zeros(len(live.layer_bytes), np.int64)
         )
-        if states.any():  # a hybrid model: its other layers' states, counted apart (README "Hybrid models")
+        if (
+            states.any()
+        ):  # a hybrid model: its other layers' states, counted apart (docs/how-it-works.md "Hybrid models")
             n_state = int(np.count_nonzero(states))
             self.live_label.setText(
                 self.live_label.text()

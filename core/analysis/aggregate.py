@@ -1,6 +1,6 @@
 """Maps to draw: one head or a mean over heads, cropped to a decode step, exact or max-pooled.
 
-Aggregates (README "Using the app"): the element-wise **mean of exact weights** over a set of query
+Aggregates (docs/window.md): the element-wise **mean of exact weights** over a set of query
 heads,
 
     mean[i, j] = (1 / |H|) · Σ_{(l, h) ∈ H} w_{l,h}[i, j]

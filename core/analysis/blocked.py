@@ -54,7 +54,7 @@ class torch_threads:
     set (torch's own default is the number of cores). There is no load-dependent guess: on this
     project's 2-core machine two threads were ~1.8x faster than one while it was quiet and several
     times slower while other processes kept both cores busy (each op waits at a barrier for the
-    preempted thread; README "Long prompts"), so the caller who knows the machine chooses
+    preempted thread; docs/benchmarks.md "Long prompts"), so the caller who knows the machine chooses
     (``attnscope bench --views --threads``).
 
     Raises:

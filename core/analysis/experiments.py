@@ -356,7 +356,7 @@ def _top1(session, logits: np.ndarray) -> tuple[int, str, float]:
     return i, token_text(session.tokenizer, i)[1], float(p[i])
 
 
-# Experiments that evict tokens from the KV cache: on a hybrid model (README "Hybrid models") the
+# Experiments that evict tokens from the KV cache: on a hybrid model (docs/how-it-works.md "Hybrid models") the
 # linear-attention / Mamba / convolution layers fold every token into their state, so masking keys in the
 # attention layers would not evict anything from the model; the others change only what every attention
 # layer computes, which is as well-defined on a hybrid model (its other layers run unchanged).

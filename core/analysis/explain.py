@@ -7,7 +7,7 @@ eq. 13-15), plus the dimensions it does not rotate (partial rotary, e.g. Phi-3 w
     s_ij = scale · q_i · k_j = scale · ( Σ_p ⟨q_i^p, k_j^p⟩ + ⟨q_i^pass, k_j^pass⟩ )
 
 with ``q_i`` and ``k_j`` the *post*-RoPE vectors the trace and the KV cache hold (the model's own
-rotation already applied: README "How it works"). Pair ``p`` turns by ``θ_p`` radians per token, so it
+rotation already applied: docs/how-it-works.md). Pair ``p`` turns by ``θ_p`` radians per token, so it
 repeats every ``2π/θ_p`` tokens (its wavelength); pairs are grouped into bands by wavelength
 (:data:`BAND_EDGES`) and each band's part of the score is exact: the parts add up to the score up to the
 rounding of a float64 sum of the stored float32 products (tests/test_explain.py checks 1e-6 relative).

@@ -40,7 +40,7 @@ def live_layer_bytes(backend) -> np.ndarray:
 
 def live_state_bytes(backend) -> np.ndarray:
     """Bytes the recurrent / convolution states of each layer hold now, ``(n_layers,)`` int64: a hybrid
-    model's linear-attention, Mamba and convolution layers (README "Hybrid models"), counted apart from
+    model's linear-attention, Mamba and convolution layers (docs/how-it-works.md "Hybrid models"), counted apart from
     the KV cache (:meth:`attnscope.core.backends.torch_backend.TorchBackend.state_layer_bytes`); zeros for
     a backend or model without such layers."""
     fn = getattr(backend, "state_layer_bytes", None)

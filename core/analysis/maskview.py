@@ -4,7 +4,7 @@ A *step* is one forward call: step 0 is prefill (``L = n_prompt`` new queries ov
 ``S = n_prompt`` keys); step ``t >= 1`` is decode step ``t`` (``L = 1`` new query, position
 ``n_prompt + t − 1``, over ``S = n_prompt + t`` cached keys).
 
-The applied mask is the bottom-right aligned causal mask (README "How it works", :mod:`attnscope.core.attention.masks`)::
+The applied mask is the bottom-right aligned causal mask (docs/how-it-works.md, :mod:`attnscope.core.attention.masks`)::
 
     allowed[i, j] = j <= i + (S − L)          i.e. tril(ones(L, S), k = S − L)
 

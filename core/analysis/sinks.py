@@ -8,7 +8,7 @@ cache breaks the model (see :mod:`attnscope.core.analysis.experiments`).
 
 Scores, for one head and a sequence of ``T`` tokens with weights ``w[i, j]``:
 
-* **sink score** (the basic one; README "Using the app", Sinks): the mean over query rows ``i >= 1``
+* **sink score** (the basic one; docs/window.md, Sinks): the mean over query rows ``i >= 1``
   of ``w[i, 0]``. Row 0 can only attend to itself, so it is left out. Computed for every layer
   and head from ``q_i``, ``k_0`` and the LSE rows alone: ``w[i, 0] = exp(q_i · k_0 · scale −
   lse_i)`` (FlashAttention-2 §3.1), cost ``O(layers × heads × T × head_dim)``, linear in ``T``.

@@ -3,7 +3,7 @@
 This is the fast path every attention layer of a transformers model runs through when it is loaded
 with ``attn_implementation="attnscope"`` (see :mod:`attnscope.core.backends.torch_backend`).
 
-Shapes (README "How it works"): q ``(B, n_heads, L, head_dim)``; k, v ``(B, n_kv_heads, S, head_dim)``;
+Shapes (docs/how-it-works.md): q ``(B, n_heads, L, head_dim)``; k, v ``(B, n_kv_heads, S, head_dim)``;
 query head ``h`` reads KV head ``h // group_size`` with ``group_size = n_heads // n_kv_heads``.
 GQA is done by *viewing* q as ``(B * n_kv_heads, group_size, L, D)`` and k, v as
 ``(B * n_kv_heads, 1, S, D)`` expanded with stride 0 along the group: K/V are never copied.
@@ -551,7 +551,7 @@ def _math_f32(q, k, v, *, scale, causal, sliding_window, mask, softcap=None):
 
 # |LSE| up to which a float32 LSE is exact enough for the weights: exp(s − lse) inherits the LSE's
 # absolute error as a relative one, and half a float32 ulp below 16 is 2⁻²⁴·16 ≈ 9.5e-7. Rows above
-# it get their LSE (and their weights) from float64 scores (README "What 'exact' means per dtype": at |lse| ≈ 3·10⁴ a float32
+# it get their LSE (and their weights) from float64 scores (docs/exactness.md: at |lse| ≈ 3·10⁴ a float32
 # ulp is 0.002, rows summed to 1.0006).
 LSE_FP32_EXACT = 16.0
 
@@ -656,8 +656,7 @@ def exact_lse(
         scale, causal, sliding_window, mask: the mask and scale the LSE was computed with.
 
     Returns:
-        ``(B, n_heads, L)`` float64. Rules (measured, README "What 'exact'
-        means per dtype"):
+        ``(B, n_heads, L)`` float64. Rules (measured, docs/exactness.md):
 
         * float16 / bfloat16 inputs with a kernel's float32 LSE: every row is recomputed from
           float32 scores of the (exactly upcast) inputs, because the CPU kernel's LSE is ~3e-5

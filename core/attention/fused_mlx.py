@@ -30,7 +30,7 @@ Two functions:
 
 The LSE is kept as its two FlashAttention parts, the row max ``m`` and ``ℓ = log Σ exp(s − m)``
 (``parts=True``), so that the Trace's weights ``exp((s − m) − ℓ)`` do not inherit the float32
-rounding of ``m + ℓ`` (0.001 at ``|lse| ≈ 3·10⁴``, README "What 'exact' means per dtype"; Metal has no float64).
+rounding of ``m + ℓ`` (0.001 at ``|lse| ≈ 3·10⁴``, docs/exactness.md; Metal has no float64).
 
 mlx is an optional dependency (``pip install attnscope[mlx]``): import this module only where
 ``import mlx.core`` works.

@@ -1,6 +1,6 @@
 """Attention masks as boolean "allowed" arrays, shared by every backend and view.
 
-Conventions (tiny-llm's ``causal_mask(L, S)``, README "How it works"):
+Conventions (tiny-llm's ``causal_mask(L, S)``, docs/how-it-works.md):
 
 * Query row ``i`` of ``L`` new rows attends key ``j`` of ``S`` keys iff ``j <= i + (S - L)``:
   the causal mask is aligned to the bottom-right corner (``tril(k=S-L)``), so a decode step

@@ -1,6 +1,6 @@
 """The recurrent and convolution states of a hybrid model's layers, and how step back restores them.
 
-A hybrid decoder (README "Hybrid models": Qwen3-Next, Qwen3.5, Granite 4, Falcon-H1, LFM2) mixes
+A hybrid decoder (docs/how-it-works.md "Hybrid models": Qwen3-Next, Qwen3.5, Granite 4, Falcon-H1, LFM2) mixes
 softmax-attention layers, whose KV cache grows by one row per token and is cut back by slicing,
 with layers that fold the whole past into a fixed-size state: a Gated DeltaNet's ``(heads, d_k, d_v)``
 matrix and a short convolution's last ``kernel − 1`` inputs (linear attention), a Mamba-2 mixer's SSM

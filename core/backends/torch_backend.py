@@ -85,7 +85,7 @@ class TorchBackend:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         arch = info.arch
         self.trace = TorchTrace(info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim, arch.layer_kinds)
-        # A hybrid model (README "Hybrid models") has softmax attention in arch.attention_layers only; its
+        # A hybrid model (docs/how-it-works.md "Hybrid models") has softmax attention in arch.attention_layers only; its
         # linear-attention / Mamba / convolution modules run as transformers runs them, states in the cache.
         found = []
         for mod in model.modules():

@@ -1,6 +1,6 @@
-"""Per-dtype exactness of the capture against transformers' eager attention (README "What 'exact' means per dtype").
+"""Per-dtype exactness of the capture against transformers' eager attention (docs/exactness.md).
 
-The rule (README "What 'exact' means per dtype"): run a model at a reduced precision
+The rule (docs/exactness.md): run a model at a reduced precision
 (``bfloat16``/``float16``, optionally with ``--quantize int8|int4`` linear layers). AttnScope's
 weights, rebuilt in float32 from the stored q rows, keys and LSE of *that* forward, must be at least
 as close to a **float32 eager run of the same rounded weights** as transformers' eager attention at

@@ -4,7 +4,7 @@ Both sides prefill the same ``T``-token prompt (T = 2048 by default) on the same
 embedded default, or a model path that exists on both machines) and then, interleaved, ``repeats``
 times: one head's full ``T × T`` float32 map (:meth:`Session.weights` against
 :meth:`RemoteSession.weights`: compute on the engine, transfer, decode) and the ``n_layers ×
-n_heads`` sink table (:meth:`Session.sink_scores`). Medians of wall time. Targets (README "Remote engine"): the
+n_heads`` sink table (:meth:`Session.sink_scores`). Medians of wall time. Targets (docs/remote.md): the
 map within 2× in-process, the table within 30 ms of in-process. The remote map is also checked to
 be bit-identical to the local one.
 

@@ -12,7 +12,7 @@ safetensors included) is its own:
    size, peak RSS.
 3. ``sdpa``: transformers' SDPA (no capture) at the same dtype (and the same ``--quantize``):
    load, the same prefills and decode, peak RSS.
-4. ``exactness``: the per-dtype rule of README "What 'exact' means per dtype" on a short prompt (:mod:`attnscope.core.bench.exactness`):
+4. ``exactness``: the per-dtype rule of docs/exactness.md on a short prompt (:mod:`attnscope.core.bench.exactness`):
    every head's max abs weight error of AttnScope and of transformers eager at the same precision
    against a float32 eager run of the same rounded weights; the models loaded one after another.
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 PROBE_ENV = "ATTNSCOPE_STARTUP_PROBE"
 PROBE_LINE = "attnscope-startup"
 SCHEMA = "attnscope-bench-startup/1"
-#: seconds over the ``import torch`` floor the window should take (README "Performance")
+#: seconds over the ``import torch`` floor the window should take (docs/benchmarks.md)
 TARGETS = {"shown": 1.0, "ready": 2.0}
 
 

@@ -1,4 +1,4 @@
-"""`attnscope bench --views`: how long a person waits for each view of a long prompt (README "Long prompts").
+"""`attnscope bench --views`: how long a person waits for each view of a long prompt (docs/benchmarks.md "Long prompts").
 
 Rows (each one run; times in seconds on this machine, peak RSS in bytes):
 

@@ -81,7 +81,7 @@ def engine_record(session) -> dict:
 def mask_info(session, layer: int) -> dict:
     """Description of the mask applied in ``layer``: kind, alignment, sliding window, one-line text.
 
-    Convention (README "How it works", :mod:`attnscope.core.attention.masks`): query ``i`` attends key ``j`` iff ``j <= i`` (bottom-right
+    Convention (docs/how-it-works.md, :mod:`attnscope.core.attention.masks`): query ``i`` attends key ``j`` iff ``j <= i`` (bottom-right
     aligned causal, ``tril(k=S-L)``), and with a window ``W`` also ``j > i - W``.
     """
     w = layer_sliding_window(session, layer)

@@ -19,7 +19,7 @@ from attnscope.core.loading.weight_files import weight_files
 
 # Which decoders run is decided by a rule read from transformers' model code
 # (attnscope.core.loading.support_rule); these are the families tests/test_families.py proves exact,
-# the ones the README lists and the packaged app bundles model code for.
+# the ones docs/models.md lists and the packaged app bundles model code for.
 SUPPORTED_ARCHITECTURES = set(support_rule.TESTED_FAMILIES)
 
 

@@ -273,7 +273,7 @@ def run_budget(config, dtype: str, free: dict | None = None, backend: str = regi
     ``min(RESERVE_CONTEXT, max context)`` tokens (:func:`attnscope.core.kv_formula.kv_cache_bytes`,
     :func:`attnscope.core.loading.fit.capture_bytes`), and on the CPU the process's runtime
     (:data:`attnscope.core.loading.fit.RUNTIME_BYTES`). Never below 0. Without this, accelerate fills
-    RAM with layers and the first prefill has no room (README "Quantised weights and several devices").
+    RAM with layers and the first prefill has no room (docs/real-size.md "Quantised weights and several devices").
 
     Args:
         config: a transformers config. dtype: the load dtype. free: measured free bytes per device

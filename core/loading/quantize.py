@@ -42,7 +42,7 @@ was loaded whole (its memory-mapped pages resident) before its layers were quant
 through transformers' ``TorchAoConfig`` instead measured 4.12 / 3.52 GB (the mapped checkpoint
 stays resident). :func:`attnscope.core.backends.torch_load.load_torch` therefore loads a quantised
 model tensor by tensor (:mod:`attnscope.core.loading.stream_load`): no float copy of the whole
-checkpoint, peak ≈ the quantised model (README "Real-size models" has the measured figures).
+checkpoint, peak ≈ the quantised model (docs/real-size.md has the measured figures).
 :func:`quantize_model` remains the path for folders that cannot be streamed and for callers that
 hold a float model already. Prefill times on this shared 2-core machine (load average 11-20)
 varied 3x between identical runs and are not reported as speeds.

@@ -26,7 +26,7 @@ the catalog):
    False) and encoder-decoder configs are refused.
 
 Which families are *tested* exact against eager is :data:`TESTED_FAMILIES` (tests/test_families.py
-proves each one; README "Supported models" lists them). Every failure is one line
+proves each one; docs/models.md lists them). Every failure is one line
 (:class:`attnscope.core.errors.UnsupportedModelError` where raised).
 """
 
@@ -50,7 +50,7 @@ PATH_LACKS = {
 
 # The families whose every attention layer is proven exact against transformers eager by
 # tests/test_families.py (tiny random models; tests/tiny_models.py FAMILIES holds the same names, a
-# test keeps the two equal). What the README lists as supported and the packaged app bundles code for.
+# test keeps the two equal). What docs/models.md lists as supported and the packaged app bundles code for.
 TESTED_FAMILIES = frozenset(
     {
         # dense GQA / MHA / MQA decoders

@@ -196,7 +196,7 @@ class EngineServer:
             self._clients.add(frames[0].bytes)
             self._serve_one(frames[0].bytes, frames[1:])
         # stopped between requests (SIGTERM): each client's next request reads this first, so it
-        # says the engine is shutting down, not only that the connection closed (README "Remote engine")
+        # says the engine is shutting down, not only that the connection closed (docs/remote.md)
         for ident in self._clients:
             try:
                 self._error(ident, None, "Stopping", "the engine is shutting down")
@@ -310,7 +310,7 @@ class EngineServer:
             self._error(ident, rid, e.kind, str(e))
         except Cancelled as e:
             if self._stop:
-                # the tokens a stopped step or feed made stay the client's (README "Remote engine")
+                # the tokens a stopped step or feed made stay the client's (docs/remote.md)
                 reply = {"id": rid, "kind": "error", "type": "Stopping"}
                 reply["error"] = f"the engine is shutting down ({op} stopped: {e})"
                 if op in ("step", "feed") and self.session is not None:

@@ -90,7 +90,7 @@ def decode(header: bytes, buffers: list, allow_dataclass=None):
 # itself is a reference cycle (function -> closure cell -> function) holding every buffer of the
 # message until Python's cyclic collector runs. An engine then kept ~8 sent 2048² maps (16.8 MB
 # each) alive between collections, and every new map was computed into fresh pages (4,096 page
-# faults, +3-4 ms a map: the remote map bench, README "Remote engine").
+# faults, +3-4 ms a map: the remote map bench, docs/remote.md).
 class _Encoder:
     def __init__(self, compressor):
         self.buffers: list = []

@@ -4,7 +4,7 @@ and the weight on a set of keys; each trace adds only its tensor maths.
 
 Kept free of torch and MLX so that either backend imports only its own array library.
 
-Layers with no map (README "Hybrid models"). A hybrid model's trace is indexed by the REAL layer index:
+Layers with no map (docs/how-it-works.md "Hybrid models"). A hybrid model's trace is indexed by the REAL layer index:
 ``arch.layer_kinds`` says what each layer computes and ``arch.attention_layers`` lists the softmax-attention
 ones. Per-layer queries (``weights``, ``scores``, ``lse``, ``allowed``…) on a layer with no map raise
 :class:`attnscope.core.errors.NoAttentionMap` with one line (``layer 2: linear attention, no map``). The
@@ -140,7 +140,7 @@ class TraceGeometry:
     def sink_scores(self, key: int = 0) -> np.ndarray:
         """Sink score per head, ``(n_layers, n_heads)`` float32.
 
-        Definition (README "Using the app", Sinks): the mean over query rows ``i >= 1`` of the weight
+        Definition (docs/window.md, Sinks): the mean over query rows ``i >= 1`` of the weight
         on key 0 (row 0 can only attend to itself, so it is left out). For ``key > 0`` the mean
         is over rows ``i > key``; zeros when no row comes after ``key``. NaN rows for layers with no
         map (module docstring).
@@ -275,7 +275,7 @@ class TraceGeometry:
 
     def allowed(self, layer: int, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
         """Boolean mask that was applied to ``layer``: causal (+ sliding window), shape ``(n_q, n_k)``,
-        bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; README "How it works"; attnscope.core.attention.masks)."""
+        bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i``; docs/how-it-works.md; attnscope.core.attention.masks)."""
         rec = self._rec(layer)
         T, S = rec.n_rows(), rec.keys.shape[1]
         r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")

@@ -12,7 +12,7 @@ Exact weights on demand (FlashAttention-2, Dao 2023, §3.1: ``P = exp(S − L)``
 
 with the LSE kept as its two parts, the row max ``m`` and ``ℓ = log Σ exp(s − m)`` (see
 :func:`attnscope.core.attention.fused_mlx.sdpa_with_lse_mlx`): one float32 ``lse = m + ℓ`` would be off by half an
-ulp of ``m``, 0.001 at ``|m| ≈ 3·10⁴``, in every weight of the row (README "What 'exact' means per dtype").
+ulp of ``m``, 0.001 at ``|m| ≈ 3·10⁴``, in every weight of the row (docs/exactness.md).
 
 Every public method returns numpy float32 (bool for :meth:`MlxTrace.allowed`). MLX arrays belong to
 the thread whose stream made them: call the trace from the thread that runs the backend.

@@ -1,6 +1,6 @@
 """What a model's attention softmax does beyond ``softmax(q·k·scale + mask)``, read off a Trace.
 
-Two variants exist among the supported families (README "How it works"), and both are recorded per
+Two variants exist among the supported families (docs/how-it-works.md), and both are recorded per
 layer by the torch trace as the forward ran (:meth:`attnscope.core.trace.torch_trace.TorchTrace.record`):
 
 * **soft-capping** (Gemma 2): scores ``cap·tanh(s / cap)`` before the mask and softmax;

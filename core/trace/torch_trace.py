@@ -12,7 +12,7 @@ Exact weights on demand (FlashAttention-2, Dao 2023, §3.1: ``P = exp(S − L)``
 Row-wise summaries need no T × T work: the mass head ``h`` puts on key 0 (the attention sink,
 handbook §4 "Attention sinks") is ``exp(q_i · k_0 · scale − lse_i)``, linear in T.
 
-Two families change the softmax, and every recomputation here follows (README "How it works"):
+Two families change the softmax, and every recomputation here follows (docs/how-it-works.md):
 
 * soft-capping (Gemma 2): the score is ``cap·tanh(q·k·scale / cap)``; the layer's cap is recorded
   and applied by :func:`attnscope.core.attention.fused.softcap_scores` wherever a score is formed;
@@ -267,7 +267,7 @@ class TorchTrace(TraceGeometry):
         r, c = as_slice(rows, T, "rows"), as_slice(cols, S, "cols")
         lse = rec.lse()[head, r]  # (n_q,) float64
         # Large scores (|lse| > 16) are formed in float64: their float32 rounding would be > 1e-6
-        # of every weight of the row (attnscope.core.attention.fused.LSE_FP32_EXACT, README "What 'exact' means").
+        # of every weight of the row (attnscope.core.attention.fused.LSE_FP32_EXACT, docs/exactness.md).
         dt = torch.float64 if _wide(lse) else torch.float32
         q = rec.q()[head, r].to(dt)  # (n_q, D)
         k = rec.keys[kv, c].to(dt)  # (n_k, D)

@@ -17,7 +17,7 @@ API for notebooks and scripts, re-exported lazily so that ``import attnscope`` s
     w = s.weights(layer=0, head=3)     # (T, T) float32, rows sum to 1
     export_head(s, 0, 3, "head.npy")   # the map plus a JSON sidecar with its provenance
 
-See the README's "Python API" section for the whole surface.
+See the docs/python-api.md section for the whole surface.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from attnscope.core import __version__
 _PUBLIC = {
     "Session": "attnscope.core.session",
     "AttnScopeError": "attnscope.core.errors",
-    # its subclasses, each also the matching builtin (README "Python API")
+    # its subclasses, each also the matching builtin (docs/python-api.md)
     "SessionError": "attnscope.core.errors",
     "OutOfRange": "attnscope.core.errors",
     "BadArgument": "attnscope.core.errors",
@@ -41,7 +41,7 @@ _PUBLIC = {
     "kv_cache_bytes": "attnscope.core.kv_formula",
     "export_head": "attnscope.core.io.export",
     "Sampling": "attnscope.core.sampling",
-    # which heads matter (README "Which heads matter")
+    # which heads matter (docs/heads.md)
     "make_target": "attnscope.core.analysis.head_effects",
     "head_effects": "attnscope.core.analysis.head_effects",
     "patch_heads": "attnscope.core.analysis.head_effects",

@@ -74,7 +74,7 @@ def add_arguments(p) -> None:
         "--phases",
         default=None,
         help="with --dtype/--quantize: comma-separated phases after the conversion, of scope, sdpa, "
-        "exactness (default all; exactness: the per-dtype rule of the README's precision section, on 128 tokens)",
+        "exactness (default all; exactness: the per-dtype rule of docs/exactness.md, on 128 tokens)",
     )
     p.add_argument(
         "--views",

@@ -13,7 +13,10 @@ import sys
 from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments, open_session
 
 NAME = "explain"
-HELP = "why a head attends: split one cell's score by rotary frequency band (exact, no forward)"
+HELP = (
+    "why a head attends: split one cell's score by rotary frequency band (exact, no forward) and, with "
+    "--sources, by the components that wrote its query and key (one forward of the prefix)"
+)
 
 
 def add_arguments(p) -> None:

@@ -1,6 +1,6 @@
 """``attnscope sinks``: the layers × heads table of attention-sink scores, as JSON.
 
-Sink score of a head (README "Using the app", Sinks): the mean, over query rows ``i >= 1``, of the
+Sink score of a head (docs/window.md, Sinks): the mean, over query rows ``i >= 1``, of the
 weight on key 0 (row 0 can only attend to itself, so it is left out); computed from ``q``,
 ``k_0`` and the LSE rows, linear in the sequence (:mod:`attnscope.core.analysis.sinks`). The JSON also holds the
 mass on ``{0} ∪ delimiters`` (``sink_set``), the table after prefill and after each decode step
@@ -54,7 +54,7 @@ def run(args) -> int:
         **rep.to_json(),
     }
     arch = s.info.arch
-    if arch.is_hybrid:  # rows of the layers with no map are null (README "Hybrid models")
+    if arch.is_hybrid:  # rows of the layers with no map are null (docs/how-it-works.md "Hybrid models")
         data["attention_layers"] = list(arch.attention_layers)
         data["layer_kinds"] = list(arch.layer_kinds)
     if getattr(args, "value_weighted", False):
