@@ -428,7 +428,12 @@ def test_cli_ablate_patch_lens(tmp_path, capsys):
     assert np.asarray(a["query_heads"]).shape == (2, 4) and np.asarray(a["kv_heads"]).shape == (2, 2)
     dla = a["direct_logit_attribution"]
     assert abs(dla["total"] - dla["logit"]) < 1e-4
-    rows = (tmp_path / "a.csv").read_text().splitlines()
+    assert a["prompt"] == "ttt tt t" and a["method"] == "zero" and a["scope"] == "readout"
+    assert a["target_text"] == "t" and a["ids"] and a["target"]["kind"] == "logprob"
+    lines = (tmp_path / "a.csv").read_text().splitlines()
+    assert lines[0] == '# model: "m"' or lines[0].startswith("# model: ")
+    assert '# prompt: "ttt tt t"' in lines and '# scope: "readout"' in lines  # provenance first
+    rows = [r for r in lines if not r.startswith("#")]
     assert rows[0] == "layer,head,kv_head,effect,direct_logit_attribution" and len(rows) == 9
     assert (
         main(
@@ -443,14 +448,26 @@ def test_cli_ablate_patch_lens(tmp_path, capsys):
                 "t",
                 "--other",
                 " t",
+                "--method",
+                "both",
+                "--site",
+                "kv",
                 "--json",
                 str(tmp_path / "p.json"),
+                "--csv",
+                str(tmp_path / "p.csv"),
             ]
         )
         == 0
     )
     p = json.loads((tmp_path / "p.json").read_text())
-    assert np.asarray(p["denoise"]).shape == (2, 4)
+    assert (
+        np.asarray(p["denoise_kv"]).shape == (2, 2) and p["site"] == "kv" and p["corrupt_prompt"] == "tt tttt"
+    )
+    assert p["corrupt_ids"] and p["attribution"]["method"] == "attribution"
+    assert set(p["attribution_agreement"]) == {"denoise_kv", "noise_kv"}
+    rows = [r for r in (tmp_path / "p.csv").read_text().splitlines() if not r.startswith("#")]
+    assert rows[0] == "layer,kv_head,denoise,noise,attribution_denoise,attribution_noise" and len(rows) == 5
     capsys.readouterr()
     assert main(["lens", "--model", m, *prompt, "--positions", "0,-1", "--json", "-"]) == 0
     lens = json.loads(capsys.readouterr().out)  # the summary goes to stderr
@@ -509,3 +526,18 @@ def test_readme_ioi_example_on_smollm2():
     dla = logit_attribution(s, t)
     assert abs(dla.total - dla.logit) < 1e-4 and abs(dla.logit - eff.clean) < 1e-4
     assert abs(dla.heads[23, 3] - 2.86) < 0.01 and abs(dla.heads[29, 1] - 1.73) < 0.01
+
+
+@pytest.mark.slow
+def test_heads_bench_runs_and_its_loop_measures_the_same_effect(tmp_path):
+    """``attnscope bench --heads`` on a tiny model: every row and ratio is there, and the plain
+    transformers loop it times computes the sweep's own effect (its check)."""
+    from attnscope.core.bench.heads import format_heads_table, run_heads_bench, sample_layers
+
+    save_tiny("llama", tmp_path / "m")
+    res = run_heads_bench(str(tmp_path / "m"), seq_len=24, repeats=1, loop_heads=2, everywhere_layers=1)
+    assert res["loop_check_error"] < 1e-4 and res["reused"]
+    assert res["units"] == 2 * (4 + 2 + 2) and res["everywhere_units"] == 4 + 2
+    assert set(res["ratios"]) >= set(res["targets"]) and all(v > 0 for v in res["ratios"].values())
+    assert "per-head loop" in format_heads_table(res)
+    assert sample_layers(30, 5) == [3, 9, 15, 21, 27] and sample_layers(2, 1) == [1]

@@ -160,6 +160,53 @@ def make_target(
     return Target(kind, int(position), int(tid), int(oid))
 
 
+def provenance(session, target: Target, **what) -> dict:
+    """What a result was computed on, for its export (JSON-ready): the model, the prompt and its token ids,
+    the target with its tokens' texts, and ``what`` (method, scope, site; ``corrupt`` / ``source``, the
+    corrupted or resample prompt, as ``corrupt_prompt`` and ``corrupt_ids``: a text with its token ids)."""
+    tok = session.tokenizer
+    out: dict = {
+        "model": session.info.name,
+        "prompt": session.prompt,
+        "chat_template": bool(session.chat_template),
+        "ids": [int(i) for i in session.ids],
+        "target": target.to_json(),
+        "target_text": tok.decode([target.token]) if target.token >= 0 else None,
+        "other_text": tok.decode([target.other]) if target.other >= 0 else None,
+        "position_token": tok.decode([session.ids[target.position]]),
+    }
+    for key, v in what.items():
+        if isinstance(v, str) and key in ("corrupt", "source"):
+            out[f"{key}_prompt"] = v
+            out[f"{key}_ids"] = [int(i) for i in session.encode(v, session.chat_template)]
+        elif v is not None and not isinstance(v, str) and key in ("corrupt", "source"):
+            out[f"{key}_ids"] = [int(i) for i in v]
+        else:
+            out[key] = v
+    return out
+
+
+def csv_preamble(prov: dict) -> str:
+    """``# key: value`` lines heading a CSV export (the provenance of :func:`provenance`; read with
+    ``pandas.read_csv(path, comment="#")``)."""
+    import json
+
+    keys = (
+        "model",
+        "prompt",
+        "corrupt",
+        "source",
+        "target",
+        "target_text",
+        "other_text",
+        "method",
+        "scope",
+        "site",
+    )
+    lines = [f"# {k}: {json.dumps(prov[k], ensure_ascii=False)}" for k in keys if k in prov]
+    return "\n".join(lines) + "\n"
+
+
 # -- the model's parts ----------------------------------------------------------------------------------
 @dataclass
 class _Parts:
