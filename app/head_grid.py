@@ -219,8 +219,8 @@ class HeadGridCanvas(QWidget):
         return font
 
     def set_effects(self, values: np.ndarray | None, label: str = "") -> None:
-        """Frame each thumbnail in the colour of ``values[layer, head]`` (a diverging map, blue below 0, red
-        above, symmetric about 0; NaN: no frame), e.g. the "Which heads matter" tab's ablation effects;
+        """Frame each thumbnail in the colour of ``values[layer, head]`` (a diverging map, blue below 0, orange
+        above, symmetric about 0, so not the selection's red; NaN: no frame), e.g. the "Which heads matter" tab's ablation effects;
         None removes the frames."""
         self.effects = None if values is None else np.asarray(values, dtype=np.float64)
         self.effects_label = label if values is not None else ""
@@ -232,8 +232,8 @@ class HeadGridCanvas(QWidget):
             return None
         lim = float(np.nanmax(np.abs(e))) or 1.0
         x = float(np.clip(e[layer, head] / lim, -1.0, 1.0))
-        a = int(round(255 * (1 - abs(x))))
-        return QColor(255, a, a) if x > 0 else QColor(a, a, 255)
+        end = (235, 120, 0) if x > 0 else (30, 70, 225)
+        return QColor(*(int(round(255 + (c - 255) * abs(x))) for c in end))
 
     def set_note(self, text: str) -> None:
         """A line over the grid, e.g. that it is partial while the remaining layers are computed."""
@@ -409,9 +409,16 @@ class HeadGridView(QScrollArea):
             note = getattr(self.canvas, "note", "")
             if note:
                 text += f" · {note} (grey: pending)"
+        if self.canvas.effects is not None:
+            text += f" · frames: {self.canvas.effects_label} (orange > 0, blue < 0)"
         if self.canvas.thumbs is not None and self.weighting != self.canvas.weighting:
             text += f" · computing {self.weighting}…"
         self.title.setText(text)
+
+    def set_effects(self, values: np.ndarray | None, label: str = "") -> None:
+        """The canvas's effect frames (:meth:`HeadGridCanvas.set_effects`), named in the title."""
+        self.canvas.set_effects(values, label)
+        self.show_scale()
 
     def view_state(self) -> dict:
         """What an export's sidecar records about the grid: the scale and pooling of the thumbnails shown."""

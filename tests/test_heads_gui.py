@@ -50,6 +50,7 @@ def test_run_fills_grid_and_table_with_the_core_numbers(win, tmp_path, qtbot):
     np.testing.assert_array_equal(view.image.image, dla.heads)
     np.testing.assert_array_equal(win.grid.canvas.effects, dla.heads)
     assert win.grid.canvas.effects_label == "direct logit attribution"
+    assert "frames: direct logit attribution" in win.grid.title.text()
     win.show_view("grid")
     assert win.engine.wait_idle(120)
     qtbot.waitUntil(lambda: win.grid.canvas.thumbs is not None, timeout=60_000)

@@ -563,10 +563,10 @@ def result_from_json(data: dict) -> tuple:
 
 def install_view(window) -> HeadsView:
     """Create the "Which heads matter" tab and register it with ``window.add_view("heads", ...)``; its
-    "Colour by" choice frames the Head grid's thumbnails too (:meth:`HeadGridCanvas.set_effects`)."""
+    "Colour by" choice frames the Head grid's thumbnails too (:meth:`attnscope.app.head_grid.HeadGridView.set_effects`)."""
     view = HeadsView(window.state, window.engine)
     window.add_view("heads", "Which heads matter", view)
-    canvas = getattr(getattr(window, "grid", None), "canvas", None)
-    if canvas is not None and hasattr(canvas, "set_effects"):
-        view.on_effects = canvas.set_effects
+    grid = getattr(window, "grid", None)
+    if grid is not None and hasattr(grid, "set_effects"):
+        view.on_effects = grid.set_effects
     return view
