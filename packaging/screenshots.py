@@ -45,6 +45,10 @@ def main(out: Path) -> int:
     _wait(app, w)
     w.grab().save(str(out / "which_heads_matter.png"))
     print(f"screenshots: wrote {out / 'which_heads_matter.png'}")
+    w.show_view("grid")  # the Head grid framed by the same effects (the tab's "Colour by")
+    _wait(app, w)
+    w.grab().save(str(out / "head_grid_effects.png"))
+    print(f"screenshots: wrote {out / 'head_grid_effects.png'}")
     w.close()
     return 0
 
