@@ -214,6 +214,7 @@ def format_heads_table(result: dict) -> str:
         )
     lines.append(
         f"  {'attribution patching, both directions / prefill':58s} {ratios['attribution_both_over_prefill']:8.2f}"
+        f" (CPU {rc['attribution_both_over_prefill']:.2f})"
     )
     return "\n".join(lines)
 
