@@ -87,6 +87,9 @@ class HeadGridCanvas(QWidget):
         self.colour_by = "maps"  # or "share": each head one colour, its positional share
         self.shares: np.ndarray | None = None  # (L, H) positional shares (attnscope.core.analysis.explain)
         self._image: QImage | None = None
+        # "Which heads matter" colours: (L, H) effects drawn as a frame around each thumbnail (None: none)
+        self.effects: np.ndarray | None = None
+        self.effects_label = ""
         self.placeholder = self.PLACEHOLDER
         self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
         self.setMouseTracking(True)
@@ -250,6 +253,23 @@ class HeadGridCanvas(QWidget):
         font.setPointSizeF(max(size, 5.0))
         return font
 
+    def set_effects(self, values: np.ndarray | None, label: str = "") -> None:
+        """Frame each thumbnail in the colour of ``values[layer, head]`` (a diverging map, blue below 0, orange
+        above, symmetric about 0, so not the selection's red; NaN: no frame), e.g. the "Which heads matter" tab's ablation effects;
+        None removes the frames."""
+        self.effects = None if values is None else np.asarray(values, dtype=np.float64)
+        self.effects_label = label if values is not None else ""
+        self.update()
+
+    def _effect_colour(self, layer: int, head: int) -> QColor | None:
+        e = self.effects
+        if e is None or layer >= e.shape[0] or head >= e.shape[1] or not np.isfinite(e[layer, head]):
+            return None
+        lim = float(np.nanmax(np.abs(e))) or 1.0
+        x = float(np.clip(e[layer, head] / lim, -1.0, 1.0))
+        end = (235, 120, 0) if x > 0 else (30, 70, 225)
+        return QColor(*(int(round(255 + (c - 255) * abs(x))) for c in end))
+
     def set_note(self, text: str) -> None:
         """A line over the grid, e.g. that it is partial while the remaining layers are computed."""
         self.note = text
@@ -332,6 +352,16 @@ class HeadGridCanvas(QWidget):
                         Qt.AlignCenter,
                         "—" if not np.isfinite(v) else f"{v:.2f}",
                     )
+        if self.effects is not None:  # the "Which heads matter" effect of each head, as a frame
+            for layer in range(L):
+                for h in range(H):
+                    c = self._effect_colour(layer, h)
+                    if c is not None and not self._is_no_map(layer):
+                        p.setPen(QPen(c, 3))
+                        p.drawRect(
+                            self.head_x(h) - 1, self.layer_y(layer) - 1, self.THUMB + 1, self.THUMB + 1
+                        )
+            p.setPen(QColor(40, 40, 40))
         if self.selected is not None and self.selected[0] < L and self.selected[1] < H:
             layer, h = self.selected
             p.setPen(QPen(QColor(220, 30, 30), 3))
@@ -350,9 +380,10 @@ class HeadGridCanvas(QWidget):
             self.setToolTip("")
         else:
             layer, h = cell
-            self.setToolTip(
-                f"layer {layer}, query head {h} (reads KV head {h // self.group_size}); click to open"
-            )
+            tip = f"layer {layer}, query head {h} (reads KV head {h // self.group_size}); click to open"
+            if self._effect_colour(layer, h) is not None:
+                tip += f"\n{self.effects_label}: {self.effects[layer, h]:+.4f} (frame colour)"
+            self.setToolTip(tip)
 
 
 def share_rgb(v: float) -> tuple[int, int, int]:
@@ -461,9 +492,16 @@ class HeadGridView(QScrollArea):
             note = getattr(self.canvas, "note", "")
             if note:
                 text += f" · {note} (grey: pending)"
+        if self.canvas.effects is not None:
+            text += f" · frames: {self.canvas.effects_label} (orange > 0, blue < 0)"
         if self.canvas.thumbs is not None and self.weighting != self.canvas.weighting:
             text += f" · computing {self.weighting}…"
         self.title.setText(text)
+
+    def set_effects(self, values: np.ndarray | None, label: str = "") -> None:
+        """The canvas's effect frames (:meth:`HeadGridCanvas.set_effects`), named in the title."""
+        self.canvas.set_effects(values, label)
+        self.show_scale()
 
     def view_state(self) -> dict:
         """What an export's sidecar records about the grid: the scale and pooling of the thumbnails shown."""

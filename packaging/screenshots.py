@@ -143,6 +143,13 @@ def which_heads_matter(sh: Shots, path: Path) -> None:
     sh.grab(path)
 
 
+def head_grid_effects(sh: Shots, path: Path) -> None:
+    """The Head grid framed by the "Which heads matter" effects (that tab's Colour by), on its prompt."""
+    which_heads_matter(sh, path)  # runs the tab's sweep; the grid picture replaces its file below
+    sh.tab("grid")
+    sh.grab(path)
+
+
 def decode_gif(sh: Shots, path: Path) -> None:
     """Stepping through decode: the CLI's batch GIF export of the tour's head, one frame a step."""
     import contextlib
@@ -247,6 +254,7 @@ PICTURES: dict[str, Callable[[Shots, Path], None]] = {
     "experiments.png": tab_picture("experiments"),
     "compare.png": compare,
     "which_heads_matter.png": which_heads_matter,
+    "head_grid_effects.png": head_grid_effects,
     "why_panel.png": why_panel,
     "why_sources.png": why_sources,
     "decode.gif": decode_gif,

@@ -38,6 +38,9 @@ def _proj(ref, layer):
 
 def _hooked_logits(ref, ids, layer, heads, D, value=None, positions=slice(None)):
     """Eager logits at every position with ``heads``' slices of layer ``layer``'s o_proj input replaced."""
+    if not heads:
+        with torch.no_grad():
+            return ref(torch.tensor([ids])).logits[0].double().numpy()
 
     def hook(_m, args):
         x = args[0].clone()
@@ -52,6 +55,50 @@ def _hooked_logits(ref, ids, layer, heads, D, value=None, positions=slice(None))
             return ref(torch.tensor([ids])).logits[0].double().numpy()
     finally:
         handle.remove()
+
+
+def _proj_hooked_logits(ref, ids, layer, site, index, D, values=None, positions=slice(None)):
+    """Eager logits with head ``index``'s slice of q_proj's output (``site="query"``), or KV head
+    ``index``'s slices of k_proj's and v_proj's outputs (``site="kv"``), replaced at ``positions`` by
+    ``values[name]`` (``(L, width)`` rows) or zeros."""
+    attn = ref.model.layers[layer].self_attn
+    mods = {"q": attn.q_proj} if site == "query" else {"k": attn.k_proj, "v": attn.v_proj}
+    sl = slice(index * D, (index + 1) * D)
+
+    def hook_for(name):
+        def hook(_m, _args, out):
+            out = out.clone()
+            out[:, positions, sl] = 0 if values is None else values[name][positions, sl]
+            return out
+
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(n)) for n, m in mods.items()]
+    try:
+        with torch.no_grad():
+            return ref(torch.tensor([ids])).logits[0].double().numpy()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _proj_outputs(ref, ids, layer):
+    """``{"q"|"k"|"v": (L, width)}``: layer ``layer``'s projection outputs on ``ids``."""
+    attn = ref.model.layers[layer].self_attn
+    got = {}
+
+    def keep(name):
+        def hook(_m, _args, out):
+            got[name] = out[0].detach().clone()
+
+        return hook
+
+    handles = [getattr(attn, f"{n}_proj").register_forward_hook(keep(n)) for n in "qkv"]
+    with torch.no_grad():
+        ref(torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+    return got
 
 
 def _logprob(logits, tok):
@@ -91,7 +138,15 @@ def test_zero_ablation_equals_hooked_forward(family, scope, tmp_path):
             group = list(s.info.group(k))
             want = _logprob(_hooked_logits(ref, IDS, layer, group, D, positions=pos)[p], t.token) - clean
             assert abs(eff.kv[layer, k] - want) < 1e-5, (family, scope, layer, k)
-    assert np.abs(eff.query).max() > 1e-4  # the heads do matter in a random model
+            # the K/V side alone: k_proj's and v_proj's output slices of KV head k zeroed
+            want = (
+                _logprob(_proj_hooked_logits(ref, IDS, layer, "kv", k, D, positions=pos)[p], t.token) - clean
+            )
+            assert abs(eff.kv_side[layer, k] - want) < 1e-5, (family, scope, layer, k)
+    assert (
+        np.abs(eff.query).max() > 1e-4 and np.abs(eff.kv_side).max() > 1e-4
+    )  # heads matter in a random model
+    assert eff.reused  # layers below each head's were reused, not re-run
 
 
 def test_mean_and_resample_ablation_and_kl(tmp_path):
@@ -181,6 +236,92 @@ def test_direct_logit_attribution_sums_to_the_logit(family, tmp_path):
     assert abs(d2.total - d2.logit) < 1e-4
 
 
+@pytest.mark.parametrize(
+    "family, scope, site",
+    [
+        ("llama", "everywhere", "query"),
+        ("llama", "readout", "kv"),
+        pytest.param("qwen3", "everywhere", "kv", marks=pytest.mark.slow),
+        pytest.param("qwen3", "readout", "query", marks=pytest.mark.slow),
+    ],
+)
+def test_query_side_and_kv_side_patching_equal_projection_hooks(family, scope, site, tmp_path):
+    """A head's query side alone (q_proj's output slice) and a KV head's keys and values alone (k_proj's
+    and v_proj's output slices) patched from one run into the other, as plain transformers hooks do it."""
+    from attnscope.core.analysis.head_effects import make_target, patch_heads
+
+    s, ref = _load(family, tmp_path)
+    D, p = s.info.head_dim, len(IDS) - 1
+    corrupt = list(IDS)
+    corrupt[3] = 44
+    t = make_target(s, "logit_diff", token=9, other=14)
+    res = patch_heads(s, corrupt, t, scope, site=site)
+    assert res.site == site and res.method == "exact"
+
+    def diff(logits):
+        return float(logits[p, 9] - logits[p, 14])
+
+    clean, bad = diff(_hooked_logits(ref, IDS, 0, [], D)), diff(_hooked_logits(ref, corrupt, 0, [], D))
+    pos = slice(p, p + 1) if scope == "readout" else slice(None)
+    n = s.info.n_heads if site == "query" else s.info.n_kv_heads
+    for layer in range(s.info.n_layers):
+        src, dst = _proj_outputs(ref, IDS, layer), _proj_outputs(ref, corrupt, layer)
+        for i in range(n):
+            den = diff(_proj_hooked_logits(ref, corrupt, layer, site, i, D, src, pos))
+            noi = diff(_proj_hooked_logits(ref, IDS, layer, site, i, D, dst, pos))
+            got_d = res.denoise[layer, i] if site == "query" else res.denoise_kv[layer, i]
+            got_n = res.noise[layer, i] if site == "query" else res.noise_kv[layer, i]
+            assert abs(got_d - (den - bad) / (clean - bad)) < 1e-4, (layer, i)
+            assert abs(got_n - (clean - noi) / (clean - bad)) < 1e-4, (layer, i)
+    if site == "kv":
+        assert np.isnan(res.denoise).all()
+
+
+def _linear_tail(s):
+    """Make ``s``'s model linear after its last layer's output projection: the last MLP's output zeroed
+    and the final norm an identity, so that the target is linear in the last layer's head outputs."""
+    model = s.backend.model
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.weight.zero_()
+    model.model.norm = torch.nn.Identity()
+
+
+def test_attribution_patching_is_exact_where_linear_and_close_to_exact_patching(tmp_path):
+    """Attribution patching (one forward and one backward per direction) against exact patching: equal
+    where the target is linear in the activation, and ranked alike elsewhere."""
+    from attnscope.core.analysis.head_effects import attribution_patching, make_target, patch_heads
+
+    s, _ref = _load("llama", tmp_path)
+    corrupt = list(IDS)
+    corrupt[3] = 44
+    t = make_target(s, "logit_diff", token=9, other=14)
+    est = attribution_patching(s, corrupt, t, "everywhere")
+    exact = patch_heads(s, corrupt, t, "everywhere")
+    assert est.method == "attribution" and abs(est.clean - exact.clean) < 1e-5
+    assert abs(est.corrupt - exact.corrupt) < 1e-5
+    agree = est.agreement(exact)
+    assert agree["denoise"]["spearman"] > 0.8 and agree["noise"]["spearman"] > 0.8, agree
+    assert np.nanmax(np.abs(est.denoise)) > 1e-3
+    # a group's estimate is the sum of its heads' (the estimate is linear)
+    g = list(s.info.group(1))
+    assert abs(est.denoise_kv[0, 1] - est.denoise[0, g].sum()) < 1e-9
+    # the last layer, with a linear tail: the estimate is the exact patch (both directions, both sites)
+    _linear_tail(s)
+    last = s.info.n_layers - 1
+    for site in ("output", "query"):
+        est = attribution_patching(s, corrupt, t, "everywhere", site=site)
+        exact = patch_heads(s, corrupt, t, "everywhere", site=site, layers=[last])
+        if site == "output":  # linear in the last layer's head outputs
+            np.testing.assert_allclose(est.denoise[last], exact.denoise[last], atol=1e-4)
+            np.testing.assert_allclose(est.noise_kv[last], exact.noise_kv[last], atol=1e-4)
+        else:  # the query side goes through a softmax: an estimate only
+            assert np.isfinite(est.denoise[last]).all()
+    one = attribution_patching(s, corrupt, t, "readout", directions=("denoise",))
+    exact = patch_heads(s, corrupt, t, "readout", layers=[last])
+    np.testing.assert_allclose(one.denoise[last], exact.denoise[last], atol=1e-4)
+    assert np.isnan(one.noise).all()
+
+
 def test_dla_refuses_post_norm_family(tmp_path):
     from attnscope.core.analysis.head_effects import logit_attribution
     from attnscope.core.errors import UnsupportedModelError
@@ -237,7 +378,7 @@ def test_sweep_cancels_and_reports_progress(tmp_path):
     seen = []
     with pytest.raises(Cancelled, match="stopped after 3 of"):
         head_effects(s, progress=lambda i, n: seen.append((i, n)), cancelled=lambda: len(seen) >= 3)
-    n = s.info.n_layers * (s.info.n_heads + s.info.n_kv_heads)
+    n = s.info.n_layers * (s.info.n_heads + 2 * s.info.n_kv_heads)  # + each KV head's K/V side
     assert seen == [(1, n), (2, n), (3, n)]
     before = s.ids
     assert head_effects(s).query.shape == (s.info.n_layers, s.info.n_heads)  # the session still works
@@ -287,7 +428,12 @@ def test_cli_ablate_patch_lens(tmp_path, capsys):
     assert np.asarray(a["query_heads"]).shape == (2, 4) and np.asarray(a["kv_heads"]).shape == (2, 2)
     dla = a["direct_logit_attribution"]
     assert abs(dla["total"] - dla["logit"]) < 1e-4
-    rows = (tmp_path / "a.csv").read_text().splitlines()
+    assert a["prompt"] == "ttt tt t" and a["method"] == "zero" and a["scope"] == "readout"
+    assert a["target_text"] == "t" and a["ids"] and a["target"]["kind"] == "logprob"
+    lines = (tmp_path / "a.csv").read_text().splitlines()
+    assert lines[0] == '# model: "m"' or lines[0].startswith("# model: ")
+    assert '# prompt: "ttt tt t"' in lines and '# scope: "readout"' in lines  # provenance first
+    rows = [r for r in lines if not r.startswith("#")]
     assert rows[0] == "layer,head,kv_head,effect,direct_logit_attribution" and len(rows) == 9
     assert (
         main(
@@ -302,14 +448,26 @@ def test_cli_ablate_patch_lens(tmp_path, capsys):
                 "t",
                 "--other",
                 " t",
+                "--method",
+                "both",
+                "--site",
+                "kv",
                 "--json",
                 str(tmp_path / "p.json"),
+                "--csv",
+                str(tmp_path / "p.csv"),
             ]
         )
         == 0
     )
     p = json.loads((tmp_path / "p.json").read_text())
-    assert np.asarray(p["denoise"]).shape == (2, 4)
+    assert (
+        np.asarray(p["denoise_kv"]).shape == (2, 2) and p["site"] == "kv" and p["corrupt_prompt"] == "tt tttt"
+    )
+    assert p["corrupt_ids"] and p["attribution"]["method"] == "attribution"
+    assert set(p["attribution_agreement"]) == {"denoise_kv", "noise_kv"}
+    rows = [r for r in (tmp_path / "p.csv").read_text().splitlines() if not r.startswith("#")]
+    assert rows[0] == "layer,kv_head,denoise,noise,attribution_denoise,attribution_noise" and len(rows) == 5
     capsys.readouterr()
     assert main(["lens", "--model", m, *prompt, "--positions", "0,-1", "--json", "-"]) == 0
     lens = json.loads(capsys.readouterr().out)  # the summary goes to stderr
@@ -368,3 +526,18 @@ def test_readme_ioi_example_on_smollm2():
     dla = logit_attribution(s, t)
     assert abs(dla.total - dla.logit) < 1e-4 and abs(dla.logit - eff.clean) < 1e-4
     assert abs(dla.heads[23, 3] - 2.86) < 0.01 and abs(dla.heads[29, 1] - 1.73) < 0.01
+
+
+@pytest.mark.slow
+def test_heads_bench_runs_and_its_loop_measures_the_same_effect(tmp_path):
+    """``attnscope bench --heads`` on a tiny model: every row and ratio is there, and the plain
+    transformers loop it times computes the sweep's own effect (its check)."""
+    from attnscope.core.bench.heads import format_heads_table, run_heads_bench, sample_layers
+
+    save_tiny("llama", tmp_path / "m")
+    res = run_heads_bench(str(tmp_path / "m"), seq_len=24, repeats=1, loop_heads=2, everywhere_layers=1)
+    assert res["loop_check_error"] < 1e-4 and res["reused"]
+    assert res["units"] == 2 * (4 + 2 + 2) and res["everywhere_units"] == 4 + 2
+    assert set(res["ratios"]) >= set(res["targets"]) and all(v > 0 for v in res["ratios"].values())
+    assert "per-head loop" in format_heads_table(res)
+    assert sample_layers(30, 5) == [3, 9, 15, 21, 27] and sample_layers(2, 1) == [1]

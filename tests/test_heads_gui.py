@@ -22,7 +22,7 @@ def win(qtbot, tmp_path, monkeypatch):
     w.close()
 
 
-def test_run_fills_grid_and_table_with_the_core_numbers(win, tmp_path):
+def test_run_fills_grid_and_table_with_the_core_numbers(win, tmp_path, qtbot):
     from attnscope.core.analysis.head_effects import head_effects, logit_attribution, make_target
 
     win.show_view("heads")
@@ -30,7 +30,8 @@ def test_run_fills_grid_and_table_with_the_core_numbers(win, tmp_path):
     view.target_edit.setText("t")
     view.run()
     assert win.engine.wait_idle(120) and win.last_error is None
-    eff, dla, note, tok, _ = view.result
+    eff, dla, note, tok, _, prov = view.result
+    assert prov["prompt"] == PROMPT and prov["method"] == "zero" and prov["scope"] == "readout"
     s = win.engine.session
     want = head_effects(s, make_target(s, "logprob", token="t"))
     np.testing.assert_array_equal(eff.query, want.query)
@@ -44,6 +45,40 @@ def test_run_fills_grid_and_table_with_the_core_numbers(win, tmp_path):
     np.testing.assert_array_equal(img, eff.query)
     win.resize(1400, 900)
     win.grab().save(str(tmp_path / "heads_tab.png"))
+    # colour by direct logit attribution: the tab's grid and the Head grid's frames follow
+    view.show_combo.setCurrentIndex(view.show_combo.findData("dla"))
+    np.testing.assert_array_equal(view.image.image, dla.heads)
+    np.testing.assert_array_equal(win.grid.canvas.effects, dla.heads)
+    assert win.grid.canvas.effects_label == "direct logit attribution"
+    assert "frames: direct logit attribution" in win.grid.title.text()
+    win.show_view("grid")
+    assert win.engine.wait_idle(120)
+    qtbot.waitUntil(lambda: win.grid.canvas.thumbs is not None, timeout=60_000)
+    win.grid.canvas.grab().save(str(tmp_path / "grid_frames.png"))
+    win.show_view("heads")
+    # exports with provenance: JSON and CSV
+    import json
+
+    view.export(str(tmp_path / "e.json"))
+    data = json.loads((tmp_path / "e.json").read_text())
+    assert data["prompt"] == PROMPT and data["target_text"] == "t" and data["scope"] == "readout"
+    np.testing.assert_allclose(data["query_heads"], eff.query, atol=1e-6)
+    view.export(str(tmp_path / "e.csv"))
+    lines = (tmp_path / "e.csv").read_text().splitlines()
+    assert lines[0].startswith("# model: ") and f"# prompt: {json.dumps(PROMPT)}" in lines
+    rows = [r for r in lines if not r.startswith("#")]
+    assert rows[0] == "layer,head,kv_head,effect,direct_logit_attribution"
+    assert len(rows) == 1 + s.info.n_layers * (s.info.n_heads + s.info.n_kv_heads)
+    # the session file keeps the result: a fresh tab restores it from the saved settings
+    saved = win.state.to_view_dict()["views"]["heads"]
+    assert saved["result"]["ids"] == list(s.ids)
+    from attnscope.app.views.heads import HeadsView
+
+    other = HeadsView(win.state, win.engine)
+    other.restore_view_state(json.loads(json.dumps(saved)))
+    np.testing.assert_allclose(other.result[0].query, eff.query, atol=1e-6)
+    np.testing.assert_allclose(other.result[1].heads, dla.heads, atol=1e-6)
+    assert other.show_combo.currentData() == "dla" and "log p('t')" in other.summary.text()
     # a row click selects the head
     view._on_clicked(0, 0)
     layer, head = view.head_at(0)

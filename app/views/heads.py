@@ -10,6 +10,8 @@ the head; double-click to open its map.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage, Request
@@ -31,6 +33,11 @@ from PySide6.QtWidgets import (
 )
 
 COLUMNS = ("Layer", "Head", "KV head", "Effect", "Direct")
+#: what the tab's grid (and the Head grid's effect frames) colour by: label, key
+SHOWS = (
+    ("ablation effect", "query"),
+    ("direct logit attribution", "dla"),
+)
 METRICS = (("log-prob of the target", "logprob"), ("logit difference", "logit_diff"), ("KL divergence", "kl"))
 METHODS = (("zero", "zero"), ("mean over positions", "mean"))
 SCOPES = (("at the read-out position", "readout"), ("at every position", "everywhere"))
@@ -66,8 +73,11 @@ def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, sco
             dla, note = logit_attribution(s, t), ""
         except UnsupportedModelError as e:
             dla, note = None, str(e)
+        from attnscope.core.analysis.head_effects import provenance
+
         text = s.tokenizer.decode
-        return eff, dla, note, text([t.token]), text([t.other]) if t.other >= 0 else ""
+        prov = provenance(s, t, method=method, scope=scope)
+        return eff, dla, note, text([t.token]), text([t.other]) if t.other >= 0 else "", prov
 
     return job
 
@@ -75,7 +85,14 @@ def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, sco
 class HeadsView(QWidget, SavedControls, HeadRows):
     """The "Which heads matter" tab."""
 
-    STATE_CONTROLS = ("target_edit", "other_edit", "metric_combo", "method_combo", "scope_combo")
+    STATE_CONTROLS = (
+        "target_edit",
+        "other_edit",
+        "metric_combo",
+        "method_combo",
+        "scope_combo",
+        "show_combo",
+    )
 
     def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
@@ -83,6 +100,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.result = None
         self.result_key: tuple | None = None
         self._running = False
+        self.on_effects = None  # callback(values (L, H) | None, label): the Head grid's effect frames
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Target"))
@@ -122,6 +140,23 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         top.addWidget(self.run_button)
         top.addWidget(self.cancel_button)
         top.addStretch(1)
+        second = QHBoxLayout()  # what the grid shows and the export: a row of their own (the first is full)
+        second.addWidget(QLabel("Colour by"))
+        self.show_combo = QComboBox()
+        for label, key in SHOWS:
+            self.show_combo.addItem(label, key)
+        self.show_combo.setToolTip(
+            "What the grid here, and the frames around the Head grid's thumbnails, are coloured by"
+        )
+        second.addWidget(self.show_combo)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip(
+            "Write the effects (JSON or CSV) with what they were computed on: model, prompt and ids, "
+            "target, method and scope"
+        )
+        self.export_button.setEnabled(False)
+        second.addWidget(self.export_button)
+        second.addStretch(1)
 
         self.summary = QLabel("Run a prompt, then press Run to find the heads the prediction depends on.")
         self.summary.setWordWrap(True)
@@ -173,6 +208,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addLayout(second)
         lay.addWidget(self.summary)
         lay.addWidget(split, 1)
         lay.addWidget(self.note)
@@ -182,6 +218,9 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.other_edit.textChanged.connect(self._on_other)
         self.table.cellClicked.connect(self._on_clicked)
         self.table.cellDoubleClicked.connect(self._on_activated)
+        self.show_combo.currentIndexChanged.connect(lambda _i: self._draw())
+        state.events.snapshot.connect(lambda _snap: self._drop_frames_if_stale())
+        self.export_button.clicked.connect(self._export_dialog)
 
     # -- running ------------------------------------------------------------------------------------------
     def _on_other(self, text: str) -> None:
@@ -192,6 +231,11 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         """Mark a result of another sequence as out of date (the sweep runs only on Run)."""
         if self.result is not None and self.result_key != self.state.sequence_key:
             self.summary.setText("Out of date: the sequence changed since these effects; press Run again.")
+
+    def _drop_frames_if_stale(self) -> None:
+        """A new sequence: the Head grid's effect frames go (they were this result's)."""
+        if self.result is not None and self.result_key != self.state.sequence_key and self.on_effects:
+            self.on_effects(None, "")
 
     def run(self) -> None:
         snap = self.state.snapshot
@@ -255,8 +299,54 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             self.summary.setText("The sequence changed before the sweep ran: press Run again.")
             return
         self.result, self.result_key = result, self.state.sequence_key if key is None else key
-        eff, dla, note, tok, other = result
-        q = eff.query
+        eff = result[0]
+        self._draw()
+        H = eff.query.shape[1]
+        L = eff.query.shape[0]
+        self.plot.getAxis("bottom").setTicks([[(h, f"H{h}") for h in range(H)]])
+        step = max(1, L // 15)
+        self.plot.getAxis("left").setTicks([[(i, str(i)) for i in range(0, L, step)]])
+        self.plot.setXRange(-0.5, H - 0.5, padding=0)
+        self.plot.setYRange(-0.5, L - 0.5, padding=0)
+        eff, dla, note, tok, other = result[:5]
+        self._fill(eff, dla)
+        self.export_button.setEnabled(True)
+        if hasattr(self, "push_settings"):
+            self.push_settings()  # the result goes into the session file with the controls
+        what = {"logprob": f"log p({tok!r})", "logit_diff": f"logit({tok!r}) − logit({other!r})", "kl": "KL"}[
+            eff.target.kind
+        ]
+        top = eff.top(3)
+        names = ", ".join(f"L{a}H{b} ({e:+.3f})" for a, b, e in top)
+        kv = np.nan_to_num(eff.kv)
+        kl, kk = np.unravel_index(int(np.argmax(np.abs(kv))), kv.shape)
+        self.summary.setText(
+            f"{what} at position {eff.target.position} = {eff.clean:.4f} · {eff.method} ablation "
+            f"{'at the read-out position' if eff.scope == 'readout' else 'at every position'} · "
+            f"largest: {names} · GQA group L{kl} KV{kk}: {kv[kl, kk]:+.3f}" + (f" · {note}" if note else "")
+        )
+        self.state.say("Which heads matter: ready", 3000)
+
+    def shown_values(self) -> tuple[np.ndarray | None, str]:
+        """``((L, H) float array | None, label)``: what "Colour by" picks from the result."""
+        if self.result is None:
+            return None, ""
+        eff, dla = self.result[0], self.result[1]
+        key = self.show_combo.currentData()
+        if key == "dla":
+            if dla is None:
+                return None, "direct logit attribution (not defined for this model)"
+            return dla.heads, "direct logit attribution"
+        return eff.query, f"{eff.method} ablation effect"
+
+    def _draw(self) -> None:
+        """The tab's grid (and the Head grid's frames) for the result and the "Colour by" choice."""
+        if self.result is None:
+            return
+        eff = self.result[0]
+        q, label = self.shown_values()
+        if q is None:
+            q = np.full(eff.query.shape, np.nan)
         lim = float(np.nanmax(np.abs(q))) if np.isfinite(q).any() else 1.0
         self.image.setImage(np.nan_to_num(q), levels=(-lim or -1, lim or 1))
         self.bar.setLevels((-lim or -1, lim or 1))
@@ -271,25 +361,92 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         ]
         for line in self._group_lines:
             self.plot.addItem(line)
-        self.plot.getAxis("bottom").setTicks([[(h, f"H{h}") for h in range(H)]])
-        step = max(1, L // 15)
-        self.plot.getAxis("left").setTicks([[(i, str(i)) for i in range(0, L, step)]])
-        self.plot.setXRange(-0.5, H - 0.5, padding=0)
-        self.plot.setYRange(-0.5, L - 0.5, padding=0)
-        self._fill(eff, dla)
-        what = {"logprob": f"log p({tok!r})", "logit_diff": f"logit({tok!r}) − logit({other!r})", "kl": "KL"}[
-            eff.target.kind
-        ]
-        top = eff.top(3)
-        names = ", ".join(f"L{a}H{b} ({e:+.3f})" for a, b, e in top)
-        kv = np.nan_to_num(eff.kv)
-        kl, kk = np.unravel_index(int(np.argmax(np.abs(kv))), kv.shape)
-        self.summary.setText(
-            f"{what} at position {eff.target.position} = {eff.clean:.4f} · {eff.method} ablation "
-            f"{'at the read-out position' if eff.scope == 'readout' else 'at every position'} · "
-            f"largest: {names} · GQA group L{kl} KV{kk}: {kv[kl, kk]:+.3f}" + (f" · {note}" if note else "")
+        if self.on_effects is not None:
+            self.on_effects(q, label)
+
+    # -- export and session -------------------------------------------------------------------------------
+    def export_data(self) -> dict:
+        """The result with its provenance (JSON-ready): what Export… writes and a session file keeps."""
+        if self.result is None:
+            return {}
+        eff, dla, note = self.result[:3]
+        prov = self.result[5] if len(self.result) > 5 else {}
+        return {
+            **prov,
+            **eff.to_json(),
+            "direct_logit_attribution": dla.to_json() if dla is not None else None,
+            "direct_logit_attribution_note": note,
+        }
+
+    def export(self, path: str) -> None:
+        """Write the result to ``path``: CSV (one row per head and group, provenance in ``#`` lines) when
+        it ends in ``.csv``, else JSON."""
+        from pathlib import Path
+
+        data = self.export_data()
+        if not data:
+            raise ValueError("nothing to export: press Run first")
+        if str(path).lower().endswith(".csv"):
+            import csv
+            import io
+
+            eff, dla = self.result[0], self.result[1]
+            buf = io.StringIO()
+            for k in ("model", "prompt", "target", "target_text", "other_text", "method", "scope"):
+                if k in data:
+                    buf.write(f"# {k}: {json.dumps(data[k], ensure_ascii=False)}\n")
+            w = csv.writer(buf)
+            w.writerow(["layer", "head", "kv_head", "effect", "direct_logit_attribution"])
+            H, n_kv = eff.query.shape[1], eff.kv.shape[1]
+            g = H // max(1, n_kv)
+            for layer in eff.layers:
+                for h in range(H):
+                    d = "" if dla is None else f"{dla.heads[layer, h]:.7g}"
+                    w.writerow([layer, h, h // g, f"{eff.query[layer, h]:.7g}", d])
+                for k in range(n_kv):
+                    w.writerow([layer, "group", k, f"{eff.kv[layer, k]:.7g}", ""])
+            Path(path).write_text(buf.getvalue(), encoding="utf-8")
+        else:
+            Path(path).write_text(json.dumps(data, indent=1, allow_nan=True), encoding="utf-8")
+
+    def _export_dialog(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export head effects", "head_effects.json", "JSON (*.json);;CSV (*.csv)"
         )
-        self.state.say("Which heads matter: ready", 3000)
+        if not path:
+            return
+        try:
+            self.export(path)
+        except (OSError, ValueError) as e:
+            self.state.fail(f"Could not export: {e}")
+            return
+        self.state.say(f"Wrote {path}", 4000)
+
+    def view_state(self) -> dict:
+        """The controls, and the result with its provenance (a session file keeps both)."""
+        out = super().view_state()
+        if self.result is not None:
+            out["result"] = self.export_data()
+        return out
+
+    def restore_view_state(self, state: dict) -> None:
+        super().restore_view_state(state)
+        if not isinstance(state, dict) or not isinstance(state.get("result"), dict):
+            return
+        if self.result is not None and self.export_data() == state["result"]:
+            return
+        try:
+            result = result_from_json(state["result"])
+        except (KeyError, TypeError, ValueError):
+            return  # an old or hand-edited session: the controls are restored, the result is not
+        snap = self.state.snapshot
+        ids = tuple(t.id for t in snap.tokens) if snap is not None else ()
+        key = self.state.sequence_key if tuple(state["result"].get("ids", ())) == ids else None
+        self.set_result(result, key)
+        if key is None:
+            self.summary.setText("From the session file, for another sequence: press Run to recompute.")
 
     def _fill(self, eff, dla) -> None:
         self.table.setSortingEnabled(False)
@@ -332,8 +489,59 @@ class HeadsView(QWidget, SavedControls, HeadRows):
                 self.state.tab = "heatmap"
 
 
+def result_from_json(data: dict) -> tuple:
+    """The tab's result tuple rebuilt from :meth:`HeadsView.export_data` (a session file's copy).
+
+    Raises:
+        KeyError, TypeError, ValueError: a dict that is not such an export."""
+    from attnscope.core.analysis.head_effects import HeadEffects, LogitAttribution, Target
+
+    t = Target(**{k: data["target"][k] for k in ("kind", "position", "token", "other")})
+    arr = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    eff = HeadEffects(
+        arr(data["query_heads"]),
+        arr(data["kv_heads"]),
+        float(data["clean"]),
+        t,
+        str(data["method"]),
+        str(data["scope"]),
+        tuple(int(i) for i in data["layers"]),
+        kv_side=arr(data["kv_side"]) if data.get("kv_side") is not None else None,
+    )
+    d = data.get("direct_logit_attribution")
+    dla = None
+    if isinstance(d, dict):
+        dla = LogitAttribution(
+            arr(d["heads"]),
+            arr(d["attn_bias"]),
+            arr(d["mlp"]),
+            float(d["embedding"]),
+            float(d["constant"]),
+            float(d["logit"]),
+            t,
+            0.0,
+        )
+    prov = {
+        k: v
+        for k, v in data.items()
+        if k not in ("query_heads", "kv_heads", "kv_side", "direct_logit_attribution")
+    }
+    return (
+        eff,
+        dla,
+        str(data.get("direct_logit_attribution_note", "")),
+        data.get("target_text") or "",
+        data.get("other_text") or "",
+        prov,
+    )
+
+
 def install_view(window) -> HeadsView:
-    """Create the "Which heads matter" tab and register it with ``window.add_view("heads", ...)``."""
+    """Create the "Which heads matter" tab and register it with ``window.add_view("heads", ...)``; its
+    "Colour by" choice frames the Head grid's thumbnails too (:meth:`attnscope.app.head_grid.HeadGridView.set_effects`)."""
     view = HeadsView(window.state, window.engine)
     window.add_view("heads", "Which heads matter", view)
+    grid = getattr(window, "grid", None)
+    if grid is not None and hasattr(grid, "set_effects"):
+        view.on_effects = grid.set_effects
     return view

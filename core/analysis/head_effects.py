@@ -160,6 +160,53 @@ def make_target(
     return Target(kind, int(position), int(tid), int(oid))
 
 
+def provenance(session, target: Target, **what) -> dict:
+    """What a result was computed on, for its export (JSON-ready): the model, the prompt and its token ids,
+    the target with its tokens' texts, and ``what`` (method, scope, site; ``corrupt`` / ``source``, the
+    corrupted or resample prompt, as ``corrupt_prompt`` and ``corrupt_ids``: a text with its token ids)."""
+    tok = session.tokenizer
+    out: dict = {
+        "model": session.info.name,
+        "prompt": session.prompt,
+        "chat_template": bool(session.chat_template),
+        "ids": [int(i) for i in session.ids],
+        "target": target.to_json(),
+        "target_text": tok.decode([target.token]) if target.token >= 0 else None,
+        "other_text": tok.decode([target.other]) if target.other >= 0 else None,
+        "position_token": tok.decode([session.ids[target.position]]),
+    }
+    for key, v in what.items():
+        if isinstance(v, str) and key in ("corrupt", "source"):
+            out[f"{key}_prompt"] = v
+            out[f"{key}_ids"] = [int(i) for i in session.encode(v, session.chat_template)]
+        elif v is not None and not isinstance(v, str) and key in ("corrupt", "source"):
+            out[f"{key}_ids"] = [int(i) for i in v]
+        else:
+            out[key] = v
+    return out
+
+
+def csv_preamble(prov: dict) -> str:
+    """``# key: value`` lines heading a CSV export (the provenance of :func:`provenance`; read with
+    ``pandas.read_csv(path, comment="#")``)."""
+    import json
+
+    keys = (
+        "model",
+        "prompt",
+        "corrupt",
+        "source",
+        "target",
+        "target_text",
+        "other_text",
+        "method",
+        "scope",
+        "site",
+    )
+    lines = [f"# {k}: {json.dumps(prov[k], ensure_ascii=False)}" for k in keys if k in prov]
+    return "\n".join(lines) + "\n"
+
+
 # -- the model's parts ----------------------------------------------------------------------------------
 @dataclass
 class _Parts:
@@ -170,6 +217,11 @@ class _Parts:
     lm_head: Any
     final_softcap: float | None
     pre_norm: bool
+    # each layer's query / key / value projection (outputs ``(B, L, n_heads·D)`` / ``(B, L, n_kv_heads·D)``);
+    # None where the layer has none or a fused one (GPT-2's c_attn, Phi-3's qkv_proj)
+    q_proj: list = field(default_factory=list)
+    k_proj: list = field(default_factory=list)
+    v_proj: list = field(default_factory=list)
 
 
 def _parts(session) -> _Parts:
@@ -194,7 +246,14 @@ def _parts(session) -> _Parts:
             f"{session.info.architecture}: its decoder layers, final norm or unembedding cannot be found"
         )
     outs, mlps = [], []
-    arch = session.info.arch
+    qkv: dict[str, list] = {"q": [], "k": [], "v": []}
+    info = session.info
+    arch = info.arch
+    widths = {
+        "q": info.n_heads * info.head_dim,
+        "k": info.n_kv_heads * info.head_dim,
+        "v": info.n_kv_heads * info.head_dim,
+    }
     for i, layer in enumerate(layers):
         attn = next(
             (getattr(layer, n) for n in ("self_attn", "attn", "attention") if hasattr(layer, n)), None
@@ -210,6 +269,9 @@ def _parts(session) -> _Parts:
                 f"{session.info.architecture}: a layer has no attention output projection to hook (o_proj/c_proj)"
             )
         outs.append(proj)
+        for name in "qkv":
+            mod = getattr(attn, f"{name}_proj", None) if attn is not None else None
+            qkv[name].append(mod if getattr(mod, "out_features", None) == widths[name] else None)
         mlps.append(
             next(
                 (getattr(layer, n) for n in ("mlp", "feed_forward", "block_sparse_moe") if hasattr(layer, n)),
@@ -220,7 +282,16 @@ def _parts(session) -> _Parts:
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     post = any(hasattr(layers[0], n) for n in ("post_feedforward_layernorm", "post_mlp_layernorm"))
     return _Parts(
-        list(layers), outs, mlps, norm, head, getattr(cfg, "final_logit_softcapping", None), not post
+        list(layers),
+        outs,
+        mlps,
+        norm,
+        head,
+        getattr(cfg, "final_logit_softcapping", None),
+        not post,
+        qkv["q"],
+        qkv["k"],
+        qkv["v"],
     )
 
 
@@ -254,21 +325,36 @@ def _hooks(pairs: Sequence[tuple[Any, Callable]], kind: str = "pre") -> Iterator
             h.remove()
 
 
+def _put(x, cols: Sequence[slice], value, positions: slice):
+    """``x`` (``(B, L, width)``) with ``cols`` at ``positions`` replaced by ``value`` (None = zeros; else
+    ``(L?, width)`` rows, the last ones used, or one row broadcast)."""
+    x = x.clone()
+    for sl in cols:
+        if value is None:
+            x[:, positions, sl] = 0
+        else:
+            v = value[..., sl].to(x.dtype)
+            x[:, positions, sl] = v[-x[:, positions].shape[1] :] if v.dim() > 1 and v.shape[0] > 1 else v
+    return x
+
+
 def _replace_heads(heads: Sequence[int], D: int, value, positions: slice) -> Callable:
     """A forward pre-hook putting ``value`` (None = zeros; else ``(L?, n_heads·D)`` rows, broadcast) into
     the slices of ``heads`` at ``positions`` of the output projection's input."""
+    cols = [slice(h * D, (h + 1) * D) for h in heads]
 
     def hook(_mod, args):
         (x, *rest) = args
-        x = x.clone()
-        for h in heads:
-            sl = slice(h * D, (h + 1) * D)
-            if value is None:
-                x[:, positions, sl] = 0
-            else:
-                v = value[..., sl].to(x.dtype)
-                x[:, positions, sl] = v[-x[:, positions].shape[1] :] if v.dim() > 1 and v.shape[0] > 1 else v
-        return (x, *rest)
+        return (_put(x, cols, value, positions), *rest)
+
+    return hook
+
+
+def _replace_out(cols: Sequence[slice], value, positions: slice) -> Callable:
+    """A forward hook putting ``value`` into ``cols`` of a projection's output (q/k/v_proj)."""
+
+    def hook(_mod, _args, out):
+        return _put(out, cols, value, positions)
 
     return hook
 
@@ -278,27 +364,228 @@ def _check(cancelled: Callable[[], bool] | None, done: int, total: int) -> None:
         raise Cancelled(f"stopped after {done} of {total} heads")
 
 
+# -- sites: what a unit replaces ------------------------------------------------------------------------
+#: ``"output"``: a head's slice of the output projection's input (its ``Σ_j α_ij v_j``);
+#: ``"query"``: its slice of q_proj's output (the query side alone, before RoPE / QK-norm);
+#: ``"kv"``: a KV head's slices of k_proj's and v_proj's outputs (its keys and values, the GQA group's
+#: shared side).
+SITES = ("output", "query", "kv")
+
+
+@dataclass(frozen=True)
+class _Unit:
+    layer: int
+    site: str  # "output" | "query" | "kv"
+    heads: tuple[int, ...]  # query heads (output, query) or one KV head (kv)
+    row: str  # which result array: "query" (per query head), "kv" (per KV head), "kv_side"
+    col: int
+
+
+def _site_modules(parts: _Parts, u: _Unit, D: int) -> list[tuple[Any, str, str, list[slice]]]:
+    """``(module, "pre"|"post", value key, column slices)`` for a unit."""
+    cols = [slice(h * D, (h + 1) * D) for h in u.heads]
+    if u.site == "output":
+        return [(parts.out_proj[u.layer], "pre", "z", cols)]
+    if u.site == "query":
+        return [(parts.q_proj[u.layer], "post", "q", cols)]
+    return [(parts.k_proj[u.layer], "post", "k", cols), (parts.v_proj[u.layer], "post", "v", cols)]
+
+
+def _hookable(parts: _Parts, site: str, layers: Sequence[int]) -> bool:
+    """Whether every layer in ``layers`` has the module(s) ``site`` replaces."""
+    need = {"output": [parts.out_proj], "query": [parts.q_proj], "kv": [parts.k_proj, parts.v_proj]}[site]
+    return all(i < len(mods) and mods[i] is not None for mods in need for i in layers)
+
+
+def _need_site(parts: _Parts, site: str, layers: Sequence[int], architecture: str) -> None:
+    if site not in SITES:
+        raise BadArgument(f"site must be one of {', '.join(SITES)}, got {site!r}")
+    if not _hookable(parts, site, layers):
+        what = {"output": "output projection", "query": "query projection (q_proj)"}.get(
+            site, "separate key and value projections (k_proj, v_proj)"
+        )
+        raise UnsupportedModelError(f"{architecture}: its attention layers have no {what} to patch")
+
+
+def _unit_hooks(parts: _Parts, u: _Unit, D: int, values: dict | None, positions: slice) -> list:
+    """The hooks replacing unit ``u``: ``values[(key, layer)]`` rows, or zeros where ``values`` is None
+    (or has no entry)."""
+    out = []
+    for mod, kind, key, cols in _site_modules(parts, u, D):
+        v = None if values is None else values.get((key, u.layer))
+        fn = _replace_heads(u.heads, D, v, positions) if kind == "pre" else _replace_out(cols, v, positions)
+        out.append((mod, fn, kind))
+    return out
+
+
+@contextlib.contextmanager
+def _apply(hooks: Sequence[tuple[Any, Callable, str]]) -> Iterator[None]:
+    handles = []
+    try:
+        for mod, fn, kind in hooks:
+            handles.append(
+                mod.register_forward_pre_hook(fn) if kind == "pre" else mod.register_forward_hook(fn)
+            )
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 # -- captures -------------------------------------------------------------------------------------------
 def _capture_inputs(be, parts: _Parts, ids: list[int]) -> list:
     """Every layer's output-projection input for ``ids`` from an empty cache: ``(L, n_heads·D)`` float32 each."""
+    got = _capture_sites(be, parts, ids, ("z",))
+    return [got.get(("z", i)) for i in range(len(parts.out_proj))]
+
+
+def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v")) -> dict:
+    """``{(key, layer): (L, width) float32}`` for ``ids`` from an empty cache: ``"z"`` the output
+    projection's input, ``"q"``/``"k"``/``"v"`` the projections' outputs (where the layer has them)."""
     import torch
 
-    got: list = [None] * len(parts.out_proj)
+    got: dict = {}
 
-    def keep(i):
+    def keep_in(i):
         def hook(_m, args):
-            got[i] = args[0][0].detach().float()
+            got[("z", i)] = args[0][0].detach().float()
 
         return hook
 
+    def keep_out(key, i):
+        def hook(_m, _args, out):
+            got[(key, i)] = out[0].detach().float()
+
+        return hook
+
+    hooks: list = []
+    for i, p in enumerate(parts.out_proj):
+        if p is not None and "z" in keys:
+            hooks.append((p, keep_in(i), "pre"))
+    for key, mods in (("q", parts.q_proj), ("k", parts.k_proj), ("v", parts.v_proj)):
+        if key in keys:
+            hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
     be.reset()
-    with (
-        torch.inference_mode(),
-        _hooks([(p, keep(i)) for i, p in enumerate(parts.out_proj) if p is not None]),
-    ):
+    with torch.inference_mode(), _apply(hooks):
         be.forward(list(ids))
     be.reset()
     return got
+
+
+# -- re-running from a layer -----------------------------------------------------------------------------
+class _Runner:
+    """The logits at the read-out position of ``ids`` with some hooks in place, reusing what they cannot
+    change.
+
+    Layers below a unit's layer see the same inputs with or without its hooks, so their outputs are
+    reused: one recording forward keeps every decoder layer's call (its input hidden states and the
+    keyword arguments the model passed: position embeddings, masks), and a unit re-runs only the layers
+    from its own on, then the final norm and the unembedding at the read-out position.
+
+    * ``readout`` scope: the prefix ``ids[:p]`` is in the KV cache (unchanged by a read-out patch), the
+      recording is the decode step of ``ids[p]``; a re-run appends position ``p`` to layers ≥ the unit's
+      and is cropped off again.
+    * ``everywhere``: the recording is the forward of ``ids`` (chunk by chunk, as the backend runs it);
+      a re-run feeds each chunk's recorded input to the layers ≥ the unit's with a fresh cache.
+
+    Where the re-run cannot be trusted (a hybrid model's recurrent states, a length-dependent RoPE, or a
+    check re-run from layer 0 that does not give the model's own logits: a logit scale after the
+    unembedding) every unit runs a whole forward instead (:attr:`reuse` False): slower, the same numbers.
+    """
+
+    def __init__(self, be, parts: _Parts, ids: Sequence[int], scope: str):
+        import torch
+
+        self.be, self.parts, self.ids, self.scope = be, parts, list(ids), scope
+        self.p = len(self.ids) - 1
+        n = len(parts.layers)
+        chunks: list[list] = []
+
+        def keep(i):
+            def hook(_m, args, kwargs):
+                if i == 0 or not chunks:
+                    chunks.append([None] * n)
+                chunks[-1][i] = (args, dict(kwargs))
+
+            return hook
+
+        be.reset()
+        handles = [
+            layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(parts.layers)
+        ]
+        try:
+            with torch.inference_mode():
+                if scope == "readout":
+                    if self.p:
+                        be.forward(self.ids[: self.p])
+                    chunks.clear()
+                    self.clean = be.forward([self.ids[self.p]])
+                else:
+                    self.clean = be.forward(self.ids)
+        finally:
+            for h in handles:
+                h.remove()
+        self.chunks = chunks
+        self._restore()
+        self.reuse = bool(chunks) and not (getattr(be, "hybrid", False) or getattr(be.rope, "active", False))
+        self.reuse = self.reuse and all(c is not None for chunk in chunks for c in chunk)
+        if self.reuse:
+            again = self._from(0)
+            scale = 1.0 + float(np.max(np.abs(self.clean)))
+            self.reuse = bool(np.max(np.abs(again - self.clean)) <= 1e-5 * scale)
+
+    def _restore(self) -> None:
+        if self.scope == "readout":
+            self.be.truncate(self.p)
+        else:
+            self.be.reset()
+
+    def logits(self, layer: int, hooks: Sequence[tuple[Any, Callable, str]]) -> np.ndarray:
+        """``(vocab,)`` float32 logits at the read-out position with ``hooks`` (all on layer ``layer``)."""
+        import torch
+
+        with torch.inference_mode(), _apply(hooks):
+            if self.reuse:
+                return self._from(layer)
+            if self.scope == "readout":
+                out = self.be.forward([self.ids[self.p]])
+            else:
+                out = self.be.forward(self.ids)
+            self._restore()
+            return out
+
+    def _from(self, layer: int) -> np.ndarray:
+        import torch
+
+        be, parts = self.be, self.parts
+        cache = be.cache if self.scope == "readout" else be._new_cache()
+        h = None
+        with torch.inference_mode():
+            for chunk in self.chunks:
+                args, kw = chunk[layer]
+                h = args[0] if args else kw["hidden_states"]
+                for i in range(layer, len(parts.layers)):
+                    args, kw = chunk[i]
+                    kw = dict(kw)
+                    for name in ("cache", "past_key_values"):
+                        if name in kw:
+                            kw[name] = cache
+                    if args:
+                        out = parts.layers[i](h, *args[1:], **kw)
+                    else:
+                        kw["hidden_states"] = h
+                        out = parts.layers[i](**kw)
+                    h = out[0] if isinstance(out, tuple) else out
+            assert h is not None
+            x = parts.lm_head(parts.norm(h[:, -1:]))[0, -1].float()
+            if parts.final_softcap:
+                x = torch.tanh(x / parts.final_softcap) * parts.final_softcap
+        if self.scope == "readout":  # drop position p from the layers the re-run appended it to
+            for cl in be._cache_layers():
+                if getattr(cl, "keys", None) is not None and cl.keys.numel() and cl.keys.shape[-2] > self.p:
+                    cl.keys = cl.keys[..., : self.p, :]
+                    cl.values = cl.values[..., : self.p, :]
+        return x.cpu().numpy()
 
 
 # -- ablation -------------------------------------------------------------------------------------------
@@ -310,9 +597,13 @@ class HeadEffects:
         query: ``(n_layers, n_heads)`` float64: target(changed) − target(clean) (for ``kl``: the KL itself).
         kv: ``(n_layers, n_kv_heads)`` float64: the same with the whole GQA group of query heads that
             read the KV head replaced at once.
+        kv_side: ``(n_layers, n_kv_heads)``: the same with the KV head's keys and values replaced
+            (k_proj's and v_proj's output slices: the K/V side alone, every query head of the group still
+            reading them); NaN where the layers have no separate k/v projections (fused QKV).
         clean: the target on the clean run.
         target, method, scope: what was measured and how.
         layers: the real indices of the layers measured (layers with an attention map).
+        reused: whether layers below each head's were reused (False: one whole forward per head).
     """
 
     query: np.ndarray
@@ -323,6 +614,8 @@ class HeadEffects:
     scope: str
     layers: tuple[int, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    kv_side: np.ndarray | None = None
+    reused: bool = True
 
     def top(self, k: int = 10) -> list[tuple[int, int, float]]:
         """The ``k`` query heads of largest |effect|: ``(layer, head, effect)``, largest first."""
@@ -331,7 +624,7 @@ class HeadEffects:
         return [(int(i // H), int(i % H), float(self.query.flat[i])) for i in flat]
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "target": self.target.to_json(),
             "method": self.method,
             "scope": self.scope,
@@ -340,11 +633,39 @@ class HeadEffects:
             "kv_heads": np.round(self.kv, 7).tolist(),
             "layers": list(self.layers),
         }
+        if self.kv_side is not None:
+            out["kv_side"] = np.round(self.kv_side, 7).tolist()
+        return out
 
 
 def _groups(session) -> list[list[int]]:
     arch = session.info.arch
     return [list(arch.group(k)) for k in range(arch.n_kv_heads)]
+
+
+def _layers_of(session, layers: Sequence[int] | None) -> tuple[int, ...]:
+    att = tuple(session.info.arch.attention_layers)
+    if layers is None:
+        return att
+    out = []
+    for x in layers:
+        i = index("layer", x, session.info.n_layers)
+        if i not in att:
+            raise OutOfRange(f"layer {i} has no attention map (its heads cannot be ablated)")
+        out.append(i)
+    return tuple(sorted(set(out)))
+
+
+def _units(session, parts: _Parts, layers: Sequence[int], kv_side: bool, site: str = "output") -> list[_Unit]:
+    H = session.info.n_heads
+    groups = _groups(session)
+    units: list[_Unit] = []
+    if site in ("output", "query"):
+        units += [_Unit(layer, site, (h,), "query", h) for layer in layers for h in range(H)]
+        units += [_Unit(layer, site, tuple(g), "kv", k) for layer in layers for k, g in enumerate(groups)]
+    if site == "kv" or kv_side:
+        units += [_Unit(layer, "kv", (k,), "kv_side", k) for layer in layers for k in range(len(groups))]
+    return units
 
 
 @remotable
@@ -356,8 +677,11 @@ def head_effects(
     source: str | Sequence[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    layers: Sequence[int] | None = None,
+    kv_side: bool = True,
 ) -> HeadEffects:
-    """Ablate every query head and every KV head's group, one at a time, and measure ``target``.
+    """Ablate every query head, every KV head's group, and every KV head's keys and values, one at a time,
+    and measure ``target``.
 
     Args:
         target: default :func:`make_target` (log-prob of the next token at the last position).
@@ -367,12 +691,18 @@ def head_effects(
         scope: ``"readout"`` (only at the read-out position, KV cache of the prefix reused) or
             ``"everywhere"`` (every position ``0..p``).
         progress: ``progress(done, total)`` after each head; ``cancelled()`` is checked before each.
+        layers: the layers to sweep (default every attention layer); the others stay NaN.
+        kv_side: also the K/V side of each KV head (:attr:`HeadEffects.kv_side`), where the layers
+            have separate k/v projections.
 
-    Cost: one forward of ``ids[:p]``, then one decode step per head (readout) or one forward of
-    ``ids[:p + 1]`` per head (everywhere). Memory: one extra KV cache of the prefix.
+    Cost: one forward of ``ids[:p]`` and a recording decode step (readout) or forward (everywhere),
+    then per head the layers from its own on (:class:`_Runner`): at most one decode step per head
+    (readout), at most one forward of ``ids[:p + 1]`` (everywhere; on average about half of one).
+    Memory: one extra KV cache of the prefix, plus every layer's input hidden states (everywhere).
 
     Raises:
         BadArgument: unknown method/scope, resample without a source or with one too short.
+        OutOfRange: a layer outside the model or without attention.
         UnsupportedModelError: not the torch backend. Cancelled: ``cancelled()`` became true.
     """
     import torch
@@ -387,56 +717,47 @@ def head_effects(
     D, H = info.head_dim, info.n_heads
     p = target.position
     ids = session.ids[: p + 1]
-    layers = info.arch.attention_layers
-    groups = _groups(session)
-    units = [(layer, [h]) for layer in layers for h in range(H)] + [
-        (layer, g) for layer in layers for g in groups
-    ]
+    sweep = _layers_of(session, layers)
+    side = kv_side and _hookable(parts, "kv", sweep)
+    units = _units(session, parts, sweep, side)
     total = len(units)
-    query = np.full((info.n_layers, H), np.nan)
-    kv = np.full((info.n_layers, info.n_kv_heads), np.nan)
+    out = {
+        "query": np.full((info.n_layers, H), np.nan),
+        "kv": np.full((info.n_layers, info.n_kv_heads), np.nan),
+        "kv_side": np.full((info.n_layers, info.n_kv_heads), np.nan),
+    }
     with _scratch(session) as be, torch.inference_mode():
-        replacement: list = [None] * len(parts.out_proj)
-        if method != "zero":
-            if method == "mean":
-                rows = _capture_inputs(be, parts, ids)
-                replacement = [None if r is None else r.mean(dim=0, keepdim=True) for r in rows]
-            else:
-                src = _source_ids(session, source, p + 1)
-                rows = _capture_inputs(be, parts, src[: p + 1])
-                replacement = rows
-        be.reset()
-        if scope == "readout":
-            if p:
-                be.forward(ids[:p])
-            clean_logits = be.forward([ids[p]])
-            be.truncate(p)
-        else:
-            clean_logits = be.forward(ids)
-            be.reset()
-        clean = target.value(clean_logits, clean_logits)
-        for done, (layer, heads) in enumerate(units):
-            _check(cancelled, done, total)
-            value = replacement[layer]
+        values: dict | None = None
+        if method == "mean":
+            rows = _capture_sites(be, parts, ids, ("z", "k", "v") if side else ("z",))
+            values = {key: r.mean(dim=0, keepdim=True) for key, r in rows.items()}
+        elif method == "resample":
+            src = _source_ids(session, source, p + 1)
+            values = _capture_sites(be, parts, src[: p + 1], ("z", "k", "v") if side else ("z",))
             if scope == "readout":
-                pos = slice(-1, None)
-                value = value if value is None else value[-1:] if method == "resample" else value
-                with _hooks([(parts.out_proj[layer], _replace_heads(heads, D, value, pos))]):
-                    logits = be.forward([ids[p]])
-                be.truncate(p)
-            else:
-                with _hooks([(parts.out_proj[layer], _replace_heads(heads, D, value, slice(None)))]):
-                    logits = be.forward(ids)
-                be.reset()
+                values = {key: r[-1:] for key, r in values.items()}
+        run = _Runner(be, parts, ids, scope)
+        clean_logits = run.clean
+        clean = target.value(clean_logits, clean_logits)
+        pos = slice(-1, None) if scope == "readout" else slice(None)
+        for done, u in enumerate(units):
+            _check(cancelled, done, total)
+            logits = run.logits(u.layer, _unit_hooks(parts, u, D, values, pos))
             effect = target.value(logits, clean_logits)
-            effect = effect if target.kind == "kl" else effect - clean
-            if done < len(layers) * H:
-                query[layer, heads[0]] = effect
-            else:
-                kv[layer, groups.index(heads)] = effect
+            out[u.row][u.layer, u.col] = effect if target.kind == "kl" else effect - clean
             if progress is not None:
                 progress(done + 1, total)
-    return HeadEffects(query, kv, clean, target, method, scope, layers)
+    return HeadEffects(
+        out["query"],
+        out["kv"],
+        clean,
+        target,
+        method,
+        scope,
+        sweep,
+        kv_side=out["kv_side"] if side else None,
+        reused=run.reuse,
+    )
 
 
 def _source_ids(session, source, need: int) -> list[int]:
@@ -458,12 +779,17 @@ class PatchResult:
     """Fraction of the clean − corrupted target difference each head's patch accounts for.
 
     Attributes:
-        denoise: ``(n_layers, n_heads)``: corrupted run with the head's output taken from the clean run:
-            (t_patched − t_corrupt) / (t_clean − t_corrupt) (1 = the head alone restores the behaviour).
+        denoise: ``(n_layers, n_heads)``: corrupted run with the head's output (``site="query"``: its
+            query projection) taken from the clean run: (t_patched − t_corrupt) / (t_clean − t_corrupt)
+            (1 = the head alone restores the behaviour). NaN for ``site="kv"``.
         noise: ``(n_layers, n_heads)``: clean run with the head's output from the corrupted run:
             (t_clean − t_patched) / (t_clean − t_corrupt) (1 = the head alone breaks it).
-        denoise_kv, noise_kv: ``(n_layers, n_kv_heads)``: the same for whole GQA groups.
+        denoise_kv, noise_kv: ``(n_layers, n_kv_heads)``: the same for whole GQA groups (``site="kv"``:
+            for the KV head's keys and values, k_proj's and v_proj's outputs).
         clean, corrupt: the target on each run.
+        site: ``"output"``, ``"query"`` or ``"kv"`` (:data:`SITES`).
+        method: ``"exact"`` (:func:`patch_heads`) or ``"attribution"`` (:func:`attribution_patching`, the
+            first-order estimate).
     """
 
     denoise: np.ndarray
@@ -475,12 +801,33 @@ class PatchResult:
     target: Target
     scope: str
     layers: tuple[int, ...] = ()
+    site: str = "output"
+    method: str = "exact"
+
+    def agreement(self, exact: PatchResult) -> dict:
+        """How well this estimate matches ``exact`` (same target, scope and site): per direction and per
+        array, Spearman's rank correlation over the finite entries and the largest absolute error (in
+        fractions of the clean − corrupted difference). ``{"denoise": {"spearman": r, "max_error": e},
+        "noise": ..., "denoise_kv": ..., "noise_kv": ...}``."""
+        out = {}
+        for name in ("denoise", "noise", "denoise_kv", "noise_kv"):
+            a, b = np.asarray(getattr(self, name)).ravel(), np.asarray(getattr(exact, name)).ravel()
+            ok = np.isfinite(a) & np.isfinite(b)
+            if ok.sum() < 2:
+                continue
+            out[name] = {
+                "spearman": _spearman(a[ok], b[ok]),
+                "max_error": float(np.max(np.abs(a[ok] - b[ok]))),
+            }
+        return out
 
     def to_json(self) -> dict:
         r = lambda a: np.round(a, 7).tolist()  # noqa: E731
         return {
             "target": self.target.to_json(),
             "scope": self.scope,
+            "site": self.site,
+            "method": self.method,
             "clean": self.clean,
             "corrupt": self.corrupt,
             "denoise": r(self.denoise),
@@ -491,35 +838,23 @@ class PatchResult:
         }
 
 
-@remotable
-def patch_heads(
-    session,
-    corrupt: str | Sequence[int],
-    target: Target | None = None,
-    scope: str = "everywhere",
-    progress: Callable[[int, int], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
-) -> PatchResult:
-    """Activation patching of every head's output between the session's sequence (clean) and
-    ``corrupt`` (text, encoded as the session's prompt was, or token ids), which must be as long up to the
-    read-out position (the IOI-style swap of two names keeps the length).
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN where either side is constant."""
 
-    Raises:
-        BadArgument: prompts of different lengths; a target that is not a logit difference or log-prob.
-        UnsupportedModelError: not the torch backend. Cancelled: as :func:`head_effects`.
-    """
-    import torch
+    def ranks(x):
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=np.float64)
+        _, inv = np.unique(x, return_inverse=True)
+        return np.bincount(inv, weights=r)[inv] / np.bincount(inv)[inv]  # ties: their mean rank
 
-    if scope not in SCOPES:
-        raise BadArgument(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    target = make_target(session) if target is None else target
-    if target.kind == "kl":
-        raise BadArgument("patching measures a log-prob or a logit difference, not a KL divergence")
-    parts = _parts(session)
-    info = session.info
-    D, H = info.head_dim, info.n_heads
-    p = target.position
-    clean_ids = session.ids[: p + 1]
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _corrupt_ids(session, corrupt, p: int) -> list[int]:
     bad = (
         session.encode(corrupt, session.chat_template)
         if isinstance(corrupt, str)
@@ -532,52 +867,253 @@ def patch_heads(
         )
     if p >= len(bad):
         raise OutOfRange(f"the read-out position {p} is past the corrupted prompt's {len(bad)} tokens")
-    bad = bad[: p + 1]
-    layers = info.arch.attention_layers
-    groups = _groups(session)
-    units = [(layer, [h]) for layer in layers for h in range(H)] + [
-        (layer, g) for layer in layers for g in groups
-    ]
+    vocab = session.info.vocab_size
+    if any(not 0 <= i < vocab for i in bad):
+        raise BadArgument(f"the corrupted prompt has a token id outside the vocabulary 0..{vocab - 1}")
+    return bad[: p + 1]
+
+
+def _patch_target(session, target: Target | None) -> Target:
+    target = make_target(session) if target is None else target
+    if target.kind == "kl":
+        raise BadArgument("patching measures a log-prob or a logit difference, not a KL divergence")
+    return target
+
+
+@remotable
+def patch_heads(
+    session,
+    corrupt: str | Sequence[int],
+    target: Target | None = None,
+    scope: str = "everywhere",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    site: str = "output",
+    layers: Sequence[int] | None = None,
+) -> PatchResult:
+    """Activation patching of every head between the session's sequence (clean) and ``corrupt`` (text,
+    encoded as the session's prompt was, or token ids), which must be as long up to the read-out position
+    (the IOI-style swap of two names keeps the length).
+
+    ``site`` says what is patched (:data:`SITES`): ``"output"`` each query head's output and each GQA
+    group's outputs together; ``"query"`` each query head's query projection (and each group's queries
+    together); ``"kv"`` each KV head's keys and values (k_proj's and v_proj's output slices). Exact: a plain
+    transformers forward with that slice replaced by a hook computes the same (tests/test_head_effects.py).
+
+    Raises:
+        BadArgument: prompts of different lengths; a target that is not a logit difference or log-prob;
+            an unknown site. UnsupportedModelError: not the torch backend; a site the layers do not have
+            (a fused QKV projection). Cancelled: as :func:`head_effects`.
+    """
+    import torch
+
+    if scope not in SCOPES:
+        raise BadArgument(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    target = _patch_target(session, target)
+    parts = _parts(session)
+    info = session.info
+    D, H = info.head_dim, info.n_heads
+    p = target.position
+    clean_ids = session.ids[: p + 1]
+    bad = _corrupt_ids(session, corrupt, p)
+    sweep = _layers_of(session, layers)
+    _need_site(parts, site, sweep, info.architecture)
+    units = _units(session, parts, sweep, False, site)
     total = 2 * len(units)
     out = {
         k: np.full((info.n_layers, n), np.nan)
         for k, n in (("dn", H), ("ns", H), ("dkv", info.n_kv_heads), ("nkv", info.n_kv_heads))
     }
+    keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
+    pos = slice(-1, None) if scope == "readout" else slice(None)
     with _scratch(session) as be, torch.inference_mode():
-        rows = {"clean": _capture_inputs(be, parts, clean_ids), "corrupt": _capture_inputs(be, parts, bad)}
+        rows = {
+            "clean": _capture_sites(be, parts, clean_ids, keys),
+            "corrupt": _capture_sites(be, parts, bad, keys),
+        }
+        if scope == "readout":
+            rows = {name: {k: r[-1:] for k, r in got.items()} for name, got in rows.items()}
         t = {}
-        for name, run in (("clean", clean_ids), ("corrupt", bad)):
-            t[name] = target.value(be.forward(run))
+        for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
+            t[name] = target.value(be.forward(run_ids))
             be.reset()
         diff = t["clean"] - t["corrupt"]
         done = 0
         for into, src, key in (("corrupt", "clean", "d"), ("clean", "corrupt", "n")):
-            run = bad if into == "corrupt" else clean_ids
-            if scope == "readout" and p:
-                be.forward(run[:p])
-            for u, (layer, heads) in enumerate(units):
+            run = _Runner(be, parts, bad if into == "corrupt" else clean_ids, scope)
+            for u in units:
                 _check(cancelled, done, total)
-                value = rows[src][layer]
-                pos = slice(-1, None) if scope == "readout" else slice(None)
-                v = value[-1:] if scope == "readout" else value
-                with _hooks([(parts.out_proj[layer], _replace_heads(heads, D, v, pos))]):
-                    logits = be.forward([run[p]] if scope == "readout" else run)
-                if scope == "readout":
-                    be.truncate(p)
-                else:
-                    be.reset()
-                tv = target.value(logits)
+                tv = target.value(run.logits(u.layer, _unit_hooks(parts, u, D, rows[src], pos)))
                 frac = ((tv - t["corrupt"]) if key == "d" else (t["clean"] - tv)) / diff if diff else np.nan
-                if u < len(layers) * H:
-                    out["dn" if key == "d" else "ns"][layer, heads[0]] = frac
-                else:
-                    out["dkv" if key == "d" else "nkv"][layer, groups.index(heads)] = frac
+                name = (
+                    ("dn" if key == "d" else "ns") if u.row == "query" else ("dkv" if key == "d" else "nkv")
+                )
+                out[name][u.layer, u.col] = frac
                 done += 1
                 if progress is not None:
                     progress(done, total)
             be.reset()
     return PatchResult(
-        out["dn"], out["ns"], out["dkv"], out["nkv"], t["clean"], t["corrupt"], target, scope, layers
+        out["dn"], out["ns"], out["dkv"], out["nkv"], t["clean"], t["corrupt"], target, scope, sweep, site
+    )
+
+
+# -- attribution patching ------------------------------------------------------------------------------------
+def _metric(target: Target, x):
+    """The target on ``(vocab,)`` torch logits, differentiable."""
+    import torch
+
+    if target.kind == "logit_diff":
+        return x[target.token] - x[target.other]
+    return torch.log_softmax(x.double(), dim=-1)[target.token]
+
+
+def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Sequence[str]):
+    """One forward with gradients and one backward: ``(target value, {(key, layer): activation (L, width)},
+    {(key, layer): ∂target/∂activation (L, width)})``, float32 (``keys`` as :func:`_capture_sites`).
+
+    Gradients flow into the activations only (``torch.autograd.grad``; no weight gradients are formed)."""
+    import torch
+
+    acts: dict = {}
+
+    def keep_in(i):
+        def hook(_m, args):
+            acts[("z", i)] = args[0]
+
+        return hook
+
+    def keep_out(key, i):
+        def hook(_m, _args, out):
+            acts[(key, i)] = out
+
+        return hook
+
+    def needs_grad(_m, _args, out):
+        if not out.requires_grad:  # frozen weights: the graph starts at the embeddings' output
+            out.requires_grad_(True)
+        return out
+
+    hooks: list = [(be.model.get_input_embeddings(), needs_grad, "post")]
+    if "z" in keys:
+        hooks += [(m, keep_in(i), "pre") for i, m in enumerate(parts.out_proj) if m is not None]
+    for key, mods in (("q", parts.q_proj), ("k", parts.k_proj), ("v", parts.v_proj)):
+        if key in keys:
+            hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
+    with torch.inference_mode(False), torch.enable_grad(), _apply(hooks):
+        res = be.model(
+            input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
+        )
+        x = res.logits[0, -1].float()
+        m = _metric(target, x)
+        names = list(acts)
+        grads = torch.autograd.grad(m, [acts[k] for k in names], allow_unused=True)
+    g = {
+        k: (torch.zeros_like(acts[k]) if gr is None else gr)[0].detach().float()
+        for k, gr in zip(names, grads, strict=True)
+    }
+    a = {k: acts[k][0].detach().float() for k in names}
+    return float(m.detach()), a, g
+
+
+@remotable
+def attribution_patching(
+    session,
+    corrupt: str | Sequence[int],
+    target: Target | None = None,
+    scope: str = "everywhere",
+    site: str = "output",
+    directions: Sequence[str] = ("denoise", "noise"),
+) -> PatchResult:
+    """Attribution patching (Nanda 2023, "Attribution Patching: Activation Patching At Industrial Scale";
+    Syed et al. 2023): the first-order estimate of every head's patch at once, from one forward and one
+    backward per direction.
+
+    For a site activation ``a`` (a head's slice of the output projection's input, of q_proj's output, or a KV
+    head's k_proj and v_proj output slices), patching the clean value into the corrupted run changes the
+    target by about ``(a_clean − a_corrupt) · ∂t/∂a`` with the gradient taken on the corrupted run
+    (denoising), and the corrupted value into the clean run by ``(a_corrupt − a_clean) · ∂t/∂a`` on the
+    clean run (noising), summed over the patched positions (``readout``: the read-out position only). The
+    result has :func:`patch_heads`'s shape and fractions (``method="attribution"``); a group's estimate is
+    the sum of its heads' (the estimate is linear). Exact where the target is linear in the activation
+    (tests/test_head_effects.py: the last layer of a model whose last MLP and final norm are linear);
+    elsewhere :meth:`PatchResult.agreement` against :func:`patch_heads` says how close it is.
+
+    ``directions``: ``("denoise",)`` runs one forward with gradients, one backward and one plain forward of
+    the clean prompt (its activations); the default runs both directions (two of each with gradients).
+
+    Raises:
+        as :func:`patch_heads`; BadArgument: an unknown direction.
+    """
+    import torch
+
+    if scope not in SCOPES:
+        raise BadArgument(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    bad_dir = [d for d in directions if d not in ("denoise", "noise")]
+    if bad_dir or not directions:
+        raise BadArgument(f"directions are 'denoise' and/or 'noise', got {list(directions)!r}")
+    target = _patch_target(session, target)
+    parts = _parts(session)
+    info = session.info
+    D, H, Hkv = info.head_dim, info.n_heads, info.n_kv_heads
+    p = target.position
+    clean_ids = session.ids[: p + 1]
+    bad = _corrupt_ids(session, corrupt, p)
+    sweep = _layers_of(session, None)
+    _need_site(parts, site, sweep, info.architecture)
+    keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
+    runs = {"denoise": ("corrupt", "clean"), "noise": ("clean", "corrupt")}
+    acts: dict = {}
+    grads: dict = {}
+    t: dict = {}
+    with _scratch(session) as be:
+        for d in directions:
+            into, _src = runs[d]
+            t[into], acts[into], grads[into] = _grad_run(
+                be, parts, bad if into == "corrupt" else clean_ids, target, keys
+            )
+        for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
+            if name not in acts:
+                with torch.inference_mode():
+                    acts[name] = _capture_sites(be, parts, run_ids, keys)
+                    t[name] = target.value(be.forward(run_ids))
+                    be.reset()
+    diff = t["clean"] - t["corrupt"]
+    rows = slice(-1, None) if scope == "readout" else slice(None)
+    out = {
+        k: np.full((info.n_layers, n), np.nan)
+        for k, n in (("denoise", H), ("noise", H), ("denoise_kv", Hkv), ("noise_kv", Hkv))
+    }
+    groups = _groups(session)
+    for d in directions:
+        into, src = runs[d]
+        per = {}
+        for key in keys:
+            for layer in sweep:
+                delta = (acts[src][(key, layer)] - acts[into][(key, layer)])[rows]
+                prod = (delta * grads[into][(key, layer)][rows]).sum(0).double()  # (width,)
+                per[(key, layer)] = prod.reshape(-1, D).sum(-1).cpu().numpy()  # per head of the projection
+        sign = 1.0 if d == "denoise" else -1.0
+        for layer in sweep:
+            if site == "kv":
+                kvh = per[("k", layer)] + per[("v", layer)]
+                out[f"{d}_kv"][layer] = sign * kvh / diff if diff else np.nan
+                continue
+            heads = per[(keys[0], layer)]
+            out[d][layer] = sign * heads / diff if diff else np.nan
+            out[f"{d}_kv"][layer] = [sign * heads[g].sum() / diff if diff else np.nan for g in groups]
+    return PatchResult(
+        out["denoise"],
+        out["noise"],
+        out["denoise_kv"],
+        out["noise_kv"],
+        t["clean"],
+        t["corrupt"],
+        target,
+        scope,
+        sweep,
+        site,
+        "attribution",
     )
 
 

@@ -45,6 +45,7 @@ _PUBLIC = {
     "make_target": "attnscope.core.analysis.head_effects",
     "head_effects": "attnscope.core.analysis.head_effects",
     "patch_heads": "attnscope.core.analysis.head_effects",
+    "attribution_patching": "attnscope.core.analysis.head_effects",
     "logit_attribution": "attnscope.core.analysis.head_effects",
     "logit_lens": "attnscope.core.analysis.head_effects",
     # why a head attends (docs "Why a head attends")

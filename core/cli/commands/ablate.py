@@ -70,13 +70,15 @@ def add_arguments(p) -> None:
     add_output_arguments(p)
 
 
-def write_rows(path, header: list[str], rows: list[list]) -> None:
+def write_rows(path, header: list[str], rows: list[list], preamble: str = "") -> None:
+    """CSV ``header`` + ``rows`` to ``path``, after ``preamble`` (``# key: value`` provenance lines)."""
     import csv
     import io
 
     from attnscope.core.io.paths import write_text
 
     buf = io.StringIO()
+    buf.write(preamble)
     w = csv.writer(buf)
     w.writerow(header)
     w.writerows(rows)
@@ -110,14 +112,11 @@ def run(args) -> int:
         dla, dla_note = None, str(e)
     else:
         dla_note = ""
-    tok = s.tokenizer
+    from attnscope.core.analysis.head_effects import csv_preamble, provenance
+
+    prov = provenance(s, t, method=args.method, scope=args.scope, source=args.source)
     data = {
-        "model": s.info.name,
-        "prompt": s.prompt,
-        "chat_template": s.chat_template,
-        "target_text": tok.decode([t.token]),
-        "other_text": tok.decode([t.other]) if t.other >= 0 else None,
-        "position_token": tok.decode([s.ids[t.position]]),
+        **prov,
         **eff.to_json(),
         "direct_logit_attribution": dla.to_json() if dla is not None else None,
         "direct_logit_attribution_note": dla_note,
@@ -132,7 +131,12 @@ def run(args) -> int:
                     [layer, h, s.info.kv_head(h), f"{eff.query[layer, h]:.7g}"]
                     + ([f"{dla.heads[layer, h]:.7g}"] if dla is not None else [""])
                 )
-        write_rows(out_csv, ["layer", "head", "kv_head", "effect", "direct_logit_attribution"], rows)
+        write_rows(
+            out_csv,
+            ["layer", "head", "kv_head", "effect", "direct_logit_attribution"],
+            rows,
+            csv_preamble(prov),
+        )
     where = sys.stdout if out is not None or args.json is None else sys.stderr
     what = {"logprob": "log p", "logit_diff": "logit diff", "kl": "KL"}[t.kind]
     print(f"clean {what} = {eff.clean:.4f}; heads by |effect| ({args.method}, {args.scope}):", file=where)

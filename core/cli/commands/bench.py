@@ -122,6 +122,12 @@ def add_arguments(p) -> None:
         "T-token prefix, side by side (target: at most 1.5x); --repeats, default 3",
     )
     p.add_argument(
+        "--heads",
+        action="store_true",
+        help="'Which heads matter' instead: read-out sweep of every head against prefill and the per-head "
+        "loop of full forwards, the everywhere sweep, attribution patching, as ratios (--sizes: T, default 2048)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
@@ -180,6 +186,19 @@ def run(args) -> int:
             log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
         )
         _emit(format_sources(result), result, args.json, out)
+        return 0
+    if getattr(args, "heads", False):
+        from attnscope.core.bench.heads import format_heads_table, run_heads_bench
+
+        result = run_heads_bench(
+            model=args.model,
+            seq_len=64 if args.quick else (_sizes(args.sizes)[-1] if args.sizes else 2048),
+            repeats=args.repeats if args.repeats is not None else (1 if args.quick else 2),
+            loop_heads=2 if args.quick else 5,
+            everywhere_layers=1 if args.quick else 5,
+            log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+        )
+        _emit(format_heads_table(result), result, args.json, out)
         return 0
     if getattr(args, "views", False):
         from attnscope.core.bench.views import main as views_main

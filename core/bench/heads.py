@@ -1,0 +1,230 @@
+"""``attnscope bench --heads``: what "Which heads matter" costs, as ratios measured side by side in one run.
+
+Rows (wall seconds on this machine; every ratio divides two figures taken in the same process, minutes
+apart, so a busy machine slows both sides alike):
+
+* ``prefill``: the prompt's own prefill with capture (:meth:`attnscope.core.session.Session.prefill`), the
+  fastest of ``repeats``;
+* ``readout``: zero-ablation of every query head, every GQA group and every KV head's K/V side at the
+  read-out position (:func:`attnscope.core.analysis.head_effects.head_effects`): the whole sweep;
+* ``loop``: the per-head loop TransformerLens users write, built from plain transformers (SDPA, float32,
+  the same weights): one full forward of the prompt per head with a forward pre-hook on that layer's
+  ``o_proj`` zeroing the head's slice of its input. Its per-head time is the median over ``loop_heads``
+  heads spread over the layers (a forward's cost does not depend on which head is hooked), and the loop's
+  total is that times the sweep's number of units; one sampled head's effect is checked against the
+  sweep's (``loop_check_error``);
+* ``everywhere``: the same ablation at every position, with the layers below each head reused, over a
+  sample of layers spread evenly (its mean layer is the model's middle; the cost of a head grows with the
+  layers above it), against the loop's time for the same number of units;
+* ``attribution``: attribution patching (one forward with gradients and one backward per direction,
+  :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions.
+
+Targets (the ratios' floors): read-out sweep ≤ 5 × prefill and ≥ 30 × faster than the loop; everywhere ≤
+0.6 × the loop; attribution (one direction) ≤ 3 × prefill.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+TARGETS = {  # ratio -> (limit, "max" | "min")
+    "readout_over_prefill": (5.0, "max"),
+    "loop_over_readout": (30.0, "min"),
+    "everywhere_over_loop": (0.6, "max"),
+    "attribution_over_prefill": (3.0, "max"),
+}
+LABELS = {
+    "readout_over_prefill": "read-out sweep of every head / prefill",
+    "loop_over_readout": "per-head loop of full forwards / read-out sweep",
+    "everywhere_over_loop": "everywhere sweep (layers below reused) / per-head loop",
+    "attribution_over_prefill": "attribution patching (one direction, all heads) / prefill",
+}
+
+
+CPU: dict[str, float] = {}  # the process's CPU seconds of the last _timed call
+
+
+def _timed(fn):
+    """``(result, wall seconds)``; the process's CPU seconds go to ``CPU["last"]``: on a machine busy
+    with other processes the wall time is mostly waiting, the CPU time is the work."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    CPU["last"] = time.process_time() - c0
+    return out, time.perf_counter() - t0
+
+
+def sample_layers(n_layers: int, k: int) -> list[int]:
+    """``k`` layers spread evenly, centred: their mean is the middle layer (``(n_layers - 1) / 2``)."""
+    k = max(1, min(k, n_layers))
+    step = n_layers / k
+    return sorted({int(step * (i + 0.5)) for i in range(k)})
+
+
+def run_heads_bench(
+    model: str | None = None,
+    seq_len: int = 2048,
+    repeats: int = 2,
+    loop_heads: int = 5,
+    everywhere_layers: int = 5,
+    log: Callable[[str], None] = lambda _m: None,
+) -> dict:
+    """Run every row (see the module docstring) on ``model`` (default: the embedded SmolLM2-135M) at a
+    prompt of ``seq_len`` tokens; returns raw seconds, the ratios and the targets (JSON-ready)."""
+    import numpy as np
+    import torch
+    from attnscope.core.analysis.head_effects import attribution_patching, head_effects, make_target
+    from attnscope.core.bench.overhead import HFRunner
+    from attnscope.core.bench.views import long_text
+    from attnscope.core.loading.resolve import resolve
+    from attnscope.core.session import Session
+
+    s = Session.load(model)
+    text = long_text(s, seq_len)
+    times, cpus = [], []
+    for _ in range(max(1, repeats)):
+        _, t = _timed(lambda: s.prefill(text, chat_template=False))
+        times.append(t)
+        cpus.append(CPU["last"])
+    ids = list(s.ids)
+    T = len(ids)
+    info = s.info
+    out: dict = {
+        "model": info.name,
+        "seq_len": T,
+        "torch_threads": torch.get_num_threads(),
+        "rows": {"prefill_s": min(times)},
+        "cpu_s": {"prefill_s": min(cpus)},
+    }
+    rows, cpu = out["rows"], out["cpu_s"]
+    log(f"heads: prefill of {T} tokens {rows['prefill_s']:.2f} s")
+    t = make_target(s, "logprob")
+    eff, rows["readout_s"] = _timed(lambda: head_effects(s, t, "zero", "readout"))
+    cpu["readout_s"] = CPU["last"]
+    units = int(np.isfinite(eff.query).sum() + np.isfinite(eff.kv).sum())
+    if eff.kv_side is not None:
+        units += int(np.isfinite(eff.kv_side).sum())
+    out["units"] = units
+    out["reused"] = eff.reused
+    log(f"heads: read-out sweep of {units} units {rows['readout_s']:.2f} s")
+
+    folder, _ = resolve(model)
+    ref = HFRunner(folder, "sdpa", s.backend.device).model
+    D, H = info.head_dim, info.n_heads
+    x = torch.tensor([ids], device=s.backend.device)
+    layers = list(info.arch.attention_layers)
+    heads = [(layer, i % H) for i, layer in enumerate(sample_layers(len(layers), loop_heads))]
+    loop, loop_cpu = [], []
+    check = None
+    for li, h in heads:
+        layer = layers[li]
+        proj = ref.model.layers[layer].self_attn.o_proj
+
+        def zero(_m, args, h=h):
+            z = args[0].clone()
+            z[:, -1:, h * D : (h + 1) * D] = 0  # the read-out position: the sweep's own effect
+            return (z,)
+
+        handle = proj.register_forward_pre_hook(zero)
+        try:
+            with torch.inference_mode():
+                logits, dt = _timed(lambda: ref(input_ids=x).logits[0, -1].double())
+        finally:
+            handle.remove()
+        loop.append(dt)
+        loop_cpu.append(CPU["last"])
+        if check is None:
+            lp = torch.log_softmax(logits, -1)[t.token].item()
+            check = abs((lp - eff.clean) - float(eff.query[layer, h]))
+    rows["loop_per_head_s"] = statistics.median(loop)
+    rows["loop_s"] = rows["loop_per_head_s"] * units
+    cpu["loop_per_head_s"] = statistics.median(loop_cpu)
+    cpu["loop_s"] = cpu["loop_per_head_s"] * units
+    out["loop_check_error"] = check
+    log(f"heads: per-head loop {rows['loop_per_head_s']:.2f} s a head (x {units} units)")
+    ref = None  # the plain model is not needed any more
+
+    sample = [layers[i] for i in sample_layers(len(layers), everywhere_layers)]
+    ev, rows["everywhere_s"] = _timed(
+        lambda: head_effects(s, t, "zero", "everywhere", layers=sample, kv_side=False)
+    )
+    cpu["everywhere_s"] = CPU["last"]
+    ev_units = int(np.isfinite(ev.query).sum() + np.isfinite(ev.kv).sum())
+    out["everywhere_layers"] = sample
+    out["everywhere_units"] = ev_units
+    rows["everywhere_loop_s"] = rows["loop_per_head_s"] * ev_units
+    cpu["everywhere_loop_s"] = cpu["loop_per_head_s"] * ev_units
+    log(f"heads: everywhere, {ev_units} units in layers {sample}: {rows['everywhere_s']:.2f} s")
+
+    bad = list(ids)
+    bad[len(bad) // 2] = ids[len(ids) // 2 - 1]  # one token changed: same length
+    _, rows["attribution_one_s"] = _timed(
+        lambda: attribution_patching(s, bad, t, "everywhere", directions=("denoise",))
+    )
+    cpu["attribution_one_s"] = CPU["last"]
+    _, rows["attribution_both_s"] = _timed(lambda: attribution_patching(s, bad, t, "everywhere"))
+    cpu["attribution_both_s"] = CPU["last"]
+    log(
+        f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions {rows['attribution_both_s']:.2f} s)"
+    )
+
+    out["ratios"] = _ratios(rows)
+    out["ratios_cpu"] = _ratios(cpu)  # the same from the process's CPU seconds (a busy machine)
+    ratios = out["ratios"]
+    out["targets"] = {
+        k: {"limit": lim, "kind": kind, "met": ratios[k] <= lim if kind == "max" else ratios[k] >= lim}
+        for k, (lim, kind) in TARGETS.items()
+    }
+    return out
+
+
+def _ratios(rows: dict) -> dict:
+    return {
+        "readout_over_prefill": rows["readout_s"] / rows["prefill_s"],
+        "loop_over_readout": rows["loop_s"] / rows["readout_s"],
+        "everywhere_over_loop": rows["everywhere_s"] / rows["everywhere_loop_s"],
+        "attribution_over_prefill": rows["attribution_one_s"] / rows["prefill_s"],
+        "attribution_both_over_prefill": rows["attribution_both_s"] / rows["prefill_s"],
+    }
+
+
+def format_heads_table(result: dict) -> str:
+    rows, ratios, rc = result["rows"], result["ratios"], result["ratios_cpu"]
+    lines = [
+        f"Which heads matter: {result['model']}, T = {result['seq_len']}, {result['units']} units "
+        f"(query heads, GQA groups, K/V sides), {result['torch_threads']} threads",
+        f"  prefill                              {rows['prefill_s']:9.3f} s",
+        f"  read-out sweep, every unit           {rows['readout_s']:9.3f} s",
+        f"  per-head loop (plain transformers)   {rows['loop_per_head_s']:9.3f} s a head, "
+        f"{rows['loop_s']:9.1f} s for all (check {result['loop_check_error']:.1e})",
+        f"  everywhere, {result['everywhere_units']} units of layers {result['everywhere_layers']}: "
+        f"{rows['everywhere_s']:.3f} s (loop: {rows['everywhere_loop_s']:.1f} s)",
+        f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
+        f"(both directions {rows['attribution_both_s']:.3f} s)",
+        "",
+    ]
+    for k, label in LABELS.items():
+        tgt = result["targets"][k]
+        sign = "<=" if tgt["kind"] == "max" else ">="
+        lines.append(
+            f"  {label:58s} {ratios[k]:8.2f} (CPU {rc[k]:.2f})   target {sign} {tgt['limit']:g}  "
+            f"{'met' if tgt['met'] else 'MISSED'}"
+        )
+    lines.append(
+        f"  {'attribution patching, both directions / prefill':58s} {ratios['attribution_both_over_prefill']:8.2f}"
+        f" (CPU {rc['attribution_both_over_prefill']:.2f})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:  # python -m attnscope.core.bench.heads [T]
+    T = int((argv if argv is not None else sys.argv[1:] or ["2048"])[0])
+    res = run_heads_bench(seq_len=T, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(format_heads_table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
