@@ -40,12 +40,14 @@ class ViewTabs(QTabWidget):
     """Tabs whose pages scroll, so that no panel forces a large minimum window size.
 
     ``currentWidget()`` / ``setCurrentWidget()`` speak of the views themselves, not their pages.
-    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas) are added as they are.
+    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas, and views whose class
+    sets ``FITS_ITSELF = True``) are added as they are: in a scroll page a view with word-wrapped
+    text would be given its preferred height, not the page's (Qt's height-for-width), and scroll.
     """
 
     def addTab(self, widget: QWidget, title: str) -> int:
         page = widget
-        if not isinstance(widget, (QScrollArea, HeatmapView)):
+        if not (isinstance(widget, (QScrollArea, HeatmapView)) or getattr(widget, "FITS_ITSELF", False)):
             page = ViewPage()
             page.setWidgetResizable(True)
             page.setFrameShape(QFrame.NoFrame)
