@@ -125,6 +125,9 @@ def show_nonfinite(item, src: np.ndarray, masked: np.ndarray | None = None) -> b
     return True
 
 
+TICK_GAP = 0.07  # the least distance, in bar heights, between two colour-bar tick labels
+
+
 def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> list[tuple[float, str]]:
     """Tick positions in the normalised [0, 1] bar and their labels in real weights.
 
@@ -145,14 +148,15 @@ def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> 
         vals = list(np.arange(math.ceil(vmin / step) * step, vmax + step * 1e-6, step))
         if scale == "power":  # power compresses the top: add small values where the colours change most
             vals = sorted(set([round(v, 12) for v in vals] + [vmin + span * f for f in (0.01, 0.05)]))
-    out, seen = [], set()
-    for v in vals:
+    out: list[tuple[float, str]] = []
+    # the range's ends are always labelled; a tick closer than TICK_GAP of the bar to one kept (the
+    # decade 0.1 under an auto top of 0.128) is dropped: two labels must never overlap
+    ends = {vals[0], vals[-1]} if vals else set()
+    for v in sorted(vals, key=lambda v: v not in ends):
         pos = float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
-        key = round(pos, 3)
-        if key not in seen:
-            seen.add(key)
+        if all(abs(pos - p) >= TICK_GAP for p, _ in out):
             out.append((pos, _fmt(v)))
-    return out
+    return sorted(out)
 
 
 _TAG = re.compile(r"(<[^>]*>)")
@@ -274,6 +278,7 @@ class HeatmapView(QWidget):
         self.mode_label = QLabel("")
         self.mode_label.setStyleSheet("color:#555;")
         self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
+        self.mode_label.setWordWrap(True)  # ... and never cut: a narrow window puts it on two lines
         for combo in (self.aggregate_combo, self.range_combo, self.weighting_combo):
             combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # as wide as the longest item, no wider
             # ...when there is room: an explicit minimum lets a narrow window shrink (elide) the combos
@@ -598,8 +603,9 @@ class HeatmapView(QWidget):
             if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None)
             else self.range_mode
         )
+        lo = max(vmin, LOG_FLOOR) if self.scale == "log" else vmin  # what the bar runs from
         self.mode_label.setText(
-            f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
+            f"colour range [{_fmt(lo)}, {_fmt(vmax)}] ({rng}), {self.scale}"
             + (f" γ={self.gamma:g}" if self.scale == "power" else "")
             + (" · weights above the range show its top colour" if vmax < 1.0 else "")
         )

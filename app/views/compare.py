@@ -28,6 +28,7 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
 from attnscope.core.backends import registry
@@ -218,8 +219,6 @@ class CompareView(QWidget, SavedControls):
     """The Compare tab, built with the :class:`attnscope.app.state.ViewState` (run A is its sequence)
     and the :class:`attnscope.app.engine.Engine`."""
 
-    FITS_ITSELF = True  # plots, splitters and a wrapped summary share the page (attnscope.app.tabs)
-
     # saved in session files (B's prompt too: README "Compare two runs")
     STATE_CONTROLS = ("kind_combo", "dtype_combo", "backend_combo", "weighting_combo", "prompt_edit")
 
@@ -303,7 +302,7 @@ class CompareView(QWidget, SavedControls):
 
         self.summary = QLabel("Run a prompt (run A), choose run B, then press Run B & compare.")
         self.summary.setStyleSheet("color:#335;")
-        # word-wrapped, so no line is cut at any width (the tab is not in a scroll page: FITS_ITSELF)
+        # word-wrapped, so no line is cut at any width (its PageLayout fills the tab page: no scrolling)
         self.summary.setWordWrap(True)
         self.summary.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Minimum)
         self.summary.setMinimumHeight(2 * self.summary.fontMetrics().lineSpacing() + 4)
@@ -443,7 +442,7 @@ class CompareView(QWidget, SavedControls):
         split.setStretchFactor(1, 3)
         split.setSizes([380, 1000])
 
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page; wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
         lay.addLayout(prow)

@@ -28,6 +28,7 @@ from attnscope.app.heatmap import (
     qt_colormap,
     show_nonfinite,
 )
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.io.colormaps import normalize
@@ -83,7 +84,6 @@ class GqaView(QWidget, SavedControls):
     and the :class:`attnscope.app.engine.Engine`."""
 
     STATE_CONTROLS = ("range_combo",)  # saved in session files
-    FITS_ITSELF = True  # its plots and tables share the page (attnscope.app.tabs.ViewTabs): no scrolling
 
     KEY = "gqa"
 
@@ -99,7 +99,7 @@ class GqaView(QWidget, SavedControls):
         state.events.selection.connect(self.on_selection)
         state.events.snapshot.connect(self.on_snapshot)
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page; wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         top = QHBoxLayout()
         self.header = QLabel("Run a prompt to compare the query heads of a GQA group.")
