@@ -278,7 +278,6 @@ class HeatmapView(QWidget):
         self.mode_label = QLabel("")
         self.mode_label.setStyleSheet("color:#555;")
         self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
-        self.mode_label.setWordWrap(True)  # ... and never cut: a narrow window puts it on two lines
         for combo in (self.aggregate_combo, self.range_combo, self.weighting_combo):
             combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # as wide as the longest item, no wider
             # ...when there is room: an explicit minimum lets a narrow window shrink (elide) the combos
