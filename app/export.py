@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -622,6 +623,8 @@ class BatchExportDialog(QDialog):
             self.path_edit.setText(str(out))
         layer, head = self.win.state.layer, self.win.state.head
         colour = self.win.state.colour  # as on screen: the heatmap's scale, gamma and range, the colour map
+        if scope != "steps" and not self.win.heatmap.scale_chosen:  # a scale the user did not choose:
+            colour = dataclasses.replace(colour, scale=None)  # each map's own (export_long.scale_for_map)
         dpi = self.dpi_spin.value()
 
         def job(ctx):

@@ -20,7 +20,7 @@ from attnscope.app.paint import ensure_gui, paint_to_file
 from attnscope.core.analysis.pooling import max_pool
 from attnscope.core.io import render
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
-from attnscope.core.io.export_long import colour_for_length
+from attnscope.core.io.export_long import colour_for_map
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QImage, QPainter, QPen
 
@@ -381,8 +381,8 @@ def save_heatmap_figure(
     """Write the labelled figure of ``weights`` ``(n_query, n_key)`` to PNG/SVG/PDF (by suffix).
 
     ``tokens`` (attnscope.core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
-    ``colour``: map, scale and range of the cells and the colour bar (a scale still to be chosen by
-    length is chosen for the map's rows).
+    ``colour``: map, scale and range of the cells and the colour bar (a scale still to be chosen is
+    chosen from the map's weights, :func:`attnscope.core.io.export_long.scale_for_map`).
     ``size``: pixels ``(width, height)``, default :data:`FIGURE_SIZE_IN` × ``dpi``; ``dpi`` default
     :data:`FIGURE_DPI`, sets font sizes (points) and the physical size of SVG/PDF (``size / dpi`` inches).
 
@@ -392,7 +392,6 @@ def save_heatmap_figure(
     w = np.asarray(weights)
     if w.ndim != 2 or w.size == 0:
         raise ValueError(f"expected a non-empty 2-D matrix, got shape {w.shape}")
-    colour = colour_for_length(colour, w.shape[0])
     dpi = float(dpi or FIGURE_DPI)
     if size is None:
         size = (round(FIGURE_SIZE_IN[0] * dpi), round(FIGURE_SIZE_IN[1] * dpi))
@@ -401,6 +400,7 @@ def save_heatmap_figure(
     q_labels = [t.text for t in qt][: w.shape[0]] if qt is not None else [str(i) for i in range(w.shape[0])]
     k_labels = [t.text for t in kt][: w.shape[1]] if kt is not None else [str(j) for j in range(w.shape[1])]
     masked = figure_mask(w.shape, qt, kt, metadata)
+    colour = colour_for_map(colour, w, masked)[0]  # a scale still to be chosen: from the map's weights
     bar = "attention weight"  # masked and non-finite cells are named in the legend under the map
     has_legend = bool(render.legend(render.cell_kinds(w, masked)))
     # refused before the file is opened: a size whose map would clip its labels (or not show at all)

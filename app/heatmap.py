@@ -100,6 +100,34 @@ def weight_text(v: float, scale: str = "linear") -> str:
     return text
 
 
+#: the legend of non-finite cells, as every view and output names them (attnscope.core.io.render)
+NONFINITE_LEGEND_HTML = (
+    '<span style="color:#{:02x}{:02x}{:02x}">■</span> magenta: NaN/inf (the forward overflowed), '
+    "not a weight".format(*NONFINITE_RGB)
+)
+
+
+def show_nonfinite(item, src: np.ndarray, masked: np.ndarray | None = None) -> bool:
+    """Paint ``src``'s non-finite cells (NaN, ±inf; not ``masked``) in the one non-finite colour of
+    every output (:data:`attnscope.core.io.colormaps.NONFINITE_RGB`, magenta: the cell kinds of
+    :mod:`attnscope.core.io.render`) on the RGBA ``pg.ImageItem`` ``item`` laid over the map, the rest transparent; clear it
+    when there are none (a map's own lookup table would draw them as a weight, or transparent, i.e.
+    as masked). ``src``: ``(rows, cols)``, row-major. Returns whether there were any."""
+    bad = ~np.isfinite(np.asarray(src, dtype=np.float64))
+    if masked is not None and np.shape(masked) == bad.shape:
+        bad &= ~np.asarray(masked, dtype=bool)
+    if not bad.any():
+        item.clear()
+        return False
+    rgba = np.zeros((*bad.shape, 4), dtype=np.uint8)  # (rows, cols, RGBA): row-major as the map
+    rgba[bad] = (*NONFINITE_RGB, 255)
+    item.setImage(rgba, autoLevels=False, levels=(0, 255))
+    return True
+
+
+TICK_GAP = 0.07  # the least distance, in bar heights, between two colour-bar tick labels
+
+
 def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> list[tuple[float, str]]:
     """Tick positions in the normalised [0, 1] bar and their labels in real weights.
 
@@ -120,14 +148,15 @@ def colorbar_ticks(vmin: float, vmax: float, scale: str, gamma: float = 0.5) -> 
         vals = list(np.arange(math.ceil(vmin / step) * step, vmax + step * 1e-6, step))
         if scale == "power":  # power compresses the top: add small values where the colours change most
             vals = sorted(set([round(v, 12) for v in vals] + [vmin + span * f for f in (0.01, 0.05)]))
-    out, seen = [], set()
-    for v in vals:
+    out: list[tuple[float, str]] = []
+    # the range's ends are always labelled; a tick closer than TICK_GAP of the bar to one kept (the
+    # decade 0.1 under an auto top of 0.128) is dropped: two labels must never overlap
+    ends = {vals[0], vals[-1]} if vals else set()
+    for v in sorted(vals, key=lambda v: v not in ends):
         pos = float(normalize(np.array([v]), vmin, vmax, scale, gamma)[0])
-        key = round(pos, 3)
-        if key not in seen:
-            seen.add(key)
+        if all(abs(pos - p) >= TICK_GAP for p, _ in out):
             out.append((pos, _fmt(v)))
-    return out
+    return sorted(out)
 
 
 _TAG = re.compile(r"(<[^>]*>)")
@@ -524,16 +553,7 @@ class HeatmapView(QWidget):
     def _show_nonfinite(item, src: np.ndarray, masked: np.ndarray | None) -> bool:
         """Paint ``src``'s non-finite cells (not masked) magenta on the RGBA layer ``item``, the rest
         transparent; clear it when there are none. Returns whether there were any."""
-        bad = ~np.isfinite(src)
-        if masked is not None and masked.shape == bad.shape:
-            bad &= ~masked
-        if not bad.any():
-            item.clear()
-            return False
-        rgba = np.zeros((*bad.shape, 4), dtype=np.uint8)  # (rows, cols, RGBA): row-major as the map
-        rgba[bad] = (*NONFINITE_RGB, 255)
-        item.setImage(rgba, autoLevels=False, levels=(0, 255))
-        return True
+        return show_nonfinite(item, src, masked)
 
     def _update_mask_legend(self, any_masked: bool, any_nonfinite: bool = False) -> None:
         self._legend_masked = any_masked
@@ -544,10 +564,7 @@ class HeatmapView(QWidget):
             )
             parts.append(f"▨ hatched grey: masked ({what}), not a weight of 0")
         if any_nonfinite:
-            rgb = "#{:02x}{:02x}{:02x}".format(*NONFINITE_RGB)
-            parts.append(
-                f'<span style="color:{rgb}">■</span> magenta: NaN/inf (the forward overflowed), not a weight'
-            )
+            parts.append(NONFINITE_LEGEND_HTML)
         self.mask_legend.setText(" · ".join(parts))
 
     def _redraw(self) -> None:
@@ -587,8 +604,9 @@ class HeatmapView(QWidget):
             if self.range_mode == "fixed" or (self.range_mode == "shared" and self.shared_max is None)
             else self.range_mode
         )
+        lo = max(vmin, LOG_FLOOR) if self.scale == "log" else vmin  # what the bar runs from
         self.mode_label.setText(
-            f"colour range [{_fmt(vmin)}, {_fmt(vmax)}] ({rng}), {self.scale}"
+            f"colour range [{_fmt(lo)}, {_fmt(vmax)}] ({rng}), {self.scale}"
             + (f" γ={self.gamma:g}" if self.scale == "power" else "")
             + (" · weights above the range show its top colour" if vmax < 1.0 else "")
         )
@@ -1005,21 +1023,25 @@ class HeatmapView(QWidget):
         self.row_frame.show()
 
     # -- long maps: colours by length, overview at the view's pixel size, partial/stale titles -----
-    def apply_length_defaults(self, n: int) -> str:
-        """Pick the colour scale for a map of ``n`` tokens unless the user chose one
-        (:func:`attnscope.core.io.export_long.default_scale`: log from 2,048 tokens, where most weights are ~1/n
-        and the linear [0, 1] map is one flat colour). Long maps also fill the plot's rectangle
-        (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
-        from attnscope.core.io.export_long import default_scale, scale_note
+    def apply_length_defaults(self, n: int, weights=None) -> str:
+        """Pick the colour scale for a map of ``n`` tokens unless the user chose one: from the map's own
+        ``weights`` when given (:func:`attnscope.core.io.export_long.scale_for_map`: log when fewer than a
+        quarter of its cells show on linear [0, 1], which is then a flat field), else by length (log
+        from 2,048 tokens: a long map's overview is not held whole). Long maps also fill the plot's
+        rectangle (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
+        from attnscope.core.io.export_long import ScaleChoice, default_scale, scale_for_map, scale_note
 
         by_length = not self._scale_user_set
-        if by_length and self.scale != default_scale(n):
+        choice = ScaleChoice(default_scale(n), n) if weights is None else scale_for_map(weights, n=n)
+        if by_length and self.scale != choice.scale:
             self.scale_combo.blockSignals(True)
-            self.scale_combo.setCurrentText(default_scale(n))
+            self.scale_combo.setCurrentText(choice.scale)
             self.scale_combo.blockSignals(False)
             self.gamma_spin.setEnabled(self.scale == "power")
         self.plot.setAspectLocked(n <= LONG_SQUARE)
-        return scale_note(n, self.scale, by_length and n >= LONG_SCALE_NOTE)
+        if not by_length:
+            return scale_note(n, self.scale, False)
+        return choice.note() if weights is not None else scale_note(n, self.scale, n >= LONG_SCALE_NOTE)
 
     def _on_user_scale(self, *_):
         self._scale_user_set = True

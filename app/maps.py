@@ -196,7 +196,7 @@ class MapPanel:
         toks = list(snap.tokens)[:n]
         when = "" if self.state.at_latest else f" · step {self.state.step} of {snap.n_generated}"
         title = f"{describe(snap.info, layer, head, mode)} · seq_len {n}{when}"
-        title += f" · {hm.apply_length_defaults(n)}"
+        title += f" · {hm.apply_length_defaults(n, w if pooled is None else None)}"
         self.push_colour()  # the scale may follow the length (set with the combo's signals blocked)
         vw = getattr(hm, "weighting", "attention") == "value-weighted"
         hm.set_bar_label("value-weighted" if vw and pooled is None else "attention")
@@ -352,7 +352,8 @@ class MapPanel:
 
         path = Path(path)
         try:
-            write_weights(self.weights, path)
+            n = self.weights.shape[0]  # a CSV's header row and column name the tokens
+            write_weights(self.weights, path, tokens=list(self.state.snapshot.tokens)[:n])
         except (OSError, ValueError) as e:
             self.state.fail(str(e))
             raise

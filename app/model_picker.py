@@ -238,7 +238,9 @@ class CatalogModel(QAbstractTableModel):
             return e.dtype, e.dtype
         if col == LOADS_AT_COLUMN:
             return loads_at_label(f), (f.dtype if f is not None else "")
-        if col == 10:
+        if col == 10:  # what the loader would read: nothing for a folder it cannot load ("0 B" read as empty)
+            if not e.size_bytes:
+                return ("—" if not e.supported else "?"), -1
             return human_bytes(e.size_bytes), e.size_bytes
         if not e.supported:
             return "unsupported", float("inf")

@@ -355,6 +355,7 @@ def render_widget(
 
     ``size``: layout size in logical pixels (the widget is laid out at that size for the render and
     put back, also a view never shown); default its current size (a table: every row and column).
+    A window never shown is laid out off screen for the render, as it would be shown, and hidden again.
     A long plot title is elided (…) to fit ``size``; a size below what the view still needs to show
     whole (its minimum size) is refused, never cropped. ``dpi``: PNG pixels =
     ``size × dpi / 96`` (text and lines re-rendered sharp, not upscaled); for SVG/PDF the physical size
@@ -367,6 +368,15 @@ def render_widget(
     from PySide6.QtWidgets import QAbstractScrollArea, QWidget
 
     target = export_target(widget)
+    # a window never shown (built from a script or a notebook) has never been laid out: its hidden
+    # splitters, tab pages and layouts keep the sizes they had when built (a map offset in a 100 × 6
+    # plot). Show it off screen for the render (Qt lays it out as shown) and hide it again after.
+    top = target.window()
+    unshown = not top.isVisible() and not top.testAttribute(Qt.WA_DontShowOnScreen)
+    if unshown:
+        top.setAttribute(Qt.WA_DontShowOnScreen, True)
+        top.show()
+        _settle(top)
     # a view inside a resizable scroll area (a tab page) is held at the page's size: let go for the render
     holder = _resizing_scroll_area(target)
     if holder is not None:
@@ -449,3 +459,6 @@ def render_widget(
             t.setVerticalScrollBarPolicy(vp)
         if holder is not None:
             holder.setWidgetResizable(True)
+        if unshown:
+            top.hide()
+            top.setAttribute(Qt.WA_DontShowOnScreen, False)

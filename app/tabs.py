@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from attnscope.app.heatmap import HeatmapView
 from PySide6.QtCore import QEvent, Qt
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QTabWidget, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QTabWidget, QVBoxLayout, QWidget
+
+
+class PageLayout(QVBoxLayout):
+    """A view's top layout that fills its tab page: it reports no height-for-width, so the page (a
+    resizable QScrollArea) gives the view the page's height, not the preferred height its word-wrapped
+    labels would ask for (Qt's QScrollArea sizes a height-for-width widget by ``heightForWidth``, from
+    size hints: a view taller than the page, that scrolls). Inside, wrapped labels still get the
+    lines they need; the page scrolls only below the view's minimum size."""
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 (Qt's name)
+        return False
 
 
 class ViewPage(QScrollArea):
@@ -40,7 +51,9 @@ class ViewTabs(QTabWidget):
     """Tabs whose pages scroll, so that no panel forces a large minimum window size.
 
     ``currentWidget()`` / ``setCurrentWidget()`` speak of the views themselves, not their pages.
-    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas) are added as they are.
+    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas) are added as they are;
+    a view whose word-wrapped labels must not make its page scroll lays itself out in a
+    :class:`PageLayout`.
     """
 
     def addTab(self, widget: QWidget, title: str) -> int:

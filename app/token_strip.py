@@ -67,6 +67,9 @@ class TokenStrip(QTextBrowser):
         self.setMinimumHeight(70)
         self.setPlaceholderText("Tokens appear here after Run.")
         self.n_shown = 0  # tokens shown by the last show_tokens
+        self._query: int | None = None  # the query row shown (None: the newest token)
+        self._follow = False  # scroll to it again on a resize or show (until the user scrolls)
+        self.verticalScrollBar().sliderPressed.connect(self._stop_following)
 
     def show_tokens(
         self,
@@ -77,11 +80,36 @@ class TokenStrip(QTextBrowser):
     ) -> None:
         self.n_shown = len(tokens)
         self.setHtml(token_html(tokens, weights, query, cmap))
-        # keep the query token (by default the newest) in sight: long chat prompts fill the pane
-        if query is not None:
+        self._query = query
+        self._follow = True
+        self._scroll_to_query()
+
+    def _scroll_to_query(self) -> None:
+        """Keep the query token (by default the newest) in sight: long chat prompts fill the pane. The
+        document is laid out again at the pane's width when it is first shown or resized, which
+        moves the text under a scroll value set before: :meth:`resizeEvent` and :meth:`showEvent`
+        scroll again (until the user scrolls), so the pane never opens half-scrolled."""
+        if self._query is not None:
             self.scrollToAnchor("query")
         else:
             self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self._follow:
+            self._scroll_to_query()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._follow:
+            self._scroll_to_query()
+
+    def _stop_following(self) -> None:
+        self._follow = False  # the user scrolls: a resize keeps their place
+
+    def wheelEvent(self, event) -> None:
+        self._stop_following()
+        super().wheelEvent(event)
 
     def _on_anchor(self, url) -> None:
         text = url.toString()

@@ -16,7 +16,9 @@ def read_data(path: str | os.PathLike) -> np.ndarray:
     if fmt == "npy":
         return np.load(path)
     if fmt == "csv":
-        return np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
+        from attnscope.core.io.export import read_map_csv
+
+        return read_map_csv(path)[0]
     if fmt == "safetensors":
         from safetensors.numpy import load_file
 

@@ -67,7 +67,11 @@ def test_export_npy_csv_png(tmp_path, smol_session):
         str(tmp_path / "w.csv"),
     )
     assert r.returncode == 0, r.stderr
-    np.testing.assert_allclose(np.loadtxt(tmp_path / "w.csv", delimiter=","), w, atol=1e-7)
+    from attnscope.core.io.export import read_map_csv
+
+    got, rows, cols = read_map_csv(tmp_path / "w.csv")  # a header row and a label column name the tokens
+    np.testing.assert_allclose(got, w, atol=1e-7)
+    assert rows == cols and len(cols) == w.shape[1] and cols[0].startswith("0:")
 
     r = attnscope(
         "export",

@@ -170,6 +170,7 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
             "range": "shared",
             "vmin": 0.0,
             "vmax": pytest.approx(top),
+            "scale_chosen": "by the user",
         }
         w = s.weights(4, h)
         cell = 2048 // s.seq_len

@@ -391,7 +391,7 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
     win.timeline.set_step(1)
     _idle(win)
     before, ids = visible_state(win), list(win.engine.session.ids)
-    seen, done = _cancel_at_progress(win, "Replay 1/")
+    seen, done = _cancel_at_progress(win, "Replaying the run: generated token 1/")
     _trigger(win, "Ctrl+Shift+O")
     _idle(win)
     done()
@@ -403,7 +403,7 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
     _shot(win, "cancelled_reopen")
     # Esc again while the previous run is being restored: it stops there (here after its prompt, a
     # single prefill chunk, before its generated tokens), and the window shows what the engine holds
-    seen, done = _cancel_at_progress(win, "Replay 1/")
+    seen, done = _cancel_at_progress(win, "Replaying the run: generated token 1/")
     seen2, done2 = _cancel_at_progress(win, "Restoring the previous run")
     _trigger(win, "Ctrl+Shift+O")
     _idle(win)

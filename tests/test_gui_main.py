@@ -64,7 +64,12 @@ def test_run_step_switch_export(window, tmp_path):
     npy = win.export_heatmap_data(tmp_path / "map.npy")
     np.testing.assert_array_equal(np.load(npy), win.weights)
     csv = win.export_heatmap_data(tmp_path / "map.csv")
-    np.testing.assert_allclose(np.loadtxt(csv, delimiter=","), win.weights, atol=1e-7)
+    from attnscope.core.io.export import read_map_csv
+
+    got, rows, cols = read_map_csv(csv)  # the header row and label column name the tokens shown
+    np.testing.assert_allclose(got, win.weights, atol=1e-7)
+    toks = list(win.state.snapshot.tokens)
+    assert cols == [f"{t.position}:{t.text}" for t in toks[: got.shape[1]]] and rows == cols
 
 
 def test_grid_click_opens_head(window):

@@ -113,6 +113,10 @@ def test_heatmap_aggregate_scale_range(win):
     def shown(x):
         return np.where(later, np.nan, x)
 
+    from attnscope.core.io.export_long import scale_for_map
+
+    assert hm.scale == scale_for_map(w).scale  # the default follows the map's own weights
+    hm.set_scale("linear")
     np.testing.assert_allclose(hm.image.image, shown(w), atol=1e-7)  # linear, fixed [0, 1]
     hm.set_scale("log")
     np.testing.assert_allclose(hm.image.image, shown(normalize(w, 0, 1, "log")), atol=1e-6)

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
+from attnscope.app.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.sinks import style_plot
 from attnscope.app.views.state import SavedControls
 from attnscope.core import backend_registry as registry
@@ -300,11 +302,10 @@ class CompareView(QWidget, SavedControls):
 
         self.summary = QLabel("Run a prompt (run A), choose run B, then press Run B & compare.")
         self.summary.setStyleSheet("color:#335;")
-        # not word-wrapped: a wrapping label gives the layout height-for-width, and the tab's scroll
-        # page then sizes the whole view from its size hints (taller than the page). Two set lines,
-        # clipped when narrow (the tooltip holds the whole text).
-        self.summary.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
-        self.summary.setFixedHeight(2 * self.summary.fontMetrics().lineSpacing() + 4)
+        # word-wrapped, so no line is cut at any width (its PageLayout fills the tab page: no scrolling)
+        self.summary.setWordWrap(True)
+        self.summary.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Minimum)
+        self.summary.setMinimumHeight(2 * self.summary.fontMetrics().lineSpacing() + 4)
 
         # -- table
         self.table = QTableWidget(0, len(COLUMNS))
@@ -316,7 +317,7 @@ class CompareView(QWidget, SavedControls):
         self.table.verticalHeader().setDefaultSectionSize(20)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.setSortingEnabled(True)
-        self.table.setMinimumWidth(330)
+        self._fit_table_width()
         self.table.setToolTip(
             "Jensen–Shannon distance (base 2) between A's and B's rows, over the aligned "
             "query rows 1..n-1. Click a head to see its maps; click a header to sort."
@@ -326,17 +327,26 @@ class CompareView(QWidget, SavedControls):
         self.maps_widget = pg.GraphicsLayoutWidget()
         self.maps_widget.setBackground("w")
         self.plots, self.images, self.tile_images = [], [], []
+        # NaN/inf cells of each map and tile, magenta over them as in every view and output
+        # (attnscope.app.heatmap.show_nonfinite): a lookup table would draw them as a weight
+        self.nonfinite_images, self.tile_nonfinite = [], []
         for i, name in enumerate(("A", "B", "A − B")):
             p = self.maps_widget.addPlot(row=0, col=i, title=name)
             p.invertY(True)
             p.setAspectLocked(True)
             p.hideAxis("bottom")
             p.hideAxis("left")
+            p.hideButtons()  # pyqtgraph's auto-range "A" button read as the name of map A
             img = pg.ImageItem(axisOrder="row-major")
             p.addItem(img)
             tile = pg.ImageItem(axisOrder="row-major")  # exact tile over a long map's overview
             tile.setZValue(1)
             p.addItem(tile)
+            for z, items in ((0.5, self.nonfinite_images), (1.5, self.tile_nonfinite)):
+                bad = pg.ImageItem(axisOrder="row-major")
+                bad.setZValue(z)
+                p.addItem(bad)
+                items.append(bad)
             self.plots.append(p)
             self.images.append(img)
             self.tile_images.append(tile)
@@ -418,6 +428,10 @@ class CompareView(QWidget, SavedControls):
         ml = QVBoxLayout(mapbox)
         ml.setContentsMargins(0, 0, 0, 0)
         ml.addWidget(self.maps_widget, 1)
+        self.map_legend = QLabel("")  # names the NaN/inf cells when a map has any
+        self.map_legend.setWordWrap(True)
+        self.map_legend.hide()
+        ml.addWidget(self.map_legend)
         ml.addWidget(self.hover)
         right.addWidget(mapbox)
         right.addWidget(self.row_plot)
@@ -428,7 +442,7 @@ class CompareView(QWidget, SavedControls):
         split.setStretchFactor(1, 3)
         split.setSizes([380, 1000])
 
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page; wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
         lay.addLayout(prow)
@@ -517,8 +531,9 @@ class CompareView(QWidget, SavedControls):
     def clear_maps(self, titles: tuple[str, str, str] = ("A", "B", "A − B")) -> None:
         """Empty the three maps, the tiles, the row plot and the hover line (nothing selected)."""
         self.maps, self.map_key, self.overview, self.tile, self.pool = None, None, None, None, 1
-        for img in (*self.images, *self.tile_images):
+        for img in (*self.images, *self.tile_images, *self.nonfinite_images, *self.tile_nonfinite):
             img.clear()
+        self.map_legend.hide()
         self._titles = titles
         for p, t in zip(self.plots, titles, strict=True):
             p.setTitle(t, color="#222")
@@ -652,6 +667,7 @@ class CompareView(QWidget, SavedControls):
             for c, it in enumerate(cells):
                 self.table.setItem(i, c, it)
         self.table.setSortingEnabled(True)
+        self._fit_table_width()
         self.table.sortItems(3, Qt.DescendingOrder)
         self.table.clearSelection()
         self.table.selectRow(0)
@@ -728,8 +744,8 @@ class CompareView(QWidget, SavedControls):
             self.pool = max(1, int(round(ov.n / (len(ov.row_edges) - 1))))
             d = ov.d
             side = (ov.n, ov.n)
-        hi = float(max(wa.max(), wb.max(), 1e-12))
-        m = float(np.abs(d).max()) or 1e-12
+        hi = max(_finite_max(wa), _finite_max(wb), 1e-12)
+        m = _finite_max(np.abs(d)) or 1e-12
         self._levels = ((0.0, hi), (-m, m))
         lut = colormap_lut(self.cmap)
         for img, w in zip(self.images[:2], (wa, wb), strict=True):
@@ -737,10 +753,14 @@ class CompareView(QWidget, SavedControls):
         self.images[2].setImage(
             np.asarray(d, np.float32), levels=(-m, m), lut=diverging_lut(), autoLevels=False
         )
-        for img in self.images:  # view coordinates are token positions, pooled or not
+        bad = False
+        for item, w in zip(self.nonfinite_images, (wa, wb, d), strict=True):
+            bad = show_nonfinite(item, np.asarray(w)) or bad
+        for img in (*self.images, *self.nonfinite_images):  # view coordinates: token positions
             img.setRect(0, 0, side[1], side[0])
-        for t in self.tile_images:
+        for t in (*self.tile_images, *self.tile_nonfinite):
             t.clear()
+        self._say_nonfinite(bad)
         self.bar.setLevels((-m, m))
         layer, head = key
         vw = " (value-weighted, row-normalised)" if self.result.weighting == "value-weighted" else ""
@@ -845,17 +865,21 @@ class CompareView(QWidget, SavedControls):
         d = wa - wb
         # zoomed in, the colours span the tile's own range (A and B share theirs; A − B stays symmetric):
         # the overview's range is set by the whole map's largest weights (often a sink)
-        hi = float(max(wa.max(), wb.max(), 1e-12))
-        m = float(np.abs(d).max()) or 1e-12
+        hi = max(_finite_max(wa), _finite_max(wb), 1e-12)
+        m = _finite_max(np.abs(d)) or 1e-12
         lut = colormap_lut(self.cmap)
         nr, nc = wa.shape
-        for t, w, lt in (
-            (self.tile_images[0], wa, lut),
-            (self.tile_images[1], wb, lut),
-            (self.tile_images[2], d, diverging_lut()),
+        bad = False
+        for t, nf, w, lt in (
+            (self.tile_images[0], self.tile_nonfinite[0], wa, lut),
+            (self.tile_images[1], self.tile_nonfinite[1], wb, lut),
+            (self.tile_images[2], self.tile_nonfinite[2], d, diverging_lut()),
         ):
             t.setImage(w, lut=lt, autoLevels=False)
             t.setRect(c0, r0, nc, nr)
+            bad = show_nonfinite(nf, w) or bad
+            nf.setRect(c0, r0, nc, nr)
+        self._say_nonfinite(bad or not self.map_legend.isHidden())
         self._show_levels((0.0, hi), (-m, m))
         names = (
             f"A · exact tile (0–{hi:.3g})",
@@ -948,11 +972,29 @@ class CompareView(QWidget, SavedControls):
         job = _row_job(layer, head, row, self.result.alignment.n, self.result.weighting)
         self._request("compare-row", job, self.set_rows, "compare row")
 
+    def _fit_table_width(self) -> None:
+        """The table is at least as wide as its columns (and a vertical scroll bar): its last column
+        is never cut off behind a horizontal scroll bar."""
+        t, header = self.table, self.table.horizontalHeader()
+        cols = sum(max(header.sectionSizeHint(c), t.sizeHintForColumn(c)) for c in range(t.columnCount()))
+        t.setMinimumWidth(cols + t.verticalScrollBar().sizeHint().width() + 2 * t.frameWidth() + 2)
+
+    def _say_nonfinite(self, any_bad: bool) -> None:
+        """Name the magenta cells under the maps while any map shows some."""
+        self.map_legend.setText(NONFINITE_LEGEND_HTML if any_bad else "")
+        self.map_legend.setVisible(any_bad)
+
     def set_rows(self, payload) -> None:
         row, ra, rb = payload
         x = np.arange(len(ra), dtype=float)
         self.row_a.setData(x[: row + 1], ra[: row + 1])
         self.row_b.setData(x[: row + 1], rb[: row + 1])
+        # the range of this row (keys 0..row, weights 0..its largest), never the previous row's or a
+        # zoom left over: auto-range is off once the user has dragged the plot
+        top = max(_finite_max(np.asarray(ra[: row + 1])), _finite_max(np.asarray(rb[: row + 1])), 1e-6)
+        rp = self.row_plot.getPlotItem()
+        rp.setXRange(0, max(row, 1), padding=0.02)
+        rp.setYRange(0, top, padding=0.05)
         self.row_plot.getPlotItem().setTitle(
             f"Query row {row}: A (blue) and B (orange, dashed)", color="#222", size="9pt"
         )
@@ -1038,6 +1080,13 @@ class CompareView(QWidget, SavedControls):
         side = write_json(sidecar_path(out), meta)
         self.state.say(f"Wrote {out} and {side.name}", 6000)
         return [out, side]
+
+
+def _finite_max(a: np.ndarray) -> float:
+    """The largest finite value of ``a`` (0.0 when it has none): a map's colour range, never NaN."""
+    a = np.asarray(a, dtype=np.float64)
+    ok = np.isfinite(a)
+    return float(a[ok].max()) if ok.any() else 0.0
 
 
 def _weight(v: float, sign: str = "") -> str:

@@ -228,7 +228,10 @@ class ExperimentsView(QWidget, SavedControls):
         self.table.verticalHeader().hide()
         hh = self.table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        hh.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        # every column as wide as its text ("sinks=4, window=16, decode from 184" was elided in a
+        # stretched column): a narrow window scrolls the table sideways, the last column takes the rest
+        hh.setStretchLastSection(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.horizontalHeaderItem(3).setToolTip(
             "Σ p_base · (log p_base − log p_exp) over the vocabulary, nats"

@@ -7,9 +7,12 @@ pair of heads (mean over query rows, base 2, in [0, 1]; :mod:`attnscope.core.ana
 layer the mean within-group vs across-group distance; a plot repeats the two means for every
 layer. Click a small map to select that head.
 
-Colours follow the heatmap's and the head grid's default by length (linear below 2,048 tokens, log
-over [1e-6, 1] from there, said in the header); blocks the causal mask (or the layer's sliding
-window) hides entirely are drawn hatched grey, not in the colour of weight 0.
+Colours follow the heatmap's default, chosen from the group's own maps (log over [1e-6, 1] when
+fewer than a quarter of their cells show on linear [0, 1], and from 2,048 tokens; said in the
+header: :func:`attnscope.core.io.export_long.scale_for_map`); each map's cells are square. Blocks
+the causal mask (or the layer's sliding window) hides entirely are drawn hatched grey, not in the
+colour of weight 0; NaN/inf cells (a forward that overflowed) magenta, named in the header, as in
+every view and output (:mod:`attnscope.core.io.render`).
 """
 
 from __future__ import annotations
@@ -18,12 +21,18 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.head_grid import MASK_HATCH, masked_blocks
-from attnscope.app.heatmap import LOG_FLOOR, colorbar_ticks, qt_colormap
+from attnscope.app.heatmap import (
+    LOG_FLOOR,
+    NONFINITE_LEGEND_HTML,
+    colorbar_ticks,
+    qt_colormap,
+    show_nonfinite,
+)
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.pooling import block_edges
-from attnscope.core.io import export_long
 from attnscope.core.io.colormaps import normalize
-from attnscope.core.io.export_long import default_scale, scale_note
+from attnscope.core.io.export_long import ScaleChoice, default_scale, scale_for_map
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -83,13 +92,14 @@ class GqaView(QWidget, SavedControls):
         self.state, self.engine = state, engine
         self.report = None
         self.window: int | None = None  # the report's layer's sliding window
-        self.scale = "linear"  # colour scale of the maps shown: export_long.default_scale(n)
+        self.scale = "linear"  # colour scale of the maps shown: export_long.scale_for_map(their maps)
+        self.choice: ScaleChoice | None = None  # ... and why (the header says it)
         self.layers = None  # (n, (within, across, rows_used))
         self.cmap = state.colormap
         state.events.selection.connect(self.on_selection)
         state.events.snapshot.connect(self.on_snapshot)
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page; wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         top = QHBoxLayout()
         self.header = QLabel("Run a prompt to compare the query heads of a GQA group.")
@@ -200,17 +210,27 @@ class GqaView(QWidget, SavedControls):
         info = self.state.snapshot.info
         members = ", ".join(f"q{h}" for h in r.heads)
         pooled = f" (max-pooled to {r.maps.shape[-1]}×{r.maps.shape[-1]})" if r.pooled else ""
+        self.choice = self._scale_choice(r)
+        bad = "" if np.isfinite(r.maps).all() else f" · {NONFINITE_LEGEND_HTML}"
         self.header.setText(
             f"<b>Layer {r.layer} · KV group {r.kv_head}</b>: query heads {members} all read "
             f"<b>KV head {r.kv_head}</b> (group_size = {info.n_heads} / {info.n_kv_heads} = {info.group_size}) · "
-            f"seq_len {r.n}{pooled} · {scale_note(r.n, default_scale(r.n), r.n >= export_long.LONG_MAP)} · "
-            f"▨ hatched grey: masked, not a weight of 0"
+            f"seq_len {r.n}{pooled} · {self.choice.note()} · "
+            f"▨ hatched grey: masked, not a weight of 0{bad}"
         )
         self._build_plots(len(r.heads))
         self._draw_maps()
         self._fill_pairs(r)
         self._fill_layer(r, info)
         self._draw_layers_plot()
+
+    @staticmethod
+    def _scale_choice(r) -> ScaleChoice:
+        """The group's default scale: from its exact maps (one choice for all, so they compare), by
+        length for a pooled overview (block maxima overstate what linear shows)."""
+        if r.pooled:
+            return ScaleChoice(default_scale(r.n), r.n)
+        return scale_for_map(list(r.maps), n=r.n)
 
     def _on_layers(self, result) -> None:
         self.layers = result
@@ -220,10 +240,12 @@ class GqaView(QWidget, SavedControls):
         if len(self.plots) == g + 1:
             return
         self.glw.clear()
-        self.plots, self.images = [], []
+        self.plots, self.images, self.nonfinite = [], [], []
         for i in range(g + 1):
             p = self.glw.addPlot(row=0, col=i if i < g else g + 1)
             p.invertY(True)
+            if i < g:  # a map's cells are square (query × key); the keys plot is position × channel
+                p.setAspectLocked(True)
             p.setMenuEnabled(False)
             p.hideButtons()
             p.setMouseEnabled(x=False, y=False)
@@ -234,6 +256,11 @@ class GqaView(QWidget, SavedControls):
             p.addItem(img)
             self.plots.append(p)
             self.images.append(img)
+            if i < g:  # NaN/inf cells: magenta over the map (attnscope.app.heatmap.show_nonfinite)
+                bad = pg.ImageItem(axisOrder="row-major")
+                bad.setZValue(1)
+                p.addItem(bad)
+                self.nonfinite.append(bad)
         for p in self.plots[:g]:
             p.setLabel("bottom", "key")
         self.plots[0].setLabel("left", "query")
@@ -264,8 +291,8 @@ class GqaView(QWidget, SavedControls):
         g = len(r.heads)
         hi = 1.0 if self.range_combo.currentIndex() == 0 else r.auto_max
         hi = hi if hi > LOG_FLOOR else 1.0
-        # the heatmap's and the head grid's default by length: log over [1e-6, hi] from 2,048 tokens
-        self.scale = default_scale(r.n)
+        # the heatmap's default: chosen from the group's maps (log over [1e-6, hi] where linear is flat)
+        self.scale = self.choice.scale if self.choice is not None else default_scale(r.n)
         cmap = qt_colormap(self.cmap)
         self.colorbar.setColorMap(cmap)
         self.colorbar.setLevels((0.0, 1.0))  # the images hold normalised values
@@ -278,6 +305,8 @@ class GqaView(QWidget, SavedControls):
             self.images[i].setImage(img, autoLevels=False, levels=(0.0, 1.0))
             self.images[i].setColorMap(cmap)
             self.images[i].setRect(0, 0, r.n, r.n)
+            show_nonfinite(self.nonfinite[i], r.maps[i], masked)  # never transparent (= masked)
+            self.nonfinite[i].setRect(0, 0, r.n, r.n)
             self.hatches[i].setRect(0, 0, r.n, r.n)
             sel = h == self.state.head
             self.plots[i].setTitle(f"q{h}" + ("  (selected)" if sel else ""), color="#c01818" if sel else "k")

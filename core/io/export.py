@@ -27,6 +27,7 @@ Qt-free. What each export holds:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -269,10 +270,59 @@ def check_head_call(
         )
 
 
-def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = None) -> list[Path]:
+#: the corner cell of a map CSV's header row: rows are queries, columns keys
+CSV_CORNER = "query \\ key"
+
+
+def csv_labels(n: int, tokens: Sequence | None = None) -> list[str]:
+    """Header labels of ``n`` positions for a map CSV: ``"<position>:<token text>"`` (the text with
+    :func:`attnscope.core.tokens.visible_text` stand-ins, so a label is one line), or the bare
+    position where ``tokens`` (:class:`attnscope.core.tokens.Token`) runs out. Starting with a digit,
+    no label reads as a spreadsheet formula."""
+    from attnscope.core.tokens import visible_text
+
+    toks = list(tokens or [])[:n]
+    return [f"{i}:{visible_text(toks[i].text)}" if i < len(toks) else str(i) for i in range(n)]
+
+
+def write_map_csv(w: np.ndarray, path: Path, tokens: Sequence | None = None) -> Path:
+    """A map as CSV a spreadsheet reads: a header row (:data:`CSV_CORNER`, then each key's label),
+    then one row per query (its label, then its weights, ``%.9g``: float32 round-trips).
+    Labels from :func:`csv_labels`. Read back with :func:`read_map_csv`."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = csv_labels(w.shape[0], tokens), csv_labels(w.shape[1], tokens)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow([CSV_CORNER, *cols])
+        for label, row in zip(rows, w, strict=True):
+            out.writerow([label, *(f"{float(x):.9g}" for x in row)])
+    return path
+
+
+def read_map_csv(path: str | os.PathLike) -> tuple[np.ndarray, list[str], list[str]]:
+    """``(weights (n_q, n_k) float32, query labels, key labels)`` of a CSV :func:`write_map_csv` wrote.
+
+    Raises:
+        ValueError: not such a file (no header row starting with :data:`CSV_CORNER`, ragged rows).
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0][:1] != [CSV_CORNER]:
+        raise ValueError(f"{Path(path).name!r} is not an AttnScope map CSV (no {CSV_CORNER!r} header)")
+    keys = rows[0][1:]
+    if any(len(r) != len(keys) + 1 for r in rows[1:]):
+        raise ValueError(f"{Path(path).name!r}: rows of unequal length")
+    w = np.array([[float(x) for x in r[1:]] for r in rows[1:]], dtype=np.float32).reshape(-1, len(keys))
+    return w, [r[0] for r in rows[1:]], keys
+
+
+def write_data(
+    w: np.ndarray, path: str | os.PathLike, metadata: dict | None = None, tokens: Sequence | None = None
+) -> list[Path]:
     """Write a 2-D float32 matrix as .npy/.csv/.safetensors (by suffix), plus its sidecar JSON.
 
-    Returns the paths written (data file first). ``metadata=None`` writes no sidecar.
+    A CSV has a header row and a label column (:func:`write_map_csv`: ``tokens`` label the positions,
+    else their numbers). Returns the paths written (data file first). ``metadata=None`` writes no sidecar.
 
     Raises:
         ValueError: unknown suffix or not a 2-D matrix. OSError: the file cannot be written.
@@ -295,7 +345,7 @@ def write_data(w: np.ndarray, path: str | os.PathLike, metadata: dict | None = N
     if fmt == "npy":
         np.save(path, w)
     elif fmt == "csv":
-        np.savetxt(path, w, delimiter=",", fmt="%.9g")
+        write_map_csv(w, path, tokens)
     else:
         from safetensors.numpy import save_file
 
@@ -500,8 +550,10 @@ def export_head(
     ``renderer``. Images are coloured as the heatmap shows them by ``colour``
     (:class:`attnscope.core.io.colormaps.ColourSpec`: map, scale, power-scale gamma, and its
     ``range_mode`` resolved to ``vmin``/``vmax`` by :func:`colour_range`); the metadata records it under
-    ``"colour"``. A None ``colour.scale`` (the default) picks it by length (:func:`attnscope.core.io.export_long.default_scale`: log
-    from 2,048 tokens; recorded as ``"scale_chosen": "by length"``). A long map's bare PNG
+    ``"colour"``. A None ``colour.scale`` (the default) is chosen from the map's own weights
+    (:func:`attnscope.core.io.export_long.scale_for_map`: log when fewer than a quarter of its cells
+    show on linear; recorded as ``"scale_chosen": "by the map's weights"`` with ``"linear_share"``),
+    and by length from 2,048 tokens (``"by length"``). A long map's bare PNG
     (from :data:`attnscope.core.io.export_long.LONG_MAP` tokens) streams and is a max-pooled overview unless
     ``full_size`` (:func:`attnscope.core.io.export_long.export_long_png`; the pooling is in the metadata).
 
@@ -529,6 +581,7 @@ def export_head(
             f"value-weighted maps export up to {export_long.LONG_MAP - 1} tokens; this one has {n_map}"
         )
     by_length = colour.scale is None
+    asked_scale = colour.scale
     colour = export_long.colour_for_length(colour, n_map)
     if fmt == "png" and not figure and n_map >= export_long.LONG_MAP:
         colour = colour.with_range(
@@ -554,13 +607,14 @@ def export_head(
     w = head_map(session, layer, head, n, mode, weighting)
     meta["nonfinite_cells"] = int(np.count_nonzero(~np.isfinite(w)))  # drawn as non-finite, not weights
     if fmt in DATA_FORMATS:
-        return write_data(w, path, meta)
+        return write_data(w, path, meta, tokens=session.tokens[: w.shape[0]])
+    masked = map_mask(session, layer, w.shape[0], mode)
+    # a scale not chosen by the user comes from this map's own weights (export_long.scale_for_map)
+    colour, choice = export_long.colour_for_map(dataclasses.replace(colour, scale=asked_scale), w, masked)
     colour = colour.with_range(*colour_range(session, layer, w, colour.range_mode, n))
     meta["colour"] = colour.metadata()
-    if by_length:
-        meta["colour"]["scale_chosen"] = "by length"
+    meta["colour"].update(choice.metadata() if choice is not None else {"scale_chosen": "by the user"})
     if fmt == "png" and not figure:
-        masked = map_mask(session, layer, w.shape[0], mode)
         return [save_map_png(w, path, colour, size=size, dpi=dpi, metadata=meta, masked=masked)]
     if renderer is None:
         raise ValueError(f"{fmt.upper()} figures need the Qt renderer (attnscope.app.figure); none was given")
@@ -974,11 +1028,14 @@ def save_animation(frames, path: str | os.PathLike, fps: float = 4.0, hold_last:
 
 
 # -- files written whole by the CLI and the window ----------------------------------------------------
-def write_weights(w: np.ndarray, out: Path, colour: ColourSpec = DEFAULT_COLOUR) -> None:
-    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar."""
+def write_weights(
+    w: np.ndarray, out: Path, colour: ColourSpec = DEFAULT_COLOUR, tokens: Sequence | None = None
+) -> None:
+    """Write a weights matrix to ``out`` by its suffix (.png / .npy / .csv / .safetensors), no sidecar;
+    ``tokens`` label a CSV's header row and column (:func:`write_map_csv`)."""
     suffix = out.suffix.lower().lstrip(".")
     if suffix in formats.DATA_FORMATS:
-        write_data(w, out)
+        write_data(w, out, tokens=tokens)
     elif suffix == "png":
         save_map_png(w, out, colour)
     else:

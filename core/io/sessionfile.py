@@ -349,11 +349,18 @@ def replay(
         session.set_sampling(sf.sampling)
     else:
         session.sampling = sf.sampling
-    say("Prefill…", 0.0)
+    # the bar's stages say which part of the replay they are: the prompt's prefill is the whole bar
+    # when nothing was generated, else its first half ("prefill 42/42" at half way read as done)
+    n_gen = sf.n_generated
+    share = 0.5 if n_gen else 1.0
+    then = f", then {n_gen} generated token{'s' if n_gen != 1 else ''}" if n_gen else ""
+    say(f"Replaying the run: prefill of the prompt{then}…", 0.0)
     session.prefill(
         sf.prompt,
         chat_template=sf.chat_template,
-        progress=lambda d, t: say(f"Prefill {d}/{t} tokens", 0.5 * d / max(1, t)),
+        progress=lambda d, t: say(
+            f"Replaying the run: prefill {d}/{t} prompt tokens{then}", share * d / max(1, t)
+        ),
         cancelled=cancelled,
     )
     if tuple(session.ids) != sf.token_ids[: sf.n_prompt]:
@@ -364,7 +371,9 @@ def replay(
         session.feed(
             list(sf.generated_ids),
             cancelled=cancelled,
-            progress=lambda d, t: say(f"Replay {d}/{t} tokens", 0.5 + 0.5 * d / max(1, t)),
+            progress=lambda d, t: say(
+                f"Replaying the run: generated token {d}/{t} (prompt done)", 0.5 + 0.5 * d / max(1, t)
+            ),
         )
     say("Session restored.", 1.0)
     return session, warnings

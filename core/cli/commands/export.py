@@ -106,7 +106,8 @@ def add_arguments(p) -> None:
         "--scale",
         default=None,
         choices=("linear", "log", "power"),
-        help="colour scale (default: linear below 2,048 tokens, log from there; said in the metadata)",
+        help="colour scale (default for one map: chosen from its weights, log when under a quarter of its "
+        "cells show on linear, and log from 2,048 tokens; an animation: from its last frame; said in the metadata)",
     )
     p.add_argument("--gamma", type=float, default=None, help="exponent of the power scale (default 0.5)")
     p.add_argument(
@@ -386,6 +387,15 @@ def _session_overrides(sf, args):
     return dataclasses.replace(sf, **changes) if changes else sf
 
 
+def _animation_colour(s, layer: int, head: int, asked, settled):
+    """The one colour scale of an animation's frames: the user's, or chosen from the last frame's
+    map (the whole sequence: :func:`attnscope.core.io.export_long.scale_for_map`), by length from
+    2,048 tokens (``settled``)."""
+    if asked.scale is not None or s.seq_len >= export_long.LONG_MAP:
+        return settled
+    return export_long.colour_for_map(asked, s.weights(layer, head))[0]
+
+
 def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     """Run ``attnscope export``. ``renderers``: a loader of the figure/frame renderers (the app's
     entry point passes Qt's, loaded only when called); None: Pillow only (plain PNG maps, bare
@@ -449,7 +459,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
             args.out,
             args.format,
             pairs,
-            colour=colour,
+            colour=asked,  # a scale not given: each map's own (export_long.scale_for_map), recorded
             size=size,
             dpi=args.dpi,
             figure=args.figure,
@@ -490,7 +500,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
                 layer,
                 head,
                 args.frames,
-                colour=colour,
+                colour=_animation_colour(s, layer, head, asked, colour),
                 fps=args.fps,
                 frame_renderer=load().frame,
             )
