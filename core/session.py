@@ -404,25 +404,6 @@ class Session:
         T = self.seq_len
         return self.trace.weights(int(layer), int(head), span("rows", rows, T), span("cols", cols, T))
 
-    def explain(self, layer: int, head: int, query: int, key: int, *, sources: bool = False, top: int = 10):
-        """Why ``head`` of ``layer`` gives key ``key`` its score at query ``query``: the score split by
-        rotary frequency band, the row's split, and the row with the rotation removed
-        (:func:`attnscope.core.analysis.explain.explain`; docs "Why a head attends"). With ``sources``,
-        also the score split by the components that wrote the query and the key (its ``top`` largest
-        pairs; :func:`attnscope.core.analysis.qk_sources.source_split`, one forward of the prefix).
-
-        Returns:
-            :class:`attnscope.core.analysis.explain.Explanation`.
-
-        Raises:
-            SessionError: nothing run yet. WrongType / OutOfRange: a bad layer, head or position.
-            UnsupportedModelError: a rotation it cannot read (not the torch backend); with ``sources``,
-            a model whose score cannot be split by source.
-        """
-        from attnscope.core.analysis.explain import explain
-
-        return explain(self, layer, head, query, key, sources=sources, top=top)
-
     def sink_scores(self, key: int = 0) -> np.ndarray:
         """``(n_layers, n_heads)`` mean weight on key ``key`` over the rows after it.
 

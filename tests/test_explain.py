@@ -241,7 +241,7 @@ def test_bad_cells_are_one_line(tmp_path):
     with pytest.raises(OutOfRange, match="query"):
         explain(s, 0, 0, 99, 0)
     with pytest.raises(OutOfRange, match="head"):
-        s.explain(0, 9, 1, 0)
+        explain(s, 0, 9, 1, 0)
     with pytest.raises(WrongType):
         explain(s, 0, 0, 1.5, 0)
     e = explain(s, 0, 0, 3, 7)  # a key after the query: split, but masked
@@ -261,11 +261,11 @@ def test_bad_cells_are_one_line(tmp_path):
 
 def test_explanation_travels_over_the_wire(tmp_path):
     """A remote engine sends the Explanation back as it is (``@remotable``)."""
-    from attnscope.core.analysis.explain import Explanation
+    from attnscope.core.analysis.explain import Explanation, explain
     from attnscope.core.remote import wire
 
     s, _ = _load("phi3_partial", tmp_path)
-    e = s.explain(1, 0, 12, 5)
+    e = explain(s, 1, 0, 12, 5)
     head, bufs = wire.encode(e)
     back = wire.decode(head, bufs, wire.core_dataclass)
     assert isinstance(back, Explanation) and back.bands == e.bands

@@ -218,7 +218,7 @@ def test_smollm2_induction_head_key_side_is_a_previous_token_head(smol_session):
 
 
 def test_explain_sources_session_cli_and_wire(tmp_path, capsys):
-    """``explain(..., sources=True)``, ``Session.explain`` and ``attnscope explain --sources --json`` give
+    """``explain(..., sources=True)`` and ``attnscope explain --sources --json`` give
     the split of :func:`source_split`; the Explanation with its split travels over the engine's wire."""
     from attnscope.core.analysis.explain import explain
     from attnscope.core.analysis.qk_sources import SourceSplit, source_split
@@ -230,8 +230,8 @@ def test_explain_sources_session_cli_and_wire(tmp_path, capsys):
     e = explain(s, 1, 2, 10, 4, sources=True, top=4)
     assert isinstance(e.sources, SourceSplit) and e.sources.pairs == direct.pairs
     assert e.sources.score == pytest.approx(e.score, rel=1e-6)  # the band half reads the same score
-    assert s.explain(1, 2, 10, 4).sources is None
-    assert s.explain(1, 2, 10, 4, sources=True, top=4).sources.pairs == direct.pairs
+    assert explain(s, 1, 2, 10, 4).sources is None
+    assert explain(s, 1, 2, 10, 4, sources=True, top=4).sources.pairs == direct.pairs
     assert explain(s, 1, 2, 4, 10, sources=True).sources is None  # a key after the query: no score
     head, bufs = wire.encode(e)
     back = wire.decode(head, bufs, wire.core_dataclass)

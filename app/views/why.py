@@ -24,6 +24,8 @@ inside the panel stops a computation that has not come back.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app import jobs
@@ -31,6 +33,9 @@ from attnscope.app.engine import Request
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QDockWidget, QGroupBox, QLabel, QVBoxLayout, QWidget
+
+if TYPE_CHECKING:
+    from attnscope.app.views.source_bars import SourceBars
 
 FAST_BRUSH = (230, 126, 34)  # bands shorter than the positional cut (orange)
 SLOW_BRUSH = (52, 101, 164)  # the slower ones (blue)
@@ -131,17 +136,19 @@ class WhyPanel(QWidget):
             [], [], pen=pg.mkPen(SLOW_BRUSH, width=2), name="actual", symbol="o", symbolSize=4
         )
         self.norope_curve = self.rows_plot.plot(
-            [], [], pen=pg.mkPen(FAST_BRUSH, width=2, style=Qt.DashLine), name="no rotation"
+            [], [], pen=pg.mkPen(FAST_BRUSH, width=2, style=Qt.PenStyle.DashLine), name="no rotation"
         )
-        self.cell_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#c0392b", width=1, style=Qt.DotLine))
+        self.cell_line = pg.InfiniteLine(
+            angle=90, pen=pg.mkPen("#c0392b", width=1, style=Qt.PenStyle.DotLine)
+        )
         self.rows_plot.addItem(self.cell_line)
         # filled by attnscope.core.analysis.qk_sources (the by-source split) through show_sources()
         self.sources_box = QGroupBox("By source")
-        self.sources_box.setLayout(QVBoxLayout())
+        self.sources_layout = QVBoxLayout(self.sources_box)
         self.sources_status = QLabel("")
         self.sources_status.setWordWrap(True)
-        self.sources_box.layout().addWidget(self.sources_status)
-        self.source_bars = None  # a SourceBars, made the first time a split arrives
+        self.sources_layout.addWidget(self.sources_status)
+        self.source_bars: SourceBars | None = None  # made the first time a split arrives
         self.sources_box.hide()
         self.note = QLabel(
             "Exact, no forward: the bands add up to the score q·k·scale of the stored post-RoPE query and "
@@ -159,7 +166,8 @@ class WhyPanel(QWidget):
         lay.addWidget(self.sources_box)
         lay.addWidget(self.note)
         self.setMinimumWidth(340)
-        QShortcut(QKeySequence(Qt.Key_Escape), self, activated=self.cancel)
+        esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        esc.activated.connect(self.cancel)
 
         state.events.selection.connect(lambda _sel: self.request())
         state.events.snapshot.connect(self._on_snapshot)
@@ -230,7 +238,14 @@ class WhyPanel(QWidget):
         if not isinstance(entry, dict):
             return
         q, k = entry.get("query"), entry.get("key")
-        cell = (q, k) if all(isinstance(v, int) and not isinstance(v, bool) for v in (q, k)) else None
+        cell = (
+            (q, k)
+            if isinstance(q, int)
+            and isinstance(k, int)
+            and not isinstance(q, bool)
+            and not isinstance(k, bool)
+            else None
+        )
         dock = self.parent()
         if isinstance(dock, QDockWidget) and isinstance(entry.get("visible"), bool):
             if dock.isVisible() != entry["visible"]:
@@ -317,7 +332,7 @@ class WhyPanel(QWidget):
         if self.source_bars is None:
             self.source_bars = SourceBars()
             self.source_bars.setMinimumHeight(300)
-            self.sources_box.layout().addWidget(self.source_bars)
+            self.sources_layout.addWidget(self.source_bars)
         self.sources_status.setText(
             f"Which earlier components wrote this query and key: the {len(split.pairs)} largest "
             "(query part × key part) pairs of the score."
@@ -360,8 +375,9 @@ def install(window) -> WhyPanel:
     dock = QDockWidget("Why this score", window)
     dock.setObjectName("why_dock")
     dock.setWidget(panel)
-    dock.setAllowedAreas(Qt.RightDockWidgetArea | Qt.LeftDockWidgetArea | Qt.BottomDockWidgetArea)
-    window.addDockWidget(Qt.RightDockWidgetArea, dock)
+    area = Qt.DockWidgetArea
+    dock.setAllowedAreas(area.RightDockWidgetArea | area.LeftDockWidgetArea | area.BottomDockWidgetArea)
+    window.addDockWidget(area.RightDockWidgetArea, dock)
     dock.hide()
     dock.visibilityChanged.connect(lambda _v: panel._save() if window.isVisible() else None)
     window.why_panel, window.why_dock = panel, dock
