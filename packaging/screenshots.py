@@ -145,8 +145,15 @@ def which_heads_matter(sh: Shots, path: Path) -> None:
 
 def head_grid_effects(sh: Shots, path: Path) -> None:
     """The Head grid framed by the "Which heads matter" effects (that tab's Colour by), on its prompt."""
+    from PySide6.QtWidgets import QScrollArea
+
     which_heads_matter(sh, path)  # runs the tab's sweep; the grid picture replaces its file below
-    sh.tab("grid")
+    grid = sh.tab("grid")
+    areas = [grid] if isinstance(grid, QScrollArea) else grid.findChildren(QScrollArea)
+    for area in areas:  # the late layers, where this prompt's effects are
+        bar = area.verticalScrollBar()
+        bar.setValue(bar.maximum())
+    sh.app.processEvents()
     sh.grab(path)
 
 
