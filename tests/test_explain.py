@@ -326,3 +326,29 @@ def test_previous_token_and_induction_heads_fall_on_opposite_sides(smol_session)
     hi_ind = max(share[p] for p in ind)
     assert lo_prev > 0.5 > 0.1 > hi_ind, (lo_prev, hi_ind)
     assert not math.isnan(float(np.nanmedian(share)))
+
+
+def test_remote_engine_gives_the_same_explanation(tmp_path):
+    """``explain`` over a served engine (``@remotable``): the bands, the row and the source split are
+    the local session's, bit for bit."""
+    pytest.importorskip("zmq")
+    from attnscope.core.analysis.explain import explain
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
+    from test_remote import TOKEN, serving
+
+    local, _ = _load("qwen3", tmp_path)
+    want = explain(local, 1, 2, 10, 4, sources=True, top=5)
+    engine = Session.load(str(tmp_path / "qwen3"))
+    with serving(engine) as server:
+        r = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
+        try:
+            r.prefill(IDS)
+            got = explain(r, 1, 2, 10, 4, sources=True, top=5)
+        finally:
+            r.close()
+    assert got.score == want.score and got.bands == want.bands and got.row_bands == want.row_bands
+    np.testing.assert_array_equal(got.row, want.row)
+    np.testing.assert_array_equal(got.no_rope_row, want.no_rope_row)
+    assert got.sources is not None and want.sources is not None
+    assert got.sources.pairs == want.sources.pairs and got.sources.rest == want.sources.rest
