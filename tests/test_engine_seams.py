@@ -32,7 +32,8 @@ def test_loader_does_not_import_the_torch_backend():
     backend = "attnscope.core.backends.torch_backend"
     for path in (CORE / "loading").glob("*.py"):
         assert backend not in _imports(path), path.name
-    assert "attnscope.core.backends.hf_attention" in _imports(CORE / "loading" / "resolve.py")
+    # the torch load (core/backends/torch_load.py) takes the name from hf_attention
+    assert "attnscope.core.backends.hf_attention" in _imports(CORE / "backends" / "torch_load.py")
     hf = _imports(CORE / "backends" / "hf_attention.py")
     assert not {m for m in hf if m.startswith("attnscope.core.loading") or m == backend}
 
@@ -323,7 +324,7 @@ def test_registry_names_and_refusals(tmp_path):
     with pytest.raises(SessionError, match="--device-map is for the torch backend"):
         Session.load(str(tmp_path), backend="mlx", device_map="auto")  # refused before any loading
     assert backend_problem("gpt2", "mlx") == (
-        "the MLX backend does not run gpt2 models (it runs llama, mistral, qwen2, qwen3)"
+        f"the MLX backend does not run gpt2 models (it runs {', '.join(registry.MLX_FAMILIES)})"
     )
     assert backend_problem("gpt2", "torch") is None and backend_problem("", "mlx") is None
     assert backend_problem("llama", "nope") is None

@@ -80,7 +80,7 @@ def test_mlx_lm_family_equals_torch(family, tmp_path, monkeypatch):
 def test_the_registry_lists_what_mlx_runs():
     """One source: the MLX spec's families are the hand-written ones plus mlx-lm's, and a family
     of neither is refused by the picker's check in one line."""
-    from attnscope.core.backends import registry
+    from attnscope.core import backend_registry as registry
 
     spec = registry.SPECS["mlx"]
     assert spec.families == MLX_FAMILIES and set(MLX_LM_FAMILIES) <= set(MLX_FAMILIES)

@@ -266,8 +266,9 @@ def test_mlx_issue_sample_and_trace_parts():
         assert abs(float(np.array(out)[0, 0, 2, 0]) - SAMPLE_O) < 1e-4  # |v| = 1000: float32 out
         np.testing.assert_allclose(np.array(m)[0, 0], [30000, 30000, 30000])
 
-        class Cache:  # what MlxTrace reads: the layer cache's keys
+        class Cache:  # what MlxTrace reads: the layer cache's keys and how many positions it holds
             keys = k
+            offset = k.shape[2]
 
             @staticmethod
             def fetch_keys():
@@ -349,6 +350,7 @@ def test_mlx_uniform_8192_key_rows_sum_to_one_in_reduced_precision(dtype):
 
     class Cache:
         keys = k
+        offset = k.shape[2]
 
         @staticmethod
         def fetch_keys():

@@ -91,7 +91,7 @@ class GqaView(QWidget, SavedControls):
         super().__init__(parent)
         self.state, self.engine = state, engine
         self.report = None
-        self.window: int | None = None  # the report's layer's sliding window
+        self.sliding_window: int | None = None  # the report's layer's sliding window
         self.scale = "linear"  # colour scale of the maps shown: export_long.scale_for_map(their maps)
         self.choice: ScaleChoice | None = None  # ... and why (the header says it)
         self.layers = None  # (n, (within, across, rows_used))
@@ -205,7 +205,7 @@ class GqaView(QWidget, SavedControls):
 
     # -- drawing ----------------------------------------------------------------------------------
     def _on_report(self, result) -> None:
-        r, self.window = result if isinstance(result, tuple) else (result, None)
+        r, self.sliding_window = result if isinstance(result, tuple) else (result, None)
         self.report = r
         info = self.state.snapshot.info
         members = ", ".join(f"q{h}" for h in r.heads)
@@ -298,7 +298,7 @@ class GqaView(QWidget, SavedControls):
         self.colorbar.setLevels((0.0, 1.0))  # the images hold normalised values
         self.colorbar.axis.setTicks([colorbar_ticks(0.0, hi, self.scale), []])
         P = r.maps.shape[-1]
-        masked = masked_blocks(r.n, P, self.window)
+        masked = masked_blocks(r.n, P, self.sliding_window)
         for i, h in enumerate(r.heads):
             img = normalize(r.maps[i], 0.0, hi, self.scale).astype(np.float32)
             img[masked] = np.nan  # transparent: the hatch behind, not the colour of weight 0

@@ -243,7 +243,8 @@ def _layout(session, layer: int) -> dict:
     from attnscope.core.analysis.head_effects import _parts
 
     parts = _parts(session)  # UnsupportedModelError: not torch, no o_proj
-    model: Any = session.backend.model
+    be = session.backend  # the torch backend (checked above): its model runs the hooked forward
+    model: Any = be.model
     cfg: Any = getattr(model, "config", None)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     layers = parts.layers
@@ -468,7 +469,7 @@ def residual_components(session, layer: int, positions: Sequence[int]) -> Compon
     lay = _layout(session, layer)
     cap = _capture(session, lay, layer, session.ids[: max(pos) + 1], pos)
     names, vecs, err = _components(session, lay, cap, layer)
-    _refuse_sum(session, err, _tolerance(session.backend.model.dtype))
+    _refuse_sum(session, err, _tolerance(_model_dtype(session)))
     return Components(
         tuple(names),
         tuple(cap.positions),
@@ -484,7 +485,7 @@ def _pre_norm(session, lay: dict, cap: _Capture, layer: int, positions: list[int
     import torch
 
     ly = lay["parts"].layers[layer]
-    tol = _tolerance(session.backend.model.dtype)
+    tol = _tolerance(_model_dtype(session))
     cands = [getattr(ly, n) for n in PRE_NORMS if isinstance(getattr(ly, n, None), torch.nn.Module)] + [None]
     with torch.inference_mode():
         for c in cands:
@@ -641,7 +642,7 @@ def source_split(session, layer: int, head: int, query: int, key: int, *, top: i
     pos = sorted({i, j})
     cap = _capture(session, lay, layer, session.ids[: i + 1], pos)
     names, vecs, rerr = _components(session, lay, cap, layer)
-    dtype = session.backend.model.dtype
+    dtype = _model_dtype(session)
     tol = _tolerance(dtype)
     _refuse_sum(session, rerr, tol)
     norm = _pre_norm(session, lay, cap, layer, pos)
@@ -713,3 +714,9 @@ def source_split(session, layer: int, head: int, query: int, key: int, *, top: i
         residual_error=rerr,
         notes=tuple(notes),
     )
+
+
+def _model_dtype(session):
+    """The torch dtype of the session's model (the torch backend: the split's checks ran first)."""
+    be = session.backend
+    return be.model.dtype
