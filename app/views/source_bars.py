@@ -63,19 +63,7 @@ class SourceBars(QWidget):
         """Draw ``split`` (a :class:`attnscope.core.analysis.qk_sources.SourceSplit`)."""
         rows = source_rows(split)
         self.rows = rows
-        if self.bars is not None:
-            self.plot.removeItem(self.bars)
-        parts = np.array([r[1] for r in rows], dtype=float)
-        self.bars = pg.BarGraphItem(
-            x0=np.minimum(parts, 0),
-            y=np.arange(len(rows)),
-            width=np.abs(parts),
-            height=0.7,
-            brushes=[pg.mkBrush(*r[2]) for r in rows],
-            pens=[pg.mkPen(None) for _ in rows],
-        )
-        self.plot.addItem(self.bars)
-        self.plot.getAxis("left").setTicks([[(i, r[0]) for i, r in enumerate(rows)]])
+        self.bars, parts = draw_hbars(self.plot, self.bars, rows)
         lim = float(np.abs(parts).max()) if parts.size else 1.0
         lim = lim or 1.0
         self.plot.setXRange(-lim * 1.05 if (parts < 0).any() else 0.0, lim * 1.05, padding=0)
@@ -94,3 +82,24 @@ class SourceBars(QWidget):
     def total(self) -> float:
         """The sum of the bars shown (the score, up to round-off)."""
         return float(sum(r[1] for r in self.rows))
+
+
+def draw_hbars(plot, old, rows) -> tuple[pg.BarGraphItem, np.ndarray]:
+    """Horizontal bars on ``plot`` (a pyqtgraph PlotItem or PlotWidget), one per ``(label, value,
+    rgb)`` of ``rows``, top to bottom from y = 0, labelled on the left axis; ``old`` (the bars drawn
+    before, or None) is removed. Returns the new item and the values as a float array (the caller
+    sets the ranges). The Why panel's band bars and its By source bars both draw with it."""
+    if old is not None:
+        plot.removeItem(old)
+    parts = np.array([r[1] for r in rows], dtype=float)
+    bars = pg.BarGraphItem(
+        x0=np.minimum(parts, 0),
+        y=np.arange(len(rows)),
+        width=np.abs(parts),
+        height=0.7,
+        brushes=[pg.mkBrush(*r[2]) for r in rows],
+        pens=[pg.mkPen(None) for _ in rows],
+    )
+    plot.addItem(bars)
+    plot.getAxis("left").setTicks([[(i, r[0]) for i, r in enumerate(rows)]])
+    return bars, parts

@@ -30,6 +30,7 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app import jobs
 from attnscope.app.engine import Request
+from attnscope.app.views.source_bars import draw_hbars
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QDockWidget, QGroupBox, QLabel, QVBoxLayout, QWidget
@@ -76,19 +77,7 @@ class BandBars(pg.PlotWidget):
     def show_split(self, split, title: str | None = None) -> None:
         rows = bar_rows(split)
         self.rows = rows
-        if self.bars is not None:
-            self.removeItem(self.bars)
-        parts = np.array([r[1] for r in rows], dtype=float)
-        self.bars = pg.BarGraphItem(
-            x0=np.minimum(parts, 0),
-            y=np.arange(len(rows)),
-            width=np.abs(parts),
-            height=0.7,
-            brushes=[pg.mkBrush(*r[2]) for r in rows],
-            pens=[pg.mkPen(None) for _ in rows],
-        )
-        self.addItem(self.bars)
-        self.getAxis("left").setTicks([[(i, r[0]) for i, r in enumerate(rows)]])
+        self.bars, parts = draw_hbars(self, self.bars, rows)
         lim = float(np.abs(parts).max()) if parts.size else 1.0
         self.setXRange(-lim * 1.05 if (parts < 0).any() else 0.0, lim * 1.05 if (parts > 0).any() else 0.0)
         self.setYRange(-0.6, len(rows) - 0.4, padding=0)
