@@ -139,7 +139,7 @@ def test_gqa_draws_nonfinite_cells_magenta_and_names_them(win, tmp_path):
     r = v.report
     maps = r.maps.copy()
     maps[0, 5:9, 0:3] = np.nan  # allowed cells (below the diagonal)
-    v._on_report((dataclasses.replace(r, maps=maps), v.window))
+    v._on_report((dataclasses.replace(r, maps=maps), v.sliding_window))
     QApplication.processEvents()
     assert "NaN/inf" in v.header.text()
     img = v.glw.grab().toImage()
