@@ -33,6 +33,18 @@ def pytest_configure(config):
 
         qt_options.configure()
 
+    # Under pytest-xdist (`-n N`, as .ci/run runs the suite) the workers share the machine's cores: each
+    # worker's torch takes its share of them for its intra-op threads instead of all of them (N workers
+    # × all cores oversubscribes). The engines and CLIs the tests start inherit the same count through
+    # OMP_NUM_THREADS, so "bit-identical to in-process" compares the same float sums.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
 
 SMOL_PROMPT = (
     "The quick brown fox jumps over the lazy dog. Attention lets every token look back at the "
