@@ -52,7 +52,16 @@ def test_readme_is_a_front_page():
     assert not re.search(r"\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* 20\d\d\b", text)
     # the two set-up commands, as .ci/run and the tests use them
     assert "bash .ci/setup && .venv/bin/attnscope" in text
-    assert "bash .ci/setup --test && QT_QPA_PLATFORM=offscreen .venv/bin/python -m pytest -q" in text
+    test_command = re.search(
+        r"bash \.ci/setup --test && QT_QPA_PLATFORM=offscreen \.venv/bin/python -m pytest (.*)", text
+    )
+    assert test_command, "the README's test command"
+    # .ci/run runs the README's test command: the same pytest options (it adds only -p no:cacheprovider)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    ci_pytest = re.search(r"^\.venv/bin/python -m pytest (.*)$", ci, re.M)
+    assert (
+        ci_pytest and ci_pytest.group(1).replace(" -p no:cacheprovider", "") == test_command.group(1).strip()
+    )
 
 
 def test_cli_reference_markdown_lists_the_parser():
