@@ -489,10 +489,25 @@ def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
     """
     layer, head, query, _ = _check(session, layer, head, query, 0)
     lay = rope_layout(session, layer)
+    _, wk = _weighted_key(session, layer, head, query)
+    q, _, scale = _qk(session, layer, head, slice(query, query + 1), slice(0, 0))
+    return _split(lay, q[0], wk, scale)
+
+
+def _weighted_key(session, layer: int, head: int, query: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row ``query``'s weights ``(query + 1,)`` float32 and ``Σ_j w_ij k_j`` ``(D,)`` float64.
+
+    One float64 matrix-vector product on the cached keys' device: converting the keys to a float64
+    numpy array first cost ~20-30 ms at T = 8,192 (a fresh 4 MB array per call), this ~0.6 ms
+    (``attnscope bench --views``, row ``explain_row_8192``)."""
+    import torch
+
     n = query + 1
-    w = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0].astype(np.float64)  # (n,)
-    q, k, scale = _qk(session, layer, head, slice(query, n), slice(0, n))
-    return _split(lay, q[0], w @ k, scale)
+    row = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0]  # (n,) float32
+    rec = session.trace._rec(layer)
+    k = rec.keys[session.trace.kv_head(head), :n]
+    wk = torch.mv(k.double().T, torch.from_numpy(row).to(k.device, torch.float64))
+    return row, wk.cpu().numpy()
 
 
 def _softmax_row(session, layer: int, head: int, query: int, s: np.ndarray) -> np.ndarray:
@@ -544,7 +559,7 @@ def explain(
     lay = rope_layout(session, layer)
     n = query + 1
     q, k, scale = _qk(session, layer, head, slice(query, n), slice(0, session.seq_len))
-    row = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0]  # (n,) float32
+    row, wk = _weighted_key(session, layer, head, query)  # (n,) float32, (D,) float64
     kk = k[:n]
     if lay.rope:
         pos = np.arange(n, dtype=np.int64)
@@ -562,7 +577,7 @@ def explain(
         key=key,
         score=float(scale * q[0] @ k[key]),
         bands=_split(lay, q[0], k[key], scale),
-        row_bands=_split(lay, q[0], row.astype(np.float64) @ kk, scale),
+        row_bands=_split(lay, q[0], wk, scale),
         no_rope_row=no_rope,
         row=row,
         weight=float(row[key]) if key < n and allowed else 0.0,
