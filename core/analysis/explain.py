@@ -467,6 +467,7 @@ def _check(session, layer, head, query, key) -> tuple[int, int, int, int]:
     return layer, head, index("query", query, T), index("key", key, T)
 
 
+@remotable
 def cell_bands(session, layer: int, head: int, query: int, key: int) -> BandSplit:
     """The score of one cell split by band (no forward: the stored q row and cached key).
 
@@ -480,6 +481,7 @@ def cell_bands(session, layer: int, head: int, query: int, key: int) -> BandSpli
     return _split(lay, q[0], k[0], scale)
 
 
+@remotable
 def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
     """Row ``query``'s weighted score ``Σ_j w_ij s_ij`` split by band: ``⟨q_i^p, Σ_j w_ij k_j^p⟩`` per
     pair, one ``(1, T) @ (T, D)`` product (no forward).
@@ -647,6 +649,7 @@ def _rows(T: int, max_rows: int) -> np.ndarray:
     return rows
 
 
+@remotable
 def head_positional_share(
     session, layer: int, head: int, *, short_tokens: float = SHORT_TOKENS, max_rows: int = SHARE_ROWS
 ) -> float:
