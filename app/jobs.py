@@ -266,16 +266,19 @@ def grid_job(size, n, weighting="attention"):
 
 def explain_job(layer, head, query, key):
     """The Why panel's data for one cell (:func:`attnscope.core.analysis.explain.explain`): ``(cell,
-    Explanation, positional share of the head)`` with ``cell = (layer, head, query, key)``."""
+    Explanation, positional share of the head, provenance)`` with ``cell = (layer, head, query, key)``
+    and the provenance the CLI's ``attnscope explain --json`` writes (model, prompt, token ids, their
+    SHA-256: :func:`attnscope.core.cli.commands.explain.payload`, without the explanation's own keys)."""
 
     def job(ctx):
-        from attnscope.core.analysis.explain import explain, head_positional_share
+        from attnscope.core.analysis.explain import SHORT_TOKENS, explain, head_positional_share
+        from attnscope.core.cli.commands.explain import payload
 
         s = ctx.require()
         e = explain(s, layer, head, query, key)
-        if ctx.cancelled():
-            return (layer, head, query, key), e, None
-        return (layer, head, query, key), e, head_positional_share(s, layer, head)
+        share = None if ctx.cancelled() else head_positional_share(s, layer, head)
+        prov = {k: v for k, v in payload(s, e, share, SHORT_TOKENS).items() if k not in e.to_dict()}
+        return (layer, head, query, key), e, share, prov
 
     return job
 
