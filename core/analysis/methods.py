@@ -53,7 +53,7 @@ class AnalysisMethods:
     ) -> Target:
         """The number the head analyses move: :func:`attnscope.core.analysis.head_effects.make_target`.
 
-        ``kind``: ``logprob`` | ``logit`` | ``logit_diff`` | ``prob`` | ``kl``; ``position`` defaults to
+        ``kind``: ``logprob`` | ``logit_diff`` | ``kl``; ``position`` defaults to
         the last one; ``token`` (id or one-token text) to the next token there; ``other`` is the
         ``logit_diff`` baseline.
 
