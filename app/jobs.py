@@ -9,6 +9,8 @@ for commands). Commands go through ``Engine.enqueue``; view jobs through ``Engin
 
 from __future__ import annotations
 
+import math
+
 from attnscope.core import backend_registry as registry
 
 
@@ -277,7 +279,8 @@ def explain_job(layer, head, query, key):
         s = ctx.require()
         e = explain(s, layer, head, query, key)
         share = None if ctx.cancelled() else head_positional_share(s, layer, head)
-        prov = {k: v for k, v in payload(s, e, share, SHORT_TOKENS).items() if k not in e.to_dict()}
+        whole = payload(s, e, math.nan if share is None else share, SHORT_TOKENS)  # NaN: stopped before it
+        prov = {k: v for k, v in whole.items() if k not in e.to_dict()}
         return (layer, head, query, key), e, share, prov
 
     return job
