@@ -496,19 +496,29 @@ def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
     return _split(lay, q[0], wk, scale)
 
 
+#: rows of keys per float64 product in :func:`_weighted_key`: 512 × 64 dims is torch's parallel grain
+#: (32,768 elements), so each step runs on the calling thread and never waits at a barrier for others
+WEIGHTED_KEY_ROWS = 512
+
+
 def _weighted_key(session, layer: int, head: int, query: int) -> tuple[np.ndarray, np.ndarray]:
     """Row ``query``'s weights ``(query + 1,)`` float32 and ``Σ_j w_ij k_j`` ``(D,)`` float64.
 
-    One float64 matrix-vector product on the cached keys' device: converting the keys to a float64
-    numpy array first cost ~20-30 ms at T = 8,192 (a fresh 4 MB array per call), this ~0.6 ms
-    (``attnscope bench --views``, row ``explain_row_8192``)."""
+    float64 matrix-vector products on the cached keys' device, :data:`WEIGHTED_KEY_ROWS` keys at a time:
+    converting every key to a float64 numpy array first, or in one multi-threaded copy, took 15-45 ms at
+    T = 8,192 on a busy machine (threads waiting at barriers), these ~0.3 ms (docs/benchmarks.md,
+    ``attnscope bench --views`` row ``explain_row_8192``)."""
     import torch
 
     n = query + 1
     row = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0]  # (n,) float32
     rec = session.trace._rec(layer)
-    k = rec.keys[session.trace.kv_head(head), :n]
-    wk = torch.mv(k.double().T, torch.from_numpy(row).to(k.device, torch.float64))
+    k = rec.keys[session.trace.kv_head(head), :n]  # (n, D)
+    w = torch.from_numpy(row).to(k.device, torch.float64)
+    wk = torch.zeros(k.shape[1], dtype=torch.float64, device=k.device)
+    for a in range(0, n, WEIGHTED_KEY_ROWS):
+        b = min(n, a + WEIGHTED_KEY_ROWS)
+        wk += torch.mv(k[a:b].double().T, w[a:b])
     return row, wk.cpu().numpy()
 
 
