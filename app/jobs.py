@@ -9,6 +9,8 @@ for commands). Commands go through ``Engine.enqueue``; view jobs through ``Engin
 
 from __future__ import annotations
 
+import math
+
 from attnscope.core import backend_registry as registry
 
 
@@ -266,16 +268,20 @@ def grid_job(size, n, weighting="attention"):
 
 def explain_job(layer, head, query, key):
     """The Why panel's data for one cell (:func:`attnscope.core.analysis.explain.explain`): ``(cell,
-    Explanation, positional share of the head)`` with ``cell = (layer, head, query, key)``."""
+    Explanation, positional share of the head, provenance)`` with ``cell = (layer, head, query, key)``
+    and the provenance the CLI's ``attnscope explain --json`` writes (model, prompt, token ids, their
+    SHA-256: :func:`attnscope.core.cli.commands.explain.payload`, without the explanation's own keys)."""
 
     def job(ctx):
-        from attnscope.core.analysis.explain import explain, head_positional_share
+        from attnscope.core.analysis.explain import SHORT_TOKENS, explain, head_positional_share
+        from attnscope.core.cli.commands.explain import payload
 
         s = ctx.require()
         e = explain(s, layer, head, query, key)
-        if ctx.cancelled():
-            return (layer, head, query, key), e, None
-        return (layer, head, query, key), e, head_positional_share(s, layer, head)
+        share = None if ctx.cancelled() else head_positional_share(s, layer, head)
+        whole = payload(s, e, math.nan if share is None else share, SHORT_TOKENS)  # NaN: stopped before it
+        prov = {k: v for k, v in whole.items() if k not in e.to_dict()}
+        return (layer, head, query, key), e, share, prov
 
     return job
 

@@ -17,6 +17,7 @@ import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 from attnscope.core import backend_registry as registry
@@ -101,8 +102,10 @@ class Session:
         progress: Callable[[str, float], None] | None = None,
         quantize: str = "none",
         device_map: str | dict | None = None,
-    ) -> Session:
-        """Load ``model`` (None = embedded default) on ``backend`` ("torch" or "mlx").
+    ) -> Self:
+        """Load ``model`` (None = embedded default) on ``backend`` ("torch" or "mlx"), as an
+        instance of the class it is called on (``attnscope.Session.load()`` gives the public subclass
+        with the analyses as methods, :mod:`attnscope.core.analysis.methods`).
 
         ``dtype``: ``auto`` (the checkpoint's own precision; :func:`attnscope.core.loading.precision.decide`, which
         says why in ``info.dtype_reason``), ``float32``, ``bfloat16`` or ``float16``.

@@ -83,7 +83,9 @@ def api_reference() -> str:
     table: dict[str, str] = attnscope._PUBLIC  # type: ignore[attr-defined]
     lines: list[str] = []
     for name, module in table.items():
-        lines += [f"## `attnscope.{name}` {{#{name}}}", "", f"::: {module}.{name}", ""]
+        lines += [f"## `attnscope.{name}` {{#{name}}}", "", f"::: {module}.{name}"]
+        # Session's own methods come from its bases (the core Session, the analyses' mixin)
+        lines += ["    options:", "      inherited_members: true", ""]
     return "\n".join(lines)
 
 

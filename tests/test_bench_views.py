@@ -55,6 +55,7 @@ def test_explain_rows_time_the_band_split_and_the_share_ratio(tmp_path, monkeypa
     BV.explain_rows(s, out, layer=1, head=2)
     rows, ex = out["rows"], out["explain"]
     assert rows["explain_cell_8192"] > 0 and rows["explain_row_8192"] > 0
+    assert out["cpu_s"]["explain_row_8192"] > 0 and out["cpu_s"]["explain_cell_8192"] > 0  # CPU beside wall
     assert rows["positional_share_vs_overview"] == ex["positional_share_s"] / ex["overview_s"]
     assert out["ratios"]["positional_share_vs_overview"] == rows["positional_share_vs_overview"]
     table = BV.format_views({"smol": out})

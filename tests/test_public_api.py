@@ -47,11 +47,18 @@ def test_unknown_public_name_is_an_attribute_error():
 
 def test_public_names_are_the_engine_objects():
     import attnscope
+    from attnscope.core.analysis.methods import AnalysisMethods
+    from attnscope.core.analysis.methods import Session as PublicSession
     from attnscope.core.errors import AttnScopeError
     from attnscope.core.io.export import export_head
     from attnscope.core.session import Session
 
-    assert attnscope.Session is Session
+    # the engine's Session with the analyses as methods (tests/test_session_methods.py)
+    assert attnscope.Session is PublicSession and attnscope.Session.__mro__[1:] == (
+        AnalysisMethods,
+        Session,
+        object,
+    )
     assert attnscope.AttnScopeError is AttnScopeError
     assert attnscope.export_head is export_head
 

@@ -111,3 +111,45 @@ def test_grid_colours_by_positional_share_and_roles_has_the_column(win):
     for row in range(view.table.rowCount()):
         layer, head = view.head_at(row)
         assert float(view.table.item(row, col).data(0x0100)) == pytest.approx(float(want[layer, head]))
+
+
+def test_export_writes_the_explanation_with_the_clis_provenance(win, tmp_path):
+    """Export… writes what the panel shows: the CLI's ``attnscope explain --json`` keys (model, prompt,
+    token ids and their SHA-256, the cell, the bands, the positional share) with the same values, and
+    the by-source split once it has come back."""
+    import json
+
+    from attnscope.core.analysis.explain import explain, head_positional_share
+    from attnscope.core.cli.commands.explain import payload
+
+    win.select(1, 2)
+    win.show_view("heatmap")
+    assert win.engine.wait_idle(60)
+    panel = win.why_panel
+    assert not panel.export_button.isEnabled()
+    with pytest.raises(ValueError, match="nothing to export"):
+        panel.export(tmp_path / "none.json")
+    T = win.snapshot.seq_len
+    _click_cell(win, T - 1, 3)
+    assert win.engine.wait_idle(60) and win.last_error is None
+    assert panel.export_button.isEnabled()
+    path = tmp_path / "why.json"
+    panel.export(path)
+    got = json.loads(path.read_text(encoding="utf-8"))
+    s = win.engine.session
+    e = explain(s, 1, 2, T - 1, 3)
+    want = json.loads(
+        json.dumps(payload(s, e, head_positional_share(s, 1, 2), 64), default=lambda a: a.tolist())
+    )
+    same = set(want) - {
+        "created",
+        "sources",
+    }  # the time written; the split, which the CLI adds with --sources
+    assert {k: got[k] for k in same} == {k: want[k] for k in same}
+    assert got["kind"] == "explain" and got["layer"] == 1 and got["head"] == 2 and got["query"] == T - 1
+    assert len(got["prompt_sha256"]) == 64 and got["token_ids"] == list(s.ids)
+    assert got["sources"]["score"] == pytest.approx(e.score, rel=1e-6)  # the by-source split came back
+    w = panel.grab()
+    w.save("/work/notes/shots/why_panel_export.png") if __import__("os").path.isdir(
+        "/work/notes/shots"
+    ) else None

@@ -19,11 +19,14 @@ approximation stated under them (:class:`attnscope.app.views.source_bars.SourceB
 
 The panel's visibility and clicked cell are kept in the view state's settings under ``"why"``
 (``{"visible": bool, "query": int | None, "key": int | None}``), so session files keep them. Esc
-inside the panel stops a computation that has not come back.
+inside the panel stops a computation that has not come back. *Export…* writes what the panel shows as
+JSON with its provenance, the same keys as ``attnscope explain --json`` (plus ``"sources"`` once the
+by-source split has come back).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +36,7 @@ from attnscope.app.engine import Request
 from attnscope.app.views.source_bars import draw_hbars
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QDockWidget, QGroupBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDockWidget, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 if TYPE_CHECKING:
     from attnscope.app.views.source_bars import SourceBars
@@ -98,6 +101,8 @@ class WhyPanel(QWidget):
         self.explanation = None
         self.share: float | None = None
         self.shown_for: tuple | None = None  # the request key of what is on screen
+        self.provenance: dict = {}  # the shown explanation's (explain_job), for Export…
+        self.sources_split = None  # the shown by-source split (a SourceSplit), for Export…
 
         self.header = QLabel(HINT)
         self.header.setWordWrap(True)
@@ -145,9 +150,19 @@ class WhyPanel(QWidget):
         )
         self.note.setWordWrap(True)
         self.note.setStyleSheet("color:#555;")
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip(
+            "Write this explanation as JSON, with the model and prompt it came from"
+        )
+        self.export_button.setEnabled(False)
+        self.export_button.clicked.connect(self._export_dialog)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 4, 6, 4)
-        for w in (self.header, self.score_label, self.summary):
+        top = QHBoxLayout()
+        top.addWidget(self.header, 1)
+        top.addWidget(self.export_button, 0, Qt.AlignmentFlag.AlignTop)
+        lay.addLayout(top)
+        for w in (self.score_label, self.summary):
             lay.addWidget(w)
         lay.addWidget(self.cell_bars, 3)
         lay.addWidget(self.row_bars, 3)
@@ -246,14 +261,19 @@ class WhyPanel(QWidget):
     # -- drawing ----------------------------------------------------------------------------------
     def clear(self, text: str = HINT) -> None:
         self.explanation, self.share, self.shown_for = None, None, None
+        self.provenance, self.sources_split = {}, None
+        self.export_button.setEnabled(False)
         self.header.setText(text)
         self.score_label.setText("")
         self.summary.setText("")
 
     def show_explanation(self, result) -> None:
-        """Show an ``explain_job`` result ``(cell, Explanation, share)`` (GUI thread)."""
-        (layer, head, q, k), e, share = result
+        """Show an ``explain_job`` result ``(cell, Explanation, share[, provenance])`` (GUI thread)."""
+        (layer, head, q, k), e, share = result[:3]
         self.explanation, self.share, self.shown_for = e, share, self.request_key()
+        self.provenance = dict(result[3]) if len(result) > 3 else {}
+        self.sources_split = None
+        self.export_button.setEnabled(True)
         snap = self.state.snapshot
         toks = list(snap.tokens) if snap is not None else []
 
@@ -311,6 +331,7 @@ class WhyPanel(QWidget):
         from attnscope.app.views.source_bars import SourceBars
 
         self.sources_box.show()
+        self.sources_split = None if split is None or isinstance(split, str) else split
         if split is None or isinstance(split, str):
             self.sources_status.setText(
                 split or "By source: the key comes after the query, no score to split."
@@ -328,6 +349,50 @@ class WhyPanel(QWidget):
         )
         self.source_bars.show_split(split)
         self.source_bars.show()
+
+    # -- export ---------------------------------------------------------------------------------------
+    def export_data(self) -> dict:
+        """What the panel shows, JSON-ready: the provenance (model, prompt, token ids, ``prompt_sha256``),
+        ``kind: "explain"``, the positional share and :meth:`Explanation.to_dict`'s keys, with
+        ``"sources"`` the by-source split when it has come back; ``{}`` before any explanation."""
+        e = self.explanation
+        if e is None:
+            return {}
+        out = {**self.provenance, **e.to_dict()}
+        if self.sources_split is not None:
+            out["sources"] = self.sources_split.to_dict()
+        return out
+
+    def export(self, path) -> None:
+        """Write :meth:`export_data` to ``path`` as JSON (NaN allowed, as the CLI writes it).
+
+        Raises:
+            ValueError: nothing explained yet. OSError: the file cannot be written.
+        """
+        from pathlib import Path
+
+        data = self.export_data()
+        if not data:
+            raise ValueError("nothing to export: click a cell of the heatmap first")
+        Path(path).write_text(json.dumps(data, indent=1, allow_nan=True, default=_plain), encoding="utf-8")
+
+    def _export_dialog(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getSaveFileName(self, "Export explanation", "explain.json", "JSON (*.json)")
+        if not path:
+            return
+        try:
+            self.export(path)
+        except (OSError, ValueError) as e:
+            self.state.fail(f"Could not export: {e}")
+            return
+        self.state.say(f"Wrote {path}", 4000)
+
+
+def _plain(x):
+    """numpy values in the payload as JSON numbers and lists."""
+    return np.asarray(x).tolist()
 
 
 def _wire_grid_shares(window) -> None:

@@ -467,6 +467,7 @@ def _check(session, layer, head, query, key) -> tuple[int, int, int, int]:
     return layer, head, index("query", query, T), index("key", key, T)
 
 
+@remotable
 def cell_bands(session, layer: int, head: int, query: int, key: int) -> BandSplit:
     """The score of one cell split by band (no forward: the stored q row and cached key).
 
@@ -480,6 +481,7 @@ def cell_bands(session, layer: int, head: int, query: int, key: int) -> BandSpli
     return _split(lay, q[0], k[0], scale)
 
 
+@remotable
 def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
     """Row ``query``'s weighted score ``Σ_j w_ij s_ij`` split by band: ``⟨q_i^p, Σ_j w_ij k_j^p⟩`` per
     pair, one ``(1, T) @ (T, D)`` product (no forward).
@@ -489,10 +491,35 @@ def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
     """
     layer, head, query, _ = _check(session, layer, head, query, 0)
     lay = rope_layout(session, layer)
+    _, wk = _weighted_key(session, layer, head, query)
+    q, _, scale = _qk(session, layer, head, slice(query, query + 1), slice(0, 0))
+    return _split(lay, q[0], wk, scale)
+
+
+#: rows of keys per float64 product in :func:`_weighted_key`: 512 × 64 dims is torch's parallel grain
+#: (32,768 elements), so each step runs on the calling thread and never waits at a barrier for others
+WEIGHTED_KEY_ROWS = 512
+
+
+def _weighted_key(session, layer: int, head: int, query: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row ``query``'s weights ``(query + 1,)`` float32 and ``Σ_j w_ij k_j`` ``(D,)`` float64.
+
+    float64 matrix-vector products on the cached keys' device, :data:`WEIGHTED_KEY_ROWS` keys at a time:
+    converting every key to a float64 numpy array first, or in one multi-threaded copy, took 15-45 ms at
+    T = 8,192 on a busy machine (threads waiting at barriers), these ~0.3 ms (docs/benchmarks.md,
+    ``attnscope bench --views`` row ``explain_row_8192``)."""
+    import torch
+
     n = query + 1
-    w = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0].astype(np.float64)  # (n,)
-    q, k, scale = _qk(session, layer, head, slice(query, n), slice(0, n))
-    return _split(lay, q[0], w @ k, scale)
+    row = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0]  # (n,) float32
+    rec = session.trace._rec(layer)
+    k = rec.keys[session.trace.kv_head(head), :n]  # (n, D)
+    w = torch.from_numpy(row).to(k.device, torch.float64)
+    wk = torch.zeros(k.shape[1], dtype=torch.float64, device=k.device)
+    for a in range(0, n, WEIGHTED_KEY_ROWS):
+        b = min(n, a + WEIGHTED_KEY_ROWS)
+        wk += torch.mv(k[a:b].double().T, w[a:b])
+    return row, wk.cpu().numpy()
 
 
 def _softmax_row(session, layer: int, head: int, query: int, s: np.ndarray) -> np.ndarray:
@@ -544,7 +571,7 @@ def explain(
     lay = rope_layout(session, layer)
     n = query + 1
     q, k, scale = _qk(session, layer, head, slice(query, n), slice(0, session.seq_len))
-    row = session.trace.weights(layer, head, slice(query, n), slice(0, n))[0]  # (n,) float32
+    row, wk = _weighted_key(session, layer, head, query)  # (n,) float32, (D,) float64
     kk = k[:n]
     if lay.rope:
         pos = np.arange(n, dtype=np.int64)
@@ -562,7 +589,7 @@ def explain(
         key=key,
         score=float(scale * q[0] @ k[key]),
         bands=_split(lay, q[0], k[key], scale),
-        row_bands=_split(lay, q[0], row.astype(np.float64) @ kk, scale),
+        row_bands=_split(lay, q[0], wk, scale),
         no_rope_row=no_rope,
         row=row,
         weight=float(row[key]) if key < n and allowed else 0.0,
@@ -632,6 +659,7 @@ def _rows(T: int, max_rows: int) -> np.ndarray:
     return rows
 
 
+@remotable
 def head_positional_share(
     session, layer: int, head: int, *, short_tokens: float = SHORT_TOKENS, max_rows: int = SHARE_ROWS
 ) -> float:

@@ -340,7 +340,9 @@ def _capture(session, lay: dict, layer: int, ids: list[int], positions: list[int
     try:
         with _scratch(session) as be, torch.inference_mode(), _hooks(pre), _hooks(post, "post"):
             with contextlib.suppress(_Stop):
-                be.forward(list(ids))
+                # a length-dependent RoPE (LongRoPE) at the whole sequence's frequencies, as the stored
+                # scores were rotated (tests/test_explain_longrope.py)
+                be.forward(list(ids), rope_length=session.seq_len)
     finally:
         for h in handles:
             h.remove()

@@ -230,6 +230,7 @@ class TorchBackend:
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
         all_logits: bool = False,
+        rope_length: int | None = None,
     ) -> np.ndarray:
         """Feed ``ids`` after the cached positions; return logits, float32.
 
@@ -242,6 +243,9 @@ class TorchBackend:
         chunk with the frequencies of the whole sequence; when those differ from the ones the
         cache was built with, the whole sequence is re-run from position 0 and a
         :class:`attnscope.core.attention.rope_length.RopeRecompute` is appended to :attr:`notices`.
+        ``rope_length`` (at least the length reached) holds those frequencies at that many positions
+        instead: a prefix rotated as the forward of a longer sequence rotated it (the source split of
+        a score, :mod:`attnscope.core.analysis.qk_sources`, re-runs the prefix of its query).
 
         Raises:
             ValueError: ``ids`` is not one flat sequence of ints (a batch is refused).
@@ -257,7 +261,7 @@ class TorchBackend:
             )
         if not self.rope.active:
             return self._run(ids, progress, cancelled, all_logits)
-        total = start + len(ids)
+        total = max(start + len(ids), int(rope_length or 0))
         key = self.rope.key(total, self.device)
         if start and key != self._rope_key:  # the cached keys were rotated with other frequencies
             old = list(self._ids)

@@ -129,13 +129,21 @@ def explain_rows(s, out: dict, log: Callable[[str], None] = lambda _m: None, lay
     n = s.seq_len
     rows = out["rows"]
 
-    def median(fn) -> float:
+    def median(fn, key: str | None = None) -> float:
+        """Median wall seconds of 5 runs; its run's CPU seconds go to ``out["cpu_s"][key]``."""
         fn()
-        return sorted(_timed(fn)[1] for _ in range(5))[2]
+        runs = []
+        for _ in range(5):
+            wall = _timed(fn)[1]
+            runs.append((wall, CPU_TIMES["last"]))
+        wall, cpu = sorted(runs)[2]
+        if key is not None:
+            out.setdefault("cpu_s", {})[key] = cpu
+        return wall
 
     log(f"views: why a head attends at {n}")
-    rows["explain_cell_8192"] = median(lambda: cell_bands(s, layer, head, n - 1, n // 2))
-    rows["explain_row_8192"] = median(lambda: row_bands(s, layer, head, n - 1))
+    rows["explain_cell_8192"] = median(lambda: cell_bands(s, layer, head, n - 1, n // 2), "explain_cell_8192")
+    rows["explain_row_8192"] = median(lambda: row_bands(s, layer, head, n - 1), "explain_row_8192")
     overview = median(lambda: aggregate.pooled_map(s, layer, head, "head", n))
     share = median(lambda: head_positional_share(s, layer, head))
     out["explain"] = {"layer": layer, "head": head, "overview_s": overview, "positional_share_s": share}

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from attnscope.core import backend_registry as registry
+from attnscope.core.analysis.methods import AnalysisMethods
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY
 from attnscope.core.errors import BadArgument, Cancelled, ModelLoadError, OutOfRange, SessionError
 from attnscope.core.remote import wire
@@ -240,13 +241,17 @@ class RemoteTrace:
         )
 
 
-class RemoteSession:
+class RemoteSession(AnalysisMethods):
     """A session whose model runs in an ``attnscope serve`` process. Single-threaded, like Session.
 
     Raises (every method): :class:`EngineLost` (no answer within the timeout, or the connection
     dropped), :class:`Refused` (token), :class:`Stale` (the engine's state changed: call
     :meth:`reconnect`), and what the local Session method raises (SessionError, IndexError,
     ValueError, Cancelled), each as one line.
+
+    The analyses are its methods as they are ``attnscope.Session``'s
+    (:class:`~attnscope.core.analysis.methods.AnalysisMethods`: ``r.explain(...)``, ``r.head_effects(...)``),
+    each run on the engine.
     """
 
     notice: str | None = None

@@ -16,6 +16,7 @@ API for notebooks and scripts, re-exported lazily so that ``import attnscope`` s
     s.prefill("The capital of France is")
     w = s.weights(layer=0, head=3)     # (T, T) float32, rows sum to 1
     export_head(s, 0, 3, "head.npy")   # the map plus a JSON sidecar with its provenance
+    s.explain(0, 3, 4, 3).bands        # the analyses are Session methods (attnscope.core.analysis.methods)
 
 See the docs/python-api.md section for the whole surface.
 """
@@ -28,7 +29,7 @@ from attnscope.core import __version__
 
 # name -> module it lives in (imported on first attribute access, PEP 562)
 _PUBLIC = {
-    "Session": "attnscope.core.session",
+    "Session": "attnscope.core.analysis.methods",  # the core Session with the analyses as methods
     "AttnScopeError": "attnscope.core.errors",
     # its subclasses, each also the matching builtin (docs/python-api.md)
     "SessionError": "attnscope.core.errors",
