@@ -336,3 +336,28 @@ def test_a_long_status_message_ends_in_an_ellipsis_before_the_seq_len_field(win,
     img = _pixels(path)
     band = img[:, seq.x() - 8 : seq.x() - 2]
     assert (band.sum(-1) < 3 * 150).sum() == 0
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900), (1920, 1000)])
+def test_the_heatmaps_range_note_is_shown_whole(win, size):
+    win.show_view("heatmap")
+    win.resize(*size)
+    _idle(win)
+    label = win.heatmap.mode_label
+    text = label.text()
+    assert text.startswith("colour range [") and label.isVisible()
+    assert label.fontMetrics().horizontalAdvance(text) <= label.width(), (text, label.width(), size)
+    assert label.mapTo(win.heatmap, label.rect().topRight()).x() <= win.heatmap.width()
+
+
+def test_no_tab_scrolls_sideways_in_a_1000_px_window(win):
+    win.resize(1000, 650)
+    wide = []
+    for key in win.views:
+        win.show_view(key)
+        _idle(win)
+        page = win.tabs.widget(win.tabs.currentIndex())
+        bar = getattr(page, "horizontalScrollBar", None)
+        if bar is not None and bar().isVisible():  # a page wider than the tab: its right side is cut
+            wide.append((key, page.widget().minimumSizeHint().width(), page.viewport().width()))
+    assert not wide, wide
