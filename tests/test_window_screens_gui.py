@@ -361,3 +361,20 @@ def test_no_tab_scrolls_sideways_in_a_1000_px_window(win):
         if bar is not None and bar().isVisible():  # a page wider than the tab: its right side is cut
             wide.append((key, page.widget().minimumSizeHint().width(), page.viewport().width()))
     assert not wide, wide
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_compares_table_shows_its_last_column_whole(win, size):
+    v = _compared(win)
+    win.resize(*size)
+    _idle(win)
+    t, header = v.table, v.table.horizontalHeader()
+    last = t.columnCount() - 1
+    assert not t.horizontalScrollBar().isVisible()
+    assert header.sectionViewportPosition(last) + header.sectionSize(last) <= t.viewport().width()
+    fm = header.fontMetrics()
+    for c in range(t.columnCount()):  # every header and cell text fits its column
+        texts = [t.horizontalHeaderItem(c).text()] + [
+            t.item(r, c).text() for r in range(min(20, t.rowCount()))
+        ]
+        assert max(fm.horizontalAdvance(s) for s in texts) <= header.sectionSize(c), (c, texts)
