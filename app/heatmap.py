@@ -286,6 +286,9 @@ class HeatmapView(QWidget):
             # instead of the option bar forcing the whole window wider than asked (1000 px → 1101 px)
             combo.setMinimumWidth(72)
         bar.addWidget(self.mode_label, 1)
+        # takes the bar's spare width only while the note is on its own line (_place_note): the
+        # option widgets stay packed at the left, not spread over the bar
+        bar.addStretch(0)
 
         # -- plot
         self.glw = pg.GraphicsLayoutWidget()
@@ -631,7 +634,7 @@ class HeatmapView(QWidget):
         in_bar = bar.indexOf(label) >= 0
         if fits and not in_bar:
             self.note_row.removeWidget(label)
-            bar.addWidget(label, 1)
+            bar.insertWidget(bar.count() - 1, label, 1)  # before the closing stretch
         elif not fits and in_bar:
             bar.removeWidget(label)
             self.note_row.addWidget(label, 1)

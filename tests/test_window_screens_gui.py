@@ -378,3 +378,22 @@ def test_compares_table_shows_its_last_column_whole(win, size):
             t.item(r, c).text() for r in range(min(20, t.rowCount()))
         ]
         assert max(fm.horizontalAdvance(s) for s in texts) <= header.sectionSize(c), (c, texts)
+
+
+def test_range_note_on_its_own_line_leaves_the_option_bar_packed(qtbot):
+    from attnscope.app.heatmap import HeatmapView
+
+    v = HeatmapView()
+    qtbot.addWidget(v)
+    v.set_weights(_map(8), _toks(8), _toks(8))
+    v.resize(1100, 500)
+    v.show()
+    qtbot.waitExposed(v)
+    v.set_scale("log", 0.5)
+    v.mode_label.setText(v.mode_label.text() + " · weights above the range show its top colour" * 3)
+    v._place_note()  # (what each new range note does)
+    QApplication.processEvents()
+    assert v.note_row.indexOf(v.mode_label) >= 0  # too narrow for the bar: on its own line, whole
+    assert v.mode_label.fontMetrics().horizontalAdvance(v.mode_label.text()) <= v.mode_label.width()
+    gap = v.range_combo.x() - (v.gamma_spin.x() + v.gamma_spin.width())
+    assert gap < 60, gap  # the option widgets stay packed at the left, not spread over the bar
