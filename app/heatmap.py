@@ -286,6 +286,9 @@ class HeatmapView(QWidget):
             # instead of the option bar forcing the whole window wider than asked (1000 px → 1101 px)
             combo.setMinimumWidth(72)
         bar.addWidget(self.mode_label, 1)
+        # takes the bar's spare width only while the note is on its own line (_place_note): the
+        # option widgets stay packed at the left, not spread over the bar
+        bar.addStretch(0)
 
         # -- plot
         self.glw = pg.GraphicsLayoutWidget()
@@ -377,6 +380,11 @@ class HeatmapView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(bar)
+        self._bar = bar
+        # the range note's own line, used when the option bar has no room for all of it (_place_note)
+        self.note_row = QHBoxLayout()
+        self.note_row.setContentsMargins(8, 0, 4, 0)
+        lay.addLayout(self.note_row)
         lay.addWidget(self.glw, 1)
         lay.addWidget(self.readout)
 
@@ -610,7 +618,30 @@ class HeatmapView(QWidget):
             + (f" γ={self.gamma:g}" if self.scale == "power" else "")
             + (" · weights above the range show its top colour" if vmax < 1.0 else "")
         )
-        self.mode_label.setToolTip(self.mode_label.text())  # the label may be cut in a narrow window
+        self.mode_label.setToolTip(self.mode_label.text())
+        self._place_note()
+
+    def _place_note(self) -> None:
+        """The range note ends the option bar where all of it fits there, else it takes a line of its
+        own under the bar: never cut (a 1000 px window left it no width at all)."""
+        bar, label = self._bar, self.mode_label
+        used = bar.contentsMargins().left() + bar.contentsMargins().right()
+        for i in range(bar.count()):
+            item = bar.itemAt(i)
+            if item.widget() is not label:
+                used += item.sizeHint().width() + bar.spacing()
+        fits = self.width() - used >= label.fontMetrics().horizontalAdvance(label.text()) + 4
+        in_bar = bar.indexOf(label) >= 0
+        if fits and not in_bar:
+            self.note_row.removeWidget(label)
+            bar.insertWidget(bar.count() - 1, label, 1)  # before the closing stretch
+        elif not fits and in_bar:
+            bar.removeWidget(label)
+            self.note_row.addWidget(label, 1)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._place_note()
 
     # -- data --------------------------------------------------------------------------------
     @property

@@ -9,7 +9,21 @@ from __future__ import annotations
 
 from attnscope.app.engine import CancelledMessage, EngineLostMessage
 from attnscope.core.units import count, format_bytes
-from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QProgressBar, QSizePolicy, QToolButton
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import (
+    QApplication,
+    QLabel,
+    QMessageBox,
+    QProgressBar,
+    QSizeGrip,
+    QSizePolicy,
+    QStatusBar,
+    QStyle,
+    QStyleOption,
+    QToolButton,
+    QWidget,
+)
 from superqt import QElidingLabel
 
 APP_NAME = "AttnScope"
@@ -40,12 +54,55 @@ def backend_device(backend: str, device: str) -> str:
     return f"{backend} {device.removeprefix(f'{backend}:')}"
 
 
+class ElidingStatusBar(QStatusBar):
+    """A ``QStatusBar`` whose message ends in "…" before the permanent fields (seq_len, KV cache),
+    where Qt's own draws it clipped mid-letter against them; the whole message is the tooltip."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.messageChanged.connect(self.setToolTip)
+
+    def message_rect(self) -> QRect:
+        """Where the message is drawn: from the left edge to 2 px before the leftmost field shown
+        (while a message shows, Qt hides the normal widgets: every one still visible is permanent)."""
+        right = self.width() - 12
+        for w in self.findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly):
+            if w.isVisible() and not w.isWindow() and not isinstance(w, QSizeGrip):
+                right = min(right, w.x() - 2)
+        return QRect(6, 0, max(0, right - 6), self.height())
+
+    def shown_message(self) -> str:
+        """The message as drawn: elided at the right to fit :meth:`message_rect`."""
+        msg = self.currentMessage()
+        return self.fontMetrics().elidedText(msg, Qt.TextElideMode.ElideRight, self.message_rect().width())
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        if not self.currentMessage():
+            super().paintEvent(event)
+            return
+        p = QPainter(self)
+        opt = QStyleOption()
+        opt.initFrom(self)
+        self.style().drawPrimitive(QStyle.PrimitiveElement.PE_PanelStatusBar, opt, p, self)
+        for w in self.findChildren(QWidget, options=Qt.FindChildOption.FindDirectChildrenOnly):
+            if w.isVisible() and not w.isWindow() and not isinstance(w, QSizeGrip):
+                item = QStyleOption()
+                item.rect = w.geometry().adjusted(-2, -1, 2, 1)
+                item.palette = self.palette()
+                self.style().drawPrimitive(QStyle.PrimitiveElement.PE_FrameStatusBarItem, item, p, w)
+        p.setPen(self.palette().windowText().color())
+        align = Qt.AlignmentFlag.AlignLeading | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextSingleLine
+        p.drawText(self.message_rect(), align, self.shown_message())
+        p.end()
+
+
 class StatusLine:
     """The status bar's widgets (``model_label``, ``seq_label``, ``kv_label``, ``progress``,
     ``cancel_button``) and what they say."""
 
     def __init__(self, window, state, engine):
         self.window, self.state = window, state
+        window.setStatusBar(ElidingStatusBar(window))
         self.bar = sb = window.statusBar()
         self.last_error: str | None = None
         self._busy_message: str | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attnscope.app.heatmap import HeatmapView
 from PySide6.QtCore import QEvent, Qt
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QFrame, QLabel, QScrollArea, QTabWidget, QVBoxLayout, QWidget
 
 
 class PageLayout(QVBoxLayout):
@@ -56,7 +56,14 @@ class ViewTabs(QTabWidget):
     :class:`PageLayout`.
     """
 
+    #: the narrowest a view's combo box gets in a narrow window (its closed text elides; the list
+    #: shows every item whole): rows of combos no longer make a 1000 px window's page scroll sideways
+    COMBO_MIN_WIDTH = 96
+
     def addTab(self, widget: QWidget, title: str) -> int:
+        for combo in widget.findChildren(QComboBox):
+            if combo.minimumWidth() == 0:  # a view that set its own minimum keeps it
+                combo.setMinimumWidth(min(combo.sizeHint().width(), self.COMBO_MIN_WIDTH))
         page = widget
         if not isinstance(widget, (QScrollArea, HeatmapView)):
             page = ViewPage()

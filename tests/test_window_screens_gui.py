@@ -13,6 +13,7 @@ import pytest
 from attnscope.core.io.colormaps import NONFINITE_RGB, lut
 from attnscope.core.tokens import Token
 from PIL import Image
+from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QApplication
 
 LONG = "The cat sat on the mat. The dog sat on the log. " * 4  # ~190 tiny-tokenizer tokens: diffuse maps
@@ -113,12 +114,11 @@ def test_view_export_from_a_never_shown_window_has_the_whole_map_and_bar(qtbot, 
 
 
 # -- GQA --------------------------------------------------------------------------------------------------
-def test_gqa_cells_are_square_and_the_tab_fits_the_window(win):
-    win.show_view("gqa")
-    _idle(win)
+def _gqa_fits(win):
     v = win.views["gqa"]
     page = win.tabs.widget(win.tabs.currentIndex())  # the scroll page: it must not need to scroll
     assert v.height() <= page.height() and not page.verticalScrollBar().isVisible()
+    assert not page.horizontalScrollBar().isVisible()
     r = v.report
     for p in v.plots[: len(r.heads)]:
         vb = p.getViewBox()
@@ -126,10 +126,29 @@ def test_gqa_cells_are_square_and_the_tab_fits_the_window(win):
         rect = vb.sceneBoundingRect()
         px_per_key, px_per_query = rect.width() / (x1 - x0), rect.height() / (y1 - y0)
         assert px_per_key == pytest.approx(px_per_query, rel=0.02)  # square cells
-        assert rect.width() > 100 and rect.height() > 100
+        assert rect.width() > 60 and rect.height() > 60
+        # the map fills its plot on the tighter side (the view is not zoomed out around it)
+        assert min(x1 - x0, y1 - y0) <= 1.1 * r.n, ((x0, x1), (y0, y1), r.n)
+        assert x0 <= 0 and x1 >= r.n and y0 <= 0 and y1 >= r.n  # ... and shows all of it
     # the tables are not cut: every row of the pair table is in its viewport
-    t = v.pair_table
-    assert t.verticalHeader().length() <= t.viewport().height() + 1
+    for t in (v.pair_table, v.layer_table_widget):
+        assert t.verticalHeader().length() <= t.viewport().height() + 1 or t is v.layer_table_widget
+        bottom = t.mapTo(page, QPoint(0, t.height())).y()
+        assert t.height() >= t.minimumHeight() and bottom <= page.height(), (bottom, page.height())
+        # not clipped by the splitter's pane either
+        assert t.geometry().bottom() <= t.parentWidget().height(), (t.geometry(), t.parentWidget().height())
+
+
+@pytest.mark.parametrize("size", [(1400, 900), (1000, 650)])
+def test_gqa_cells_are_square_and_the_tab_fits_the_window(win, size):
+    win.show_view("gqa")
+    _idle(win)
+    win.resize(*size)
+    _idle(win)
+    _gqa_fits(win)
+    win.resize(1200, 760)  # and it refits on resize
+    _idle(win)
+    _gqa_fits(win)
 
 
 def test_gqa_draws_nonfinite_cells_magenta_and_names_them(win, tmp_path):
@@ -292,3 +311,89 @@ def test_experiments_parameters_are_never_elided(win):
     for r in range(t.rowCount()):  # the Parameters column is as wide as its longest text
         text = t.item(r, 1).text()
         assert fm.horizontalAdvance(text) <= t.columnWidth(1), (text, t.columnWidth(1))
+
+
+def test_a_long_status_message_ends_in_an_ellipsis_before_the_seq_len_field(win, tmp_path):
+    win.resize(1000, 650)
+    _idle(win)
+    bar = win.statusBar()
+    msg = (
+        "Switching to torch cpu: reloading the model and replaying the prompt and every generated token " * 2
+    )
+    bar.showMessage(msg)
+    QApplication.processEvents()
+    seq = win.status.seq_label
+    assert seq.isVisible()
+    rect = bar.message_rect()
+    assert rect.right() < seq.x()  # the message stops before the field
+    shown = bar.shown_message()
+    assert shown.endswith("…") and msg.startswith(shown[:-1].rstrip())
+    assert bar.fontMetrics().horizontalAdvance(shown) <= rect.width()
+    assert bar.toolTip() == msg  # the whole message is still there to read
+    # pixels: no ink in the 6 px before the field (a clipped message ran into it)
+    path = tmp_path / "bar.png"
+    bar.grab().save(str(path))
+    img = _pixels(path)
+    band = img[:, seq.x() - 8 : seq.x() - 2]
+    assert (band.sum(-1) < 3 * 150).sum() == 0
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900), (1920, 1000)])
+def test_the_heatmaps_range_note_is_shown_whole(win, size):
+    win.show_view("heatmap")
+    win.resize(*size)
+    _idle(win)
+    label = win.heatmap.mode_label
+    text = label.text()
+    assert text.startswith("colour range [") and label.isVisible()
+    assert label.fontMetrics().horizontalAdvance(text) <= label.width(), (text, label.width(), size)
+    assert label.mapTo(win.heatmap, label.rect().topRight()).x() <= win.heatmap.width()
+
+
+def test_no_tab_scrolls_sideways_in_a_1000_px_window(win):
+    win.resize(1000, 650)
+    wide = []
+    for key in win.views:
+        win.show_view(key)
+        _idle(win)
+        page = win.tabs.widget(win.tabs.currentIndex())
+        bar = getattr(page, "horizontalScrollBar", None)
+        if bar is not None and bar().isVisible():  # a page wider than the tab: its right side is cut
+            wide.append((key, page.widget().minimumSizeHint().width(), page.viewport().width()))
+    assert not wide, wide
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_compares_table_shows_its_last_column_whole(win, size):
+    v = _compared(win)
+    win.resize(*size)
+    _idle(win)
+    t, header = v.table, v.table.horizontalHeader()
+    last = t.columnCount() - 1
+    assert not t.horizontalScrollBar().isVisible()
+    assert header.sectionViewportPosition(last) + header.sectionSize(last) <= t.viewport().width()
+    fm = header.fontMetrics()
+    for c in range(t.columnCount()):  # every header and cell text fits its column
+        texts = [t.horizontalHeaderItem(c).text()] + [
+            t.item(r, c).text() for r in range(min(20, t.rowCount()))
+        ]
+        assert max(fm.horizontalAdvance(s) for s in texts) <= header.sectionSize(c), (c, texts)
+
+
+def test_range_note_on_its_own_line_leaves_the_option_bar_packed(qtbot):
+    from attnscope.app.heatmap import HeatmapView
+
+    v = HeatmapView()
+    qtbot.addWidget(v)
+    v.set_weights(_map(8), _toks(8), _toks(8))
+    v.resize(1100, 500)
+    v.show()
+    qtbot.waitExposed(v)
+    v.set_scale("log", 0.5)
+    v.mode_label.setText(v.mode_label.text() + " · weights above the range show its top colour" * 3)
+    v._place_note()  # (what each new range note does)
+    QApplication.processEvents()
+    assert v.note_row.indexOf(v.mode_label) >= 0  # too narrow for the bar: on its own line, whole
+    assert v.mode_label.fontMetrics().horizontalAdvance(v.mode_label.text()) <= v.mode_label.width()
+    gap = v.range_combo.x() - (v.gamma_spin.x() + v.gamma_spin.width())
+    assert gap < 60, gap  # the option widgets stay packed at the left, not spread over the bar

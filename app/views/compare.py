@@ -270,25 +270,26 @@ class CompareView(QWidget, SavedControls):
         self.backend_combo.addItems(registry.names())
         self.backend_combo.setToolTip("Run B's backend")
         top.addWidget(self.backend_combo)
-        top.addWidget(QLabel("Compare"))
+        # what is compared and the Run button end the prompt row: one row of all of it is wider than
+        # the tab in a 1000 px window (the page scrolled sideways, cutting the alignment line)
+        prow = QHBoxLayout()
+        prow.addWidget(QLabel("B's prompt"))
+        self.prompt_edit = QLineEdit()
+        self.prompt_edit.setPlaceholderText("run B's prompt (defaults to A's)")
+        prow.addWidget(self.prompt_edit, 1)
+        prow.addWidget(QLabel("Compare"))
         self.weighting_combo = QComboBox()
         self.weighting_combo.addItem("attention weights", "attention")
         self.weighting_combo.addItem("value-weighted", "value-weighted")
         self.weighting_combo.setToolTip(
             "Weights α, or the row-normalised value-weighted maps α_ij‖v_j W_O^h‖ (Kobayashi et al. 2020)"
         )
-        top.addWidget(self.weighting_combo)
+        prow.addWidget(self.weighting_combo)
         self.run_button = QPushButton("Run B && compare")
         self.run_button.setToolTip(
             "Load and run B on the engine thread, then compare every head (Esc cancels)"
         )
-        top.addWidget(self.run_button)
-
-        prow = QHBoxLayout()
-        prow.addWidget(QLabel("B's prompt"))
-        self.prompt_edit = QLineEdit()
-        self.prompt_edit.setPlaceholderText("run B's prompt (defaults to A's)")
-        prow.addWidget(self.prompt_edit, 1)
+        prow.addWidget(self.run_button)
         self.export_table_button = QPushButton("Export table…")
         self.export_table_button.setToolTip(
             "The ranked heads table and the logits as CSV or JSON, naming both runs"

@@ -172,6 +172,9 @@ class ExperimentsView(QWidget, SavedControls):
             self.kind_combo.addItem(title, key)
         self.kind_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.kind_combo.setMinimumContentsLength(max(len(t) for t in KINDS.values()))
+        # as wide as its longest title where there is room; a 1000 px window shrinks it (the closed
+        # combo elides, its list and the help line below say it all) instead of scrolling the tab sideways
+        self.kind_combo.setMinimumWidth(220)
         top.addWidget(self.kind_combo)
         self.k_label = QLabel("k")
         self.k_spin = QSpinBox()

@@ -137,7 +137,7 @@ class GqaView(QWidget, SavedControls):
         mid.addWidget(self.layer_title)
         self.layer_table_widget = QTableWidget()
         self.layer_table_widget.setMaximumWidth(380)
-        self.layer_table_widget.setMinimumWidth(330)
+        self.layer_table_widget.setMinimumWidth(250)
         mid.addWidget(self.layer_table_widget)
         bl.addLayout(mid, 2)
         self.layers_plot = pg.PlotWidget(background="w")
@@ -264,6 +264,13 @@ class GqaView(QWidget, SavedControls):
         for p in self.plots[:g]:
             p.setLabel("bottom", "key")
         self.plots[0].setLabel("left", "query")
+        for p in self.plots[1:g]:  # the maps share q0's query axis: room for the cells instead
+            p.hideAxis("left")
+        grid = self.glw.ci.layout
+        for i in range(g):  # the maps share the row evenly; the keys plot (64+ channels) gets two shares
+            grid.setColumnStretchFactor(i, 2 if i else 3)
+        grid.setColumnStretchFactor(g, 0)
+        grid.setColumnStretchFactor(g + 1, 4)
         self.plots[g].setLabel("bottom", "head_dim channel")
         self.plots[g].setLabel("left", "position")
         self.colorbar = pg.ColorBarItem(
@@ -280,9 +287,8 @@ class GqaView(QWidget, SavedControls):
             bg.setZValue(-10)
             p.addItem(bg)
             self.hatches.append(bg)
-        for p in self.plots[1:g]:
-            p.setXLink(self.plots[0])
-            p.setYLink(self.plots[0])
+        # no X/Y links between the maps: linked views that each lock their aspect push each other's
+        # ranges outwards (a 29 x 29 map drawn in a -200..400 view); each map gets the same range
 
     def _draw_maps(self) -> None:
         r = self.report
@@ -310,18 +316,27 @@ class GqaView(QWidget, SavedControls):
             self.hatches[i].setRect(0, 0, r.n, r.n)
             sel = h == self.state.head
             self.plots[i].setTitle(f"q{h}" + ("  (selected)" if sel else ""), color="#c01818" if sel else "k")
-        self.plots[0].setRange(xRange=(0, r.n), yRange=(0, r.n), padding=0.02)
+        for p in self.plots[:g]:  # aspect locked: the view fits the map's square on its tighter side
+            p.setRange(xRange=(0, r.n), yRange=(0, r.n), padding=0.02)
         del P
         k = self.images[g]
         k.setImage(r.keys, autoLevels=False, levels=(-r.keys_absmax, r.keys_absmax))
         k.setColorMap(cmap)
         k.setRect(0, 0, r.keys.shape[1], r.n)
         self.plots[g].setTitle(
-            f"KV head {r.kv_head}: cached keys (post-RoPE), colours −{r.keys_absmax:.2g} … "
+            f"KV head {r.kv_head}: cached keys (post-RoPE)<br>colours −{r.keys_absmax:.2g} … "
             f"+{r.keys_absmax:.2g}",
             color="k",
-            size="10pt",
+            size="9pt",
         )
+        # the title takes no width from the maps: the row is shared by the stretch factors
+        # (_build_plots), so a narrow window narrows the keys plot, not q1, q2, ... to slivers
+        label = self.plots[g].titleLabel
+        label.setMinimumWidth(0)
+        h = label.item.boundingRect().height()
+        label._sizeHint[Qt.SizeHint.MinimumSize] = (0, h)  # pyqtgraph's LabelItem.updateMin table
+        label._sizeHint[Qt.SizeHint.PreferredSize] = (0, h)
+        label.updateGeometry()
         self.plots[g].setRange(xRange=(0, r.keys.shape[1]), yRange=(0, r.n), padding=0.02)
 
     def _fill_pairs(self, r) -> None:
@@ -340,13 +355,26 @@ class GqaView(QWidget, SavedControls):
                 item.setFlags(Qt.ItemIsEnabled)
                 t.setItem(i, j, item)
         t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
-        t.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        vh = t.verticalHeader()
+        vh.setMinimumSectionSize(t.fontMetrics().height() + 4)  # compact rows: a 650 px window shows all
+        vh.setSectionResizeMode(QHeaderView.Stretch)
+        # tall enough for every row (up to 8) at the header's smallest row height: the splitter
+        # shrinks the maps before it cuts the table
+        shown = min(len(names), 8)
+        t.setMinimumHeight(
+            t.horizontalHeader().sizeHint().height()
+            + shown * vh.minimumSectionSize()
+            + 2 * t.frameWidth()
+            + 2
+        )
         rows = (
             f"all {r.rows_used} query rows after row 0"
             if r.rows_used == r.n - 1
             else f"the last {r.rows_used} of {r.n - 1} query rows"
         )
-        self.pair_title.setText(f"<b>JS distance between the group's heads</b> (base 2, mean over {rows})")
+        # short enough for the narrow column of a 1000 px window; the rows it averages in the tooltip
+        self.pair_title.setText("<b>JS distance between the group's heads</b> (base 2)")
+        self.pair_title.setToolTip(f"sqrt(JSD) in bits, mean over {rows}")
 
     def _fill_layer(self, r, info) -> None:
         t = self.layer_table_widget

@@ -357,9 +357,10 @@ class KVView(QWidget, SavedControls):
             ("Window", self.calc_window),
             ("Sliding layers", self.calc_sliding),
         ]
+        # two pairs a row: three were wider than the tab beside the schemes table in a 1000 px window
         for i, (text, w) in enumerate(pairs):
-            grid.addWidget(QLabel(text), i // 3, 2 * (i % 3), Qt.AlignmentFlag.AlignRight)
-            grid.addWidget(w, i // 3, 2 * (i % 3) + 1)
+            grid.addWidget(QLabel(text), i // 2, 2 * (i % 2), Qt.AlignmentFlag.AlignRight)
+            grid.addWidget(w, i // 2, 2 * (i % 2) + 1)
         cl.addLayout(form)
         cl.addLayout(grid)
         self.calc_result = QLabel("")
