@@ -174,12 +174,12 @@ class MainWindow(QMainWindow):
         outer.addWidget(self.timeline)
 
         # views
-        split = QSplitter(Qt.Vertical)
+        split = QSplitter(Qt.Orientation.Vertical)
         self.tabs = ViewTabs()
         self.heatmap = HeatmapView()
         self.grid = HeadGridView()
         self.decode_panel = DecodePanel()
-        hsplit = QSplitter(Qt.Horizontal)
+        hsplit = QSplitter(Qt.Orientation.Horizontal)
         hsplit.addWidget(self.tabs)
         hsplit.addWidget(self.decode_panel)
         hsplit.setStretchFactor(0, 5)

@@ -41,8 +41,9 @@ class EmptyOverlay(QLabel):
         return False
 
     def set_shown(self, on: bool) -> None:
-        if on:
-            self.setGeometry(self.parentWidget().rect())
+        parent = self.parentWidget()
+        if on and parent is not None:
+            self.setGeometry(parent.rect())
             self.raise_()
         self.setVisible(on)
 
@@ -56,7 +57,7 @@ class ViewTabs(QTabWidget):
     :class:`PageLayout`.
     """
 
-    def addTab(self, widget: QWidget, title: str) -> int:
+    def addTab(self, widget: QWidget, title: str) -> int:  # type: ignore[override]  # no icon overload
         page = widget
         if not isinstance(widget, (QScrollArea, HeatmapView)):
             page = ViewPage()
@@ -65,7 +66,7 @@ class ViewTabs(QTabWidget):
             page.setWidget(widget)
         return super().addTab(page, title)
 
-    def currentWidget(self) -> QWidget:
+    def currentWidget(self) -> QWidget | None:  # type: ignore[override]  # None with no tab, as in Qt
         w = super().currentWidget()
         return w.widget() if isinstance(w, ViewPage) else w
 
