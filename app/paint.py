@@ -91,7 +91,8 @@ def paint_to_file(
             paint(p)
         finally:
             p.end()
-        if not img.save(str(path), b"PNG"):
+        # PySide6 6.x stubs type format as bytes, but only a str is accepted at run time
+        if not img.save(str(path), "PNG"):  # type: ignore[call-overload]
             raise OSError(f"could not write {path}")
         return path
     if fmt == "svg":
