@@ -193,7 +193,7 @@ class EngineConnector:
         self.lost_label.hide()
         self._lost_why: str | None = None  # the line a link check found, for the label's tooltip
         win.statusBar().addPermanentWidget(self.lost_label)
-        win.engine.busy.connect(lambda on, _label: on or self.show_link())  # after every job
+        win.engine.busy.connect(lambda on, _label: None if on else self.show_link())  # after every job
         # an engine that goes away while the window is idle is said within seconds, not at the
         # user's next command: an engine-thread job (the socket's thread) reads the socket's events
         self.link_timer = QTimer(win)

@@ -17,6 +17,7 @@ from attnscope.app.figure import FIGURE_DPI, figure_frame, save_heatmap_figure
 from attnscope.app.paint import SCREEN_DPI, export_target, render_widget
 from attnscope.core.io import formats
 from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -553,9 +554,11 @@ class BatchExportDialog(QDialog):
             self.mp4_unavailable = mp4_unavailable()
             if self.mp4_unavailable:  # listed, greyed out, saying why (never silently missing)
                 i = formats.ANIMATION_FORMATS.index("mp4")
-                item = self.format_combo.model().item(i)
-                item.setEnabled(False)
-                item.setText("MP4 video (unavailable: see tooltip)")
+                model = self.format_combo.model()  # a combo box's own model: a QStandardItemModel
+                item = model.item(i) if isinstance(model, QStandardItemModel) else None
+                if item is not None:
+                    item.setEnabled(False)
+                    item.setText("MP4 video (unavailable: see tooltip)")
                 self.format_combo.setItemData(i, self.mp4_unavailable, Qt.ItemDataRole.ToolTipRole)
             self.path_label.setText("File")
             p = Path(self.path_edit.text())
@@ -585,7 +588,8 @@ class BatchExportDialog(QDialog):
         (MP4 where it is unavailable: the message says why)."""
         for i in range(self.format_combo.count()):
             if self.format_combo.itemData(i) == (fmt, figure):
-                item = self.format_combo.model().item(i)
+                model = self.format_combo.model()
+                item = model.item(i) if isinstance(model, QStandardItemModel) else None
                 if item is not None and not item.isEnabled():
                     raise ValueError(
                         self.format_combo.itemData(i, Qt.ItemDataRole.ToolTipRole) or f"{fmt} is unavailable"

@@ -38,7 +38,7 @@ def token_label(text: str, n: int = MAX_LABEL_CHARS) -> str:
 
 
 # -- heatmap figure ----------------------------------------------------------------------------------------
-def _ticks(vmin: float, vmax: float, scale: str) -> list[float]:
+def _ticks(vmin: float, vmax: float, scale: str | None) -> list[float]:
     if scale == "log":
         lo = max(vmin, 1e-6)
         return [
@@ -47,7 +47,7 @@ def _ticks(vmin: float, vmax: float, scale: str) -> list[float]:
     return [vmin + (vmax - vmin) * f for f in (0, 0.25, 0.5, 0.75, 1.0)]
 
 
-def _tick_text(v: float, scale: str) -> str:
+def _tick_text(v: float, scale: str | None) -> str:
     if scale == "log":
         return f"1e{round(math.log10(v))}" if v < 0.01 else f"{v:g}"
     return f"{v:.2f}"
@@ -207,7 +207,7 @@ def paint_heatmap(
                 )
         if mk is not None:
             km = kinds == render.MASKED
-            for i in np.flatnonzero(km.any(axis=1)):
+            for i in np.flatnonzero(km.any(axis=1)).tolist():
                 m = np.concatenate(([False], km[i], [False]))
                 edges = np.flatnonzero(m[1:] != m[:-1])
                 for a, b in zip(edges[::2], edges[1::2], strict=True):

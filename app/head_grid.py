@@ -91,7 +91,7 @@ class HeadGridCanvas(QWidget):
         self.effects: np.ndarray | None = None
         self.effects_label = ""
         self.placeholder = self.PLACEHOLDER
-        self.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)
+        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.setMouseTracking(True)
 
     def set_thumbnails(
@@ -193,6 +193,7 @@ class HeadGridCanvas(QWidget):
 
     # -- drawing ------------------------------------------------------------------------------
     def _compose(self) -> QImage:
+        assert self.thumbs is not None  # (called once set_thumbnails or set_shares made them)
         L, H, P, _ = self.thumbs.shape
         size = self.sizeHint()
         canvas = np.full((size.height(), size.width(), 3), 255, dtype=np.uint8)
@@ -217,7 +218,7 @@ class HeadGridCanvas(QWidget):
             masked = masked_blocks(cover, P, win)[idx][:, idx] if cover >= P else None
             for h in range(H):
                 x, y = self.head_x(h), self.layer_y(layer)
-                if self._showing_shares():
+                if self._showing_shares() and self.shares is not None:
                     canvas[y : y + self.THUMB, x : x + self.THUMB] = share_rgb(float(self.shares[layer, h]))
                     continue
                 if not done:
@@ -229,7 +230,11 @@ class HeadGridCanvas(QWidget):
                 canvas[y : y + self.THUMB, x : x + self.THUMB] = rgb
         self._canvas = np.ascontiguousarray(canvas)
         return QImage(
-            self._canvas.data, canvas.shape[1], canvas.shape[0], canvas.shape[1] * 3, QImage.Format_RGB888
+            self._canvas.data,
+            canvas.shape[1],
+            canvas.shape[0],
+            canvas.shape[1] * 3,
+            QImage.Format.Format_RGB888,
         )
 
     def corner_rect(self) -> QRect:
@@ -246,7 +251,9 @@ class HeadGridCanvas(QWidget):
         size = font.pointSizeF() if font.pointSizeF() > 0 else 9.0
         while size > 5.0:
             font.setPointSizeF(size)
-            got = QFontMetrics(font).boundingRect(rect, int(Qt.AlignLeft | Qt.TextWordWrap), text)
+            got = QFontMetrics(font).boundingRect(
+                rect, int(Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap), text
+            )
             if got.height() <= rect.height() and got.width() <= rect.width():
                 break
             size -= 0.5
@@ -289,10 +296,10 @@ class HeadGridCanvas(QWidget):
 
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
-        p.fillRect(self.rect(), Qt.white)
-        if self._image is None:
-            p.setPen(Qt.darkGray)
-            p.drawText(self.rect(), Qt.AlignCenter, self.placeholder)
+        p.fillRect(self.rect(), Qt.GlobalColor.white)
+        if self._image is None or self.thumbs is None:  # (clear_thumbnails drops both)
+            p.setPen(Qt.GlobalColor.darkGray)
+            p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, self.placeholder)
             return
         p.drawImage(0, 0, self._image)
         L, H = self.thumbs.shape[:2]
@@ -300,7 +307,7 @@ class HeadGridCanvas(QWidget):
             p.setPen(QColor(176, 48, 0))
             corner = self.corner_rect()
             p.setFont(self.corner_font(self.note))
-            p.drawText(corner, Qt.AlignLeft | Qt.TextWordWrap, self.note)
+            p.drawText(corner, Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap, self.note)
         font = QFont(self.font())
         font.setPointSizeF(max(7.0, font.pointSizeF() - 1))
         p.setFont(font)
@@ -308,7 +315,7 @@ class HeadGridCanvas(QWidget):
             p.setPen(QColor(30, 60, 140))
             p.drawText(
                 QRect(2, 4, self.LEFT - 4, 36),
-                Qt.AlignLeft | Qt.TextWordWrap,
+                Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap,
                 ("value-weighted" if self.weighting == "value-weighted" else "attention")
                 + ("\nlog colours" if self.scale == "log" else ""),
             )
@@ -321,14 +328,14 @@ class HeadGridCanvas(QWidget):
             bold = QFont(font)
             bold.setBold(True)
             p.setFont(bold)
-            p.drawText(QRect(x0, 4, x1 - x0, 16), Qt.AlignCenter, f"KV head {g}")
+            p.drawText(QRect(x0, 4, x1 - x0, 16), Qt.AlignmentFlag.AlignCenter, f"KV head {g}")
             p.setFont(font)
             for h in range(g * self.group_size, min(H, (g + 1) * self.group_size)):
-                p.drawText(QRect(self.head_x(h), 22, self.THUMB, 16), Qt.AlignCenter, f"q{h}")
+                p.drawText(QRect(self.head_x(h), 22, self.THUMB, 16), Qt.AlignmentFlag.AlignCenter, f"q{h}")
         for layer in range(L):
             p.drawText(
                 QRect(0, self.layer_y(layer), self.LEFT - 8, self.THUMB),
-                Qt.AlignRight | Qt.AlignVCenter,
+                Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
                 f"layer {layer}",
             )
             if self._is_no_map(layer):
@@ -336,11 +343,11 @@ class HeadGridCanvas(QWidget):
                 p.setPen(QColor(110, 110, 110))
                 p.drawText(
                     QRect(x0 + 6, self.layer_y(layer), x1 - x0 - 6, self.THUMB),
-                    Qt.AlignLeft | Qt.AlignVCenter,
+                    Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                     self._no_map_text(layer),
                 )
                 p.setPen(QColor(40, 40, 40))
-        if self._showing_shares():  # the value on each head
+        if self._showing_shares() and self.shares is not None:  # the value on each head
             for layer in range(L):
                 if self._is_no_map(layer):
                     continue
@@ -349,7 +356,7 @@ class HeadGridCanvas(QWidget):
                     p.setPen(QColor(255, 255, 255) if np.isfinite(v) and v < 0.2 else QColor(30, 30, 30))
                     p.drawText(
                         QRect(self.head_x(h), self.layer_y(layer), self.THUMB, self.THUMB),
-                        Qt.AlignCenter,
+                        Qt.AlignmentFlag.AlignCenter,
                         "—" if not np.isfinite(v) else f"{v:.2f}",
                     )
         if self.effects is not None:  # the "Which heads matter" effect of each head, as a frame
@@ -381,7 +388,7 @@ class HeadGridCanvas(QWidget):
         else:
             layer, h = cell
             tip = f"layer {layer}, query head {h} (reads KV head {h // self.group_size}); click to open"
-            if self._effect_colour(layer, h) is not None:
+            if self._effect_colour(layer, h) is not None and self.effects is not None:
                 tip += f"\n{self.effects_label}: {self.effects[layer, h]:+.4f} (frame colour)"
             self.setToolTip(tip)
 
@@ -449,7 +456,7 @@ class HeadGridView(QScrollArea):
         self.colour_combo.currentIndexChanged.connect(self._on_colour_by)
         self.setWidget(self.canvas)
         self.setWidgetResizable(False)
-        self.setAlignment(Qt.AlignHCenter | Qt.AlignTop)
+        self.setAlignment(Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop)
         self.setStyleSheet("QScrollArea { background: white; }")
         self.headClicked = self.canvas.headClicked
         self.show_scale()

@@ -29,7 +29,7 @@ import re
 
 import numpy as np
 import pyqtgraph as pg
-from attnscope.core.analysis.aggregate import MODE_LABELS, MODES
+from attnscope.core.analysis.aggregate import MODE_LABELS, MODES, PooledMap
 from attnscope.core.io.colormaps import NONFINITE_RGB, normalize
 from attnscope.core.tokens import Token
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -279,9 +279,13 @@ class HeatmapView(QWidget):
             bar.addSpacing(8)
         self.mode_label = QLabel("")
         self.mode_label.setStyleSheet("color:#555;")
-        self.mode_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # never widens the window
+        self.mode_label.setSizePolicy(
+            QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred
+        )  # never widens the window
         for combo in (self.aggregate_combo, self.range_combo, self.weighting_combo):
-            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # as wide as the longest item, no wider
+            combo.setSizeAdjustPolicy(
+                QComboBox.SizeAdjustPolicy.AdjustToContents
+            )  # as wide as the longest item, no wider
             # ...when there is room: an explicit minimum lets a narrow window shrink (elide) the combos
             # instead of the option bar forcing the whole window wider than asked (1000 px → 1101 px)
             combo.setMinimumWidth(72)
@@ -323,7 +327,7 @@ class HeatmapView(QWidget):
         # this hatch behind the map shows through them (set_mask_window / mask_window_provider)
         self.mask_bg = pg.QtWidgets.QGraphicsRectItem()
         hatch = pg.mkBrush(MASK_HATCH)
-        hatch.setStyle(Qt.BDiagPattern)
+        hatch.setStyle(Qt.BrushStyle.BDiagPattern)
         self.mask_bg.setBrush(hatch)
         self.mask_bg.setPen(pg.mkPen(None))
         self.mask_bg.setZValue(-1)
@@ -365,7 +369,7 @@ class HeatmapView(QWidget):
         self.tile_frame.hide()
         self.plot.addItem(self.tile_frame)
         self.row_frame = pg.QtWidgets.QGraphicsRectItem()  # the clicked query row (mark_row)
-        self.row_frame.setPen(pg.mkPen((255, 255, 255), width=1.5, cosmetic=True, style=Qt.DashLine))
+        self.row_frame.setPen(pg.mkPen((255, 255, 255), width=1.5, cosmetic=True, style=Qt.PenStyle.DashLine))
         self.row_frame.setZValue(7)
         self.row_frame.hide()
         self.plot.addItem(self.row_frame)
@@ -376,7 +380,7 @@ class HeatmapView(QWidget):
         self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
         self.mask_legend = self.glw.addLabel("", row=1, col=0, color="#555", size="8pt")
         self.readout = QLabel()
-        self.readout.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(bar)
@@ -390,8 +394,9 @@ class HeatmapView(QWidget):
 
         # -- state (clear() sets the empty state: no map, placeholder, no ticks)
         self._overview_title = ""
+        self._reset_pending = True  # (clear() sets it too)
         self.weights: np.ndarray | None = None  # exact map (short prompts)
-        self.pooled = None  # attnscope.core.analysis.aggregate.PooledMap (long prompts)
+        self.pooled: PooledMap | None = None  # long prompts
         self.tile: tuple[np.ndarray, int, int] | None = None  # (exact tile, r0, c0) over the overview
         self.clear()
         self.q_tokens: list[Token] = []
@@ -806,9 +811,10 @@ class HeatmapView(QWidget):
 
     def _tile_readout(self, state: str) -> str:
         pm = self.pooled
+        assert pm is not None  # the caller (_say_tile_state) returns first without an overview
         r, c = pm.image.shape
         blocks = f"about {pm.n / r:.1f} × {pm.n / c:.1f} cells"
-        if state in ("exact", "framed"):
+        if state in ("exact", "framed") and self.tile is not None:  # (those states mean a tile is held)
             t, r0, c0 = self.tile
             where = f"rows {r0}..{r0 + t.shape[0] - 1} × cols {c0}..{c0 + t.shape[1] - 1}"
             if state == "exact":
@@ -995,6 +1001,8 @@ class HeatmapView(QWidget):
             if r0 <= row < r0 + t.shape[0] and c0 <= col < c0 + t.shape[1]:
                 return float(t[row - r0, col - c0]), True
         pm = self.pooled
+        if pm is None:
+            raise ValueError("no map is shown")
         a = int(np.searchsorted(pm.row_edges, row, side="right") - 1)
         b = int(np.searchsorted(pm.col_edges, col, side="right") - 1)
         return float(pm.image[a, b]), False
@@ -1093,10 +1101,11 @@ class HeatmapView(QWidget):
         """A long map's overview is computed at the plot's pixel size: when the plot settles at
         another size (first layout, a resized window or splitter), ask for it again (debounced), so
         every overview pixel stays one block max on screen and no sink column is resampled away."""
-        if getattr(self, "pooled", None) is None or self.tile is not None:  # (fires during __init__ too)
+        pm = getattr(self, "pooled", None)
+        if pm is None or self.tile is not None:  # (fires during __init__ too)
             return
-        rows, cols = self.pooled.image.shape
-        want_cols, want_rows = (min(self.pooled.n, x) for x in self.overview_pixels())
+        rows, cols = pm.image.shape
+        want_cols, want_rows = (min(pm.n, x) for x in self.overview_pixels())
         if abs(want_cols - cols) > 0.05 * cols or abs(want_rows - rows) > 0.05 * rows:
             self._resize_timer.start()
 

@@ -140,7 +140,7 @@ def _probe_startup(app, win: MainWindow) -> None:
 
     win.state.events.loaded.connect(loaded)
     failed = QTimer(win)  # a failed load is the status line's error
-    failed.timeout.connect(lambda: win.last_error and finish(str(win.last_error)))
+    failed.timeout.connect(lambda: finish(str(win.last_error)) if win.last_error else None)
     failed.start(200)
     QTimer.singleShot(600_000, lambda: finish("no model after 600 s"))
 

@@ -18,6 +18,7 @@ sequence or step changes) and ``view_state()`` / ``restore_view_state()`` (its s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnscope.app.bind import bind
 from attnscope.app.commands import Commands, window_wording
@@ -41,13 +42,21 @@ from attnscope.core.io.colormaps import ASSETS
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
+    QBoxLayout,
+    QCheckBox,
     QFileDialog,
     QMainWindow,
     QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
+
+if TYPE_CHECKING:
+    from attnscope.app.connect import EngineConnector
 
 __all__ = ["APP_NAME", "MainWindow", "human_bytes", "window_wording"]
 
@@ -84,6 +93,17 @@ class MainWindow(QMainWindow):
 
     selectionChanged = Signal(int, int)
     snapshotChanged = Signal(object)
+
+    # set in __init__ from self.controls (app/controls.py WIDGETS) and by app/connect.py's install():
+    # declared here for the type checker
+    prompt_edit: QPlainTextEdit
+    run_button: QPushButton
+    chat_check: QCheckBox
+    back_button: QPushButton
+    step_button: QPushButton
+    steps_spin: QSpinBox
+    stepn_button: QPushButton
+    engine_connector: EngineConnector
 
     # what tests and scripts read off the window, kept where it lives
     snapshot = property(lambda self: self.state.snapshot, doc="The engine's last Snapshot (None: no model).")
@@ -146,8 +166,9 @@ class MainWindow(QMainWindow):
         for mod in (sinks, kv, roles, experiments, compare, heads):
             mod.install_view(self)
         for key in LIVE_SEQUENCE_VIEWS:  # their header says so while the timeline is at an earlier step
-            if key in self.views and self.views[key].layout() is not None:
-                self.views[key].layout().insertWidget(0, LiveSequenceNote(self.state))
+            lay = self.views[key].layout() if key in self.views else None
+            if isinstance(lay, QBoxLayout):  # (each one's is a QVBoxLayout)
+                lay.insertWidget(0, LiveSequenceNote(self.state))
         build_menus(self)
         from attnscope.app.views import why
 
@@ -174,12 +195,12 @@ class MainWindow(QMainWindow):
         outer.addWidget(self.timeline)
 
         # views
-        split = QSplitter(Qt.Vertical)
+        split = QSplitter(Qt.Orientation.Vertical)
         self.tabs = ViewTabs()
         self.heatmap = HeatmapView()
         self.grid = HeadGridView()
         self.decode_panel = DecodePanel()
-        hsplit = QSplitter(Qt.Horizontal)
+        hsplit = QSplitter(Qt.Orientation.Horizontal)
         hsplit.addWidget(self.tabs)
         hsplit.addWidget(self.decode_panel)
         hsplit.setStretchFactor(0, 5)
@@ -250,7 +271,7 @@ class MainWindow(QMainWindow):
         w = self.tabs.currentWidget()
         if w is self.grid:
             self.maps.request_grid()
-        elif hasattr(w, "refresh"):
+        elif w is not None and hasattr(w, "refresh"):
             w.refresh()
 
     _refresh_current_view = refresh_current_view  # the name tests have used

@@ -352,6 +352,8 @@ class MapPanel:
 
         path = Path(path)
         try:
+            if self.weights is None:  # none shown yet, or a long map (an overview, never held whole)
+                raise ValueError("no head's weights are held to save: use File → Export… for a long map")
             n = self.weights.shape[0]  # a CSV's header row and column name the tokens
             write_weights(self.weights, path, tokens=list(self.state.snapshot.tokens)[:n])
         except (OSError, ValueError) as e:

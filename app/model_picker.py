@@ -23,6 +23,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from attnscope.core import backend_registry as registry
 from attnscope.core.loading import catalog
@@ -979,13 +980,13 @@ class ModelPickerDialog(QDialog):
                 t.setParent(QApplication.instance())
                 t.finished.connect(t.deleteLater)
         self._dm_thread, self._dm_stale = None, []
-        t = self._thread
-        if t is not None and t.isRunning():
+        scan = self._thread
+        if scan is not None and scan.isRunning():
             # Close now; the scan finishes in the background and its result is dropped. The
             # application owns the thread until then (a QThread deleted while running aborts).
-            t.done.disconnect(self._on_scanned)
-            t.setParent(QApplication.instance())
-            t.finished.connect(t.deleteLater)
+            scan.done.disconnect(self._on_scanned)
+            scan.setParent(QApplication.instance())
+            scan.finished.connect(scan.deleteLater)
             self._thread = None
         super().done(result)
 
@@ -1153,7 +1154,7 @@ def main() -> int:  # pragma: no cover - manual check: python -m attnscope.app.m
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv)
-    kw = {"scanner": demo_entries} if "--demo" in sys.argv else {}
+    kw: dict[str, Any] = {"scanner": demo_entries} if "--demo" in sys.argv else {}
     dlg = ModelPickerDialog(None, **kw)
     dlg.modelChosen.connect(lambda ref: print(ref))
     dlg.show()

@@ -28,12 +28,15 @@ from PySide6.QtWidgets import QApplication
 SCREEN_DPI = 96.0
 
 
+_APPS: list[QApplication] = []  # the one made by ensure_gui()
+
+
 def ensure_gui() -> None:
     """Make sure a Qt GUI application exists (headless: the offscreen platform when none is set)."""
     if QGuiApplication.instance() is None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
         # a QApplication (not just a QGuiApplication), so widgets can still be made in this process
-        ensure_gui.app = QApplication(["attnscope"])  # keep a reference for the process' life
+        _APPS.append(QApplication(["attnscope"]))  # keep a reference for the process' life
 
 
 def _fmt(path: Path) -> str:
@@ -88,7 +91,8 @@ def paint_to_file(
             paint(p)
         finally:
             p.end()
-        if not img.save(str(path), "PNG"):
+        # PySide6 6.x stubs type format as bytes, but only a str is accepted at run time
+        if not img.save(str(path), "PNG"):  # type: ignore[call-overload]
             raise OSError(f"could not write {path}")
         return path
     if fmt == "svg":
@@ -372,9 +376,9 @@ def render_widget(
     # splitters, tab pages and layouts keep the sizes they had when built (a map offset in a 100 × 6
     # plot). Show it off screen for the render (Qt lays it out as shown) and hide it again after.
     top = target.window()
-    unshown = not top.isVisible() and not top.testAttribute(Qt.WA_DontShowOnScreen)
+    unshown = not top.isVisible() and not top.testAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
     if unshown:
-        top.setAttribute(Qt.WA_DontShowOnScreen, True)
+        top.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, True)
         top.show()
         _settle(top)
     # a view inside a resizable scroll area (a tab page) is held at the page's size: let go for the render
@@ -404,12 +408,12 @@ def render_widget(
     try:
         fmt = _fmt(Path(path))
         if size is not None:
-            elided = _elide_titles(target, want.width())
+            elided = _elide_titles(target, size[0])
         _apply_layout(target)
         cur = target.size()
-        if size is not None and (cur.width() > want.width() or cur.height() > want.height()):
+        if size is not None and (cur.width() > size[0] or cur.height() > size[1]):
             raise ValueError(
-                f"{want.width()} × {want.height()} px is too small for this view: it needs at least "
+                f"{size[0]} × {size[1]} px is too small for this view: it needs at least "
                 f"{cur.width()} × {cur.height()} px to show whole"
             )
         scale = dpi / SCREEN_DPI if fmt == "png" else 1.0
@@ -461,4 +465,4 @@ def render_widget(
             holder.setWidgetResizable(True)
         if unshown:
             top.hide()
-            top.setAttribute(Qt.WA_DontShowOnScreen, False)
+            top.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen, False)

@@ -54,7 +54,7 @@ def _enlarged_png(href: str, shown_w: float, shown_h: float) -> str | None:
     if k <= 1:
         return None
     buf = io.BytesIO()
-    img.resize((w * k, h * k), Image.NEAREST).save(buf, format="PNG")
+    img.resize((w * k, h * k), Image.Resampling.NEAREST).save(buf, format="PNG")
     return head + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -62,7 +62,8 @@ def _matrix(transform: str | None) -> tuple[float, ...]:
     """``matrix(a,b,c,d,e,f)`` / ``translate`` / ``scale`` as a 6-tuple (identity when absent)."""
     if not transform:
         return (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
-    out = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+    out: tuple[float, ...] = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+    m: tuple[float, ...]
     for name, args in re.findall(r"(\w+)\s*\(([^)]*)\)", transform):
         v = [float(x) for x in _NUM.findall(args)]
         if name == "matrix" and len(v) == 6:

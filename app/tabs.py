@@ -41,8 +41,9 @@ class EmptyOverlay(QLabel):
         return False
 
     def set_shown(self, on: bool) -> None:
-        if on:
-            self.setGeometry(self.parentWidget().rect())
+        parent = self.parentWidget()
+        if on and parent is not None:
+            self.setGeometry(parent.rect())
             self.raise_()
         self.setVisible(on)
 
@@ -60,7 +61,7 @@ class ViewTabs(QTabWidget):
     #: shows every item whole): rows of combos no longer make a 1000 px window's page scroll sideways
     COMBO_MIN_WIDTH = 96
 
-    def addTab(self, widget: QWidget, title: str) -> int:
+    def addTab(self, widget: QWidget, title: str) -> int:  # type: ignore[override]  # no icon overload
         for combo in widget.findChildren(QComboBox):
             if combo.minimumWidth() == 0:  # a view that set its own minimum keeps it
                 combo.setMinimumWidth(min(combo.sizeHint().width(), self.COMBO_MIN_WIDTH))
@@ -72,7 +73,7 @@ class ViewTabs(QTabWidget):
             page.setWidget(widget)
         return super().addTab(page, title)
 
-    def currentWidget(self) -> QWidget:
+    def currentWidget(self) -> QWidget | None:  # type: ignore[override]  # None with no tab, as in Qt
         w = super().currentWidget()
         return w.widget() if isinstance(w, ViewPage) else w
 

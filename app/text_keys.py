@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QLineEdit, QPlainTextEdit, QTextEdit
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QLineEdit, QPlainTextEdit, QTextEdit, QWidget
 
 #: the map-navigation shortcuts (View menu) that a focused text box keeps for itself
 MAP_KEYS = ("PgUp", "PgDown", "[", "]")
@@ -40,7 +40,7 @@ class TextBoxKeys(QObject):
 
     def __init__(self, keys=MAP_KEYS, parent: QObject | None = None):
         super().__init__(parent)
-        combos = [QKeySequence(k)[0] for k in keys]  # QKeyCombination
+        combos = [QKeySequence(k)[0] for k in keys]  # type: ignore[index]  # QKeyCombination (its stubs lack __getitem__)
         self._keys = {(c.key(), c.keyboardModifiers()) for c in combos}
 
     def wants(self, event) -> bool:
@@ -56,7 +56,7 @@ class TextBoxKeys(QObject):
     def on_focus(self, _old, new) -> None:
         """``QApplication.focusChanged``: a text box of this window that gets the focus is watched."""
         win = self.parent()
-        if new is not None and win is not None and win.isAncestorOf(new):
+        if new is not None and isinstance(win, QWidget) and win.isAncestorOf(new):
             self.watch(new)
 
     def watch(self, widget) -> None:
@@ -69,10 +69,10 @@ class TextBoxKeys(QObject):
 def keep_keys_in_text_boxes(win, keys=MAP_KEYS) -> TextBoxKeys:
     """Make every text box inside ``win`` (now, and any that gets the focus later) keep ``keys``.
     The filter is a child of ``win``: it goes with the window (and so does its focus connection)."""
-    from PySide6.QtWidgets import QWidget
-
     keeper = TextBoxKeys(keys, win)
     for w in win.findChildren(QWidget):
         keeper.watch(w)
-    QApplication.instance().focusChanged.connect(keeper.on_focus)
+    app = QApplication.instance()
+    if isinstance(app, QApplication):  # (a QCoreApplication has no focus)
+        app.focusChanged.connect(keeper.on_focus)
     return keeper

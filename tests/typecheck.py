@@ -1,5 +1,4 @@
-"""Run mypy over attnscope.core and attnscope.app (config: pyproject ``[tool.mypy]``, which lists the app
-modules not yet clean).
+"""Run mypy over attnscope.core and attnscope.app, every module checked (config: pyproject ``[tool.mypy]``).
 
 Usage: ``.venv/bin/python tests/typecheck.py [extra mypy arguments or files]``; exit status is mypy's.
 

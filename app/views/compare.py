@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyqtgraph as pg
@@ -50,6 +51,10 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+if TYPE_CHECKING:
+    from attnscope.core.analysis.compare import CompareResult
+    from attnscope.core.analysis.compare_pool import PairOverview
 
 KINDS = {
     "model": "Another model (same tokenizer)",
@@ -203,16 +208,16 @@ class _NumItem(QTableWidgetItem):
 
     def __init__(self, value: float, text: str, tie: float = 0.0):
         super().__init__(text)
-        self.setData(Qt.UserRole, float(value))
-        self.setData(Qt.UserRole + 1, float(tie))
-        self.setFlags(Qt.ItemIsSelectable | Qt.ItemIsEnabled)
-        self.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+        self.setData(Qt.ItemDataRole.UserRole, float(value))
+        self.setData(Qt.ItemDataRole.UserRole + 1, float(tie))
+        self.setFlags(Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsEnabled)
+        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
 
     def __lt__(self, other):
-        a, b = self.data(Qt.UserRole), other.data(Qt.UserRole)
+        a, b = self.data(Qt.ItemDataRole.UserRole), other.data(Qt.ItemDataRole.UserRole)
         if a is None or b is None:
             return super().__lt__(other)
-        return (a, self.data(Qt.UserRole + 1)) < (b, other.data(Qt.UserRole + 1))
+        return (a, self.data(Qt.ItemDataRole.UserRole + 1)) < (b, other.data(Qt.ItemDataRole.UserRole + 1))
 
 
 class CompareView(QWidget, SavedControls):
@@ -227,13 +232,15 @@ class CompareView(QWidget, SavedControls):
         self.state, self.engine = state, engine
         state.events.snapshot.connect(self.on_snapshot)
         state.events.selection.connect(lambda sel: self.on_selection(*sel))
-        self.result = None
+        self.result: CompareResult | None = None
         self.labels: tuple[list[str], list[str]] = ([], [])
         self.maps: tuple[np.ndarray, np.ndarray] | None = None
         self.map_key: tuple[int, int] | None = None
         self.pool = 1
-        self.overview = None  # attnscope.core.analysis.compare_pool.PairOverview of a long head
-        self.tile = None  # (wa, wb, r0, c0): the exact tile drawn over the overview
+        self.overview: PairOverview | None = None  # of a long head
+        self.tile: tuple[np.ndarray, np.ndarray, int, int] | None = (
+            None  # the exact tile drawn over the overview
+        )
         self._levels = ((0.0, 1.0), (-1.0, 1.0))
         self._titles = ("", "", "")
         # Every map, tile and row request carries the generation it was made for (Request.key): a new
@@ -305,18 +312,18 @@ class CompareView(QWidget, SavedControls):
         self.summary.setStyleSheet("color:#335;")
         # word-wrapped, so no line is cut at any width (its PageLayout fills the tab page: no scrolling)
         self.summary.setWordWrap(True)
-        self.summary.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Minimum)
+        self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
         self.summary.setMinimumHeight(2 * self.summary.fontMetrics().lineSpacing() + 4)
 
         # -- table
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(20)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setSortingEnabled(True)
         self._fit_table_width()
         self.table.setToolTip(
@@ -330,7 +337,8 @@ class CompareView(QWidget, SavedControls):
         self.plots, self.images, self.tile_images = [], [], []
         # NaN/inf cells of each map and tile, magenta over them as in every view and output
         # (attnscope.app.heatmap.show_nonfinite): a lookup table would draw them as a weight
-        self.nonfinite_images, self.tile_nonfinite = [], []
+        self.nonfinite_images: list = []
+        self.tile_nonfinite: list = []
         for i, name in enumerate(("A", "B", "A − B")):
             p = self.maps_widget.addPlot(row=0, col=i, title=name)
             p.invertY(True)
@@ -367,7 +375,7 @@ class CompareView(QWidget, SavedControls):
         self.hover = QLabel(HOVER_HINT)
         self.hover.setStyleSheet("color:#333;")
         self.hover.setSizePolicy(
-            QSizePolicy.Ignored, QSizePolicy.Preferred
+            QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred
         )  # a long readout never widens the tab
         self.maps_widget.scene().sigMouseMoved.connect(self._on_hover)
         self.maps_widget.scene().sigMouseClicked.connect(self._on_click)
@@ -383,7 +391,7 @@ class CompareView(QWidget, SavedControls):
         # ")" stayed painted after the next comparison); the tick labels carry the scale
         rp.getAxis("left").enableAutoSIPrefix(False)
         self.row_a = rp.plot([], [], pen=pg.mkPen("#3b6fb6", width=2), name="A")
-        self.row_b = rp.plot([], [], pen=pg.mkPen("#d0702a", width=2, style=Qt.DashLine), name="B")
+        self.row_b = rp.plot([], [], pen=pg.mkPen("#d0702a", width=2, style=Qt.PenStyle.DashLine), name="B")
         self.logit_plot = pg.PlotWidget(background="w")
         style_plot(self.logit_plot)
         lp = self.logit_plot.getPlotItem()
@@ -420,11 +428,11 @@ class CompareView(QWidget, SavedControls):
             (self.table, 120),
         ):
             w.setMinimumHeight(h)
-        left = QSplitter(Qt.Vertical)  # table over the logits
+        left = QSplitter(Qt.Orientation.Vertical)  # table over the logits
         left.addWidget(self.table)
         left.addWidget(self.logit_plot)
         left.setSizes([380, 200])
-        right = QSplitter(Qt.Vertical)  # maps over the clicked rows
+        right = QSplitter(Qt.Orientation.Vertical)  # maps over the clicked rows
         mapbox = QWidget()
         ml = QVBoxLayout(mapbox)
         ml.setContentsMargins(0, 0, 0, 0)
@@ -437,7 +445,7 @@ class CompareView(QWidget, SavedControls):
         right.addWidget(mapbox)
         right.addWidget(self.row_plot)
         right.setSizes([400, 180])
-        split = QSplitter(Qt.Horizontal)
+        split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(left)
         split.addWidget(right)
         split.setStretchFactor(1, 3)
@@ -492,7 +500,7 @@ class CompareView(QWidget, SavedControls):
         old = self._a_key
         if now == old and not self._reloaded:
             return None
-        if snap is None:
+        if snap is None or now is None:  # (run_a_key is None exactly without a snapshot)
             return "no model is loaded any more"
         if self._reloaded or now[:4] != old[:4]:
             i = snap.info
@@ -669,7 +677,7 @@ class CompareView(QWidget, SavedControls):
                 self.table.setItem(i, c, it)
         self.table.setSortingEnabled(True)
         self._fit_table_width()
-        self.table.sortItems(3, Qt.DescendingOrder)
+        self.table.sortItems(3, Qt.SortOrder.DescendingOrder)
         self.table.clearSelection()
         self.table.selectRow(0)
         self.table.blockSignals(False)
@@ -692,7 +700,9 @@ class CompareView(QWidget, SavedControls):
 
     def _draw_logits(self) -> None:
         res = self.result
-        x = np.arange(len(res.kl), dtype=float)
+        if res is None:
+            return
+        x = np.arange(len(res.kl)).astype(float)
         self.kl_curve.setData(x, res.kl)
         bad = ~res.top1_agree
         self.disagree.setData(x[bad], res.kl[bad])
@@ -702,10 +712,10 @@ class CompareView(QWidget, SavedControls):
         if not rows or self.result is None:
             return
         r = rows[0].row()
-        layer, head = (
-            int(self.table.item(r, 1).data(Qt.UserRole)),
-            int(self.table.item(r, 2).data(Qt.UserRole)),
-        )
+        li, hi = self.table.item(r, 1), self.table.item(r, 2)
+        if li is None or hi is None:  # (every row has both: set_result)
+            return
+        layer, head = int(li.data(Qt.ItemDataRole.UserRole)), int(hi.data(Qt.ItemDataRole.UserRole))
         self.request_maps(layer, head)
 
     # -- maps ---------------------------------------------------------------------------------------
@@ -797,9 +807,10 @@ class CompareView(QWidget, SavedControls):
             if (
                 la is not None
                 and he is not None
-                and (la.data(Qt.UserRole), he.data(Qt.UserRole)) == (layer, head)
+                and (la.data(Qt.ItemDataRole.UserRole), he.data(Qt.ItemDataRole.UserRole)) == (layer, head)
             ):
-                if not self.table.item(r, 0).isSelected():
+                first = self.table.item(r, 0)
+                if first is not None and not first.isSelected():
                     self.table.blockSignals(True)
                     self.table.selectRow(r)
                     self.table.blockSignals(False)
@@ -916,6 +927,8 @@ class CompareView(QWidget, SavedControls):
         """``(A, B, A − B, exact)`` at token ``(r, c)``: exact from a short map or the tile, else the
         overview's block values (block max of A and B, signed max-|A − B|)."""
         if self.overview is None:
+            if self.maps is None:
+                raise ValueError("no maps are shown")
             a, b = float(self.maps[0][r, c]), float(self.maps[1][r, c])
             return a, b, a - b, True
         if self.tile is not None:
@@ -952,6 +965,7 @@ class CompareView(QWidget, SavedControls):
             from attnscope.core.analysis.compare_pool import block_of
 
             ov = self.overview
+            assert ov is not None  # (values_at says exact unless an overview is shown)
             i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
             where = (
                 f"rows {ov.row_edges[i]}–{ov.row_edges[i + 1] - 1}, keys {ov.col_edges[j]}–"
@@ -1015,7 +1029,7 @@ class CompareView(QWidget, SavedControls):
         """The ranked table as CSV (+ the full JSON as ``<file>.json`` sidecar), or JSON (by suffix).
 
         Raises:
-            ValueError: another suffix. OSError: could not write.
+            ValueError: another suffix, or no comparison yet. OSError: could not write.
         """
         from attnscope.core.io.export import sidecar_path
         from attnscope.core.io.export import write_compare_csv as write_csv
@@ -1023,6 +1037,8 @@ class CompareView(QWidget, SavedControls):
         path = Path(path)
         if path.suffix.lower() not in (".csv", ".json"):
             raise ValueError(f"choose a .csv or .json file, not {path.name!r}")
+        if self.result is None:
+            raise ValueError("nothing to export yet: run B first")
         data = self.result.to_json()
         if path.suffix.lower() == ".json":
             path.write_text(json.dumps(data, indent=1), encoding="utf-8")
@@ -1033,7 +1049,7 @@ class CompareView(QWidget, SavedControls):
         return path
 
     def _export_maps_dialog(self) -> None:
-        if self.maps is None:
+        if self.maps is None or self.map_key is None:
             self.summary.setText("Nothing to export yet: run B and select a head first.")
             return
         layer, head = self.map_key
@@ -1048,13 +1064,16 @@ class CompareView(QWidget, SavedControls):
 
     def export_maps(self, path) -> list[Path]:
         """The three maps as drawn (PNG/SVG/PDF by suffix) and a JSON sidecar naming both runs
-        (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting."""
+        (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting.
+        Raises ValueError when no head's maps are shown yet."""
         from attnscope.app.paint import render_widget
         from attnscope.core.io.export import sidecar_path, write_json
 
+        res = self.result
+        if res is None or self.map_key is None:
+            raise ValueError("nothing to export yet: run B and select a head first")
         out = render_widget(self.maps_widget, path, title="AttnScope · Compare")
         layer, head = self.map_key
-        res = self.result
         d = next(x for x in res.ranked() if (x.layer, x.head) == (layer, head))
         meta = {
             "kind": "compare maps",

@@ -156,8 +156,8 @@ class ExperimentsView(QWidget, SavedControls):
         state.events.snapshot.connect(self.on_snapshot)
         state.events.loaded.connect(lambda _snap: self.on_model_loaded())
         self.results: list[ExperimentResult] = []
-        self._run_key = None
-        self._auto_done_for = None
+        self._run_key: tuple | None = None
+        self._auto_done_for: tuple | None = None
         self._running = False
         self._busy: dict[str, float] = {}  # sequence commands running now -> when they started
         self._prefill_rate: tuple[int, float] | None = None  # (tokens, tokens/s) of the last prefill
@@ -215,8 +215,8 @@ class ExperimentsView(QWidget, SavedControls):
         self.help.setMinimumWidth(200)
         second = QHBoxLayout()
         second.addWidget(self.help, 1)
-        for w in (self.run_button, self.run_all_button, self.clear_button):
-            second.addWidget(w)
+        for button in (self.run_button, self.run_all_button, self.clear_button):
+            second.addWidget(button)
         # a sequence over AUTO_RUN_MAX_TOKENS: why nothing ran by itself, and what Run all will cost
         self.long_note = QLabel("")
         self.long_note.setWordWrap(True)
@@ -236,13 +236,14 @@ class ExperimentsView(QWidget, SavedControls):
         hh.setStretchLastSection(True)
         self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.horizontalHeaderItem(3).setToolTip(
-            "Σ p_base · (log p_base − log p_exp) over the vocabulary, nats"
-        )
-        self.table.horizontalHeaderItem(2).setToolTip("seq_len: tokens in the sequence (prompt + generated)")
-        self.table.horizontalHeaderItem(6).setToolTip(
-            "exp(mean −log p(x_i | x_<i)) over the prompt's tokens 1..P−1"
-        )
+        for col, tip in (
+            (3, "Σ p_base · (log p_base − log p_exp) over the vocabulary, nats"),
+            (2, "seq_len: tokens in the sequence (prompt + generated)"),
+            (6, "exp(mean −log p(x_i | x_<i)) over the prompt's tokens 1..P−1"),
+        ):
+            item = self.table.horizontalHeaderItem(col)
+            if item is not None:  # (each column has one: setHorizontalHeaderLabels)
+                item.setToolTip(tip)
 
         self.plot = pg.PlotWidget(background="w")
         style_plot(self.plot)
@@ -572,6 +573,7 @@ class ExperimentsView(QWidget, SavedControls):
             color="#222",
             size="10pt",
         )
+        assert r.experiment.decode_from is not None  # run_experiments() fills it in
         self.decode_line.setValue(r.experiment.decode_from + 0.5)  # predicted by decode rows to the right
         self.decode_line.show()
         pi.enableAutoRange()

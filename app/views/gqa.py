@@ -115,7 +115,7 @@ class GqaView(QWidget, SavedControls):
         top.addWidget(self.range_combo)
         lay.addLayout(top)
 
-        split = QSplitter(Qt.Vertical)
+        split = QSplitter(Qt.Orientation.Vertical)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
         split.addWidget(self.glw)
@@ -169,7 +169,7 @@ class GqaView(QWidget, SavedControls):
         self.glw.scene().sigMouseMoved.connect(self._on_mouse)
 
     # -- state ------------------------------------------------------------------------------------
-    def _group_key(self) -> tuple[int, int, int]:
+    def _group_key(self) -> tuple[tuple, int, int, int]:
         """(sequence, layer, KV head of the selected head, visible_len): what the group report is for
         (a report computed for another sequence of the same length is stale too)."""
         s = self.state
@@ -281,7 +281,7 @@ class GqaView(QWidget, SavedControls):
         for p in self.plots[:g]:  # masked cells are NaN (transparent): this hatch behind shows
             bg = QGraphicsRectItem(0, 0, 1, 1)
             brush = pg.mkBrush(MASK_HATCH)
-            brush.setStyle(Qt.BDiagPattern)
+            brush.setStyle(Qt.BrushStyle.BDiagPattern)
             bg.setBrush(brush)
             bg.setPen(pg.mkPen(None))
             bg.setZValue(-10)
@@ -350,14 +350,14 @@ class GqaView(QWidget, SavedControls):
             for j, b in enumerate(r.heads):
                 v = float(r.distances[a, b])
                 item = QTableWidgetItem(f"{v:.3f}")
-                item.setTextAlignment(Qt.AlignCenter)
+                item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                 item.setBackground(_shade(v))
-                item.setFlags(Qt.ItemIsEnabled)
+                item.setFlags(Qt.ItemFlag.ItemIsEnabled)
                 t.setItem(i, j, item)
-        t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         vh = t.verticalHeader()
         vh.setMinimumSectionSize(t.fontMetrics().height() + 4)  # compact rows: a 650 px window shows all
-        vh.setSectionResizeMode(QHeaderView.Stretch)
+        vh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         # tall enough for every row (up to 8) at the header's smallest row height: the splitter
         # shrinks the maps before it cuts the table
         shown = min(len(names), 8)
@@ -393,17 +393,17 @@ class GqaView(QWidget, SavedControls):
         for i, (_name, heads, v, sel) in enumerate(rows):
             a = QTableWidgetItem(heads)
             b = QTableWidgetItem("—" if not np.isfinite(v) else f"{v:.3f}")
-            b.setTextAlignment(Qt.AlignCenter)
+            b.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
             b.setBackground(_shade(v))
             for it in (a, b):
-                it.setFlags(Qt.ItemIsEnabled)
+                it.setFlags(Qt.ItemFlag.ItemIsEnabled)
                 if sel:
                     f = it.font()
                     f.setBold(True)
                     it.setFont(f)
             t.setItem(i, 0, a)
             t.setItem(i, 1, b)
-        t.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         ratio = (
             r.within_mean / r.across_mean if r.across_mean and np.isfinite(r.across_mean) else float("nan")
         )

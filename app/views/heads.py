@@ -97,7 +97,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
     def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
         self.state, self.engine = state, engine
-        self.result = None
+        self.result: tuple | None = None
         self.result_key: tuple | None = None
         self._running = False
         self.on_effects = None  # callback(values (L, H) | None, label): the Head grid's effect frames
@@ -178,22 +178,26 @@ class HeadsView(QWidget, SavedControls, HeadRows):
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.horizontalHeaderItem(3).setToolTip(
-            "target with the head ablated − target of the clean run"
-        )
-        self.table.horizontalHeaderItem(4).setToolTip(
-            "direct logit attribution: the head's output through W_O and the final norm (scale frozen) "
-            "onto the target's unembedding"
-        )
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        for col, tip in (
+            (3, "target with the head ablated − target of the clean run"),
+            (
+                4,
+                "direct logit attribution: the head's output through W_O and the final norm (scale frozen) "
+                "onto the target's unembedding",
+            ),
+        ):
+            item = self.table.horizontalHeaderItem(col)
+            if item is not None:  # (each column has one: setHorizontalHeaderLabels)
+                item.setToolTip(tip)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.setSortingEnabled(True)
 
-        split = QSplitter(Qt.Horizontal)
+        split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.plot)
         split.addWidget(self.table)
         split.setSizes([600, 400])
@@ -384,7 +388,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         from pathlib import Path
 
         data = self.export_data()
-        if not data:
+        if not data or self.result is None:
             raise ValueError("nothing to export: press Run first")
         if str(path).lower().endswith(".csv"):
             import csv
@@ -403,8 +407,8 @@ class HeadsView(QWidget, SavedControls, HeadRows):
                 for h in range(H):
                     d = "" if dla is None else f"{dla.heads[layer, h]:.7g}"
                     w.writerow([layer, h, h // g, f"{eff.query[layer, h]:.7g}", d])
-                for k in range(n_kv):
-                    w.writerow([layer, "group", k, f"{eff.kv[layer, k]:.7g}", ""])
+                for kv in range(n_kv):
+                    w.writerow([layer, "group", kv, f"{eff.kv[layer, kv]:.7g}", ""])
             Path(path).write_text(buf.getvalue(), encoding="utf-8")
         else:
             Path(path).write_text(json.dumps(data, indent=1, allow_nan=True), encoding="utf-8")
@@ -469,12 +473,12 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             ]
             for c, (text, val) in enumerate(cells):
                 it = NumericItem(text)
-                it.setData(Qt.UserRole, val)
+                it.setData(Qt.ItemDataRole.UserRole, val)
                 it.setData(HEAD_ROLE, (layer, h if h >= 0 else k * g))
-                it.setTextAlignment(Qt.AlignCenter)
+                it.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                 self.table.setItem(r, c, it)
         self.table.setSortingEnabled(True)
-        self.table.sortItems(3, Qt.AscendingOrder)  # the heads whose removal costs most first
+        self.table.sortItems(3, Qt.SortOrder.AscendingOrder)  # the heads whose removal costs most first
         self.table.scrollToTop()
 
     def _on_image_click(self, ev) -> None:

@@ -230,7 +230,7 @@ class KVView(QWidget, SavedControls):
         state.events.loaded.connect(lambda _snap: self.on_model_loaded())
         self.live: KVLive | None = None
         self.history: dict[int, int] = {}  # seq_len -> measured bytes, for the current sequence
-        self._run_key = None
+        self._run_key: tuple | None = None
 
         # live summary + per-layer bars
         live_box = QGroupBox("Live KV cache (measured tensors)")
@@ -681,6 +681,7 @@ class KVView(QWidget, SavedControls):
         )
 
     def _on_preset(self) -> None:
+        values: tuple
         name = self.preset_combo.currentData()
         if name == "custom":  # the edited fields stay as they are
             self.recalculate()
@@ -715,15 +716,16 @@ class KVView(QWidget, SavedControls):
             w.blockSignals(True)
             w.setValue(int(v))
             w.blockSignals(False)
-        for w, setter, v in (
+        box: QComboBox | QSpinBox
+        for box, setter, v in (
             (self.calc_dtype, "setCurrentText", values[5]),
             (self.calc_batch, "setValue", values[6]),
             (self.calc_window, "setValue", values[7]),
             (self.calc_sliding, "setCurrentText", values[8]),
         ):
-            w.blockSignals(True)
-            getattr(w, setter)(v)
-            w.blockSignals(False)
+            box.blockSignals(True)
+            getattr(box, setter)(v)
+            box.blockSignals(False)
         self._preset_filled = self._calc_values()  # what an edit is told apart from
         if hasattr(self, "push_settings"):
             self.push_settings()  # set with the signals blocked: the state (and a saved session) follows

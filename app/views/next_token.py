@@ -71,8 +71,8 @@ class SamplingControls(QGroupBox):
         form.addRow("Seed", self.seed)
         for w in (self.temperature, self.top_p):
             w.valueChanged.connect(self._changed)
-        for w in (self.top_k, self.seed):
-            w.valueChanged.connect(self._changed)
+        for box in (self.top_k, self.seed):
+            box.valueChanged.connect(self._changed)
         self.mode_combo.currentIndexChanged.connect(self._changed)
         self._sync_enabled()
 

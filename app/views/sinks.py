@@ -322,7 +322,8 @@ class SinksView(QWidget, SavedControls):
 
     # -- drawing ---------------------------------------------------------------------------------
     @property
-    def metric(self) -> str:
+    def metric_key(self) -> str:
+        # not ``metric``: that name is QPaintDevice.metric(), which Qt calls when painting the widget
         return self.metric_combo.currentData()
 
     @property
@@ -335,7 +336,7 @@ class SinksView(QWidget, SavedControls):
         super().restore_view_state(state)
         step = state.get("step_spin") if isinstance(state, dict) else None
         self._restored_step = step if isinstance(step, int) and step >= 2 else None
-        if self._restored_step is not None and self.current:
+        if self._restored_step is not None and self.current and self.report is not None:
             self.set_report(self.report, self.report_key)
 
     def set_report(self, report: SinkReport, key: tuple | None = None) -> None:
@@ -359,7 +360,7 @@ class SinksView(QWidget, SavedControls):
             for k, text in LEARNED_METRICS.items():
                 self.metric_combo.addItem(text, k)
         else:
-            if self.metric in LEARNED_METRICS:
+            if self.metric_key in LEARNED_METRICS:
                 self.metric_combo.setCurrentIndex(0)
             for k in LEARNED_METRICS:
                 i = self.metric_combo.findData(k)
@@ -375,6 +376,8 @@ class SinksView(QWidget, SavedControls):
     def _set_step_range(self, step: int | None = None) -> None:
         """The "at seq_len" box: 2 .. the timeline's seq_len (a later length is not on screen
         anywhere else), at ``step`` when it is in that range, else at the timeline's seq_len."""
+        if self.report is None:
+            return
         T = self.report.seq_len
         n = self.timeline_len()
         self.step_spin.blockSignals(True)
@@ -389,7 +392,7 @@ class SinksView(QWidget, SavedControls):
         if r is None:
             return None
         n = self.step_spin.value()
-        if self.metric == "sink_vw":
+        if self.metric_key == "sink_vw":
             if self.vw is None:
                 return None
             return (
@@ -397,27 +400,27 @@ class SinksView(QWidget, SavedControls):
                 if r.seq_len >= 2
                 else np.zeros(self.vw[0].shape[:2], np.float32)
             )
-        if self.metric in LEARNED_METRICS and not r.has_learned_sinks:
+        if self.metric_key in LEARNED_METRICS and not r.has_learned_sinks:
             return None if r.seq_len < 2 else r.running[..., n - 1]
         if r.seq_len < 2:
-            return getattr(r, self.metric)
+            return getattr(r, self.metric_key)
         return self._running(r)[..., n - 1]
 
     def _running(self, r: SinkReport) -> np.ndarray:
         """The running mean ``(L, H, T)`` of the metric shown (not the value-weighted one)."""
-        if self.metric == "learned" and r.running_learned is not None:
+        if self.metric_key == "learned" and r.running_learned is not None:
             return r.running_learned
-        if self.metric == "sink_total":
+        if self.metric_key == "sink_total":
             return r.running_total
-        return r.running if self.metric == "sink" else r.running_set
+        return r.running if self.metric_key == "sink" else r.running_set
 
     def _per_row(self, r: SinkReport) -> np.ndarray:
         """Each row's mass ``(L, H, T)`` for the metric shown (not the value-weighted one)."""
-        if self.metric == "learned" and r.per_row_learned is not None:
+        if self.metric_key == "learned" and r.per_row_learned is not None:
             return r.per_row_learned
-        if self.metric == "sink_total" and r.per_row_learned is not None:
+        if self.metric_key == "sink_total" and r.per_row_learned is not None:
             return r.per_row + r.per_row_learned
-        return r.per_row if self.metric == "sink" else r.per_row_set
+        return r.per_row if self.metric_key == "sink" else r.per_row_set
 
     def _redraw(self) -> None:
         r = self.report
@@ -444,9 +447,9 @@ class SinksView(QWidget, SavedControls):
             "sink_vw": "token 0, value-weighted",
             "learned": "the learned sink",
             "sink_total": "token 0 + the learned sink",
-        }.get(self.metric, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
+        }.get(self.metric_key, f"token 0 + {len(r.delimiters)} delimiter/special tokens")
         base = ""
-        if self.metric == "sink" and n >= 2:  # token 0's share under plain causal averaging, and × that
+        if self.metric_key == "sink" and n >= 2:  # token 0's share under plain causal averaging, and × that
             from attnscope.core.analysis.sinks import uniform_causal_baseline
 
             b = uniform_causal_baseline(n)
@@ -467,7 +470,7 @@ class SinksView(QWidget, SavedControls):
         if r.has_learned_sinks and r.running_learned is not None and r.seq_len >= 2:
             learned = r.running_learned[..., max(n, 2) - 1]
             text += f" · learned sink: mean share {float(np.mean(learned)):.2f}" + (
-                ", moves nothing" if self.metric == "sink_vw" else ""
+                ", moves nothing" if self.metric_key == "sink_vw" else ""
             )
         self.summary.setText(text)
         self.threshold_line.setValue(self.threshold)
@@ -485,14 +488,16 @@ class SinksView(QWidget, SavedControls):
             self.plot.getPlotItem().setTitle(snap.info.arch.no_map_line(layer), color="#222", size="10pt")
             return
         per_row, running = self._per_row(r), self._running(r)
-        if self.metric == "sink_vw" and self.vw is not None:
+        if self.metric_key == "sink_vw" and self.vw is not None:
             per_row, running = self.vw
         n = min(self.step_spin.value(), r.seq_len)  # the table's seq_len: rows 0 .. n - 1
         x = np.arange(n, dtype=float)
         self.row_curve.setData(x[1:], per_row[layer, head, 1:n])
         self.mean_curve.setData(x[1:], running[layer, head, 1:n])
-        side = r.per_row_learned is not None and self.metric in ("sink", "sink_set")
-        if side:  # the learned sink's share of each row, beside token 0's weight
+        side = r.per_row_learned is not None and self.metric_key in ("sink", "sink_set")
+        if (
+            side and r.per_row_learned is not None
+        ):  # the learned sink's share of each row, beside token 0's weight
             self.learned_curve.setData(x[1:], r.per_row_learned[layer, head, 1:n])
         else:
             self.learned_curve.setData([], [])
@@ -502,11 +507,12 @@ class SinksView(QWidget, SavedControls):
             "sink_vw": "token 0 (value-weighted share)",
             "learned": "the learned sink",
             "sink_total": "token 0 + learned sink",
-        }.get(self.metric, "token 0 + delimiters")
+        }.get(self.metric_key, "token 0 + delimiters")
         snap = self.state.snapshot
         kv = snap.info.kv_head(head) if snap is not None else head
         pi.setLabel(
-            "left", "share of the row" if side or self.metric in LEARNED_METRICS else f"weight on {target}"
+            "left",
+            "share of the row" if side or self.metric_key in LEARNED_METRICS else f"weight on {target}",
         )
         if side and r.running_learned is not None:  # two series: shorter words, one line
             title = (

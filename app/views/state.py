@@ -48,7 +48,7 @@ class SavedControls:
         push()
 
     def view_state(self) -> dict:
-        state = {}
+        state: dict[str, str | int | float | bool] = {}
         for name in self.STATE_CONTROLS:
             w = getattr(self, name)
             if isinstance(w, QComboBox):

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.arch import arch_of
 from attnscope.core.errors import Cancelled
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 MODES = ("head", "group", "layer", "all")
 MODE_LABELS = {
@@ -86,7 +90,7 @@ def _check_cancel(cancelled: Callable[[], bool] | None) -> None:
 
 @remotable
 def map_tile(
-    session,
+    session: Session,
     layer: int,
     head: int,
     mode: str = "head",
@@ -135,7 +139,7 @@ def map_tile(
 
 @remotable
 def map_at(
-    session,
+    session: Session,
     layer: int,
     head: int,
     mode: str = "head",
@@ -184,7 +188,7 @@ class PooledMap:
 
 @remotable
 def pooled_map(
-    session,
+    session: Session,
     layer: int,
     head: int,
     mode: str = "head",
@@ -268,7 +272,7 @@ def robust_max(w: np.ndarray, q: float = 99.5) -> float:
 
 @remotable
 def layer_robust_max(
-    session,
+    session: Session,
     layer: int,
     n: int | None = None,
     q: float = 99.5,
@@ -290,7 +294,7 @@ def layer_robust_max(
 
 @remotable
 def thumbnails(
-    session,
+    session: Session,
     n: int | None = None,
     size: int = 40,
     cancelled: Callable[[], bool] | None = None,

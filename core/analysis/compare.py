@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from attnscope.core import backend_registry as registry
@@ -51,6 +51,9 @@ from attnscope.core.analysis.value_weighted import (
 )
 from attnscope.core.errors import SessionError
 from attnscope.core.trace import softmax_variant
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class RunInfo:
     device_map: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, session, sha256: bool = True) -> RunInfo:
+    def of(cls, session: Session, sha256: bool = True) -> RunInfo:
         from attnscope.core.loading.device_map import record as dm_record
         from attnscope.core.loading.quantize import record as quant_record
 
@@ -427,7 +430,7 @@ def head_maps(
     return out[0], out[1]
 
 
-def release_model(session) -> None:
+def release_model(session: Session) -> None:
     """Drop a session's model weights, keeping its trace, KV cache and logits (``weights`` still works;
     ``value_norms``, ``prefill`` and ``step`` no longer do). For :func:`run_pair`'s ``low_memory``."""
     release = getattr(session.backend, "release_weights", None)

@@ -30,11 +30,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core import memory
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.errors import Cancelled, SessionError
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 #: run A's session -> its run B session (weak keys: B is dropped with A)
 _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -42,7 +46,7 @@ _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 KINDS = ("model", "dtype", "backend", "prompt")
 
 
-def held(session):
+def held(session: Session):
     """The run B held for ``session`` (run A). Raises SessionError when none is."""
     try:
         b = _HELD.get(session)
@@ -53,7 +57,7 @@ def held(session):
     return b
 
 
-def drop(session=None) -> None:
+def drop(session: Session | None = None) -> None:
     """Drop the run B held for ``session`` (None: every one held in this process) and collect it."""
     if session is None:
         had = len(_HELD) > 0
@@ -68,7 +72,7 @@ def drop(session=None) -> None:
 
 
 @remotable
-def kept_all_logits(session) -> bool:
+def kept_all_logits(session: Session) -> bool:
     """True when ``session`` kept every position's logits (prefilled with ``all_logits=True``), so
     Compare need not re-run A; answered where the model is, without sending the logits."""
     try:
@@ -120,7 +124,7 @@ def _tokenizer_refusal(sa, sb, prompt: str, gen: list[int]) -> str | None:
 
 @remotable
 def run_b(
-    session,
+    session: Session,
     kind: str,
     model: str | None,
     backend: str,
@@ -201,7 +205,7 @@ def run_b(
 
 @remotable
 def b_maps(
-    session,
+    session: Session,
     layer: int,
     head: int,
     n: int,
@@ -222,7 +226,7 @@ def b_maps(
 
 @remotable
 def b_overview(
-    session,
+    session: Session,
     layer: int,
     head: int,
     n: int,

@@ -46,11 +46,15 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.attention.masks import causal_allowed
 from attnscope.core.errors import Cancelled, SessionError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 KINDS: dict[str, str] = {
     "evict_first": "Evict the first k tokens from the KV cache",
@@ -215,7 +219,7 @@ class Overrides:
 
 # -- separate runs on the same model ------------------------------------------------------------------
 @contextmanager
-def separate_backend(session, overrides=None, capture: bool = True) -> Iterator:
+def separate_backend(session: Session, overrides=None, capture: bool = True) -> Iterator:
     """A backend on the session's model with its own empty KV cache and Trace
     (:meth:`attnscope.core.backends.base.Backend.fork`).
 
@@ -250,7 +254,7 @@ class RunLogits:
 
 
 def run_sequence(
-    session,
+    session: Session,
     ids: list[int],
     decode_from: int,
     overrides=None,
@@ -348,7 +352,7 @@ def _ppl(logprob: np.ndarray, n_prompt: int) -> float:
     return float(math.exp(-logprob[: n_prompt - 1].mean()))
 
 
-def _top1(session, logits: np.ndarray) -> tuple[int, str, float]:
+def _top1(session: Session, logits: np.ndarray) -> tuple[int, str, float]:
     from attnscope.core.tokens import token_text
 
     p = np.exp(log_softmax(logits))
@@ -381,7 +385,7 @@ def hybrid_refusal(arch, kind: str) -> str:
 
 @remotable
 def run_experiments(
-    session,
+    session: Session,
     experiments: list[Experiment],
     progress: Callable[[str, float], None] | None = None,
     cancelled: Callable[[], bool] | None = None,

@@ -37,9 +37,13 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 #: band edges in tokens of wavelength: a pair whose wavelength is in ``[e_k, e_{k+1})`` is in band k
 BAND_EDGES: tuple[float, ...] = (0.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, math.inf)
@@ -363,7 +367,7 @@ class _Rotary:
 _ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _rotary(session) -> _Rotary:
+def _rotary(session: Session) -> _Rotary:
     backend = session.backend
     try:
         r = _ROTARY.get(backend)
@@ -378,7 +382,7 @@ def _rotary(session) -> _Rotary:
     return r
 
 
-def rope_layout(session, layer: int) -> RopeLayout:
+def rope_layout(session: Session, layer: int) -> RopeLayout:
     """How ``layer`` of the session's model pairs its head dimensions, and each pair's wavelength.
 
     Read from the model itself: its rotary module gives cos and sin at a position (with llama3 / yarn /
@@ -396,7 +400,7 @@ def rope_layout(session, layer: int) -> RopeLayout:
     return _rotary(session).layout(int(layer), trace.head_dim, trace.seq_len)
 
 
-def unrotate(session, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def unrotate(session: Session, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Post-RoPE vectors ``x`` ``(..., n, D)`` at ``positions`` ``(n,)`` rotated back: the pre-RoPE ones,
     float64 (the inverse of each position's 2×2 map; YaRN/LongRoPE's attention scaling undone too).
     Unchanged for a layer without RoPE.
@@ -447,7 +451,9 @@ def _split(lay: RopeLayout, q: np.ndarray, k: np.ndarray, scale: float) -> BandS
     )
 
 
-def _qk(session, layer: int, head: int, rows: slice, cols: slice) -> tuple[np.ndarray, np.ndarray, float]:
+def _qk(
+    session: Session, layer: int, head: int, rows: slice, cols: slice
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Stored post-RoPE q rows ``(n_q, D)`` and K rows ``(n_k, D)`` as float64, and the layer's scale."""
     rec = session.trace._rec(layer)
     kv = session.trace.kv_head(head)
@@ -456,7 +462,7 @@ def _qk(session, layer: int, head: int, rows: slice, cols: slice) -> tuple[np.nd
     return q, k, float(rec.scale)
 
 
-def _check(session, layer, head, query, key) -> tuple[int, int, int, int]:
+def _check(session: Session, layer, head, query, key) -> tuple[int, int, int, int]:
     from attnscope.core.checks import index
 
     session._require_run()
@@ -468,7 +474,7 @@ def _check(session, layer, head, query, key) -> tuple[int, int, int, int]:
 
 
 @remotable
-def cell_bands(session, layer: int, head: int, query: int, key: int) -> BandSplit:
+def cell_bands(session: Session, layer: int, head: int, query: int, key: int) -> BandSplit:
     """The score of one cell split by band (no forward: the stored q row and cached key).
 
     Raises:
@@ -482,7 +488,7 @@ def cell_bands(session, layer: int, head: int, query: int, key: int) -> BandSpli
 
 
 @remotable
-def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
+def row_bands(session: Session, layer: int, head: int, query: int) -> BandSplit:
     """Row ``query``'s weighted score ``Σ_j w_ij s_ij`` split by band: ``⟨q_i^p, Σ_j w_ij k_j^p⟩`` per
     pair, one ``(1, T) @ (T, D)`` product (no forward).
 
@@ -501,7 +507,7 @@ def row_bands(session, layer: int, head: int, query: int) -> BandSplit:
 WEIGHTED_KEY_ROWS = 512
 
 
-def _weighted_key(session, layer: int, head: int, query: int) -> tuple[np.ndarray, np.ndarray]:
+def _weighted_key(session: Session, layer: int, head: int, query: int) -> tuple[np.ndarray, np.ndarray]:
     """Row ``query``'s weights ``(query + 1,)`` float32 and ``Σ_j w_ij k_j`` ``(D,)`` float64.
 
     float64 matrix-vector products on the cached keys' device, :data:`WEIGHTED_KEY_ROWS` keys at a time:
@@ -522,7 +528,7 @@ def _weighted_key(session, layer: int, head: int, query: int) -> tuple[np.ndarra
     return row, wk.cpu().numpy()
 
 
-def _softmax_row(session, layer: int, head: int, query: int, s: np.ndarray) -> np.ndarray:
+def _softmax_row(session: Session, layer: int, head: int, query: int, s: np.ndarray) -> np.ndarray:
     """Weights of scores ``s`` ``(query + 1,)`` under the layer's mask, soft-cap and learned sink."""
     rec = session.trace._rec(layer)
     allowed = session.trace.allowed(layer, slice(query, query + 1), slice(0, query + 1))[0]
@@ -541,7 +547,7 @@ def _softmax_row(session, layer: int, head: int, query: int, s: np.ndarray) -> n
 
 @remotable
 def explain(
-    session, layer: int, head: int, query: int, key: int, *, sources: bool = False, top: int = 10
+    session: Session, layer: int, head: int, query: int, key: int, *, sources: bool = False, top: int = 10
 ) -> Explanation:
     """Why ``head`` of ``layer`` gives key ``key`` its score at query ``query`` (docs "Why a head attends").
 
@@ -638,7 +644,7 @@ def _shares(lay: RopeLayout, q, k, rows: np.ndarray, window, short_tokens) -> np
     return out.numpy()
 
 
-def _layer_qk(session, layer: int, heads: list[int], rows: np.ndarray):
+def _layer_qk(session: Session, layer: int, heads: list[int], rows: np.ndarray):
     """Stored q rows ``(h, n, D)`` and each head's keys ``(h, T, D)``, float32 torch (GQA by index)."""
     import torch
 
@@ -661,7 +667,7 @@ def _rows(T: int, max_rows: int) -> np.ndarray:
 
 @remotable
 def head_positional_share(
-    session, layer: int, head: int, *, short_tokens: float = SHORT_TOKENS, max_rows: int = SHARE_ROWS
+    session: Session, layer: int, head: int, *, short_tokens: float = SHORT_TOKENS, max_rows: int = SHARE_ROWS
 ) -> float:
     """The share of a head's score variance over its map carried by bands turning faster than every
     ``short_tokens`` tokens: ``Var(s_short) / (Var(s_short) + Var(s_rest))`` over the visible cells of
@@ -685,7 +691,7 @@ def head_positional_share(
 
 @remotable
 def positional_share_grid(
-    session,
+    session: Session,
     *,
     short_tokens: float = SHORT_TOKENS,
     max_rows: int = 64,

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.aggregate import _check_cancel, robust_max
 from attnscope.core.analysis.pooling import max_pool
 from attnscope.core.analysis.remotable import remotable
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 
 def _js_terms(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -61,7 +65,7 @@ def js_distance(p: np.ndarray, q: np.ndarray, axis: int = -1, sink_slot: bool = 
 
 
 def head_distances(
-    session,
+    session: Session,
     layer: int,
     n: int | None = None,
     block_rows: int = 256,
@@ -134,7 +138,7 @@ def sample_rows(n: int, max_rows: int) -> np.ndarray:
     return np.arange(max(1, n - max_rows), n)
 
 
-def cached_keys(session, layer: int, kv_head: int, n: int | None = None) -> np.ndarray:
+def cached_keys(session: Session, layer: int, kv_head: int, n: int | None = None) -> np.ndarray:
     """Post-RoPE keys KV head ``kv_head`` of ``layer`` holds in the KV cache, ``(n, head_dim)`` float32."""
     if not 0 <= kv_head < session.info.n_kv_heads:
         raise IndexError(f"KV head {kv_head} out of range 0..{session.info.n_kv_heads - 1}")
@@ -192,7 +196,7 @@ class GroupReport:
 
 @remotable
 def group_report(
-    session,
+    session: Session,
     layer: int,
     kv_head: int,
     n: int | None = None,
@@ -267,7 +271,7 @@ def group_report(
 
 @remotable
 def layer_table(
-    session, n: int | None = None, max_rows: int = 32, cancelled: Callable[[], bool] | None = None
+    session: Session, n: int | None = None, max_rows: int = 32, cancelled: Callable[[], bool] | None = None
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Mean within-group and across-group JS distance for every layer.
 

@@ -36,12 +36,15 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.checks import index
 from attnscope.core.errors import BadArgument, Cancelled, OutOfRange, SessionError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 TARGET_KINDS = ("logprob", "logit_diff", "kl")
 METHODS = ("zero", "mean", "resample")
@@ -90,7 +93,7 @@ def _logsumexp(x: np.ndarray) -> float:
     return m + math.log(float(np.sum(np.exp(x - m))))
 
 
-def token_id(session, token: int | str, what: str = "token") -> int:
+def token_id(session: Session, token: int | str, what: str = "token") -> int:
     """One vocabulary id from an id or a text that is exactly one token.
 
     Raises:
@@ -120,7 +123,7 @@ def token_id(session, token: int | str, what: str = "token") -> int:
 
 @remotable
 def make_target(
-    session,
+    session: Session,
     kind: str = "logprob",
     position: int | None = None,
     token: int | str | None = None,
@@ -160,7 +163,7 @@ def make_target(
     return Target(kind, int(position), int(tid), int(oid))
 
 
-def provenance(session, target: Target, **what) -> dict:
+def provenance(session: Session, target: Target, **what) -> dict:
     """What a result was computed on, for its export (JSON-ready): the model, the prompt and its token ids,
     the target with its tokens' texts, and ``what`` (method, scope, site; ``corrupt`` / ``source``, the
     corrupted or resample prompt, as ``corrupt_prompt`` and ``corrupt_ids``: a text with its token ids)."""
@@ -224,7 +227,7 @@ class _Parts:
     v_proj: list = field(default_factory=list)
 
 
-def _parts(session) -> _Parts:
+def _parts(session: Session) -> _Parts:
     be = session.backend
     model = getattr(be, "model", None)
     import torch
@@ -295,7 +298,7 @@ def _parts(session) -> _Parts:
     )
 
 
-def _clean_logits(session, position: int) -> np.ndarray:
+def _clean_logits(session: Session, position: int) -> np.ndarray:
     """The session's own logits at ``position`` (the logits after it was fed)."""
     n = session.n_prompt
     if position >= n - 1:
@@ -305,7 +308,7 @@ def _clean_logits(session, position: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _scratch(session) -> Iterator[Any]:
+def _scratch(session: Session) -> Iterator[Any]:
     """A backend on the session's model with its own cache, recording nothing."""
     with session.backend.fork(capture=False) as be:
         yield be
@@ -638,12 +641,12 @@ class HeadEffects:
         return out
 
 
-def _groups(session) -> list[list[int]]:
+def _groups(session: Session) -> list[list[int]]:
     arch = session.info.arch
     return [list(arch.group(k)) for k in range(arch.n_kv_heads)]
 
 
-def _layers_of(session, layers: Sequence[int] | None) -> tuple[int, ...]:
+def _layers_of(session: Session, layers: Sequence[int] | None) -> tuple[int, ...]:
     att = tuple(session.info.arch.attention_layers)
     if layers is None:
         return att
@@ -656,7 +659,9 @@ def _layers_of(session, layers: Sequence[int] | None) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def _units(session, parts: _Parts, layers: Sequence[int], kv_side: bool, site: str = "output") -> list[_Unit]:
+def _units(
+    session: Session, parts: _Parts, layers: Sequence[int], kv_side: bool, site: str = "output"
+) -> list[_Unit]:
     H = session.info.n_heads
     groups = _groups(session)
     units: list[_Unit] = []
@@ -670,7 +675,7 @@ def _units(session, parts: _Parts, layers: Sequence[int], kv_side: bool, site: s
 
 @remotable
 def head_effects(
-    session,
+    session: Session,
     target: Target | None = None,
     method: str = "zero",
     scope: str = "readout",
@@ -760,7 +765,7 @@ def head_effects(
     )
 
 
-def _source_ids(session, source, need: int) -> list[int]:
+def _source_ids(session: Session, source, need: int) -> list[int]:
     if source is None:
         raise BadArgument("resample ablation needs a second prompt (source)")
     ids = (
@@ -854,7 +859,7 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def _corrupt_ids(session, corrupt, p: int) -> list[int]:
+def _corrupt_ids(session: Session, corrupt, p: int) -> list[int]:
     bad = (
         session.encode(corrupt, session.chat_template)
         if isinstance(corrupt, str)
@@ -873,7 +878,7 @@ def _corrupt_ids(session, corrupt, p: int) -> list[int]:
     return bad[: p + 1]
 
 
-def _patch_target(session, target: Target | None) -> Target:
+def _patch_target(session: Session, target: Target | None) -> Target:
     target = make_target(session) if target is None else target
     if target.kind == "kl":
         raise BadArgument("patching measures a log-prob or a logit difference, not a KL divergence")
@@ -882,7 +887,7 @@ def _patch_target(session, target: Target | None) -> Target:
 
 @remotable
 def patch_heads(
-    session,
+    session: Session,
     corrupt: str | Sequence[int],
     target: Target | None = None,
     scope: str = "everywhere",
@@ -1018,7 +1023,7 @@ def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Seque
 
 @remotable
 def attribution_patching(
-    session,
+    session: Session,
     corrupt: str | Sequence[int],
     target: Target | None = None,
     scope: str = "everywhere",
@@ -1193,7 +1198,7 @@ def _frozen_linear(norm, h):
 
 
 @remotable
-def logit_attribution(session, target: Target | None = None) -> LogitAttribution:
+def logit_attribution(session: Session, target: Target | None = None) -> LogitAttribution:
     """Direct logit attribution of ``target`` (``logprob`` and ``kl`` targets are attributed as the raw
     logit of the token; ``logit_diff`` as the difference) at its position.
 
@@ -1334,7 +1339,7 @@ class LogitLens:
 
 
 @remotable
-def logit_lens(session, positions: Sequence[int] | None = None, k: int = 5) -> LogitLens:
+def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int = 5) -> LogitLens:
     """The logit lens at ``positions`` (default: the last 16), ``k`` top tokens per layer and position.
 
     Cost: one forward of ``ids[:max(positions) + 1]`` and ``n_layers × P`` vocabulary projections: only the
@@ -1383,10 +1388,10 @@ def logit_lens(session, positions: Sequence[int] | None = None, k: int = 5) -> L
         for i in range(L):
             h = resid[i]
             # the last layer's output is the final norm's input only before the norm: the lens applies it
-            x = parts.lm_head(parts.norm(h[None])[0]).float()
+            z = parts.lm_head(parts.norm(h[None])[0]).float()
             if parts.final_softcap:
-                x = torch.tanh(x / parts.final_softcap) * parts.final_softcap
-            pr = torch.softmax(x, dim=-1).cpu().numpy().astype(np.float64)
+                z = torch.tanh(z / parts.final_softcap) * parts.final_softcap
+            pr = torch.softmax(z, dim=-1).cpu().numpy().astype(np.float64)
             order = np.argsort(-pr, axis=-1)
             tops.append(order[:, :k])
             probs.append(np.take_along_axis(pr, order[:, :k], -1))

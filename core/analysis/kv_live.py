@@ -18,10 +18,14 @@ the last 512 keys only):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.kv_formula import KVConfig, SchemeRow, compare_schemes
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 
 def layer_windows(backend) -> tuple[int | None, ...]:
@@ -49,7 +53,7 @@ def live_state_bytes(backend) -> np.ndarray:
     return np.asarray(fn(), dtype=np.int64)
 
 
-def cache_dtype(session) -> str:
+def cache_dtype(session: Session) -> str:
     """Element type of the session's cache, as a :mod:`attnscope.core.kv_formula` dtype name (e.g. ``"float32"``)."""
     return str(session.backend.cache_dtype())
 
@@ -111,7 +115,7 @@ class KVLive:
 
 
 @remotable
-def kv_live(session) -> KVLive:
+def kv_live(session: Session) -> KVLive:
     """Measure the session's KV cache (engine thread). Works before a prompt too (all zeros)."""
     cfg = KVConfig.from_info(session.info, dtype=cache_dtype(session), windows=layer_windows(session.backend))
     layer_bytes = live_layer_bytes(session.backend)

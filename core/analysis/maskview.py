@@ -27,10 +27,14 @@ mask shown for step 0 is the union of what the chunks applied.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.attention.masks import causal_mask
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 MAX_ROWS = 512  # prefill rows drawn at most (the last ones: they see the most keys)
 
@@ -149,7 +153,7 @@ def step_geometry(n_prompt: int, n_generated: int, step: int) -> tuple[str, int,
 
 @remotable
 def mask_report(
-    session, layer: int, head: int, step: int | None = None, max_rows: int = MAX_ROWS
+    session: Session, layer: int, head: int, step: int | None = None, max_rows: int = MAX_ROWS
 ) -> MaskReport:
     """Build the :class:`MaskReport` of ``(layer, head)`` at ``step`` (None = the latest step).
 

@@ -36,12 +36,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.checks import index
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 #: relative mismatch above which a check refuses (float32 round-off is ~1e-6; half dtypes get wider)
 CHECK_TOL = {"float32": 1e-3, "float64": 1e-6}
@@ -238,7 +241,7 @@ class _Capture:
     qk_real: dict = field(default_factory=dict)  # (name, position) -> (tensor, local index, chunk length)
 
 
-def _layout(session, layer: int) -> dict:
+def _layout(session: Session, layer: int) -> dict:
     """The modules of the decoder that the split hooks, checked."""
     from attnscope.core.analysis.head_effects import _parts
 
@@ -274,7 +277,7 @@ def _layout(session, layer: int) -> dict:
     }
 
 
-def _capture(session, lay: dict, layer: int, ids: list[int], positions: list[int]) -> _Capture:
+def _capture(session: Session, lay: dict, layer: int, ids: list[int], positions: list[int]) -> _Capture:
     """One forward of ``ids`` (from an empty cache of its own), stopped at layer ``layer``'s output
     projection, keeping the residual stream's parts at ``positions`` only. Chunked prefill is followed:
     positions are absolute."""
@@ -375,7 +378,7 @@ class Components:
         return float(np.max(np.linalg.norm(tot - r, axis=-1) / np.maximum(np.linalg.norm(r, axis=-1), 1e-30)))
 
 
-def _components(session, lay: dict, cap: _Capture, layer: int):
+def _components(session: Session, lay: dict, cap: _Capture, layer: int):
     """``(names, {position: (C, hidden) tensor})`` of the residual stream entering ``layer`` (module
     docstring), and the largest residual-sum error."""
     import torch
@@ -442,7 +445,7 @@ def _tolerance(dtype) -> float:
     return CHECK_TOL.get(str(dtype).replace("torch.", ""), HALF_TOL)
 
 
-def _refuse_sum(session, err: float, tol: float) -> None:
+def _refuse_sum(session: Session, err: float, tol: float) -> None:
     if err > tol:
         raise UnsupportedModelError(
             f"{session.info.architecture}: the residual stream is not the sum of embedding, head and MLP "
@@ -451,7 +454,7 @@ def _refuse_sum(session, err: float, tol: float) -> None:
 
 
 @remotable
-def residual_components(session, layer: int, positions: Sequence[int]) -> Components:
+def residual_components(session: Session, layer: int, positions: Sequence[int]) -> Components:
     """The residual stream entering ``layer`` at ``positions``, split into its components (module docstring).
 
     One forward of ``ids[: max(positions) + 1]`` in a separate cache, stopped at ``layer``.
@@ -481,7 +484,7 @@ def residual_components(session, layer: int, positions: Sequence[int]) -> Compon
 
 
 # -- the split -----------------------------------------------------------------------------------------------
-def _pre_norm(session, lay: dict, cap: _Capture, layer: int, positions: list[int]):
+def _pre_norm(session: Session, lay: dict, cap: _Capture, layer: int, positions: list[int]):
     """The module that turns layer ``layer``'s residual into its attention's input (None: identity),
     found by checking candidates against the captured input."""
     import torch
@@ -525,7 +528,7 @@ def _select(real, lp: int, n: int, probe_shape) -> Any:
     return real.narrow(axes[0], lp, 1)
 
 
-def _probe(session, be, lay: dict, cap: _Capture, U: dict, i: int, j: int):
+def _probe(session: Session, be, lay: dict, cap: _Capture, U: dict, i: int, j: int):
     """Layer ``L``'s attention module called on the rows ``U[i]`` (at position ``i``) and ``U[j]`` (at
     ``j``), one sequence of length 1 per row, with QK-norms frozen at the real rows' scales; returns
     ``(query (n_i, n_heads, D), key (n_j, n_kv_heads, D))`` post-RoPE, caught before attending."""
@@ -599,7 +602,9 @@ def _probe(session, be, lay: dict, cap: _Capture, U: dict, i: int, j: int):
 
 
 @remotable
-def source_split(session, layer: int, head: int, query: int, key: int, *, top: int = 10) -> SourceSplit:
+def source_split(
+    session: Session, layer: int, head: int, query: int, key: int, *, top: int = 10
+) -> SourceSplit:
     """Split the score of ``head`` (layer ``layer``) at query ``query``, key ``key`` by source (module docstring).
 
     Args:
@@ -718,7 +723,7 @@ def source_split(session, layer: int, head: int, query: int, key: int, *, top: i
     )
 
 
-def _model_dtype(session):
+def _model_dtype(session: Session):
     """The torch dtype of the session's model (the torch backend: the split's checks ran first)."""
     be = session.backend
     return be.model.dtype

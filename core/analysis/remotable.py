@@ -24,6 +24,11 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
 
 #: qualified name -> the undecorated function (``"attnscope.core.analysis.aggregate.map_at"``)
 REGISTRY: dict[str, Callable] = {}
@@ -45,7 +50,7 @@ def remotable(fn: Callable) -> Callable:
     REGISTRY[name] = fn
 
     @functools.wraps(fn)
-    def wrapper(session, *args, **kwargs):
+    def wrapper(session: Session | RemoteSession, *args, **kwargs):
         call = getattr(session, "remote_call", None)
         if call is None:
             return fn(session, *args, **kwargs)

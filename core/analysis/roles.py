@@ -40,10 +40,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.arch import ArchConfig
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 ROLES: tuple[str, ...] = ("previous_token", "induction", "sink", "local")
 ROLE_TITLES: dict[str, str] = {
@@ -166,7 +170,7 @@ def induction_scores_from_trace(trace, length: int, off: int) -> np.ndarray:
 
 
 def induction_scores(
-    session,
+    session: Session,
     length: int = PROBE_LEN,
     n_probes: int = N_PROBES,
     seed: int = 0,
@@ -330,7 +334,7 @@ class RoleTable:
 
 @remotable
 def role_table(
-    session,
+    session: Session,
     threshold: float = DEFAULT_THRESHOLD,
     window: int = DEFAULT_WINDOW,
     probe_len: int = PROBE_LEN,

@@ -33,9 +33,13 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 DEFAULT_THRESHOLD = 0.5  # a head with sink score >= this is flagged as a sink head
 
@@ -307,7 +311,7 @@ def sink_report(
 
 
 @remotable
-def session_sink_report(session, threshold: float = DEFAULT_THRESHOLD) -> SinkReport:
+def session_sink_report(session: Session, threshold: float = DEFAULT_THRESHOLD) -> SinkReport:
     """:func:`sink_report` for a :class:`attnscope.core.session.Session` after a prompt (+ steps).
 
     Raises:

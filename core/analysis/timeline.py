@@ -18,11 +18,15 @@ step (:meth:`attnscope.core.session.Session.logits_at`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.sampling import GREEDY, Sampling, filtered_probs, softmax
 from attnscope.core.tokens import token_text
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 
 def visible_len(n_prompt: int, n_generated: int, step: int | None) -> int:
@@ -79,7 +83,7 @@ class NextTokenTable:
 
 @remotable
 def next_tokens(
-    session, step: int | None = None, k: int = 10, sampling: Sampling | None = None
+    session: Session, step: int | None = None, k: int = 10, sampling: Sampling | None = None
 ) -> NextTokenTable:
     """Top-``k`` next-token probabilities at decode step ``step`` (None = the latest).
 

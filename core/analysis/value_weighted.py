@@ -22,11 +22,15 @@ already contain ``v_proj``'s bias.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.analysis.aggregate import _check_cancel
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.errors import SessionError
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 ATTENTION = "attention"
 VALUE_WEIGHTED = "value-weighted"
@@ -45,7 +49,7 @@ def check_weighting(weighting: str) -> str:
 
 
 @remotable
-def value_norms(session, layer: int) -> np.ndarray:
+def value_norms(session: Session, layer: int) -> np.ndarray:
     """``‖v_j W_O^h‖`` for every query head ``h`` and key ``j`` of ``layer``: ``(n_heads, seq_len)`` float32.
 
     Raises:
@@ -81,7 +85,7 @@ def apply_norms(
 
 @remotable
 def value_weighted(
-    session,
+    session: Session,
     layer: int,
     head: int,
     rows: slice | None = None,
@@ -110,7 +114,7 @@ def value_weighted(
 
 @remotable
 def value_weighted_sink_rows(
-    session,
+    session: Session,
     key: int = 0,
     normalise: bool = True,
     block_rows: int = 256,
@@ -156,7 +160,7 @@ def value_weighted_sink_rows(
 
 @remotable
 def value_weighted_sink_scores(
-    session,
+    session: Session,
     key: int = 0,
     normalise: bool = True,
     block_rows: int = 256,
@@ -174,7 +178,7 @@ def value_weighted_sink_scores(
 
 @remotable
 def value_weighted_tile(
-    session,
+    session: Session,
     layer: int,
     head: int,
     mode: str = "head",

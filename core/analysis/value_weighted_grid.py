@@ -13,6 +13,7 @@ one ``(n_heads, T)`` vector (:func:`attnscope.core.analysis.value_weighted.value
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,9 +21,12 @@ from attnscope.core.analysis import blocked
 from attnscope.core.analysis.remotable import remotable
 from attnscope.core.analysis.value_weighted import value_norms
 
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
+
 
 def _vw_layer(
-    session,
+    session: Session,
     layer: int,
     n: int,
     size: int,
@@ -51,7 +55,7 @@ def _vw_layer(
 
 @remotable
 def value_weighted_thumbnails(
-    session,
+    session: Session,
     n: int | None = None,
     size: int = 40,
     pooling: str = "max",

@@ -21,15 +21,19 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 SCHEMA = "attnscope.bench.remote/1"
 MAP_RATIO_TARGET = 2.0
 TABLE_EXTRA_TARGET_S = 0.030
 
 
-def _prompt_of(session, n: int) -> str:
+def _prompt_of(session: Session, n: int) -> str:
     """A text that tokenizes (no chat template) to about ``n`` tokens on ``session``'s tokenizer."""
     words = [f"w{i % 97} token{i}" for i in range(n)]
     lo, hi = 1, n

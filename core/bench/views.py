@@ -26,6 +26,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 TARGETS = {  # row -> (limit, unit)
     "head_grid_2000": (3.0, "s"),
@@ -51,7 +55,7 @@ LABELS = {
 }
 
 
-def long_text(session, T: int) -> str:
+def long_text(session: Session, T: int) -> str:
     """Text of about ``T`` tokens: the sample prompts repeated, cut at ``T`` tokens and decoded."""
     from attnscope.core.io.colormaps import ASSETS
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core import __version__
@@ -48,6 +49,10 @@ from attnscope.core.loading.model_hash import model_sha256
 from attnscope.core.loading.quantize import record as quant_record
 from attnscope.core.tokens import UNKNOWN_ID_NOTE, is_unknown
 from attnscope.core.trace import softmax_variant
+
+if TYPE_CHECKING:
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
 
 SCHEMA = "attnscope.export/1"
 SAFETENSORS_KEY = "weights"
@@ -70,7 +75,7 @@ def model_revision(source: str | os.PathLike | None) -> str | None:
     return hub[1] if hub else None
 
 
-def engine_record(session) -> dict:
+def engine_record(session: Session | RemoteSession) -> dict:
     """``{"engine": {"address": "HOST:PORT", "host": name}}`` for a session whose model runs in an
     ``attnscope serve`` engine (:mod:`attnscope.core.remote`), ``{}`` for an in-process one."""
     engine = getattr(session, "engine", None)
@@ -79,7 +84,7 @@ def engine_record(session) -> dict:
     return {"engine": {"address": engine, "host": getattr(session.backend, "host", "")}}
 
 
-def mask_info(session, layer: int) -> dict:
+def mask_info(session: Session | RemoteSession, layer: int) -> dict:
     """Description of the mask applied in ``layer``: kind, alignment, sliding window, one-line text.
 
     Convention (docs/how-it-works.md, :mod:`attnscope.core.attention.masks`): query ``i`` attends key ``j`` iff ``j <= i`` (bottom-right
@@ -91,7 +96,7 @@ def mask_info(session, layer: int) -> dict:
     return {"kind": "causal", "alignment": "bottom-right", "sliding_window": w, "description": text}
 
 
-def session_metadata(session) -> dict:
+def session_metadata(session: Session | RemoteSession) -> dict:
     """Metadata shared by every export of the current sequence (no layer/head)."""
     info = session.info
     toks = session.tokens
@@ -147,7 +152,7 @@ def session_metadata(session) -> dict:
     return meta
 
 
-def nonfinite_records(session) -> list[dict] | None:
+def nonfinite_records(session: Session | RemoteSession) -> list[dict] | None:
     """The non-finite tensors of the session's forwards (:meth:`attnscope.core.trace.finite.FiniteWatch.records`):
     ``[]`` when every checked tensor was finite, None when the backend does not check."""
     try:  # a remote session's trace refuses what stays on the engine (SessionError)
@@ -160,7 +165,12 @@ def nonfinite_records(session) -> list[dict] | None:
 
 
 def head_metadata(
-    session, layer: int, head: int, n: int | None = None, mode: str = "head", base: dict | None = None
+    session: Session | RemoteSession,
+    layer: int,
+    head: int,
+    n: int | None = None,
+    mode: str = "head",
+    base: dict | None = None,
 ) -> dict:
     """Complete sidecar metadata for one head's map (``base`` = a :func:`session_metadata` to reuse).
 
@@ -230,7 +240,16 @@ def _format(path: Path, allowed: Sequence[str]) -> str:
 
 
 def check_head_call(
-    session, layer, head, path: Path, fmt: str, n, mode: str, weighting: str, figure: bool, renderer
+    session: Session | RemoteSession,
+    layer,
+    head,
+    path: Path,
+    fmt: str,
+    n,
+    mode: str,
+    weighting: str,
+    figure: bool,
+    renderer,
 ) -> None:
     """Every argument of :func:`export_head` checked before any work, one line each.
 
@@ -407,7 +426,9 @@ def save_map_png(
     return path
 
 
-def map_mask(session, layer: int, n: int | None = None, mode: str = "head") -> np.ndarray:
+def map_mask(
+    session: Session | RemoteSession, layer: int, n: int | None = None, mode: str = "head"
+) -> np.ndarray:
     """``(n, n)`` bool: the cells of an exported map the mask hid (causal, and ``layer``'s sliding
     window unless ``mode`` is the mean of all layers, where a cell is masked only where every layer
     masks it: the causal part), drawn hatched by every image (:mod:`attnscope.core.io.render`)."""
@@ -460,7 +481,9 @@ def embed_metadata(path: str | os.PathLike, metadata: dict) -> Path:
     return path
 
 
-def head_title(session, layer: int, head: int, n: int | None = None, mode: str = "head") -> str:
+def head_title(
+    session: Session | RemoteSession, layer: int, head: int, n: int | None = None, mode: str = "head"
+) -> str:
     """Figure title: ``"SmolLM2-135M-Instruct · Layer 3 · query head 4 (reads KV head 1) · step 2 · seq_len 29"``."""
     from attnscope.core.analysis import aggregate
 
@@ -472,7 +495,12 @@ def head_title(session, layer: int, head: int, n: int | None = None, mode: str =
 
 
 def head_map(
-    session, layer: int, head: int, n: int | None = None, mode: str = "head", weighting: str = "attention"
+    session: Session | RemoteSession,
+    layer: int,
+    head: int,
+    n: int | None = None,
+    mode: str = "head",
+    weighting: str = "attention",
 ) -> np.ndarray:
     """The exact map an export writes: ``(n, n)`` float32 of one head (or a ``mode`` mean, :mod:`attnscope.core.analysis.aggregate`).
 
@@ -500,7 +528,11 @@ def head_map(
 
 
 def colour_range(
-    session, layer: int, w: np.ndarray, range_mode: str = "fixed", n: int | None = None
+    session: Session | RemoteSession,
+    layer: int,
+    w: np.ndarray,
+    range_mode: str = "fixed",
+    n: int | None = None,
 ) -> tuple[float, float]:
     """``(vmin, vmax)`` of the colour scale, as the heatmap's Range control computes it.
 
@@ -523,7 +555,7 @@ def colour_range(
 
 
 def export_head(
-    session,
+    session: Session | RemoteSession,
     layer: int,
     head: int,
     path: str | os.PathLike,
@@ -661,7 +693,7 @@ def batch_file_name(layer: int, head: int, fmt: str, n_layers: int = 100, n_head
 
 
 def export_batch(
-    session,
+    session: Session | RemoteSession,
     out_dir: str | os.PathLike,
     fmt: str,
     pairs: Sequence[tuple[int, int]],
@@ -806,7 +838,7 @@ def draw_frame_legend(img, y: int, lines, font, n_levels: int = N_FRAME_LEVELS) 
 
 
 def decode_frames(
-    session,
+    session: Session | RemoteSession,
     layer: int,
     head: int,
     *,
@@ -883,7 +915,7 @@ def _ascii_label(text: str) -> str:
 
 
 def export_animation(
-    session,
+    session: Session | RemoteSession,
     layer: int,
     head: int,
     path: str | os.PathLike,

@@ -29,10 +29,15 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.errors import Cancelled
 from attnscope.core.io.colormaps import ColourSpec
+
+if TYPE_CHECKING:
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
 
 LONG_MAP = 2048  # from this many tokens a map gets the long-map defaults (log scale, pooled overview)
 OVERVIEW_SIDE = 2048  # default side of a long map's bare PNG overview (pixels)
@@ -206,7 +211,7 @@ def write_png_rows(
 
 
 def map_bands(
-    session,
+    session: Session | RemoteSession,
     layer: int,
     head: int,
     n: int,
@@ -243,7 +248,13 @@ def coloured(
 
 
 def long_colour_range(
-    session, layer: int, head: int, n: int, mode: str, range_mode: str, rows: int = 512
+    session: Session | RemoteSession,
+    layer: int,
+    head: int,
+    n: int,
+    mode: str,
+    range_mode: str,
+    rows: int = 512,
 ) -> tuple[float, float]:
     """``(vmin, vmax)`` for a long map without holding it: ``auto`` is :func:`attnscope.core.analysis.aggregate.robust_max`
     of its last ``rows`` rows (they see the most keys), ``shared`` the layer's (as
@@ -263,7 +274,7 @@ def long_colour_range(
 
 
 def export_long_png(
-    session,
+    session: Session | RemoteSession,
     layer: int,
     head: int,
     path: str | os.PathLike,

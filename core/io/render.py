@@ -33,6 +33,8 @@ import numpy as np
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, NONFINITE_RGB, ColourSpec
 
 if TYPE_CHECKING:
+    from attnscope.core.remote.client import RemoteSession
+    from attnscope.core.session import Session
     from PIL import Image
 
 #: ``renderer(weights, path, *, tokens, title, colour, size, dpi, metadata)`` writes one labelled
@@ -260,7 +262,7 @@ def heatmap_image(
     return Image.fromarray(np.ascontiguousarray(map_pixels(w, colour, masked=masked, size=size)), mode="RGB")
 
 
-def layer_sliding_window(session, layer: int) -> int | None:
+def layer_sliding_window(session: Session | RemoteSession, layer: int) -> int | None:
     """The sliding window the kernel applied in ``layer`` (None = full causal), as captured."""
     layers = getattr(session.trace, "layers", None)
     if layers is not None and 0 <= layer < len(layers):

@@ -36,6 +36,7 @@ from attnscope.core.loading.quantize import record as quant_record
 from attnscope.core.sampling import Sampling
 
 if TYPE_CHECKING:
+    from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
 
 FORMAT = "attnscope.session"
@@ -98,7 +99,7 @@ class SessionFile:
         return len(self.token_ids) - self.n_prompt
 
     @classmethod
-    def from_session(cls, session, view: dict | None = None) -> SessionFile:
+    def from_session(cls, session: Session | RemoteSession, view: dict | None = None) -> SessionFile:
         """Capture ``session`` (after a prompt) and ``view``.
 
         Raises:
@@ -226,7 +227,7 @@ def load(path: str | os.PathLike) -> SessionFile:
     return SessionFile.from_dict(data)
 
 
-def same_model(session, sf: SessionFile) -> bool:
+def same_model(session: Session | RemoteSession, sf: SessionFile) -> bool:
     """True when ``session`` already runs the model reference ``sf`` names, on its backend and dtype.
 
     The weights' hash is not compared here: reloading the same reference would give the same file;
@@ -271,14 +272,14 @@ def check_view(view: Any, info: Any) -> None:
 
 def replay(
     sf: SessionFile,
-    session=None,
+    session: Session | RemoteSession | None = None,
     model: str | os.PathLike | None = None,
     device: str | None = None,
     progress: Callable[[str, float], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     check: Callable[[Any], None] | None = None,
     dtype_reason: str | None = None,
-) -> tuple[Session, list[str]]:
+) -> tuple[Session | RemoteSession, list[str]]:
     """Rebuild the saved sequence. Returns ``(session, warnings)``.
 
     ``dtype_reason``: why the model loads at ``sf.dtype`` when it loads here (in this process), in

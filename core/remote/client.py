@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from attnscope.core import backend_registry as registry
@@ -40,6 +40,9 @@ from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY
 from attnscope.core.errors import BadArgument, Cancelled, ModelLoadError, OutOfRange, SessionError
 from attnscope.core.remote import wire
 from attnscope.core.session import Snapshot, TopToken  # noqa: F401  (re-exported for callers)
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 DEFAULT_PORT = 8765
 #: seconds without any message from the engine before a request counts as lost
@@ -912,7 +915,7 @@ def _load_for(s: RemoteSession, args, progress) -> None:
         )
 
 
-def engine_where(session) -> str | None:
+def engine_where(session: Session | RemoteSession) -> str | None:
     """``"torch cpu on HOST"`` for a remote session, None for a local one."""
     b = getattr(session, "backend", None)
     return b.where if isinstance(b, RemoteBackend) else None

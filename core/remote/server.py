@@ -29,13 +29,16 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
 from attnscope.core.io.export import nonfinite_records
 from attnscope.core.remote import wire
+
+if TYPE_CHECKING:
+    from attnscope.core.session import Session
 
 #: one tile (or map) at most this many cells: 2^26 float32 = 256 MiB (an 8192² map)
 MAX_TILE_CELLS = 1 << 26
@@ -130,7 +133,7 @@ class EngineServer:
 
     def __init__(
         self,
-        session=None,
+        session: Session | None = None,
         host: str = "127.0.0.1",
         port: int = 8765,
         token: str | None = None,
@@ -393,10 +396,10 @@ class EngineServer:
     def _loaded(self) -> None:
         from attnscope.core.loading.model_hash import model_sha256
 
-        self.model_sha256 = model_sha256(self.session.info.source)
+        self.model_sha256 = model_sha256(self._require().info.source)
         self.gen += 1
 
-    def _require(self):
+    def _require(self) -> Session:
         if self.session is None:
             raise SessionError("the engine has no model loaded: load one first")
         return self.session
