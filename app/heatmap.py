@@ -633,7 +633,7 @@ class HeatmapView(QWidget):
         used = bar.contentsMargins().left() + bar.contentsMargins().right()
         for i in range(bar.count()):
             item = bar.itemAt(i)
-            if item.widget() is not label:
+            if item is not None and item.widget() is not label:
                 used += item.sizeHint().width() + bar.spacing()
         fits = self.width() - used >= label.fontMetrics().horizontalAdvance(label.text()) + 4
         in_bar = bar.indexOf(label) >= 0
