@@ -1,7 +1,7 @@
 """The attention contract and its numpy reference implementation.
 
 Every attention implementation in AttnScope (this one, the torch fused path
-:func:`attnscope.core.attention.fused.attention`, the torch tiled online softmax :func:`attnscope.core.attention.tiled.flash_attention`
+:func:`attnscope.core.attention.fused.attention`, the torch tiled online softmax of tests/flash_reference.py (``flash_attention``)
 and the MLX ones in :mod:`attnscope.core.attention.fused_mlx`) follows one contract:
 
 * inputs ``q (B, n_heads, L, D)``, ``k (B, n_kv_heads, S, D)``, ``v (B, n_kv_heads, S, Dv)``;
