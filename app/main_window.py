@@ -31,7 +31,7 @@ from attnscope.app.menus import about_text, add_view_action, build_menus
 from attnscope.app.state import ViewState
 from attnscope.app.status import APP_NAME, StatusLine
 from attnscope.app.tabs import EmptyOverlay, ViewTabs
-from attnscope.app.timeline import LiveSequenceNote, TimelineBar
+from attnscope.app.timeline_bar import LiveSequenceNote, TimelineBar
 from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
 from attnscope.app.views.mask import MaskView
