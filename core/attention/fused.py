@@ -803,4 +803,4 @@ def attention(
     return AttentionResult(out, lse if return_lse else None, weights)
 
 
-default_scale = reference.default_scale  # 1/sqrt(head_dim): seed 002's ≈ 0.088 for d_k = 128
+default_scale = reference.default_scale  # 1/sqrt(head_dim): ≈ 0.088 for d_k = 128

@@ -48,7 +48,7 @@ def causal_allowed(q_pos: np.ndarray, k_pos: np.ndarray, sliding_window: int | N
 def causal_mask(L: int, S: int, sliding_window: int | None = None) -> np.ndarray:
     """Bottom-right aligned causal mask for ``L`` new queries over ``S`` keys, shape ``(L, S)`` bool.
 
-    Equals ``tril(ones(L, S), k=S-L)`` (seed 000, ``causal_mask``); with ``L = 1`` every key
+    Equals ``tril(ones(L, S), k=S-L)`` (tiny-llm's ``causal_mask``); with ``L = 1`` every key
     is allowed.
     """
     if L > S:
