@@ -59,8 +59,6 @@ class Commands:
     """Commands of a :class:`attnscope.app.main_window.MainWindow` ``win`` (its prompt box, chat check,
     decode panel, status line, map panel and timeline)."""
 
-    #: the heatmap's title while a prompt runs and no map is shown (nothing of an earlier state)
-    PREFILL_TITLE = "Running the prompt (prefill)… the map comes when it ends; Esc cancels."
     #: what Step, Step ×N or Back say when pressed while a prefill runs (they are off then)
     PREFILL_REFUSAL = (
         "The prompt is still running (prefill): Step and Back come back when it ends; nothing was queued."
@@ -130,7 +128,7 @@ class Commands:
         table, the timeline at 0 / 0, Step and Back off, the panels covered until Run."""
         self.state.query_row = None
         self.win.maps.clear(why)
-        self.win.decode_panel.set_table(None)
+        self.state.next_table = None
         self.apply(snap)
         self.win.set_running(True)
 
@@ -144,22 +142,20 @@ class Commands:
             win.status.show_error("The prompt is empty: type some text first.")
             return
         self.engine.cancel_views()  # the old prompt's maps are stale: stop computing them now, not after
-        win.heatmap.mark_stale("stale: previous prompt (running the new one…)")
-        win.decode_panel.mark_stale("stale: previous prompt (running the new one…)")
+        self.state.mark_stale("stale: previous prompt (running the new one…)")
         chat = win.chat_check.isChecked() and win.chat_check.isEnabled()
         self._prefill_started()
 
         def done(snap) -> None:  # the run ended: the map shown is the previous prompt's until the new one
             self._prefill_ended()
-            win.heatmap.mark_stale("stale: previous prompt (computing the new map…)")
-            win.decode_panel.mark_stale("stale: previous prompt (computing the new table…)")
+            self.state.mark_stale("stale: previous prompt (computing the new map…)", table=False)
+            self.state.mark_stale("stale: previous prompt (computing the new table…)", heatmap=False)
             self.ran(snap)
 
         def failed(message: str) -> None:  # ... and says so when it ended without a new sequence
             self._prefill_ended()
             ended = "was cancelled" if isinstance(message, CancelledMessage) else "failed"
-            win.heatmap.mark_stale(f"stale: previous prompt (the new run {ended})")
-            win.decode_panel.mark_stale(f"stale: previous prompt (the new run {ended})")
+            self.state.mark_stale(f"stale: previous prompt (the new run {ended})")
             self.command_failed(message)
 
         self.engine.enqueue(jobs.prefill_job(prompt, chat), done, failed, label="prefill")
@@ -167,32 +163,14 @@ class Commands:
     def _prefill_started(self) -> None:
         """A prefill was queued: decoding controls off, and every view with nothing to show says that
         the prompt runs (never "Cancelled: no sequence now…" or "Run a prompt" of the state before)."""
-        win, hm = self.win, self.win.heatmap
         self.prefills += 1
-        win.controls.set_prefilling(True)
-        if hm.weights is None and hm.pooled is None:  # no map shown: nothing of before may stay
-            hm.plot.setTitle(self.PREFILL_TITLE)
-            self._placeholder = getattr(self, "_placeholder", None) or hm.placeholder.toPlainText()
-            hm.placeholder.setText("The prompt is running (prefill)…")
-            hm.readout.setText("The prompt is running: the map comes when the prefill ends.")
-        win.timeline.show_running("prefill running…")
-        win.set_overlay_text("The prompt is running (prefill)… this panel fills when it ends.")
-        win.decode_panel.bars.set_placeholder(
-            "The prompt is running (prefill)… the next-token distribution comes when it ends."
-        )
+        self.state.prefilling = True
 
     def _prefill_ended(self) -> None:
         """The last queued prefill ended (done, failed or cancelled): the words of the state it left."""
         self.prefills = max(0, self.prefills - 1)
-        if self.prefills:
-            return
-        win = self.win
-        win.controls.set_prefilling(False)
-        win.set_overlay_text()
-        win.timeline.show_running("")
-        win.decode_panel.bars.set_placeholder()
-        if getattr(self, "_placeholder", None):  # shown again by the next empty state
-            win.heatmap.placeholder.setText(self._placeholder)
+        if not self.prefills:
+            self.state.prefilling = False
 
     def engine_lost(self) -> bool:
         """True (and a status line saying so) when the remote engine is lost: a command there cannot
@@ -225,7 +203,7 @@ class Commands:
                 10000,
             )
 
-        self.win.decode_panel.mark_stale(f"stale: decoding {n} token{'s' if n != 1 else ''}…")
+        self.state.mark_stale(f"stale: decoding {n} token{'s' if n != 1 else ''}…", heatmap=False)
 
         def done(result) -> None:
             snap, made, *lost = result
@@ -322,7 +300,7 @@ class Commands:
             "next",
             Request(
                 jobs.next_job(step),
-                self.win.decode_panel.set_table,
+                lambda table: setattr(self.state, "next_table", table),
                 "next token",
                 key=lambda: self.state.step,
             ),

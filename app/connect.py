@@ -332,9 +332,7 @@ class EngineConnector:
         if engine is not None:
             # what is on screen stays (the tokens made before the loss included), said to be stale
             win = self.win
-            why = "stale: the engine is lost — File → Reconnect"
-            win.heatmap.mark_stale(why)
-            win.decode_panel.mark_stale(why)
+            win.state.mark_stale("stale: the engine is lost — File → Reconnect")
             snap = win.state.snapshot
             if snap is not None and win.token_strip.n_shown != win.state.visible_len:
                 win.token_strip.show_tokens(list(snap.tokens)[: win.state.visible_len])

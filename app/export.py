@@ -583,24 +583,6 @@ class BatchExportDialog(QDialog):
         if p.suffix.lower() in ANIMATION_SUFFIXES and p.suffix.lower() != "." + data[0]:
             self.path_edit.setText(str(p.with_suffix("." + data[0])))
 
-    def set_format(self, fmt: str, figure: bool = False) -> None:
-        """Choose a format by code (``"svg"``, ``"npy"``, ``"gif"``...). Raises ValueError if not offered
-        (MP4 where it is unavailable: the message says why)."""
-        for i in range(self.format_combo.count()):
-            if self.format_combo.itemData(i) == (fmt, figure):
-                model = self.format_combo.model()
-                item = model.item(i) if isinstance(model, QStandardItemModel) else None
-                if item is not None and not item.isEnabled():
-                    raise ValueError(
-                        self.format_combo.itemData(i, Qt.ItemDataRole.ToolTipRole) or f"{fmt} is unavailable"
-                    )
-                self.format_combo.setCurrentIndex(i)
-                return
-        raise ValueError(f"format {fmt!r} not offered for this scope")
-
-    def set_scope(self, scope: str) -> None:
-        self.scope_combo.setCurrentIndex(["layer", "all", "steps"].index(scope))
-
     def _pick(self) -> None:
         if self.scope == "steps":
             p, _ = QFileDialog.getSaveFileName(

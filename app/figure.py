@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from attnscope.app.paint import ensure_gui, paint_to_file
 from attnscope.core.analysis.pooling import max_pool
+from attnscope.core.attention.masks import hidden_cells
 from attnscope.core.io import render
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from attnscope.core.io.export_long import colour_for_map
@@ -353,16 +354,15 @@ def figure_mask(shape, q_tokens, k_tokens, metadata: dict | None) -> np.ndarray 
     all layers, where a cell is masked only if every layer masks it). None without positions."""
     if q_tokens is None or k_tokens is None:
         return None
-    q = np.array([t.position for t in q_tokens][: shape[0]], dtype=np.int64)[:, None]
-    k = np.array([t.position for t in k_tokens][: shape[1]], dtype=np.int64)[None, :]
-    if q.shape[0] != shape[0] or k.shape[1] != shape[1]:
+    q = np.array([t.position for t in q_tokens][: shape[0]], dtype=np.int64)
+    k = np.array([t.position for t in k_tokens][: shape[1]], dtype=np.int64)
+    if q.shape[0] != shape[0] or k.shape[0] != shape[1]:
         return None
-    out = k > q
     mask = (metadata or {}).get("mask")
     window = mask.get("sliding_window") if isinstance(mask, dict) else None
-    if window and (metadata or {}).get("aggregate") != "all":
-        out |= k <= q - int(window)
-    return out
+    if (metadata or {}).get("aggregate") == "all":
+        window = None
+    return hidden_cells(q, k, window)
 
 
 def save_heatmap_figure(
@@ -483,7 +483,7 @@ def figure_frame(
         else [(str(i) if i < n else "") for i in range(T)]
     )
     if masked is None or np.shape(masked) != w.shape:
-        masked = render.mask_of(np.arange(T), np.arange(w.shape[1]))
+        masked = hidden_cells(np.arange(T), np.arange(w.shape[1]))
     img = QImage(int(size[0]), int(size[1]), QImage.Format.Format_RGB32)
     img.fill(Qt.GlobalColor.white)
     p = QPainter(img)

@@ -31,20 +31,14 @@ NONFINITE_LEGEND = "magenta: NaN/inf (the forward overflowed), not a weight"  # 
 
 def masked_blocks(n: int, p: int, window: int | None = None) -> np.ndarray:
     """Which blocks of an ``n × n`` map pooled to ``p × p`` near-equal blocks
-    (:func:`attnscope.core.analysis.pooling.block_edges`) hold only masked cells: ``(p, p)`` bool.
-
-    Cell ``(i, j)`` is allowed iff ``j <= i`` (causal) and, with a sliding window of ``window`` keys,
-    ``i - j < window``. Block rows ``[a, b)`` × cols ``[c, d)`` hold an allowed cell iff ``c <= b - 1``
-    and ``a - (d - 1) < window``. Such a block is drawn hatched, not as the colour of weight 0."""
+    (:func:`attnscope.core.analysis.pooling.block_edges`) hold only masked cells: ``(p, p)`` bool,
+    by the one mask rule (:func:`attnscope.core.attention.masks.hidden_blocks`). Such a block is
+    drawn hatched, not as the colour of weight 0."""
     from attnscope.core.analysis.pooling import block_edges
+    from attnscope.core.attention.masks import hidden_blocks
 
     e = block_edges(int(n), int(p))
-    a, b = e[:-1, None], e[1:, None]
-    c, d = e[None, :-1], e[None, 1:]
-    allowed = c <= b - 1
-    if window is not None:
-        allowed &= a - (d - 1) < int(window)
-    return ~allowed
+    return hidden_blocks(e, e, window)
 
 
 def hatch(h: int, w: int, pitch: int = HATCH_PERIOD) -> np.ndarray:
@@ -77,7 +71,9 @@ class HeadGridCanvas(QWidget):
         )
         self.pooling = "max"
         self.n: int | None = None  # tokens the thumbnails cover (chooses the colour scale)
-        self.scale = "linear"  # colour scale: the heatmap's (follow), else export_long.default_scale(n)
+        self.scale = (
+            "linear"  # colour scale: the heatmap's (follow), else export_long.default_colour_scale(n)
+        )
         self.follow: str | None = None  # the heatmap's scale, which the thumbnails follow (None: by length)
         self.gamma = 0.5  # the power scale's exponent, as the heatmap's
         self.windows: tuple[int | None, ...] | None = None  # per-layer sliding windows (None: causal only)
@@ -102,13 +98,13 @@ class HeadGridCanvas(QWidget):
         chooses the colour scale like the heatmap's default (log over [1e-6, 1] from 2,048 tokens,
         where most block maxima are far below 1 and linear colours show one flat field) unless
         :attr:`follow` names the heatmap's scale, which wins."""
-        from attnscope.core.io.export_long import default_scale
+        from attnscope.core.io.export_long import default_colour_scale
 
         if weighting is not None:
             self.weighting = weighting
         if n is not None:
             self.n = int(n)
-            self.scale = default_scale(self.n)
+            self.scale = default_colour_scale(self.n)
         if self.follow is not None:  # the heatmap's Scale: one colour mapping on both tabs
             self.scale = self.follow
         self.thumbs = np.asarray(thumbs, dtype=np.float32)

@@ -29,8 +29,10 @@ import re
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.figure import token_label
 from attnscope.core.analysis.aggregate import MODE_LABELS, MODES, PooledMap
-from attnscope.core.io.colormaps import NONFINITE_RGB, normalize
+from attnscope.core.attention.masks import hidden_blocks, hidden_cells
+from attnscope.core.io.colormaps import NONFINITE_RGB, RANGE_MODES, SCALES, normalize
 from attnscope.core.tokens import Token
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontMetrics, QTextOption
@@ -44,27 +46,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-MAX_LABEL_CHARS = 12
-SCALES = ("linear", "log", "power")
-RANGE_MODES = {
-    "fixed": "Fixed [0, 1]",
-    "auto": "Auto",
-    "shared": "Shared (layer)",
-}
+#: the range box's wording of each of attnscope.core.io.colormaps.RANGE_MODES, in its order
+RANGE_LABELS = dict(zip(RANGE_MODES, ("Fixed [0, 1]", "Auto", "Shared (layer)"), strict=True))
 MASK_HATCH = (150, 150, 150)  # masked cells: grey hatch on white, outside every colour map
 LONG_SQUARE = 1024  # above this many tokens the overview fills the plot's rectangle (aspect unlocked)
 LONG_SCALE_NOTE = 2048  # from this many tokens the title says the scale was chosen by length
 TILE_MAX = 768  # exact tiles are requested once the visible region is at most this many rows and cols
 LOG_FLOOR = 1e-6  # lowest weight the log scale shows (attnscope.core.io.colormaps.normalize)
-
-
-def short(text: str, n: int = MAX_LABEL_CHARS) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def token_label(t: Token) -> str:
-    """Axis label of a token: its display text, ``␣`` for pure spaces, cut to 12 characters."""
-    return short(t.text.replace(" ", "␣") if t.text.strip() == "" else t.text)
 
 
 def qt_colormap(name: str = "viridis") -> pg.ColorMap:
@@ -253,7 +241,7 @@ class HeatmapView(QWidget):
         self.gamma_spin.setValue(0.5)
         self.gamma_spin.setToolTip("Gamma of the power scale: < 1 brightens small weights")
         self.range_combo = QComboBox()
-        for k, v in RANGE_MODES.items():
+        for k, v in RANGE_LABELS.items():
             self.range_combo.addItem(v, k)
         self.range_combo.setToolTip(
             "Colour range. Fixed [0, 1]: probabilities as they are. Auto: [0, 99.5th percentile of the "
@@ -538,23 +526,13 @@ class HeatmapView(QWidget):
 
     def masked(self, q_pos, k_pos) -> np.ndarray:
         """``(len(q_pos), len(k_pos))`` bool: True where the mask hid the key from the query: a later
-        key (causal), or one at least ``W`` positions back (sliding window ``W``)."""
-        q = np.asarray(q_pos, dtype=np.int64)[:, None]
-        k = np.asarray(k_pos, dtype=np.int64)[None, :]
-        out = k > q
-        if self.mask_window is not None:
-            out |= k <= q - self.mask_window
-        return out
+        key (causal), or one at least ``W`` positions back (sliding window ``W``):
+        :func:`attnscope.core.attention.masks.hidden_cells`."""
+        return hidden_cells(q_pos, k_pos, self.mask_window)
 
     def _pooled_masked(self, pm) -> np.ndarray:
-        """Overview blocks whose every cell is masked (row block ``[a, b)``, col block ``[c, d)``)."""
-        re_, ce = np.asarray(pm.row_edges, dtype=np.int64), np.asarray(pm.col_edges, dtype=np.int64)
-        a, b = re_[:-1, None], re_[1:, None]
-        c, d = ce[None, :-1], ce[None, 1:]
-        out = c > b - 1  # every key after every query of the block
-        if self.mask_window is not None:
-            out |= d - 1 <= a - self.mask_window
-        return out
+        """Overview blocks whose every cell is masked (:func:`attnscope.core.attention.masks.hidden_blocks`)."""
+        return hidden_blocks(pm.row_edges, pm.col_edges, self.mask_window)
 
     def _with_mask(self, img: np.ndarray, masked: np.ndarray | None) -> np.ndarray:
         if masked is not None and masked.shape == img.shape and masked.any():
@@ -970,18 +948,21 @@ class HeatmapView(QWidget):
         sample = range(first, last, max(1, (last - first) // 200))  # bounded work on long maps
         if horizontal:
             need = (
-                float(np.percentile([fm.horizontalAdvance(token_label(tokens[i])) for i in sample], 75)) + 6
+                float(np.percentile([fm.horizontalAdvance(token_label(tokens[i].text)) for i in sample], 75))
+                + 6
             )
         else:
-            labels = [token_label(tokens[i]) for i in range(first, min(last, first + 400))]
+            labels = [token_label(tokens[i].text) for i in range(first, min(last, first + 400))]
             need = stacked_label_pitch(fm, labels, neighbours=True)  # every row labelled if this fits
             if need > px_per_cell:  # a subset: any two labels may then meet
-                need = stacked_label_pitch(fm, [token_label(tokens[i]) for i in sample], neighbours=False)
+                need = stacked_label_pitch(
+                    fm, [token_label(tokens[i].text) for i in sample], neighbours=False
+                )
         stride = max(1, math.ceil(need / max(px_per_cell, 1e-9)))
         first -= first % stride  # labels sit on multiples of the stride: they stay put while panning
         ticks, right = [], -math.inf
         for i in range(first, last, stride):
-            label = token_label(tokens[i])
+            label = token_label(tokens[i].text)
             if horizontal:  # a longer-than-typical label skips its neighbours instead of overlapping them
                 centre = (i + 0.5) * px_per_cell
                 half = fm.horizontalAdvance(label) / 2
@@ -1068,10 +1049,10 @@ class HeatmapView(QWidget):
         quarter of its cells show on linear [0, 1], which is then a flat field), else by length (log
         from 2,048 tokens: a long map's overview is not held whole). Long maps also fill the plot's
         rectangle (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
-        from attnscope.core.io.export_long import ScaleChoice, default_scale, scale_for_map, scale_note
+        from attnscope.core.io.export_long import ScaleChoice, default_colour_scale, scale_for_map, scale_note
 
         by_length = not self._scale_user_set
-        choice = ScaleChoice(default_scale(n), n) if weights is None else scale_for_map(weights, n=n)
+        choice = ScaleChoice(default_colour_scale(n), n) if weights is None else scale_for_map(weights, n=n)
         if by_length and self.scale != choice.scale:
             self.scale_combo.blockSignals(True)
             self.scale_combo.setCurrentText(choice.scale)
@@ -1114,6 +1095,22 @@ class HeatmapView(QWidget):
         self._status_base = title
         self._status_note = status
         self._show_title()
+
+    #: the title while a prompt runs and no map is shown (nothing of an earlier state)
+    PREFILL_TITLE = "Running the prompt (prefill)… the map comes when it ends; Esc cancels."
+
+    def show_prefilling(self, on: bool) -> None:
+        """A prompt runs (``on``, the state's ``prefilling``) or ended: with no map shown the title,
+        placeholder and readout say it runs (never the words of the state before); after it, the
+        placeholder's words come back for the next empty state."""
+        if on:
+            if self.weights is None and self.pooled is None:
+                self.plot.setTitle(self.PREFILL_TITLE)
+                self._placeholder = getattr(self, "_placeholder", None) or self.placeholder.toPlainText()
+                self.placeholder.setText("The prompt is running (prefill)…")
+                self.readout.setText("The prompt is running: the map comes when the prefill ends.")
+        elif getattr(self, "_placeholder", None):
+            self.placeholder.setText(self._placeholder)
 
     def mark_stale(self, why: str = "stale: computing the new map…") -> None:
         """Say that the map on screen no longer matches the request (a new prompt, a long recompute):

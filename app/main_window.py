@@ -32,7 +32,7 @@ from attnscope.app.menus import about_text, add_view_action, build_menus
 from attnscope.app.state import ViewState
 from attnscope.app.status import APP_NAME, StatusLine
 from attnscope.app.tabs import EmptyOverlay, ViewTabs
-from attnscope.app.timeline import LiveSequenceNote, TimelineBar
+from attnscope.app.timeline_bar import LiveSequenceNote, TimelineBar
 from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
 from attnscope.app.views.mask import MaskView
@@ -58,19 +58,12 @@ from PySide6.QtWidgets import (
 if TYPE_CHECKING:
     from attnscope.app.connect import EngineConnector
 
-__all__ = ["APP_NAME", "MainWindow", "human_bytes", "window_wording"]
+__all__ = ["APP_NAME", "MainWindow", "window_wording"]
 
 #: panels that need no sequence, never covered by the "Run a prompt" overlay
 NO_OVERLAY = ("heatmap", "kv")
 #: tabs that compute on the live sequence (every position), not on the timeline's step
 LIVE_SEQUENCE_VIEWS = ("kv", "roles", "experiments", "compare")
-
-
-def human_bytes(n: int) -> str:
-    """``1428480`` → ``'1.43 MB'`` (decimal units, as the handbook's KV-cache table; :func:`attnscope.core.units.format_bytes`)."""
-    from attnscope.core.units import format_bytes
-
-    return format_bytes(n)
 
 
 def _delegate(owner: str, name: str, doc: str = "") -> property:
@@ -111,8 +104,6 @@ class MainWindow(QMainWindow):
     head = property(lambda self: self.state.head)
     visible_len = property(lambda self: self.state.visible_len, doc="Positions shown at the timeline's step.")
     query_row = _delegate("state", "query_row")
-    model_ref = _delegate("state", "model")
-    backend_name = _delegate("state", "backend")
     device = _delegate("state", "device")
     dtype = _delegate("state", "dtype")
     quantize = _delegate("state", "quantize")
@@ -237,6 +228,9 @@ class MainWindow(QMainWindow):
         )
         st.events.selection.connect(lambda sel: self.selectionChanged.emit(*sel))
         st.events.snapshot.connect(self._on_snapshot)
+        st.events.next_table.connect(self.decode_panel.set_table)
+        st.events.stale.connect(self._on_stale)
+        st.events.prefilling.connect(self._on_prefilling)
         st.events.changed.connect(self._on_changed)
         st.events.tab.connect(lambda _key: self.refresh_current_view())
         self.run_button.clicked.connect(cmd.run_prompt)
@@ -291,6 +285,21 @@ class MainWindow(QMainWindow):
         self._overlay_text = text or EmptyOverlay.TEXT
         for overlay in self._empty_overlays.values():
             overlay.setText(self._overlay_text)
+
+    def _on_stale(self, what) -> None:
+        why, heatmap, table = what
+        if heatmap:
+            self.heatmap.mark_stale(why)
+        if table:
+            self.decode_panel.mark_stale(why)
+
+    def _on_prefilling(self, on: bool) -> None:
+        """A prompt runs (state ``prefilling``) or ended: decoding off, every empty panel says it."""
+        self.controls.set_prefilling(on)
+        self.heatmap.show_prefilling(on)
+        self.timeline.show_running("prefill running…" if on else "")
+        self.set_overlay_text("The prompt is running (prefill)… this panel fills when it ends." if on else "")
+        self.decode_panel.show_prefilling(on)
 
     def _on_snapshot(self, snap) -> None:
         self.snapshotChanged.emit(snap)

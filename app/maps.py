@@ -21,6 +21,7 @@ from attnscope.app.head_grid import HeadGridCanvas, HeadGridView
 from attnscope.app.heatmap import HeatmapView
 from attnscope.app.state import HEATMAP_KEYS, ViewState
 from attnscope.app.token_strip import TokenStrip
+from attnscope.core.attention.masks import aggregate_window
 
 
 class MapPanel:
@@ -39,6 +40,7 @@ class MapPanel:
         self.weights: np.ndarray | None = None
         self.weights_key: tuple[int, int] | None = None
         self.map_key: tuple[int, int, str, int] | None = None  # (layer, head, aggregate, n) shown now
+        heatmap.mask_window_provider = self.sliding_window  # asked at each redraw
         heatmap.rowClicked.connect(self.pick_row)
         heatmap.optionsChanged.connect(self.on_options)
         heatmap.tileWanted.connect(self.request_tile)
@@ -300,6 +302,16 @@ class MapPanel:
             "grid",
             Request(job, self._on_grid, "head grid", key=self.grid_key, on_partial=self._on_grid_partial),
         )
+
+    def sliding_window(self) -> int | None:
+        """The sliding window (keys) the shown map was masked with, from the snapshot's
+        ``layer_windows`` (:func:`attnscope.core.attention.masks.aggregate_window`); None: causal only,
+        or no map or snapshot yet."""
+        snap, key = self.state.snapshot, self.map_key
+        if snap is None or key is None:
+            return None
+        layer, _head, mode, _n = key
+        return aggregate_window(snap.layer_windows, layer, mode)
 
     def _on_grid_weighting(self, weighting: str) -> None:
         combo = self.heatmap.weighting_combo

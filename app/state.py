@@ -202,15 +202,19 @@ class ViewState(EventedState):
     - ``colour`` (:class:`attnscope.core.io.colormaps.ColourSpec`: colour map, scale, gamma and range
       mode, as the heatmap shows them); ``query_row`` (int | None): the token strip's row;
     - ``settings`` (dict: tab key -> that tab's settings dict, e.g. the heatmap's aggregate and
-      weighting); replace one tab's entry with :meth:`set_tab_settings`.
+      weighting); replace one tab's entry with :meth:`set_tab_settings`;
+    - ``next_table``: the next-token table shown (:class:`attnscope.core.analysis.timeline.NextTokenTable`
+      of the timeline's step, None: none); compared by identity;
+    - ``prefilling`` (bool): a prompt runs (prefill); the views say so and Step / Back are off.
 
     Extra events: ``selection`` ``(layer, head)`` once per change of either; ``message``
     ``(text, timeout_ms)`` and ``error`` (text): what a view wants said in the status bar;
-    ``loaded`` (the new model's first snapshot) once a model was loaded.
+    ``loaded`` (the new model's first snapshot) once a model was loaded; ``stale`` ``(why, heatmap, table)``:
+    what is shown no longer matches the request (:meth:`mark_stale`).
     """
 
-    IDENTITY = ("snapshot",)
-    EXTRA_EVENTS = ("selection", "message", "error", "loaded")
+    IDENTITY = ("snapshot", "next_table")
+    EXTRA_EVENTS = ("selection", "message", "error", "loaded", "stale")
 
     model: str | None = None
     backend: str = registry.DEFAULT
@@ -226,6 +230,8 @@ class ViewState(EventedState):
     colour: ColourSpec = DEFAULT_COLOUR
     query_row: int | None = None
     settings: dict = {}
+    next_table: Any = None
+    prefilling: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A hybrid model's layer with no attention map (docs/how-it-works.md "Hybrid models") is never selected: the
@@ -315,6 +321,11 @@ class ViewState(EventedState):
     def say(self, text: str, timeout_ms: int = 6000) -> None:
         """Ask for ``text`` in the status bar."""
         self.events.message.emit((text, timeout_ms))
+
+    def mark_stale(self, why: str, *, heatmap: bool = True, table: bool = True) -> None:
+        """Say that the heatmap's map (``heatmap``) and the next-token table (``table``) on screen are
+        of an earlier sequence or step: ``why`` leads their header until new data replaces them."""
+        self.events.stale.emit((why, heatmap, table))
 
     def fail(self, text: str) -> None:
         """Ask for ``text`` as an error (status bar, and a dialog when the window is shown)."""

@@ -22,7 +22,7 @@ keeps the window, ``DynamicLayer`` everything). :class:`KVConfig` carries the pe
 float32 at 1252 tokens: 23.4 MB, against 46.2 MB for a cache that keeps every key.
 
 Units: bytes (ints). :func:`format_bytes` prints decimal units (kB, MB, GB: the handbook's
-"21.5 GB") or binary ones (KiB, MiB, GiB: what seed 002 calls "256 MB per head").
+"21.5 GB") or binary ones (KiB, MiB, GiB: what the PyTorch walk-through calls "256 MB per head").
 
 The calculator-facing API is :class:`KVConfig` (one model's cache geometry: per token, per
 layer, total, projection to a maximum context, the context that fits a budget) and
@@ -129,7 +129,7 @@ def attention_matrix_bytes(
     """Bytes of one layer's materialised attention matrix ``(batch, n_heads, seq_q, seq_kv)``.
 
     What naive attention writes to memory and FlashAttention never does (handbook §5 "the memory
-    wall"; seed 002 "The memory problem"). Examples: 8192² in fp32 is 256 MiB per head, 16 GiB
+    wall"; the PyTorch walk-through's "The memory problem"). Examples: 8192² in fp32 is 256 MiB per head, 16 GiB
     for 64 heads; B = 8, H = 32, T = 8192 in bf16 is 34.4 GB.
 
     Raises:

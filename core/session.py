@@ -52,7 +52,6 @@ class Snapshot:
     prompt: str | None
     chat_template: bool
     kv_cache_bytes: int
-    top_next: tuple[TopToken, ...]
     notices: tuple[str, ...] = ()  # Session.notices as one line each (e.g. a RoPE cache recompute)
     #: each layer's sliding window in tokens (None: causal only), as the backend's ``layer_windows()``;
     #: () when unknown (an older engine)
@@ -487,10 +486,10 @@ class Session:
         return self._require_run()
 
     def snapshot(self) -> Snapshot:
-        """A frozen copy of what the GUI shows (tokens, KV bytes, next-token top 10)."""
+        """A frozen copy of what the GUI shows (tokens, KV bytes, the layers' sliding windows); the
+        next-token table is :func:`attnscope.core.analysis.timeline.next_tokens`, per step."""
         from attnscope.core.trace import softmax_variant
 
-        ran = self._logits is not None
         return Snapshot(
             info=self.info,
             backend=self.backend.name,
@@ -500,7 +499,6 @@ class Session:
             prompt=self.prompt,
             chat_template=self.chat_template,
             kv_cache_bytes=self.kv_cache_bytes(),
-            top_next=tuple(self.next_token_probs(10)) if ran else (),
             notices=tuple(str(n) for n in self.notices),
             layer_windows=tuple(self.backend.layer_windows()),
             softcap=softmax_variant.model_softcap(self.trace),

@@ -1,7 +1,7 @@
 """Byte sizes as text: the one formatter every size AttnScope prints goes through.
 
 Decimal units (``kB``, ``MB``, ``GB``: powers of 1000, as file managers and the handbook's KV-cache
-tables show sizes) or binary ones (``KiB``, ``MiB``, ``GiB``: powers of 1024, seed 002's "256 MB per
+tables show sizes) or binary ones (``KiB``, ``MiB``, ``GiB``: powers of 1024, the PyTorch walk-through's "256 MB per
 head"). A value is rounded half-up to ``digits`` significant digits *first*, and the unit is chosen
 from the rounded value, so a size never prints as "1000 kB" or "1024 KiB": 999,500 B is
 ``"1.00 MB"``, 1,048,575 B is ``"1.00 MiB"``. Values of 1000–1023 of a binary unit print as whole

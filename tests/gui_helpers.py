@@ -28,3 +28,25 @@ def run_in(w, prompt: str, steps: int = 0):
         assert w.engine.wait_idle(60)
     assert w.last_error is None, w.last_error
     return w
+
+
+def choose_export_scope(dialog, scope: str) -> None:
+    """Pick ``scope`` (``"layer"``, ``"all"`` or ``"steps"``) in the export dialog's scope box, as a user would."""
+    dialog.scope_combo.setCurrentIndex(["layer", "all", "steps"].index(scope))
+
+
+def choose_export_format(dialog, fmt: str, figure: bool = False) -> None:
+    """Pick format ``fmt`` (``"svg"``, ``"npy"``, ``"gif"``...; ``figure``: the figure variant) in the
+    export dialog's format box, as a user would. Raises ValueError when it is not offered or is
+    greyed out (the message is the item's tooltip: why it is unavailable)."""
+    from PySide6.QtCore import Qt
+
+    combo = dialog.format_combo
+    for i in range(combo.count()):
+        if combo.itemData(i) == (fmt, figure):
+            item = combo.model().item(i)
+            if item is not None and not item.isEnabled():
+                raise ValueError(combo.itemData(i, Qt.ItemDataRole.ToolTipRole) or f"{fmt} is unavailable")
+            combo.setCurrentIndex(i)
+            return
+    raise ValueError(f"format {fmt!r} not offered for this scope")

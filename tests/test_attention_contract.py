@@ -17,7 +17,7 @@ from attention_cases import DTYPES, EXAMPLES, Case, assert_close, cases, score_m
 from attnscope.core.attention import reference
 from attnscope.core.attention.fused import _gqa_views, attention, math_with_lse, sdpa_with_lse
 from attnscope.core.attention.masks import Mask, as_mask
-from attnscope.core.attention.tiled import flash_attention
+from flash_reference import flash_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -198,16 +198,3 @@ def test_sinks_value_weighted_metric(win):
     np.testing.assert_allclose(view.table_values(), rows[..., 1 : s.n_prompt].mean(axis=-1), atol=1e-6)
     view.metric_combo.setCurrentIndex(0)
     np.testing.assert_allclose(view.table_values(), session_sink_report(s).at_seq_len(s.n_prompt), atol=1e-6)
-
-
-def test_pooled_maps_in_bands_equal_pooling_the_whole_map():
-    from attnscope.app.views.compare import _pool_by
-
-    rng = np.random.default_rng(0)
-    w = rng.random((23, 23))
-    p = _pool_by(w, 4)
-    assert p.shape == (6, 6)
-    assert p[0, 0] == pytest.approx(w[:4, :4].mean()) and p[5, 5] == pytest.approx(w[20:, 20:].mean())
-    # bands of a multiple of f rows pool to the same rows as the whole map
-    bands = np.concatenate([_pool_by(w[r0 : r0 + 8], 4) for r0 in range(0, 23, 8)])
-    np.testing.assert_allclose(bands, p, rtol=1e-6)

@@ -19,6 +19,7 @@ from attnscope.app.svg_fixups import fix_svg
 from attnscope.core.io import export as E
 from attnscope.core.io.colormaps import to_rgb
 from attnscope.core.tokens import Token
+from gui_helpers import choose_export_format, choose_export_scope
 from PIL import Image
 from PySide6.QtCore import QObject, Qt, Signal
 
@@ -258,18 +259,18 @@ def test_batch_mp4_switch_renames_and_writes_mp4(qtbot, smol_ran, tmp_path, monk
     win = _window(qtbot, s)
     d = AE.BatchExportDialog(win)
     qtbot.addWidget(d)
-    d.set_scope("steps")
+    choose_export_scope(d, "steps")
     d.path_edit.setText(str(tmp_path / "steps.gif"))
     if E.mp4_unavailable():
         pytest.skip(E.mp4_unavailable())
-    d.set_format("mp4")
+    choose_export_format(d, "mp4")
     assert d.path_edit.text() == str(tmp_path / "steps.mp4")  # the name follows the format
     d.path_edit.setText(str(tmp_path / "typed.gif"))  # a stale suffix typed by hand: the Format decides
     d.start()
     assert d.message.startswith("Wrote 1 file(s)"), d.message
     data = (tmp_path / "typed.mp4").read_bytes()
     assert data[4:8] == b"ftyp" and not (tmp_path / "typed.gif").exists()
-    d.set_format("gif")
+    choose_export_format(d, "gif")
     assert d.path_edit.text() == str(tmp_path / "typed.gif")
 
 
@@ -287,11 +288,11 @@ def test_mp4_unavailable_is_said(qtbot, smol_ran, monkeypatch):  # the packaged 
     win = _window(qtbot, smol_ran)
     d = AE.BatchExportDialog(win)
     qtbot.addWidget(d)
-    d.set_scope("steps")
+    choose_export_scope(d, "steps")
     item = d.format_combo.model().item(1)
     assert not item.isEnabled() and "unavailable" in item.text()
     assert d.format_combo.itemData(1, Qt.ToolTipRole) == E.mp4_unavailable()
     with pytest.raises(ValueError, match="^MP4 is unavailable"):
-        d.set_format("mp4")
+        choose_export_format(d, "mp4")
     with pytest.raises(ValueError, match="^MP4 is unavailable"):
         E.save_animation([Image.new("P", (4, 4))], "/tmp/x.mp4")

@@ -16,6 +16,7 @@ from attnscope.app import figure as AF
 from attnscope.app import paint as AP
 from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from attnscope.core.tokens import Token
+from gui_helpers import choose_export_format, choose_export_scope
 from PIL import Image
 from PySide6.QtCore import Qt
 
@@ -245,8 +246,8 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     # batch: every head of the layer as .npy, equal to the engine's weights
     d = AE.BatchExportDialog(win)
     qtbot.addWidget(d)
-    d.set_scope("layer")
-    d.set_format("npy")
+    choose_export_scope(d, "layer")
+    choose_export_format(d, "npy")
     d.path_edit.setText(str(tmp_path / "layer3"))
     d.start()
     assert win.engine.wait_idle(120)
@@ -267,8 +268,8 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
         return written[-1]
 
     monkeypatch.setattr(AE, "save_heatmap_figure", held_renderer)
-    d.set_scope("all")
-    d.set_format("svg", True)
+    choose_export_scope(d, "all")
+    choose_export_format(d, "svg", True)
     d.path_edit.setText(str(tmp_path / "all"))
     d.start()
     qtbot.waitUntil(reached.is_set, timeout=60_000)
@@ -281,7 +282,7 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     assert len(list((tmp_path / "all").glob("*.svg"))) == int(m.group(1))
     assert json.loads((tmp_path / "all" / "manifest.json").read_text())["complete"] is False
     # every decode step as a GIF
-    d.set_scope("steps")
+    choose_export_scope(d, "steps")
     d.path_edit.setText(str(tmp_path / "steps.gif"))
     d.start()
     assert win.engine.wait_idle(60)

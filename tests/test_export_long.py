@@ -91,11 +91,12 @@ def test_overview_is_max_pooled_and_says_so(sess, tmp_path):
 def _overview(w, rows, cols, colour):
     """The max-pooled overview as drawn: block maxima coloured, blocks of only masked cells hatched."""
     from attnscope.core.analysis.pooling import block_edges
-    from attnscope.core.io.render import map_pixels, pooled_mask
+    from attnscope.core.attention.masks import hidden_blocks
+    from attnscope.core.io.render import map_pixels
 
     n = w.shape[0]
     pooled = max_pool(w, rows, cols)
-    masked = pooled_mask(block_edges(n, rows), block_edges(n, cols))
+    masked = hidden_blocks(block_edges(n, rows), block_edges(n, cols))
     # the colours of the blocks with an allowed cell are to_rgb's
     np.testing.assert_array_equal(
         map_pixels(pooled, colour, masked=masked)[~masked],
@@ -115,7 +116,7 @@ def test_full_size_above_the_limit_needs_the_flag(sess, tmp_path, monkeypatch):
 
 
 def test_colours_by_length():
-    assert XL.default_scale(2047) == "linear" and XL.default_scale(2048) == "log"
+    assert XL.default_colour_scale(2047) == "linear" and XL.default_colour_scale(2048) == "log"
     assert XL.scale_note(4096, "log", True) == "log colours (chosen for 4,096 tokens)"
 
 

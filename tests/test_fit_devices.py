@@ -68,11 +68,11 @@ def test_two_gpus_balanced_is_what_from_pretrained_computes(cfg8b):
     assert g1.weights_bytes == 2 * (16 * LAYER_8B + 4096 + EMBED_8B) == 8_030_265_344
     assert cpu.weights_bytes == 0 and cpu.runtime_bytes == 600_000_000
     assert f.weights_bytes == 2 * PARAMS_8B  # the single-device weight total at bfloat16
-    # per layer at 4096 tokens: KV 2 × 8 × 128 × 4096 × 2 B; capture 32 × 4096 × (128 × 2 + 4) B
+    # per layer at 4096 tokens: KV 2 × 8 × 128 × 4096 × 2 B; capture 32 × 4096 × (128 × 2 + 8) B
     assert g0.kv_cache_bytes == g1.kv_cache_bytes == 16 * 2 * 8 * 128 * 4096 * 2 == 268_435_456
-    assert g0.capture_bytes == 16 * 32 * 4096 * (128 * 2 + 4)
+    assert g0.capture_bytes == 16 * 32 * 4096 * (128 * 2 + 8)
     assert f.verdict == "fits" and g0.free_bytes == 24 * GB
-    assert f.label() == "cuda:0 8.84 GB · cuda:1 8.84 GB · cpu 600 MB"
+    assert f.label() == "cuda:0 8.85 GB · cuda:1 8.85 GB · cpu 600 MB"
 
 
 def test_sequential_fills_gpu0_first(cfg8b):
@@ -273,8 +273,8 @@ def test_run_budget_keeps_the_runs_room_where_the_layers_execute(cfg8b):
     from attnscope.core.loading.fit_devices import run_budget
 
     kv = 2 * 32 * 8 * 128 * 4096 * 2  # 536,870,912: K and V, 32 layers, 8 KV heads of 128, bf16
-    cap = 32 * 32 * 4096 * (128 * 2 + 4)  # 1,090,519,040: q rows (bf16) + LSE (float32)
-    assert kv == 536_870_912 and cap == 1_090_519_040
+    cap = 32 * 32 * 4096 * (128 * 2 + 8)  # 1,107,296,256: q rows (bf16) + LSE (float64)
+    assert kv == 536_870_912 and cap == 1_107_296_256
     got = run_budget(cfg8b, "bfloat16", {"cpu": 20_000_000_000, "disk": 10**12})
     assert got == {"cpu": 18_000_000_000 - RUNTIME_BYTES["torch"] - kv - cap}  # disk is not a budget
     got = run_budget(cfg8b, "bfloat16", {0: 24_000_000_000, 1: 24_000_000_000, "cpu": 20_000_000_000})

@@ -1,4 +1,4 @@
-"""attnscope.core.attention.tiled: the tiled online softmax (FlashAttention-2 alg. 1) equals the reference for every mask."""
+"""tests/flash_reference.py: the tiled online softmax (FlashAttention-2 alg. 1) equals the reference for every mask."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from attention_cases import DTYPES, EXAMPLES, Case, assert_close, cases, score_m
 from attnscope.core.attention import reference
 from attnscope.core.attention.fused import attention
 from attnscope.core.attention.masks import Mask
-from attnscope.core.attention.tiled import _block_is_masked, flash_attention, online_softmax_trace
+from flash_reference import _block_is_masked, flash_attention, online_softmax_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

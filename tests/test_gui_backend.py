@@ -40,7 +40,7 @@ def test_failed_load_keeps_backend_and_model(window, tmp_path):
     win.load_model(str(tmp_path))  # empty folder: not a model
     assert win.engine.wait_idle(60)
     assert "not a model folder" in win.last_error
-    assert win.backend_name == "torch" and win.backend_actions["torch"].isChecked()
+    assert win.state.backend == "torch" and win.backend_actions["torch"].isChecked()
     assert win.snapshot.info.name == "SmolLM2-135M-Instruct"
 
 

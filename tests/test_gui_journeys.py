@@ -139,7 +139,7 @@ def test_picker_embedded_run_sample_save_reopen(qtbot, monkeypatch, tmp_path):
     _pick_embedded(qtbot, monkeypatch, win)
     s = win.engine.session
     assert Path(s.info.source).is_absolute() and Path(s.info.source).exists()
-    assert win.model_ref is None  # the embedded model, whichever way it was chosen
+    assert win.state.model is None  # the embedded model, whichever way it was chosen
 
     win.prompt_edit.setPlainText(PROMPT)
     win.chat_check.setChecked(False)
@@ -376,7 +376,7 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
     _idle(win)
     done()
     assert seen and isinstance(win.last_error, CancelledMessage)
-    assert visible_state(win) == before and win.model_ref is None
+    assert visible_state(win) == before and win.state.model is None
     assert_controls_match_engine(win)
 
     # cancel a session reopen part-way through the replay: the run it was replacing is restored (it
@@ -546,7 +546,7 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
     qtbot.addWidget(win)
     win.show()
     _idle(win)
-    assert win.last_error is None and win.model_ref == str(Path(folder).resolve())
+    assert win.last_error is None and win.state.model == str(Path(folder).resolve())
     win.chat_check.setChecked(False)
     win.prompt_edit.setPlainText("a b c d e")
     win.run_button.click()
@@ -559,7 +559,7 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
         win.last_error.startswith("Could not load the model:") and "choose Backend → torch" in win.last_error
     )
     assert "--backend" not in win.last_error
-    assert win.backend_name == "torch" and win.backend_actions["torch"].isChecked()
+    assert win.state.backend == "torch" and win.backend_actions["torch"].isChecked()
     assert win.engine.session.ids == ids and visible_state(win) == before
     assert_controls_match_engine(win)
     win.close()
@@ -589,7 +589,7 @@ def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, 
     win.dropEvent(QDropEvent(QPointF(10, 10), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
     _idle(win)
     assert win.last_error is None and win.engine.session.info.source == str(b.resolve())
-    assert win.model_ref == str(b.resolve())
+    assert win.state.model == str(b.resolve())
     win.chat_check.setChecked(False)
     win.prompt_edit.setPlainText("a b c d")
     win.run_button.click()
@@ -619,7 +619,7 @@ def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, 
     _idle(win2)
     assert win2.last_error is None, win2.last_error
     assert win2.engine.session.info.source == str(b.resolve()) and win2.engine.session.ids == ids
-    assert win2.model_ref == str(b.resolve())  # a later backend switch reloads this one
+    assert win2.state.model == str(b.resolve())  # a later backend switch reloads this one
     after = visible_state(win2)
     for key in before:
         assert after[key] == before[key], key

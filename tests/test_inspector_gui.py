@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from attnscope.app.heatmap import colorbar_ticks, token_label, weight_text
+from attnscope.app.figure import token_label
+from attnscope.app.heatmap import colorbar_ticks, weight_text
 from attnscope.app.main_window import MainWindow
 from attnscope.core.analysis import aggregate
 from attnscope.core.io.colormaps import normalize
@@ -189,7 +190,7 @@ def test_tick_labels_readable_at_any_zoom(win):
     toks = win.snapshot.tokens
     first = int(ticks[0][0] - 0.5)
     # zoomed far in: every visible key is labelled, in order, centred on its column
-    assert [lab for _, lab in ticks] == [token_label(toks[i]) for i in range(first, first + len(ticks))]
+    assert [lab for _, lab in ticks] == [token_label(toks[i].text) for i in range(first, first + len(ticks))]
     assert [v for v, _ in ticks] == [i + 0.5 for i in range(first, first + len(ticks))] and len(ticks) >= 4
 
 

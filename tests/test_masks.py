@@ -107,3 +107,40 @@ def test_group_heads_maps_query_head_to_kv_head_h_div_g():
     for h in range(Hkv * G):
         assert g[1, h // G, h % G, 0, 0] == Hkv * G + h
     assert group_heads(to_4d(np.zeros((L, S))), Hkv).shape == (1, 1, 1, L, S)
+
+
+def test_hidden_cells_is_the_negation_of_the_allowed_mask():
+    from attnscope.core.attention.masks import causal_allowed, hidden_cells
+
+    pos = np.arange(6)
+    np.testing.assert_array_equal(hidden_cells(pos, pos), ~causal_allowed(pos, pos))
+    np.testing.assert_array_equal(hidden_cells(pos, pos, 3), ~causal_allowed(pos, pos, 3))
+    assert hidden_cells([5], pos, 3).tolist() == [[True, True, True, False, False, False]]
+    assert hidden_cells([5], pos, 0).tolist() == [[False] * 6]  # 0: no window
+
+
+def test_hidden_blocks_hold_only_hidden_cells():
+    from attnscope.core.attention.masks import hidden_blocks, hidden_cells
+
+    edges = np.array([0, 3, 6, 9])
+    for window in (None, 2, 4):
+        cells = hidden_cells(np.arange(9), np.arange(9), window)
+        want = np.array(
+            [
+                [cells[a:b, c:d].all() for c, d in zip(edges[:-1], edges[1:], strict=True)]
+                for a, b in zip(edges[:-1], edges[1:], strict=True)
+            ]
+        )
+        np.testing.assert_array_equal(hidden_blocks(edges, edges, window), want)
+    # window 2: block rows 6..8 see keys 5..8 only, so key block 0..2 is hidden, 3..5 is not
+    assert hidden_blocks(edges, edges, 2)[2].tolist() == [True, False, False]
+
+
+def test_aggregate_window_of_a_map():
+    from attnscope.core.attention.masks import aggregate_window
+
+    windows = (4, None, 4)
+    assert [aggregate_window(windows, layer, "head") for layer in range(3)] == [4, None, 4]
+    assert aggregate_window(windows, 0, "all") is None  # a global layer: causal only
+    assert aggregate_window((4, 8), 0, "all") == 8  # hidden only where every layer hides it
+    assert aggregate_window((), 0, "head") is None and aggregate_window(windows, 7, "head") is None

@@ -12,8 +12,8 @@ import pytest
 import torch
 from attnscope.core.attention import reference
 from attnscope.core.attention.fused import LSE_FP32_EXACT, attention, exact_lse, math_with_lse, sdpa_with_lse
-from attnscope.core.attention.tiled import flash_attention
 from attnscope.core.trace.torch_trace import TorchTrace
+from flash_reference import flash_attention
 
 SAMPLE_W = np.array([0.7310343, 0.2689325, 0.0000332])
 SAMPLE_O = 2.5709875

@@ -10,6 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
+from attnscope.core.attention.masks import hidden_cells
 from attnscope.core.io import export as E
 from attnscope.core.io import render as R
 from attnscope.core.io.colormaps import NONFINITE_RGB, ColourSpec, lut, to_rgb
@@ -31,7 +32,7 @@ def _map() -> tuple[np.ndarray, np.ndarray]:
     w /= w.sum(axis=1, keepdims=True)
     w[ZERO] = 0.0
     w[NAN] = np.nan
-    return w, R.mask_of(np.arange(N), np.arange(N))
+    return w, hidden_cells(np.arange(N), np.arange(N))
 
 
 def _tokens(n: int = N) -> list[Token]:

@@ -64,13 +64,6 @@ def test_no_formatter_prints_four_digit_decimal_or_1024():
             assert num_b < 1024 or b.endswith(" EiB"), b
 
 
-def test_app_formatter_uses_it():
-    pytest.importorskip("PySide6")
-    from attnscope.app.main_window import human_bytes
-
-    assert human_bytes(999_999) == "1.00 MB" and human_bytes(1_428_480) == "1.43 MB"
-
-
 def test_bad_digits():
     with pytest.raises(ValueError):
         format_bytes(10, digits=0)

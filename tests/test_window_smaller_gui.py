@@ -69,7 +69,7 @@ def test_compare_hover_writes_weights_as_the_heatmap_does():
 
 
 def test_timeline_slider_keeps_its_length_while_the_label_changes(qtbot):
-    from attnscope.app.timeline import TimelineBar
+    from attnscope.app.timeline_bar import TimelineBar
 
     bar = TimelineBar()
     qtbot.addWidget(bar)

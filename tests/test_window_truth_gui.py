@@ -57,7 +57,7 @@ LIVE = ("kv", "roles", "experiments", "compare")
 
 
 def _note(w, key):
-    from attnscope.app.timeline import LiveSequenceNote
+    from attnscope.app.timeline_bar import LiveSequenceNote
 
     notes = w.views[key].findChildren(LiveSequenceNote)
     assert len(notes) == 1, key

@@ -30,8 +30,8 @@ import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
 from attnscope.app.tabs import PageLayout
+from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import style_plot
-from attnscope.app.views.state import SavedControls
 from attnscope.core import backend_registry as registry
 from attnscope.core.io.colormaps import lut as colormap_lut
 from PySide6.QtCore import Qt, QTimer
@@ -124,24 +124,9 @@ def _run_b_job(spec: RunBSpec):
     return job
 
 
-def _pool_by(w: np.ndarray, f: int) -> np.ndarray:
-    """Mean over ``f × f`` blocks (edge blocks averaged over their real cells); float32."""
-    if f == 1:
-        return np.asarray(w, np.float32)
-    n_r, n_c = w.shape
-    R, C = -(-n_r // f), -(-n_c // f)
-    pad = np.zeros((R * f, C * f), np.float64)
-    cnt = np.zeros_like(pad)
-    pad[:n_r, :n_c] = w
-    cnt[:n_r, :n_c] = 1
-    s = pad.reshape(R, f, C, f).sum(axis=(1, 3))
-    c = cnt.reshape(R, f, C, f).sum(axis=(1, 3))
-    return (s / np.maximum(c, 1)).astype(np.float32)
-
-
 def _maps_job(layer: int, head: int, n: int, weighting: str):
     """A's and B's maps of one head over the aligned ``n × n``. Up to :data:`MAX_CELLS` the exact maps
-    (payload ``(key, wa, wb, 1)``); longer, the overview :class:`attnscope.core.analysis.compare_pool.PairOverview`
+    (payload ``(key, wa, wb, None)``); longer, the overview :class:`attnscope.core.analysis.compare_pool.PairOverview`
     (payload ``(key, a, b, overview)``), computed in row bands: never a whole long map on either side."""
 
     def job(ctx):
@@ -154,8 +139,7 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
         if n > MAX_CELLS:
             ov = b_overview(ctx.session, layer, head, n, MAX_CELLS, weighting, cancelled=ctx.cancelled)
             return (layer, head), ov.a, ov.b, ov
-        f = 1
-        band = f * max(1, (1 << 22) // (n * f))
+        band = max(1, (1 << 22) // n)  # rows per band: about 4M cells of each map at a time
         pa, pb = [], []
         for r0 in range(0, n, band):
             if ctx.cancelled():
@@ -163,9 +147,9 @@ def _maps_job(layer: int, head: int, n: int, weighting: str):
             wa, wb = b_maps(
                 ctx.session, layer, head, n, rows=slice(r0, min(r0 + band, n)), weighting=weighting
             )
-            pa.append(_pool_by(wa, f))
-            pb.append(_pool_by(wb, f))
-        return (layer, head), np.concatenate(pa), np.concatenate(pb), f
+            pa.append(np.asarray(wa, np.float32))
+            pb.append(np.asarray(wb, np.float32))
+        return (layer, head), np.concatenate(pa), np.concatenate(pb), None
 
     return job
 
@@ -737,7 +721,6 @@ class CompareView(QWidget, SavedControls):
     def set_maps(self, payload) -> None:
         """Draw A, B and A − B: the exact maps, or a long head's overview (:class:`PairOverview`)."""
         key, wa, wb, ov = payload
-        ov = ov if not isinstance(ov, int) else None
         if self.result is None or (ov is None and np.shape(wa) != np.shape(wb)):
             # cannot happen through _request (the generation key); never a traceback if it does
             self.clear_maps()

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage
+from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import style_plot
-from attnscope.app.views.state import SavedControls
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
 from PySide6.QtCore import Qt

@@ -29,10 +29,10 @@ from attnscope.app.heatmap import (
     show_nonfinite,
 )
 from attnscope.app.tabs import PageLayout
-from attnscope.app.views.state import SavedControls
+from attnscope.app.views.saved_controls import SavedControls
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.io.colormaps import normalize
-from attnscope.core.io.export_long import ScaleChoice, default_scale, scale_for_map
+from attnscope.core.io.export_long import ScaleChoice, default_colour_scale, scale_for_map
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -229,7 +229,7 @@ class GqaView(QWidget, SavedControls):
         """The group's default scale: from its exact maps (one choice for all, so they compare), by
         length for a pooled overview (block maxima overstate what linear shows)."""
         if r.pooled:
-            return ScaleChoice(default_scale(r.n), r.n)
+            return ScaleChoice(default_colour_scale(r.n), r.n)
         return scale_for_map(list(r.maps), n=r.n)
 
     def _on_layers(self, result) -> None:
@@ -298,7 +298,7 @@ class GqaView(QWidget, SavedControls):
         hi = 1.0 if self.range_combo.currentIndex() == 0 else r.auto_max
         hi = hi if hi > LOG_FLOOR else 1.0
         # the heatmap's default: chosen from the group's maps (log over [1e-6, hi] where linear is flat)
-        self.scale = self.choice.scale if self.choice is not None else default_scale(r.n)
+        self.scale = self.choice.scale if self.choice is not None else default_colour_scale(r.n)
         cmap = qt_colormap(self.cmap)
         self.colorbar.setColorMap(cmap)
         self.colorbar.setLevels((0.0, 1.0))  # the images hold normalised values

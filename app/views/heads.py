@@ -16,7 +16,7 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage, Request
 from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
-from attnscope.app.views.state import SavedControls
+from attnscope.app.views.saved_controls import SavedControls
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,

@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
+from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import style_plot
-from attnscope.app.views.state import SavedControls
 from attnscope.core.analysis.kv_live import KVLive
 from attnscope.core.kv_formula import (
     KVConfig,
@@ -204,11 +204,9 @@ def fill_scheme_table(
 class KVView(QWidget, SavedControls):
     """The KV cache tab, built with the :class:`attnscope.app.state.ViewState` and the
     :class:`attnscope.app.engine.Engine`. ``statusChanged(text, tooltip)``: the status bar's KV figure
-    (what the model needs, and what AttnScope keeps); ``windowsChanged``: the model's sliding windows
-    were measured (the heatmap redraws its masked cells)."""
+    (what the model needs, and what AttnScope keeps)."""
 
     statusChanged = Signal(str, str)
-    windowsChanged = Signal()
 
     STATE_CONTROLS = (
         "preset_combo",
@@ -512,7 +510,6 @@ class KVView(QWidget, SavedControls):
                 f"not KV cache · KV in layers {', '.join(map(str, live.kv_layers))} only"
             )
         self.update_status()
-        self.windowsChanged.emit()  # the windows may be new: the heatmap redraws the masked cells
         n = len(live.layer_bytes)
         if n == cfg.n_layers:
             need = cfg.layer_bytes(T).astype(float)
@@ -618,21 +615,6 @@ class KVView(QWidget, SavedControls):
             self._on_preset()
         elif first:
             self._calc_restored = False  # kept once; a later model's first measurement fills it again
-
-    def heatmap_window(self, key: tuple[int, int, str, int] | None) -> int | None:
-        """The sliding window of the heatmap's map ``key`` = ``(layer, head, aggregate, n)`` (None: causal
-        only, or not known yet)."""
-        snap, live = self.state.snapshot, self.live
-        if key is None or snap is None or live is None or live.config.name != snap.info.name:
-            return None
-        layer, _head, mode, _n = key
-        windows = live.config.windows
-        if windows is not None and live.kv_layers and len(windows) != snap.info.n_layers:
-            # a hybrid model's config lists its attention layers only: real index -> position
-            if layer not in live.kv_layers:
-                return None
-            layer = live.kv_layers.index(layer)
-        return map_window(windows, layer, mode)
 
     def update_status(self) -> None:
         """The status bar's KV figure: what the model needs, and (if more) what AttnScope keeps."""
@@ -809,29 +791,16 @@ class KVView(QWidget, SavedControls):
         ]
 
 
-def map_window(windows, layer: int, mode: str) -> int | None:
-    """The sliding window a heatmap map was masked with: its layer's (one head, a KV group, a layer);
-    for the mean of all layers a cell is masked only where every layer masks it, so the largest
-    window, or None (causal only) when some layer is global."""
-    if not windows:
-        return None
-    if mode == "all":
-        return None if any(w is None for w in windows) else max(windows)
-    return windows[layer] if 0 <= layer < len(windows) else None
-
-
 def install_view(window) -> KVView:
-    """Create the KV cache tab and register it with ``window.add_view("kv", ...)``; the heatmap asks it
-    for the sliding window of the map it shows, to draw the cells outside it as masked."""
+    """Create the KV cache tab and register it with ``window.add_view("kv", ...)``; its figure goes to
+    the status bar's KV label."""
     view = KVView(window.state, window.engine)
     window.add_view("kv", "KV cache", view)
-    hm, label = window.heatmap, window.kv_label
+    label = window.kv_label
 
     def set_label(text: str, tip: str) -> None:
         label.setText(text)
         label.setToolTip(tip)
 
     view.statusChanged.connect(set_label)
-    hm.mask_window_provider = lambda: view.heatmap_window(window.maps.map_key)
-    view.windowsChanged.connect(lambda: hm.set_mask_window(hm.mask_window_provider()))
     return view

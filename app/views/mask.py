@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
-from attnscope.app.heatmap import qt_colormap, token_label
+from attnscope.app.figure import token_label
+from attnscope.app.heatmap import qt_colormap
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
@@ -380,7 +381,7 @@ class MaskView(QWidget):
             self._ticks(p, toks, r, decode)
         e = self.ent_plot.getAxis("left")
         if decode:
-            e.setTicks([[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []])
+            e.setTicks([[(0.5, f"{r.row_start} {token_label(toks[r.row_start].text)}")], []])
         else:
             e.setTicks(self._row_ticks(self.ent_plot, toks, r))
         self.ent_plot.getAxis("bottom").setTicks(None)  # entropy in nats, not key tokens
@@ -388,10 +389,12 @@ class MaskView(QWidget):
     def _ticks(self, p, toks, r, decode: bool) -> None:
         vb_w = max(200.0, p.getViewBox().width())
         stride = max(1, math.ceil(r.S * 60 / vb_w))
-        p.getAxis("bottom").setTicks([[(j + 0.5, token_label(toks[j])) for j in range(0, r.S, stride)], []])
+        p.getAxis("bottom").setTicks(
+            [[(j + 0.5, token_label(toks[j].text)) for j in range(0, r.S, stride)], []]
+        )
         if decode:
             left = (
-                [[(0.5, f"{r.row_start} {token_label(toks[r.row_start])}")], []]
+                [[(0.5, f"{r.row_start} {token_label(toks[r.row_start].text)}")], []]
                 if p is self.plots[0]
                 else None
             )
@@ -404,7 +407,10 @@ class MaskView(QWidget):
         n_rows = r.row_stop - r.row_start
         vb_h = max(200.0, p.getViewBox().height())
         rs = max(1, math.ceil(n_rows * 16 / vb_h))
-        return [[(i + 0.5, f"{i} {token_label(toks[i])}") for i in range(r.row_start, r.row_stop, rs)], []]
+        return [
+            [(i + 0.5, f"{i} {token_label(toks[i].text)}") for i in range(r.row_start, r.row_stop, rs)],
+            [],
+        ]
 
     def _on_scene_mouse(self, pos) -> None:
         for k, p in enumerate(self.plots):

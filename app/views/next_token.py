@@ -310,6 +310,12 @@ class DecodePanel(QScrollArea):
 
     stale_reason = ""
 
+    def show_prefilling(self, on: bool) -> None:
+        """A prompt runs (``on``, the state's ``prefilling``) or ended: what the empty bars say."""
+        self.bars.set_placeholder(
+            "The prompt is running (prefill)… the next-token distribution comes when it ends." if on else None
+        )
+
     def mark_stale(self, why: str) -> None:
         """Say that the table shown is not of the sequence that now runs (a new Run, a decode): the
         header leads with ``why`` in red and the bars fade, until the next :meth:`set_table`. Nothing

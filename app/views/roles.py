@@ -16,7 +16,7 @@ from collections import Counter
 import numpy as np
 from attnscope.app.engine import Request
 from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
-from attnscope.app.views.state import SavedControls
+from attnscope.app.views.saved_controls import SavedControls
 from attnscope.core.analysis.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
-from attnscope.app.views.state import SavedControls
+from attnscope.app.views.saved_controls import SavedControls
 from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, SinkReport
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt

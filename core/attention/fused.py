@@ -707,22 +707,6 @@ def exact_lse(
     return lse64
 
 
-def softmax_lse(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over the last dim and its LSE, for float32 scores with ``-inf`` for masked keys.
-
-    Normalised as ``exp(s − max) / Σ`` (not ``exp(s − lse)``), exact to float32 rounding even
-    for large scores. A row with every key masked gives weights 0 and LSE ``-inf``, not NaN.
-    """
-    m = s.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    e = torch.exp(s - m)
-    total = e.sum(dim=-1, keepdim=True)
-    seen = total > 0
-    denom = torch.where(seen, total, torch.ones_like(total))
-    lse = torch.where(seen, m + torch.log(denom), torch.full_like(m, float("-inf")))
-    return e / denom, lse.squeeze(-1)
-
-
 def _safe_lse(lse: torch.Tensor) -> torch.Tensor:
     """LSE with ``-inf`` (fully masked rows) replaced by ``+inf`` so that ``exp(s - lse)`` is 0."""
     return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
@@ -819,4 +803,4 @@ def attention(
     return AttentionResult(out, lse if return_lse else None, weights)
 
 
-default_scale = reference.default_scale  # 1/sqrt(head_dim): seed 002's ≈ 0.088 for d_k = 128
+default_scale = reference.default_scale  # 1/sqrt(head_dim): ≈ 0.088 for d_k = 128

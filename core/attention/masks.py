@@ -48,12 +48,56 @@ def causal_allowed(q_pos: np.ndarray, k_pos: np.ndarray, sliding_window: int | N
 def causal_mask(L: int, S: int, sliding_window: int | None = None) -> np.ndarray:
     """Bottom-right aligned causal mask for ``L`` new queries over ``S`` keys, shape ``(L, S)`` bool.
 
-    Equals ``tril(ones(L, S), k=S-L)`` (seed 000, ``causal_mask``); with ``L = 1`` every key
+    Equals ``tril(ones(L, S), k=S-L)`` (tiny-llm's ``causal_mask``); with ``L = 1`` every key
     is allowed.
     """
     if L > S:
         raise ValueError(f"more queries than keys (L={L} > S={S}) cannot be causal")
     return causal_allowed(np.arange(S - L, S), np.arange(S), sliding_window)
+
+
+def hidden_cells(q_pos, k_pos, sliding_window: int | None = None) -> np.ndarray:
+    """``(len(q_pos), len(k_pos))`` bool, True where the mask hides key ``k`` from query ``q``: a
+    later key (``k > q``) or, with a sliding window of ``W`` keys, one ``W`` or more positions back
+    (``k <= q - W``). The negation of :func:`causal_allowed`; a window of None or 0 means causal only.
+
+    The one rule the heatmap, the figure renderer (attnscope.core.io.render), the head grid and the
+    exports draw masked cells with (tests/test_masks.py).
+    """
+    q = np.asarray(q_pos, dtype=np.int64)[:, None]
+    k = np.asarray(k_pos, dtype=np.int64)[None, :]
+    out = k > q
+    if sliding_window:
+        out = out | (k <= q - int(sliding_window))
+    return out
+
+
+def hidden_blocks(row_edges, col_edges, sliding_window: int | None = None) -> np.ndarray:
+    """``(R, C)`` bool: the blocks of a pooled map (query rows ``[row_edges[a], row_edges[a+1])``,
+    keys ``[col_edges[c], col_edges[c+1])``, int edges, ``R + 1`` and ``C + 1`` of them) holding only
+    cells :func:`hidden_cells` hides. A block has a visible cell iff its first key is at most its
+    last query and, with a window ``W``, its last key is less than ``W`` before its first query.
+    """
+    re_, ce = np.asarray(row_edges, dtype=np.int64), np.asarray(col_edges, dtype=np.int64)
+    a, b = re_[:-1, None], re_[1:, None]
+    c, d = ce[None, :-1], ce[None, 1:]
+    out = c > b - 1  # every key after every query of the block
+    if sliding_window:
+        out = out | (d - 1 <= a - int(sliding_window))
+    return out
+
+
+def aggregate_window(windows, layer: int, mode: str) -> int | None:
+    """The sliding window a map was masked with, from each layer's window ``windows`` (a sequence
+    of int or None, one per layer, as ``Snapshot.layer_windows``): its layer's for a map of one
+    layer (one head, a KV group, a layer mean); for the mean of all layers (``mode == "all"``) a
+    cell is hidden only where every layer hides it, so the largest window, or None (causal only)
+    when some layer is global. None too without windows or for a layer outside them."""
+    if not windows:
+        return None
+    if mode == "all":
+        return None if any(w is None for w in windows) else max(windows)
+    return windows[layer] if 0 <= layer < len(windows) else None
 
 
 def top_left_causal_mask(L: int, S: int) -> np.ndarray:
@@ -71,7 +115,7 @@ def additive(allowed: np.ndarray, dtype=np.float32) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# The mask vocabulary of the attention contract (attnscope.core.attention.reference, attnscope.core.attention.fused, attnscope.core.attention.tiled,
+# The mask vocabulary of the attention contract (attnscope.core.attention.reference, attnscope.core.attention.fused, tests/flash_reference.py,
 # attnscope.core.attention.fused_mlx all normalise their ``mask=`` argument with :func:`as_mask`).
 # ---------------------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The attention contract and its numpy reference implementation.
 
 Every attention implementation in AttnScope (this one, the torch fused path
-:func:`attnscope.core.attention.fused.attention`, the torch tiled online softmax :func:`attnscope.core.attention.tiled.flash_attention`
+:func:`attnscope.core.attention.fused.attention`, the torch tiled online softmax of tests/flash_reference.py (``flash_attention``)
 and the MLX ones in :mod:`attnscope.core.attention.fused_mlx`) follows one contract:
 
 * inputs ``q (B, n_heads, L, D)``, ``k (B, n_kv_heads, S, D)``, ``v (B, n_kv_heads, S, Dv)``;
@@ -86,7 +86,7 @@ def check_qkv(q_shape, k_shape, v_shape) -> Geometry:
 
 
 def default_scale(head_dim: int) -> float:
-    """``1 / sqrt(head_dim)`` (Vaswani et al. 2017 §3.2.1; seed 002: ≈ 0.088 for d_k = 128)."""
+    """``1 / sqrt(head_dim)`` (Vaswani et al. 2017 §3.2.1; ≈ 0.088 for d_k = 128: tests/test_attention_contract.py)."""
     return 1.0 / math.sqrt(head_dim)
 
 

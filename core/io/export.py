@@ -432,12 +432,12 @@ def map_mask(
     """``(n, n)`` bool: the cells of an exported map the mask hid (causal, and ``layer``'s sliding
     window unless ``mode`` is the mean of all layers, where a cell is masked only where every layer
     masks it: the causal part), drawn hatched by every image (:mod:`attnscope.core.io.render`)."""
-    from attnscope.core.io.render import mask_of
+    from attnscope.core.attention.masks import hidden_cells
 
     n = session.seq_len if n is None else int(n)
     window = None if mode == "all" else layer_sliding_window(session, layer)
     pos = np.arange(n)
-    return mask_of(pos, pos, window)
+    return hidden_cells(pos, pos, window)
 
 
 def embed_metadata(path: str | os.PathLike, metadata: dict) -> Path:

@@ -46,7 +46,7 @@ BAND_ROWS = 256  # rows per streamed band
 LONG_COLOUR = ColourSpec(scale="log")  # a long map's colours unless told otherwise
 
 
-def default_scale(n: int) -> str:
+def default_colour_scale(n: int) -> str:
     """Colour scale a map of ``n`` tokens gets by length alone: ``linear`` below :data:`LONG_MAP`,
     ``log`` from there (see the module docstring for why). A map held whole gets its scale from its
     own weights instead (:func:`scale_for_map`)."""
@@ -128,11 +128,11 @@ def scale_for_map(weights, masked=None, n: int | None = None) -> ScaleChoice:
 
 
 def colour_for_length(colour: ColourSpec, n: int) -> ColourSpec:
-    """``colour`` with a concrete scale: a None scale becomes :func:`default_scale` for ``n`` tokens;
+    """``colour`` with a concrete scale: a None scale becomes :func:`default_colour_scale` for ``n`` tokens;
     a scale the user chose stays."""
     if colour.scale is not None:
         return colour
-    return dataclasses.replace(colour, scale=default_scale(n))
+    return dataclasses.replace(colour, scale=default_colour_scale(n))
 
 
 def colour_for_map(colour: ColourSpec, weights, masked=None) -> tuple[ColourSpec, ScaleChoice | None]:
@@ -237,12 +237,13 @@ def coloured(
 ) -> Iterable[np.ndarray]:
     """RGB uint8 bands of the row bands of a map from row 0 (:func:`attnscope.core.io.render.map_pixels`:
     the cells every image draws; with ``masked`` the causal mask and sliding ``window`` hatched)."""
-    from attnscope.core.io.render import map_pixels, mask_of
+    from attnscope.core.attention.masks import hidden_cells
+    from attnscope.core.io.render import map_pixels
 
     r0 = 0
     for b in bands:
         rows, cols = np.arange(r0, r0 + b.shape[0]), np.arange(b.shape[1])
-        m = mask_of(rows, cols, window) if masked else None
+        m = hidden_cells(rows, cols, window) if masked else None
         yield map_pixels(b, colour, masked=m, origin=(0, r0))
         r0 += b.shape[0]
 
@@ -310,7 +311,8 @@ def export_long_png(
             f"a {n}x{n} PNG at one pixel per cell is {n * n / 1e6:.0f} M pixels; pass --full-size "
             f"(full_size=True) to write it, or --size WxH for a max-pooled overview"
         )
-    from attnscope.core.io.render import layer_sliding_window, map_pixels, pooled_mask
+    from attnscope.core.attention.masks import hidden_blocks
+    from attnscope.core.io.render import layer_sliding_window, map_pixels
 
     window = None if mode == "all" else layer_sliding_window(session, layer)
     if full:
@@ -333,5 +335,5 @@ def export_long_png(
     }
     meta["image_size"] = [w, h]
     # blocks of only masked cells hatched (a block with one allowed cell shows its max)
-    rgb = map_pixels(pm.image, colour, masked=pooled_mask(pm.row_edges, pm.col_edges, window))
+    rgb = map_pixels(pm.image, colour, masked=hidden_blocks(pm.row_edges, pm.col_edges, window))
     return write_png_rows(path, w, h, [rgb], meta, dpi)

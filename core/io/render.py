@@ -80,18 +80,6 @@ LEGEND_TEXT = {
 }
 
 
-def mask_of(q_pos, k_pos, window: int | None = None) -> np.ndarray:
-    """``(len(q_pos), len(k_pos))`` bool: True where the mask hid key ``k`` from query ``q``: a later
-    key (causal: ``k > q``) or, with a sliding window of ``window`` keys, ``k <= q - window``
-    (the convention of :mod:`attnscope.core.attention.masks`)."""
-    q = np.asarray(q_pos, dtype=np.int64)[:, None]
-    k = np.asarray(k_pos, dtype=np.int64)[None, :]
-    out = k > q
-    if window:
-        out = out | (k <= q - int(window))
-    return out
-
-
 def cell_kinds(
     weights: np.ndarray, masked: np.ndarray | None = None, blank_rows: int | None = None
 ) -> np.ndarray:
@@ -121,18 +109,6 @@ def map_palette(colour: ColourSpec = DEFAULT_COLOUR, n_levels: int = 256) -> np.
     steps = colour.lut()[np.round(np.linspace(0, 255, n_levels)).astype(int)]
     special = np.array([MASK_BG, MASK_HATCH, NONFINITE_RGB, BLANK_RGB], dtype=np.uint8)
     return np.concatenate([steps, special]).astype(np.uint8)
-
-
-def pooled_mask(row_edges, col_edges, window: int | None = None) -> np.ndarray:
-    """``(R, C)`` bool: the blocks of a pooled map (rows ``row_edges[a]:row_edges[a+1]``, cols
-    likewise) that hold only masked cells (:func:`mask_of`), drawn hatched like a masked cell."""
-    re_, ce = np.asarray(row_edges, dtype=np.int64), np.asarray(col_edges, dtype=np.int64)
-    a, b = re_[:-1, None], re_[1:, None]
-    c, d = ce[None, :-1], ce[None, 1:]
-    out = c > b - 1  # every key after every query of the block
-    if window:
-        out = out | (d - 1 <= a - int(window))
-    return out
 
 
 def pixel_cells(n: int, pixels: int) -> np.ndarray:

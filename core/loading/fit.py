@@ -59,7 +59,7 @@ QUANT_BYTES = {"int8": 1.0, "int4": 0.5 + 4 / 128}
 # MLX (CPU build): 0.4 GB, not measured at real size.
 RUNTIME_BYTES = {name: registry.get(name).runtime_bytes for name in registry.names()}
 FITS, TIGHT, NO_FIT, UNKNOWN = "fits", "tight", "does not fit", "unknown"
-LSE_BYTES = 4  # LSE rows are float32 whatever the model dtype
+LSE_BYTES = 8  # LSE rows are float64 whatever the model dtype (the traces' lse(): core/trace/torch_trace.py)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def human_bytes(n: int | None) -> str:
 
 def capture_bytes(n_layers: int, n_heads: int, head_dim: int, seq_len: int, dtype: str = "float32") -> int:
     """Bytes the Trace holds at ``seq_len`` tokens: per layer q rows (``n_heads × T × head_dim``,
-    model dtype) + LSE rows (``n_heads × T``, float32)."""
+    model dtype) + LSE rows (``n_heads × T``, float64)."""
     return n_layers * n_heads * seq_len * (head_dim * dtype_bytes(dtype) + LSE_BYTES)
 
 

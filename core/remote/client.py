@@ -814,8 +814,7 @@ class RemoteSession(AnalysisMethods):
     def local_snapshot(self):
         """A :class:`~attnscope.core.session.Snapshot` of this client's own copy of the engine's
         sequence (no round trip): what a window keeps showing once the engine is gone, e.g. the
-        tokens a Step ×N made before the engine stopped. ``top_next`` is empty (the candidates'
-        texts are the engine's to decode); ``kv_cache_bytes`` is the formula's.
+        tokens a Step ×N made before the engine stopped. ``kv_cache_bytes`` is the formula's.
 
         Raises:
             SessionError: no model (nothing was ever described by an engine).
@@ -830,7 +829,6 @@ class RemoteSession(AnalysisMethods):
             prompt=self.prompt,
             chat_template=self.chat_template,
             kv_cache_bytes=self.kv_cache_bytes(),
-            top_next=(),
             notices=tuple(str(n) for n in self._notices),
             layer_windows=tuple(layer.sliding_window for layer in self.trace.layers) if self.trace else (),
         )
