@@ -187,3 +187,31 @@ def test_gguf_header_is_parsed_once_while_the_file_is_unchanged(tmp_path, monkey
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     assert gguf_meta.read_gguf_header(path).metadata["test.value"] == 2
     assert len(calls) == 2
+
+
+SCAN = """
+import json, sys
+from attnscope.core.loading import lean_import
+assert lean_import.prepare()
+import transformers, transformers.models
+cache = lean_import._scan_cache[0]
+from transformers.utils import import_utils
+scan = import_utils.create_import_structure_from_path.scan  # transformers' own, uncached
+llama = cache.models + "/llama"
+print(json.dumps({"loaded": cache.loaded, "n": len(cache.memo),
+                  "llama_same": repr(cache(llama)) == repr(scan(llama)),
+                  "config": transformers.LlamaConfig.__name__}))
+"""
+
+
+def test_model_zoo_scan_is_kept_for_the_next_start(tmp_path):
+    """The first start scans and writes the cache file; the next reads it, with the same table."""
+    first = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert first["loaded"] is False and first["n"] > 100 and first["llama_same"]
+    assert (tmp_path / "transformers_import_structure.marshal").is_file()
+    second = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert second["loaded"] is True and second["n"] == first["n"] and second["llama_same"]
+    assert second["config"] == "LlamaConfig"
+    (tmp_path / "transformers_import_structure.marshal").write_bytes(b"not marshal")  # damaged: scanned
+    third = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert third["loaded"] is False and third["llama_same"]

@@ -3,11 +3,12 @@
 :func:`prepare` must run before transformers is first imported (``Session.load`` calls it). It
 changes three things of that import, none of what transformers does when a feature is used:
 
-* **The model-zoo scan once.** transformers builds its lazy-module table by reading every file under
-  ``transformers/models`` (``create_import_structure_from_path``, behind an ``lru_cache`` of 128
-  entries for about 560 folders), once from ``transformers/__init__.py`` and again from
+* **The model-zoo scan once, and kept.** transformers builds its lazy-module table by reading every
+  file under ``transformers/models`` (``create_import_structure_from_path``, behind an ``lru_cache``
+  of 128 entries for about 560 folders), once from ``transformers/__init__.py`` and again from
   ``transformers/models/__init__.py``: the small cache has lost the first scan by then. The cache is
-  made unbounded, so the second scan is a cache hit.
+  made unbounded, so the second scan is a hit, and its result is kept in the cache folder for the
+  next start while transformers' version and folder are unchanged (:class:`_ScanCache`).
 * **torchao and accelerate when used.** ``transformers.quantizers.quantizer_torchao`` imports torchao
   at module level (and with it torch's compiler, about 1.3 s on a 2-core machine); a dozen modules
   (``modeling_utils``, ``integrations.accelerate``, ``integrations.peft``, ``generation.utils``, the
@@ -29,6 +30,8 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import marshal
+import os
 import sys
 import threading
 
@@ -119,15 +122,81 @@ class Deferred:
 
 
 def _fill_deferred(module) -> None:
-    """Bind a :class:`Deferred` for each name ``module``'s deferred blocks did not import."""
+    """Bind a :class:`Deferred` for each name ``module``'s deferred blocks did not import (and, once
+    ``transformers.models`` is imported, keep the model-zoo scan)."""
+    if module.__name__ == "transformers.models" and _scan_cache:
+        _scan_cache[0].save()
     for source, attr, as_name in _pending.pop(module.__name__, ()):
         if as_name not in vars(module):
             setattr(module, as_name, Deferred(source, attr))
 
 
+SCAN_FILE = "transformers_import_structure.marshal"
+
+
+def _scan_key(models: str) -> tuple:
+    """What the scan of ``models`` (the ``transformers/models`` folder) depends on: Python (the
+    marshal format), transformers' version and where it is, the folder's and its index's times."""
+    version = getattr(sys.modules.get("transformers"), "__version__", "")
+    init = os.path.join(models, "__init__.py")
+    return (sys.version, version, models, os.stat(models).st_mtime_ns, os.stat(init).st_mtime_ns)
+
+
+class _ScanCache:
+    """``create_import_structure_from_path`` with an unbounded cache, read from and kept in the cache
+    folder (:data:`SCAN_FILE`, marshal: plain dicts, sets and strings) while :func:`_scan_key` holds.
+    Any failure to read or write it only means the scan runs."""
+
+    def __init__(self, scan, models: str) -> None:
+        #: ``loaded``: the scans were read from the file; ``saved``: this run wrote them
+        self.scan, self.models, self.memo, self.loaded, self.saved = scan, models, {}, False, False
+        try:
+            self.key = _scan_key(models)
+            with open(self._file(), "rb") as f:
+                key, memo = marshal.load(f)
+            if tuple(key) == self.key and isinstance(memo, dict):
+                self.memo, self.loaded = memo, True
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+
+    @staticmethod
+    def _file() -> str:
+        from attnscope.core.loading.cache_folder import cache_root
+
+        return os.path.join(cache_root(), SCAN_FILE)
+
+    def __call__(self, module_path):
+        path = os.fspath(module_path)
+        hit = self.memo.get(path)
+        if hit is None:
+            hit = self.memo[path] = self.scan(module_path)
+        return hit
+
+    def save(self) -> None:
+        """Write the scans of this run when they were not read from the file (atomic replace)."""
+        if self.loaded or self.saved or not self.memo or not hasattr(self, "key"):
+            return
+        try:
+            target = self._file()
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            tmp = f"{target}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                marshal.dump((self.key, self.memo), f)
+            os.replace(tmp, target)
+            self.saved = True
+        except (OSError, ValueError):
+            pass
+
+
+_scan_cache: list[_ScanCache] = []
+
+
 def _patch_import_utils(iu) -> None:
     scan = iu.create_import_structure_from_path
-    iu.create_import_structure_from_path = functools.cache(getattr(scan, "__wrapped__", scan))
+    models = os.path.join(os.path.dirname(os.path.dirname(iu.__file__)), "models")
+    cache = _ScanCache(getattr(scan, "__wrapped__", scan), models)
+    _scan_cache.append(cache)
+    iu.create_import_structure_from_path = cache
     for check in DEFERRED_CHECKS:
         setattr(iu, check, _deferred_check(getattr(iu, check), check))
 
