@@ -1,4 +1,4 @@
-"""Start-up (README "Start-up", docs/benchmarks.md): the window's path imports neither the remote
+"""Start-up (docs/benchmarks.md, "Start-up"): the window's path imports neither the remote
 stack nor torchao nor accelerate, a load parses the GGUF header once, and what transformers' import
 defers (core/loading/lean_import.py) is still there when used."""
 

@@ -1,4 +1,4 @@
-"""Import transformers without the work a local load never needs (README "Start-up").
+"""Import transformers without the work a local load never needs (docs/benchmarks.md, "Start-up").
 
 :func:`prepare` must run before transformers is first imported (``Session.load`` calls it). It
 changes three things of that import, none of what transformers does when a feature is used:
