@@ -18,6 +18,7 @@ there when the window opens.
 from __future__ import annotations
 
 import os
+import sys
 
 from attnscope.app.status import LINK_CHECK
 from PySide6.QtCore import QSettings, QTimer
@@ -313,9 +314,11 @@ class EngineConnector:
 
     # -- status -----------------------------------------------------------------------------------
     def where(self) -> str | None:
-        from attnscope.core.remote.client import engine_where
-
-        return engine_where(self.win.engine.session)
+        """``"torch cpu on HOST"`` when connected to an engine, None for a local session."""
+        # a remote session exists only once the client module was imported: the status bar asks
+        # this after every job, and must not import the remote stack for a local one
+        client = sys.modules.get("attnscope.core.remote.client")
+        return None if client is None else client.engine_where(self.win.engine.session)
 
     def lost(self) -> str | None:
         """``"HOST:PORT"`` of a remote engine whose connection was lost (None: local, or connected)."""

@@ -122,16 +122,33 @@ class Session:
             ModelLoadError: the model reference is unusable (message says why).
             SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
+        import gc
+
         from attnscope.core.backend_registry import get
+        from attnscope.core.loading.lean_import import prepare
         from attnscope.core.loading.quiet import quiet_imports
 
         quiet_imports()  # before any backend imports transformers (and with it torchao)
+        prepare()  # transformers' import without a second model-zoo scan, torchao, accelerate
         spec = get(backend)  # SessionError: unknown backend
-        return cls(
-            spec.load(
-                model, device=device, dtype=dtype, progress=progress, quantize=quantize, device_map=device_map
+        # the imports and the load allocate millions of long-lived objects: the collector's passes
+        # over them would only find them alive (docs/benchmarks.md, start-up)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return cls(
+                spec.load(
+                    model,
+                    device=device,
+                    dtype=dtype,
+                    progress=progress,
+                    quantize=quantize,
+                    device_map=device_map,
+                )
             )
-        )
+        finally:
+            if collecting:
+                gc.enable()
 
     # -- running -----------------------------------------------------------------------------
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:

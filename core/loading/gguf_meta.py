@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections import Counter
-from dataclasses import dataclass, field
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -264,8 +265,17 @@ class _Cursor:
         raise GGUFFormatError(f"header is corrupt: unknown metadata value type {type_id} at byte {self.pos}")
 
 
+#: parsed headers by (resolved path, size, mtime_ns, inode): a load asks for the same file's header
+#: from its checks, its precision and its quantisation steps; a rewritten file is parsed again
+_HEADERS: OrderedDict[tuple, GGUFHeader] = OrderedDict()
+_HEADERS_KEPT = 8
+_headers_lock = threading.Lock()
+
+
 def read_gguf_header(path: str | Path) -> GGUFHeader:
-    """Parse ``path``'s GGUF header and tensor table; weights are never read.
+    """Parse ``path``'s GGUF header and tensor table; weights are never read. The file is parsed
+    once while it is unchanged (same size, modification time and inode; the last
+    :data:`_HEADERS_KEPT` files are kept), so the steps of one load share one parse.
 
     Returns:
         :class:`GGUFHeader` (metadata values: ints, floats, bools, strings, short lists, or
@@ -276,7 +286,23 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
         GGUFFormatError: not GGUF (magic), unsupported version (only 2 and 3), truncated or corrupt.
     """
     path = Path(path)
-    size = path.stat().st_size
+    st = path.stat()  # FileNotFoundError
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    with _headers_lock:
+        header = _HEADERS.get(key)
+        if header is not None:
+            _HEADERS.move_to_end(key)
+    if header is None:
+        header = _parse_gguf_header(path, st.st_size)
+        with _headers_lock:
+            _HEADERS[key] = header
+            while len(_HEADERS) > _HEADERS_KEPT:
+                _HEADERS.popitem(last=False)
+    return header if header.path == path else replace(header, path=path)
+
+
+def _parse_gguf_header(path: Path, size: int) -> GGUFHeader:
+    """The parse behind :func:`read_gguf_header` (errors as there)."""
     if size < 24:
         raise GGUFFormatError(f"{path.name} is not a GGUF file (only {size} bytes)")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:

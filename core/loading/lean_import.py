@@ -1,0 +1,247 @@
+"""Import transformers without the work a local load never needs (docs/benchmarks.md, "Start-up").
+
+:func:`prepare` must run before transformers is first imported (``Session.load`` calls it). It
+changes three things of that import, none of what transformers does when a feature is used:
+
+* **The model-zoo scan once, and kept.** transformers builds its lazy-module table by reading every
+  file under ``transformers/models`` (``create_import_structure_from_path``, behind an ``lru_cache``
+  of 128 entries for about 560 folders), once from ``transformers/__init__.py`` and again from
+  ``transformers/models/__init__.py``: the small cache has lost the first scan by then. The cache is
+  made unbounded, so the second scan is a hit, and its result is kept in the cache folder for the
+  next start while transformers' version and folder are unchanged (:class:`_ScanCache`).
+* **torchao and accelerate when used.** ``transformers.quantizers.quantizer_torchao`` imports torchao
+  at module level (and with it torch's compiler, about 1.3 s on a 2-core machine); a dozen modules
+  (``modeling_utils``, ``integrations.accelerate``, ``integrations.peft``, ``generation.utils``, the
+  losses) import accelerate. Only a transformers module's own module-level ``if
+  is_torchao_available():``/``if is_accelerate_available():`` whose block holds nothing but
+  ``from … import …`` (and no ``else``) is answered False; each name that block would have imported
+  becomes a :class:`Deferred`, which imports the library when called or read. A torchao-quantised
+  checkpoint or a ``device_map`` load imports the library then, as before
+  (tests/test_startup_imports.py).
+
+A transformers already imported is left as it is (:func:`prepare` returns False).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import marshal
+import os
+import sys
+import threading
+
+#: the availability checks whose module-level answer is deferred (the library they guard)
+DEFERRED_CHECKS = ("is_torchao_available", "is_accelerate_available")
+_IMPORT_UTILS = "transformers.utils.import_utils"
+_lock = threading.Lock()
+_prepared: list[bool] = []
+#: module name -> the (module, name, bound_as) its guarded block did not import
+_pending: dict[str, list[tuple[str, str, str]]] = {}
+
+
+@functools.cache
+def _module_ast(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
+def deferrable_block(tree: ast.Module, line: int, check: str) -> list[ast.ImportFrom] | None:
+    """The ``from … import …`` statements of the module-level ``if <check>(…):`` of ``tree`` whose
+    test is on ``line``, when that block holds nothing else and has no ``else``; None otherwise
+    (the check then answers as it would)."""
+    for node in tree.body:
+        if not isinstance(node, ast.If) or not (node.test.lineno <= line <= node.test.end_lineno):
+            continue
+        test = node.test
+        if not (isinstance(test, ast.Call) and getattr(test.func, "id", None) == check) or node.orelse:
+            return None
+        if all(isinstance(stmt, ast.ImportFrom) for stmt in node.body):
+            return list(node.body)
+        return None
+    return None
+
+
+def _deferred_check(real, name: str):
+    """``real`` (an ``is_*_available``), answering False to a transformers module's module-level
+    ``if`` that only imports names (:func:`deferrable_block`); those names become :class:`Deferred`."""
+
+    @functools.wraps(real)
+    def check(*args, **kwargs):
+        caller = sys._getframe(1)
+        module = caller.f_globals.get("__name__", "")
+        path = caller.f_globals.get("__file__")
+        if caller.f_code.co_name != "<module>" or not module.startswith("transformers.") or not path:
+            return real(*args, **kwargs)
+        if not real(*args, **kwargs):
+            return False
+        try:
+            block = deferrable_block(_module_ast(path), caller.f_lineno, name)
+        except (OSError, SyntaxError, ValueError):
+            block = None
+        if block is None:
+            return True
+        package = caller.f_globals.get("__package__") or module.rpartition(".")[0]
+        names = _pending.setdefault(module, [])
+        for stmt in block:
+            source = importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
+            names += [(source, a.name, a.asname or a.name) for a in stmt.names]
+        return False
+
+    check.deferred = True
+    return check
+
+
+class Deferred:
+    """Stands for ``module.attr`` until used: a call or an attribute read imports ``module`` then.
+    (An ``isinstance`` against it would fail: transformers' guarded names are functions, or classes
+    of training code that are called or read.)"""
+
+    __slots__ = ("where",)
+
+    def __init__(self, module: str, attr: str) -> None:
+        self.where = (module, attr)
+
+    def resolve(self):
+        """The real object (imports its module)."""
+        module, attr = self.where
+        return getattr(importlib.import_module(module), attr)
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.resolve(), name)
+
+    def __repr__(self) -> str:
+        return f"<deferred {self.where[0]}.{self.where[1]}>"
+
+
+def _fill_deferred(module) -> None:
+    """Bind a :class:`Deferred` for each name ``module``'s deferred blocks did not import (and, once
+    ``transformers.models`` is imported, keep the model-zoo scan)."""
+    if module.__name__ == "transformers.models" and _scan_cache:
+        _scan_cache[0].save()
+    for source, attr, as_name in _pending.pop(module.__name__, ()):
+        if as_name not in vars(module):
+            setattr(module, as_name, Deferred(source, attr))
+
+
+SCAN_FILE = "transformers_import_structure.marshal"
+
+
+def _scan_key(models: str) -> tuple:
+    """What the scan of ``models`` (the ``transformers/models`` folder) depends on: Python (the
+    marshal format), transformers' version and where it is, the folder's and its index's times."""
+    version = getattr(sys.modules.get("transformers"), "__version__", "")
+    init = os.path.join(models, "__init__.py")
+    return (sys.version, version, models, os.stat(models).st_mtime_ns, os.stat(init).st_mtime_ns)
+
+
+class _ScanCache:
+    """``create_import_structure_from_path`` with an unbounded cache, read from and kept in the cache
+    folder (:data:`SCAN_FILE`, marshal: plain dicts, sets and strings) while :func:`_scan_key` holds.
+    Any failure to read or write it only means the scan runs."""
+
+    def __init__(self, scan, models: str) -> None:
+        #: ``loaded``: the scans were read from the file; ``saved``: this run wrote them
+        self.scan, self.models, self.memo, self.loaded, self.saved = scan, models, {}, False, False
+        try:
+            self.key = _scan_key(models)
+            with open(self._file(), "rb") as f:
+                key, memo = marshal.load(f)
+            if tuple(key) == self.key and isinstance(memo, dict):
+                self.memo, self.loaded = memo, True
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+
+    @staticmethod
+    def _file() -> str:
+        from attnscope.core.loading.cache_folder import cache_root
+
+        return os.path.join(cache_root(), SCAN_FILE)
+
+    def __call__(self, module_path):
+        path = os.fspath(module_path)
+        hit = self.memo.get(path)
+        if hit is None:
+            hit = self.memo[path] = self.scan(module_path)
+        return hit
+
+    def save(self) -> None:
+        """Write the scans of this run when they were not read from the file (atomic replace)."""
+        if self.loaded or self.saved or not self.memo or not hasattr(self, "key"):
+            return
+        try:
+            target = self._file()
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            tmp = f"{target}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                marshal.dump((self.key, self.memo), f)
+            os.replace(tmp, target)
+            self.saved = True
+        except (OSError, ValueError):
+            pass
+
+
+_scan_cache: list[_ScanCache] = []
+
+
+def _patch_import_utils(iu) -> None:
+    scan = iu.create_import_structure_from_path
+    models = os.path.join(os.path.dirname(os.path.dirname(iu.__file__)), "models")
+    cache = _ScanCache(getattr(scan, "__wrapped__", scan), models)
+    _scan_cache.append(cache)
+    iu.create_import_structure_from_path = cache
+    for check in DEFERRED_CHECKS:
+        setattr(iu, check, _deferred_check(getattr(iu, check), check))
+
+
+class _Then(importlib.abc.Loader):
+    """A loader that runs ``then(module)`` after the real loader executed the module."""
+
+    def __init__(self, loader, then) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._then(module)
+
+    def __getattr__(self, name):  # get_source, get_resource_reader, … of the real loader
+        return getattr(self._loader, name)
+
+
+class _Hooks(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == _IMPORT_UTILS:
+            then = _patch_import_utils
+        elif fullname.startswith("transformers."):
+            then = _fill_deferred
+        else:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Then(spec.loader, then)
+        return spec
+
+
+def prepare() -> bool:
+    """Make transformers' first import skip the second model-zoo scan and import torchao and
+    accelerate only when used (the module's docstring). Idempotent, thread-safe; returns True when
+    the hooks are in place, False when transformers was already imported (nothing changed)."""
+    with _lock:
+        if _prepared:
+            return _prepared[0]
+        if "transformers" in sys.modules:
+            _prepared.append(False)
+            return False
+        sys.meta_path.insert(0, _Hooks())
+        _prepared.append(True)
+        return True

@@ -1,0 +1,217 @@
+"""Start-up (docs/benchmarks.md, "Start-up"): the window's path imports neither the remote
+stack nor torchao nor accelerate, a load parses the GGUF header once, and what transformers' import
+defers (core/loading/lean_import.py) is still there when used."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from attnscope.core.loading import gguf_meta
+from attnscope.core.loading.lean_import import deferrable_block
+
+#: imported only when used: the quantiser library, the device-map library, the remote stack
+NOT_AT_START = ("torchao", "accelerate", "ray")
+REMOTE = (
+    "attnscope.core.remote.client",
+    "attnscope.core.remote.server",
+    "attnscope.core.remote.ray_engine",
+    "attnscope.core.remote.wire",
+)
+
+WINDOW = """
+import atexit, json, os, sys
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+os.environ["ATTNSCOPE_STARTUP_PROBE"] = "1"  # quit once the model is loaded (app/launch.py)
+from attnscope.core.loading import gguf_meta
+parses = []
+parse = gguf_meta._parse_gguf_header
+def counted(path, size):
+    parses.append(str(path))
+    return parse(path, size)
+gguf_meta._parse_gguf_header = counted
+def report():
+    print("REPORT " + json.dumps({"modules": sorted(sys.modules), "parses": parses}), flush=True)
+atexit.register(report)
+from attnscope.app.cli import main
+rc = main([])
+"""
+
+
+def _run(script: str, timeout: float = 300, **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **env_vars)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_window_start_up_loads_the_model_without_the_heavy_stack(tmp_path):
+    """The whole start-up of ``attnscope`` (window, then the embedded model, then Run enabled)."""
+    out = _run(WINDOW, XDG_CONFIG_HOME=str(tmp_path))  # its settings file in tmp_path
+    assert '"error": null' in out.stdout, out.stdout[-2000:]  # the probe saw the model ready
+    report = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("REPORT "))[7:])
+    modules = set(report["modules"])
+    assert "transformers" in modules and "attnscope.core.session" in modules  # it did load
+    loaded = sorted(m for m in modules if m.split(".")[0] in NOT_AT_START or m in REMOTE)
+    assert loaded == []
+    # the embedded model is a GGUF: its checks, precision and quantisation share one parse
+    assert len(report["parses"]) == 1, report["parses"]
+    assert report["parses"][0].endswith(".gguf")
+
+
+DEFERRED = """
+import sys
+from attnscope.core.loading.lean_import import Deferred, prepare
+assert prepare()
+import transformers.modeling_utils as mu
+from transformers.quantizers import quantizer_torchao as qt
+from transformers.integrations import accelerate as ia
+from transformers.utils import is_accelerate_available, is_torchao_available
+assert "torchao" not in sys.modules and "accelerate" not in sys.modules, "imported at start"
+assert isinstance(qt.flatten_tensor_state_dict, Deferred)
+assert isinstance(mu.add_hook_to_module, Deferred) and isinstance(ia.dispatch_model, Deferred)
+assert ia.accelerate_max_memory.where == ("accelerate.utils", "get_max_memory")  # an "as" name
+def inside():  # a check inside a function answers as it always did
+    return is_torchao_available() and is_accelerate_available()
+assert inside()
+from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+import accelerate.hooks, accelerate.utils
+assert qt.flatten_tensor_state_dict.resolve() is flatten_tensor_state_dict
+assert mu.add_hook_to_module.resolve() is accelerate.hooks.add_hook_to_module
+assert ia.accelerate_max_memory.resolve() is accelerate.utils.get_max_memory
+# called through the stand-in: accelerate's own answer
+assert ia.accelerate_max_memory({"cpu": 1000}) == accelerate.utils.get_max_memory({"cpu": 1000})
+print("deferred ok")
+"""
+
+
+def test_deferred_names_resolve_to_the_libraries_when_used():
+    pytest.importorskip("torchao")
+    pytest.importorskip("accelerate")
+    out = _run(DEFERRED)
+    assert "deferred ok" in out.stdout
+
+
+TORCHAO_CHECKPOINT = """
+import sys, tempfile
+from attnscope.core.loading.lean_import import prepare
+assert prepare()
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, TorchAoConfig
+assert "torchao" not in sys.modules
+cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2)
+torch.manual_seed(0)
+with tempfile.TemporaryDirectory() as d:
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    from torchao.quantization import Int8WeightOnlyConfig
+    m = AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()), dtype=torch.float32)
+    w = m.model.layers[0].mlp.up_proj.weight
+    print("quantised", type(w).__name__, m.hf_quantizer.__class__.__name__)
+"""
+
+
+@pytest.mark.slow
+def test_a_torchao_quantised_load_still_runs_through_transformers():
+    pytest.importorskip("torchao")
+    out = _run(TORCHAO_CHECKPOINT)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("quantised "))
+    kind, quantizer = line.split()[1:]
+    assert quantizer == "TorchAoHfQuantizer"
+    assert kind != "Parameter"  # torchao's tensor subclass, not a float weight
+
+
+def _tree(src: str) -> ast.Module:
+    return ast.parse(textwrap.dedent(src))
+
+
+def test_deferrable_block_takes_only_import_only_ifs():
+    src = """
+        if is_x_available():
+            from a.b import c as d, e
+        if is_x_available():
+            from f import g
+        else:
+            g = None
+        if is_x_available():
+            import h
+        if is_y_available():
+            from i import j
+    """
+    tree = _tree(src)
+    block = deferrable_block(tree, 2, "is_x_available")
+    assert [(s.module, [(a.name, a.asname) for a in s.names]) for s in block] == [
+        ("a.b", [("c", "d"), ("e", None)])
+    ]
+    assert deferrable_block(tree, 4, "is_x_available") is None  # an else branch would run
+    assert deferrable_block(tree, 8, "is_x_available") is None  # a module, not a name
+    assert deferrable_block(tree, 10, "is_x_available") is None  # another check
+    assert deferrable_block(tree, 3, "is_x_available") is None  # not the test's line
+
+
+def _write_gguf(path, value: int) -> None:
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("test.value", value)
+    w.add_tensor("t", np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_header_is_parsed_once_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, 1)
+    calls = []
+    parse = gguf_meta._parse_gguf_header
+    monkeypatch.setattr(gguf_meta, "_parse_gguf_header", lambda p, size: calls.append(p) or parse(p, size))
+    first = gguf_meta.read_gguf_header(path)
+    again = gguf_meta.read_gguf_header(str(path))
+    assert len(calls) == 1 and again is first and first.metadata["test.value"] == 1
+    link = tmp_path / "link.gguf"
+    link.symlink_to(path)
+    through = gguf_meta.read_gguf_header(link)  # the same file by another name: no parse, its own path
+    assert len(calls) == 1 and through.path == link and through.tensors == first.tensors
+    _write_gguf(path, 2)  # rewritten: parsed again
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert gguf_meta.read_gguf_header(path).metadata["test.value"] == 2
+    assert len(calls) == 2
+
+
+SCAN = """
+import json, sys
+from attnscope.core.loading import lean_import
+assert lean_import.prepare()
+import transformers, transformers.models
+cache = lean_import._scan_cache[0]
+from transformers.utils import import_utils
+scan = import_utils.create_import_structure_from_path.scan  # transformers' own, uncached
+llama = cache.models + "/llama"
+print(json.dumps({"loaded": cache.loaded, "n": len(cache.memo),
+                  "llama_same": repr(cache(llama)) == repr(scan(llama)),
+                  "config": transformers.LlamaConfig.__name__}))
+"""
+
+
+def test_model_zoo_scan_is_kept_for_the_next_start(tmp_path):
+    """The first start scans and writes the cache file; the next reads it, with the same table."""
+    first = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert first["loaded"] is False and first["n"] > 100 and first["llama_same"]
+    assert (tmp_path / "transformers_import_structure.marshal").is_file()
+    second = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert second["loaded"] is True and second["n"] == first["n"] and second["llama_same"]
+    assert second["config"] == "LlamaConfig"
+    (tmp_path / "transformers_import_structure.marshal").write_bytes(b"not marshal")  # damaged: scanned
+    third = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert third["loaded"] is False and third["llama_same"]
