@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
@@ -324,7 +325,7 @@ class HeatmapView(QWidget):
         self.mask_window: int | None = (
             None  # sliding window the shown map was masked with (None = causal only)
         )
-        self.mask_window_provider = None  # optional callable () -> int | None, asked at each redraw
+        self.mask_window_provider: Callable[[], int | None] | None = None  # asked at each redraw
         # learned sinks (gpt-oss): each query row's share on the sink slot for the map shown, by absolute
         # row (None: no learned sinks, or not this map's yet); the readout says it
         self.learned_share: np.ndarray | None = None

@@ -34,6 +34,8 @@ import marshal
 import os
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 #: the availability checks whose module-level answer is deferred (the library they guard)
 DEFERRED_CHECKS = ("is_torchao_available", "is_accelerate_available")
@@ -55,13 +57,16 @@ def deferrable_block(tree: ast.Module, line: int, check: str) -> list[ast.Import
     test is on ``line``, when that block holds nothing else and has no ``else``; None otherwise
     (the check then answers as it would)."""
     for node in tree.body:
-        if not isinstance(node, ast.If) or not (node.test.lineno <= line <= node.test.end_lineno):
+        if not isinstance(node, ast.If) or not (
+            node.test.lineno <= line <= (node.test.end_lineno or node.test.lineno)
+        ):
             continue
         test = node.test
         if not (isinstance(test, ast.Call) and getattr(test.func, "id", None) == check) or node.orelse:
             return None
-        if all(isinstance(stmt, ast.ImportFrom) for stmt in node.body):
-            return list(node.body)
+        imports = [stmt for stmt in node.body if isinstance(stmt, ast.ImportFrom)]
+        if len(imports) == len(node.body):
+            return imports
         return None
     return None
 
@@ -92,7 +97,7 @@ def _deferred_check(real, name: str):
             names += [(source, a.name, a.asname or a.name) for a in stmt.names]
         return False
 
-    check.deferred = True
+    check.deferred = True  # type: ignore[attr-defined]  # marks the wrapper: prepare() runs once
     return check
 
 
@@ -220,6 +225,7 @@ class _Then(importlib.abc.Loader):
 
 class _Hooks(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
+        then: Callable[[Any], None]
         if fullname == _IMPORT_UTILS:
             then = _patch_import_utils
         elif fullname.startswith("transformers."):
