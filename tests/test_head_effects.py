@@ -541,3 +541,36 @@ def test_heads_bench_runs_and_its_loop_measures_the_same_effect(tmp_path):
     assert set(res["ratios"]) >= set(res["targets"]) and all(v > 0 for v in res["ratios"].values())
     assert "per-head loop" in format_heads_table(res)
     assert sample_layers(30, 5) == [3, 9, 15, 21, 27] and sample_layers(2, 1) == [1]
+
+
+@pytest.mark.slow
+def test_smollm2_readout_sweep_equals_hooked_forwards():
+    """On the embedded SmolLM2 (float32): one layer's batched read-out sweep (every query head in one
+    decode step) against a plain transformers forward per head with its slice of ``o_proj``'s input
+    zeroed at the read-out position, and the GQA group against the group's slices zeroed."""
+    from attnscope.core.analysis.head_effects import head_effects, make_target
+    from attnscope.core.bench.overhead import HFRunner
+    from attnscope.core.loading.resolve import resolve
+    from attnscope.core.session import Session
+
+    s = Session.load()
+    s.prefill("When Mary and John went to the store, John gave a drink to", chat_template=False)
+    t = make_target(s, "logit_diff", token=" Mary", other=" John")
+    layer = 23
+    eff = head_effects(s, t, "zero", "readout", layers=[layer], kv_side=False)
+    assert eff.reused
+    folder, _ = resolve(None)
+    ref = HFRunner(folder, "sdpa", s.backend.device).model
+    ids, D, p = list(s.ids), s.info.head_dim, len(s.ids) - 1
+    logits = _hooked_logits(ref, ids, layer, [], D)[p]
+    clean = logits[t.token] - logits[t.other]
+    assert abs(eff.clean - clean) < 1e-5
+    for h in range(s.info.n_heads):
+        lg = _hooked_logits(ref, ids, layer, [h], D, positions=slice(p, p + 1))[p]
+        assert abs(eff.query[layer, h] - (lg[t.token] - lg[t.other] - clean)) < 5e-5, (
+            h
+        )  # logits near 10: float32
+    group = list(s.info.group(1))
+    lg = _hooked_logits(ref, ids, layer, group, D, positions=slice(p, p + 1))[p]
+    assert abs(eff.kv[layer, 1] - (lg[t.token] - lg[t.other] - clean)) < 5e-5
+    assert abs(eff.query[layer, 3] - (-2.93)) < 0.01  # the docs' name mover

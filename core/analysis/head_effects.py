@@ -557,16 +557,35 @@ class _Runner:
             self._restore()
             return out
 
-    def _from(self, layer: int) -> np.ndarray:
+    def batch(self, layer: int, hooks: Sequence[tuple[Any, Callable, str]], n: int) -> np.ndarray:
+        """``(n, vocab)`` float32 logits at the read-out position: one decode step of ``n`` rows from
+        layer ``layer`` on, row ``b`` changed by the hooks that touch batch row ``b`` (:func:`_row_hooks`).
+
+        Readout scope with :attr:`reuse` only. Every row attends to the same cached prefix: each layer's
+        keys and values are the prefix's, expanded to ``n`` rows as a view (no copy kept), with the row's
+        own position ``p`` appended for that call only (:class:`_SharedPrefix`); the cache is not changed.
+        """
+        import torch
+
+        assert self.scope == "readout" and self.reuse
+        with torch.inference_mode(), _apply(hooks):
+            return self._from(layer, n)
+
+    def _from(self, layer: int, n: int = 0) -> np.ndarray:
         import torch
 
         be, parts = self.be, self.parts
-        cache = be.cache if self.scope == "readout" else be._new_cache()
+        if n:
+            cache: Any = _SharedPrefix(be._cache_layers(), n)
+        else:
+            cache = be.cache if self.scope == "readout" else be._new_cache()
         h = None
         with torch.inference_mode():
             for chunk in self.chunks:
                 args, kw = chunk[layer]
                 h = args[0] if args else kw["hidden_states"]
+                if n:
+                    h = h.expand(n, *h.shape[1:])
                 for i in range(layer, len(parts.layers)):
                     args, kw = chunk[i]
                     kw = dict(kw)
@@ -580,15 +599,77 @@ class _Runner:
                         out = parts.layers[i](**kw)
                     h = out[0] if isinstance(out, tuple) else out
             assert h is not None
-            x = parts.lm_head(parts.norm(h[:, -1:]))[0, -1].float()
+            x = parts.lm_head(parts.norm(h[:, -1:]))[:, -1].float()
             if parts.final_softcap:
                 x = torch.tanh(x / parts.final_softcap) * parts.final_softcap
+        if n:
+            return x.cpu().numpy()
+        x = x[0]
         if self.scope == "readout":  # drop position p from the layers the re-run appended it to
             for cl in be._cache_layers():
                 if getattr(cl, "keys", None) is not None and cl.keys.numel() and cl.keys.shape[-2] > self.p:
                     cl.keys = cl.keys[..., : self.p, :]
                     cl.values = cl.values[..., : self.p, :]
         return x.cpu().numpy()
+
+
+class _SharedPrefix:
+    """A stand-in for the KV cache in a batched read-out decode step (:meth:`_Runner.batch`).
+
+    ``update`` returns each layer's cached prefix keys/values (``(1, n_kv_heads, p, D)``), expanded to the
+    batch's rows without a copy, followed by the batch's own new keys/values for position ``p``; it stores
+    nothing, so the prefix cache stays as it was and the step needs no cropping.
+    """
+
+    def __init__(self, layers: list, n: int):
+        self.layers, self.n = layers, n
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        import torch
+
+        cl = self.layers[layer_idx]
+        keys = getattr(cl, "keys", None)
+        if keys is None or not keys.numel():
+            return key_states, value_states
+        shape = (self.n, *keys.shape[1:])
+        return (
+            torch.cat([keys.expand(shape), key_states], dim=-2),
+            torch.cat([cl.values.expand(shape), value_states], dim=-2),
+        )
+
+
+def _row_hooks(parts: _Parts, units: Sequence[_Unit], D: int, values: dict | None) -> list:
+    """Hooks for a batched read-out step: batch row ``b`` has unit ``units[b]`` replaced at its (only,
+    last) position, by ``values[(key, layer)]``'s last row or zeros: what :func:`_unit_hooks` does to a
+    batch of one, row by row."""
+    by_mod: dict[int, tuple[Any, str, list]] = {}
+    for b, u in enumerate(units):
+        for mod, kind, key, cols in _site_modules(parts, u, D):
+            v = None if values is None else values.get((key, u.layer))
+            by_mod.setdefault(id(mod), (mod, kind, []))[2].append((b, cols, v))
+
+    def put(x, rows):
+        x = x.clone()
+        for b, cols, v in rows:
+            for sl in cols:
+                x[b, -1, sl] = 0 if v is None else v[-1, sl].to(x.dtype)
+        return x
+
+    hooks: list = []
+    for mod, kind, rows in by_mod.values():
+        if kind == "pre":
+
+            def pre(_m, args, rows=rows):
+                return (put(args[0], rows), *args[1:])
+
+            hooks.append((mod, pre, "pre"))
+        else:
+
+            def post(_m, _args, out, rows=rows):
+                return put(out, rows)
+
+            hooks.append((mod, post, "post"))
+    return hooks
 
 
 # -- ablation -------------------------------------------------------------------------------------------
@@ -701,8 +782,10 @@ def head_effects(
             have separate k/v projections.
 
     Cost: one forward of ``ids[:p]`` and a recording decode step (readout) or forward (everywhere),
-    then per head the layers from its own on (:class:`_Runner`): at most one decode step per head
-    (readout), at most one forward of ``ids[:p + 1]`` (everywhere; on average about half of one).
+    then per head the layers from its own on (:class:`_Runner`). Readout: every unit of a layer (its
+    query heads, GQA groups and K/V sides) in one batched decode step from that layer on, over the
+    prefix's KV cache shared as a view (:meth:`_Runner.batch`): one step per layer, not per head.
+    Everywhere: at most one forward of ``ids[:p + 1]`` per head (on average about half of one).
     Memory: one extra KV cache of the prefix, plus every layer's input hidden states (everywhere).
 
     Raises:
@@ -745,9 +828,21 @@ def head_effects(
         clean_logits = run.clean
         clean = target.value(clean_logits, clean_logits)
         pos = slice(-1, None) if scope == "readout" else slice(None)
+        batched = scope == "readout" and run.reuse
+        per_layer: dict[int, list[_Unit]] = {}
+        for u in units:
+            per_layer.setdefault(u.layer, []).append(u)
+        rows: dict[_Unit, np.ndarray] = {}
         for done, u in enumerate(units):
             _check(cancelled, done, total)
-            logits = run.logits(u.layer, _unit_hooks(parts, u, D, values, pos))
+            if batched:  # every unit of the layer in one decode step, the first time the layer is reached
+                if u not in rows:
+                    us = per_layer[u.layer]
+                    batch = run.batch(u.layer, _row_hooks(parts, us, D, values), len(us))
+                    rows = dict(zip(us, batch, strict=True))
+                logits = rows[u]
+            else:
+                logits = run.logits(u.layer, _unit_hooks(parts, u, D, values, pos))
             effect = target.value(logits, clean_logits)
             out[u.row][u.layer, u.col] = effect if target.kind == "kl" else effect - clean
             if progress is not None:

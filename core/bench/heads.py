@@ -17,10 +17,15 @@ apart, so a busy machine slows both sides alike):
   sample of layers spread evenly (its mean layer is the model's middle; the cost of a head grows with the
   layers above it), against the loop's time for the same number of units;
 * ``attribution``: attribution patching (one forward with gradients and one backward per direction,
-  :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions.
+  :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions;
+* ``lens``: the logit lens of the last 64 positions at every layer
+  (:func:`attnscope.core.analysis.head_effects.logit_lens`), in seconds;
+* ``peak``: the process's peak resident memory after all the sweeps above over its peak after the
+  prefill (both include the weights; the loop's plain model is loaded after this is read).
 
 Targets (the ratios' floors): read-out sweep ≤ 5 × prefill and ≥ 30 × faster than the loop; everywhere ≤
-0.6 × the loop; attribution (one direction) ≤ 3 × prefill.
+0.6 × the loop; attribution (one direction) ≤ 3 × prefill; logit lens ≤ 0.5 s; peak ≤ 1.1 × the
+prefill's.
 """
 
 from __future__ import annotations
@@ -35,12 +40,16 @@ TARGETS = {  # ratio -> (limit, "max" | "min")
     "loop_over_readout": (30.0, "min"),
     "everywhere_over_loop": (0.6, "max"),
     "attribution_over_prefill": (3.0, "max"),
+    "lens_s": (0.5, "max"),  # seconds, 64 positions x every layer
+    "peak_over_prefill_peak": (1.10, "max"),
 }
 LABELS = {
     "readout_over_prefill": "read-out sweep of every head / prefill",
     "loop_over_readout": "per-head loop of full forwards / read-out sweep",
     "everywhere_over_loop": "everywhere sweep (layers below reused) / per-head loop",
     "attribution_over_prefill": "attribution patching (one direction, all heads) / prefill",
+    "lens_s": "logit lens, 64 positions x every layer (seconds)",
+    "peak_over_prefill_peak": "peak memory after every sweep / after the prefill (RSS)",
 }
 
 
@@ -75,7 +84,12 @@ def run_heads_bench(
     prompt of ``seq_len`` tokens; returns raw seconds, the ratios and the targets (JSON-ready)."""
     import numpy as np
     import torch
-    from attnscope.core.analysis.head_effects import attribution_patching, head_effects, make_target
+    from attnscope.core.analysis.head_effects import (
+        attribution_patching,
+        head_effects,
+        logit_lens,
+        make_target,
+    )
     from attnscope.core.bench.overhead import HFRunner
     from attnscope.core.bench.views import long_text
     from attnscope.core.loading.resolve import resolve
@@ -88,6 +102,7 @@ def run_heads_bench(
         _, t = _timed(lambda: s.prefill(text, chat_template=False))
         times.append(t)
         cpus.append(CPU["last"])
+    peak_prefill = _peak_rss()
     ids = list(s.ids)
     T = len(ids)
     info = s.info
@@ -110,11 +125,42 @@ def run_heads_bench(
     out["reused"] = eff.reused
     log(f"heads: read-out sweep of {units} units {rows['readout_s']:.2f} s")
 
+    layers = list(info.arch.attention_layers)
+    sample = [layers[i] for i in sample_layers(len(layers), everywhere_layers)]
+    ev, rows["everywhere_s"] = _timed(
+        lambda: head_effects(s, t, "zero", "everywhere", layers=sample, kv_side=False)
+    )
+    cpu["everywhere_s"] = CPU["last"]
+    ev_units = int(np.isfinite(ev.query).sum() + np.isfinite(ev.kv).sum())
+    out["everywhere_layers"] = sample
+    out["everywhere_units"] = ev_units
+    log(f"heads: everywhere, {ev_units} units in layers {sample}: {rows['everywhere_s']:.2f} s")
+
+    bad = list(ids)
+    bad[len(bad) // 2] = ids[len(ids) // 2 - 1]  # one token changed: same length
+    _, rows["attribution_one_s"] = _timed(
+        lambda: attribution_patching(s, bad, t, "everywhere", directions=("denoise",))
+    )
+    cpu["attribution_one_s"] = CPU["last"]
+    _, rows["attribution_both_s"] = _timed(lambda: attribution_patching(s, bad, t, "everywhere"))
+    cpu["attribution_both_s"] = CPU["last"]
+    log(
+        f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions {rows['attribution_both_s']:.2f} s)"
+    )
+
+    P = min(64, T)
+    _, rows["lens_s"] = _timed(lambda: logit_lens(s, positions=list(range(T - P, T)), k=5))
+    cpu["lens_s"] = CPU["last"]
+    out["lens_positions"] = P
+    log(f"heads: logit lens, {P} positions x {info.n_layers} layers {rows['lens_s']:.3f} s")
+    # the process's resident peak (the weights included) after the sweeps, before the plain model the
+    # loop needs is loaded: how far the sweeps raised it above the prefill's own
+    out["peak_rss_bytes"] = {"prefill": peak_prefill, "sweeps": _peak_rss()}
+
     folder, _ = resolve(model)
     ref = HFRunner(folder, "sdpa", s.backend.device).model
     D, H = info.head_dim, info.n_heads
     x = torch.tensor([ids], device=s.backend.device)
-    layers = list(info.arch.attention_layers)
     heads = [(layer, i % H) for i, layer in enumerate(sample_layers(len(layers), loop_heads))]
     loop, loop_cpu = [], []
     check = None
@@ -146,38 +192,29 @@ def run_heads_bench(
     log(f"heads: per-head loop {rows['loop_per_head_s']:.2f} s a head (x {units} units)")
     ref = None  # the plain model is not needed any more
 
-    sample = [layers[i] for i in sample_layers(len(layers), everywhere_layers)]
-    ev, rows["everywhere_s"] = _timed(
-        lambda: head_effects(s, t, "zero", "everywhere", layers=sample, kv_side=False)
-    )
-    cpu["everywhere_s"] = CPU["last"]
-    ev_units = int(np.isfinite(ev.query).sum() + np.isfinite(ev.kv).sum())
-    out["everywhere_layers"] = sample
-    out["everywhere_units"] = ev_units
     rows["everywhere_loop_s"] = rows["loop_per_head_s"] * ev_units
     cpu["everywhere_loop_s"] = cpu["loop_per_head_s"] * ev_units
-    log(f"heads: everywhere, {ev_units} units in layers {sample}: {rows['everywhere_s']:.2f} s")
-
-    bad = list(ids)
-    bad[len(bad) // 2] = ids[len(ids) // 2 - 1]  # one token changed: same length
-    _, rows["attribution_one_s"] = _timed(
-        lambda: attribution_patching(s, bad, t, "everywhere", directions=("denoise",))
-    )
-    cpu["attribution_one_s"] = CPU["last"]
-    _, rows["attribution_both_s"] = _timed(lambda: attribution_patching(s, bad, t, "everywhere"))
-    cpu["attribution_both_s"] = CPU["last"]
-    log(
-        f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions {rows['attribution_both_s']:.2f} s)"
-    )
 
     out["ratios"] = _ratios(rows)
     out["ratios_cpu"] = _ratios(cpu)  # the same from the process's CPU seconds (a busy machine)
     ratios = out["ratios"]
+    ratios["lens_s"] = rows["lens_s"]
+    ratios["peak_over_prefill_peak"] = out["peak_rss_bytes"]["sweeps"] / out["peak_rss_bytes"]["prefill"]
+    out["ratios_cpu"]["lens_s"] = cpu["lens_s"]
+    out["ratios_cpu"]["peak_over_prefill_peak"] = ratios["peak_over_prefill_peak"]
     out["targets"] = {
         k: {"limit": lim, "kind": kind, "met": ratios[k] <= lim if kind == "max" else ratios[k] >= lim}
         for k, (lim, kind) in TARGETS.items()
     }
     return out
+
+
+def _peak_rss() -> int:
+    """The process's peak resident set so far, bytes (``getrusage``; Linux counts KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _ratios(rows: dict) -> dict:
@@ -203,6 +240,9 @@ def format_heads_table(result: dict) -> str:
         f"{rows['everywhere_s']:.3f} s (loop: {rows['everywhere_loop_s']:.1f} s)",
         f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
         f"(both directions {rows['attribution_both_s']:.3f} s)",
+        f"  logit lens, {result['lens_positions']} positions        {rows['lens_s']:9.3f} s",
+        f"  peak RSS after prefill / sweeps      {result['peak_rss_bytes']['prefill'] / 2**30:6.2f} / "
+        f"{result['peak_rss_bytes']['sweeps'] / 2**30:.2f} GiB",
         "",
     ]
     for k, label in LABELS.items():

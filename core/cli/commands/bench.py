@@ -128,6 +128,20 @@ def add_arguments(p) -> None:
         "loop of full forwards, the everywhere sweep, attribution patching, as ratios (--sizes: T, default 2048)",
     )
     p.add_argument(
+        "--loop-heads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --heads: heads the per-head loop times (its total is their median x every unit; default 5)",
+    )
+    p.add_argument(
+        "--everywhere-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --heads: layers the everywhere sweep samples, spread evenly (default 5)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
@@ -194,8 +208,8 @@ def run(args) -> int:
             model=args.model,
             seq_len=64 if args.quick else (_sizes(args.sizes)[-1] if args.sizes else 2048),
             repeats=args.repeats if args.repeats is not None else (1 if args.quick else 2),
-            loop_heads=2 if args.quick else 5,
-            everywhere_layers=1 if args.quick else 5,
+            loop_heads=args.loop_heads or (2 if args.quick else 5),
+            everywhere_layers=args.everywhere_layers or (1 if args.quick else 5),
             log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
         )
         _emit(format_heads_table(result), result, args.json, out)
