@@ -10,6 +10,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+#: The Qt-free lane (``ATTNSCOPE_HEADLESS=1 pytest -p no:pytest-qt tests/core``, as napari's headless run): Qt, pyqtgraph
+#: and the app cannot be imported, so a core test that needs them fails where a machine has no display
+#: stack. tests/integration/test_test_layout.py runs this lane's collection and checks the core tests'
+#: fixtures.
+HEADLESS_BLOCKED = ("PySide6", "shiboken6", "pyqtgraph", "attnscope.app")
+
+
+class _HeadlessBlocker:
+    """A meta-path finder that refuses :data:`HEADLESS_BLOCKED` (and their submodules) by name."""
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in HEADLESS_BLOCKED):
+            raise ModuleNotFoundError(f"the headless lane (ATTNSCOPE_HEADLESS=1) imports no {name}", name=name)
+        return None
+
+
+HEADLESS = os.environ.get("ATTNSCOPE_HEADLESS") == "1"
+if HEADLESS:
+    import sys
+
+    sys.meta_path.insert(0, _HeadlessBlocker())
+
 
 def pytest_configure(config):
     """What the app's entry point (attnscope.app.launch.run_gui) sets once: pyqtgraph's options.
@@ -28,7 +50,7 @@ def pytest_configure(config):
             f"rerun `{typecheck.REINSTALL}`"
         )
 
-    if importlib.util.find_spec("pyqtgraph") is not None:
+    if not HEADLESS and importlib.util.find_spec("pyqtgraph") is not None:
         from attnscope.app import qt_options
 
         qt_options.configure()

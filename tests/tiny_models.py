@@ -85,7 +85,7 @@ FAMILIES = {
         ),
     ),
     # gemma2: attention-logit soft-capping with a cap small enough to bend these random scores
-    # (cap·tanh(s/cap) moves them by up to ~30 %: tests/test_softcap.py checks it bites), plus
+    # (cap·tanh(s/cap) moves them by up to ~30 %: tests/core/test_softcap.py checks it bites), plus
     # Gemma 2's alternating windows and query_pre_attn_scalar.
     "gemma2": (
         "gemma2",
@@ -457,8 +457,8 @@ def tiny_tokenizer():
     )
 
 
-#: multimodal checkpoints whose language model is hybrid: tested by tests/test_hybrid.py (by real layer
-#: index, the other layers marked), not by tests/test_families.py's every-layer comparison
+#: multimodal checkpoints whose language model is hybrid: tested by tests/core/test_hybrid.py (by real layer
+#: index, the other layers marked), not by tests/core/test_families.py's every-layer comparison
 HYBRID_MULTIMODAL = ("qwen3_5",)
 ALL_FAMILIES = sorted({**FAMILIES, **MULTIMODAL}.keys() - set(HYBRID_MULTIMODAL))
 

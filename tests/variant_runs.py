@@ -1,4 +1,4 @@
-"""Shared by tests/test_softcap.py and tests/test_learned_sinks.py (not a test module): a tiny random
+"""Shared by tests/core/test_softcap.py and tests/core/test_learned_sinks.py (not a test module): a tiny random
 gemma2 / gpt_oss model run through a Session as the app runs it (chunked prefill, greedy decode steps,
 step back), and transformers eager on the whole sequence at once."""
 

@@ -1,4 +1,4 @@
-"""Issue 11 on CUDA: a real-size (Llama-3.1-8B-shaped, bf16, random weights built on the GPU from the
+"""On CUDA: a real-size (Llama-3.1-8B-shaped, bf16, random weights built on the GPU from the
 published config) capture run, its int8/int4 weight-only memory, and a two-device ``device_map`` run.
 
 Skipped without CUDA; the two-device test also with fewer than two GPUs. Run on a GPU machine with
