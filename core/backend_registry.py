@@ -13,7 +13,7 @@ on most machines).
 A new backend: a class implementing :class:`attnscope.core.backends.base.Backend` with a ``load``
 classmethod, and one :func:`register` call below. Every other list of backends (``--backend``'s
 choices, the Backend menu, the picker's and Compare tab's combos, the remote picker, the fit
-estimate, the saved-session check) derives from this table: ``tests/test_one_source.py`` fails when a
+estimate, the saved-session check) derives from this table: ``tests/integration/test_one_source.py`` fails when a
 backend's name is typed anywhere else in core/ or app/.
 """
 
@@ -31,7 +31,7 @@ from attnscope.core.errors import SessionError
 # Which model families the MLX backend runs, from two sources of model code: the hand-written models of
 # attnscope.core.backends.mlx_arch (MLX_OWN_FAMILIES), and mlx-lm's own ``models/<family>.py`` with
 # AttnScope's attention path hooked in (attnscope.core.backends.mlx_lm_arch, MLX_LM_FAMILIES: the
-# families whose exactness against the torch backend tests/test_mlx_lm.py proves), run when mlx-lm is
+# families whose exactness against the torch backend tests/core/test_mlx_lm.py proves), run when mlx-lm is
 # installed. transformers model_type values.
 MLX_OWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MLX_LM_FAMILIES = ("mixtral", "qwen3_moe", "phi3", "gemma3_text")

@@ -3,7 +3,7 @@
 AttnScope runs one unpadded sequence (batch 1): its Trace keeps one set of query rows per layer and
 its maps have one set of token labels. A batch of prompts, a nested id list or a padding mask is
 refused with one line here and in the attention function (:mod:`attnscope.core.backends.torch_backend`),
-never silently run with the padding dropped (docs/python-api.md, tests/test_padding.py).
+never silently run with the padding dropped (docs/python-api.md, tests/core/test_padding.py).
 """
 
 from __future__ import annotations

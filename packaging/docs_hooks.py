@@ -14,7 +14,7 @@ A page holds a marker comment on a line of its own, replaced when the site is bu
 The site's home page is the README itself (:func:`on_files`), its links into ``docs/`` made
 relative to the site.
 
-``tests/test_docs.py`` builds the site in strict mode and checks the CLI page against the parser.
+``tests/integration/test_docs.py`` builds the site in strict mode and checks the CLI page against the parser.
 """
 
 from __future__ import annotations

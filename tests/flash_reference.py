@@ -1,7 +1,7 @@
 """Tiled online-softmax attention in torch: FlashAttention-2's forward pass, written out.
 
-A reference for the tests (tests/test_flash.py, tests/test_attention_contract.py,
-tests/test_precision_lse.py): no product path runs it; the fused path
+A reference for the tests (tests/core/test_flash.py, tests/core/test_attention_contract.py,
+tests/core/test_precision_lse.py): no product path runs it; the fused path
 (attnscope.core.attention.fused) must agree with it and with the numpy reference.
 It follows Algorithm 1 of FlashAttention-2 (Dao 2023) block by block; the ``T × T`` score matrix
 is never materialised, only one ``block_q × block_k`` tile of it at a time (handbook §6):

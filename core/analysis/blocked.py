@@ -25,7 +25,7 @@ from the nearest computed row, so a long view shows its whole structure early an
 ``cancelled()`` is checked before every block; it raises :class:`attnscope.core.errors.Cancelled`.
 
 Results equal the direct computation (``attnscope.core.analysis.pooling.max_pool(map_at(...))`` etc., see
-``tests/test_blocked.py``) up to float32 summation order.
+``tests/core/test_blocked.py``) up to float32 summation order.
 """
 
 from __future__ import annotations

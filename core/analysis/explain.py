@@ -10,14 +10,14 @@ with ``q_i`` and ``k_j`` the *post*-RoPE vectors the trace and the KV cache hold
 rotation already applied: docs/how-it-works.md). Pair ``p`` turns by ``θ_p`` radians per token, so it
 repeats every ``2π/θ_p`` tokens (its wavelength); pairs are grouped into bands by wavelength
 (:data:`BAND_EDGES`) and each band's part of the score is exact: the parts add up to the score up to the
-rounding of a float64 sum of the stored float32 products (tests/test_explain.py checks 1e-6 relative).
+rounding of a float64 sum of the stored float32 products (tests/core/test_explain.py checks 1e-6 relative).
 
 Nothing is assumed about a family's rotation: the pairs, their angles and any attention scaling (YaRN,
 LongRoPE) are read from the model's own rotary module and its own ``apply_rotary_pos_emb``, probed on
 unit vectors (:func:`rope_layout`): rotate-half pairing (HF Llama: dim ``d`` with ``d + r/2``),
 interleaved pairing, partial rotary, llama3 / yarn / longrope frequencies and Gemma 3's local and global
 bases all come out as the model applies them. Rotating the stored vectors back with each position's
-inverse gives the pre-RoPE ``q`` and ``k`` (exact: tests/test_explain.py compares them with the hooked
+inverse gives the pre-RoPE ``q`` and ``k`` (exact: tests/core/test_explain.py compares them with the hooked
 ``q_proj``/``k_proj`` outputs, after QK-norm where the model has one). The counterfactual row is the
 softmax of ``pre-RoPE q · pre-RoPE k · scale`` under the same mask, soft-cap and learned sink: what the
 head would do with no position information (the attention-scaling factor of YaRN/LongRoPE, which the

@@ -4,7 +4,7 @@ Every number here is exact for the forward that runs (no gradient estimate): an 
 a :class:`Target` when a head's output — its slice of the attention output projection's input,
 ``z_i^h = Σ_j α_ij^h v_j`` (``(n_heads·head_dim,)`` per position, head ``h`` at ``[h·D, (h+1)·D)``) —
 is replaced, as a plain transformers forward with a hook on ``o_proj``'s input would compute it
-(tests/test_head_effects.py checks this against exactly such hooks). GQA-aware: a KV head's effect
+(tests/core/test_head_effects.py checks this against exactly such hooks). GQA-aware: a KV head's effect
 replaces the outputs of the whole group of query heads that read it at once
 (:meth:`attnscope.core.arch.ArchConfig.group`).
 
@@ -998,7 +998,7 @@ def patch_heads(
     ``site`` says what is patched (:data:`SITES`): ``"output"`` each query head's output and each GQA
     group's outputs together; ``"query"`` each query head's query projection (and each group's queries
     together); ``"kv"`` each KV head's keys and values (k_proj's and v_proj's output slices). Exact: a plain
-    transformers forward with that slice replaced by a hook computes the same (tests/test_head_effects.py).
+    transformers forward with that slice replaced by a hook computes the same (tests/core/test_head_effects.py).
 
     Raises:
         BadArgument: prompts of different lengths; a target that is not a logit difference or log-prob;
@@ -1136,7 +1136,7 @@ def attribution_patching(
     clean run (noising), summed over the patched positions (``readout``: the read-out position only). The
     result has :func:`patch_heads`'s shape and fractions (``method="attribution"``); a group's estimate is
     the sum of its heads' (the estimate is linear). Exact where the target is linear in the activation
-    (tests/test_head_effects.py: the last layer of a model whose last MLP and final norm are linear);
+    (tests/core/test_head_effects.py: the last layer of a model whose last MLP and final norm are linear);
     elsewhere :meth:`PatchResult.agreement` against :func:`patch_heads` says how close it is.
 
     ``directions``: ``("denoise",)`` runs one forward with gradients, one backward and one plain forward of

@@ -9,7 +9,7 @@ The applied mask is the bottom-right aligned causal mask (docs/how-it-works.md, 
     allowed[i, j] = j <= i + (S − L)          i.e. tril(ones(L, S), k = S − L)
 
 so in decode (``L = 1``) the single query sees every cached key; the classic bug is
-``tril(k = 0)``, which would let it see key 0 only (the is_causal-with-cache pitfall; tests/test_masks.py). A sliding window of ``W`` keys
+``tril(k = 0)``, which would let it see key 0 only (the is_causal-with-cache pitfall; tests/core/test_masks.py). A sliding window of ``W`` keys
 additionally needs ``j > i + (S − L) − W``. A single-sequence session has no padding, so there
 is no padding mask (batch = 1, every position is a real token).
 

@@ -6,7 +6,7 @@ every method calls the analysis function of the same name with the session as it
 the public ``attnscope.Session`` (:class:`Session` here) is the core Session with it, and
 :class:`attnscope.core.remote.client.RemoteSession` has it too. Each function is ``@remotable``
 (:mod:`attnscope.core.analysis.remotable`), so on a remote engine the same call runs where the model is
-and gives the same numbers (tests/test_session_methods.py checks both against the functions).
+and gives the same numbers (tests/integration/test_session_methods.py checks both against the functions).
 
 Each method's arguments, shapes, units and errors are the function's (its docstring, linked from each
 method); the method adds nothing and checks nothing of its own.

@@ -25,7 +25,7 @@ component contributes through the norm as it was, not what removing it would cha
 
 Cost: one forward of ``ids[: i + 1]`` in a separate cache, stopped at layer ``L``'s output projection,
 capturing only positions ``i`` and ``j``, then one batched call of layer ``L``'s attention module on the
-components (``tests/test_qk_sources.py``; ``attnscope bench`` measures the ratio to a prefill).
+components (``tests/core/test_qk_sources.py``; ``attnscope bench`` measures the ratio to a prefill).
 
 Torch backend only (module hooks); a model whose residual stream is not the sum of these components, or
 whose query is not affine in it, is refused in one line.
@@ -344,7 +344,7 @@ def _capture(session: Session, lay: dict, layer: int, ids: list[int], positions:
         with _scratch(session) as be, torch.inference_mode(), _hooks(pre), _hooks(post, "post"):
             with contextlib.suppress(_Stop):
                 # a length-dependent RoPE (LongRoPE) at the whole sequence's frequencies, as the stored
-                # scores were rotated (tests/test_explain_longrope.py)
+                # scores were rotated (tests/core/test_explain_longrope.py)
                 be.forward(list(ids), rope_length=session.seq_len)
     finally:
         for h in handles:
@@ -615,7 +615,7 @@ def source_split(
 
     Returns:
         A :class:`SourceSplit` whose table adds up to the stored score (float32: to ~1e-6 relative of the
-        parts' size; tests/test_qk_sources.py).
+        parts' size; tests/core/test_qk_sources.py).
 
     Raises:
         SessionError: nothing run yet. OutOfRange: a layer, head or position outside the model or sequence,

@@ -13,7 +13,7 @@ slice of a row-major matrix: no copy); the query side once per band (``h × n_q 
 
 Exactness: float32 throughout (as :meth:`attnscope.core.trace.torch_trace.TorchTrace.weights_block`):
 one rounding of ``q·scale`` (exact for ``scale`` a power of two: D = 64, 256), a float32 dot of
-``D + 1`` terms. The weights equal the trace's own :meth:`weights` to ~1e-6 relative (tests/test_blocked.py
+``D + 1`` terms. The weights equal the trace's own :meth:`weights` to ~1e-6 relative (tests/core/test_blocked.py
 checks 1e-5). Traces that are not torch traces on their own queries (MLX), ``fast`` blocks of a
 bfloat16 trace (bf16 matmul), and soft-capped layers (Gemma 2: ``cap·tanh`` sits between the product
 and the LSE, so the LSE cannot be folded into it) go through ``trace.weights_block`` unchanged. Learned

@@ -313,7 +313,7 @@ def _sdpa_kernel_lse(q, k, v, *, scale, causal, sliding_window, mask, mask_cache
     if mask is not None:
         Mask(array=mask).check_shape(B, H, L, S)
     window = sliding_window if (sliding_window is not None and sliding_window < S) else None
-    if v.shape[-1] != D:  # the fused kernels take one head size for q, k and v (tests/test_flash.py)
+    if v.shape[-1] != D:  # the fused kernels take one head size for q, k and v (tests/core/test_flash.py)
         return _math_f32(q, k, v, scale=scale, causal=causal, sliding_window=sliding_window, mask=mask)
     is_causal = False
     structural = causal

@@ -20,7 +20,7 @@ Two functions:
   verified here, no Apple GPU);
 * on the CPU (mlx 0.32, Linux) it rounds the scores to the input dtype before its float32
   softmax: measured here, bfloat16 outputs off by up to 3.5e-2 (relative) at ``|s| ≈ 86``, an
-  error of about ``2⁻⁸·|s|`` (0.48 absolute on a small test, tests/test_mlx_backend.py). On the CPU the wrapper
+  error of about ``2⁻⁸·|s|`` (0.48 absolute on a small test, tests/core/test_mlx_backend.py). On the CPU the wrapper
   therefore computes the output from its own float32 scores (which the LSE needs anyway);
   ``mx.fast`` is used on the GPU (Metal), where it is fused. ``fused=`` overrides the choice,
   but for bfloat16 / float16 inputs ``mx.fast`` is used only on a device where a probe
@@ -254,7 +254,7 @@ def sdpa_with_lse_mlx(
     if fused is None:
         fused = on_gpu
     if fused and (g.Dv != g.D or not fast_keeps_float32_scores(q.dtype)):
-        fused = False  # tests/test_mlx_backend.py: a kernel call that would crash or round the scores
+        fused = False  # tests/core/test_mlx_backend.py: a kernel call that would crash or round the scores
     B, H, Hkv, G, L, S = g.B, g.n_heads, g.n_kv_heads, g.group_size, g.L, g.S
     qg = q.reshape(B, Hkv, G, L, g.D)
     kg = mx.expand_dims(k, 2)

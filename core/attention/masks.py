@@ -62,7 +62,7 @@ def hidden_cells(q_pos, k_pos, sliding_window: int | None = None) -> np.ndarray:
     (``k <= q - W``). The negation of :func:`causal_allowed`; a window of None or 0 means causal only.
 
     The one rule the heatmap, the figure renderer (attnscope.core.io.render), the head grid and the
-    exports draw masked cells with (tests/test_masks.py).
+    exports draw masked cells with (tests/core/test_masks.py).
     """
     q = np.asarray(q_pos, dtype=np.int64)[:, None]
     k = np.asarray(k_pos, dtype=np.int64)[None, :]

@@ -86,7 +86,7 @@ def check_qkv(q_shape, k_shape, v_shape) -> Geometry:
 
 
 def default_scale(head_dim: int) -> float:
-    """``1 / sqrt(head_dim)`` (Vaswani et al. 2017 §3.2.1; ≈ 0.088 for d_k = 128: tests/test_attention_contract.py)."""
+    """``1 / sqrt(head_dim)`` (Vaswani et al. 2017 §3.2.1; ≈ 0.088 for d_k = 128: tests/core/test_attention_contract.py)."""
     return 1.0 / math.sqrt(head_dim)
 
 

@@ -10,7 +10,7 @@ transformers picks these frequencies per forward call from that call's largest p
 
 A model that runs a sequence in pieces (AttnScope's 512-token prefill chunks, then one decode step
 at a time) would rotate early keys with one set of frequencies and later queries with another, and
-the weights would no longer be what one forward over the whole sequence computes (tests/test_longrope.py:
+the weights would no longer be what one forward over the whole sequence computes (tests/core/test_longrope.py:
 weights off by up to 0.3, greedy tokens diverge, no warning).
 
 :class:`LengthDependentRope` fixes the kind, not the one family:

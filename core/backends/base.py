@@ -6,7 +6,7 @@ through its model or cache objects (those differ per framework: a transformers m
 ``DynamicCache`` for torch, an :mod:`attnscope.core.backends.mlx_arch` model and per-layer ``KVCache``
 for MLX). :mod:`attnscope.core.backend_registry` maps a backend's name to its class.
 
-A new backend: a class with these members (``tests/test_engine_seams.py`` checks both shipped ones
+A new backend: a class with these members (``tests/integration/test_engine_seams.py`` checks both shipped ones
 against the protocol, members and signatures), an entry in the registry, and a Trace that
 subclasses :class:`attnscope.core.trace.base.TraceGeometry` (selection rules, head mapping, mask and
 sink scores come with it; the backend provides the tensor maths).

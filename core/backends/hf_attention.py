@@ -64,7 +64,7 @@ def attnscope_attention(module, query, key, value, attention_mask, scaling=None,
         raise UnsupportedModelError(f"the model was called with {kind}: {BATCH_REFUSAL}")
     # Mistral passes its window as a keyword only; Qwen2/Gemma set it per layer on the module too. A
     # keyword given as None wins over the module's: EXAONE 4 keeps the window on every layer's module
-    # and passes None on its global layers (tests/test_families.py, exaone4).
+    # and passes None on its global layers (tests/core/test_families.py, exaone4).
     window = (
         kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
     )

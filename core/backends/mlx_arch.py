@@ -2,7 +2,7 @@
 
 Written after mlx-lm's ``models/llama.py`` / ``qwen3.py`` and checked against transformers'
 ``modeling_llama.py``, ``modeling_mistral.py``, ``modeling_qwen2.py``, ``modeling_qwen3.py``
-(tests/test_mlx_backend.py compares logits and attention weights with the torch backend).
+(tests/core/test_mlx_backend.py compares logits and attention weights with the torch backend).
 
 * :class:`ModelArgs` reads a Hugging Face ``config.json`` dict (known keys only; derived values in
   ``__post_init__``) and refuses any setting this code does not implement
@@ -40,7 +40,7 @@ from attnscope.core.errors import UnsupportedModelError
 FAMILIES = MLX_OWN_FAMILIES
 
 # Defaults of each family's transformers config class (transformers 5), used when config.json
-# omits a key (not always mlx-lm's: Mistral / Qwen default to 8 / 32 KV heads, not n_heads). tests/test_mlx_backend.py checks them against the config classes themselves.
+# omits a key (not always mlx-lm's: Mistral / Qwen default to 8 / 32 KV heads, not n_heads). tests/core/test_mlx_backend.py checks them against the config classes themselves.
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False},
     "mistral": {

@@ -10,7 +10,7 @@ would dequantise it to a float folder first.
 
 Exactness: scales and biases are stored as float16 in the file; at a float32 load they are cast
 to float32 (exact), and ``mx.dequantize`` of every weight then equals ``gguf.quants.dequantize``
-bit for bit (``tests/test_mlx_gguf_quantised.py``): the same weights the float32 conversion
+bit for bit (``tests/core/test_mlx_gguf_quantised.py``): the same weights the float32 conversion
 holds. At bfloat16 the scales are rounded to bfloat16 (the conversion rounds the dequantised
 weights instead); at float16 they are exact. Attention is unchanged, so the capture is exact for
 the model that ran, as on every path.

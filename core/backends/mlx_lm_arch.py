@@ -22,7 +22,7 @@ and otherwise (no forward of ours running) calls mlx-lm's own function unchanged
 * transformers 5 writes RoPE settings as ``rope_parameters``; mlx-lm 0.32 reads ``rope_theta`` and
   ``rope_scaling``: :func:`mlx_lm_config` passes them on in mlx-lm's names.
 
-tests/test_mlx_lm.py compares logits (1e-4) and every head's weights (1e-5) with the torch backend.
+tests/core/test_mlx_lm.py compares logits (1e-4) and every head's weights (1e-5) with the torch backend.
 mlx-lm is optional (``pip install 'attnscope[mlx]'``): import this module only where
 ``import mlx_lm`` works.
 """

@@ -219,7 +219,7 @@ def dequantised_float32(w):
     int8 (``Int8Tensor``, per-row): ``q · scale``. CPU int4 (``Int4OpaqueTensor``, which has no
     ``dequantize``): ``(q − 8) · scale + zero`` per group (tinygemm's affine form), ``q`` unpacked
     from torch's CPU int4 layout; equals the kernel applied to a float32 identity matrix bit for bit
-    (tests/test_exactness.py). Others: their ``dequantize()`` in float32.
+    (tests/core/test_exactness.py). Others: their ``dequantize()`` in float32.
 
     Returns:
         ``(N, K)`` float32 tensor on ``w``'s device.

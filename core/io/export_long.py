@@ -55,7 +55,7 @@ def default_colour_scale(n: int) -> str:
 
 #: the linear [0, 1] scale is the default while at least this share of a map's allowed cells shows
 #: on it (:func:`linear_share`); below it the picture is a dark field with a few dots. Measured on
-#: SmolLM2-135M (tests/test_default_scale.py has the kind): the median head shows 59 % of its cells
+#: SmolLM2-135M (tests/core/test_default_scale.py has the kind): the median head shows 59 % of its cells
 #: at 12 tokens, 39 % at 27, 21 % at 64, 6 % at 256, 1.5 % at 1,000
 LINEAR_MIN_SHARE = 0.25
 #: a cell "shows" on the linear [0, 1] scale from this weight: 4 of the 256 colour levels above the

@@ -18,7 +18,7 @@ from attnscope.core.loading.safetensors_header import check_safetensors
 from attnscope.core.loading.weight_files import weight_files
 
 # Which decoders run is decided by a rule read from transformers' model code
-# (attnscope.core.loading.support_rule); these are the families tests/test_families.py proves exact,
+# (attnscope.core.loading.support_rule); these are the families tests/core/test_families.py proves exact,
 # the ones docs/models.md lists and the packaged app bundles model code for.
 SUPPORTED_ARCHITECTURES = set(support_rule.TESTED_FAMILIES)
 

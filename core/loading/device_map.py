@@ -11,7 +11,7 @@ device) and only a requested tile of weights (``n_q × n_k`` float32) comes to t
 Layers offloaded to CPU or disk execute on the first GPU of the map when there is one, else on the
 CPU (accelerate's ``dispatch_model`` copies their weights in for each forward), so on a CPU-only
 machine a ``device_map`` with disk offload computes exactly what the plain CPU model computes
-(tests/test_device_map.py). What each device will hold *before* loading:
+(tests/core/test_device_map.py). What each device will hold *before* loading:
 :mod:`attnscope.core.loading.fit_devices`.
 """
 

@@ -22,7 +22,7 @@ model computes other attention maps than the file's model, without a word:
   reproduce are kept exactly as a ``longrope`` with equal short and long factors
   (``inv_freq = 1 / (factor_i · theta^(2i/d))``, attention factor 1: what llama.cpp computes).
 
-:func:`fix_config` applies these to transformers' config; tests/test_gguf_fidelity.py checks each
+:func:`fix_config` applies these to transformers' config; tests/core/test_gguf_fidelity.py checks each
 against the original Hugging Face model's eager attention maps.
 """
 

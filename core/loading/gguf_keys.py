@@ -8,7 +8,7 @@ One list for the whole conversion (transformers' GGUF config/tokenizer mappings,
   it changes the attention maps of the model the file holds);
 * :func:`unread`: what a file holds that is neither. A key or tensor here may change the model in a
   way the conversion does not reproduce, so the load says so (one note) instead of silently
-  computing another model; ``tests/test_gguf_fidelity.py`` fails when a family's file has one.
+  computing another model; ``tests/core/test_gguf_fidelity.py`` fails when a family's file has one.
 
 Names come from gguf-py's constants (``gguf.constants.Keys``), the names llama.cpp's loader reads
 (``src/llama-model.cpp``, ``src/llama-vocab.cpp``).

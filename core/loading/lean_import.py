@@ -17,7 +17,7 @@ changes three things of that import, none of what transformers does when a featu
   ``from … import …`` (and no ``else``) is answered False; each name that block would have imported
   becomes a :class:`Deferred`, which imports the library when called or read. A torchao-quantised
   checkpoint or a ``device_map`` load imports the library then, as before
-  (tests/test_startup_imports.py).
+  (tests/integration/test_startup_imports.py).
 
 A transformers already imported is left as it is (:func:`prepare` returns False).
 """

@@ -7,7 +7,7 @@ the embedding lookups too; the next-token list the app shows comes straight from
 
 Attention itself is unchanged: q, k, v come out of quantised projections, then run through
 AttnScope's own attention function at the activation dtype, so the Trace (q rows, LSE, cached
-keys) is exact *for the quantised model that ran* (tests/test_quantize.py: captured weights equal
+keys) is exact *for the quantised model that ran* (tests/core/test_quantize.py: captured weights equal
 eager attention of the same quantised model).
 
 Library: torchao (``torchao.quantization.quantize_``)

@@ -20,7 +20,7 @@ Here instead (:func:`load_quantised`):
    embeddings, norms, ``lm_head``) is in memory at a time.
 
 The result equals ``from_pretrained`` + ``quantize_model`` bit for bit (the same float weights go
-through the same torchao transform; ``tests/test_stream_load.py``), so the capture stays exact for
+through the same torchao transform; ``tests/integration/test_stream_load.py``), so the capture stays exact for
 the model that ran. A folder whose checkpoint names do not match the model's parameters one to one
 (transformers renames some families' keys while loading), or that holds no safetensors, is not
 streamed: :func:`load_quantised` returns None and the caller loads it the ordinary way.
@@ -234,7 +234,7 @@ def block_output_projection(model, rows: int = LM_HEAD_ROWS) -> None:
     Why: torch's CPU bfloat16 matmul of one row against the whole ``(vocab, hidden)`` matrix makes a
     transient copy of that matrix (measured: +0.53 GB for a 128,256 × 2,048 bf16 ``lm_head``, +1.05 GB
     at hidden 4,096: most of what kept the 8B int8 prefill's peak above 11 GB); per block the copy is
-    a block's. Each logit is the same dot product either way (tests/test_stream_load.py: logits equal
+    a block's. Each logit is the same dot product either way (tests/integration/test_stream_load.py: logits equal
     bit for bit). A model without a plain ``lm_head`` Linear is left as it is.
     """
     import types

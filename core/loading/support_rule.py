@@ -25,7 +25,7 @@ the catalog):
 6. non-causal attention (an encoder: ``is_causal`` not literally True and ``config.is_decoder``
    False) and encoder-decoder configs are refused.
 
-Which families are *tested* exact against eager is :data:`TESTED_FAMILIES` (tests/test_families.py
+Which families are *tested* exact against eager is :data:`TESTED_FAMILIES` (tests/core/test_families.py
 proves each one; docs/models.md lists them). Every failure is one line
 (:class:`attnscope.core.errors.UnsupportedModelError` where raised).
 """
@@ -49,7 +49,7 @@ PATH_LACKS = {
 }
 
 # The families whose every attention layer is proven exact against transformers eager by
-# tests/test_families.py (tiny random models; tests/tiny_models.py FAMILIES holds the same names, a
+# tests/core/test_families.py (tiny random models; tests/tiny_models.py FAMILIES holds the same names, a
 # test keeps the two equal). What docs/models.md lists as supported and the packaged app bundles code for.
 TESTED_FAMILIES = frozenset(
     {
@@ -71,12 +71,12 @@ TESTED_FAMILIES = frozenset(
         "apertus",
         "ernie4_5",
         "glm4",
-        # soft-capping (Gemma 2) and learned sinks (gpt-oss, also MoE): tests/test_softcap.py,
-        # tests/test_learned_sinks.py
+        # soft-capping (Gemma 2) and learned sinks (gpt-oss, also MoE): tests/core/test_softcap.py,
+        # tests/core/test_learned_sinks.py
         "gemma2",
         "gpt_oss",
         # hybrid: a few softmax-attention layers among linear-attention / Mamba / convolution ones
-        # (tests/test_hybrid.py; tests/tiny_models.py HYBRID_FAMILIES)
+        # (tests/core/test_hybrid.py; tests/tiny_models.py HYBRID_FAMILIES)
         "qwen3_next",
         "qwen3_5_text",
         "granitemoehybrid",
@@ -100,7 +100,7 @@ TESTED_FAMILIES = frozenset(
         "llava",
         "internvl",
         "qwen3_vl_moe",
-        "qwen3_5",  # hybrid too: tests/test_hybrid.py (tests/tiny_models.py HYBRID_MULTIMODAL)
+        "qwen3_5",  # hybrid too: tests/core/test_hybrid.py (tests/tiny_models.py HYBRID_MULTIMODAL)
     }
 )
 
@@ -268,7 +268,7 @@ def config_problem(config) -> str | None:
     if multimodal and mt not in TESTED_FAMILIES:
         # The wrapper may change what its language model does with text alone (PaliGemma attends both
         # ways over the prompt, Aya Vision scales the logits): only the wrappers proven equal to the full
-        # model on text (tests/test_families.py, tests/test_hybrid.py) run.
+        # model on text (tests/core/test_families.py, tests/core/test_hybrid.py) run.
         return (
             f"{mt} is not supported: AttnScope runs the language model of a multimodal checkpoint only for "
             "the families tested equal to the whole model on text prompts, and this one is not among them"

@@ -43,7 +43,7 @@ compute slower than in-process is gone: :mod:`.wire`'s recursive closures, a ref
 each message's buffers until a garbage collection (fresh pages for every map). libgomp's default
 busy-wait, a torch worker spinning on a core through each send, is bounded (:mod:`attnscope.core.openmp`,
 as in every attnscope process). The remote map is bit-identical to
-in-process in every run (``tests/test_remote.py`` checks weights, logits and sink tables for SmolLM2
+in-process in every run (``tests/integration/test_remote.py`` checks weights, logits and sink tables for SmolLM2
 and a tiny Qwen3).
 
 ``attnscope serve --ray [ADDRESS]`` (:mod:`.ray_engine`): Ray places one actor with the GPUs and

@@ -53,7 +53,7 @@ def test_public_names_are_the_engine_objects():
     from attnscope.core.io.export import export_head
     from attnscope.core.session import Session
 
-    # the engine's Session with the analyses as methods (tests/test_session_methods.py)
+    # the engine's Session with the analyses as methods (tests/integration/test_session_methods.py)
     assert attnscope.Session is PublicSession and attnscope.Session.__mro__[1:] == (
         AnalysisMethods,
         Session,

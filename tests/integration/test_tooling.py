@@ -3,7 +3,7 @@
 * ``ruff check``: the lint rules in pyproject (pyflakes, pycodestyle, isort, bugbear, pyupgrade);
 * ``ruff format --check``: the one formatting, applied to every file once;
 * mypy (``tests/typecheck.py``, config in pyproject ``[tool.mypy]``): attnscope.core and attnscope.app
-  type-check clean, every module (tests/test_typing.py keeps it so);
+  type-check clean, every module (tests/integration/test_typing.py keeps it so);
 * basedpyright (pyright's engine, the one VS Code runs; config in pyproject ``[tool.pyright]``):
   every ``attnscope.*`` import in the tree resolves through the strict editable install's link tree.
 """

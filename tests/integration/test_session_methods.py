@@ -4,7 +4,7 @@ session and on a served engine (``RemoteSession`` has the same methods); the doc
 of them prints what it says.
 
 Reference: the module-level functions (each tested against plain transformers in
-tests/test_head_effects.py, tests/test_explain.py and tests/test_qk_sources.py) on the same session.
+tests/core/test_head_effects.py, tests/core/test_explain.py and tests/core/test_qk_sources.py) on the same session.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tiny_models import save_tiny
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IDS = [5, 9, 14, 20, 9, 14, 33, 41, 7, 14, 20, 9]  # 12 tokens, with repeats
 CORRUPT = [5, 9, 14, 20, 9, 14, 33, 41, 7, 20, 14, 9]  # same length, two tokens swapped
 

@@ -1,4 +1,4 @@
-"""What keeps mypy's view of the code from eroding (the check itself: tests/test_tooling.py).
+"""What keeps mypy's view of the code from eroding (the check itself: tests/integration/test_tooling.py).
 
 * every ``session`` parameter in core/ is annotated (``Session``, or ``Session | RemoteSession`` where
   a remote engine's session is accepted too), so the analysis code is checked against the session's
@@ -12,7 +12,7 @@ import ast
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def unannotated_sessions(source: str, filename: str = "<source>") -> list[str]:
