@@ -22,7 +22,9 @@ class _HeadlessBlocker:
 
     def find_spec(self, name, path=None, target=None):
         if any(name == b or name.startswith(b + ".") for b in HEADLESS_BLOCKED):
-            raise ModuleNotFoundError(f"the headless lane (ATTNSCOPE_HEADLESS=1) imports no {name}", name=name)
+            raise ModuleNotFoundError(
+                f"the headless lane (ATTNSCOPE_HEADLESS=1) imports no {name}", name=name
+            )
         return None
 
 
