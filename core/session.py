@@ -123,6 +123,7 @@ class Session:
             SessionError: unknown backend, or an option the backend refuses (``device_map`` on MLX).
         """
         import gc
+        import threading
 
         from attnscope.core.backend_registry import get
         from attnscope.core.loading.lean_import import prepare
@@ -132,9 +133,13 @@ class Session:
         prepare()  # transformers' import without a second model-zoo scan, torchao, accelerate
         spec = get(backend)  # SessionError: unknown backend
         # the imports and the load allocate millions of long-lived objects: the collector's passes
-        # over them would only find them alive (docs/benchmarks.md, start-up)
-        collecting = gc.isenabled()
-        gc.disable()
+        # over them would only find them alive (docs/benchmarks.md, start-up). Only the main thread
+        # pauses it: a load on another thread (the window's engine) leaves the collector as the
+        # window set it (attnscope.app.engine collects on the GUI thread only, so Qt objects are never
+        # freed on another thread), and a load there must not switch it back on when it ends.
+        collecting = gc.isenabled() and threading.current_thread() is threading.main_thread()
+        if collecting:
+            gc.disable()
         try:
             return cls(
                 spec.load(

@@ -817,8 +817,8 @@ def head_effects(
     with _scratch(session) as be, torch.inference_mode():
         values: dict | None = None
         if method == "mean":
-            rows = _capture_sites(be, parts, ids, ("z", "k", "v") if side else ("z",))
-            values = {key: r.mean(dim=0, keepdim=True) for key, r in rows.items()}
+            sites = _capture_sites(be, parts, ids, ("z", "k", "v") if side else ("z",))
+            values = {key: r.mean(dim=0, keepdim=True) for key, r in sites.items()}
         elif method == "resample":
             src = _source_ids(session, source, p + 1)
             values = _capture_sites(be, parts, src[: p + 1], ("z", "k", "v") if side else ("z",))
