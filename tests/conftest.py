@@ -91,9 +91,15 @@ def _quantised_cache_per_test(tmp_path_factory, monkeypatch):
 def _collect_garbage_on_main_thread():
     """Once a GUI test has put the GC on a GUI-thread timer (attnscope.app.engine), collect what is due after
     every test, on this (the main) thread, so windows of earlier tests are freed here and memory stays flat."""
-    yield
+    import gc
     import sys
 
+    engine = sys.modules.get("attnscope.app.engine")
+    if getattr(engine, "_GC_GUARD", None) is not None and gc.isenabled():
+        # a test (or a library it called) switched automatic collection back on after a GUI test
+        # installed the guard: off again, or a collection on an engine thread frees Qt objects there
+        gc.disable()
+    yield
     engine = sys.modules.get("attnscope.app.engine")
     guard = getattr(engine, "_GC_GUARD", None)
     if guard is not None:

@@ -140,12 +140,17 @@ def test_wire_compresses_big_buffers_when_asked():
 
 @contextlib.contextmanager
 def _no_cyclic_collector():
+    """Automatic collection off for the block, then as it was: a GUI test's worker keeps it off for good
+    (attnscope.app.engine collects on the GUI thread only), and switching it on there lets a
+    collection on the engine thread free a Qt object: the deadlock that guard exists for."""
     gc.collect()
+    was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was:
+            gc.enable()
 
 
 def test_wire_frees_a_message_buffers_without_the_cyclic_collector():
