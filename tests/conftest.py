@@ -100,6 +100,15 @@ def _collect_garbage_on_main_thread():
         # installed the guard: off again, or a collection on an engine thread frees Qt objects there
         gc.disable()
     yield
+    widgets = sys.modules.get("PySide6.QtWidgets")
+    app = widgets.QApplication.instance() if widgets is not None else None
+    if app is not None:
+        # a popup a test left open (a combo box's list, a menu) would take the next test's first click
+        while (popup := app.activePopupWidget()) is not None:
+            popup.close()
+            app.processEvents()
+            if app.activePopupWidget() is popup:
+                break
     engine = sys.modules.get("attnscope.app.engine")
     guard = getattr(engine, "_GC_GUARD", None)
     if guard is not None:
