@@ -170,7 +170,12 @@ def patch_heads(
     total = 2 * len(units)
     out = {
         k: np.full((info.n_layers, n), np.nan)
-        for k, n in (("dn", info.n_heads), ("ns", info.n_heads), ("dkv", info.n_kv_heads), ("nkv", info.n_kv_heads))
+        for k, n in (
+            ("dn", info.n_heads),
+            ("ns", info.n_heads),
+            ("dkv", info.n_kv_heads),
+            ("nkv", info.n_kv_heads),
+        )
     }
     t, rows = {}, {}
     for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
