@@ -481,7 +481,7 @@ class CausalLM(nn.Module):
     def __call__(
         self,
         ids: mx.array,
-        caches: list[KVCache],
+        caches: list,  # KVCache per layer (or anything with offset and update_and_fetch)
         trace=None,
         last_only: bool = False,
         edits: list[LayerEdit | None] | None = None,
