@@ -201,6 +201,19 @@ def test_models_without_seams_are_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
+def test_mlx_lm_family_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("mlx_lm")
+    from attnscope.core.session import Session
+
+    save_tiny("qwen3_moe", tmp_path / "moe")
+    s = Session.load(str(tmp_path / "moe"), backend="mlx", dtype="float32")
+    s.prefill(IDS)
+    for run in (lambda: head_effects(s), lambda: logit_lens(s), lambda: logit_attribution(s)):
+        with pytest.raises(UnsupportedModelError, match="mlx-lm.*--backend torch"):
+            run()
+
+
 def test_cli_ablate_on_mlx_equals_torch(tmp_path):
     from attnscope.core.cli.main import main
 
