@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from attnscope.core import backend_registry as registry
 from attnscope.core.analysis import head_effects as he
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, UnsupportedModelError
 
@@ -362,4 +363,7 @@ def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int 
     )
 
 
-he.BACKEND_IMPLS["mlx"] = sys.modules[__name__]
+# registered under the MLX backend's name (its class's entry in the backend registry)
+he.BACKEND_IMPLS[registry.name_for("attnscope.core.backends.mlx_backend", "MlxBackend")] = sys.modules[
+    __name__
+]
