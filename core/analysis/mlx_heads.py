@@ -283,7 +283,7 @@ def logit_attribution(session: Session, target=None):
     info = session.info
     D, H, L = info.head_dim, info.n_heads, info.n_layers
     ids = session.ids[: target.position + 1]
-    logits, got = sites.capture(ids, ("input", "z", "mlp", "resid"))
+    logits, got = sites.capture(ids, ("input", "z", "mlp", "resid"), last=True)
     resid = got[("resid", L - 1)][-1].astype(np.float64)
     w_norm, eps = sites.final_norm()
     s_h = np.sqrt(np.mean(resid * resid) + eps)  # the final norm's scale, frozen at this residual

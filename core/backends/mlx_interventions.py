@@ -116,14 +116,17 @@ class MlxSites:
         self.dtype = model.model.norm.weight.dtype  # activations' dtype (the model's)
 
     # -- plain runs ---------------------------------------------------------------------------------
-    def capture(self, ids: Sequence[int], keys: Sequence[str]) -> tuple[np.ndarray, dict]:
+    def capture(self, ids: Sequence[int], keys: Sequence[str], last: bool = False) -> tuple[np.ndarray, dict]:
         """One forward of ``ids`` from an empty cache: ``(logits (vocab,) float32 at the last position,
-        {(key, layer): (L, width) float32})`` for the sites ``keys`` of every layer."""
+        {(key, layer): (L, width) float32})`` for the sites ``keys`` of every layer (``last``: the last
+        position's row only, ``(1, width)``; the others are never kept)."""
         edits: list[LayerEdit | None] = [LayerEdit(record=tuple(keys)) for _ in range(self.n_layers)]
         logits = self.model(self._ids(ids), [_Fresh()] * self.n_layers, last_only=True, edits=edits)
-        kept = [(k, i, e.kept[k]) for i, e in enumerate(edits) if e is not None for k in keys]
-        mx.eval(logits, *(a for _, _, a in kept))
-        return _np(logits[0, -1]), {(k, i): _np(a[0]) for k, i, a in kept}
+        rows = slice(-1, None) if last else slice(None)
+        kept = {(k, i): e.kept[k][0, rows] for i, e in enumerate(edits) if e is not None for k in keys}
+        del edits  # only what is returned stays referenced while MLX evaluates
+        mx.eval(logits, *kept.values())
+        return _np(logits[0, -1]), {key: _np(a) for key, a in kept.items()}
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """``(vocab,)`` float32 logits after ``ids`` (one forward from an empty cache)."""
@@ -134,9 +137,10 @@ class MlxSites:
         output hidden states at them (``(P, hidden)`` MLX arrays, for :meth:`unembed_probs`)."""
         pos = mx.array(np.asarray(positions, dtype=np.int32))
         edits: list[LayerEdit | None] = [LayerEdit(record=("resid",)) for _ in range(self.n_layers)]
-        logits = self.model(self._ids(ids), [_Fresh()] * self.n_layers, edits=edits)
+        self.model(self._ids(ids), [_Fresh()] * self.n_layers, last_only=True, edits=edits)  # fills kept
         resid = [e.kept["resid"][0][pos] for e in edits if e is not None]
-        final = logits[0][pos]
+        del edits  # the positions asked for are all that stays
+        final = self.model.unembed(resid[-1]).astype(mx.float32)  # the model's logits there
         mx.eval(final, *resid)
         return _np(final), resid
 
