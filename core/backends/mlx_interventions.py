@@ -88,10 +88,14 @@ def sites_of(backend) -> MlxSites:
         UnsupportedModelError: an mlx-lm family (its layers have no seams) or a released model.
     """
     model = getattr(backend, "model", None)
+    if model is None:
+        raise UnsupportedModelError(
+            "the model's weights were released: load it again to intervene on its heads"
+        )
     if not isinstance(model, CausalLM):
         raise UnsupportedModelError(
             f"{backend.info.architecture} runs through mlx-lm on the MLX backend, whose layers cannot be "
-            "intervened on: load with --backend torch for head ablation, patching and the logit lens"
+            "intervened on (head ablation, patching, direct logit attribution, the logit lens): use --backend torch"
         )
     check = getattr(backend, "_check_thread", None)
     if check is not None:
