@@ -214,7 +214,8 @@ def test_mlx_lm_family_is_refused_in_one_line(tmp_path):
             run()
 
 
-def test_cli_ablate_on_mlx_equals_torch(tmp_path):
+@pytest.mark.slow
+def test_cli_ablate_patch_lens_on_mlx_equal_torch(tmp_path):
     from attnscope.core.cli.main import main
 
     save_tiny("llama", tmp_path / "m")
@@ -232,3 +233,20 @@ def test_cli_ablate_on_mlx_equals_torch(tmp_path):
     da, db = a["direct_logit_attribution"], b["direct_logit_attribution"]
     assert abs(db["total"] - db["logit"]) < TOL
     _close(da["heads"], db["heads"], "dla")
+    # patch (exact and attribution) and the lens from the command line on MLX too
+    got = {}
+    for backend in ("torch", "mlx"):
+        out = tmp_path / f"p_{backend}.json"
+        args = ["patch", "--model", str(tmp_path / "m"), "--backend", backend, "--prompt", "ttt tt t"]
+        args += ["--no-chat-template", "--corrupt", "tt tttt", "--target", "t", "--other", " t"]
+        assert main([*args, "--method", "both", "--site", "query", "--json", str(out)]) == 0
+        lens = tmp_path / f"l_{backend}.json"
+        args = ["lens", "--model", str(tmp_path / "m"), "--backend", backend, "--prompt", "ttt tt t"]
+        assert main([*args, "--no-chat-template", "--positions", "0,-1", "--json", str(lens)]) == 0
+        got[backend] = json.loads(out.read_text()), json.loads(lens.read_text())
+    (pa, la), (pb, lb) = got["torch"], got["mlx"]
+    for key in ("denoise", "noise", "denoise_kv", "noise_kv"):
+        _close(pa[key], pb[key], key)
+        _close(pa["attribution"][key], pb["attribution"][key], key)
+    assert la["top_ids"] == lb["top_ids"]
+    _close(la["top_probs"], lb["top_probs"], "lens")
