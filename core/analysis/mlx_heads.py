@@ -1,6 +1,7 @@
 """Which heads matter on the MLX backend: :mod:`attnscope.core.analysis.head_effects`'s ablation, exact and
 attribution patching, direct logit attribution and logit lens, through the MLX models' intervention seams
-(:mod:`attnscope.core.backends.mlx_interventions`) instead of torch module hooks.
+(:mod:`attnscope.core.backends.mlx_interventions`) instead of torch module hooks. Written against the
+backend-neutral :class:`attnscope.core.backends.head_sites.HeadSites`: numpy in and out, no MLX here.
 
 Same arguments, checks, results and numbers as the torch path (tests/core/test_mlx_heads.py: within 1e-4
 of the torch backend on the same weights). :mod:`attnscope.core.analysis.head_effects` calls these when
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis import head_effects as he
+from attnscope.core.backends.head_sites import HeadRunner, HeadSites, RowEdit
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -31,15 +33,13 @@ if TYPE_CHECKING:
 _KEYS = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}
 
 
-def _sites(session: Session):
+def _sites(session: Session) -> HeadSites:
     from attnscope.core.backends.mlx_interventions import sites_of
 
     return sites_of(session.backend)
 
 
-def _rows(u, values: dict | None) -> list:
-    from attnscope.core.backends.mlx_interventions import RowEdit
-
+def _rows(u, values: dict | None) -> list[RowEdit]:
     return [
         RowEdit(key, tuple(u.heads), None if values is None else values.get((key, u.layer)))
         for key in _KEYS[u.site]
@@ -47,7 +47,7 @@ def _rows(u, values: dict | None) -> list:
 
 
 def _sweep(
-    run,
+    run: HeadRunner,
     units: Sequence,
     values: dict | None,
     measure: Callable[[np.ndarray], float],
@@ -208,8 +208,6 @@ def attribution_patching(
 ):
     """:func:`attnscope.core.analysis.head_effects.attribution_patching` on the MLX backend: the gradients
     from ``mx.value_and_grad`` (:meth:`attnscope.core.backends.mlx_interventions.MlxSites.gradients`)."""
-    import mlx.core as mx
-
     bad_dir = [d for d in directions if d not in ("denoise", "noise")]
     if bad_dir or not directions:
         raise BadArgument(f"directions are 'denoise' and/or 'noise', got {list(directions)!r}")
@@ -218,11 +216,6 @@ def attribution_patching(
     info = session.info
     D, H, Hkv = info.head_dim, info.n_heads, info.n_kv_heads
     keys = _KEYS[site]
-
-    def metric(x):
-        if target.kind == "logit_diff":
-            return x[target.token] - x[target.other]
-        return x[target.token] - mx.logsumexp(x)
 
     runs = {"denoise": ("corrupt", "clean"), "noise": ("clean", "corrupt")}
     acts: dict = {}
@@ -233,7 +226,7 @@ def attribution_patching(
         t[name] = target.value(logits)
     for d in directions:
         into = runs[d][0]
-        _, grads[into] = sites.gradients(bad if into == "corrupt" else clean_ids, keys, metric)
+        _, grads[into] = sites.gradients(bad if into == "corrupt" else clean_ids, keys, target)
     diff = t["clean"] - t["corrupt"]
     rows = slice(-1, None) if scope == "readout" else slice(None)
     out = {

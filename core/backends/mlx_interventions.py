@@ -6,7 +6,8 @@ The torch backend reaches a transformers model's projections through module hook
 models (:mod:`attnscope.core.backends.mlx_arch`) have the same places as seams instead: every decoder
 layer takes a :class:`attnscope.core.backends.mlx_arch.LayerEdit`, data that says which site values it
 replaces (a boolean mask and the values: heads are column blocks, positions rows, batch rows units) and
-which it records. :class:`MlxSites` builds those edits from backend-neutral requests:
+which it records. :class:`MlxSites` builds those edits from the backend-neutral requests of
+:mod:`attnscope.core.backends.head_sites` (it is a :class:`attnscope.core.backends.head_sites.HeadSites`):
 
 * :meth:`MlxSites.capture`: the clean values of the sites (``"z"`` o_proj's input, ``"q"``/``"k"``/``"v"``
   the projections' outputs, ``"input"``/``"resid"``/``"mlp"`` hidden states), ``(L, width)`` float32;
@@ -28,30 +29,17 @@ thread, :mod:`attnscope.core.backends.mlx_backend`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from attnscope.core.backends.head_sites import RowEdit
 from attnscope.core.backends.mlx_arch import CausalLM, LayerEdit
 from attnscope.core.backends.mlx_backend import float_weight
 from attnscope.core.errors import UnsupportedModelError
 
-#: sites a unit can replace: o_proj's input, q_proj's, k_proj's and v_proj's outputs
-SITES = ("z", "q", "k", "v")
-
-
-@dataclass(frozen=True)
-class RowEdit:
-    """One replacement in one batch row: site ``key`` (:data:`SITES`), the ``head_dim``-wide column blocks
-    of ``heads`` (query heads for ``z``/``q``, KV heads for ``k``/``v``), by ``value``: None (zeros) or
-    ``(rows, width)`` float32 (the site's full width; one row is used at every position, more rows are the
-    run's positions, the last ones used)."""
-
-    key: str
-    heads: tuple[int, ...]
-    value: np.ndarray | None = None
+__all__ = ["MlxRunner", "MlxSites", "RowEdit", "sites_of"]
 
 
 class _Fresh:
@@ -178,12 +166,17 @@ class MlxSites:
         return np.array(w.astype(mx.float32)).astype(np.float64)
 
     # -- gradients ----------------------------------------------------------------------------------
-    def gradients(
-        self, ids: Sequence[int], keys: Sequence[str], metric: Callable[[mx.array], mx.array]
-    ) -> tuple[float, dict]:
-        """``metric`` of the last position's ``(vocab,)`` float32 logits, and its gradient with respect to
-        every site in ``keys`` of every layer: ``(value, {(key, layer): (L, width) float32})``
-        (``mx.value_and_grad`` through a zero delta added at each site; no weight gradients)."""
+    def gradients(self, ids: Sequence[int], keys: Sequence[str], target: Any) -> tuple[float, dict]:
+        """``target`` (``logit_diff``: ``logit[token] − logit[other]``; else ``log softmax[token]``) on the
+        last position's float32 logits, and its gradient with respect to every site in ``keys`` of every
+        layer: ``(value, {(key, layer): (L, width) float32})`` (``mx.value_and_grad`` through a zero delta
+        added at each site; no weight gradients)."""
+
+        def metric(x: mx.array) -> mx.array:
+            if target.kind == "logit_diff":
+                return x[target.token] - x[target.other]
+            return x[target.token] - mx.logsumexp(x)
+
         L = len(list(ids))
         x = self._ids(ids)
         zeros = {
