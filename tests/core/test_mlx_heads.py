@@ -71,9 +71,13 @@ def _close(a, b, what):
 FAMILIES = ["llama", "qwen3"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    "family", [*FAMILIES, *(pytest.param(f, marks=pytest.mark.slow) for f in ("mistral", "qwen2"))]
+)
 @pytest.mark.parametrize("scope", ["readout", "everywhere"])
 def test_ablation_equals_torch(pair, family, scope):
+    """Both scopes, every method; mistral and qwen2: sliding windows over the shared prefix (read-out rows),
+    qwen2: q/k/v biases."""
     st, sm = pair(family)
     t = make_target(st, "logprob", position=9)
     assert make_target(sm, "logprob", position=9) == t
