@@ -27,7 +27,9 @@ refused in one line.
 Logit lens (nostalgebraist 2020): the residual after each layer, through the final norm and the
 unembedding, for the positions asked for only.
 
-Torch backend only: the MLX backend's layers are not hookable this way (refused in one line).
+On the MLX backend (its own llama/mistral/qwen2/qwen3 models) every public function here runs in
+:mod:`attnscope.core.analysis.mlx_heads` instead, through the models' intervention seams rather than hooks
+(:data:`BACKEND_IMPLS`); mlx-lm's families are refused in one line.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ if TYPE_CHECKING:
 TARGET_KINDS = ("logprob", "logit_diff", "kl")
 METHODS = ("zero", "mean", "resample")
 SCOPES = ("readout", "everywhere")
+
+#: the analyses of a backend whose layers torch hooks cannot reach, by backend name: a module with this
+#: module's public functions (attnscope.core.analysis.mlx_heads registers "mlx" when the package is imported)
+BACKEND_IMPLS: dict[str, Any] = {}
+
+
+def _backend_impl(session: Session, name: str) -> Callable | None:
+    """``name`` as implemented for the session's backend, or None (the torch path below)."""
+    impl = BACKEND_IMPLS.get(str(getattr(getattr(session, "backend", None), "name", "")))
+    return getattr(impl, name, None)
 
 
 # -- targets ------------------------------------------------------------------------------------------
@@ -793,6 +805,8 @@ def head_effects(
         OutOfRange: a layer outside the model or without attention.
         UnsupportedModelError: not the torch backend. Cancelled: ``cancelled()`` became true.
     """
+    if (impl := _backend_impl(session, "head_effects")) is not None:
+        return impl(session, target, method, scope, source, progress, cancelled, layers, kv_side)
     import torch
 
     if method not in METHODS:
@@ -1005,6 +1019,8 @@ def patch_heads(
             an unknown site. UnsupportedModelError: not the torch backend; a site the layers do not have
             (a fused QKV projection). Cancelled: as :func:`head_effects`.
     """
+    if (impl := _backend_impl(session, "patch_heads")) is not None:
+        return impl(session, corrupt, target, scope, progress, cancelled, site, layers)
     import torch
 
     if scope not in SCOPES:
@@ -1145,6 +1161,8 @@ def attribution_patching(
     Raises:
         as :func:`patch_heads`; BadArgument: an unknown direction.
     """
+    if (impl := _backend_impl(session, "attribution_patching")) is not None:
+        return impl(session, corrupt, target, scope, site, directions)
     import torch
 
     if scope not in SCOPES:
@@ -1301,6 +1319,8 @@ def logit_attribution(session: Session, target: Target | None = None) -> LogitAt
         UnsupportedModelError: not the torch backend; a post-norm family, or one whose residual stream is
             not the sum of its parts (checked: :attr:`LogitAttribution.residual_error` above 1e-3).
     """
+    if (impl := _backend_impl(session, "logit_attribution")) is not None:
+        return impl(session, target)
     import torch
 
     target = make_target(session) if target is None else target
@@ -1444,6 +1464,8 @@ def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int 
         OutOfRange: a position outside the sequence. BadArgument: ``k`` below 1.
         UnsupportedModelError: not the torch backend.
     """
+    if (impl := _backend_impl(session, "logit_lens")) is not None:
+        return impl(session, positions, k)
     import torch
 
     T = session.seq_len

@@ -343,6 +343,42 @@ class KVCache:
         return None if n == 1 else "causal"
 
 
+# -- intervention seams -----------------------------------------------------------------------------
+@dataclass
+class LayerEdit:
+    """What one layer's forward replaces and records, as data (the seams that
+    :mod:`attnscope.core.backends.mlx_interventions` drives: head ablation, patching, the logit lens).
+
+    Sites (``(B, L, width)`` each): ``"q"``, ``"k"``, ``"v"``: q_proj's / k_proj's / v_proj's outputs
+    (``n_heads·D`` / ``n_kv_heads·D`` wide, head ``h`` at ``[h·D, (h+1)·D)``; before QK-norm and RoPE);
+    ``"z"``: o_proj's input (each head's ``Σ_j α_ij v_j``); ``"attn"``: o_proj's output; ``"mlp"``: the
+    MLP's output; ``"input"`` / ``"resid"``: the layer's input / output hidden states.
+
+    Attributes:
+        replace: ``{site: (mask, value)}``: where ``mask`` (bool, broadcast to the site's shape) is True the
+            site takes ``value`` (broadcast likewise, cast to the site's dtype): heads are column blocks, a
+            position a row, a batch row one unit.
+        add: ``{site: delta}`` added to the site first (a zero delta changes nothing: gradients).
+        record: sites whose values (after ``add`` and ``replace``) are kept in ``kept``.
+    """
+
+    replace: dict[str, tuple[mx.array, mx.array]] = field(default_factory=dict)
+    add: dict[str, mx.array] = field(default_factory=dict)
+    record: tuple[str, ...] = ()
+    kept: dict[str, mx.array] = field(default_factory=dict)
+
+    def site(self, name: str, x: mx.array) -> mx.array:
+        """``x`` at site ``name`` with this edit applied (and kept where recorded)."""
+        if name in self.add:
+            x = x + self.add[name]
+        r = self.replace.get(name)
+        if r is not None:
+            x = mx.where(r[0], r[1].astype(x.dtype), x)
+        if name in self.record:
+            self.kept[name] = x
+        return x
+
+
 # -- attention ------------------------------------------------------------------------------------
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_idx: int):
@@ -361,11 +397,16 @@ class Attention(nn.Module):
             self.k_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self._qk_norm = args.qk_norm
 
-    def __call__(self, x: mx.array, cache: KVCache, rope_freqs: mx.array, trace=None) -> mx.array:
+    def __call__(
+        self, x: mx.array, cache: KVCache, rope_freqs: mx.array, trace=None, edit: LayerEdit | None = None
+    ) -> mx.array:
         B, L, _ = x.shape
-        q = self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim)  # (B, L, H, D)
-        k = self.k_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, self.head_dim)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, L, heads·D)
+        if edit is not None:  # the query / key / value seams (LayerEdit)
+            q, k, v = edit.site("q", q), edit.site("k", k), edit.site("v", v)
+        q = q.reshape(B, L, self.n_heads, self.head_dim)  # (B, L, H, D)
+        k = k.reshape(B, L, self.n_kv_heads, self.head_dim)
+        v = v.reshape(B, L, self.n_kv_heads, self.head_dim)
         if self._qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, heads, L, D)
@@ -383,7 +424,10 @@ class Attention(nn.Module):
         out, lse = sdpa_with_lse_mlx(q, keys, values, scale=self.scale, mask=mask, parts=True)  # lse = (m, ℓ)
         if trace is not None and trace.enabled:
             trace.record(self.layer_idx, q, lse, cache, self.scale, self.sliding_window)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        z = out.transpose(0, 2, 1, 3).reshape(B, L, -1)  # (B, L, H·D): head h at [h·D, (h+1)·D)
+        if edit is None:
+            return self.o_proj(z)
+        return edit.site("attn", self.o_proj(edit.site("z", z)))
 
 
 class MLP(nn.Module):
@@ -406,9 +450,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x, cache, rope_freqs, trace=None):
-        h = x + self.self_attn(self.input_layernorm(x), cache, rope_freqs, trace)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def __call__(self, x, cache, rope_freqs, trace=None, edit: LayerEdit | None = None):
+        if edit is None:
+            h = x + self.self_attn(self.input_layernorm(x), cache, rope_freqs, trace)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        x = edit.site("input", x)
+        h = x + self.self_attn(self.input_layernorm(x), cache, rope_freqs, trace, edit)
+        return edit.site("resid", h + edit.site("mlp", self.mlp(self.post_attention_layernorm(h))))
 
 
 class Decoder(nn.Module):
@@ -430,16 +478,44 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self._rope_freqs = mx.array(1.0 / args.inv_freq())  # periods, as mx.fast.rope's freqs expects
 
-    def __call__(self, ids: mx.array, caches: list[KVCache], trace=None, last_only: bool = False) -> mx.array:
-        """Logits ``(B, L, vocab)`` (``(B, 1, vocab)`` with ``last_only``) for ``ids (B, L)`` int32."""
-        x = self.model.embed_tokens(ids)
+    def __call__(
+        self,
+        ids: mx.array,
+        caches: list,  # KVCache per layer (or anything with offset and update_and_fetch)
+        trace=None,
+        last_only: bool = False,
+        edits: list[LayerEdit | None] | None = None,
+    ) -> mx.array:
+        """Logits ``(B, L, vocab)`` (``(B, 1, vocab)`` with ``last_only``) for ``ids (B, L)`` int32.
+
+        ``edits``: one :class:`LayerEdit` (or None) per layer: what the layer's seams replace and record.
+        """
+        return self.from_layer(self.model.embed_tokens(ids), 0, caches, trace, last_only, edits)
+
+    def from_layer(
+        self,
+        x: mx.array,
+        start: int,
+        caches: list,
+        trace=None,
+        last_only: bool = False,
+        edits: list[LayerEdit | None] | None = None,
+    ) -> mx.array:
+        """Logits for hidden states ``x (B, L, hidden)`` entering layer ``start``: layers ``start..`` run
+        (with ``caches[start:]``), then the final norm and the unembedding (:meth:`unembed`)."""
         watch = getattr(trace, "finite", None)  # attnscope.core.trace.mlx_trace.MlxFiniteWatch
-        for i, (layer, cache) in enumerate(zip(self.model.layers, caches, strict=True)):
-            x = layer(x, cache, self._rope_freqs, trace)
+        layers = self.model.layers
+        for i in range(start, len(layers)):
+            edit = None if edits is None else edits[i]
+            x = layers[i](x, caches[i], self._rope_freqs, trace, edit)
             if watch is not None:
                 watch.check(i, "hidden states", x)  # one lazy max(|x|), read with the logits
         if last_only:
             x = x[:, -1:]
+        return self.unembed(x)
+
+    def unembed(self, x: mx.array) -> mx.array:
+        """The final norm and the unembedding: ``(..., hidden)`` -> ``(..., vocab)`` logits."""
         x = self.model.norm(x)
         if self.args.tie_word_embeddings:
             return self.model.embed_tokens.as_linear(x)
