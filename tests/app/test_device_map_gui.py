@@ -84,7 +84,7 @@ def _eight_b_entry(tmp_path: Path):
 
 
 def _fit_cell(dlg, name):
-    from attnscope.app.model_picker import FIT_COLUMN
+    from attnscope.app.model_table import FIT_COLUMN
 
     r = next(r for r in range(dlg.proxy.rowCount()) if dlg.proxy.index(r, 0).data() == name)
     return dlg.proxy.index(r, FIT_COLUMN)

@@ -237,7 +237,9 @@ def test_token_pane_opens_with_the_newest_token_in_sight(qtbot):
 
 # -- the model picker's size column ------------------------------------------------------------------------
 def test_an_unsupported_folders_size_is_not_zero_bytes(qtbot, tmp_path, monkeypatch):
-    from attnscope.app.model_picker import COLUMNS, ModelPickerDialog, demo_entries
+    from attnscope.app.model_picker import ModelPickerDialog
+    from attnscope.app.model_table import COLUMNS
+    from demo_catalog import demo_entries
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("ATTNSCOPE_CONFIG_DIR", str(tmp_path / "config"))
