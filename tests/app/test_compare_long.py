@@ -88,11 +88,11 @@ def folders(tmp_path_factory):
 
 
 def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
-    import attnscope.app.views.compare as C
+    from attnscope.app.views import compare_jobs
     from attnscope.core.analysis.compare_b import held
     from gui_helpers import ran_window
 
-    monkeypatch.setattr(C, "MAX_CELLS", 24)  # the tiny prompt (~200 tokens) counts as long
+    monkeypatch.setattr(compare_jobs, "MAX_CELLS", 24)  # the tiny prompt (~200 tokens) counts as long
     win = ran_window(qtbot, folders[0], LONG_PROMPT)
     try:
         win.show_view("compare")
@@ -163,7 +163,7 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         from PySide6.QtCore import QPointF
 
         view._on_hover(view.plots[2].vb.mapViewToScene(QPointF(c + 0.5, r + 0.5)))
-        from attnscope.app.views.compare import _weight
+        from attnscope.app.views.compare_maps import weight_readout as _weight
 
         assert view.hover.text().startswith(f"query {r}") and _weight(A[r, c]) in view.hover.text()
         if shots:
