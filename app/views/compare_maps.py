@@ -9,6 +9,7 @@ visible region, computed on the engine thread (:mod:`attnscope.app.views.compare
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ class CompareMapsMixin:
         self._titles = ("", "", "")
         # A's and B's maps follow the window's Colours combo (A − B stays diverging)
         self.cmap = self.state.colormap
-        self.maps_widget = pg.GraphicsLayoutWidget()
+        self.maps_widget = _MapsWidget(self._on_maps_resized)
         self.maps_widget.setBackground("w")
         self.plots, self.images, self.tile_images = [], [], []
         # NaN/inf cells of each map and tile, magenta over them as in every view and output
@@ -109,9 +110,9 @@ class CompareMapsMixin:
         self.bar.setImageItem(self.images[2], insert_in=self.plots[2])
         self.hover = QLabel(HOVER_HINT)
         self.hover.setStyleSheet("color:#333;")
-        self.hover.setSizePolicy(
-            QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred
-        )  # a long readout never widens the tab
+        # a long readout never widens the tab, and wraps rather than being cut in a narrow window
+        self.hover.setWordWrap(True)
+        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
         self.maps_widget.scene().sigMouseMoved.connect(self._on_hover)
         self.maps_widget.scene().sigMouseClicked.connect(self._on_click)
 
@@ -145,14 +146,55 @@ class CompareMapsMixin:
             img.clear()
         self.map_legend.hide()
         self._titles = titles
-        for p, t in zip(self.plots, titles, strict=True):
-            p.setTitle(t, color="#222")
+        self._show_titles(titles)
         self.row_a.setData([], [])
         self.row_b.setData([], [])
         self.row_plot.getPlotItem().setTitle(ROW_HINT, color="#222", size="9pt")
         self.hover.setText(HOVER_HINT)
         self.bar.setLevels((-1.0, 1.0))
         self.row_plot.getPlotItem().enableAutoRange()
+
+    # -- titles and size ----------------------------------------------------------------------------
+    def _on_maps_resized(self) -> None:
+        """The maps' view was resized: fit the titles again, and a map shown whole is shown whole at
+        the new size (the aspect-locked views keep the wider range a narrow window gave them otherwise;
+        a zoom stays as it is)."""
+        self._fit_titles()
+        n_r, n_c = self._side() if hasattr(self, "maps") else (0, 0)
+        if not n_r or not n_c:
+            return
+        (x0, x1), (y0, y1) = self.plots[0].vb.viewRange()
+        if x0 <= 0 and y0 <= 0 and x1 >= n_c and y1 >= n_r:
+            self.plots[0].setRange(xRange=(0, n_c), yRange=(0, n_r), padding=0.01)
+
+    def _show_titles(self, titles: tuple[str, str, str]) -> None:
+        """Title the three maps with ``titles`` (A, B, A − B), shortened as far as the maps' width needs
+        (:meth:`_fit_titles`)."""
+        self._shown_titles = titles
+        self._fit_titles()
+
+    def _fit_titles(self) -> None:
+        """The longest form of the titles that fits the maps' width (:func:`_short_title`: whole, without
+        parentheses, or the map's name alone); a shortened title keeps the whole one as its tooltip. A
+        title wider than its map widens the graphics layout past the view, which then cuts off A − B and
+        its colour bar on the right (a 1000 px window; a long map's titles at 1400 px)."""
+        titles = getattr(self, "_shown_titles", None)
+        if titles is None:  # (resized while being built)
+            return
+        room = self.maps_widget.viewport().width()
+        for level in range(3):
+            shown = tuple(_short_title(t, level) for t in titles)
+            for p, full, t in zip(self.plots, titles, shown, strict=True):
+                if p.titleLabel.text != t:
+                    p.setTitle(t, color="#222")
+                p.titleLabel.setToolTip("" if t == full else full)
+            for p in self.plots:  # the size hints are cached until the layouts are invalidated
+                p.layout.invalidate()
+            self.maps_widget.ci.layout.invalidate()
+            if self.maps_widget.ci.effectiveSizeHint(Qt.SizeHint.MinimumSize).width() <= room:
+                break
+        # the layout keeps the size it was clamped to under longer titles until it is set again
+        self.maps_widget.ci.setGeometry(self.maps_widget.range)
 
     # -- maps ---------------------------------------------------------------------------------------
     def _request(self, channel: str, job, on_done, label: str) -> None:
@@ -223,8 +265,7 @@ class CompareMapsMixin:
                 "B · max-pooled",
                 f"A − B (±{m:.3g}) · signed max-|A−B|",
             )
-        for p, t in zip(self.plots, self._titles, strict=True):
-            p.setTitle(t, color="#222")
+        self._show_titles(self._titles)
         if ov is not None:
             self.hover.setText(
                 f"Long map ({ov.n} tokens): overview of blocks of ~{f:.1f} cells (A, B: block max; "
@@ -274,8 +315,7 @@ class CompareMapsMixin:
                 for t in self.tile_images:
                     t.clear()
                 self._show_levels(*self._levels)
-                for p, t in zip(self.plots, self._titles, strict=True):
-                    p.setTitle(t, color="#222")
+                self._show_titles(self._titles)
             return
         if r1 <= r0 or c1 <= c0:
             return
@@ -320,8 +360,7 @@ class CompareMapsMixin:
             f"B · exact tile (0–{hi:.3g})",
             f"A − B · exact tile (±{m:.3g})",
         )
-        for p, title in zip(self.plots, names, strict=True):
-            p.setTitle(title, color="#222")
+        self._show_titles(names)
         self.hover.setText(
             f"Exact tile: rows {r0}..{r0 + nr - 1} × keys {c0}..{c0 + nc - 1} of A, B and A − B, "
             "recomputed from both runs. Hover a cell for its weights."
@@ -430,6 +469,31 @@ class CompareMapsMixin:
         self.row_plot.getPlotItem().setTitle(
             f"Query row {row}: A (blue) and B (orange, dashed)", color="#222", size="9pt"
         )
+
+
+def _short_title(title: str, level: int) -> str:
+    """``title`` whole (level 0); without its parentheses (1: ``"A − B (±0.295) · signed max-|A−B|"`` →
+    ``"A − B · signed max-|A−B|"``; the colour bar gives the range); up to its first ``" · "`` (2: the
+    map's name, ``"A − B"``)."""
+    if level >= 1:
+        title = re.sub(r" \([^)]*\)", "", title)
+    if level >= 2:
+        title = title.split(" · ")[0]
+    return title
+
+
+class _MapsWidget(pg.GraphicsLayoutWidget):
+    """The maps' graphics view; ``on_resize()`` runs after each resize (the titles are fitted again)."""
+
+    def __init__(self, on_resize: Callable[[], None]):
+        self._on_resize: Callable[[], None] | None = None  # (pyqtgraph resizes while it builds)
+        super().__init__()
+        self._on_resize = on_resize
+
+    def resizeEvent(self, ev) -> None:
+        super().resizeEvent(ev)
+        if self._on_resize is not None:
+            self._on_resize()
 
 
 def finite_max(a: np.ndarray) -> float:

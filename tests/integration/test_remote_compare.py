@@ -258,8 +258,8 @@ def test_loading_another_model_on_the_engine_drops_run_b(folders):
 @pytest.mark.slow
 def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, folders, monkeypatch):
     pytest.importorskip("pytestqt")
-    from attnscope.app.views import compare_jobs
     from attnscope.app import model_picker
+    from attnscope.app.views import compare_jobs
     from attnscope.core.analysis.compare_b import b_maps, b_overview, run_b
     from attnscope.core.loading import catalog
     from attnscope.core.session import Session
@@ -321,7 +321,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
         ea, eb = b_maps(local, 1, 2, n, rows=slice(n - 1, n))  # the in-process row job's call
         assert row == n - 1 and np.array_equal(ra, ea[0]) and np.array_equal(rb, eb[0])
         # a long head: the overview and an exact tile on zoom, from the engine
-        monkeypatch.setattr(C, "MAX_CELLS", 16)
+        monkeypatch.setattr(compare_jobs, "MAX_CELLS", 16)
         view.request_maps(0, 3)
         qtbot.waitUntil(lambda: view.map_key == (0, 3) and view.overview is not None, timeout=60000)
         assert w.engine.wait_idle(60)
