@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from attnscope.app import export as AE
+from attnscope.app import export_dialogs as AE
 from attnscope.app import figure as AF
 from attnscope.app import paint as AP
 from attnscope.app.svg_fixups import fix_svg

@@ -124,13 +124,13 @@ def test_mask_opened_session_after_a_longer_run(win, qtbot, tmp_path, tiny_folde
 
     short = ran_window(qtbot, tiny_folder, SHORT, steps=1)
     try:
-        short.exports.save_session(tmp_path / "short.attnscope")
+        short.sessions.save_session(tmp_path / "short.attnscope")
         _idle(short)
     finally:
         short.close()
     _show(win, "mask")
     _show(win, "heatmap")
-    win.exports.open_session(tmp_path / "short.attnscope")
+    win.sessions.open_session(tmp_path / "short.attnscope")
     _idle(win)
     _idle(win)
     win.cmap_combo.setCurrentText("plasma")
@@ -223,7 +223,7 @@ def test_sinks_follow_a_new_sequence_and_a_reopened_session(win, qtbot, tmp_path
     _idle(win)
     _assert_sinks_at(win, n0 + 2)
     path = tmp_path / "s.attnscope"
-    win.exports.save_session(path)
+    win.sessions.save_session(path)
     _idle(win)
     saved = json.loads(path.read_text())["view"]
     assert saved["timeline_step"] == 2 and saved["views"]["sinks"]["step_spin"] == n0 + 2
@@ -234,7 +234,7 @@ def test_sinks_follow_a_new_sequence_and_a_reopened_session(win, qtbot, tmp_path
     other = ran_window(qtbot, tiny_folder, SHORT, steps=1)
     try:
         _show(other, "sinks")
-        other.exports.open_session(path)
+        other.sessions.open_session(path)
         _idle(other)
         _idle(other)
         assert other.state.step == 2 and other.state.tab == "sinks"

@@ -130,10 +130,10 @@ def test_a_session_keeps_compares_b_prompt(win, tmp_path):
     saved = win.state.to_view_dict()
     assert saved["views"]["compare"]["prompt_edit"] == "The dog sat on the mat."
     path = tmp_path / "s.attnscope"
-    win.exports.save_session(path)
+    win.sessions.save_session(path)
     _idle(win)
     view.prompt_edit.setText("something else")
-    win.exports.open_session(path)
+    win.sessions.open_session(path)
     _idle(win)
     assert view.prompt_edit.text() == "The dog sat on the mat."
     assert view.kind_combo.currentData() == "prompt"
