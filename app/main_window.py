@@ -25,8 +25,6 @@ from attnscope.app.commands import Commands, window_wording
 from attnscope.app.controls import WIDGETS, Controls
 from attnscope.app.engine import Engine
 from attnscope.app.export_actions import ExportController
-from attnscope.app.head_grid import HeadGridView
-from attnscope.app.heatmap import HeatmapView
 from attnscope.app.maps import MapPanel
 from attnscope.app.menus import about_text, add_view_action, build_menus
 from attnscope.app.session_files import SessionFiles
@@ -36,6 +34,8 @@ from attnscope.app.tabs import EmptyOverlay, ViewTabs
 from attnscope.app.timeline_bar import LiveSequenceNote, TimelineBar
 from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
+from attnscope.app.views.head_grid import HeadGridView
+from attnscope.app.views.heatmap import HeatmapView
 from attnscope.app.views.mask import MaskView
 from attnscope.app.views.next_token import DecodePanel
 from attnscope.core import backend_registry as registry

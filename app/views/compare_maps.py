@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
-from attnscope.app.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
 from attnscope.app.views import compare_jobs as jobs
+from attnscope.app.views.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
 from attnscope.app.views.sinks import style_plot
 from attnscope.core.io.colormaps import lut as colormap_lut
 from PySide6.QtCore import Qt, QTimer
@@ -72,7 +72,7 @@ class CompareMapsMixin:
         self.maps_widget.setBackground("w")
         self.plots, self.images, self.tile_images = [], [], []
         # NaN/inf cells of each map and tile, magenta over them as in every view and output
-        # (attnscope.app.heatmap.show_nonfinite): a lookup table would draw them as a weight
+        # (attnscope.app.views.heatmap.show_nonfinite): a lookup table would draw them as a weight
         self.nonfinite_images: list = []
         self.tile_nonfinite: list = []
         for i, name in enumerate(("A", "B", "A − B")):
@@ -504,7 +504,7 @@ def finite_max(a: np.ndarray) -> float:
 
 
 def weight_readout(v: float, sign: str = "") -> str:
-    """A weight as the heatmap's readout writes it (:func:`attnscope.app.heatmap.weight_text`): 4
+    """A weight as the heatmap's readout writes it (:func:`attnscope.app.views.heatmap.weight_text`): 4
     decimals from 0.01, 3 significant digits below (``3.21e-05``); ``sign="+"`` signs a difference."""
     v = float(v)
     return f"{v:{sign}.4f}" if v == 0 or abs(v) >= 0.01 else f"{v:{sign}.2e}"

@@ -37,7 +37,7 @@ def _tokens(n: int) -> list[Token]:
 
 
 def _heatmap(qtbot, n=12, row=5, title="L3 · query head 4", show=True):
-    from attnscope.app.heatmap import HeatmapView
+    from attnscope.app.views.heatmap import HeatmapView
 
     v = HeatmapView()
     qtbot.addWidget(v)

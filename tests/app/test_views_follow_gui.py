@@ -274,7 +274,7 @@ def test_gqa_groups_take_the_log_default_at_long_lengths(win, monkeypatch):
 
 
 def test_masked_blocks_equal_brute_force():
-    from attnscope.app.head_grid import masked_blocks
+    from attnscope.app.views.head_grid import masked_blocks
     from attnscope.core.analysis.pooling import block_edges
 
     for n, p, win in [(7, 7, None), (10, 4, None), (100, 40, None), (50, 50, 4), (300, 40, 64), (31, 9, 5)]:
@@ -291,7 +291,7 @@ def test_masked_blocks_equal_brute_force():
 
 # -- 5. Head grid: the corner note fits, masked and pending cells are not the colour of 1e-6 -----------
 def test_head_grid_hatches_masked_cells_and_fits_its_note(qtbot):
-    from attnscope.app.head_grid import MASK_HATCH, PENDING_RGB, HeadGridView, masked_blocks
+    from attnscope.app.views.head_grid import MASK_HATCH, PENDING_RGB, HeadGridView, masked_blocks
     from attnscope.core.io.colormaps import lut
     from PySide6.QtCore import Qt
     from PySide6.QtGui import QFontMetrics
@@ -333,7 +333,7 @@ def test_head_grid_hatches_masked_cells_and_fits_its_note(qtbot):
 def test_head_grid_hatches_keys_outside_a_sliding_window(qtbot, tmp_path):
     """A sliding-window model (tiny Gemma 3: window 4 on layers 0 and 2): the grid knows each layer's
     window (from the snapshot), so blocks outside it are hatched, not drawn as the lowest weight."""
-    from attnscope.app.head_grid import MASK_HATCH, masked_blocks
+    from attnscope.app.views.head_grid import MASK_HATCH, masked_blocks
     from gui_helpers import ran_window
     from tiny_models import save_tiny
 

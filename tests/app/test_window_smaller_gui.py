@@ -59,8 +59,8 @@ def test_head_roles_first_click_on_a_score_sorts_highest_first(win, qtbot):
 
 
 def test_compare_hover_writes_weights_as_the_heatmap_does():
-    from attnscope.app.heatmap import weight_text
     from attnscope.app.views.compare_maps import weight_readout as _weight
+    from attnscope.app.views.heatmap import weight_text
 
     for v in (0.123456, 0.5, 0.0123, 3.21456e-5, 1e-7):
         assert _weight(v) == weight_text(v)  # 4 decimals from 0.01, 3 significant digits below
