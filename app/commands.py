@@ -4,7 +4,7 @@
 turns what comes back, a :class:`attnscope.core.session.Snapshot`, into the
 :class:`attnscope.app.state.ViewState` (``snapshot``, ``step``, the model fields) and the controls
 around the prompt. It is the one place that knows what "loaded", "ran" and "failed" do to the
-window; :class:`attnscope.app.export.ExportController` reaches it through :meth:`loaded`,
+window; :class:`attnscope.app.session_files.SessionFiles` reaches it through :meth:`loaded`,
 :meth:`ran` and :meth:`command_failed`.
 """
 
@@ -353,7 +353,7 @@ class Commands:
         win.chat_check.setChecked(snap.chat_template)
         win.decode_panel.set_sampling(sampling)  # the replayed session kept these settings
         self.ran(snap)
-        win.exports.restore_view(view, as_choice=False)  # the window's own view: no new choice made
+        win.sessions.restore_view(view, as_choice=False)  # the window's own view: no new choice made
         msg = f"Now on {snap.backend}: replayed {snap.n_prompt} prompt + {snap.n_generated} generated tokens."
         s = " · ".join(warnings)
         self.state.say(msg + (" · " + s if warnings else ""), 12000)

@@ -7,8 +7,8 @@ engine, the controllers and the tabs, and wires them; it holds no logic of its o
   with ``engine.submit(channel, Request(...))``.
 * Controllers: :class:`attnscope.app.commands.Commands` (load, Run, Step, Back, backend),
   :class:`attnscope.app.maps.MapPanel` (heatmap, head grid, token strip),
-  :class:`attnscope.app.status.StatusLine`, :class:`attnscope.app.export.ExportController` (sessions,
-  exports); menus in :mod:`attnscope.app.menus`.
+  :class:`attnscope.app.status.StatusLine`, :class:`attnscope.app.session_files.SessionFiles` (sessions),
+  :class:`attnscope.app.export_actions.ExportController` (exports); menus in :mod:`attnscope.app.menus`.
 
 A tab is a widget built with ``(state, engine)`` and registered with :meth:`MainWindow.add_view`;
 it listens to the state's events and may implement ``refresh()`` (called when it is shown or the
@@ -24,17 +24,18 @@ from attnscope.app.bind import bind
 from attnscope.app.commands import Commands, window_wording
 from attnscope.app.controls import WIDGETS, Controls
 from attnscope.app.engine import Engine
-from attnscope.app.export import ExportController
-from attnscope.app.head_grid import HeadGridView
-from attnscope.app.heatmap import HeatmapView
+from attnscope.app.export_actions import ExportController
 from attnscope.app.maps import MapPanel
 from attnscope.app.menus import about_text, add_view_action, build_menus
+from attnscope.app.session_files import SessionFiles
 from attnscope.app.state import ViewState
 from attnscope.app.status import APP_NAME, StatusLine
 from attnscope.app.tabs import EmptyOverlay, ViewTabs
 from attnscope.app.timeline_bar import LiveSequenceNote, TimelineBar
 from attnscope.app.token_strip import TokenStrip
 from attnscope.app.views.gqa import GqaView
+from attnscope.app.views.head_grid import HeadGridView
+from attnscope.app.views.heatmap import HeatmapView
 from attnscope.app.views.mask import MaskView
 from attnscope.app.views.next_token import DecodePanel
 from attnscope.core import backend_registry as registry
@@ -147,6 +148,7 @@ class MainWindow(QMainWindow):
         self.maps = MapPanel(self.state, self.engine, self.heatmap, self.grid, self.token_strip)
         self.commands = Commands(self)
         self.exports = ExportController(self)
+        self.sessions = SessionFiles(self)
         self._bind()
         self.add_view("heatmap", "Heatmap", self.heatmap)
         self.add_view("grid", "Head grid", self.grid)

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 from attnscope.app import jobs
 from attnscope.app.engine import Engine, Request
-from attnscope.app.head_grid import HeadGridCanvas, HeadGridView
-from attnscope.app.heatmap import HeatmapView
 from attnscope.app.state import HEATMAP_KEYS, ViewState
 from attnscope.app.token_strip import TokenStrip
+from attnscope.app.views.head_grid import HeadGridCanvas, HeadGridView
+from attnscope.app.views.heatmap import HeatmapView
 from attnscope.core.attention.masks import aggregate_window
 
 

@@ -47,8 +47,8 @@ def build_menus(win) -> None:
     action(win, file_menu, "Open model &folder…", win.open_folder_dialog)
     action(win, file_menu, "Load &default model", lambda: cmd.load_model(None))
     file_menu.addSeparator()
-    action(win, file_menu, "&Save session…", ex.save_session_dialog, "Ctrl+S")
-    action(win, file_menu, "Open s&ession…", ex.open_session_dialog, "Ctrl+Shift+O")
+    action(win, file_menu, "&Save session…", win.sessions.save_session_dialog, "Ctrl+S")
+    action(win, file_menu, "Open s&ession…", win.sessions.open_session_dialog, "Ctrl+Shift+O")
     file_menu.addSeparator()
     action(win, file_menu, "&Quit", win.close, QKeySequence.StandardKey.Quit)
 

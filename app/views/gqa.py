@@ -20,15 +20,15 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
-from attnscope.app.head_grid import MASK_HATCH, masked_blocks
-from attnscope.app.heatmap import (
+from attnscope.app.tabs import PageLayout
+from attnscope.app.views.head_grid import MASK_HATCH, masked_blocks
+from attnscope.app.views.heatmap import (
     LOG_FLOOR,
     NONFINITE_LEGEND_HTML,
     colorbar_ticks,
     qt_colormap,
     show_nonfinite,
 )
-from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.io.colormaps import normalize

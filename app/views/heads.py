@@ -542,7 +542,7 @@ def result_from_json(data: dict) -> tuple:
 
 def install_view(window) -> HeadsView:
     """Create the "Which heads matter" tab and register it with ``window.add_view("heads", ...)``; its
-    "Colour by" choice frames the Head grid's thumbnails too (:meth:`attnscope.app.head_grid.HeadGridView.set_effects`)."""
+    "Colour by" choice frames the Head grid's thumbnails too (:meth:`attnscope.app.views.head_grid.HeadGridView.set_effects`)."""
     view = HeadsView(window.state, window.engine)
     window.add_view("heads", "Which heads matter", view)
     grid = getattr(window, "grid", None)

@@ -19,7 +19,7 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.figure import token_label
-from attnscope.app.heatmap import qt_colormap
+from attnscope.app.views.heatmap import qt_colormap
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget

@@ -291,7 +291,7 @@ def test_mlx_folder_beyond_the_sample(tmp_path, llama):
     """4-bit with one layer at 8 bits (mlx-lm's mixed layout): still the logical count; the picker
     points torch users at MLX; a family MLX does not run is unsupported (no backend opens it)."""
     pytest.importorskip("PySide6")
-    from attnscope.app.model_picker import backend_refusal
+    from attnscope.app.model_table import backend_refusal
     from attnscope.core.backend_registry import problem as backend_problem
     from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
 

@@ -57,7 +57,7 @@ def test_compare_tab_perturbed_model(win, folders, tmp_path):
     seen = []
     import attnscope.app.views.compare as C
 
-    orig = C._run_b_job
+    orig = C.run_b_job
 
     def spy(spec):
         job = orig(spec)
@@ -68,11 +68,11 @@ def test_compare_tab_perturbed_model(win, folders, tmp_path):
 
         return wrapped
 
-    C._run_b_job = spy
+    C.run_b_job = spy
     try:
         _run(win, view)
     finally:
-        C._run_b_job = orig
+        C.run_b_job = orig
     assert seen == [True]  # run B ran on the engine thread
     res = view.result
     assert (res.ranked()[0].layer, res.ranked()[0].head) == (1, 2)

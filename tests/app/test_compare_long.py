@@ -88,11 +88,12 @@ def folders(tmp_path_factory):
 
 
 def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
-    import attnscope.app.views.compare as C
+    from attnscope.app.views import compare_jobs
     from attnscope.core.analysis.compare_b import held
     from gui_helpers import ran_window
+    from test_compare_narrow_gui import _cut_map_items
 
-    monkeypatch.setattr(C, "MAX_CELLS", 24)  # the tiny prompt (~200 tokens) counts as long
+    monkeypatch.setattr(compare_jobs, "MAX_CELLS", 24)  # the tiny prompt (~200 tokens) counts as long
     win = ran_window(qtbot, folders[0], LONG_PROMPT)
     try:
         win.show_view("compare")
@@ -116,6 +117,7 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         np.testing.assert_allclose(ov.d, signed_absmax_pool(A - B, 24, 24), atol=1e-6)
         assert "max-pooled" in view.plots[0].titleLabel.text and "max-pooled" in view.plots[1].titleLabel.text
         assert "signed max-|A−B|" in view.plots[2].titleLabel.text
+        assert not _cut_map_items(view)  # the long titles fit: A − B and its colour bar are shown whole
         assert view.maps_widget.width() <= view.width()
         lo, hi = view.images[2].levels
         assert lo == pytest.approx(-hi) and hi == pytest.approx(np.abs(A - B).max(), rel=1e-5)
@@ -163,7 +165,7 @@ def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
         from PySide6.QtCore import QPointF
 
         view._on_hover(view.plots[2].vb.mapViewToScene(QPointF(c + 0.5, r + 0.5)))
-        from attnscope.app.views.compare import _weight
+        from attnscope.app.views.compare_maps import weight_readout as _weight
 
         assert view.hover.text().startswith(f"query {r}") and _weight(A[r, c]) in view.hover.text()
         if shots:

@@ -84,7 +84,7 @@ def _eight_b_entry(tmp_path: Path):
 
 
 def _fit_cell(dlg, name):
-    from attnscope.app.model_picker import FIT_COLUMN
+    from attnscope.app.model_table import FIT_COLUMN
 
     r = next(r for r in range(dlg.proxy.rowCount()) if dlg.proxy.index(r, 0).data() == name)
     return dlg.proxy.index(r, FIT_COLUMN)
@@ -187,7 +187,7 @@ def test_device_map_load_session_round_trip(qtbot, tiny, tmp_path, monkeypatch, 
         "cpu",
         "disk",
     }
-    win.exports.save_session(tmp_path / "dm.attnscope")
+    win.sessions.save_session(tmp_path / "dm.attnscope")
     assert win.engine.wait_idle(60) and win.last_error is None
     saved = json.loads((tmp_path / "dm.attnscope").read_text())
     assert saved["device_map"] == side["device_map"]
@@ -195,7 +195,7 @@ def test_device_map_load_session_round_trip(qtbot, tiny, tmp_path, monkeypatch, 
     win2 = MainWindow(autoload=False)
     qtbot.addWidget(win2)
     assert win2.state.device_map == "none"
-    win2.exports.open_session(tmp_path / "dm.attnscope")
+    win2.sessions.open_session(tmp_path / "dm.attnscope")
     assert win2.engine.wait_idle(120) and win2.last_error is None
     s2 = win2.engine.session
     assert s2 is not s and s2.info.device_map == "auto" and win2.state.device_map == "auto"

@@ -110,7 +110,7 @@ def test_a_reopened_session_says_its_dtype_is_the_files_not_asked_for(qtbot, tmp
     # the window's File → Open session: the model line's tooltip (the dtype reason) says so too
     w = MainWindow(autoload=False)
     qtbot.addWidget(w)
-    w.exports.open_session(path)
+    w.sessions.open_session(path)
     assert w.engine.wait_idle(60) and w.last_error is None
     assert w.state.snapshot.prompt == "x y z"
     assert w.status.model_label.toolTip() == "float32: the dtype the session was saved at"

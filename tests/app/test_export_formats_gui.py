@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from attnscope.app import export as AE
+from attnscope.app import export_dialogs as AE
 from attnscope.app import figure as AF
 from attnscope.app import paint as AP
 from attnscope.app.svg_fixups import fix_svg
@@ -37,7 +37,7 @@ def _tokens(n: int) -> list[Token]:
 
 
 def _heatmap(qtbot, n=12, row=5, title="L3 · query head 4", show=True):
-    from attnscope.app.heatmap import HeatmapView
+    from attnscope.app.views.heatmap import HeatmapView
 
     v = HeatmapView()
     qtbot.addWidget(v)

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from attnscope.app import export as AE
+from attnscope.app import export_dialogs as AE
 from attnscope.app import figure as AF
 from attnscope.app import paint as AP
 from attnscope.core.io.colormaps import ColourSpec, to_rgb
@@ -295,7 +295,7 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     kv.calc_tokens.setValue(123_456)
     exp.kind_combo.setCurrentIndex(exp.kind_combo.count() - 1)
     exp_kind = exp.kind_combo.currentText()
-    ex.save_session(tmp_path / "s.attnscope")
+    win.sessions.save_session(tmp_path / "s.attnscope")
     assert win.engine.wait_idle(60)
     saved_views = json.loads((tmp_path / "s.attnscope").read_text())["view"]["views"]
     assert saved_views["sinks"]["threshold_spin"] == 0.35 and saved_views["kv"]["calc_tokens"] == 123_456
@@ -310,10 +310,10 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
     win.select(0, 0)
     win.show_view("grid")
     assert win.engine.wait_idle(60)
-    ex.open_session(tmp_path / "s.attnscope")
+    win.sessions.open_session(tmp_path / "s.attnscope")
     assert win.engine.wait_idle(300)
     assert win.engine.wait_idle(60)
-    assert win.last_error is None and ex.last_warnings == []
+    assert win.last_error is None and win.sessions.last_warnings == []
     assert [t.id for t in win.snapshot.tokens] == ids and win.snapshot.n_generated == 2
     assert (win.layer, win.head) == (3, 4) and win.cmap_combo.currentText() == "cividis"
     assert win.tabs.currentWidget() is win.views["heatmap"]
@@ -329,7 +329,7 @@ def test_window_exports_batches_and_sessions(ran_window, qtbot, tmp_path, monkey
 def test_open_bad_session_shows_one_line(ran_window, tmp_path):
     p = tmp_path / "bad.attnscope"
     p.write_text("{}")
-    assert ran_window.exports.open_session(p) is None
+    assert ran_window.sessions.open_session(p) is None
     assert ran_window.last_error.startswith("Could not open the session: not an AttnScope session file")
 
 
@@ -356,7 +356,7 @@ def test_export_view_shows_every_row_of_a_tab_table(ran_window, tmp_path):
 def test_file_dialogs_start_in_the_folder_of_the_last_file(ran_window, tmp_path, monkeypatch):
     """Export view, Export data and Save/Open session all start where the last file went (they
     always offered the home folder, or the current one)."""
-    from attnscope.app import export as X
+    from attnscope.app import export_dialogs as X
     from PySide6.QtWidgets import QFileDialog
 
     win = ran_window
@@ -379,8 +379,8 @@ def test_file_dialogs_start_in_the_folder_of_the_last_file(ran_window, tmp_path,
     monkeypatch.setattr(QFileDialog, "getSaveFileName", save_name)
     monkeypatch.setattr(QFileDialog, "getOpenFileName", save_name)
     win.exports.export_data_dialog()
-    win.exports.save_session_dialog()
-    win.exports.open_session_dialog()
+    win.sessions.save_session_dialog()
+    win.sessions.open_session_dialog()
     from pathlib import Path
 
     data_start, session_start, open_start = offered

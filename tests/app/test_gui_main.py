@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from attnscope.app.heatmap import weight_text
+from attnscope.app.views.heatmap import weight_text
 from PIL import Image
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
@@ -164,7 +164,7 @@ def test_image_fills_its_cells_whatever_came_before(qtbot):
     """The map's image covers exactly columns × rows in plot coordinates after every change of shape
     (ImageItem.setRect scales by the image it holds: set before the new image, the first map was
     drawn from a 1×1 scale, stretched ~40×)."""
-    from attnscope.app.heatmap import HeatmapView
+    from attnscope.app.views.heatmap import HeatmapView
     from attnscope.core.tokens import Token
 
     hm = HeatmapView()

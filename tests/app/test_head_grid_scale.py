@@ -14,7 +14,7 @@ def _thumbs(value: float) -> np.ndarray:
 
 
 def test_long_grid_is_on_log_colours(qtbot):
-    from attnscope.app.head_grid import HeadGridView
+    from attnscope.app.views.head_grid import HeadGridView
 
     v = HeadGridView()
     qtbot.addWidget(v)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from attnscope.app.heatmap import MASK_HATCH, NB_HYPHEN, HeatmapView, weight_text
+from attnscope.app.views.heatmap import MASK_HATCH, NB_HYPHEN, HeatmapView, weight_text
 from attnscope.core.analysis.aggregate import PooledMap
 from attnscope.core.analysis.pooling import block_edges, max_pool
 from attnscope.core.tokens import Token

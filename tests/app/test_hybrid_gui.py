@@ -109,7 +109,7 @@ def _sinks_roles_kv_and_export_mark_the_other_layers(win):
     assert "+ states" in win.kv_label.text()
     assert "the other layers' recurrent/conv states" in win.kv_label.toolTip()
 
-    from attnscope.app.export import BatchExportDialog
+    from attnscope.app.export_dialogs import BatchExportDialog
 
     dlg = BatchExportDialog(win)
     texts = [dlg.scope_combo.itemText(i) for i in range(dlg.scope_combo.count())]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from attnscope.app.figure import token_label
-from attnscope.app.heatmap import colorbar_ticks, weight_text
 from attnscope.app.main_window import MainWindow
+from attnscope.app.views.heatmap import colorbar_ticks, weight_text
 from attnscope.core.analysis import aggregate
 from attnscope.core.io.colormaps import normalize
 from attnscope.core.sampling import Sampling

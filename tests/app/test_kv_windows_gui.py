@@ -170,7 +170,7 @@ def test_mask_tab_names_the_windowed_layers(win):
 
 
 def test_every_token_labelled_when_the_labels_fit(qtbot):
-    from attnscope.app.heatmap import HeatmapView, stacked_label_pitch
+    from attnscope.app.views.heatmap import HeatmapView, stacked_label_pitch
     from attnscope.core.tokens import Token
 
     words = ("The cat sat on the mat and the dog sat on the log while it rained " * 4).split()[:50]

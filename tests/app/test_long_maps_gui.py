@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 from attnscope.app.engine import Engine
-from attnscope.app.head_grid import HeadGridCanvas
-from attnscope.app.heatmap import HeatmapView
+from attnscope.app.views.head_grid import HeadGridCanvas
+from attnscope.app.views.heatmap import HeatmapView
 from attnscope.core.analysis.aggregate import PooledMap
 from attnscope.core.tokens import Token
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from attnscope.app.model_picker import (
-    COLUMNS,
-    FIT_COLUMN,
-    GREY,
-    ConvertedCacheDialog,
-    ModelPickerDialog,
-    demo_entries,
-)
+from attnscope.app.cache_dialog import ConvertedCacheDialog
+from attnscope.app.model_picker import ModelPickerDialog
+from attnscope.app.model_table import COLUMNS, FIT_COLUMN, GREY
 from attnscope.core.loading import catalog
 from attnscope.core.loading.fit import estimate_entry, human_bytes
+from demo_catalog import demo_entries
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
@@ -257,7 +253,7 @@ def test_converted_cache_lists_and_clears(qtbot, tmp_path):
 
 
 def test_loads_at_column_shows_the_load_precision_and_why(qtbot):
-    from attnscope.app.model_picker import LOADS_AT_COLUMN
+    from attnscope.app.model_table import LOADS_AT_COLUMN
 
     dlg, _ = _open(qtbot)
     assert dlg.dtype.currentText() == "auto"

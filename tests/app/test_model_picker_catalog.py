@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from attnscope.app.model_picker import FIT_COLUMN, ModelPickerDialog  # noqa: E402
+from attnscope.app.model_picker import ModelPickerDialog  # noqa: E402
+from attnscope.app.model_table import FIT_COLUMN  # noqa: E402
 from attnscope.core.loading import catalog  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from test_catalog_counts import _blob_repo, _folder_files, _mlx_quantised  # noqa: E402

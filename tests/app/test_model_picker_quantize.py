@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from attnscope.app.model_picker import FIT_COLUMN, LOADS_AT_COLUMN, ModelPickerDialog, demo_entries
+from attnscope.app.model_picker import ModelPickerDialog
+from attnscope.app.model_table import FIT_COLUMN, LOADS_AT_COLUMN
 from attnscope.core.loading.fit import estimate_entry, human_bytes
+from demo_catalog import demo_entries
 
 FREE = 21_800_000_000
 

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from attnscope.app.model_picker import ConvertedCacheDialog
+from attnscope.app.cache_dialog import ConvertedCacheDialog
 from attnscope.core.loading import quant_cache
 from attnscope.core.loading.fit import human_bytes
 from PySide6.QtCore import Qt

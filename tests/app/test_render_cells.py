@@ -281,7 +281,7 @@ def test_heatmap_is_not_transposed_without_the_apps_start_up(qtbot, monkeypatch)
     """A HeatmapView from a plain script: pyqtgraph at its own default (col-major), as before any
     entry point configured it. Query rows run down, key columns across."""
     import pyqtgraph as pg
-    from attnscope.app.heatmap import HeatmapView
+    from attnscope.app.views.heatmap import HeatmapView
 
     monkeypatch.setitem(pg.CONFIG_OPTIONS, "imageAxisOrder", "col-major")
     assert pg.getConfigOption("imageAxisOrder") == "col-major"
@@ -308,7 +308,7 @@ def test_heatmap_is_not_transposed_without_the_apps_start_up(qtbot, monkeypatch)
 
 
 def test_heatmap_draws_nan_cells_magenta_with_a_legend(qtbot):
-    from attnscope.app.heatmap import HeatmapView, weight_text
+    from attnscope.app.views.heatmap import HeatmapView, weight_text
 
     w, _ = _map()
     hm = HeatmapView()

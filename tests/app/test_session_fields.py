@@ -334,7 +334,7 @@ def test_the_windows_open_session_shows_the_line(qtbot, tmp_path):
     w = MainWindow(autoload=False)
     qtbot.addWidget(w)
     try:
-        assert w.exports.open_session(p) is None
+        assert w.sessions.open_session(p) is None
         assert w.last_error == (
             'Could not open the session: bad session file: sampling.seed is "abc", expected a non-negative integer'
         )

@@ -74,7 +74,7 @@ def _set_every_saved_control(win) -> dict:
 
 
 def _save(win, path):
-    win.exports.save_session(path)
+    win.sessions.save_session(path)
     assert win.engine.wait_idle(60) and win.last_error is None, win.last_error
     return json.loads(path.read_text())["view"]
 
@@ -137,7 +137,7 @@ def test_a_session_reopened_in_a_new_window_shows_every_saved_value(
     win2 = _fresh_window(qtbot, tiny_folders["b"])  # another model: the reopen loads the session's
     try:
         assert win2.heatmap.scale == "linear"  # the 31-token default before the file opens
-        win2.exports.open_session(tmp_path / "s.attnscope")
+        win2.sessions.open_session(tmp_path / "s.attnscope")
         assert win2.engine.wait_idle(120) and win2.last_error is None, win2.last_error
         assert win2.engine.wait_idle(60)
         assert (win2.layer_spin.value(), win2.head_spin.value()) == (1, 1)
@@ -154,7 +154,7 @@ def test_a_session_reopened_in_a_new_window_shows_every_saved_value(
             got = win2.views[key].view_state()
             assert got == pytest.approx(values), key
             assert got == pytest.approx(saved["views"][key]), key
-        again = win2.exports.view_state()  # and a save now writes the same file
+        again = win2.sessions.view_state()  # and a save now writes the same file
         for k in ("layer", "head", "cmap", "scale", "gamma", "range_mode", "aggregate", "weighting"):
             assert again[k] == pytest.approx(saved[k]), k
     finally:
@@ -183,7 +183,7 @@ def test_a_long_prompt_keeps_the_scale_the_session_saved(qtbot, tiny_folders, tm
     for name, scale in (("linear", "linear"), ("default", "log")):
         w = _fresh_window(qtbot, tiny_folders["a"])
         try:
-            w.exports.open_session(tmp_path / f"{name}.attnscope")
+            w.sessions.open_session(tmp_path / f"{name}.attnscope")
             assert w.engine.wait_idle(120) and w.last_error is None, w.last_error
             assert w.engine.wait_idle(60)
             _assert_heatmap_uses(w, scale, 0.5)
@@ -202,14 +202,14 @@ def test_the_windows_own_view_put_back_keeps_the_scale_following_the_length(qtbo
     try:
         hm = win.heatmap
         assert hm.scale == "linear" and not hm.scale_chosen
-        win.exports.restore_view(win.state.to_view_dict(), as_choice=False)
+        win.sessions.restore_view(win.state.to_view_dict(), as_choice=False)
         assert not hm.scale_chosen
         monkeypatch.setattr(export_long, "LONG_MAP", 8)  # the next map is "long": log by length
         win.prompt_edit.setPlainText(PROMPT + " again")
         win.run_prompt()
         assert win.engine.wait_idle(60) and win.last_error is None
         assert hm.scale == "log" and "log colours" in hm.plot.titleLabel.text
-        win.exports.restore_view({"scale": "log"})  # a session's view: the user's choice
+        win.sessions.restore_view({"scale": "log"})  # a session's view: the user's choice
         assert hm.scale_chosen
     finally:
         win.close()

@@ -75,7 +75,7 @@ def test_the_window_refuses_the_file_and_keeps_its_run_and_layer(qtbot, tiny_fol
     win = ran_window(qtbot, tiny_folder, "Another prompt, the one on screen.", steps=2)
     win.select(1, 2)
     before = (win.snapshot.prompt, win.snapshot.seq_len)
-    win.exports.open_session(bad_file)
+    win.sessions.open_session(bad_file)
     assert win.engine.wait_idle(60)
     from PySide6.QtWidgets import QApplication
 
@@ -91,7 +91,7 @@ def test_the_window_refuses_the_file_and_keeps_its_run_and_layer(qtbot, tiny_fol
     data["view"]["layer"] = 1
     good.write_text(json.dumps(data), encoding="utf-8")
     win.status.last_error = None
-    win.exports.open_session(good)
+    win.sessions.open_session(good)
     assert win.engine.wait_idle(60)
     for _ in range(3):
         QApplication.processEvents()

@@ -321,7 +321,7 @@ def test_an_old_format_session_file_still_opens(qtbot, tiny_folder, tmp_path):
         win.cmap_combo.setCurrentText("viridis")
         win.show_view("heatmap")
         assert win.engine.wait_idle(60)
-        win.exports.open_session(path)
+        win.sessions.open_session(path)
         assert win.engine.wait_idle(120) and win.last_error is None, win.last_error
         assert (win.layer_spin.value(), win.head_spin.value()) == (1, 1)
         assert win.cmap_combo.currentText() == "magma" and win.exports.current_view_key() == "sinks"
@@ -332,7 +332,7 @@ def test_an_old_format_session_file_still_opens(qtbot, tiny_folder, tmp_path):
         assert win.views["sinks"].threshold_spin.value() == pytest.approx(0.4)
         hm = win.heatmap  # the state says what the widgets show
         assert win.state.colour == ColourSpec(cmap="magma", scale=hm.scale, gamma=0.7, range_mode="auto")
-        saved_again = win.exports.view_state()  # what a save now writes: the same format
+        saved_again = win.sessions.view_state()  # what a save now writes: the same format
         same = [k for k in old_view if k not in ("views", "scale")]
         assert {k: saved_again[k] for k in same} == {k: old_view[k] for k in same}
         assert saved_again["scale"] == hm.scale

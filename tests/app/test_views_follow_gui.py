@@ -124,13 +124,13 @@ def test_mask_opened_session_after_a_longer_run(win, qtbot, tmp_path, tiny_folde
 
     short = ran_window(qtbot, tiny_folder, SHORT, steps=1)
     try:
-        short.exports.save_session(tmp_path / "short.attnscope")
+        short.sessions.save_session(tmp_path / "short.attnscope")
         _idle(short)
     finally:
         short.close()
     _show(win, "mask")
     _show(win, "heatmap")
-    win.exports.open_session(tmp_path / "short.attnscope")
+    win.sessions.open_session(tmp_path / "short.attnscope")
     _idle(win)
     _idle(win)
     win.cmap_combo.setCurrentText("plasma")
@@ -223,7 +223,7 @@ def test_sinks_follow_a_new_sequence_and_a_reopened_session(win, qtbot, tmp_path
     _idle(win)
     _assert_sinks_at(win, n0 + 2)
     path = tmp_path / "s.attnscope"
-    win.exports.save_session(path)
+    win.sessions.save_session(path)
     _idle(win)
     saved = json.loads(path.read_text())["view"]
     assert saved["timeline_step"] == 2 and saved["views"]["sinks"]["step_spin"] == n0 + 2
@@ -234,7 +234,7 @@ def test_sinks_follow_a_new_sequence_and_a_reopened_session(win, qtbot, tmp_path
     other = ran_window(qtbot, tiny_folder, SHORT, steps=1)
     try:
         _show(other, "sinks")
-        other.exports.open_session(path)
+        other.sessions.open_session(path)
         _idle(other)
         _idle(other)
         assert other.state.step == 2 and other.state.tab == "sinks"
@@ -274,7 +274,7 @@ def test_gqa_groups_take_the_log_default_at_long_lengths(win, monkeypatch):
 
 
 def test_masked_blocks_equal_brute_force():
-    from attnscope.app.head_grid import masked_blocks
+    from attnscope.app.views.head_grid import masked_blocks
     from attnscope.core.analysis.pooling import block_edges
 
     for n, p, win in [(7, 7, None), (10, 4, None), (100, 40, None), (50, 50, 4), (300, 40, 64), (31, 9, 5)]:
@@ -291,7 +291,7 @@ def test_masked_blocks_equal_brute_force():
 
 # -- 5. Head grid: the corner note fits, masked and pending cells are not the colour of 1e-6 -----------
 def test_head_grid_hatches_masked_cells_and_fits_its_note(qtbot):
-    from attnscope.app.head_grid import MASK_HATCH, PENDING_RGB, HeadGridView, masked_blocks
+    from attnscope.app.views.head_grid import MASK_HATCH, PENDING_RGB, HeadGridView, masked_blocks
     from attnscope.core.io.colormaps import lut
     from PySide6.QtCore import Qt
     from PySide6.QtGui import QFontMetrics
@@ -333,7 +333,7 @@ def test_head_grid_hatches_masked_cells_and_fits_its_note(qtbot):
 def test_head_grid_hatches_keys_outside_a_sliding_window(qtbot, tmp_path):
     """A sliding-window model (tiny Gemma 3: window 4 on layers 0 and 2): the grid knows each layer's
     window (from the snapshot), so blocks outside it are hatched, not drawn as the lowest weight."""
-    from attnscope.app.head_grid import MASK_HATCH, masked_blocks
+    from attnscope.app.views.head_grid import MASK_HATCH, masked_blocks
     from gui_helpers import ran_window
     from tiny_models import save_tiny
 

@@ -80,13 +80,13 @@ def test_cell_and_visibility_survive_a_session_file(win, tmp_path, qtbot):
     assert win.engine.wait_idle(60)
     assert win.state.settings["why"] == {"visible": True, "query": T - 2, "key": 1}
     path = tmp_path / "s.attnscope"
-    win.exports.save_session(path)
+    win.sessions.save_session(path)
     assert win.engine.wait_idle(60) and path.is_file()
     w2 = MainWindow(model=str(tmp_path / "m"))
     qtbot.addWidget(w2)
     w2.show()
     assert w2.engine.wait_idle(120)
-    w2.exports.open_session(path)
+    w2.sessions.open_session(path)
     assert w2.engine.wait_idle(120) and w2.last_error is None
     assert w2.why_panel.cell == (T - 2, 1) and w2.why_dock.isVisible()
     assert w2.why_panel.explanation is not None and w2.why_panel.explanation.query == T - 2

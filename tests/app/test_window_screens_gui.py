@@ -70,8 +70,8 @@ def _toks(n: int) -> list[Token]:
 
 # -- an export from a widget or window never shown -----------------------------------------------------
 def test_view_export_of_a_never_shown_heatmap_equals_the_shown_one(qtbot, tmp_path):
-    from attnscope.app.heatmap import HeatmapView
     from attnscope.app.paint import render_widget
+    from attnscope.app.views.heatmap import HeatmapView
 
     n = 12
     pics = []
@@ -237,7 +237,9 @@ def test_token_pane_opens_with_the_newest_token_in_sight(qtbot):
 
 # -- the model picker's size column ------------------------------------------------------------------------
 def test_an_unsupported_folders_size_is_not_zero_bytes(qtbot, tmp_path, monkeypatch):
-    from attnscope.app.model_picker import COLUMNS, ModelPickerDialog, demo_entries
+    from attnscope.app.model_picker import ModelPickerDialog
+    from attnscope.app.model_table import COLUMNS
+    from demo_catalog import demo_entries
 
     monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("ATTNSCOPE_CONFIG_DIR", str(tmp_path / "config"))
@@ -278,7 +280,7 @@ def test_the_windows_default_scale_follows_the_maps_weights(win, qtbot):
 # -- text that must not be cut or overlap -------------------------------------------------------------------
 @pytest.mark.parametrize("scale", ["linear", "log", "power"])
 def test_colour_bar_tick_labels_never_crowd_each_other(scale):
-    from attnscope.app.heatmap import TICK_GAP, colorbar_ticks
+    from attnscope.app.views.heatmap import TICK_GAP, colorbar_ticks
 
     for vmax in (0.013, 0.05, 0.099, 0.1, 0.128, 0.3, 0.51, 0.97, 1.0):
         ticks = colorbar_ticks(0.0, vmax, scale)
@@ -290,7 +292,7 @@ def test_colour_bar_tick_labels_never_crowd_each_other(scale):
 
 
 def test_range_note_says_where_the_log_bar_starts(qtbot):
-    from attnscope.app.heatmap import HeatmapView
+    from attnscope.app.views.heatmap import HeatmapView
 
     v = HeatmapView()
     qtbot.addWidget(v)
@@ -381,7 +383,7 @@ def test_compares_table_shows_its_last_column_whole(win, size):
 
 
 def test_range_note_on_its_own_line_leaves_the_option_bar_packed(qtbot):
-    from attnscope.app.heatmap import HeatmapView
+    from attnscope.app.views.heatmap import HeatmapView
 
     v = HeatmapView()
     qtbot.addWidget(v)

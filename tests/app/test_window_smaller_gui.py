@@ -59,8 +59,8 @@ def test_head_roles_first_click_on_a_score_sorts_highest_first(win, qtbot):
 
 
 def test_compare_hover_writes_weights_as_the_heatmap_does():
-    from attnscope.app.heatmap import weight_text
-    from attnscope.app.views.compare import _weight
+    from attnscope.app.views.compare_maps import weight_readout as _weight
+    from attnscope.app.views.heatmap import weight_text
 
     for v in (0.123456, 0.5, 0.0123, 3.21456e-5, 1e-7):
         assert _weight(v) == weight_text(v)  # 4 decimals from 0.01, 3 significant digits below
@@ -130,10 +130,10 @@ def test_a_session_keeps_compares_b_prompt(win, tmp_path):
     saved = win.state.to_view_dict()
     assert saved["views"]["compare"]["prompt_edit"] == "The dog sat on the mat."
     path = tmp_path / "s.attnscope"
-    win.exports.save_session(path)
+    win.sessions.save_session(path)
     _idle(win)
     view.prompt_edit.setText("something else")
-    win.exports.open_session(path)
+    win.sessions.open_session(path)
     _idle(win)
     assert view.prompt_edit.text() == "The dog sat on the mat."
     assert view.kind_combo.currentData() == "prompt"

@@ -10,7 +10,7 @@ CHECK = """
 import pyqtgraph as pg
 from PySide6.QtCore import QSettings
 before = (pg.getConfigOption("imageAxisOrder"), pg.getConfigOption("antialias"), QSettings.defaultFormat())
-import attnscope.app.heatmap, attnscope.app.main_window, attnscope.app.launch, attnscope.app.figure
+import attnscope.app.views.heatmap, attnscope.app.main_window, attnscope.app.launch, attnscope.app.figure
 after = (pg.getConfigOption("imageAxisOrder"), pg.getConfigOption("antialias"), QSettings.defaultFormat())
 assert before == after, (before, after)
 assert before[0] == "col-major", before  # pyqtgraph's own default: nothing set it on import

@@ -208,10 +208,12 @@ def test_export_formats_come_from_one_table():
 
 def test_the_window_lists_the_table_s_formats():
     pytest.importorskip("PySide6")
-    from attnscope.app import export as app_export
+    from attnscope.app import export_actions, export_dialogs
     from attnscope.core.io import formats
 
-    offered = [fmt for _text, fmt, _figure in app_export.BatchExportDialog.HEAD_FORMATS]
+    offered = [fmt for _text, fmt, _figure in export_dialogs.BatchExportDialog.HEAD_FORMATS]
     assert sorted(set(offered)) == sorted(formats.BATCH_FORMATS)
-    assert app_export.DATA_FILTERS == "NumPy array (*.npy);;CSV table (*.csv);;safetensors (*.safetensors)"
-    assert app_export.ANIMATION_SUFFIXES == (".gif", ".mp4")
+    assert (
+        export_actions.DATA_FILTERS == "NumPy array (*.npy);;CSV table (*.csv);;safetensors (*.safetensors)"
+    )
+    assert export_dialogs.ANIMATION_SUFFIXES == (".gif", ".mp4")

@@ -258,8 +258,8 @@ def test_loading_another_model_on_the_engine_drops_run_b(folders):
 @pytest.mark.slow
 def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, folders, monkeypatch):
     pytest.importorskip("pytestqt")
-    import attnscope.app.views.compare as C
     from attnscope.app import model_picker
+    from attnscope.app.views import compare_jobs
     from attnscope.core.analysis.compare_b import b_maps, b_overview, run_b
     from attnscope.core.loading import catalog
     from attnscope.core.session import Session
@@ -313,7 +313,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
         w.resize(1400, 900)
         qtbot.wait(50)
         w.grab().save("/work/notes/shots/remote_compare.png")
-        job = C._row_job(1, 2, n - 1, n, "attention")  # a click on a row
+        job = compare_jobs.row_job(1, 2, n - 1, n, "attention")  # a click on a row
         got = {}
         w.engine.enqueue(job, lambda p: got.setdefault("row", p), label="row")
         assert w.engine.wait_idle(60) and w.last_error is None
@@ -321,7 +321,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
         ea, eb = b_maps(local, 1, 2, n, rows=slice(n - 1, n))  # the in-process row job's call
         assert row == n - 1 and np.array_equal(ra, ea[0]) and np.array_equal(rb, eb[0])
         # a long head: the overview and an exact tile on zoom, from the engine
-        monkeypatch.setattr(C, "MAX_CELLS", 16)
+        monkeypatch.setattr(compare_jobs, "MAX_CELLS", 16)
         view.request_maps(0, 3)
         qtbot.waitUntil(lambda: view.map_key == (0, 3) and view.overview is not None, timeout=60000)
         assert w.engine.wait_idle(60)

@@ -218,6 +218,10 @@ class HeatmapView(QWidget):
         cellClicked(row, col): the cell at query ``row``, key ``col`` (absolute positions) was clicked.
     """
 
+    #: the tab widget adds it as it is, not in a scrolling page (attnscope.app.tabs.ViewTabs.addTab): its
+    #: plot scales to the page
+    SCALES_ITSELF = True
+
     hovered = Signal(str)
     optionsChanged = Signal()
     tileWanted = Signal(int, int, int, int)

@@ -1,0 +1,75 @@
+"""The Compare tab in a narrow window: the three maps' titles (A − B's too) and the hover line are shown
+whole, at 1000 × 650 as at 1400 × 900 (pytest-qt, offscreen)."""
+
+from __future__ import annotations
+
+import os
+
+from gui_helpers import ran_window
+from PySide6.QtCore import QPointF, QRect, Qt
+from tiny_models import save_tiny
+
+PROMPT = "The cat sat on the mat. The dog"
+
+
+def _cut_map_items(view) -> list[str]:
+    """The map titles, maps and colour bar that do not lie whole inside the maps' view (the graphics
+    layout wider than the view cuts them off on the right), or whose title is wider than its map."""
+    room = view.maps_widget.viewport().width()
+    cut = []
+    for p in view.plots:
+        text = p.titleLabel.text
+        if p.sceneBoundingRect().right() > room + 0.5:
+            cut.append(f"map {text!r} ends at {p.sceneBoundingRect().right():.0f} px of {room}")
+        if p.titleLabel.item.boundingRect().width() > p.sceneBoundingRect().width() + 0.5:
+            cut.append(f"title {text!r} is wider than its map")
+    if view.bar.sceneBoundingRect().right() > room + 0.5:
+        cut.append(f"the colour bar ends at {view.bar.sceneBoundingRect().right():.0f} px of {room}")
+    return cut
+
+
+def _hover_cut(view) -> bool:
+    """True when the hover line's text needs more room than the label shows (wrapped at its width)."""
+    label = view.hover
+    r = label.contentsRect()
+    need = label.fontMetrics().boundingRect(
+        QRect(0, 0, r.width(), 10_000), int(Qt.TextFlag.TextWordWrap), label.text()
+    )
+    return need.width() > r.width() or need.height() > r.height()
+
+
+def test_compare_titles_and_hover_are_not_cut_at_1000_px(qtbot, tmp_path):
+    save_tiny("llama", tmp_path)
+    win = ran_window(qtbot, tmp_path, PROMPT, size=(1400, 900))
+    win.show_view("compare")
+    view = win.views["compare"]
+    view.kind_combo.setCurrentIndex([view.kind_combo.itemData(i) for i in range(4)].index("prompt"))
+    view.prompt_edit.setText("The dog sat on the mat. The dog")
+    assert view.run_b() is not None
+    assert win.engine.wait_idle(180) and view.result is not None, view.summary.text()
+    assert win.engine.wait_idle(60)
+    layer, head = view.map_key
+    full = view._titles
+    assert full[2].startswith("A − B (±") and full[0] == f"A · L{layer} H{head}"
+    shots = os.environ.get("ATTNSCOPE_SHOTS")
+    for w, h in ((1400, 900), (1000, 650), (1400, 900)):
+        win.resize(w, h)
+        qtbot.wait(100)
+        view._on_hover(view.plots[2].vb.mapViewToScene(QPointF(3.5, 9.5)))
+        qtbot.wait(100)
+        if shots:
+            win.grab().save(os.path.join(shots, f"appsplit_compare_{w}x{h}.png"))
+        assert view.hover.text().startswith("query 9") and "A − B" in view.hover.text()
+        assert not _hover_cut(view), (w, view.hover.text(), view.hover.contentsRect())
+        assert not _cut_map_items(view), (w, _cut_map_items(view))
+        titles = [p.titleLabel.text for p in view.plots]
+        assert titles[2].startswith("A − B")
+        if w == 1400:  # room for the whole titles
+            assert tuple(titles) == full
+        else:  # shortened; the whole title is the tooltip
+            assert all(
+                p.titleLabel.toolTip() == t
+                for p, t in zip(view.plots, full, strict=True)
+                if p.titleLabel.text != t
+            )
+    win.close()
