@@ -30,6 +30,7 @@ from attnscope.app.heatmap import (
 )
 from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
+from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.io.colormaps import normalize
 from attnscope.core.io.export_long import ScaleChoice, default_colour_scale, scale_for_map
@@ -84,30 +85,6 @@ def _sparse_ticks(n: int) -> list[int]:
         step *= 10
 
 
-class _WrappedTitle(QLabel):
-    """A word-wrapped title whose minimum height is the height its lines need at its width, so the
-    layout (and the splitter around it) never gives it fewer lines' room and cuts what is below:
-    QLabel's own minimum size counts one line, and a word-wrapped label's height-for-width is not
-    asked for inside a :class:`attnscope.app.tabs.PageLayout`."""
-
-    def __init__(self, text: str = ""):
-        super().__init__(text)
-        self.setWordWrap(True)
-
-    def _fit(self) -> None:
-        h = self.heightForWidth(max(1, self.width()))
-        if h > 0 and self.minimumHeight() != h:
-            self.setMinimumHeight(h)
-
-    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
-        super().setText(text)
-        self._fit()
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        super().resizeEvent(event)
-        self._fit()
-
-
 def _shade(v: float) -> QColor:
     """Light background for a distance in [0, 1]: white (alike) → orange (different)."""
     v = 0.0 if not np.isfinite(v) else float(np.clip(v, 0, 1))
@@ -139,7 +116,7 @@ class GqaView(QWidget, SavedControls):
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
         lay = PageLayout(self)  # fills the tab page; wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
-        self.header = _WrappedTitle("Run a prompt to compare the query heads of a GQA group.")
+        self.header = WrappedLabel("Run a prompt to compare the query heads of a GQA group.")
         lay.addWidget(self.header)  # the tab's whole width: two lines in a 1000 px window
         top = QHBoxLayout()  # under the tabs, beside the hover readout
         self.readout = QLabel("")
@@ -162,14 +139,14 @@ class GqaView(QWidget, SavedControls):
         bl = QHBoxLayout(bottom)
         bl.setContentsMargins(0, 0, 0, 0)
         left = QVBoxLayout()
-        self.pair_title = _WrappedTitle("<b>JS distance</b> (base 2)")
+        self.pair_title = WrappedLabel("<b>JS distance</b> (base 2)")
         left.addWidget(self.pair_title)
         self.pair_table = QTableWidget()
         self.pair_table.setToolTip("Mean over query rows of sqrt(JSD) in bits: 0 = same rows, 1 = disjoint")
         left.addWidget(self.pair_table)
         bl.addLayout(left, 0)  # as wide as its numbers (_fill_pairs)
         mid = QVBoxLayout()
-        self.layer_title = _WrappedTitle("<b>This layer</b>: within/across")
+        self.layer_title = WrappedLabel("<b>This layer</b>: within/across")
         mid.addWidget(self.layer_title)
         self.layer_table_widget = QTableWidget()
         self.layer_table_widget.setMaximumWidth(380)
@@ -187,7 +164,7 @@ class GqaView(QWidget, SavedControls):
             self.layers_plot.getAxis(ax).setPen("k")
             self.layers_plot.getAxis(ax).setTextPen("k")
         right = QVBoxLayout()
-        self.layers_title = _WrappedTitle("<b>Every layer</b>")
+        self.layers_title = WrappedLabel("<b>Every layer</b>")
         right.addWidget(self.layers_title)
         right.addWidget(self.layers_plot, 1)
         bl.addLayout(right, 4)

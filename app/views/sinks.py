@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
 from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, SinkReport
 from attnscope.core.io.colormaps import to_rgb
@@ -37,7 +38,6 @@ from PySide6.QtWidgets import (
     QStyleOptionViewItem,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -67,6 +67,30 @@ def _vw_job(ctx):
 
     s = ctx.require()
     return s.seq_len, value_weighted_sink_rows(s, cancelled=ctx.cancelled)
+
+
+class WrappedLabel(QLabel):
+    """A word-wrapped label whose minimum height is the height its lines need at its width, so the
+    layout (and the splitter around it) never gives it fewer lines' room and cuts what is below:
+    QLabel's own minimum size counts one line, and a word-wrapped label's height-for-width is not
+    asked for inside a :class:`attnscope.app.tabs.PageLayout`."""
+
+    def __init__(self, text: str = ""):
+        super().__init__(text)
+        self.setWordWrap(True)
+
+    def _fit(self) -> None:
+        h = self.heightForWidth(max(1, self.width()))
+        if h > 0 and self.minimumHeight() != h:
+            self.setMinimumHeight(h)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        super().setText(text)
+        self._fit()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit()
 
 
 def style_plot(pw: pg.PlotWidget) -> None:
@@ -215,12 +239,11 @@ class SinksView(QWidget, SavedControls):
             "Show the table as it was after this many tokens (prefill, then each decode step)"
         )
         top.addWidget(self.step_spin)
-        top.addSpacing(12)
-        self.summary = QLabel("Run a prompt to see the sink table.")
+        top.addStretch(1)
+        # under the controls, the tab's whole width (beside them, a 1000 px window left it a narrow
+        # column of seven lines); as many lines as it needs, never cut
+        self.summary = WrappedLabel("Run a prompt to see the sink table.")
         self.summary.setStyleSheet("color:#335;")
-        self.summary.setWordWrap(True)
-        self.summary.setMinimumWidth(120)
-        top.addWidget(self.summary, 1)
 
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -264,7 +287,8 @@ class SinksView(QWidget, SavedControls):
             pos=DEFAULT_THRESHOLD,
             pen=pg.mkPen("#b02a2a", width=1, style=Qt.PenStyle.DashLine),
             label="threshold {value:.2f}",
-            labelOpts={"position": 0.05, "color": "#b02a2a"},
+            # left-aligned at the plot's left edge (centred there, its first letters were cut off)
+            labelOpts={"position": 0.02, "color": "#b02a2a", "anchors": [(0, 1), (0, 0)]},
         )
         self.decode_line = pg.InfiniteLine(
             angle=90,
@@ -282,9 +306,10 @@ class SinksView(QWidget, SavedControls):
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
         split.setSizes([430, 260])
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page: the wrapped summary never makes it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addWidget(self.summary)
         lay.addWidget(split, 1)
 
         self.metric_combo.currentIndexChanged.connect(lambda _i: self._redraw())
@@ -516,7 +541,7 @@ class SinksView(QWidget, SavedControls):
         )
         if side and r.running_learned is not None:  # two series: shorter words, one line
             title = (
-                f"Layer {layer} · head {head} (KV {kv}) · "
+                f"Layer {layer} · head {head} (KV {kv})<br>"
                 f"<span style='color:#3b6fb6'>● token 0</span> · "
                 f"<span style='color:#d0702a'>━ sink score so far: {running[layer, head, n - 1]:.3f}</span> · "
                 f"<span style='color:{LEARNED_COLOUR}'>▲ learned sink's share "
@@ -524,15 +549,16 @@ class SinksView(QWidget, SavedControls):
             )
         else:
             title = (
-                f"Layer {layer} · query head {head} (KV head {kv}) · "
+                f"Layer {layer} · query head {head} (KV head {kv})<br>"
                 f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
                 f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
                 f"{running[layer, head, n - 1]:.3f}</span>"
             )
+        # two lines (which head; its legend), each short enough for the plot of a 1000 px window
         pi.setTitle(
             title + (f" · rows 0..{n - 1}" if n < r.seq_len else ""),
             color="#222",
-            size="10pt",
+            size="9pt",
         )
         if r.n_prompt < n:
             self.decode_line.setValue(r.n_prompt - 0.5)

@@ -1,0 +1,104 @@
+"""In a 1000 px window (and at 1400 × 900) the Experiments tab's plot title is shown whole above a plot
+with room for its curves, and the Sinks tab's summary runs across the tab under its controls, not
+wrapped into a narrow column beside them (pytest-qt, offscreen, a tiny random llama)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from PySide6.QtCore import QPoint, QRect
+from PySide6.QtWidgets import QApplication
+
+SHOTS = "/work/notes/shots"
+PROMPT = "The cat sat on the mat. The dog sat on the log. " * 4
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from tiny_models import save_tiny
+
+    out = tmp_path_factory.mktemp("llama_narrow")
+    save_tiny("llama", out)
+    return out
+
+
+@pytest.fixture()
+def win(qtbot, folder):
+    from gui_helpers import ran_window
+
+    w = ran_window(qtbot, folder, PROMPT, steps=1)
+    yield w
+    w.close()
+
+
+def _idle(w):
+    for _ in range(4):
+        assert w.engine.wait_idle(120)
+        QApplication.processEvents()
+    assert w.last_error is None, w.last_error
+
+
+def _shot(w, name):
+    os.makedirs(SHOTS, exist_ok=True)
+    w.grab().save(f"{SHOTS}/layout_{name}.png")
+
+
+def _shown_whole(widget, page) -> bool:
+    """``widget`` lies whole inside the visible part of the tab page (no scrolling needed)."""
+    top_left = widget.mapTo(page, QPoint(0, 0))
+    return page.rect().contains(QRect(top_left, widget.size()))
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_experiments_plot_title_is_whole_above_a_readable_plot(win, size):
+    win.show_view("experiments")
+    win.resize(*size)
+    _idle(win)
+    v = win.views["experiments"]
+    assert v.table.rowCount() >= 5  # the tab ran all five by itself
+    _shot(win, f"experiments_{size[0]}x{size[1]}")
+    page = win.tabs.widget(win.tabs.currentIndex())
+    assert not page.verticalScrollBar().isVisible() and not page.horizontalScrollBar().isVisible()
+    pi = v.plot.getPlotItem()
+    title = pi.titleLabel
+    assert title.isVisible() and "Evict the first k" in title.text
+    # the title's text fits the plot's width (a title wider than its plot is cut at both ends)
+    assert title.item.boundingRect().width() <= v.plot.width() - 8, (
+        title.item.boundingRect().width(),
+        v.plot.width(),
+    )
+    assert _shown_whole(v.plot, page)
+    assert pi.getViewBox().sceneBoundingRect().height() >= 90  # room for the curves, not a sliver
+    # the table still shows its header and at least two rows; every header whole in its column
+    t = v.table
+    assert t.viewport().height() >= 2 * t.rowHeight(0)
+    fm = t.horizontalHeader().fontMetrics()
+    for c in range(t.columnCount()):
+        head = t.horizontalHeaderItem(c).text()
+        assert max(fm.horizontalAdvance(s) for s in head.split("\n")) <= t.columnWidth(c), (head, c)
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_sinks_summary_runs_across_the_tab(win, size):
+    win.show_view("sinks")
+    win.resize(*size)
+    _idle(win)
+    v = win.views["sinks"]
+    _shot(win, f"sinks_{size[0]}x{size[1]}")
+    page = win.tabs.widget(win.tabs.currentIndex())
+    assert not page.verticalScrollBar().isVisible() and not page.horizontalScrollBar().isVisible()
+    s = v.summary
+    assert "uniform causal baseline" in s.text()
+    assert s.width() >= 0.8 * v.width(), (s.width(), v.width())  # the tab's width, not a side column
+    lines = s.heightForWidth(s.width()) / s.fontMetrics().lineSpacing()
+    assert lines <= 2.5, lines
+    assert s.height() >= s.heightForWidth(s.width())  # every line it needs, none cut
+    assert _shown_whole(s, page) and _shown_whole(v.table, page)
+    # the plot's title (which head, its legend) fits the plot
+    title = v.plot.getPlotItem().titleLabel
+    assert "query head" in title.text
+    assert title.item.boundingRect().width() <= v.plot.width() - 8, (
+        title.item.boundingRect().width(),
+        v.plot.width(),
+    )
