@@ -102,3 +102,23 @@ def test_sinks_summary_runs_across_the_tab(win, size):
         title.item.boundingRect().width(),
         v.plot.width(),
     )
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_mask_tabs_four_panels_are_all_inside_the_tab(win, size):
+    from PySide6.QtCore import Qt
+
+    win.show_view("mask")
+    win.resize(*size)
+    _idle(win)
+    v = win.views["mask"]
+    _shot(win, f"mask_{size[0]}x{size[1]}")
+    page = win.tabs.widget(win.tabs.currentIndex())
+    assert not page.horizontalScrollBar().isVisible()
+    if size == (1400, 900):  # room for all of it: the wrapped header does not make the page scroll
+        assert not page.verticalScrollBar().isVisible()
+    # the panels' row fits the plot area: none is pushed out past its right edge
+    assert v.glw.ci.effectiveSizeHint(Qt.SizeHint.MinimumSize).width() <= v.glw.viewport().width()
+    for p in [*v.plots, v.ent_plot]:
+        assert p.sceneBoundingRect().right() <= v.glw.viewport().width() + 1, (p.titleLabel.text, size)
+        assert p.titleLabel.item.boundingRect().width() <= p.vb.sceneBoundingRect().width() + 2
