@@ -122,3 +122,27 @@ def test_mask_tabs_four_panels_are_all_inside_the_tab(win, size):
     for p in [*v.plots, v.ent_plot]:
         assert p.sceneBoundingRect().right() <= v.glw.viewport().width() + 1, (p.titleLabel.text, size)
         assert p.titleLabel.item.boundingRect().width() <= p.vb.sceneBoundingRect().width() + 2
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_head_roles_headers_are_whole_and_the_summary_runs_across(win, size):
+    from PySide6.QtGui import QFontMetrics
+
+    win.show_view("roles")
+    win.resize(*size)
+    _idle(win)
+    v = win.views["roles"]
+    _shot(win, f"roles_{size[0]}x{size[1]}")
+    page = win.tabs.widget(win.tabs.currentIndex())
+    assert not page.verticalScrollBar().isVisible() and not page.horizontalScrollBar().isVisible()
+    t, hh = v.table, v.table.horizontalHeader()
+    font = hh.font()
+    font.setBold(True)  # (as the style draws a header: the widest it gets)
+    fm = QFontMetrics(font)
+    for c in range(t.columnCount()):
+        text = t.horizontalHeaderItem(c).text()
+        widest = max(fm.horizontalAdvance(s) for s in text.split("\n"))
+        assert widest + 8 <= hh.sectionSize(c), (text, widest, hh.sectionSize(c))
+    s = v.summary
+    assert "heads at threshold" in s.text() and s.width() >= 0.8 * v.width()
+    assert _shown_whole(s, page) and s.height() >= s.heightForWidth(s.width())
