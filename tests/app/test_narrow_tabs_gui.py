@@ -146,3 +146,21 @@ def test_head_roles_headers_are_whole_and_the_summary_runs_across(win, size):
     s = v.summary
     assert "heads at threshold" in s.text() and s.width() >= 0.8 * v.width()
     assert _shown_whole(s, page) and s.height() >= s.heightForWidth(s.width())
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_kv_plots_titles_and_legends_fit_their_plots(win, size):
+    win.show_view("kv")
+    win.resize(*size)
+    _idle(win)
+    v = win.views["kv"]
+    _shot(win, f"kv_{size[0]}x{size[1]}")
+    page = win.tabs.widget(win.tabs.currentIndex())
+    assert not page.horizontalScrollBar().isVisible()  # (the calculator below is reached by scrolling down)
+    for pw in (v.growth_plot, v.proj_plot):
+        pi = pw.getPlotItem()
+        vb = pi.getViewBox().sceneBoundingRect()
+        # centred over the view box: wider than it, a title is cut at the plot's edge
+        assert pi.titleLabel.item.boundingRect().width() <= vb.width(), (pi.titleLabel.text, vb.width())
+        legend = pi.legend.sceneBoundingRect()
+        assert legend.right() <= vb.right() + 1 and legend.left() >= vb.left() - 1, (legend, vb)
