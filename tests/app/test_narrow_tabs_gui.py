@@ -164,3 +164,19 @@ def test_kv_plots_titles_and_legends_fit_their_plots(win, size):
         assert pi.titleLabel.item.boundingRect().width() <= vb.width(), (pi.titleLabel.text, vb.width())
         legend = pi.legend.sceneBoundingRect()
         assert legend.right() <= vb.right() + 1 and legend.left() >= vb.left() - 1, (legend, vb)
+
+
+def test_the_edited_hint_never_widens_a_1000_px_window(win):
+    win.resize(1000, 650)
+    _idle(win)
+    assert win.width() == 1000
+    win.prompt_edit.setPlainText(win.prompt_edit.toPlainText() + " And")
+    _idle(win)
+    hint = win.controls.edited_label
+    assert hint.isVisible()
+    _shot(win, "edited_hint_1000x650")
+    assert win.width() == 1000  # the row gave up width (the group label ends in "…"), not the window
+    assert hint.width() >= hint.fontMetrics().horizontalAdvance(hint.text())  # the hint whole
+    label = win.group_label
+    assert label.text().startswith("reads KV head 0") and label.text() in label.toolTip()
+    assert label.geometry().right() < win.cmap_combo.geometry().left()
