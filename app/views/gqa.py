@@ -157,7 +157,7 @@ class GqaView(QWidget, SavedControls):
         self.layers_plot.setMenuEnabled(False)
         self.layers_plot.hideButtons()
         self.layers_plot.setLabel("bottom", "layer")
-        self.layers_plot.setLabel("left", "mean JS distance")
+        self.layers_plot.setLabel("left", "mean JS")  # short: the plot is ~100 px tall in a 650 px window
         self.layers_plot.getAxis("left").enableAutoSIPrefix(False)
         self.layers_plot.showGrid(x=True, y=True, alpha=0.2)
         for ax in ("left", "bottom"):
