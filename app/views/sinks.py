@@ -272,6 +272,8 @@ class SinksView(QWidget, SavedControls):
             symbolPen=None,
         )
         self.mean_curve = pi.plot([], [], pen=pg.mkPen("#d0702a", width=2.5))
+        # what a uniform causal head's score would be so far (Token 0 score only): a sink is far above it
+        self.uniform_curve = pi.plot([], [], pen=pg.mkPen("#777", width=1.5, style=Qt.PenStyle.DashLine))
         # learned sinks (gpt-oss): each row's share on the softmax slot, beside its weight on token 0
         self.learned_curve = pi.plot(
             [],
@@ -509,6 +511,7 @@ class SinksView(QWidget, SavedControls):
         if snap is not None and not snap.info.arch.has_map(layer):  # a hybrid model's layer with no map
             self.row_curve.setData([], [])
             self.mean_curve.setData([], [])
+            self.uniform_curve.setData([], [])
             self.learned_curve.setData([], [])
             self.plot.getPlotItem().setTitle(snap.info.arch.no_map_line(layer), color="#222", size="10pt")
             return
@@ -519,6 +522,12 @@ class SinksView(QWidget, SavedControls):
         x = np.arange(n, dtype=float)
         self.row_curve.setData(x[1:], per_row[layer, head, 1:n])
         self.mean_curve.setData(x[1:], running[layer, head, 1:n])
+        uniform = self.metric_key == "sink" and n >= 2
+        if uniform:  # row i's running mean of 1/(k + 1), k = 1..i: uniform_causal_baseline(i + 1)
+            u = np.cumsum(1.0 / np.arange(2, n + 1)) / np.arange(1, n)
+            self.uniform_curve.setData(x[1:], u)
+        else:
+            self.uniform_curve.setData([], [])
         side = r.per_row_learned is not None and self.metric_key in ("sink", "sink_set")
         if (
             side and r.per_row_learned is not None
@@ -548,11 +557,21 @@ class SinksView(QWidget, SavedControls):
                 f"(mean {r.running_learned[layer, head, n - 1]:.3f})</span>"
             )
         else:
+            score = running[layer, head, n - 1]
+            if uniform:  # beside the head's score: a uniform causal head's, and the ratio
+                from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+                b = uniform_causal_baseline(n)
+                so_far = (
+                    f"━ sink score so far: {score:.3f}</span> · <span style='color:#555'>╌ a uniform "
+                    f"causal head: {b:.3f}</span> (×{score / b:.1f})"
+                )
+            else:
+                so_far = f"━ sink score so far (mean of rows ≥ 1): {score:.3f}</span>"
             title = (
                 f"Layer {layer} · query head {head} (KV head {kv})<br>"
                 f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
-                f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
-                f"{running[layer, head, n - 1]:.3f}</span>"
+                f"<span style='color:#d0702a'>{so_far}"
             )
         # two lines (which head; its legend), each short enough for the plot of a 1000 px window
         pi.setTitle(

@@ -180,3 +180,24 @@ def test_the_edited_hint_never_widens_a_1000_px_window(win):
     label = win.group_label
     assert label.text().startswith("reads KV head 0") and label.text() in label.toolTip()
     assert label.geometry().right() < win.cmap_combo.geometry().left()
+
+
+def test_sinks_plot_shows_a_uniform_causal_head_beside_the_selected_one(win):
+    from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+    win.show_view("sinks")
+    _idle(win)
+    v = win.views["sinks"]
+    n = v.step_spin.value()
+    b = uniform_causal_baseline(n)
+    x, y = v.uniform_curve.getData()
+    assert len(x) == n - 1 and x[0] == 1
+    assert y[-1] == pytest.approx(b, rel=1e-9) and y[0] == pytest.approx(0.5)  # row 1: 1/2 on token 0
+    assert y[3] == pytest.approx(uniform_causal_baseline(5), rel=1e-9)
+    _, score = v.mean_curve.getData()
+    title = v.plot.getPlotItem().titleLabel.text
+    assert f"a uniform causal head: {b:.3f}</span> (×{score[-1] / b:.1f})" in title
+    v.metric_combo.setCurrentIndex(v.metric_combo.findData("sink_set"))  # another score: no baseline
+    _idle(win)
+    ux, _uy = v.uniform_curve.getData()
+    assert (ux is None or len(ux) == 0) and "uniform" not in v.plot.getPlotItem().titleLabel.text
