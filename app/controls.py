@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from attnscope.app.bind import bind_colour_combo, bind_spin
 from attnscope.core.io.colormaps import ASSETS, COLORMAPS
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -17,9 +19,34 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
 )
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that gives up width before the row it sits in does: it ends in "…" where
+    the row is short (the whole text in :meth:`text` and the tooltip), so a longer neighbour (the
+    "prompt edited — press Run" hint, an eight-head GQA group) never makes the window wider."""
+
+    MIN_WIDTH = 60
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        hint = super().minimumSizeHint()
+        return QSize(min(hint.width(), self.MIN_WIDTH), hint.height())
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        rect = self.contentsRect()
+        shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, rect.width())
+        painter.drawText(rect, int(self.alignment()), shown)
+
+    def is_elided(self) -> bool:
+        """True while the text is wider than the label (it ends in "…")."""
+        return self.fontMetrics().horizontalAdvance(self.text()) > self.contentsRect().width()
+
 
 #: the attributes a window gets from its Controls
 WIDGETS = (
@@ -149,7 +176,8 @@ class Controls:
         self.head_spin = QSpinBox()
         self.head_spin.setToolTip("Query head, 0-based ([ and ])")
         ctl.addWidget(self.head_spin)
-        self.group_label = QLabel("")
+        self.group_label = ElidedLabel("")
+        self.group_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         self.group_label.setStyleSheet("color:#335;")
         ctl.addWidget(self.group_label)
         ctl.addStretch(1)
@@ -225,7 +253,8 @@ class Controls:
         if arch.is_hybrid:  # which layers have maps, by real index (docs/how-it-works.md "Hybrid models")
             text += f"  ·  attention layers {_ranges(arch.attention_layers)} of {arch.n_layers}"
         self.group_label.setText(text)
-        self.group_label.setToolTip(layer_kinds_tip(arch) if arch.is_hybrid else "")
+        # the whole text where the row is short and it ends in "…"; a hybrid's layer kinds after it
+        self.group_label.setToolTip(text + ("\n" + layer_kinds_tip(arch) if arch.is_hybrid else ""))
 
     #: why Step, Step ×N and Back are off while a prompt runs (their tooltip then)
     PREFILL_TIP = "Off while the prompt runs (prefill): the sequence it would decode is being replaced"

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
-from attnscope.app.views.sinks import style_plot
+from attnscope.app.views.sinks import WrappedLabel, style_plot
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
 from PySide6.QtCore import Qt
@@ -33,7 +34,6 @@ from PySide6.QtWidgets import (
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -209,17 +209,17 @@ class ExperimentsView(QWidget, SavedControls):
         self.clear_button = QPushButton("Clear")
         top.addStretch(1)
 
-        self.help = QLabel("")
-        self.help.setWordWrap(True)
+        self.help = WrappedLabel("")
         self.help.setStyleSheet("color:#335;")
         self.help.setMinimumWidth(200)
         second = QHBoxLayout()
         second.addWidget(self.help, 1)
         for button in (self.run_button, self.run_all_button, self.clear_button):
+            # as wide as their words: the help line beside them gets the width (fewer lines)
+            button.setMaximumWidth(button.fontMetrics().horizontalAdvance(button.text()) + 28)
             second.addWidget(button)
         # a sequence over AUTO_RUN_MAX_TOKENS: why nothing ran by itself, and what Run all will cost
-        self.long_note = QLabel("")
-        self.long_note.setWordWrap(True)
+        self.long_note = WrappedLabel("")
         self.long_note.setStyleSheet("color:#7a4a00; background:#fff6e0; padding:4px;")
         self.long_note.hide()
 
@@ -232,8 +232,9 @@ class ExperimentsView(QWidget, SavedControls):
         hh = self.table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         # every column as wide as its text ("sinks=4, window=16, decode from 184" was elided in a
-        # stretched column): a narrow window scrolls the table sideways, the last column takes the rest
-        hh.setStretchLastSection(True)
+        # stretched column), the last one too (stretched to what was left, its header was cut): a
+        # narrow window scrolls the table sideways
+        hh.setStretchLastSection(False)
         self.table.setTextElideMode(Qt.TextElideMode.ElideNone)
         self.table.verticalHeader().setDefaultSectionSize(22)
         for col, tip in (
@@ -281,13 +282,19 @@ class ExperimentsView(QWidget, SavedControls):
         pi.addItem(self.decode_line)
         self.decode_line.hide()
 
+        # the table shows its header and two rows (above its sideways scroll bar), the plot room for
+        # its curves: a 1000 x 650 window holds both without scrolling (the splitter moves the rest)
+        bar = self.table.horizontalScrollBar().sizeHint().height()
+        self.table.setMinimumHeight(self.table.horizontalHeader().sizeHint().height() + 2 * 22 + bar + 6)
+        self.plot.setMinimumHeight(160)
         split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)
         split.addWidget(self.table)
         split.addWidget(self.plot)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
         split.setSizes([260, 300])
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page: the wrapped help line never makes it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
         lay.addLayout(second)
@@ -568,10 +575,9 @@ class ExperimentsView(QWidget, SavedControls):
         pi.legend.addItem(
             self.exp_curve, r.experiment.title + (f" ({r.experiment.params})" if r.experiment.params else "")
         )
+        # short (a longer title was cut at both ends in a 1000 px window): the y axis says what is plotted
         pi.setTitle(
-            f"{r.experiment.title}: −log p of each actual next token (prompt = positions 1..{r.n_prompt - 1})",
-            color="#222",
-            size="10pt",
+            f"{r.experiment.title} · prompt = positions 1..{r.n_prompt - 1}", color="#222", size="9pt"
         )
         assert r.experiment.decode_from is not None  # run_experiments() fills it in
         self.decode_line.setValue(r.experiment.decode_from + 0.5)  # predicted by decode rows to the right

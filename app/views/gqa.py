@@ -30,11 +30,12 @@ from attnscope.app.views.heatmap import (
     show_nonfinite,
 )
 from attnscope.app.views.saved_controls import SavedControls
+from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.io.colormaps import normalize
 from attnscope.core.io.export_long import ScaleChoice, default_colour_scale, scale_for_map
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QEvent, QSize, Qt
+from PySide6.QtGui import QColor, QFontMetrics
 from PySide6.QtWidgets import (
     QComboBox,
     QGraphicsRectItem,
@@ -73,6 +74,17 @@ def _layers_job(n: int):
     return job
 
 
+def _sparse_ticks(n: int) -> list[int]:
+    """Tick positions for a small map of ``n`` tokens: multiples of the smallest 1-2-5 step that
+    gives at most 3 of them in ``[0, n)``, e.g. ``185 -> [0, 100]``, ``58 -> [0, 20, 40]``."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if -(-max(n, 1) // (m * step)) <= 3:
+                return list(range(0, max(n, 1), m * step))
+        step *= 10
+
+
 def _shade(v: float) -> QColor:
     """Light background for a distance in [0, 1]: white (alike) → orange (different)."""
     v = 0.0 if not np.isfinite(v) else float(np.clip(v, 0, 1))
@@ -86,6 +98,8 @@ class GqaView(QWidget, SavedControls):
     STATE_CONTROLS = ("range_combo",)  # saved in session files
 
     KEY = "gqa"
+    MAP_MIN_PX = 80  # the smallest side of a small map before the page scrolls
+    KEYS_MIN_PX = 150  # the narrowest the cached keys plot gets beside the maps
 
     def __init__(self, state, engine, parent: QWidget | None = None):
         super().__init__(parent)
@@ -95,16 +109,18 @@ class GqaView(QWidget, SavedControls):
         self.scale = "linear"  # colour scale of the maps shown: export_long.scale_for_map(their maps)
         self.choice: ScaleChoice | None = None  # ... and why (the header says it)
         self.layers = None  # (n, (within, across, rows_used))
+        self.query_axis_px = 50  # q0's query axis (set from its labels in _draw_maps)
         self.cmap = state.colormap
         state.events.selection.connect(self.on_selection)
         state.events.snapshot.connect(self.on_snapshot)
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
         lay = PageLayout(self)  # fills the tab page; wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
-        top = QHBoxLayout()
-        self.header = QLabel("Run a prompt to compare the query heads of a GQA group.")
-        self.header.setWordWrap(True)
-        top.addWidget(self.header, 1)
+        self.header = WrappedLabel("Run a prompt to compare the query heads of a GQA group.")
+        lay.addWidget(self.header)  # the tab's whole width: two lines in a 1000 px window
+        top = QHBoxLayout()  # under the tabs, beside the hover readout
+        self.readout = QLabel("")
+        top.addWidget(self.readout, 1)
         top.addWidget(QLabel("Range"))
         self.range_combo = QComboBox()
         self.range_combo.addItems(["Fixed [0, 1]", "Shared auto (this group)"])
@@ -113,9 +129,9 @@ class GqaView(QWidget, SavedControls):
         )
         self.range_combo.currentIndexChanged.connect(lambda _i: self._draw_maps())
         top.addWidget(self.range_combo)
-        lay.addLayout(top)
 
         split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)  # neither pane is dragged (or squeezed) out of sight
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
         split.addWidget(self.glw)
@@ -123,17 +139,14 @@ class GqaView(QWidget, SavedControls):
         bl = QHBoxLayout(bottom)
         bl.setContentsMargins(0, 0, 0, 0)
         left = QVBoxLayout()
-        self.pair_title = QLabel("<b>JS distance between the group's heads</b>")
-        self.pair_title.setWordWrap(True)
+        self.pair_title = WrappedLabel("<b>JS distance</b> (base 2)")
         left.addWidget(self.pair_title)
         self.pair_table = QTableWidget()
         self.pair_table.setToolTip("Mean over query rows of sqrt(JSD) in bits: 0 = same rows, 1 = disjoint")
-        self.pair_table.setMaximumWidth(340)
         left.addWidget(self.pair_table)
-        bl.addLayout(left, 2)
+        bl.addLayout(left, 0)  # as wide as its numbers (_fill_pairs)
         mid = QVBoxLayout()
-        self.layer_title = QLabel("<b>This layer: within vs across groups</b>")
-        self.layer_title.setWordWrap(True)
+        self.layer_title = WrappedLabel("<b>This layer</b>: within/across")
         mid.addWidget(self.layer_title)
         self.layer_table_widget = QTableWidget()
         self.layer_table_widget.setMaximumWidth(380)
@@ -144,15 +157,14 @@ class GqaView(QWidget, SavedControls):
         self.layers_plot.setMenuEnabled(False)
         self.layers_plot.hideButtons()
         self.layers_plot.setLabel("bottom", "layer")
-        self.layers_plot.setLabel("left", "mean JS distance")
+        self.layers_plot.setLabel("left", "mean JS")  # short: the plot is ~100 px tall in a 650 px window
         self.layers_plot.getAxis("left").enableAutoSIPrefix(False)
         self.layers_plot.showGrid(x=True, y=True, alpha=0.2)
         for ax in ("left", "bottom"):
             self.layers_plot.getAxis(ax).setPen("k")
             self.layers_plot.getAxis(ax).setTextPen("k")
         right = QVBoxLayout()
-        self.layers_title = QLabel("<b>Every layer</b>")
-        self.layers_title.setWordWrap(True)
+        self.layers_title = WrappedLabel("<b>Every layer</b>")
         right.addWidget(self.layers_title)
         right.addWidget(self.layers_plot, 1)
         bl.addLayout(right, 4)
@@ -161,10 +173,10 @@ class GqaView(QWidget, SavedControls):
         split.setStretchFactor(1, 2)
         split.setSizes([380, 250])
         lay.addWidget(split, 1)
-        self.readout = QLabel("")
-        lay.addWidget(self.readout)
+        lay.addLayout(top)
         self.plots: list[pg.PlotItem] = []
         self.images: list[pg.ImageItem] = []
+        self.glw.installEventFilter(self)  # refit the maps' columns on resize (_fit_columns)
         self.glw.scene().sigMouseClicked.connect(self._on_click)
         self.glw.scene().sigMouseMoved.connect(self._on_mouse)
 
@@ -216,7 +228,7 @@ class GqaView(QWidget, SavedControls):
             f"<b>Layer {r.layer} · KV group {r.kv_head}</b>: query heads {members} all read "
             f"<b>KV head {r.kv_head}</b> (group_size = {info.n_heads} / {info.n_kv_heads} = {info.group_size}) · "
             f"seq_len {r.n}{pooled} · {self.choice.note()} · "
-            f"▨ hatched grey: masked, not a weight of 0{bad}"
+            f"▨ hatched: masked, not 0{bad}"
         )
         self._build_plots(len(r.heads))
         self._draw_maps()
@@ -256,7 +268,7 @@ class GqaView(QWidget, SavedControls):
             p.addItem(img)
             self.plots.append(p)
             self.images.append(img)
-            if i < g:  # NaN/inf cells: magenta over the map (attnscope.app.heatmap.show_nonfinite)
+            if i < g:  # NaN/inf cells: magenta over the map (attnscope.app.views.heatmap.show_nonfinite)
                 bad = pg.ImageItem(axisOrder="row-major")
                 bad.setZValue(1)
                 p.addItem(bad)
@@ -267,11 +279,10 @@ class GqaView(QWidget, SavedControls):
         for p in self.plots[1:g]:  # the maps share q0's query axis: room for the cells instead
             p.hideAxis("left")
         grid = self.glw.ci.layout
-        for i in range(g):  # the maps share the row evenly; the keys plot (64+ channels) gets two shares
-            grid.setColumnStretchFactor(i, 2 if i else 3)
-        grid.setColumnStretchFactor(g, 0)
-        grid.setColumnStretchFactor(g + 1, 4)
-        self.plots[g].setLabel("bottom", "head_dim channel")
+        for i in range(g + 1):  # the maps' columns are sized by _fit_columns; the keys plot takes the rest
+            grid.setColumnStretchFactor(i, 0)
+        grid.setColumnStretchFactor(g + 1, 1)
+        self.plots[g].setLabel("bottom", "channel")
         self.plots[g].setLabel("left", "position")
         self.colorbar = pg.ColorBarItem(
             values=(0, 1), colorMap=qt_colormap(self.cmap), interactive=False, width=12, label="weight"
@@ -287,8 +298,43 @@ class GqaView(QWidget, SavedControls):
             bg.setZValue(-10)
             p.addItem(bg)
             self.hatches.append(bg)
+        self._fit_columns()
         # no X/Y links between the maps: linked views that each lock their aspect push each other's
         # ranges outwards (a 29 x 29 map drawn in a -200..400 view); each map gets the same range
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
+        if obj is self.glw and event.type() == QEvent.Type.Resize:
+            self._fit_columns(event.size())  # (the viewport is resized after this event)
+        return False
+
+    def _fit_columns(self, size: QSize | None = None) -> None:
+        """Give each small map the largest square the plot row allows: ``side`` = the smaller of the
+        row's height (less the title and key axis) and its width shared by the ``g`` maps after the
+        query axis, the colour bar and :attr:`KEYS_MIN_PX` for the keys plot, which takes the rest."""
+        g = len(self.plots) - 1
+        if g < 1:
+            return
+        grid = self.glw.ci.layout
+        left, top, right, bottom = grid.getContentsMargins()
+        gap = grid.horizontalSpacing()
+        frame = 2 * self.glw.frameWidth()
+        slack = 12  # what the grid's own rounding and the plots' borders take
+        size = size if size is not None else self.glw.size()
+        width = size.width() - frame - left - right - gap * (g + 1) - slack
+        height = size.height() - frame - top - bottom
+        p0 = self.plots[0]
+        axis = self.query_axis_px
+        bar = self.colorbar.preferredWidth() + 4
+        room = 6  # the plot's own margins around its view box (and as much again above and below)
+        v_over = p0.titleLabel.preferredHeight() + p0.getAxis("bottom").preferredHeight() + 2 * room
+        keys = max(self.KEYS_MIN_PX, self.plots[g].effectiveSizeHint(Qt.SizeHint.MinimumSize).width())
+        side = min((width - axis - bar - keys) / g - room, height - v_over)
+        side = max(side, 8.0)
+        # below MAP_MIN_PX a side, the tab page scrolls (the view's minimum height) rather than shrink them
+        self.glw.setMinimumHeight(int(self.MAP_MIN_PX + v_over + top + bottom + frame))
+        for i in range(g):
+            grid.setColumnFixedWidth(i, side + room + (axis if i == 0 else 0))
+        grid.setColumnFixedWidth(g, bar)
 
     def _draw_maps(self) -> None:
         r = self.report
@@ -315,28 +361,34 @@ class GqaView(QWidget, SavedControls):
             self.nonfinite[i].setRect(0, 0, r.n, r.n)
             self.hatches[i].setRect(0, 0, r.n, r.n)
             sel = h == self.state.head
-            self.plots[i].setTitle(f"q{h}" + ("  (selected)" if sel else ""), color="#c01818" if sel else "k")
+            # a title no wider than the smallest map: its text sets the plot's minimum width
+            self.plots[i].setTitle(
+                f"q{h}" + (" selected" if sel else ""), color="#c01818" if sel else "k", size="9pt"
+            )
+        ticks = [[(float(t), str(t)) for t in _sparse_ticks(r.n)]]
         for p in self.plots[:g]:  # aspect locked: the view fits the map's square on its tighter side
             p.setRange(xRange=(0, r.n), yRange=(0, r.n), padding=0.02)
+            for ax in ("bottom", "left"):  # at most 3 labels: a small map's never run together
+                p.getAxis(ax).setTicks(ticks)
+        # the query axis as wide as its longest label (and its title), fixed: _fit_columns counts it
+        # before pyqtgraph measures it at the first paint
+        axis = self.plots[0].getAxis("left")
+        fm = QFontMetrics(axis.style["tickFont"] or self.font())
+        widest = max(fm.horizontalAdvance(label) for _t, label in ticks[0])
+        self.query_axis_px = widest + 34
+        axis.setWidth(self.query_axis_px)
+        self._fit_columns()
         del P
         k = self.images[g]
         k.setImage(r.keys, autoLevels=False, levels=(-r.keys_absmax, r.keys_absmax))
         k.setColorMap(cmap)
         k.setRect(0, 0, r.keys.shape[1], r.n)
-        self.plots[g].setTitle(
-            f"KV head {r.kv_head}: cached keys (post-RoPE)<br>colours −{r.keys_absmax:.2g} … "
-            f"+{r.keys_absmax:.2g}",
-            color="k",
-            size="9pt",
+        # a short title (a title's text sets its plot's minimum width, and a long axis label overflows it)
+        self.plots[g].setTitle(f"KV {r.kv_head} keys ±{r.keys_absmax:.2g}", color="k", size="9pt")
+        self.plots[g].setToolTip(
+            f"KV head {r.kv_head}: its cached keys (post-RoPE), position × head_dim channel; "
+            f"colours −{r.keys_absmax:.2g} … +{r.keys_absmax:.2g}"
         )
-        # the title takes no width from the maps: the row is shared by the stretch factors
-        # (_build_plots), so a narrow window narrows the keys plot, not q1, q2, ... to slivers
-        label = self.plots[g].titleLabel
-        label.setMinimumWidth(0)
-        h = label.item.boundingRect().height()
-        label._sizeHint[Qt.SizeHint.MinimumSize] = (0, h)  # pyqtgraph's LabelItem.updateMin table
-        label._sizeHint[Qt.SizeHint.PreferredSize] = (0, h)
-        label.updateGeometry()
         self.plots[g].setRange(xRange=(0, r.keys.shape[1]), yRange=(0, r.n), padding=0.02)
 
     def _fill_pairs(self, r) -> None:
@@ -367,14 +419,20 @@ class GqaView(QWidget, SavedControls):
             + 2 * t.frameWidth()
             + 2
         )
+        # ... and wide enough for every number ("0.000") and header whole, never elided to "0...."
+        fm = t.fontMetrics()
+        column = max(fm.horizontalAdvance(s) for s in ["0.000", *names]) + 14
+        t.setFixedWidth(vh.sizeHint().width() + len(names) * column + 2 * t.frameWidth() + 2)
         rows = (
             f"all {r.rows_used} query rows after row 0"
             if r.rows_used == r.n - 1
             else f"the last {r.rows_used} of {r.n - 1} query rows"
         )
-        # short enough for the narrow column of a 1000 px window; the rows it averages in the tooltip
-        self.pair_title.setText("<b>JS distance between the group's heads</b> (base 2)")
-        self.pair_title.setToolTip(f"sqrt(JSD) in bits, mean over {rows}")
+        # one line in the narrow column of a 1000 px window; what it averages in the tooltip
+        self.pair_title.setText("<b>JS distance</b> (base 2)")
+        self.pair_title.setToolTip(
+            f"Jensen–Shannon distance between the group's heads: sqrt(JSD) in bits, mean over {rows}"
+        )
 
     def _fill_layer(self, r, info) -> None:
         t = self.layer_table_widget
@@ -407,8 +465,10 @@ class GqaView(QWidget, SavedControls):
         ratio = (
             r.within_mean / r.across_mean if r.across_mean and np.isfinite(r.across_mean) else float("nan")
         )
-        self.layer_title.setText(
-            f"<b>Layer {r.layer}: within vs across groups</b> (within/across = {ratio:.2f})"
+        self.layer_title.setText(f"<b>Layer {r.layer}</b>: within/across = {ratio:.2f}")
+        self.layer_title.setToolTip(
+            f"Layer {r.layer}: mean JS distance within each KV group vs across groups; "
+            f"within/across = {ratio:.2f} (below 1: a group's heads are more alike than heads of different groups)"
         )
 
     def _draw_layers_plot(self) -> None:
@@ -444,10 +504,14 @@ class GqaView(QWidget, SavedControls):
             p.addItem(
                 pg.InfiniteLine(self.report.layer, angle=90, pen=pg.mkPen((200, 30, 30), style=Qt.DashLine))
             )
+        # one line in a 1000 px window (the legend in words); the rest in the tooltip
         self.layers_title.setText(
-            f"<b>Every layer</b> (mean JS over {rows_used} rows each): <span style='color:#3b528b'>● within a KV "
-            f"group</span> vs <span style='color:#e67814'>■ across groups</span>; dashed: this layer"
-            + (f" · the {len(x)} attention layers of {n_all}" if len(x) != n_all else "")
+            "<b>Every layer</b>: <span style='color:#3b528b'>● within</span> vs "
+            "<span style='color:#e67814'>■ across groups</span>"
+        )
+        self.layers_title.setToolTip(
+            f"Mean JS distance over {rows_used} query rows each, within a KV group vs across groups; "
+            "dashed: this layer" + (f"; the {len(x)} attention layers of {n_all}" if len(x) != n_all else "")
         )
 
     # -- interaction -------------------------------------------------------------------------------

@@ -257,7 +257,8 @@ class KVView(QWidget, SavedControls):
         self.growth_plot = pg.PlotWidget(background="w")
         style_plot(self.growth_plot)
         gp = self.growth_plot.getPlotItem()
-        gp.setTitle("This run: KV cache vs seq_len", color="#222", size="10pt")
+        # titles on two short lines, legend names short: a 1000 px window's plots are ~230 px wide
+        gp.setTitle("This run:<br>KV cache vs seq_len", color="#222", size="10pt")
         gp.setLabel("bottom", "seq_len (tokens)")
         gp.setLabel("left", "KV cache (MB)")
         gp.showGrid(x=True, y=True, alpha=0.25)
@@ -274,7 +275,7 @@ class KVView(QWidget, SavedControls):
             symbolSize=8,
             symbolBrush="#e67e22",
             symbolPen="#7f3f00",
-            name="measured after prefill / step",
+            name="measured",  # after the prefill and each step
         )
         freeze_plot(self.growth_plot)
 
@@ -282,7 +283,7 @@ class KVView(QWidget, SavedControls):
         self.proj_plot = pg.PlotWidget(background="w")
         style_plot(self.proj_plot)
         pp = self.proj_plot.getPlotItem()
-        pp.setTitle("Projection to max context", color="#222", size="10pt")
+        pp.setTitle("Projection to<br>max context", color="#222", size="10pt")
         pp.setLabel("bottom", "seq_len (tokens)")
         pp.setLabel("left", "KV cache (MB)")
         pp.showGrid(x=True, y=True, alpha=0.25)
@@ -560,10 +561,10 @@ class KVView(QWidget, SavedControls):
         legend.removeItem(self.need_curve)
         legend.addItem(
             self.formula_curve,
-            "formula: AttnScope keeps (every key)" if live.windowed else "formula (this model)",
+            "formula: AttnScope keeps" if live.windowed else "formula",
         )
         if live.windowed:
-            legend.addItem(self.need_curve, "the model needs (windows)")
+            legend.addItem(self.need_curve, "model needs (windows)")
         pts = sorted(self.history.items())
         self.measured_points.setData([p[0] for p in pts], [p[1] / gs for p in pts])
         gp.setLabel("left", f"KV cache ({gu})")
@@ -585,7 +586,7 @@ class KVView(QWidget, SavedControls):
                 pp.legend.removeItem(curve)
             self.proj_curves, self.kept_curve = {}, None
         for r in live.schemes_max:
-            name = f"{r.label} ({r.config.n_kv_heads} KV heads)" + (" · this model" if r.is_given else "")
+            name = f"{r.label}: this model" if r.is_given else f"{r.label} ({r.config.n_kv_heads} KV heads)"
             curve = self.proj_curves.get(r.scheme)
             pen = pg.mkPen(
                 SCHEME_COLOURS.get(r.scheme, "#555"),
@@ -602,14 +603,14 @@ class KVView(QWidget, SavedControls):
                     [],
                     [],
                     pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.PenStyle.DotLine),
-                    name="AttnScope keeps (every key, this model)",
+                    name="AttnScope keeps",  # every key of this model
                 )
             kx = np.array([0, max_ctx], dtype=np.int64)
             self.kept_curve.setData(kx, kept.project(kx) / ps)
         self.now_line.setValue(T)
         pp.setXRange(0, max_ctx, padding=0.02)
         pp.setYRange(0, top_bytes / ps, padding=0.05)
-        pp.setTitle(f"Projection to max context ({max_ctx:,} tokens)", color="#222", size="10pt")
+        pp.setTitle(f"Projection to max context<br>({max_ctx:,} tokens)", color="#222", size="10pt")
         fill_scheme_table(self.scheme_table, live.schemes_now, live.schemes_max, max_ctx)
         if first and self.preset_combo.currentData() is None and not getattr(self, "_calc_restored", False):
             self._on_preset()

@@ -19,10 +19,12 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.figure import token_label
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.heatmap import qt_colormap
+from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
 
 if TYPE_CHECKING:
     from attnscope.core.analysis.maskview import MaskReport
@@ -41,7 +43,9 @@ TIPS = (
 )
 
 
-TITLES = ("Mask applied", "Scores before softmax", "Weights after softmax", "Row entropy (nats)")
+# two short lines each: on one line the four titles were wider than a 1000 px window's tab (the
+# entropy panel was cut off at the right); every title has two lines, so the rows stay aligned
+TITLES = ("Mask<br>applied", "Scores<br>before softmax", "Weights<br>after softmax", "Row entropy<br>(nats)")
 BOTTOM_LABELS = ("key", "key", "key", "H = −Σ w ln w")
 TITLE_SIZE = "10pt"  # one size for every panel title (a smaller one moved that panel's rows down)
 COLUMN_STRETCH = (3, 3, 3, 2)
@@ -73,10 +77,9 @@ class MaskView(QWidget):
         state.events.selection.connect(self.on_selection)
         state.events.colour.connect(lambda spec: self.set_colormap(spec.cmap))
         state.events.changed.connect(self._on_changed)
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page: the wrapped header never makes it scroll
         lay.setContentsMargins(4, 4, 4, 4)
-        self.header = QLabel("Run a prompt to see the masks that were applied.")
-        self.header.setWordWrap(True)
+        self.header = WrappedLabel("Run a prompt to see the masks that were applied.")
         self.header.setTextFormat(Qt.TextFormat.RichText)
         lay.addWidget(self.header)
         # soft-capped layers (Gemma 2): which scores the middle panel shows
@@ -277,7 +280,9 @@ class MaskView(QWidget):
         )
         capped = r.raw_scores is not None
         self.plots[1].setTitle(
-            (TITLES[1] + (", raw (before the cap)" if raw else ", capped")) if capped else TITLES[1],
+            ("Scores, " + ("raw<br>before the cap" if raw else "capped<br>before softmax"))
+            if capped
+            else TITLES[1],
             color="k",
             size=TITLE_SIZE,
         )
@@ -366,7 +371,9 @@ class MaskView(QWidget):
         e.setXRange(0, max(float(r.max_entropy.max()), 1e-3), padding=0.05)
         if decode:
             e.setYRange(-0.6, 1.6, padding=0.02)
-            e.setTitle(f"H = {r.entropy[0]:.3f} / {r.max_entropy[0]:.2f}", color="k", size=TITLE_SIZE)
+            e.setTitle(
+                f"Row entropy<br>H = {r.entropy[0]:.3f} / {r.max_entropy[0]:.2f}", color="k", size=TITLE_SIZE
+            )
         else:
             e.setYRange(r.row_start, r.row_stop, padding=0.02)
             e.setTitle(TITLES[3], color="k", size=TITLE_SIZE)

@@ -15,8 +15,10 @@ from collections import Counter
 
 import numpy as np
 from attnscope.app.engine import Request
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
 from attnscope.app.views.saved_controls import SavedControls
+from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.analysis.roles import DEFAULT_THRESHOLD, DEFAULT_WINDOW, ROLE_TITLES, ROLES, RoleTable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor
@@ -29,11 +31,22 @@ from PySide6.QtWidgets import (
     QLabel,
     QSpinBox,
     QTableWidget,
-    QVBoxLayout,
     QWidget,
 )
 
 COLUMNS = ("Layer", "Head", "KV head", "Label", *(ROLE_TITLES[r] for r in ROLES), "positional share")
+
+
+def header_text(title: str) -> str:
+    """A column title on two lines at its hyphen, slash or space ("positional/\nlocal"), so that nine
+    columns' headers are whole in a 1000 px window (on one line they were cut at both ends)."""
+    for sep in ("/", "-", " "):
+        if sep in title:
+            a, b = title.split(sep, 1)
+            return f"{a}{sep if sep != ' ' else ''}\n{b}"
+    return title
+
+
 SHARE_TIP = (
     "share of the head's score variance over this sequence's map carried by the rotary bands turning "
     "faster than every 64 tokens: near 1 by position (previous-token, local), near 0 by content (induction)"
@@ -113,14 +126,13 @@ class RolesView(QWidget, SavedControls, HeadRows):
         for r in (*ROLES, "mixed"):
             self.filter_combo.addItem(ROLE_TITLES[r], r)
         top.addWidget(self.filter_combo)
-        top.addSpacing(10)
-        self.summary = QLabel("Run a prompt to label the heads.")
+        top.addStretch(1)
+        # under the controls, the tab's whole width (beside them, a narrow column of three lines)
+        self.summary = WrappedLabel("Run a prompt to label the heads.")
         self.summary.setStyleSheet("color:#335;")
-        self.summary.setWordWrap(True)
-        top.addWidget(self.summary, 1)
 
         self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setHorizontalHeaderLabels([header_text(c) for c in COLUMNS])
         for i, r in enumerate(ROLES):
             header = self.table.horizontalHeaderItem(4 + i)
             assert header is not None  # setHorizontalHeaderLabels made one per column
@@ -134,23 +146,25 @@ class RolesView(QWidget, SavedControls, HeadRows):
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        for c in range(4):  # layer, head, KV head, label: as wide as their text; the scores share the rest
+            self.table.horizontalHeader().setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.table.setToolTip(
             "Click a header to sort · click: select the head · double-click: open it in the heatmap"
         )
 
-        self.note = QLabel(
+        self.note = WrappedLabel(
             "Scores are mean attention weights in [0, 1]. Previous-token, sink/delimiter and local are measured on "
             "this sequence; induction on repeated random tokens (computed once per model). Hover a header for its "
             "definition."
         )
-        self.note.setWordWrap(True)
         self.note.setStyleSheet("color:#555;")
 
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page: the wrapped labels never make it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addWidget(self.summary)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.note)
 

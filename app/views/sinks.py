@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
+from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
 from attnscope.core.analysis.sinks import DEFAULT_THRESHOLD, SinkReport
 from attnscope.core.io.colormaps import to_rgb
@@ -37,7 +38,6 @@ from PySide6.QtWidgets import (
     QStyleOptionViewItem,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -67,6 +67,30 @@ def _vw_job(ctx):
 
     s = ctx.require()
     return s.seq_len, value_weighted_sink_rows(s, cancelled=ctx.cancelled)
+
+
+class WrappedLabel(QLabel):
+    """A word-wrapped label whose minimum height is the height its lines need at its width, so the
+    layout (and the splitter around it) never gives it fewer lines' room and cuts what is below:
+    QLabel's own minimum size counts one line, and a word-wrapped label's height-for-width is not
+    asked for inside a :class:`attnscope.app.tabs.PageLayout`."""
+
+    def __init__(self, text: str = ""):
+        super().__init__(text)
+        self.setWordWrap(True)
+
+    def _fit(self) -> None:
+        h = self.heightForWidth(max(1, self.width()))
+        if h > 0 and self.minimumHeight() != h:
+            self.setMinimumHeight(h)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        super().setText(text)
+        self._fit()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit()
 
 
 def style_plot(pw: pg.PlotWidget) -> None:
@@ -215,12 +239,11 @@ class SinksView(QWidget, SavedControls):
             "Show the table as it was after this many tokens (prefill, then each decode step)"
         )
         top.addWidget(self.step_spin)
-        top.addSpacing(12)
-        self.summary = QLabel("Run a prompt to see the sink table.")
+        top.addStretch(1)
+        # under the controls, the tab's whole width (beside them, a 1000 px window left it a narrow
+        # column of seven lines); as many lines as it needs, never cut
+        self.summary = WrappedLabel("Run a prompt to see the sink table.")
         self.summary.setStyleSheet("color:#335;")
-        self.summary.setWordWrap(True)
-        self.summary.setMinimumWidth(120)
-        top.addWidget(self.summary, 1)
 
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -249,6 +272,8 @@ class SinksView(QWidget, SavedControls):
             symbolPen=None,
         )
         self.mean_curve = pi.plot([], [], pen=pg.mkPen("#d0702a", width=2.5))
+        # what a uniform causal head's score would be so far (Token 0 score only): a sink is far above it
+        self.uniform_curve = pi.plot([], [], pen=pg.mkPen("#777", width=1.5, style=Qt.PenStyle.DashLine))
         # learned sinks (gpt-oss): each row's share on the softmax slot, beside its weight on token 0
         self.learned_curve = pi.plot(
             [],
@@ -264,7 +289,8 @@ class SinksView(QWidget, SavedControls):
             pos=DEFAULT_THRESHOLD,
             pen=pg.mkPen("#b02a2a", width=1, style=Qt.PenStyle.DashLine),
             label="threshold {value:.2f}",
-            labelOpts={"position": 0.05, "color": "#b02a2a"},
+            # left-aligned at the plot's left edge (centred there, its first letters were cut off)
+            labelOpts={"position": 0.02, "color": "#b02a2a", "anchors": [(0, 1), (0, 0)]},
         )
         self.decode_line = pg.InfiniteLine(
             angle=90,
@@ -282,9 +308,10 @@ class SinksView(QWidget, SavedControls):
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
         split.setSizes([430, 260])
-        lay = QVBoxLayout(self)
+        lay = PageLayout(self)  # fills the tab page: the wrapped summary never makes it scroll
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addWidget(self.summary)
         lay.addWidget(split, 1)
 
         self.metric_combo.currentIndexChanged.connect(lambda _i: self._redraw())
@@ -484,6 +511,7 @@ class SinksView(QWidget, SavedControls):
         if snap is not None and not snap.info.arch.has_map(layer):  # a hybrid model's layer with no map
             self.row_curve.setData([], [])
             self.mean_curve.setData([], [])
+            self.uniform_curve.setData([], [])
             self.learned_curve.setData([], [])
             self.plot.getPlotItem().setTitle(snap.info.arch.no_map_line(layer), color="#222", size="10pt")
             return
@@ -494,6 +522,12 @@ class SinksView(QWidget, SavedControls):
         x = np.arange(n, dtype=float)
         self.row_curve.setData(x[1:], per_row[layer, head, 1:n])
         self.mean_curve.setData(x[1:], running[layer, head, 1:n])
+        uniform = self.metric_key == "sink" and n >= 2
+        if uniform:  # row i's running mean of 1/(k + 1), k = 1..i: uniform_causal_baseline(i + 1)
+            u = np.cumsum(1.0 / np.arange(2, n + 1)) / np.arange(1, n)
+            self.uniform_curve.setData(x[1:], u)
+        else:
+            self.uniform_curve.setData([], [])
         side = r.per_row_learned is not None and self.metric_key in ("sink", "sink_set")
         if (
             side and r.per_row_learned is not None
@@ -516,23 +550,34 @@ class SinksView(QWidget, SavedControls):
         )
         if side and r.running_learned is not None:  # two series: shorter words, one line
             title = (
-                f"Layer {layer} · head {head} (KV {kv}) · "
+                f"Layer {layer} · head {head} (KV {kv})<br>"
                 f"<span style='color:#3b6fb6'>● token 0</span> · "
                 f"<span style='color:#d0702a'>━ sink score so far: {running[layer, head, n - 1]:.3f}</span> · "
                 f"<span style='color:{LEARNED_COLOUR}'>▲ learned sink's share "
                 f"(mean {r.running_learned[layer, head, n - 1]:.3f})</span>"
             )
         else:
+            score = running[layer, head, n - 1]
+            if uniform:  # beside the head's score: a uniform causal head's, and the ratio
+                from attnscope.core.analysis.sinks import uniform_causal_baseline
+
+                b = uniform_causal_baseline(n)
+                so_far = (
+                    f"━ sink score so far: {score:.3f}</span> · <span style='color:#555'>╌ a uniform "
+                    f"causal head: {b:.3f}</span> (×{score / b:.1f})"
+                )
+            else:
+                so_far = f"━ sink score so far (mean of rows ≥ 1): {score:.3f}</span>"
             title = (
-                f"Layer {layer} · query head {head} (KV head {kv}) · "
+                f"Layer {layer} · query head {head} (KV head {kv})<br>"
                 f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
-                f"<span style='color:#d0702a'>━ sink score so far (mean of rows ≥ 1): "
-                f"{running[layer, head, n - 1]:.3f}</span>"
+                f"<span style='color:#d0702a'>{so_far}"
             )
+        # two lines (which head; its legend), each short enough for the plot of a 1000 px window
         pi.setTitle(
             title + (f" · rows 0..{n - 1}" if n < r.seq_len else ""),
             color="#222",
-            size="10pt",
+            size="9pt",
         )
         if r.n_prompt < n:
             self.decode_line.setValue(r.n_prompt - 0.5)

@@ -104,7 +104,7 @@ def test_direct_logit_attribution_equals_transformer_lens(tmp_path, monkeypatch)
         parts = parts[:, 0] @ direction
     L, H = s.info.n_layers, s.info.n_heads
     assert np.abs(heads.double().numpy().reshape(L, H) - dla.heads).max() < 1e-4
-    by_label = dict(zip(labels, parts.double().numpy()))
+    by_label = dict(zip(labels, parts.double().numpy(), strict=True))
     assert abs(by_label["embed"] - dla.embedding) < 1e-4
     assert np.abs(np.array([by_label[f"{i}_mlp_out"] for i in range(L)]) - dla.mlp).max() < 1e-4
     assert abs(float(logits[0, p, 7] - logits[0, p, 11]) - dla.logit) < 1e-4
