@@ -76,6 +76,10 @@ class HeadGridCanvas(QWidget):
         )
         self.follow: str | None = None  # the heatmap's scale, which the thumbnails follow (None: by length)
         self.gamma = 0.5  # the power scale's exponent, as the heatmap's
+        # the heatmap's Range: "fixed" (``fixed_range``), "auto" (each thumbnail its own maximum) or "shared"
+        # (one maximum per layer, over its heads), as the heatmap ranges one map or a layer's heads
+        self.range_mode = "fixed"
+        self.fixed_range: tuple[float, float] = (0.0, 1.0)
         self.windows: tuple[int | None, ...] | None = None  # per-layer sliding windows (None: causal only)
         # a hybrid model's layers with no map (NaN thumbnails, attnscope.core.trace.base): layer -> its line,
         # "layer 2: linear attention, no map", drawn across the row instead of thumbnails
@@ -212,6 +216,9 @@ class HeadGridCanvas(QWidget):
             done = bool(self.thumbs[layer].any())  # row 0 always puts weight 1 on key 0 once computed
             win = self.windows[layer] if self.windows is not None and layer < len(self.windows) else None
             masked = masked_blocks(cover, P, win)[idx][:, idx] if cover >= P else None
+            layer_max = (
+                max(self._auto_max(t) for t in self.thumbs[layer]) if self.range_mode == "shared" else 1.0
+            )
             for h in range(H):
                 x, y = self.head_x(h), self.layer_y(layer)
                 if self._showing_shares() and self.shares is not None:
@@ -220,7 +227,10 @@ class HeadGridCanvas(QWidget):
                 if not done:
                     canvas[y : y + self.THUMB, x : x + self.THUMB] = PENDING_RGB
                     continue
-                rgb = to_rgb(self.thumbs[layer, h], self.cmap, 0.0, 1.0, self.scale, self.gamma)[idx][:, idx]
+                vmin, vmax = self.thumb_range(self.thumbs[layer, h], layer_max)
+                rgb = to_rgb(self.thumbs[layer, h], self.cmap, vmin, vmax, self.scale, self.gamma)[idx][
+                    :, idx
+                ]
                 if masked is not None:
                     rgb[masked] = pattern[masked]
                 canvas[y : y + self.THUMB, x : x + self.THUMB] = rgb
@@ -232,6 +242,24 @@ class HeadGridCanvas(QWidget):
             canvas.shape[1] * 3,
             QImage.Format.Format_RGB888,
         )
+
+    @staticmethod
+    def _auto_max(thumb: np.ndarray) -> float:
+        """The heatmap's Auto level (:func:`attnscope.core.analysis.aggregate.robust_max`: a high percentile
+        of the non-zero weights, not the max, which row 0 makes 1 on every causal map) of one thumbnail."""
+        from attnscope.core.analysis.aggregate import robust_max
+
+        return robust_max(np.nan_to_num(thumb, nan=0.0, posinf=0.0, neginf=0.0))
+
+    def thumb_range(self, thumb: np.ndarray, layer_max: float) -> tuple[float, float]:
+        """``(vmin, vmax)`` one thumbnail is coloured over: the heatmap's fixed levels, the thumbnail's own
+        Auto level, or (Shared) ``layer_max``, the largest Auto level of its layer's heads: as the heatmap
+        ranges one map or a layer's heads."""
+        if self.range_mode == "auto":
+            return 0.0, self._auto_max(thumb)
+        if self.range_mode == "shared":
+            return 0.0, max(layer_max, 1e-6)
+        return self.fixed_range
 
     def corner_rect(self) -> QRect:
         """The top-left corner, left of the "KV head" headers and above the layer labels."""
@@ -389,6 +417,14 @@ class HeadGridCanvas(QWidget):
             self.setToolTip(tip)
 
 
+#: the title's words for the heatmap's Range as the thumbnails follow it
+RANGE_TITLES = {
+    "fixed": "range fixed",
+    "auto": "range per head (auto)",
+    "shared": "range per layer (shared)",
+}
+
+
 def share_rgb(v: float) -> tuple[int, int, int]:
     """Blue (0: content) → white (0.5) → orange (1: position); light grey for NaN."""
     if not np.isfinite(v):
@@ -488,6 +524,7 @@ class HeadGridView(QScrollArea):
             from attnscope.core.io.export_long import LONG_MAP, scale_note
 
             text += " · " + scale_note(self.canvas.n, self.canvas.scale, self.canvas.n >= LONG_MAP)
+            text += " · " + RANGE_TITLES.get(self.canvas.range_mode, self.canvas.range_mode)
         if self.canvas.thumbs is not None:
             text += f" · {MASKED_LEGEND}"
             if not np.isfinite(self.canvas.thumbs).all():

@@ -181,7 +181,49 @@ def test_head_grid_follows_the_heatmaps_scale(win):
     # by pixel: small weights (most cells) are lifted off the map's darkest colour under log
     assert log.mean() > linear.mean() + 10
     assert "log" in win.grid.title.text()
-    win.grid.grab().save("/work/notes/shots/window_grid_log.png")
+
+
+def test_head_grid_follows_the_heatmaps_range(win):
+    """Auto range colours each thumbnail up to its own Auto level and Shared up to its layer's largest,
+    as the heatmap ranges one map or a layer's heads; the title says which. By pixel: the thumbnail's
+    cells are drawn in the colours of the fixed [0, 1] range, then of its Auto level."""
+    import numpy as np
+    from attnscope.core.analysis.aggregate import robust_max
+    from attnscope.core.io.colormaps import to_rgb
+
+    win.show_view("grid")
+    _idle(win)
+    canvas = win.grid.canvas
+    levels = np.array([[robust_max(t) for t in row] for row in canvas.thumbs])
+    layer, h = np.unravel_index(int(levels.argmin()), levels.shape)  # the head Auto changes most
+    thumb = canvas.thumbs[layer, h]
+    assert levels[layer, h] < 0.8
+    P = thumb.shape[0]
+    idx = (np.arange(canvas.THUMB) * P // canvas.THUMB).clip(0, P - 1)
+
+    def drawn():
+        x, y = canvas.head_x(h), canvas.layer_y(layer)
+        return canvas._canvas[y : y + canvas.THUMB, x : x + canvas.THUMB].astype(int)
+
+    def expected(vmax):
+        return to_rgb(thumb, canvas.cmap, 0.0, vmax, canvas.scale, canvas.gamma)[idx][:, idx].astype(int)
+
+    lower = np.tril(np.ones((canvas.THUMB, canvas.THUMB), bool))  # causal cells (no hatch)
+    differ = lower & (np.abs(expected(1.0) - expected(levels[layer, h])).sum(-1) > 30)
+    assert differ.sum() > 20  # the two ranges colour these cells visibly differently
+
+    assert canvas.range_mode == "fixed" and "range fixed" in win.grid.title.text()
+    assert np.abs(drawn() - expected(1.0))[differ].max() <= 2
+    win.heatmap.set_range_mode("auto")
+    win.maps.push_colour()
+    _idle(win)
+    assert canvas.range_mode == "auto" and "range per head (auto)" in win.grid.title.text()
+    assert np.abs(drawn() - expected(levels[layer, h]))[differ].max() <= 2
+    win.heatmap.set_range_mode("shared")
+    win.maps.push_colour()
+    _idle(win)
+    assert canvas.range_mode == "shared" and "range per layer (shared)" in win.grid.title.text()
+    assert np.abs(drawn() - expected(levels[layer].max()))[differ].max() <= 2
 
 
 def test_status_bar_names_the_backend_once(win):
