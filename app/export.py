@@ -3,7 +3,7 @@
 * :class:`ExportController`: sessions (save, open and replay), "Export view" (a tab rendered by
   :func:`attnscope.app.paint.render_widget`) and "Export data".
 * :class:`BatchExportDialog`: scope, format, folder, progress and cancel for batch exports (an engine
-  job, :func:`attnscope.core.io.export.export_batch` / :func:`attnscope.core.io.export.export_animation`
+  job, :func:`attnscope.core.io.batch_export.export_batch` / :func:`attnscope.core.io.animation.export_animation`
   with the figure renderers of :mod:`attnscope.app.figure`).
 """
 
@@ -304,12 +304,12 @@ class ExportController:
             n = self._visible_n()
 
             def job(ctx):
-                from attnscope.core.io import export as E
+                from attnscope.core.io import provenance
 
                 s = ctx.require()
-                meta = E.session_metadata(s)
+                meta = provenance.session_metadata(s)
                 if n is not None and n < s.seq_len:
-                    meta = E.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
+                    meta = provenance.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
                 meta.update(
                     {
                         "kind": "view",
@@ -319,8 +319,8 @@ class ExportController:
                         "dpi": dpi if out.suffix.lower() == ".png" else None,
                     }
                 )
-                E.embed_metadata(out, meta)  # PNG text chunk / SVG <desc>, as the CLI's images
-                return [out, E.write_json(E.sidecar_path(out), meta)]
+                provenance.embed_metadata(out, meta)  # PNG text chunk / SVG <desc>, as the CLI's images
+                return [out, provenance.write_json(provenance.sidecar_path(out), meta)]
 
             self.win.engine.enqueue(job, self._done, self.win.show_error, label="export view")
         return [out]
@@ -340,9 +340,11 @@ class ExportController:
         weighting = shown.get("weighting", "attention") if shown_n <= LONG_PROMPT else "attention"
 
         def job(ctx):
-            from attnscope.core.io import export as E
+            from attnscope.core.io import head_export
 
-            return E.export_head(ctx.require(), layer, head, path, n=n, mode=mode, weighting=weighting)
+            return head_export.export_head(
+                ctx.require(), layer, head, path, n=n, mode=mode, weighting=weighting
+            )
 
         return self.win.engine.enqueue(job, self._done, self.win.show_error, label="export data")
 
@@ -359,7 +361,7 @@ class ExportController:
     def export_data_dialog(self) -> None:
         if not self._need_run():
             return
-        from attnscope.core.io.export_long import FULL_SIZE_LIMIT
+        from attnscope.core.io.long_png import FULL_SIZE_LIMIT
         from PySide6.QtWidgets import QFileDialog
 
         n = self._visible_n() or self.win.snapshot.seq_len
@@ -546,7 +548,7 @@ class BatchExportDialog(QDialog):
     def _on_scope(self, *_):
         self.format_combo.clear()
         if self.scope == "steps":
-            from attnscope.core.io.export import mp4_unavailable
+            from attnscope.core.io.animation import mp4_unavailable
 
             for f in formats.FORMATS:
                 if f.kind == "animation":
@@ -610,11 +612,11 @@ class BatchExportDialog(QDialog):
         layer, head = self.win.state.layer, self.win.state.head
         colour = self.win.state.colour  # as on screen: the heatmap's scale, gamma and range, the colour map
         if scope != "steps" and not self.win.heatmap.scale_chosen:  # a scale the user did not choose:
-            colour = dataclasses.replace(colour, scale=None)  # each map's own (export_long.scale_for_map)
+            colour = dataclasses.replace(colour, scale=None)  # each map's own (colour_scale.scale_for_map)
         dpi = self.dpi_spin.value()
 
         def job(ctx):
-            from attnscope.core.io import export as E
+            from attnscope.core.io import animation, batch_export
 
             s = ctx.require()
 
@@ -623,7 +625,7 @@ class BatchExportDialog(QDialog):
 
             if scope == "steps":
                 ctx.progress("Rendering frames…", -1.0)
-                return E.export_animation(
+                return animation.export_animation(
                     s,
                     layer,
                     head,
@@ -632,11 +634,11 @@ class BatchExportDialog(QDialog):
                     cancelled=ctx.cancelled,
                     frame_renderer=figure_frame,
                 )
-            pairs = E.heads_in_scope(
+            pairs = batch_export.heads_in_scope(
                 s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None, s.info.arch
             )
             renderer = save_heatmap_figure if figure or fmt in formats.FIGURE_ONLY_FORMATS else None
-            return E.export_batch(
+            return batch_export.export_batch(
                 s,
                 out,
                 fmt,

@@ -1014,8 +1014,8 @@ class CompareView(QWidget, SavedControls):
         Raises:
             ValueError: another suffix, or no comparison yet. OSError: could not write.
         """
-        from attnscope.core.io.export import sidecar_path
-        from attnscope.core.io.export import write_compare_csv as write_csv
+        from attnscope.core.io.data_writers import write_compare_csv as write_csv
+        from attnscope.core.io.provenance import sidecar_path
 
         path = Path(path)
         if path.suffix.lower() not in (".csv", ".json"):
@@ -1050,7 +1050,7 @@ class CompareView(QWidget, SavedControls):
         (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting.
         Raises ValueError when no head's maps are shown yet."""
         from attnscope.app.paint import render_widget
-        from attnscope.core.io.export import sidecar_path, write_json
+        from attnscope.core.io.provenance import sidecar_path, write_json
 
         res = self.result
         if res is None or self.map_key is None:

@@ -269,7 +269,7 @@ def gemma_long(
 
     from attnscope.core.analysis import blocked
     from attnscope.core.bench.overhead import PeakRSS, _status_bytes
-    from attnscope.core.io import export as E
+    from attnscope.core.io import head_export
     from attnscope.core.session import Session
 
     peak = PeakRSS()
@@ -314,12 +314,14 @@ def gemma_long(
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         log(f"long: PNG of a {m}-token map, one pixel per cell")
         before = peak.start()
-        _, t = _timed(lambda: E.export_head(s, gl or 0, 0, Path(tmp) / "map16k.png", n=m, full_size=True))
+        _, t = _timed(
+            lambda: head_export.export_head(s, gl or 0, 0, Path(tmp) / "map16k.png", n=m, full_size=True)
+        )
         out["rows"]["png_16k_extra_rss"] = peak.stop() - before
         out["png_16k_s"] = t
         out["png_16k_bytes"] = (Path(tmp) / "map16k.png").stat().st_size
         before = peak.start()
-        _, t = _timed(lambda: E.export_head(s, gl or 0, 0, Path(tmp) / "ov.png", n=m))
+        _, t = _timed(lambda: head_export.export_head(s, gl or 0, 0, Path(tmp) / "ov.png", n=m))
         out["png_16k_overview_extra_rss"] = peak.stop() - before
         out["png_16k_overview_s"] = t
     return out

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
-from attnscope.core.io.export import nonfinite_records
+from attnscope.core.io.provenance import nonfinite_records
 from attnscope.core.remote import wire
 
 if TYPE_CHECKING:

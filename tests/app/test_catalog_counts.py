@@ -84,7 +84,7 @@ def _folder_files(folder: Path) -> dict[str, Path | None]:
 def test_snapshot_named_org_name_with_revision_apart(tmp_path, llama):
     """The sample: a model in the hub cache loads as ``org/name``, never its snapshot hash; the
     sidecar keeps the revision as ``model.revision`` and the session file the name."""
-    from attnscope.core.io.export import session_metadata
+    from attnscope.core.io.provenance import session_metadata
     from attnscope.core.io.sessionfile import SessionFile
     from attnscope.core.session import Session
 
@@ -115,7 +115,7 @@ def test_names_beyond_the_sample(tmp_path, llama):
     g = tmp_path / "hub" / "models--x--y" / "snapshots" / REV / "sub" / "m-Q8_0.gguf"
     assert hf_cache_snapshot(g) == ("x/y", REV)
     assert model_name(llama[0]) == "llama" and hf_cache_snapshot(llama[0]) is None
-    from attnscope.core.io.export import model_revision
+    from attnscope.core.io.provenance import model_revision
 
     assert model_revision(str(llama[0])) is None and model_revision(None) is None
 

@@ -73,7 +73,7 @@ def run(request, tmp_path_factory):
 def test_sinks_compare_export_run(run, tmp_path):
     from attnscope.core.analysis.compare import compare_sessions
     from attnscope.core.analysis.sinks import session_sink_report
-    from attnscope.core.io.export import export_head
+    from attnscope.core.io.head_export import export_head
     from attnscope.core.session import Session
 
     family, s, ref, folder = run

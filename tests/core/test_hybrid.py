@@ -265,7 +265,7 @@ def test_analyses_follow_the_attention_layers(folders):
     layers, NaN (or left out) on the others, or refused in one line."""
     from attnscope.core.analysis import aggregate, compare, experiments, gqa, roles
     from attnscope.core.analysis.sinks import session_sink_report
-    from attnscope.core.io import export as E
+    from attnscope.core.io import batch_export
     from attnscope.core.session import Session
 
     folder = str(folders["qwen3_next"][0])
@@ -285,9 +285,11 @@ def test_analyses_follow_the_attention_layers(folders):
     thumbs = aggregate.thumbnails(a, size=8)
     assert np.isnan(thumbs[[0, 2]]).all() and np.isfinite(thumbs[[1, 3]]).all()
     assert aggregate.heads_in(a.info, 1, 0, "all") == [(la, h) for la in (1, 3) for h in range(4)]
-    assert E.heads_in_scope(4, 4, None, a.info.arch) == [(la, h) for la in (1, 3) for h in range(4)]
+    assert batch_export.heads_in_scope(4, 4, None, a.info.arch) == [
+        (la, h) for la in (1, 3) for h in range(4)
+    ]
     with pytest.raises(NoAttentionMap, match="^layer 2: linear attention, no map$"):
-        E.heads_in_scope(4, 4, 2, a.info.arch)
+        batch_export.heads_in_scope(4, 4, 2, a.info.arch)
     with pytest.raises(UnsupportedModelError, match="layer 0 is linear attention") as e:
         experiments.run_experiments(a, [experiments.Experiment("evict_first", k=2)])
     assert "\n" not in str(e.value)

@@ -63,7 +63,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from attnscope.core.analysis.compare import run_pair
     from attnscope.core.errors import SessionError
-    from attnscope.core.io.export import write_compare_csv
+    from attnscope.core.io.data_writers import write_compare_csv
     from attnscope.core.io.paths import check_output, shown, write_json
 
     out = check_output(args.json, "--json", stdout=True)  # None: standard output
