@@ -91,10 +91,10 @@ def _is_oom(e: BaseException) -> bool:
 def _check_fits(ref, backend: str, device: str, dtype: str, context: int) -> None:
     """Refuse (SessionError) a B whose fit estimate says it does not fit in the free memory now
     (A is loaded, so it is counted already). An estimate that cannot be made refuses nothing."""
-    from attnscope.core.loading import catalog, fit
+    from attnscope.core.loading import catalog, describe_model, fit
 
     try:
-        entries = catalog.scan_embedded() if ref is None else catalog.describe_path(ref)
+        entries = catalog.scan_embedded() if ref is None else describe_model.describe_path(ref)
         if not entries:
             return
         est = fit.estimate_entry(entries[0], max(context, 1), backend=backend, device=device, dtype=dtype)

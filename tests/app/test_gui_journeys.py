@@ -425,7 +425,7 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
 # -- minors: picker and MLX, Help → About ------------------------------------------------------------------
 def test_picker_says_before_open_that_mlx_cannot_run_gemma(qtbot):
     from attnscope.app.model_picker import FIT_COLUMN, ModelPickerDialog
-    from attnscope.core.loading.catalog import CatalogEntry
+    from attnscope.core.loading.catalog_entry import CatalogEntry
 
     gemma = CatalogEntry(
         "lmstudio",

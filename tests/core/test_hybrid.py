@@ -138,7 +138,7 @@ def test_hybrid_family_matches_eager(family, folders, monkeypatch):
         np.testing.assert_array_equal(w, weights[layer])
     assert not be.notices  # restored, nothing re-run
     if family in HYBRID_MULTIMODAL:  # the language model alone is loaded, said and counted
-        from attnscope.core.loading.catalog import describe_hf_folder
+        from attnscope.core.loading.describe_model import describe_hf_folder
 
         assert "vision tower not loaded: text prompts only" in s.info.load_note
         assert not any("visual" in n or "vision" in n for n, _ in be.model.named_parameters())
@@ -327,7 +327,7 @@ def test_a_model_with_no_attention_layer_is_refused(tmp_path):
 
 
 def test_catalog_reads_a_hybrid_folder(folders):
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
 
     for fam in (*HYBRID_FAMILIES, *HYBRID_MULTIMODAL):
         folder, ref = folders[fam]

@@ -261,7 +261,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
     import attnscope.app.views.compare as C
     from attnscope.app import model_picker
     from attnscope.core.analysis.compare_b import b_maps, b_overview, run_b
-    from attnscope.core.loading import catalog
+    from attnscope.core.loading import catalog, describe_model
     from attnscope.core.session import Session
     from remote_window import remote_window
 
@@ -281,7 +281,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
 
     monkeypatch.setattr(model_picker.ModelPickerDialog, "exec", exec_picker)
     with remote_window(qtbot, folders["base"], PROMPT, steps=2, size=(1400, 900)) as w:
-        server_entries = catalog.describe_path(folders["last"], "user")
+        server_entries = describe_model.describe_path(folders["last"], "user")
         monkeypatch.setattr(catalog, "scan", lambda *a, **k: server_entries)  # the engine's catalog
         assert w.engine.session.ids == local.ids
         w.show_view("compare")
