@@ -89,7 +89,8 @@ def _row(out: dict, key: str, fn, log) -> None:
 def views_smol(T: int = 8192, model: str | None = None, log: Callable[[str], None] = lambda _m: None) -> dict:
     """Head grid (2,000 / 8,000), mean of all layers and one head at ``T`` on the default model."""
     from attnscope.core.analysis import aggregate
-    from attnscope.core.bench.overhead import PeakRSS, matmul_peak
+    from attnscope.core.bench.machine import matmul_peak
+    from attnscope.core.bench.peak_memory import PeakRSS
     from attnscope.core.session import Session
 
     s = Session.load(model)
@@ -230,7 +231,7 @@ def views_synthetic(T: int = 8192, log: Callable[[str], None] = lambda _m: None)
     import os
 
     from attnscope.core.analysis import blocked
-    from attnscope.core.bench.overhead import matmul_peak
+    from attnscope.core.bench.machine import matmul_peak
 
     tr = synthetic_trace(T=T)
     out = {
@@ -268,7 +269,7 @@ def gemma_long(
     import tempfile
 
     from attnscope.core.analysis import blocked
-    from attnscope.core.bench.overhead import PeakRSS, _status_bytes
+    from attnscope.core.bench.peak_memory import PeakRSS, status_bytes
     from attnscope.core.io import head_export
     from attnscope.core.session import Session
 
@@ -283,7 +284,7 @@ def gemma_long(
         "seq_len": s.seq_len,
         "prefill_s": t_prefill,
         "prefill_peak_rss": peak.stop(),
-        "rss_after_prefill": _status_bytes("VmRSS"),
+        "rss_after_prefill": status_bytes("VmRSS"),
         "rows": {},
     }
     out["rows"]["long_prefill_peak_rss"] = out["prefill_peak_rss"]

@@ -173,7 +173,8 @@ def options_from_args(args):
 
 
 def run(args) -> int:
-    from attnscope.core.bench.overhead import format_table, run_bench
+    from attnscope.core.bench.overhead import run_bench
+    from attnscope.core.bench.overhead_report import format_table
     from attnscope.core.io.paths import check_output
 
     out = check_output(args.json, "--json", stdout=True) if args.json else None
