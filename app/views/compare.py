@@ -1,9 +1,9 @@
-"""Compare tab: run B next to the window's run A, head by head (:mod:`attnscope.core.analysis.compare`).
+"""Compare tab: run B next to the window's run A, head by head (:mod:`attnscope.core.analysis.compare_runs`).
 
 Run A is the window's session as it is (prompt + decode steps). Run B is chosen here: another
 model sharing the tokenizer, the same model at another precision, on the other backend, or on an
 edited prompt. B is loaded and run where A's model is, from the engine thread (a second session
-held next to A by :mod:`attnscope.core.analysis.compare_b`: in this process, or on the remote
+held next to A by :mod:`attnscope.core.analysis.compare_run_b`: in this process, or on the remote
 engine the window is connected to; never on the GUI side; the previous B is dropped first), then
 fed A's generated tokens, so a decode lines up too. A's per-position logits are kept by re-running A's sequence once when the window's
 prefill did not keep them (same ops, same numbers).
@@ -12,7 +12,7 @@ The panel draws only: the layers × heads table of Jensen–Shannon distances (s
 changed first), the logits' KL(A‖B) and top-1 agreement per position, and for the selected head
 A, B and A − B side by side (A − B on a diverging map centred on 0 with a symmetric range). Maps longer than :data:`MAX_CELLS`
 are shown like the heatmap's long maps: an overview (A and B max-pooled, A − B by the signed
-max-|A − B| per block, :mod:`attnscope.core.analysis.compare_pool`, so a changed sink column or diagonal survives), and
+max-|A − B| per block, :mod:`attnscope.core.analysis.compare_overview`, so a changed sink column or diagonal survives), and
 on zoom an exact tile of all three for the visible region, computed on the engine thread from both
 runs' exact weights; the three views are linked. Hover reads both weights; a click on a row plots
 A's and B's rows as lines.
@@ -53,8 +53,8 @@ from PySide6.QtWidgets import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.core.analysis.compare import CompareResult
-    from attnscope.core.analysis.compare_pool import PairOverview
+    from attnscope.core.analysis.compare_overview import PairOverview
+    from attnscope.core.analysis.compare_runs import CompareResult
 
 KINDS = {
     "model": "Another model (same tokenizer)",
@@ -95,7 +95,7 @@ class RunBSpec:
 
 def _run_b_job(spec: RunBSpec):
     def job(ctx):
-        from attnscope.core.analysis.compare_b import kept_all_logits, run_b
+        from attnscope.core.analysis.compare_run_b import kept_all_logits, run_b
         from attnscope.core.errors import SessionError
 
         sa = ctx.session
@@ -126,12 +126,12 @@ def _run_b_job(spec: RunBSpec):
 
 def _maps_job(layer: int, head: int, n: int, weighting: str):
     """A's and B's maps of one head over the aligned ``n × n``. Up to :data:`MAX_CELLS` the exact maps
-    (payload ``(key, wa, wb, None)``); longer, the overview :class:`attnscope.core.analysis.compare_pool.PairOverview`
+    (payload ``(key, wa, wb, None)``); longer, the overview :class:`attnscope.core.analysis.compare_overview.PairOverview`
     (payload ``(key, a, b, overview)``), computed in row bands: never a whole long map on either side."""
 
     def job(ctx):
-        # computed where both runs are: here, or on the remote engine (attnscope.core.analysis.compare_b)
-        from attnscope.core.analysis.compare_b import b_maps, b_overview
+        # computed where both runs are: here, or on the remote engine (attnscope.core.analysis.compare_run_b)
+        from attnscope.core.analysis.compare_run_b import b_maps, b_overview
         from attnscope.core.errors import Cancelled, SessionError
 
         if ctx.session is None:
@@ -158,7 +158,7 @@ def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int,
     """The exact ``rows r0:r1 × cols c0:c1`` tile of A and B (engine thread, both runs' weights)."""
 
     def job(ctx):
-        from attnscope.core.analysis.compare_b import b_maps
+        from attnscope.core.analysis.compare_run_b import b_maps
         from attnscope.core.errors import SessionError
 
         if ctx.session is None:
@@ -173,7 +173,7 @@ def _tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int,
 
 def _row_job(layer: int, head: int, row: int, n: int, weighting: str):
     def job(ctx):
-        from attnscope.core.analysis.compare_b import b_maps
+        from attnscope.core.analysis.compare_run_b import b_maps
 
         wa, wb = b_maps(ctx.session, layer, head, n, rows=slice(row, row + 1), weighting=weighting)
         return row, wa[0], wb[0]
@@ -624,7 +624,7 @@ class CompareView(QWidget, SavedControls):
         self.state.say(f"Compare: {message}", 8000)
 
     def set_result(self, payload) -> None:
-        """Show a :class:`attnscope.core.analysis.compare.CompareResult` (GUI thread)."""
+        """Show a :class:`attnscope.core.analysis.compare_runs.CompareResult` (GUI thread)."""
         res, labels = payload
         self.run_button.setEnabled(True)
         self._clear_result()  # the maps, row plot and hover line of the previous comparison go
@@ -919,7 +919,7 @@ class CompareView(QWidget, SavedControls):
             if tr <= r < tr + ta.shape[0] and tc <= c < tc + ta.shape[1]:
                 a, b = float(ta[r - tr, c - tc]), float(tb[r - tr, c - tc])
                 return a, b, a - b, True
-        from attnscope.core.analysis.compare_pool import block_of
+        from attnscope.core.analysis.compare_overview import block_of
 
         ov = self.overview
         i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
@@ -945,7 +945,7 @@ class CompareView(QWidget, SavedControls):
         wa, wb, d, exact = self.values_at(r, c)
         la, lb = self.labels
         if not exact:
-            from attnscope.core.analysis.compare_pool import block_of
+            from attnscope.core.analysis.compare_overview import block_of
 
             ov = self.overview
             assert ov is not None  # (values_at says exact unless an overview is shown)

@@ -195,7 +195,7 @@ def write_weights(
 
 
 def write_compare_csv(result, path: Path) -> Path:
-    """The ranked heads table of a :class:`attnscope.core.analysis.compare.CompareResult` as CSV:
+    """The ranked heads table of a :class:`attnscope.core.analysis.compare_runs.CompareResult` as CSV:
     ``rank, layer, head, js_mean, js_max, js_argmax_row`` (``attnscope compare --csv``, the Compare tab)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)

@@ -71,7 +71,7 @@ def run(request, tmp_path_factory):
 
 
 def test_sinks_compare_export_run(run, tmp_path):
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.sinks import session_sink_report
     from attnscope.core.io.head_export import export_head
     from attnscope.core.session import Session

@@ -263,7 +263,7 @@ def test_kv_numbers_count_states_apart(folders):
 def test_analyses_follow_the_attention_layers(folders):
     """Compare, roles, GQA, thumbnails, exports and experiments on a hybrid model: exact on the attention
     layers, NaN (or left out) on the others, or refused in one line."""
-    from attnscope.core.analysis import aggregate, compare, experiments, gqa, roles
+    from attnscope.core.analysis import aggregate, compare_runs, experiments, gqa, roles
     from attnscope.core.analysis.sinks import session_sink_report
     from attnscope.core.io import batch_export
     from attnscope.core.session import Session
@@ -274,7 +274,7 @@ def test_analyses_follow_the_attention_layers(folders):
     b.prefill("The dog sat on the mat.", chat_template=False, all_logits=True)
     with pytest.raises(NoAttentionMap, match="^layer 0: linear attention, no map$"):
         a.weights(0, 0)
-    res = compare.compare_sessions(a, b)
+    res = compare_runs.compare_sessions(a, b)
     assert np.isnan(res.js_mean[[0, 2]]).all() and np.isfinite(res.js_mean[[1, 3]]).all()
     assert {d.layer for d in res.ranked()} == {1, 3}
     table = roles.role_table(a, induction=False)

@@ -190,7 +190,7 @@ def test_value_weighted_sink_slot_moves_nothing(gpt_oss):
 
 
 def test_compare_counts_the_sink_slot_and_export_records_it(gpt_oss, tmp_path):
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.gqa import js_distance
     from attnscope.core.io import head_export, provenance
 

@@ -195,7 +195,7 @@ def test_mask_report_shows_raw_and_capped_scores(gemma2):
 
 
 def test_sinks_compare_export_and_snapshot_run_on_gemma2(gemma2, tmp_path):
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.sinks import session_sink_report
     from attnscope.core.io import provenance
 

@@ -114,7 +114,7 @@ def test_every_remotable_function_is_served():
     from attnscope.core.analysis.remotable import served
 
     marked = _remotable_functions()
-    assert len(marked) >= 20  # aggregate, value_weighted, compare_b, gqa, roles, sinks, ...
+    assert len(marked) >= 20  # aggregate, value_weighted, compare_run_b, gqa, roles, sinks, ...
     assert sorted(served()) == marked
 
 

@@ -1,5 +1,5 @@
 """Compare over a remote engine: run B is loaded, run and compared on the engine
-(``attnscope.core.analysis.compare_b``, ``@remotable``), held there for the maps, tiles and rows, and
+(``attnscope.core.analysis.compare_run_b``, ``@remotable``), held there for the maps, tiles and rows, and
 everything arrives identical to in-process, bit for bit; a B the engine cannot hold is one line and
 the engine keeps serving."""
 
@@ -81,12 +81,12 @@ def sessions(folders):
             r.close()
 
 
-def test_compare_b_is_offered_by_the_engine():
+def test_compare_run_b_is_offered_by_the_engine():
     from attnscope.core.analysis.remotable import served
 
     REGISTRY = served()
     for fn in ("run_b", "b_maps", "b_overview", "kept_all_logits"):
-        assert f"attnscope.core.analysis.compare_b.{fn}" in REGISTRY
+        assert f"attnscope.core.analysis.compare_run_b.{fn}" in REGISTRY
 
 
 @pytest.mark.slow
@@ -99,8 +99,8 @@ def test_compare_b_is_offered_by_the_engine():
     ],
 )
 def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting, prompt_b):
-    from attnscope.core.analysis import compare_b
-    from attnscope.core.analysis.compare_b import b_maps, b_overview, held, kept_all_logits, run_b
+    from attnscope.core.analysis import compare_run_b
+    from attnscope.core.analysis.compare_run_b import b_maps, b_overview, held, kept_all_logits, run_b
 
     local, r, engine, server = sessions
     model = str(folders["last"]) if kind == "model" else None
@@ -124,7 +124,7 @@ def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting
         assert got.alignment.first_difference is not None and got.weighting == "value-weighted"
     # B is held on the engine, one per session, and the maps, a tile and a row come from there
     held(engine)
-    assert engine in compare_b._HELD and r not in compare_b._HELD
+    assert engine in compare_run_b._HELD and r not in compare_run_b._HELD
     for layer, head in ((1, 2), (0, 3)):
         wa, wb = b_maps(local, layer, head, n, weighting=weighting)
         ra, rb = b_maps(r, layer, head, n, weighting=weighting)
@@ -157,8 +157,8 @@ def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting
 def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
     sessions, folders, tmp_path, monkeypatch
 ):
-    from attnscope.core.analysis import compare_b
-    from attnscope.core.analysis.compare_b import b_maps, held, run_b
+    from attnscope.core.analysis import compare_run_b
+    from attnscope.core.analysis.compare_run_b import b_maps, held, run_b
     from attnscope.core.errors import ModelLoadError, SessionError
     from attnscope.core.loading import fit
 
@@ -178,7 +178,7 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
     with pytest.raises(SessionError, match="tokenizes A's prompt differently") as e:
         run_b(r, "model", str(folders["other_tok"]), "torch", "float32", PROMPT)
     assert "\n" not in str(e.value)
-    assert engine not in compare_b._HELD
+    assert engine not in compare_run_b._HELD
     with pytest.raises(SessionError, match="tokenizes A's prompt differently"):  # in-process alike
         run_b(local, "model", str(folders["other_tok"]), "torch", "float32", PROMPT)
     # no room next to A (the engine's free memory, measured there: this test's process)
@@ -225,7 +225,7 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
             cancelled=lambda: bool(said),
         )
     monkeypatch.undo()
-    assert said == ["Loading run B (torch, float32)…"] and engine not in compare_b._HELD
+    assert said == ["Loading run B (torch, float32)…"] and engine not in compare_run_b._HELD
     # bad arguments, from a hand-made request
     with pytest.raises(ValueError, match="kind must be one of"):
         run_b(r, "nonsense", None, "torch", "float32", PROMPT)
@@ -237,8 +237,8 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
 
 @pytest.mark.slow
 def test_loading_another_model_on_the_engine_drops_run_b(folders):
-    from attnscope.core.analysis import compare_b
-    from attnscope.core.analysis.compare_b import run_b
+    from attnscope.core.analysis import compare_run_b
+    from attnscope.core.analysis.compare_run_b import run_b
     from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
 
@@ -248,9 +248,9 @@ def test_loading_another_model_on_the_engine_drops_run_b(folders):
         try:
             r.prefill(PROMPT, chat_template=False, all_logits=True)
             run_b(r, "dtype", None, "torch", "float32", PROMPT)
-            b = weakref.ref(compare_b.held(engine))
+            b = weakref.ref(compare_run_b.held(engine))
             r.load_model(str(folders["last"]), device="cpu")  # before the new model loads, B goes
-            assert b() is None and engine not in compare_b._HELD
+            assert b() is None and engine not in compare_run_b._HELD
         finally:
             r.close()
 
@@ -260,7 +260,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
     pytest.importorskip("pytestqt")
     import attnscope.app.views.compare as C
     from attnscope.app import model_picker
-    from attnscope.core.analysis.compare_b import b_maps, b_overview, run_b
+    from attnscope.core.analysis.compare_run_b import b_maps, b_overview, run_b
     from attnscope.core.loading import catalog, describe_model
     from attnscope.core.session import Session
     from remote_window import remote_window
