@@ -26,7 +26,7 @@ Prefill FLOPs (documented in the JSON as ``flops_formula``)::
   + 2 × n_layers × n_heads × T² × head_dim     (q·kᵀ and p·v, 2·T²·D each, halved by the causal mask)
   + 2 × vocab × hidden            (the LM head on the one kept position)
 
-Embeddings are lookups, not matmuls, so ``n_linear`` leaves them out (the issue's rougher
+Embeddings are lookups, not matmuls, so ``n_linear`` leaves them out (the rougher
 ``2 × n_params × T`` would count SmolLM2's 28 M embedding parameters as work). The machine's
 matmul peak is the best of several float32 ``n × n @ n × n`` products (``2 n³`` FLOPs each).
 
@@ -66,7 +66,7 @@ LABELS = {
 SHORT = {"sdpa": "(a) sdpa", "scope": "(b) attnscope", "eager": "(c) eager+attn"}
 GB = 1e9
 DEFAULT_SIZES = (512, 2048, 8192)
-TARGET_T = 2048  # the issue's targets are stated at T = 2048 (and 8192 for memory)
+TARGET_T = 2048  # the targets (docs/benchmarks.md) are stated at T = 2048 (and 8192 for memory)
 FLOPS_FORMULA = (
     "2*n_linear*T + 2*n_layers*n_heads*T^2*head_dim (causal: half of 4*T^2*D per head) "
     "+ 2*vocab*hidden (LM head, last position only); n_linear = decoder-layer weight-matrix "
@@ -83,7 +83,7 @@ class BenchOptions:
         repeats: prefill timings per configuration and size (median reported).
         decode_steps: greedy decode steps after each timed prefill.
         head_repeats: one-head map timings per repeat (rotating over layers and heads).
-        memory_limit: bytes a configuration may use (the issue's 24 GB); (c) is skipped where
+        memory_limit: bytes a configuration may use (24 GB by default); (c) is skipped where
             its attention tensors alone would not fit in this or in the memory available now.
         model: model reference (None = embedded default).
         device: ``"cpu"`` or ``"cuda"`` (None = cuda when available).

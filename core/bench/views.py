@@ -16,7 +16,7 @@ Rows (each one run; times in seconds on this machine, peak RSS in bytes):
   what its sliding-window layers cost against the global ones (stored keys, thumbnail time), and
   the bare PNG export of a 16,000-token map of it, streamed at one pixel per cell (extra peak RSS).
 
-The targets are the issue's; a missed target keeps its measured figure and the matmul rate that
+The targets are those of docs/benchmarks.md ("Long prompts"); a missed target keeps its measured figure and the matmul rate that
 explains it (``matmul_gflops``: a 2048² float32 matmul timed just before).
 """
 

@@ -109,7 +109,7 @@ def test_control_prompt_labels(smol_ran):  # on the default model
 
 
 @pytest.mark.slow
-def test_control_prompt_svg_parses(tmp_path):  # the command line, verbatim
+def test_control_prompt_svg_parses(tmp_path):  # a control-character prompt on the command line, verbatim
     from test_cli import attnscope as _run
 
     out = tmp_path / "map.svg"

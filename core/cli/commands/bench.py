@@ -1,7 +1,7 @@
 """``attnscope bench``: prefill, decode, memory and map timings of AttnScope against transformers.
 
 Prints a table (stdout; progress on stderr) and, with ``--json FILE``, writes the raw figures,
-the ratios, the issue's targets (met or not) and the machine's description. See
+the ratios, the targets of docs/benchmarks.md (met or not) and the machine's description. See
 :mod:`attnscope.core.bench.overhead` for what is measured and how.
 """
 
