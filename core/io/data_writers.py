@@ -16,16 +16,12 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from attnscope.core.io import formats
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
 from attnscope.core.io.formats import DATA_FORMATS
 from attnscope.core.io.provenance import sidecar_path, write_json
-
-if TYPE_CHECKING:
-    pass
 
 SAFETENSORS_KEY = "weights"
 
