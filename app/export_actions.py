@@ -70,12 +70,12 @@ class ExportController:
             n = self._visible_n()
 
             def job(ctx):
-                from attnscope.core.io import export as E
+                from attnscope.core.io import provenance
 
                 s = ctx.require()
-                meta = E.session_metadata(s)
+                meta = provenance.session_metadata(s)
                 if n is not None and n < s.seq_len:
-                    meta = E.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
+                    meta = provenance.head_metadata(s, view["layer"], view["head"], n=n, base=meta)
                 meta.update(
                     {
                         "kind": "view",
@@ -85,8 +85,8 @@ class ExportController:
                         "dpi": dpi if out.suffix.lower() == ".png" else None,
                     }
                 )
-                E.embed_metadata(out, meta)  # PNG text chunk / SVG <desc>, as the CLI's images
-                return [out, E.write_json(E.sidecar_path(out), meta)]
+                provenance.embed_metadata(out, meta)  # PNG text chunk / SVG <desc>, as the CLI's images
+                return [out, provenance.write_json(provenance.sidecar_path(out), meta)]
 
             self.win.engine.enqueue(job, self._done, self.win.show_error, label="export view")
         return [out]
@@ -106,9 +106,11 @@ class ExportController:
         weighting = shown.get("weighting", "attention") if shown_n <= LONG_PROMPT else "attention"
 
         def job(ctx):
-            from attnscope.core.io import export as E
+            from attnscope.core.io import head_export
 
-            return E.export_head(ctx.require(), layer, head, path, n=n, mode=mode, weighting=weighting)
+            return head_export.export_head(
+                ctx.require(), layer, head, path, n=n, mode=mode, weighting=weighting
+            )
 
         return self.win.engine.enqueue(job, self._done, self.win.show_error, label="export data")
 
@@ -125,7 +127,7 @@ class ExportController:
     def export_data_dialog(self) -> None:
         if not self._need_run():
             return
-        from attnscope.core.io.export_long import FULL_SIZE_LIMIT
+        from attnscope.core.io.long_png import FULL_SIZE_LIMIT
 
         n = self._visible_n() or self.win.snapshot.seq_len
         if n > FULL_SIZE_LIMIT:  # a full-size long map: say what it costs and ask first

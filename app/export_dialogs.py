@@ -1,6 +1,6 @@
 """The Export menu's two dialogs: :class:`ExportViewDialog` (file, layout size and DPI for "Export
 view") and :class:`BatchExportDialog` (scope, format, folder, progress and cancel for batch exports: an
-engine job, :func:`attnscope.core.io.export.export_batch` / :func:`attnscope.core.io.export.export_animation`
+engine job, :func:`attnscope.core.io.batch_export.export_batch` / :func:`attnscope.core.io.animation.export_animation`
 with the figure renderers of :mod:`attnscope.app.figure`).
 """
 
@@ -187,7 +187,7 @@ class BatchExportDialog(QDialog):
     def _on_scope(self, *_):
         self.format_combo.clear()
         if self.scope == "steps":
-            from attnscope.core.io.export import mp4_unavailable
+            from attnscope.core.io.animation import mp4_unavailable
 
             for f in formats.FORMATS:
                 if f.kind == "animation":
@@ -251,11 +251,11 @@ class BatchExportDialog(QDialog):
         layer, head = self.win.state.layer, self.win.state.head
         colour = self.win.state.colour  # as on screen: the heatmap's scale, gamma and range, the colour map
         if scope != "steps" and not self.win.heatmap.scale_chosen:  # a scale the user did not choose:
-            colour = dataclasses.replace(colour, scale=None)  # each map's own (export_long.scale_for_map)
+            colour = dataclasses.replace(colour, scale=None)  # each map's own (colour_scale.scale_for_map)
         dpi = self.dpi_spin.value()
 
         def job(ctx):
-            from attnscope.core.io import export as E
+            from attnscope.core.io import animation, batch_export
 
             s = ctx.require()
 
@@ -264,7 +264,7 @@ class BatchExportDialog(QDialog):
 
             if scope == "steps":
                 ctx.progress("Rendering frames…", -1.0)
-                return E.export_animation(
+                return animation.export_animation(
                     s,
                     layer,
                     head,
@@ -273,11 +273,11 @@ class BatchExportDialog(QDialog):
                     cancelled=ctx.cancelled,
                     frame_renderer=figure_frame,
                 )
-            pairs = E.heads_in_scope(
+            pairs = batch_export.heads_in_scope(
                 s.info.n_layers, s.info.n_heads, layer if scope == "layer" else None, s.info.arch
             )
             renderer = save_heatmap_figure if figure or fmt in formats.FIGURE_ONLY_FORMATS else None
-            return E.export_batch(
+            return batch_export.export_batch(
                 s,
                 out,
                 fmt,

@@ -4,9 +4,9 @@
   :data:`VECTOR_MAX_CELLS`, else one unsmoothed image, max-pooled when there are more cells than
   pixels), token labels on both axes, a colour bar, a title. Used by the CLI (``attnscope export
   ... --format svg``) and batch exports; safe on the engine thread (it paints on files, not widgets).
-  It is the ``renderer`` that :func:`attnscope.core.io.export.export_head` takes.
+  It is the ``renderer`` that :func:`attnscope.core.io.head_export.export_head` takes.
 * :func:`figure_frame`: one animation frame of that figure (a decode step), the ``frame_renderer`` of
-  :func:`attnscope.core.io.export.export_animation`.
+  :func:`attnscope.core.io.animation.export_animation`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from attnscope.core.analysis.pooling import max_pool
 from attnscope.core.attention.masks import hidden_cells
 from attnscope.core.io import render
 from attnscope.core.io.colormaps import DEFAULT_COLOUR, ColourSpec
-from attnscope.core.io.export_long import colour_for_map
+from attnscope.core.io.colour_scale import colour_for_map
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QImage, QPainter, QPen
 
@@ -382,7 +382,7 @@ def save_heatmap_figure(
 
     ``tokens`` (attnscope.core.tokens.Token) label both axes (or ``q_tokens``/``k_tokens``; default: positions).
     ``colour``: map, scale and range of the cells and the colour bar (a scale still to be chosen is
-    chosen from the map's weights, :func:`attnscope.core.io.export_long.scale_for_map`).
+    chosen from the map's weights, :func:`attnscope.core.io.colour_scale.scale_for_map`).
     ``size``: pixels ``(width, height)``, default :data:`FIGURE_SIZE_IN` × ``dpi``; ``dpi`` default
     :data:`FIGURE_DPI`, sets font sizes (points) and the physical size of SVG/PDF (``size / dpi`` inches).
 

@@ -361,7 +361,7 @@ class MapPanel:
     def save_data(self, path: str | os.PathLike) -> Path:
         """Save the current head's weights as .npy or .csv (by suffix). Raises OSError or ValueError
         (said in the status bar too)."""
-        from attnscope.core.io.export import write_weights
+        from attnscope.core.io.data_writers import write_weights
 
         path = Path(path)
         try:

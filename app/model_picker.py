@@ -37,7 +37,7 @@ from attnscope.app.model_table import (
 )
 from attnscope.core import backend_registry as registry
 from attnscope.core.loading import catalog
-from attnscope.core.loading.catalog import CatalogEntry
+from attnscope.core.loading.catalog_entry import CatalogEntry
 from attnscope.core.loading.device_map import DEVICE_MAPS
 from attnscope.core.loading.fit import (
     FITS,

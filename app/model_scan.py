@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnscope.core.loading.catalog import CatalogEntry
+from attnscope.core.loading.catalog_entry import CatalogEntry
 from PySide6.QtCore import QThread, Signal
 
 

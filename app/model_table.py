@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from attnscope.core import backend_registry as registry
 from attnscope.core.loading import catalog
-from attnscope.core.loading.catalog import CatalogEntry
+from attnscope.core.loading.catalog_entry import CatalogEntry
 from attnscope.core.loading.fit import (
     FITS,
     NO_FIT,
@@ -101,7 +101,7 @@ BACKEND_LABELS = registry.labels()
 
 def backend_refusal(e: CatalogEntry, backend: str) -> str | None:
     """Why ``backend`` cannot open the supported entry ``e``, in the window's words (the menu to use,
-    not a flag), or None (:meth:`attnscope.core.loading.catalog.CatalogEntry.problem_on`: its family,
+    not a flag), or None (:meth:`attnscope.core.loading.catalog_entry.CatalogEntry.problem_on`: its family,
     or this very file, e.g. an mlx-lm quantised folder on torch)."""
     problem = e.problem_on(backend) if e.supported else None
     if problem is None:

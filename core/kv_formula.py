@@ -87,7 +87,7 @@ def kv_cache_bytes(
     (one entry per layer: a window in keys, or None for a global layer) each layer holds
     ``min(seq_len, W_l)`` tokens instead of ``seq_len``.
 
-    Example (handbook §7): a 70B model (80 layers, head_dim 128) at 8192 tokens in bf16 holds
+    Example (docs/tabs/kv.md, the Llama-2-70B preset): a 70B model (80 layers, head_dim 128) at 8192 tokens in bf16 holds
     21.5 GB with 64 KV heads (MHA), 2.7 GB with 8 (GQA), 0.34 GB with 1 (MQA).
 
     Raises:
@@ -128,8 +128,8 @@ def attention_matrix_bytes(
 ) -> int:
     """Bytes of one layer's materialised attention matrix ``(batch, n_heads, seq_q, seq_kv)``.
 
-    What naive attention writes to memory and FlashAttention never does (handbook §5 "the memory
-    wall"; the PyTorch walk-through's "The memory problem"). Examples: 8192² in fp32 is 256 MiB per head, 16 GiB
+    What naive attention writes to memory and FlashAttention never does (Dao et al. 2022,
+    FlashAttention). Examples: 8192² in fp32 is 256 MiB per head, 16 GiB
     for 64 heads; B = 8, H = 32, T = 8192 in bf16 is 34.4 GB.
 
     Raises:
@@ -547,7 +547,7 @@ def compare_schemes(
     Returns:
         Rows in the order MHA, GQA, MQA, MLA (those that apply).
 
-    Example (handbook §7): ``compare_schemes(KVConfig(80, 8, 128, n_heads=64), 8192)`` gives
+    Example (docs/tabs/kv.md): ``compare_schemes(KVConfig(80, 8, 128, n_heads=64), 8192)`` gives
     21.5 GB, 2.7 GB and 0.34 GB.
     """
     _check_sizes(seq_len=seq_len)

@@ -135,8 +135,8 @@ EXCLUDED_PACKAGES = [
     "PySide6.QtXml",
     "PySide6.QtConcurrent",
 ]
-# MP4 export (core/io/export.py) uses imageio-ffmpeg when present, which ships a 165 MB ffmpeg
-# binary; without it the app says so (attnscope.core.io.export.mp4_unavailable: the MP4 item greyed out with the
+# MP4 export (core/io/animation.py) uses imageio-ffmpeg when present, which ships a 165 MB ffmpeg
+# binary; without it the app says so (attnscope.core.io.animation.mp4_unavailable: the MP4 item greyed out with the
 # reason, the CLI one line) and offers GIF. ATTNSCOPE_WITH_MP4=1 bundles it (hook-imageio_ffmpeg).
 MP4_PACKAGES = ["imageio", "imageio_ffmpeg"]
 

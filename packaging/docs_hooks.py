@@ -111,7 +111,7 @@ def bench_markdown(path: Path = BENCH_JSON) -> str:
 
 
 def _bench_tables(r: dict) -> str:
-    from attnscope.core.bench.overhead import format_table
+    from attnscope.core.bench.overhead_report import format_table
 
     return "```text\n" + format_table(r).rstrip() + "\n```\n"
 

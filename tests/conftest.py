@@ -87,6 +87,26 @@ def _quantised_cache_per_test(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ATTNSCOPE_QUANT_CACHE_DIR", str(folder))
 
 
+def _release_keyboard_modifiers(widgets) -> None:
+    """Clear the modifier keys Qt believes held (``QGuiApplication.keyboardModifiers()``).
+
+    QTest's key events set that state from each key *press* and nothing clears it on release, so
+    after ``QTest.keyClick(w, Qt.Key_F10, Qt.ShiftModifier)`` (tests/app/test_gui_main.py) Shift
+    stays "held" for every later test in the process. ``QTableView.selectRow`` then extends the
+    selection from an anchor that is not set and selects nothing: the cache dialog's "Clear selected"
+    cleared no row (tests/app/test_quant_cache_dialog.py). One key press without modifiers, into a
+    throwaway line edit, sets the state back to none."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtTest import QTest
+
+    if QGuiApplication.keyboardModifiers() == Qt.KeyboardModifier.NoModifier:
+        return
+    sink = widgets.QLineEdit()
+    QTest.keyClick(sink, Qt.Key.Key_A)
+    sink.deleteLater()
+
+
 @pytest.fixture(autouse=True)
 def _collect_garbage_on_main_thread():
     """Once a GUI test has put the GC on a GUI-thread timer (attnscope.app.engine), collect what is due after
@@ -109,6 +129,7 @@ def _collect_garbage_on_main_thread():
             app.processEvents()
             if app.activePopupWidget() is popup:
                 break
+        _release_keyboard_modifiers(widgets)
     engine = sys.modules.get("attnscope.app.engine")
     guard = getattr(engine, "_GC_GUARD", None)
     if guard is not None:

@@ -1,4 +1,4 @@
-"""Made-up model-picker entries (:class:`attnscope.core.loading.catalog.CatalogEntry`) covering every source
+"""Made-up model-picker entries (:class:`attnscope.core.loading.catalog_entry.CatalogEntry`) covering every source
 and state, for the picker's tests and the window screenshots (tests/app/test_model_picker.py,
 test_window_screens_gui.py); the paths need not exist.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnscope.core.loading.catalog import CatalogEntry
+from attnscope.core.loading.catalog_entry import CatalogEntry
 
 
 def demo_entries() -> list[CatalogEntry]:

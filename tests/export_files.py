@@ -1,4 +1,4 @@
-"""Reading back what :func:`attnscope.core.io.export.write_data` wrote (the tests' check of the files)."""
+"""Reading back what :func:`attnscope.core.io.data_writers.write_data` wrote (the tests' check of the files)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from attnscope.core.io.export import SAFETENSORS_KEY
+from attnscope.core.io.data_writers import SAFETENSORS_KEY
 
 
 def read_data(path: str | os.PathLike) -> np.ndarray:
@@ -16,7 +16,7 @@ def read_data(path: str | os.PathLike) -> np.ndarray:
     if fmt == "npy":
         return np.load(path)
     if fmt == "csv":
-        from attnscope.core.io.export import read_map_csv
+        from attnscope.core.io.data_writers import read_map_csv
 
         return read_map_csv(path)[0]
     if fmt == "safetensors":

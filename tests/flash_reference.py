@@ -4,7 +4,7 @@ A reference for the tests (tests/core/test_flash.py, tests/core/test_attention_c
 tests/core/test_precision_lse.py): no product path runs it; the fused path
 (attnscope.core.attention.fused) must agree with it and with the numpy reference.
 It follows Algorithm 1 of FlashAttention-2 (Dao 2023) block by block; the ``T × T`` score matrix
-is never materialised, only one ``block_q × block_k`` tile of it at a time (handbook §6):
+is never materialised, only one ``block_q × block_k`` tile of it at a time:
 
 for each block ``Q_i`` of ``block_q`` query rows::
 
@@ -172,7 +172,7 @@ def flash_attention(
 
 
 def online_softmax_trace(scores, block: int) -> list[dict]:
-    """The online softmax of one row of scores, block by block (handbook §6), for teaching views.
+    """The online softmax of one row of scores, block by block (Milakov and Gimelshein 2018), for teaching views.
 
     Args:
         scores: 1-d array of (scaled, masked) scores; ``-inf`` entries are masked keys.

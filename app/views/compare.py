@@ -1,9 +1,9 @@
-"""Compare tab: run B next to the window's run A, head by head (:mod:`attnscope.core.analysis.compare`).
+"""Compare tab: run B next to the window's run A, head by head (:mod:`attnscope.core.analysis.compare_runs`).
 
 Run A is the window's session as it is (prompt + decode steps). Run B is chosen here: another
 model sharing the tokenizer, the same model at another precision, on the other backend, or on an
 edited prompt. B is loaded and run where A's model is, from the engine thread (a second session
-held next to A by :mod:`attnscope.core.analysis.compare_b`: in this process, or on the remote
+held next to A by :mod:`attnscope.core.analysis.compare_run_b`: in this process, or on the remote
 engine the window is connected to; never on the GUI side; the previous B is dropped first), then
 fed A's generated tokens, so a decode lines up too. A's per-position logits are kept by re-running A's sequence once when the window's
 prefill did not keep them (same ops, same numbers).
@@ -12,7 +12,7 @@ The panel draws only: the layers × heads table of Jensen–Shannon distances (s
 changed first), the logits' KL(A‖B) and top-1 agreement per position, and for the selected head
 A, B and A − B side by side (A − B on a diverging map centred on 0 with a symmetric range). Maps longer than :data:`MAX_CELLS`
 are shown like the heatmap's long maps: an overview (A and B max-pooled, A − B by the signed
-max-|A − B| per block, :mod:`attnscope.core.analysis.compare_pool`, so a changed sink column or diagonal survives), and
+max-|A − B| per block, :mod:`attnscope.core.analysis.compare_overview`, so a changed sink column or diagonal survives), and
 on zoom an exact tile of all three for the visible region, computed on the engine thread from both
 runs' exact weights; the three views are linked. Hover reads both weights; a click on a row plots
 A's and B's rows as lines.
@@ -47,7 +47,7 @@ from PySide6.QtWidgets import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.core.analysis.compare import CompareResult
+    from attnscope.core.analysis.compare_runs import CompareResult
 
 
 class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, SavedControls):
@@ -263,7 +263,7 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         self.state.say(f"Compare: {message}", 8000)
 
     def set_result(self, payload) -> None:
-        """Show a :class:`attnscope.core.analysis.compare.CompareResult` (GUI thread)."""
+        """Show a :class:`attnscope.core.analysis.compare_runs.CompareResult` (GUI thread)."""
         res, labels = payload
         self.run_button.setEnabled(True)
         self._clear_result()  # the maps, row plot and hover line of the previous comparison go
@@ -327,8 +327,8 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         Raises:
             ValueError: another suffix, or no comparison yet. OSError: could not write.
         """
-        from attnscope.core.io.export import sidecar_path
-        from attnscope.core.io.export import write_compare_csv as write_csv
+        from attnscope.core.io.data_writers import write_compare_csv as write_csv
+        from attnscope.core.io.provenance import sidecar_path
 
         path = Path(path)
         if path.suffix.lower() not in (".csv", ".json"):
@@ -363,7 +363,7 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         (model, sha256, dtype, backend, prompt, ids), the head, the alignment and the weighting.
         Raises ValueError when no head's maps are shown yet."""
         from attnscope.app.paint import render_widget
-        from attnscope.core.io.export import sidecar_path, write_json
+        from attnscope.core.io.provenance import sidecar_path, write_json
 
         res = self.result
         if res is None or self.map_key is None:

@@ -2,7 +2,7 @@
 A and B maps (or a long head's pooled overview), an exact tile on zoom, and one query row of both runs.
 
 Each job runs on the engine thread where both runs are, in this process or on the remote engine
-(:mod:`attnscope.core.analysis.compare_b`); the GUI only draws what comes back. Also what run B is
+(:mod:`attnscope.core.analysis.compare_run_b`); the GUI only draws what comes back. Also what run B is
 (:class:`RunBSpec`) and what makes run A the run a comparison was made of (:func:`run_a_key`).
 """
 
@@ -41,7 +41,7 @@ class RunBSpec:
 
 def run_b_job(spec: RunBSpec):
     def job(ctx):
-        from attnscope.core.analysis.compare_b import kept_all_logits, run_b
+        from attnscope.core.analysis.compare_run_b import kept_all_logits, run_b
         from attnscope.core.errors import SessionError
 
         sa = ctx.session
@@ -72,12 +72,12 @@ def run_b_job(spec: RunBSpec):
 
 def maps_job(layer: int, head: int, n: int, weighting: str):
     """A's and B's maps of one head over the aligned ``n × n``. Up to :data:`MAX_CELLS` the exact maps
-    (payload ``(key, wa, wb, None)``); longer, the overview :class:`attnscope.core.analysis.compare_pool.PairOverview`
+    (payload ``(key, wa, wb, None)``); longer, the overview :class:`attnscope.core.analysis.compare_overview.PairOverview`
     (payload ``(key, a, b, overview)``), computed in row bands: never a whole long map on either side."""
 
     def job(ctx):
-        # computed where both runs are: here, or on the remote engine (attnscope.core.analysis.compare_b)
-        from attnscope.core.analysis.compare_b import b_maps, b_overview
+        # computed where both runs are: here, or on the remote engine (attnscope.core.analysis.compare_run_b)
+        from attnscope.core.analysis.compare_run_b import b_maps, b_overview
         from attnscope.core.errors import Cancelled, SessionError
 
         if ctx.session is None:
@@ -104,7 +104,7 @@ def tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int, 
     """The exact ``rows r0:r1 × cols c0:c1`` tile of A and B (engine thread, both runs' weights)."""
 
     def job(ctx):
-        from attnscope.core.analysis.compare_b import b_maps
+        from attnscope.core.analysis.compare_run_b import b_maps
         from attnscope.core.errors import SessionError
 
         if ctx.session is None:
@@ -119,7 +119,7 @@ def tile_job(layer: int, head: int, n: int, r0: int, r1: int, c0: int, c1: int, 
 
 def row_job(layer: int, head: int, row: int, n: int, weighting: str):
     def job(ctx):
-        from attnscope.core.analysis.compare_b import b_maps
+        from attnscope.core.analysis.compare_run_b import b_maps
 
         wa, wb = b_maps(ctx.session, layer, head, n, rows=slice(row, row + 1), weighting=weighting)
         return row, wa[0], wb[0]

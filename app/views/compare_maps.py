@@ -3,7 +3,7 @@ head (A and B on the window's colour map, A − B on a diverging map centred on 
 the hover readout of both weights, and the clicked query row of both runs as lines.
 
 Maps longer than :data:`attnscope.app.views.compare_jobs.MAX_CELLS` are shown like the heatmap's long maps:
-an overview (:mod:`attnscope.core.analysis.compare_pool`), and on zoom an exact tile of all three for the
+an overview (:mod:`attnscope.core.analysis.compare_overview`), and on zoom an exact tile of all three for the
 visible region, computed on the engine thread (:mod:`attnscope.app.views.compare_jobs`).
 """
 
@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.core.analysis.compare import CompareResult
-    from attnscope.core.analysis.compare_pool import PairOverview
+    from attnscope.core.analysis.compare_overview import PairOverview
+    from attnscope.core.analysis.compare_runs import CompareResult
 
 HOVER_HINT = "Hover a map to read A's and B's weights; click a row to plot both rows."
 ROW_HINT = "Click a row of a map to plot A's and B's rows"
@@ -397,7 +397,7 @@ class CompareMapsMixin:
             if tr <= r < tr + ta.shape[0] and tc <= c < tc + ta.shape[1]:
                 a, b = float(ta[r - tr, c - tc]), float(tb[r - tr, c - tc])
                 return a, b, a - b, True
-        from attnscope.core.analysis.compare_pool import block_of
+        from attnscope.core.analysis.compare_overview import block_of
 
         ov = self.overview
         i, j = block_of(ov.row_edges, r), block_of(ov.col_edges, c)
@@ -423,7 +423,7 @@ class CompareMapsMixin:
         wa, wb, d, exact = self.values_at(r, c)
         la, lb = self.labels
         if not exact:
-            from attnscope.core.analysis.compare_pool import block_of
+            from attnscope.core.analysis.compare_overview import block_of
 
             ov = self.overview
             assert ov is not None  # (values_at says exact unless an overview is shown)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.core.analysis.compare import CompareResult
+    from attnscope.core.analysis.compare_runs import CompareResult
 
 COLUMNS = ("Rank", "Layer", "Head", "JS mean", "JS max", "Max at row")
 
@@ -66,7 +66,7 @@ class CompareTableMixin:
         return self.table
 
     def _fill_table(self, ranked: list) -> None:
-        """One row per head of ``ranked`` (:meth:`attnscope.core.analysis.compare.CompareResult.ranked`),
+        """One row per head of ``ranked`` (:meth:`attnscope.core.analysis.compare_runs.CompareResult.ranked`),
         sorted most changed first with rank 1 selected; no selection signal (the caller draws it)."""
         self.table.blockSignals(True)  # rank 1 is selected and drawn below, once
         self.table.setSortingEnabled(False)

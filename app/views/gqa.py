@@ -9,7 +9,7 @@ layer. Click a small map to select that head.
 
 Colours follow the heatmap's default, chosen from the group's own maps (log over [1e-6, 1] when
 fewer than a quarter of their cells show on linear [0, 1], and from 2,048 tokens; said in the
-header: :func:`attnscope.core.io.export_long.scale_for_map`); each map's cells are square. Blocks
+header: :func:`attnscope.core.io.colour_scale.scale_for_map`); each map's cells are square. Blocks
 the causal mask (or the layer's sliding window) hides entirely are drawn hatched grey, not in the
 colour of weight 0; NaN/inf cells (a forward that overflowed) magenta, named in the header, as in
 every view and output (:mod:`attnscope.core.io.render`).
@@ -33,7 +33,7 @@ from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.analysis.pooling import block_edges
 from attnscope.core.io.colormaps import normalize
-from attnscope.core.io.export_long import ScaleChoice, default_colour_scale, scale_for_map
+from attnscope.core.io.colour_scale import ScaleChoice, default_colour_scale, scale_for_map
 from PySide6.QtCore import QEvent, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics
 from PySide6.QtWidgets import (
@@ -106,7 +106,7 @@ class GqaView(QWidget, SavedControls):
         self.state, self.engine = state, engine
         self.report = None
         self.sliding_window: int | None = None  # the report's layer's sliding window
-        self.scale = "linear"  # colour scale of the maps shown: export_long.scale_for_map(their maps)
+        self.scale = "linear"  # colour scale of the maps shown: colour_scale.scale_for_map(their maps)
         self.choice: ScaleChoice | None = None  # ... and why (the header says it)
         self.layers = None  # (n, (within, across, rows_used))
         self.query_axis_px = 50  # q0's query axis (set from its labels in _draw_maps)

@@ -72,7 +72,7 @@ class HeadGridCanvas(QWidget):
         self.pooling = "max"
         self.n: int | None = None  # tokens the thumbnails cover (chooses the colour scale)
         self.scale = (
-            "linear"  # colour scale: the heatmap's (follow), else export_long.default_colour_scale(n)
+            "linear"  # colour scale: the heatmap's (follow), else colour_scale.default_colour_scale(n)
         )
         self.follow: str | None = None  # the heatmap's scale, which the thumbnails follow (None: by length)
         self.gamma = 0.5  # the power scale's exponent, as the heatmap's
@@ -102,7 +102,7 @@ class HeadGridCanvas(QWidget):
         chooses the colour scale like the heatmap's default (log over [1e-6, 1] from 2,048 tokens,
         where most block maxima are far below 1 and linear colours show one flat field) unless
         :attr:`follow` names the heatmap's scale, which wins."""
-        from attnscope.core.io.export_long import default_colour_scale
+        from attnscope.core.io.colour_scale import default_colour_scale
 
         if weighting is not None:
             self.weighting = weighting
@@ -521,7 +521,7 @@ class HeadGridView(QScrollArea):
         shown = SCALE_TITLES.get(self.canvas.weighting, self.canvas.weighting)
         text = f"Showing: {shown}"
         if self.canvas.thumbs is not None and self.canvas.n is not None:
-            from attnscope.core.io.export_long import LONG_MAP, scale_note
+            from attnscope.core.io.colour_scale import LONG_MAP, scale_note
 
             text += " · " + scale_note(self.canvas.n, self.canvas.scale, self.canvas.n >= LONG_MAP)
             text += " · " + RANGE_TITLES.get(self.canvas.range_mode, self.canvas.range_mode)

@@ -1050,11 +1050,16 @@ class HeatmapView(QWidget):
     # -- long maps: colours by length, overview at the view's pixel size, partial/stale titles -----
     def apply_length_defaults(self, n: int, weights=None) -> str:
         """Pick the colour scale for a map of ``n`` tokens unless the user chose one: from the map's own
-        ``weights`` when given (:func:`attnscope.core.io.export_long.scale_for_map`: log when fewer than a
+        ``weights`` when given (:func:`attnscope.core.io.colour_scale.scale_for_map`: log when fewer than a
         quarter of its cells show on linear [0, 1], which is then a flat field), else by length (log
         from 2,048 tokens: a long map's overview is not held whole). Long maps also fill the plot's
         rectangle (aspect unlocked) so a wide window is used. Returns the title note for the scale."""
-        from attnscope.core.io.export_long import ScaleChoice, default_colour_scale, scale_for_map, scale_note
+        from attnscope.core.io.colour_scale import (
+            ScaleChoice,
+            default_colour_scale,
+            scale_for_map,
+            scale_note,
+        )
 
         by_length = not self._scale_user_set
         choice = ScaleChoice(default_colour_scale(n), n) if weights is None else scale_for_map(weights, n=n)

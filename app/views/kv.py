@@ -2,7 +2,7 @@
 
 * Live: the session's cache tensors as measured on the engine thread (:func:`attnscope.core.analysis.kv_live.kv_live`),
   per layer (bars) and in total, next to the formula ``2 × n_layers × n_kv_heads × head_dim ×
-  seq_len × bytes`` (handbook §7).
+  seq_len × bytes`` (docs/tabs/kv.md).
 * Growth: measured totals at every sequence length this panel has seen (prefill, each step)
   on the formula's line; and the projection of the same model under MHA / GQA / MQA up to the
   model's maximum context.

@@ -27,11 +27,11 @@ The experiments (:data:`KINDS`):
     Drop the causal mask in prefill forwards (``L > 1``): every prompt row sees the whole prompt,
     future included, so the prompt's perplexity collapses (the model reads the answer).
 ``decode_top_left``
-    The classic decode bug (handbook §9 pitfall, ``is_causal=True`` with a cache): a top-left
+    The classic decode bug (docs/tabs/experiments.md, ``is_causal=True`` with a cache): a top-left
     aligned causal mask ``tril(ones(L, S))`` (:func:`attnscope.core.attention.masks.top_left_causal_mask`) in every
     forward. Prefill (``L = S``) is unchanged; a decode row (``L = 1``) sees key 0 only.
 ``no_scale``
-    Scores ``q · k`` without the ``1/√head_dim`` factor (handbook §3, "why 1/√d_k"): softmax
+    Scores ``q · k`` without the ``1/√head_dim`` factor (Vaswani et al. 2017 §3.2.1, why 1/√d_k): softmax
     saturates towards one-hot.
 
 The cache policies apply per query row as a mask, which is exactly streaming decode with that

@@ -1,7 +1,7 @@
 """The live KV cache of a session: actual tensor bytes per layer, next to the formula.
 
 :mod:`attnscope.core.kv_formula` does the accounting for any configuration (``2 × n_layers × n_kv_heads ×
-head_dim × seq_len × batch × bytes``, handbook §7); this module measures what the running
+head_dim × seq_len × batch × bytes``, docs/tabs/kv.md); this module measures what the running
 session's cache tensors really hold and puts it beside that formula, the same model under MHA /
 GQA / MQA, and the projection to the model's maximum context.
 

@@ -1,7 +1,7 @@
 """Head roles: automatic labels for every head, with the scores they come from.
 
-Handbook §4 (seed 004), "heads specialize in identifiable ways": previous-token, induction,
-delimiter / attention sink, positional. Each score is a mean attention weight, in [0, 1], read
+Heads specialise in identifiable ways (Voita et al. 2019; Olsson et al. 2022, induction heads):
+previous-token, induction, delimiter / attention sink, positional. Each score is a mean attention weight, in [0, 1], read
 from the exact weights of the Trace (no ``T × T`` map is built: every score is a diagonal or a
 few columns, ``O(layers × heads × T × head_dim)`` per diagonal).
 
@@ -32,7 +32,7 @@ For a head with weights ``w[i, j]`` (query row ``i``, key ``j``) over the sessio
 
 Label: among previous-token, induction and local, the role with the highest score ``>= threshold``;
 if none reaches it, ``"sink"`` when the sink score does, else ``"mixed"``. The sink comes last
-because it is where a head parks its mass when it has nothing to do (handbook §4): an induction
+because it is where a head parks its mass when it has nothing to do (Xiao et al. 2023): an induction
 head reading text without repeats sinks most of its attention, and is still an induction head.
 """
 

@@ -1,9 +1,9 @@
 """Attention sinks: how much attention every head dumps on the first token and on delimiters.
 
-Handbook §4 "Attention sinks" (seed 004): softmax must sum to 1, so a head with nothing to attend
-to puts its mass on a token every position can see: token 0 (often BOS or ``<|im_start|>``), or
-a period / newline ("Delimiter / attention sink: dumps weight on token 0 or a period", the
-head-type table). Xiao et al. 2023 (StreamingLLM) show that evicting those tokens from the KV
+Attention sinks (Xiao et al. 2023; README "Sinks"): softmax must sum to 1, so a head with nothing
+to attend to puts its mass on a token every position can see: token 0 (often BOS or
+``<|im_start|>``), or a period / newline (a delimiter head dumps weight on token 0 or a period).
+Xiao et al. 2023 (StreamingLLM) show that evicting those tokens from the KV
 cache breaks the model (see :mod:`attnscope.core.analysis.experiments`).
 
 Scores, for one head and a sequence of ``T`` tokens with weights ``w[i, j]``:

@@ -101,7 +101,7 @@ def aggregate_window(windows, layer: int, mode: str) -> int | None:
 
 
 def top_left_causal_mask(L: int, S: int) -> np.ndarray:
-    """The classic decode bug (handbook §9 pitfall): ``tril(ones(L, S), k=0)``.
+    """The classic decode bug (docs/tabs/experiments.md, "the top-left-mask decode bug"): ``tril(ones(L, S), k=0)``.
 
     With a KV cache (``L < S``) query ``i`` is wrongly kept from keys ``i+1 .. S-1``; a single
     decode query sees only key 0.

@@ -3,7 +3,7 @@
 RoPE (Su et al. 2021, RoFormer eq. 13-15) rotates each pair of a query or key's coordinates by an
 angle proportional to its position: pair ``i`` at position ``m`` turns by ``m·θ_i`` with
 ``θ_i = base^(−2i/d)``. Because rotations compose, ``⟨R_m q, R_n k⟩ = ⟨q, R_{n−m} k⟩``: the score
-depends on the positions only through their offset ``n − m`` (handbook §6, exercise 3).
+depends on the positions only through their offset ``n − m`` (Su et al. 2021, RoFormer §3.4).
 
 Two pairings are in use, with the same maths and different coordinate order:
 

@@ -17,7 +17,7 @@ the same dtype (``output_attentions=True``) is. Three forwards over the same tok
    reference differs from (1) and (2) only in the precision of the arithmetic, not in the weights.
 
 Errors are absolute differences of attention weights (probabilities, unitless, in [0, 1]) per
-head: the max over the head's ``(T, T)`` map (the issue's rule is on these), and the mean over its
+head: the max over the head's ``(T, T)`` map (the rule of docs/exactness.md is on these), and the mean over its
 ``T (T + 1) / 2`` causal entries (less noisy than one entry). At ``float32`` (2) is the reference
 itself (unquantised) or differs from it by float32 roundoff (quantised), and the rule is instead
 ``ours ≤ FLOAT32_TOL``.

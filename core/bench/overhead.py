@@ -26,14 +26,14 @@ Prefill FLOPs (documented in the JSON as ``flops_formula``)::
   + 2 × n_layers × n_heads × T² × head_dim     (q·kᵀ and p·v, 2·T²·D each, halved by the causal mask)
   + 2 × vocab × hidden            (the LM head on the one kept position)
 
-Embeddings are lookups, not matmuls, so ``n_linear`` leaves them out (the issue's rougher
+Embeddings are lookups, not matmuls, so ``n_linear`` leaves them out (the rougher
 ``2 × n_params × T`` would count SmolLM2's 28 M embedding parameters as work). The machine's
 matmul peak is the best of several float32 ``n × n @ n × n`` products (``2 n³`` FLOPs each).
 
-Peak RSS growth: ``VmHWM`` after the run minus ``VmRSS`` before it, the high-water mark reset
-by writing ``5`` to ``/proc/self/clear_refs`` (Linux ≥ 4.0); elsewhere a sampling thread reads
-the RSS every millisecond. A short warm-up forward runs first in every configuration, so
-one-time allocations (thread pools, kernel caches) are not charged to any ``T``.
+Peak RSS growth: ``VmHWM`` after the run minus ``VmRSS`` before it
+(:class:`attnscope.core.bench.peak_memory.PeakRSS`). The machine's description and matmul peak are
+:mod:`attnscope.core.bench.machine`'s; the report is :mod:`attnscope.core.bench.overhead_report`'s.
+A short warm-up forward runs first in every configuration, so one-time allocations (thread pools, kernel caches) are not charged to any ``T``.
 """
 
 from __future__ import annotations
@@ -41,12 +41,10 @@ from __future__ import annotations
 import gc
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -54,6 +52,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
+from attnscope.core.bench.machine import available_bytes, loadavg, machine_info, matmul_peak, sync
+from attnscope.core.bench.peak_memory import PeakRSS, rss_now
+from attnscope.core.units import format_bytes
 
 SCHEMA = "attnscope.bench/1"
 CONFIGS = ("sdpa", "scope", "eager")
@@ -65,7 +66,7 @@ LABELS = {
 SHORT = {"sdpa": "(a) sdpa", "scope": "(b) attnscope", "eager": "(c) eager+attn"}
 GB = 1e9
 DEFAULT_SIZES = (512, 2048, 8192)
-TARGET_T = 2048  # the issue's targets are stated at T = 2048 (and 8192 for memory)
+TARGET_T = 2048  # the targets (docs/benchmarks.md) are stated at T = 2048 (and 8192 for memory)
 FLOPS_FORMULA = (
     "2*n_linear*T + 2*n_layers*n_heads*T^2*head_dim (causal: half of 4*T^2*D per head) "
     "+ 2*vocab*hidden (LM head, last position only); n_linear = decoder-layer weight-matrix "
@@ -82,7 +83,7 @@ class BenchOptions:
         repeats: prefill timings per configuration and size (median reported).
         decode_steps: greedy decode steps after each timed prefill.
         head_repeats: one-head map timings per repeat (rotating over layers and heads).
-        memory_limit: bytes a configuration may use (the issue's 24 GB); (c) is skipped where
+        memory_limit: bytes a configuration may use (24 GB by default); (c) is skipped where
             its attention tensors alone would not fit in this or in the memory available now.
         model: model reference (None = embedded default).
         device: ``"cpu"`` or ``"cuda"`` (None = cuda when available).
@@ -125,92 +126,6 @@ class BenchOptions:
 QUICK = dict(sizes=(64,), repeats=1, decode_steps=4, head_repeats=2, matmul_n=256)
 
 
-# -- machine ------------------------------------------------------------------------------------
-def _meminfo(key: str) -> int | None:
-    """A field of ``/proc/meminfo`` in bytes (None off Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def machine_info(device: str) -> dict:
-    """CPU count, threads, versions, device name and memory of this machine (JSON-ready)."""
-    import torch
-    import transformers
-
-    info = {
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_model": _cpu_model(),
-        "mem_total_bytes": _meminfo("MemTotal"),
-        "mem_available_bytes": _meminfo("MemAvailable"),
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": device,
-        "loadavg_start": _loadavg(),
-    }
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
-    return info
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def matmul_peak(n: int = 2048, repeats: int = 5, device: str = "cpu") -> dict:
-    """Best float32 matmul throughput: ``2 n³`` FLOPs per ``(n, n) @ (n, n)``.
-
-    Returns ``{"n", "flop", "seconds": [...], "peak_flops"}`` (FLOP/s of the fastest run; the
-    benchmark times it at its start and its end and keeps the best, so one busy moment does not
-    make the prefill look faster than the machine's peak).
-    """
-    import torch
-
-    g = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device)
-    b = torch.randn(n, n, generator=g).to(device)
-    torch.matmul(a, b)  # warm-up
-    _sync(device)
-    secs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        _sync(device)
-        secs.append(time.perf_counter() - t0)
-    flop = 2 * n**3
-    return {"n": n, "flop": flop, "seconds": secs, "peak_flops": flop / min(secs)}
-
-
 def prefill_flops(geom: dict, T: int) -> int:
     """FLOPs of a causal prefill of ``T`` tokens (formula in the module docstring)."""
     attn = 2 * geom["n_layers"] * geom["n_heads"] * T * T * geom["head_dim"]
@@ -222,15 +137,6 @@ def eager_attention_bytes(geom: dict, T: int) -> int:
     return geom["n_layers"] * geom["n_heads"] * T * T * 4
 
 
-def _available(device: str) -> int | None:
-    """Bytes free now: host ``MemAvailable``, or the GPU's free memory on CUDA."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.mem_get_info()[0]
-    return _meminfo("MemAvailable")
-
-
 def eager_fit(geom: dict, T: int, limit: int, device: str = "cpu") -> tuple[bool, str]:
     """Whether (c) at ``T`` fits in ``limit`` bytes and in the memory available now.
 
@@ -238,81 +144,15 @@ def eager_fit(geom: dict, T: int, limit: int, device: str = "cpu") -> tuple[bool
     (2 × H × T² × 4), the float mask (T² × 4) and the model's weights (n_params × 4).
     """
     need = eager_attention_bytes(geom, T) + (2 * geom["n_heads"] + 1) * T * T * 4 + geom["n_params"] * 4
-    avail = _available(device)
+    avail = available_bytes(device)
     budget = limit if avail is None else min(limit, avail)
     if need <= budget:
         return True, ""
     return False, (
-        f"skipped: needs ~{_fmt_b(need)} ({geom['n_layers']}×{geom['n_heads']}×{T}²×4 B of attentions "
-        f"= {_fmt_b(eager_attention_bytes(geom, T))}) > {_fmt_b(budget)} "
+        f"skipped: needs ~{format_bytes(need)} ({geom['n_layers']}×{geom['n_heads']}×{T}²×4 B of attentions "
+        f"= {format_bytes(eager_attention_bytes(geom, T))}) > {format_bytes(budget)} "
         f"({'limit' if budget == limit else 'available'})"
     )
-
-
-# -- peak memory --------------------------------------------------------------------------------
-def _status_bytes(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _rss_now() -> int:
-    rss = _status_bytes("VmRSS")
-    if rss is not None:
-        return rss
-    import psutil  # pragma: no cover - non-Linux only
-
-    return psutil.Process().memory_info().rss  # pragma: no cover
-
-
-class PeakRSS:
-    """Peak resident set size between :meth:`start` and :meth:`stop`, in bytes.
-
-    Linux: resets the kernel's high-water mark (``echo 5 > /proc/self/clear_refs``) and reads
-    ``VmHWM``; otherwise a thread samples the RSS every ``interval`` seconds (may miss spikes
-    shorter than that).
-    """
-
-    def __init__(self, interval: float = 0.001):
-        self.interval = interval
-        self.method = ""
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> int:
-        """Reset the high-water mark; return the RSS now (bytes)."""
-        self.before = _rss_now()
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            if _status_bytes("VmHWM") is None:
-                raise OSError
-            self.method = "VmHWM after clear_refs"
-        except OSError:
-            self.method = f"RSS sampled every {self.interval * 1e3:g} ms"
-            self._peak = self.before
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self.before
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self._peak = max(self._peak, _rss_now())
-            time.sleep(self.interval)
-
-    def stop(self) -> int:
-        """Peak RSS (bytes) since :meth:`start`."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            return max(self._peak, _rss_now())
-        return max(_status_bytes("VmHWM") or 0, _rss_now())
 
 
 # -- the three configurations -------------------------------------------------------------------
@@ -444,11 +284,11 @@ R = TypeVar("R")
 
 def _timed(fn: Callable[[], R], device: str) -> tuple[R, float, float]:
     """Run ``fn``; return (result, wall seconds, process CPU seconds)."""
-    _sync(device)
+    sync(device)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     out = fn()
-    _sync(device)
+    sync(device)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return out, wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -493,7 +333,7 @@ def memory_worker(config: str, T: int, decode_steps: int, model, device: str, se
         "rss_before_bytes": before,
         "peak_rss_bytes": hwm,
         "peak_rss_growth_bytes": hwm - before,
-        "retained_bytes": _rss_now() - before,
+        "retained_bytes": rss_now() - before,
         "method": peak.method,
         "cold_prefill_s": prefill_s,
         "cold_decode_step_s": statistics.median(steps),
@@ -547,7 +387,8 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _ratio(a, b) -> float | None:
+def ratio(a, b) -> float | None:
+    """``a / b``; None when either is None or ``b`` is 0 (a ratio not measured)."""
     return None if a is None or b is None or b == 0 else a / b
 
 
@@ -691,7 +532,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = lambda _m: None) 
         "sizes": per_size,
     }
     result["targets"] = evaluate_targets(result)
-    result["machine"]["loadavg_end"] = _loadavg()
+    result["machine"]["loadavg_end"] = loadavg()
     result["noise"] = noise_summary(per_size)
     result["elapsed_s"] = time.perf_counter() - t_start
     return result
@@ -709,7 +550,8 @@ def _time_head_maps(trace, geom: dict, n: int, rep: int, device: str) -> list[fl
     return secs
 
 
-def _peak_growth(cfg: dict) -> int | None:
+def peak_growth(cfg: dict) -> int | None:
+    """Peak RSS growth in bytes of one configuration's memory run, None when it did not run."""
     m = cfg.get("memory") or {}
     return m.get("growth_bytes")
 
@@ -723,16 +565,16 @@ def size_ratios(configs: dict) -> dict:
 
     out = {}
     for c in ("scope", "eager"):
-        out[f"prefill_{c}_over_sdpa"] = _ratio(fig(c, "prefill_median_s"), fig("sdpa", "prefill_median_s"))
+        out[f"prefill_{c}_over_sdpa"] = ratio(fig(c, "prefill_median_s"), fig("sdpa", "prefill_median_s"))
         # fastest runs: contention only ever adds time, so this is the noise-robust reading
-        out[f"prefill_{c}_over_sdpa_min"] = _ratio(fig(c, "prefill_min_s"), fig("sdpa", "prefill_min_s"))
-        out[f"decode_{c}_over_sdpa"] = _ratio(
+        out[f"prefill_{c}_over_sdpa_min"] = ratio(fig(c, "prefill_min_s"), fig("sdpa", "prefill_min_s"))
+        out[f"decode_{c}_over_sdpa"] = ratio(
             fig(c, "decode_step_median_s"), fig("sdpa", "decode_step_median_s")
         )
-    g = {c: _peak_growth(configs.get(c) or {}) for c in CONFIGS}
-    out["memory_scope_over_eager"] = _ratio(g["scope"], g["eager"])
-    out["memory_scope_over_sdpa"] = _ratio(g["scope"], g["sdpa"])
-    out["memory_eager_over_sdpa"] = _ratio(g["eager"], g["sdpa"])
+    g = {c: peak_growth(configs.get(c) or {}) for c in CONFIGS}
+    out["memory_scope_over_eager"] = ratio(g["scope"], g["eager"])
+    out["memory_scope_over_sdpa"] = ratio(g["scope"], g["sdpa"])
+    out["memory_eager_over_sdpa"] = ratio(g["eager"], g["sdpa"])
     return out
 
 
@@ -794,111 +636,6 @@ def noise_summary(per_size: list[dict]) -> dict:
         "cpu_per_wall_median": _median(cpw),
         "note": "cpu_per_wall near torch_threads means this run had the cores to itself",
     }
-
-
-# -- report -------------------------------------------------------------------------------------
-def _fmt_s(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
-
-
-def _fmt_b(x: int | None) -> str:
-    """Bytes in decimal units, 3 significant digits (:func:`attnscope.core.units.format_bytes`); None → ``—``."""
-    from attnscope.core.units import format_bytes
-
-    return format_bytes(x, none="—")
-
-
-def _fmt_r(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}×"
-
-
-def format_table(result: dict) -> str:
-    """The human-readable report: one row per (T, configuration), then head maps, sinks, targets."""
-    m, mm = result["machine"], result["matmul"]
-    g = result["model"]
-    lines = [
-        f"attnscope bench: {g['name']} ({g['n_layers']} layers × {g['n_heads']} heads, "
-        f"{g['n_kv_heads']} KV heads, head_dim {g['head_dim']}), {result['options']['decode_steps']} decode steps",
-        f"machine: {m['cpu_count']} CPUs ({m['cpu_model']}), {m['torch_threads']} torch threads, device "
-        f"{m['device']}, torch {m['torch_version']}, transformers {m['transformers_version']}",
-        f"matmul peak ({mm['n']}³ float32): {mm['peak_flops'] / 1e9:.1f} GFLOP/s;  load average "
-        f"{m.get('loadavg_start')} → {m.get('loadavg_end')}",
-        "",
-        f"prefill and decode/step: MEDIANS of {result['options'].get('repeats', '?')} runs each, ×(a) the "
-        "ratio of medians to SDPA's; ×(c) peak RSS growth over eager's",
-        f"{'T':>6}  {'config':<16}{'prefill':>10}{'×(a)':>7}{'decode/step':>13}{'×(a)':>7}"
-        f"{'peak RSS +':>12}{'×(c)':>7}{'GFLOP/s':>9}{'of peak':>9}{'cpu/wall':>9}",
-    ]
-    for e in result["sizes"]:
-        T, r = e["T"], e["ratios"]
-        for c in CONFIGS:
-            d = e["configs"].get(c)
-            if d is None:
-                continue
-            if "skipped" in d:
-                lines.append(f"{T:>6}  {SHORT[c]:<16}{d['skipped']}")
-                continue
-            pr = 1.0 if c == "sdpa" else r.get(f"prefill_{c}_over_sdpa")
-            dr = 1.0 if c == "sdpa" else r.get(f"decode_{c}_over_sdpa")
-            growth = _peak_growth(d)
-            mr = {
-                "scope": r.get("memory_scope_over_eager"),
-                "eager": 1.0 if growth is not None else None,
-            }.get(c)
-            if c == "sdpa":
-                mr = _ratio(growth, _peak_growth(e["configs"].get("eager") or {}))
-            lines.append(
-                f"{T:>6}  {SHORT[c]:<16}{_fmt_s(d['prefill_median_s']):>10}{_fmt_r(pr):>7}"
-                f"{_fmt_s(d['decode_step_median_s']):>13}{_fmt_r(dr):>7}{_fmt_b(growth):>12}{_fmt_r(mr):>7}"
-                f"{d['achieved_flops'] / 1e9:>9.1f}{d['fraction_of_peak'] * 100:>8.0f}%{d['cpu_per_wall']:>9.2f}"
-            )
-            err = (d.get("memory") or {}).get("error")
-            if err:
-                lines.append(f"{'':>8}{err}")
-    lines.append("")
-    for e in result["sizes"]:
-        s = e["configs"].get("scope") or {}
-        if "head_map_median_s" in s:
-            lines.append(
-                f"T={e['T']:>5}: one head's {e['T']}×{e['T']} map {_fmt_s(s['head_map_median_s'])} (median of "
-                f"{len(s['head_map_s'])}); {g['n_layers']}×{g['n_heads']} sink table {_fmt_s(s['sink_table_median_s'])}"
-            )
-    lines += ["", "targets:"]
-    for t in result["targets"]:
-        if t["unit"] == "ratio":
-            val, lim = _fmt_r(t["value"]), f"{t['limit']:.2f}×"
-        elif t["unit"] == "bytes":
-            val, lim = _fmt_b(t["value"]), _fmt_b(t["limit"])
-        else:
-            val, lim = _fmt_s(t["value"]), _fmt_s(t["limit"])
-        verdict = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
-        lines.append(
-            f"  {t['name']} (T={t['T']}): {val} ≤ {lim}: {verdict}" + (f" ({t['note']})" if t["note"] else "")
-        )
-    fastest = [
-        f"T={e['T']}: {_fmt_r(e['ratios'].get('prefill_scope_over_sdpa_min'))}"
-        for e in result["sizes"]
-        if e["ratios"].get("prefill_scope_over_sdpa_min") is not None
-    ]
-    if fastest:
-        lines.append(
-            "capture prefill / sdpa prefill, ratio of the FASTEST runs (minimum of each; contention only "
-            "adds time, so this is the noise-robust reading; the table's × are medians): "
-            + ", ".join(fastest)
-        )
-    for e in result["sizes"]:
-        if e.get("note"):
-            lines.append(f"T={e['T']}: {e['note']}")
-    n = result["noise"]
-    if n["prefill_max_over_min"] is not None:
-        lines.append(
-            f"noise: repeated prefills spread up to {n['prefill_max_over_min']:.2f}× (max/min), median "
-            f"{n['prefill_max_over_min_median']:.2f}×; cpu/wall median {n['cpu_per_wall_median']:.2f}"
-        )
-    lines.append(f"elapsed {result['elapsed_s']:.0f} s")
-    return "\n".join(lines)
 
 
 def _memory_worker_main(spec_json: str) -> int:

@@ -16,7 +16,7 @@ Rows (each one run; times in seconds on this machine, peak RSS in bytes):
   what its sliding-window layers cost against the global ones (stored keys, thumbnail time), and
   the bare PNG export of a 16,000-token map of it, streamed at one pixel per cell (extra peak RSS).
 
-The targets are the issue's; a missed target keeps its measured figure and the matmul rate that
+The targets are those of docs/benchmarks.md ("Long prompts"); a missed target keeps its measured figure and the matmul rate that
 explains it (``matmul_gflops``: a 2048² float32 matmul timed just before).
 """
 
@@ -89,7 +89,8 @@ def _row(out: dict, key: str, fn, log) -> None:
 def views_smol(T: int = 8192, model: str | None = None, log: Callable[[str], None] = lambda _m: None) -> dict:
     """Head grid (2,000 / 8,000), mean of all layers and one head at ``T`` on the default model."""
     from attnscope.core.analysis import aggregate
-    from attnscope.core.bench.overhead import PeakRSS, matmul_peak
+    from attnscope.core.bench.machine import matmul_peak
+    from attnscope.core.bench.peak_memory import PeakRSS
     from attnscope.core.session import Session
 
     s = Session.load(model)
@@ -230,7 +231,7 @@ def views_synthetic(T: int = 8192, log: Callable[[str], None] = lambda _m: None)
     import os
 
     from attnscope.core.analysis import blocked
-    from attnscope.core.bench.overhead import matmul_peak
+    from attnscope.core.bench.machine import matmul_peak
 
     tr = synthetic_trace(T=T)
     out = {
@@ -268,8 +269,8 @@ def gemma_long(
     import tempfile
 
     from attnscope.core.analysis import blocked
-    from attnscope.core.bench.overhead import PeakRSS, _status_bytes
-    from attnscope.core.io import export as E
+    from attnscope.core.bench.peak_memory import PeakRSS, status_bytes
+    from attnscope.core.io import head_export
     from attnscope.core.session import Session
 
     peak = PeakRSS()
@@ -283,7 +284,7 @@ def gemma_long(
         "seq_len": s.seq_len,
         "prefill_s": t_prefill,
         "prefill_peak_rss": peak.stop(),
-        "rss_after_prefill": _status_bytes("VmRSS"),
+        "rss_after_prefill": status_bytes("VmRSS"),
         "rows": {},
     }
     out["rows"]["long_prefill_peak_rss"] = out["prefill_peak_rss"]
@@ -314,12 +315,14 @@ def gemma_long(
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         log(f"long: PNG of a {m}-token map, one pixel per cell")
         before = peak.start()
-        _, t = _timed(lambda: E.export_head(s, gl or 0, 0, Path(tmp) / "map16k.png", n=m, full_size=True))
+        _, t = _timed(
+            lambda: head_export.export_head(s, gl or 0, 0, Path(tmp) / "map16k.png", n=m, full_size=True)
+        )
         out["rows"]["png_16k_extra_rss"] = peak.stop() - before
         out["png_16k_s"] = t
         out["png_16k_bytes"] = (Path(tmp) / "map16k.png").stat().st_size
         before = peak.start()
-        _, t = _timed(lambda: E.export_head(s, gl or 0, 0, Path(tmp) / "ov.png", n=m))
+        _, t = _timed(lambda: head_export.export_head(s, gl or 0, 0, Path(tmp) / "ov.png", n=m))
         out["png_16k_overview_extra_rss"] = peak.stop() - before
         out["png_16k_overview_s"] = t
     return out

@@ -18,7 +18,7 @@ COLORMAPS = ("viridis", "magma", "inferno", "plasma", "cividis")
 DEFAULT_COLORMAP = "viridis"
 SCALES = ("linear", "log", "power")
 #: how a colour range is found: ``fixed`` [0, 1] (probabilities), ``auto`` (this map's robust max),
-#: ``shared`` (the layer's robust max); :func:`attnscope.core.io.export.colour_range`
+#: ``shared`` (the layer's robust max); :func:`attnscope.core.io.head_export.colour_range`
 RANGE_MODES = ("fixed", "auto", "shared")
 #: the colour of a non-finite value (NaN, ±inf): magenta, in none of :data:`COLORMAPS`, so a cell of
 #: a forward that overflowed never reads as a weight (attnscope.core.io.render)
@@ -93,7 +93,7 @@ class ColourSpec:
 
     ``cmap``: one of :data:`COLORMAPS`. ``scale``: ``"linear"``, ``"log"`` or ``"power"``
     (:func:`normalize`), or None in a request = "chosen by the map's length"
-    (:func:`attnscope.core.io.export_long.colour_for_length`; log from 2,048 tokens). ``gamma``: exponent of the power scale (> 0).
+    (:func:`attnscope.core.io.colour_scale.colour_for_length`; log from 2,048 tokens). ``gamma``: exponent of the power scale (> 0).
     ``range_mode``: how ``vmin``/``vmax`` are found (:data:`RANGE_MODES`); ``vmin``/``vmax``: the
     colour range itself, in weight units (``[0, 1]`` until a range is resolved, :meth:`with_range`).
 
@@ -148,7 +148,7 @@ class ColourSpec:
     def _scale(self) -> str:
         if self.scale is None:
             raise ValueError(
-                "the colour scale is still to be chosen by length: call export_long.colour_for_length(spec, n) first"
+                "the colour scale is still to be chosen by length: call colour_scale.colour_for_length(spec, n) first"
             )
         return self.scale
 

@@ -1,4 +1,4 @@
-"""The export formats: one table that the writers (:mod:`attnscope.core.io.export`), ``attnscope export``
+"""The export formats: one table that the writers (:mod:`attnscope.core.io.data_writers`, :mod:`attnscope.core.io.head_export`), ``attnscope export``
 (its ``--out``/``--format``/``--frames`` checks and help) and the window (the Export menu, the file
 dialogs' filters, the batch dialog's format list) all read. A new format is one :data:`FORMATS` entry
 plus its writer.

@@ -54,7 +54,7 @@ class Renderers:
     :func:`attnscope.app.figure.save_heatmap_figure`; None: only plain maps (Pillow,
     :func:`heatmap_image`) can be written. ``frame``: labelled animation frames
     (:func:`attnscope.app.figure.figure_frame`); None: Pillow's bare frames with a caption
-    (:func:`attnscope.core.io.export.decode_frames`).
+    (:func:`attnscope.core.io.animation.decode_frames`).
     """
 
     figure: Renderer | None = None

@@ -265,7 +265,7 @@ def quantization(q: Any) -> dict:
 
 
 def engine(e: Any) -> dict:
-    """``"engine"`` (where the model ran, :func:`attnscope.core.io.export.engine_record`): an object of
+    """``"engine"`` (where the model ran, :func:`attnscope.core.io.provenance.engine_record`): an object of
     strings (address ``HOST:PORT``, host); {} when absent."""
     if e is None:
         return {}

@@ -55,7 +55,7 @@ class SessionFile:
     Attributes:
         model: ``"default"`` (the embedded model) or a path to a GGUF file / HF folder.
         model_name: display name when saved.
-        model_sha256: SHA-256 of the weights (:func:`attnscope.core.io.export.model_sha256`), None if unknown.
+        model_sha256: SHA-256 of the weights (:func:`attnscope.core.loading.model_hash.model_sha256`), None if unknown.
         backend, dtype, device: as when saved ("torch", "float32", "cpu"...).
         prompt, chat_template: the prompt as typed and whether the chat template wrapped it.
         sampling: the settings in force when saved (:class:`attnscope.core.sampling.Sampling`).
@@ -105,7 +105,7 @@ class SessionFile:
         Raises:
             SessionError: nothing has run yet.
         """
-        from attnscope.core.io.export import engine_record
+        from attnscope.core.io.provenance import engine_record
         from attnscope.core.loading.model_hash import model_sha256
 
         if session.prompt is None or session.seq_len == 0:

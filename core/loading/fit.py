@@ -325,7 +325,7 @@ def estimate_entry(
     memory: str | None = None,
     quantize: str = "none",
 ) -> FitEstimate:
-    """:func:`estimate` for a :class:`attnscope.core.loading.catalog.CatalogEntry` (``context`` capped at its max context)
+    """:func:`estimate` for a :class:`attnscope.core.loading.catalog_entry.CatalogEntry` (``context`` capped at its max context)
     at ``dtype``; ``"auto"`` is the dtype this entry would load at (:func:`attnscope.core.loading.precision.entry_dtype`),
     recorded with its reason in the estimate. ``quantize`` (``none|int8|int4``) counts the decoder's
     linear weights at that size (int4 loads at bfloat16: :func:`attnscope.core.loading.quantize.load_dtype`)."""

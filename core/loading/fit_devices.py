@@ -483,7 +483,7 @@ _configs: dict = {}
 
 def entry_config(entry):
     """The transformers config ``from_pretrained`` will build for a catalog entry: ``config.json``
-    through :func:`attnscope.core.loading.catalog.transformers_config` for a folder; for a GGUF the
+    through :func:`attnscope.core.loading.describe_model.transformers_config` for a folder; for a GGUF the
     config transformers derives from its metadata (``AutoConfig.from_pretrained(..., gguf_file=)``,
     a few seconds for a large vocabulary: memoised per (path, size, mtime)). None when unreadable."""
     p = Path(entry.path)
@@ -510,7 +510,7 @@ def _read_config(p: Path, fmt: str):
                 return AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
             finally:
                 quiet.setLevel(level)
-        from attnscope.core.loading.catalog import transformers_config
+        from attnscope.core.loading.describe_model import transformers_config
 
         return transformers_config(json.loads((p / "config.json").read_text()))
     except Exception:  # noqa: BLE001 - unreadable metadata: no per-device fit, never a crash
@@ -526,7 +526,7 @@ def device_fit_entry(
     free: dict | None = None,
     device: str | None = None,
 ) -> DeviceMapFit | None:
-    """:func:`device_fit` for a :class:`attnscope.core.loading.catalog.CatalogEntry` at the dtype it
+    """:func:`device_fit` for a :class:`attnscope.core.loading.catalog_entry.CatalogEntry` at the dtype it
     would load at (``"auto"`` resolved as :func:`attnscope.core.loading.fit.estimate_entry` does,
     int4 at bfloat16), ``context`` capped at its max context. None when its config cannot be read
     or transformers cannot build it. ``device``: what ``"auto"`` is resolved for (default ``"cuda"``

@@ -269,7 +269,7 @@ def inspect_checkpoint(model) -> Checkpoint:
                 f"GGUF {h.quant_name()}",
                 model_type_of(h),
             )
-        from attnscope.core.loading.catalog import describe_hf_folder
+        from attnscope.core.loading.describe_model import describe_hf_folder
 
         e = describe_hf_folder(path)
         cfg = json.loads((path / "config.json").read_text())
@@ -290,7 +290,7 @@ def decide(model, requested: str = "auto", device: str = "cpu") -> tuple[str, st
 
 
 def entry_checkpoint(entry) -> Checkpoint:
-    """:class:`Checkpoint` of a :class:`attnscope.core.loading.catalog.CatalogEntry` (metadata the catalog read already)."""
+    """:class:`Checkpoint` of a :class:`attnscope.core.loading.catalog_entry.CatalogEntry` (metadata the catalog read already)."""
     origin = f"GGUF {entry.dtype}" if entry.format == "gguf" else "config dtype"
     own, quantised = (
         normalise(getattr(entry, "checkpoint_dtype", "")),

@@ -57,7 +57,7 @@ The window's model picker lists the engine's models (``op_models``, with ``op_fr
 Fit column), and Head roles and Experiments run there (``role_table`` and ``run_experiments`` are
 ``@remotable``; role labels travel as a string array, :mod:`.wire`).
 
-Compare's run B is a second session on the engine, next to A (:mod:`attnscope.core.analysis.compare_b`):
+Compare's run B is a second session on the engine, next to A (:mod:`attnscope.core.analysis.compare_run_b`):
 ``run_b`` loads, runs and compares it there and returns the ``CompareResult`` (JSON fields + raw
 arrays), and the maps, tiles and rows are ``b_maps``/``b_overview`` calls on the B held there. Moving
 B's trace to the window instead would cost the whole KV cache and q rows over the link; the engine

@@ -10,7 +10,7 @@ It has the public methods and attributes the window's engine thread and the CLI 
 ``info``, ``tokens``, ``ids``, ...); the ``@remotable`` analysis functions
 (:mod:`attnscope.core.analysis.remotable`) run on the server. What needs the model's tensors on this
 side (``session.trace`` internals, ``session.backend.model``; Compare's run B lives on the
-engine, :mod:`attnscope.core.analysis.compare_b`) raises
+engine, :mod:`attnscope.core.analysis.compare_run_b`) raises
 one :class:`~attnscope.core.errors.SessionError` line.
 
 Reliability: every request has an inactivity timeout (progress messages from a long prefill reset

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.remotable import CALLBACKS, REGISTRY, served
 from attnscope.core.errors import AttnScopeError, Cancelled, SessionError
-from attnscope.core.io.export import nonfinite_records
+from attnscope.core.io.provenance import nonfinite_records
 from attnscope.core.remote import wire
 
 if TYPE_CHECKING:
@@ -480,7 +480,7 @@ class EngineServer:
         kw = dict(self.load_kwargs)
         kw.update({k: v for k, v in dict(device=device, device_map=device_map).items() if v is not None})
         if self.session is not None:  # the Compare tab's run B goes first: never old A + B + new A
-            from attnscope.core.analysis.compare_b import drop
+            from attnscope.core.analysis.compare_run_b import drop
 
             drop(self.session)
         s = Session.load(model, backend=backend, dtype=dtype, progress=progress, quantize=quantize, **kw)

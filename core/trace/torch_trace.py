@@ -10,7 +10,7 @@ Exact weights on demand (FlashAttention-2, Dao 2023, §3.1: ``P = exp(S − L)``
     weights[i, j] = exp(q_i · k_j · scale + mask_ij − lse_i)        (float32)
 
 Row-wise summaries need no T × T work: the mass head ``h`` puts on key 0 (the attention sink,
-handbook §4 "Attention sinks") is ``exp(q_i · k_0 · scale − lse_i)``, linear in T.
+Xiao et al. 2023) is ``exp(q_i · k_0 · scale − lse_i)``, linear in T.
 
 Two families change the softmax, and every recomputation here follows (docs/how-it-works.md):
 

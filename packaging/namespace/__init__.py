@@ -40,7 +40,7 @@ _PUBLIC = {
     "ModelLoadError": "attnscope.core.errors",
     "Cancelled": "attnscope.core.errors",
     "kv_cache_bytes": "attnscope.core.kv_formula",
-    "export_head": "attnscope.core.io.export",
+    "export_head": "attnscope.core.io.head_export",
     "Sampling": "attnscope.core.sampling",
     # which heads matter (docs/heads.md)
     "make_target": "attnscope.core.analysis.head_effects",

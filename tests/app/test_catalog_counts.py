@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import torch
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
-from attnscope.core.loading import catalog
+from attnscope.core.loading import catalog, describe_model
 from attnscope.core.loading.fit import estimate_entry
 from attnscope.core.loading.resolve import hf_cache_snapshot, model_name, resolve
 from tiny_models import save_tiny, tiny_model, write_llama_gguf
@@ -84,7 +84,7 @@ def _folder_files(folder: Path) -> dict[str, Path | None]:
 def test_snapshot_named_org_name_with_revision_apart(tmp_path, llama):
     """The sample: a model in the hub cache loads as ``org/name``, never its snapshot hash; the
     sidecar keeps the revision as ``model.revision`` and the session file the name."""
-    from attnscope.core.io.export import session_metadata
+    from attnscope.core.io.provenance import session_metadata
     from attnscope.core.io.sessionfile import SessionFile
     from attnscope.core.session import Session
 
@@ -107,7 +107,7 @@ def test_names_beyond_the_sample(tmp_path, llama):
     for repo_id in ("Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B", "a_b/c.d-e_f"):
         snap = _blob_repo(tmp_path / "hub", repo_id, _folder_files(llama[0]))
         assert model_name(snap) == repo_id and resolve(str(snap))[1] == repo_id
-        [e] = catalog.describe_path(snap)
+        [e] = describe_model.describe_path(snap)
         assert e.name == repo_id and e.supported
     sub = tmp_path / "hub" / "models--org--multi" / "snapshots" / REV / "base"
     shutil.copytree(llama[0], sub)
@@ -115,7 +115,7 @@ def test_names_beyond_the_sample(tmp_path, llama):
     g = tmp_path / "hub" / "models--x--y" / "snapshots" / REV / "sub" / "m-Q8_0.gguf"
     assert hf_cache_snapshot(g) == ("x/y", REV)
     assert model_name(llama[0]) == "llama" and hf_cache_snapshot(llama[0]) is None
-    from attnscope.core.io.export import model_revision
+    from attnscope.core.io.provenance import model_revision
 
     assert model_revision(str(llama[0])) is None and model_revision(None) is None
 
@@ -274,7 +274,7 @@ def test_mlx_8bit_folder_counts_logical_parameters(tmp_path, llama):
     from attnscope.core.session import Session
 
     folder, packed = _mlx_quantised(llama[0], tmp_path / "mlx8", 8)
-    [e] = catalog.describe_path(folder)
+    [e] = describe_model.describe_path(folder)
     assert e.n_params == llama[1]
     assert (e.quantised, e.dtype, e.checkpoint_dtype) == (True, "MLX 8-bit (group 64)", "float16")
     assert e.supported and e.reason == ""
@@ -296,7 +296,7 @@ def test_mlx_folder_beyond_the_sample(tmp_path, llama):
     from attnscope.core.loading.checks import SUPPORTED_ARCHITECTURES
 
     folder, _ = _mlx_quantised(llama[0], tmp_path / "mlx4", 4, {"model.layers.0.mlp.down_proj": 8})
-    [e] = catalog.describe_path(folder)
+    [e] = describe_model.describe_path(folder)
     assert e.n_params == llama[1] and e.quantised and e.dtype == "MLX 4-bit (group 64)"
     assert "Choose MLX under Backend above" in backend_refusal(e, "torch")
     assert backend_refusal(e, "mlx") is None
@@ -306,7 +306,7 @@ def test_mlx_folder_beyond_the_sample(tmp_path, llama):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["model_type"] = others[0]
     (folder / "config.json").write_text(json.dumps(cfg))
-    [e] = catalog.describe_path(folder)
+    [e] = describe_model.describe_path(folder)
     assert not e.supported and "MLX-quantised" in e.reason
 
 
@@ -328,7 +328,7 @@ def test_original_copy_is_not_counted(tmp_path, llama):
     torch.save(m.state_dict(), folder / "original" / "consolidated.00.pth")
     (folder / "original" / "params.json").write_text("{}")
     snap = _blob_repo(tmp_path / "hub", "meta/tiny", _folder_files(folder))
-    for e in (catalog.describe_path(folder)[0], catalog.scan_hf_cache(tmp_path / "hub")[0]):
+    for e in (describe_model.describe_path(folder)[0], catalog.scan_hf_cache(tmp_path / "hub")[0]):
         assert e.supported and e.n_params == llama[1]
         assert e.size_bytes == top
         assert e.note == "not read, so not counted: original/ (another copy of the weights)"
@@ -348,7 +348,7 @@ def test_consolidated_copy_beside_shards_is_not_counted(tmp_path, llama):
     shutil.copytree(llama[0], folder)
     state = load_file(str(folder / "model.safetensors"))
     save_file({f"consolidated.{k}": v for k, v in state.items()}, str(folder / "consolidated.safetensors"))
-    [e] = catalog.describe_path(folder)
+    [e] = describe_model.describe_path(folder)
     assert e.supported and e.n_params == llama[1]
     assert (
         e.size_bytes
@@ -357,7 +357,7 @@ def test_consolidated_copy_beside_shards_is_not_counted(tmp_path, llama):
     )
     assert "consolidated.safetensors" in e.note
     (folder / "model.safetensors").unlink()
-    [e] = catalog.describe_path(folder)
+    [e] = describe_model.describe_path(folder)
     assert (
         not e.supported and "it holds consolidated.safetensors, which transformers does not read" in e.reason
     )
@@ -496,7 +496,7 @@ def test_supported_exactly_when_it_loads(tmp_path, llama, damage):
     folder = tmp_path / "m"
     shutil.copytree(llama[0], folder)
     damage(folder)
-    [e] = catalog.describe_path(folder)
+    [e] = describe_model.describe_path(folder)
     try:
         s = Session.load(str(folder))
     except ModelLoadError as err:

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from attnscope.core.io.export import sidecar_path
+from attnscope.core.io.provenance import sidecar_path
 from gui_helpers import ran_window
 from PySide6.QtCore import QPointF
 from test_compare import _perturbed_copy

@@ -1,5 +1,5 @@
 """Long prompts in the Compare tab: an overview (A, B max-pooled; A − B by signed max-|A − B| per block,
-core/analysis/compare_pool.py) and exact tiles of A, B and A − B on zoom, with the three views linked."""
+core/analysis/compare_overview.py) and exact tiles of A, B and A − B on zoom, with the three views linked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from attnscope.core.analysis.compare_pool import block_of, pooled_pair, signed_absmax_pool
+from attnscope.core.analysis.compare_overview import block_of, pooled_pair, signed_absmax_pool
 from attnscope.core.analysis.pooling import block_edges, max_pool
 
 
@@ -50,7 +50,7 @@ def test_signed_pool_keeps_a_changed_column_and_its_sign():
 
 
 def test_pooled_pair_in_bands_equals_pooling_whole_maps(monkeypatch):
-    import attnscope.core.analysis.compare_pool as P
+    import attnscope.core.analysis.compare_overview as P
 
     rng = np.random.default_rng(3)
     n, out = 53, 8
@@ -89,7 +89,7 @@ def folders(tmp_path_factory):
 
 def test_compare_long_overview_exact_tiles_linked(qtbot, folders, monkeypatch):
     from attnscope.app.views import compare_jobs
-    from attnscope.core.analysis.compare_b import held
+    from attnscope.core.analysis.compare_run_b import held
     from gui_helpers import ran_window
     from test_compare_narrow_gui import _cut_map_items
 

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from attnscope.core.analysis.compare import Alignment, CompareResult, RunInfo
+from attnscope.core.analysis.compare_runs import Alignment, CompareResult, RunInfo
 from attnscope.core.errors import SessionError
 from gui_helpers import ran_window, run_in
 from PySide6.QtCore import QPointF
@@ -96,7 +96,7 @@ def test_run_a_changing_marks_the_comparison_out_of_date(win, folder):
     assert view.hover.text().startswith("Out of date")
     _shot(win, "cmpfix_stale.png")
     # under the view: the engine refuses maps of n positions from a run that now holds fewer
-    from attnscope.core.analysis.compare_b import b_maps
+    from attnscope.core.analysis.compare_run_b import b_maps
 
     with pytest.raises(SessionError, match=f"run A now holds {win.snapshot.seq_len} positions, not the {n}"):
         b_maps(win.engine.session, 0, 0, n)

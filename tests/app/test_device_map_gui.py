@@ -55,7 +55,7 @@ def low_ram(monkeypatch, tiny):
 def _eight_b_entry(tmp_path: Path):
     """A catalog entry for a Llama-3.1-8B-shaped folder holding only its published config.json."""
     sys.path.insert(0, str(Path(__file__).parents[1]))
-    from attnscope.core.loading.catalog import CatalogEntry
+    from attnscope.core.loading.catalog_entry import CatalogEntry
     from make_synthetic import CONFIGS
     from test_fit_devices import PARAMS_8B
 
@@ -144,9 +144,9 @@ def test_device_map_load_session_round_trip(qtbot, tiny, tmp_path, monkeypatch, 
     export, save the session; a new window reopening it loads with the same map and the same numbers."""
     from attnscope.app import model_picker
     from attnscope.app.main_window import MainWindow
-    from attnscope.core.loading import catalog
+    from attnscope.core.loading import catalog, describe_model
 
-    entry = catalog.describe_hf_folder(tiny)
+    entry = describe_model.describe_hf_folder(tiny)
     monkeypatch.setattr(catalog, "scan", lambda: [entry])
     seen = {}
 

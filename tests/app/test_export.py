@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 from attnscope.core.errors import Cancelled
-from attnscope.core.io import export as E
+from attnscope.core.io import animation, batch_export, data_writers, head_export, provenance
 from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from attnscope.core.loading.cache_folder import file_sha256
 from export_files import read_data
@@ -75,7 +75,7 @@ def stepped(stepped_once):
 def test_data_equals_weights_and_sidecar_is_complete(stepped, tmp_path, suffix):
     s = stepped
     path = tmp_path / f"L3_H4.{suffix}"
-    written = E.export_head(s, 3, 4, path)
+    written = head_export.export_head(s, 3, 4, path)
     assert written == [path, tmp_path / f"L3_H4.{suffix}.json"]
     expected = s.weights(3, 4)
     back = read_data(path)
@@ -116,8 +116,8 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
     s = stepped
     w = s.weights(5, 0)
     T = s.seq_len
-    meta = E.head_metadata(s, 5, 0)
-    path = E.save_map_png(w, tmp_path / "m.png", ColourSpec(cmap="magma"), dpi=300, metadata=meta)
+    meta = provenance.head_metadata(s, 5, 0)
+    path = data_writers.save_map_png(w, tmp_path / "m.png", ColourSpec(cmap="magma"), dpi=300, metadata=meta)
     img = Image.open(path)
     cell = 2048 // T
     assert img.size == (T * cell, T * cell)
@@ -129,7 +129,7 @@ def test_map_png_cells_carry_the_colour_map_colour(stepped, tmp_path):
     np.testing.assert_array_equal(a, np.repeat(np.repeat(expected, cell, axis=0), cell, axis=1))
 
     # a chosen size: nearest-neighbour, pixel (x, y) shows cell (floor((y+½)·T/H), floor((x+½)·T/W))
-    E.save_map_png(w, tmp_path / "s.png", ColourSpec(scale="log"), size=(301, 157))
+    data_writers.save_map_png(w, tmp_path / "s.png", ColourSpec(scale="log"), size=(301, 157))
     b = np.asarray(Image.open(tmp_path / "s.png").convert("RGB"))
     assert b.shape == (157, 301, 3)
     ys = [int((y + 0.5) * T // 157) for y in range(157)]  # exact in floats: (y + ½)·T is a multiple of ½
@@ -151,11 +151,11 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
 
     s = stepped
     out = tmp_path / "pw"
-    E.export_batch(
+    batch_export.export_batch(
         s,
         out,
         "png",
-        E.heads_in_scope(30, 9, layer=4),
+        batch_export.heads_in_scope(30, 9, layer=4),
         colour=ColourSpec(cmap="plasma", scale="power", gamma=0.25, range_mode="shared"),
     )
     top = aggregate.layer_robust_max(s, 4)
@@ -182,7 +182,7 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     man = json.loads((out / "manifest.json").read_text())
     assert (man["scale"], man["gamma"], man["range"]) == ("power", 0.25, "shared")
     # auto: each map's own robust max; fixed stays [0, 1]
-    E.export_head(s, 4, 2, tmp_path / "auto.png", colour=ColourSpec(range_mode="auto"))
+    head_export.export_head(s, 4, 2, tmp_path / "auto.png", colour=ColourSpec(range_mode="auto"))
     w = s.weights(4, 2)
     a = np.asarray(Image.open(tmp_path / "auto.png").convert("RGB"))[
         :: 2048 // s.seq_len, :: 2048 // s.seq_len
@@ -190,18 +190,21 @@ def test_batch_images_are_coloured_as_the_view(stepped, tmp_path):
     ok = np.tril(np.ones(w.shape, dtype=bool))
     np.testing.assert_array_equal(a[ok], to_rgb(w, vmax=aggregate.robust_max(w))[ok])
     with pytest.raises(ValueError, match="unknown colour range"):
-        E.export_batch(s, out, "png", [(0, 0)], colour=ColourSpec(range_mode="widest"))
+        batch_export.export_batch(s, out, "png", [(0, 0)], colour=ColourSpec(range_mode="widest"))
     # decode frames share the same colouring
     power_auto = ColourSpec(scale="power", gamma=0.25, range_mode="auto")
-    frames = E.decode_frames(s, 4, 2, colour=power_auto, caption=False)
+    frames = animation.decode_frames(s, 4, 2, colour=power_auto, caption=False)
     idx = np.asarray(frames[-1])[:: 640 // s.seq_len, :: 640 // s.seq_len]
     from attnscope.core.io.colormaps import normalize
 
     want = np.round(normalize(w, 0.0, aggregate.robust_max(w), "power", 0.25) * 249).astype(np.uint8)
     np.testing.assert_array_equal(idx[ok], want[ok])
-    assert set(np.unique(idx[~ok]).tolist()) <= {E.N_FRAME_LEVELS, E.N_FRAME_LEVELS + 1}  # hatch
+    assert set(np.unique(idx[~ok]).tolist()) <= {
+        animation.N_FRAME_LEVELS,
+        animation.N_FRAME_LEVELS + 1,
+    }  # hatch
     # an animation gets its provenance sidecar like any other export
-    gif, side = E.export_animation(s, 4, 2, tmp_path / "steps.gif", colour=power_auto)
+    gif, side = animation.export_animation(s, 4, 2, tmp_path / "steps.gif", colour=power_auto)
     meta = json.loads(side.read_text())
     assert side == tmp_path / "steps.gif.json" and Image.open(gif).n_frames == s.n_generated + 1
     assert (meta["kind"], meta["layer"], meta["head"], meta["frames"]) == (
@@ -217,8 +220,12 @@ def test_batch_one_layer_every_head(stepped, tmp_path):
     s = stepped
     seen = []
     out = tmp_path / "batch"
-    written = E.export_batch(
-        s, out, "npy", E.heads_in_scope(30, 9, layer=2), progress=lambda d, t, n: seen.append((d, t, n))
+    written = batch_export.export_batch(
+        s,
+        out,
+        "npy",
+        batch_export.heads_in_scope(30, 9, layer=2),
+        progress=lambda d, t, n: seen.append((d, t, n)),
     )
     assert seen == [(i + 1, 9, f"L02_H{i:02d}.npy") for i in range(9)]
     assert len(written) == 9 * 2 + 1 and written[-1] == out / "manifest.json"
@@ -235,11 +242,11 @@ def test_batch_cancel_keeps_what_was_written(stepped, tmp_path):
     s = stepped
     done = []
     with pytest.raises(Cancelled, match="stopped after 4 of 270 files"):
-        E.export_batch(
+        batch_export.export_batch(
             s,
             tmp_path / "c",
             "png",
-            E.heads_in_scope(30, 9),
+            batch_export.heads_in_scope(30, 9),
             progress=lambda d, t, n: done.append(d),
             cancelled=lambda: len(done) >= 4,
         )
@@ -256,28 +263,28 @@ def test_batch_cancel_keeps_what_was_written(stepped, tmp_path):
 
 def test_batch_bad_requests(stepped, tmp_path):
     with pytest.raises(ValueError, match="need the Qt renderer"):
-        E.export_batch(stepped, tmp_path / "x", "svg", [(0, 0)])
+        batch_export.export_batch(stepped, tmp_path / "x", "svg", [(0, 0)])
     with pytest.raises(ValueError, match="unknown format 'tif'"):
-        E.export_batch(stepped, tmp_path / "x", "tif", [(0, 0)])
+        batch_export.export_batch(stepped, tmp_path / "x", "tif", [(0, 0)])
     with pytest.raises(IndexError, match="layer 30 out of range"):
-        E.heads_in_scope(30, 9, layer=30)
+        batch_export.heads_in_scope(30, 9, layer=30)
     with pytest.raises(FileNotFoundError):
-        E.export_batch(stepped, tmp_path / "no" / "such", "npy", [(0, 0)])
+        batch_export.export_batch(stepped, tmp_path / "no" / "such", "npy", [(0, 0)])
     with pytest.raises(ValueError, match="unsupported output"):
-        E.write_data(np.zeros((2, 2)), tmp_path / "x.txt")
+        data_writers.write_data(np.zeros((2, 2)), tmp_path / "x.txt")
 
 
 def test_decode_frames_are_the_exact_maps_of_each_step(stepped):
     s = stepped
     layer, head, n0, T = 7, 2, s.n_prompt, s.seq_len
     final = s.weights(layer, head)
-    frames = E.decode_frames(s, layer, head, max_size=T * 4, caption=False)
+    frames = animation.decode_frames(s, layer, head, max_size=T * 4, caption=False)
     # frames with a caption are 18 px taller, and have a legend of 18 px lines under the map
-    width, height = E.decode_frames(s, layer, head, max_size=T * 4)[0].size
+    width, height = animation.decode_frames(s, layer, head, max_size=T * 4)[0].size
     legend_h = height - 4 * T - 18
-    assert width == 4 * T and legend_h > 0 and legend_h % E.LEGEND_H == 0
+    assert width == 4 * T and legend_h > 0 and legend_h % animation.LEGEND_H == 0
     assert len(frames) == 4
-    pal = E.frame_palette()
+    pal = animation.frame_palette()
     assert np.array_equal(pal[:250], to_rgb(np.linspace(0, 1, 250)[None, :])[0])
     for step in (3, 2, 1, 0):  # the map after each step, recomputed independently by stepping back
         a = np.asarray(frames[step])  # palette indices
@@ -291,7 +298,7 @@ def test_decode_frames_are_the_exact_maps_of_each_step(stepped):
         np.testing.assert_array_equal(cells[:n, :n][ok], np.round(w_step * 249).astype(np.uint8)[ok])
         from attnscope.core.io.render import SPECIAL_BG, SPECIAL_BLANK, SPECIAL_HATCH
 
-        lv = E.N_FRAME_LEVELS
+        lv = animation.N_FRAME_LEVELS
         # masked cells (later keys) hatched, rows not generated yet blank: never a colour-map index
         assert set(np.unique(cells[:n][~np.tril(np.ones((n, T), dtype=bool))]).tolist()) <= {
             lv + SPECIAL_BG,
@@ -304,17 +311,17 @@ def test_decode_frames_are_the_exact_maps_of_each_step(stepped):
 
 def test_gif_and_mp4(stepped, tmp_path):
     s = stepped
-    frames = E.decode_frames(s, 1, 1)
-    gif = E.save_animation(frames, tmp_path / "a.gif", fps=5, hold_last=2)
+    frames = animation.decode_frames(s, 1, 1)
+    gif = animation.save_animation(frames, tmp_path / "a.gif", fps=5, hold_last=2)
     im = Image.open(gif)
     assert im.n_frames == 4 and im.info["loop"] == 0
     assert [f.info["duration"] for f in ImageSequence.Iterator(im)] == [200, 200, 200, 2000]
     im.seek(3)
     np.testing.assert_array_equal(np.asarray(im.convert("RGB")), np.asarray(frames[3].convert("RGB")))
     with pytest.raises(ValueError, match="unsupported output"):
-        E.save_animation(frames, tmp_path / "a.avi")
+        animation.save_animation(frames, tmp_path / "a.avi")
     pytest.importorskip("imageio_ffmpeg")
-    mp4 = E.save_animation(frames, tmp_path / "a.mp4", fps=5)
+    mp4 = animation.save_animation(frames, tmp_path / "a.mp4", fps=5)
     head = mp4.read_bytes()[:12]
     assert head[4:8] == b"ftyp" and mp4.stat().st_size > 1000
 
@@ -463,7 +470,9 @@ def test_cli_all_heads_session_and_frames(tmp_path, smol_session):
 
 def test_core_export_modules_stay_qt_free():
     code = (
-        "import sys, attnscope.core.io.export, attnscope.core.io.sessionfile, attnscope.core.cli.commands.export; "
+        "import sys, attnscope.core.io.provenance, attnscope.core.io.data_writers, attnscope.core.io.head_export, "
+        "attnscope.core.io.batch_export, attnscope.core.io.animation, attnscope.core.io.colour_scale, "
+        "attnscope.core.io.long_png, attnscope.core.io.sessionfile, attnscope.core.cli.commands.export; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'app')]; print(bad)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

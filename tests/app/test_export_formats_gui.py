@@ -16,7 +16,7 @@ from attnscope.app import export_dialogs as AE
 from attnscope.app import figure as AF
 from attnscope.app import paint as AP
 from attnscope.app.svg_fixups import fix_svg
-from attnscope.core.io import export as E
+from attnscope.core.io import animation, provenance
 from attnscope.core.io.colormaps import to_rgb
 from attnscope.core.tokens import Token
 from gui_helpers import choose_export_format, choose_export_scope
@@ -154,12 +154,12 @@ def test_view_png_records_the_chosen_dpi(qtbot, tmp_path):  # 384 recorded for 1
 def test_embedded_provenance_png_and_svg(qtbot, tmp_path):
     v, _ = _heatmap(qtbot)
     meta = {"kind": "view", "prompt": "a\x0cb <&>", "token_texts": ["ör", "␛"]}
-    png = E.embed_metadata(AP.render_widget(v, tmp_path / "v.png", dpi=192), meta)
+    png = provenance.embed_metadata(AP.render_widget(v, tmp_path / "v.png", dpi=192), meta)
     img = Image.open(png)
     assert json.loads(img.text["attnscope"]) == meta and img.info["dpi"] == pytest.approx(
         (192, 192), abs=0.03
     )
-    svg = E.embed_metadata(AP.render_widget(v, tmp_path / "v.svg"), meta)
+    svg = provenance.embed_metadata(AP.render_widget(v, tmp_path / "v.svg"), meta)
     assert json.loads(ET.parse(svg).getroot().find(SVG + "desc").text) == meta
 
 
@@ -201,7 +201,7 @@ def test_animation_frames_are_figures(smol_ran, tmp_path):
     s = smol_ran
     s.prefill("The quick brown fox", chat_template=False)
     s.step(2)
-    out, side = E.export_animation(s, 0, 0, tmp_path / "a.gif", frame_renderer=AF.figure_frame)
+    out, side = animation.export_animation(s, 0, 0, tmp_path / "a.gif", frame_renderer=AF.figure_frame)
     img = Image.open(out)
     assert img.n_frames == 3 and img.size == AF.FRAME_SIZE
     assert json.loads(side.read_text())["frames"] == 3
@@ -259,8 +259,8 @@ def test_batch_mp4_switch_renames_and_writes_mp4(qtbot, smol_ran, tmp_path, monk
     qtbot.addWidget(d)
     choose_export_scope(d, "steps")
     d.path_edit.setText(str(tmp_path / "steps.gif"))
-    if E.mp4_unavailable():
-        pytest.skip(E.mp4_unavailable())
+    if animation.mp4_unavailable():
+        pytest.skip(animation.mp4_unavailable())
     choose_export_format(d, "mp4")
     assert d.path_edit.text() == str(tmp_path / "steps.mp4")  # the name follows the format
     d.path_edit.setText(str(tmp_path / "typed.gif"))  # a stale suffix typed by hand: the Format decides
@@ -279,18 +279,18 @@ def test_mp4_unavailable_is_said(qtbot, smol_ran, monkeypatch):  # the packaged 
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else real(name, *a)
     )
-    why = E.mp4_unavailable()
+    why = animation.mp4_unavailable()
     assert why.startswith("MP4 is unavailable:") and "imageio-ffmpeg" in why and "GIF" in why
     monkeypatch.setattr("sys.frozen", True, raising=False)
-    assert "ATTNSCOPE_WITH_MP4=1" in E.mp4_unavailable()
+    assert "ATTNSCOPE_WITH_MP4=1" in animation.mp4_unavailable()
     win = _window(qtbot, smol_ran)
     d = AE.BatchExportDialog(win)
     qtbot.addWidget(d)
     choose_export_scope(d, "steps")
     item = d.format_combo.model().item(1)
     assert not item.isEnabled() and "unavailable" in item.text()
-    assert d.format_combo.itemData(1, Qt.ToolTipRole) == E.mp4_unavailable()
+    assert d.format_combo.itemData(1, Qt.ToolTipRole) == animation.mp4_unavailable()
     with pytest.raises(ValueError, match="^MP4 is unavailable"):
         choose_export_format(d, "mp4")
     with pytest.raises(ValueError, match="^MP4 is unavailable"):
-        E.save_animation([Image.new("P", (4, 4))], "/tmp/x.mp4")
+        animation.save_animation([Image.new("P", (4, 4))], "/tmp/x.mp4")

@@ -121,9 +121,9 @@ def test_figure_svg_parses_and_every_cell_has_its_colour(tmp_path):
 
 def test_single_pdf_gets_a_sidecar(smol_ran, tmp_path):
     """A PDF cannot carry the JSON metadata (PNG has a text chunk, SVG a <desc>): it goes beside it."""
-    from attnscope.core.io import export as E
+    from attnscope.core.io import head_export
 
-    files = E.export_head(smol_ran, 4, 7, tmp_path / "f.pdf", renderer=AF.save_heatmap_figure)
+    files = head_export.export_head(smol_ran, 4, 7, tmp_path / "f.pdf", renderer=AF.save_heatmap_figure)
     assert files == [tmp_path / "f.pdf", tmp_path / "f.pdf.json"]
     assert (tmp_path / "f.pdf").read_bytes().startswith(b"%PDF-")
     meta = json.loads((tmp_path / "f.pdf.json").read_text())

@@ -426,7 +426,7 @@ def test_cancel_step_n_load_and_reopen(qtbot, monkeypatch, tmp_path):
 def test_picker_says_before_open_that_mlx_cannot_run_gemma(qtbot):
     from attnscope.app.model_picker import ModelPickerDialog
     from attnscope.app.model_table import FIT_COLUMN
-    from attnscope.core.loading.catalog import CatalogEntry
+    from attnscope.core.loading.catalog_entry import CatalogEntry
 
     gemma = CatalogEntry(
         "lmstudio",
@@ -570,7 +570,7 @@ def test_backend_switch_the_new_backend_cannot_run_keeps_the_run(qtbot, tmp_path
 def test_relative_model_path_and_drop_record_an_absolute_source_and_hash(qtbot, monkeypatch, tmp_path):
     """--model with a relative path, then a folder dropped on the window: the session file names each
     by absolute path with its hash, and reopens from another working folder."""
-    from attnscope.core.io.export import model_sha256
+    from attnscope.core.loading.model_hash import model_sha256
     from PySide6.QtCore import QMimeData, QPointF, QUrl
     from PySide6.QtGui import QDropEvent
     from tiny_models import save_tiny

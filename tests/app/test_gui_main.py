@@ -64,7 +64,7 @@ def test_run_step_switch_export(window, tmp_path):
     npy = win.export_heatmap_data(tmp_path / "map.npy")
     np.testing.assert_array_equal(np.load(npy), win.weights)
     csv = win.export_heatmap_data(tmp_path / "map.csv")
-    from attnscope.core.io.export import read_map_csv
+    from attnscope.core.io.data_writers import read_map_csv
 
     got, rows, cols = read_map_csv(csv)  # the header row and label column name the tokens shown
     np.testing.assert_allclose(got, win.weights, atol=1e-7)

@@ -114,7 +114,7 @@ def test_heatmap_aggregate_scale_range(win):
     def shown(x):
         return np.where(later, np.nan, x)
 
-    from attnscope.core.io.export_long import scale_for_map
+    from attnscope.core.io.colour_scale import scale_for_map
 
     assert hm.scale == scale_for_map(w).scale  # the default follows the map's own weights
     hm.set_scale("linear")

@@ -38,11 +38,6 @@ def cache(tmp_path, monkeypatch):
     return root, conv, entry, half
 
 
-@pytest.mark.xfail(
-    reason="open: in the full suite under pytest-xdist (one worker's earlier tests, not yet found) "
-    "'Clear selected' leaves the row listed; the file passes alone and with tests/app",
-    strict=False,
-)
 def test_quantised_entries_are_listed_with_kind_and_size_and_removed(qtbot, cache):
     root, conv, entry, half = cache
     dlg = ConvertedCacheDialog()

@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 from attnscope.core.attention.masks import hidden_cells
-from attnscope.core.io import export as E
+from attnscope.core.io import animation, data_writers
 from attnscope.core.io import render as R
 from attnscope.core.io.colormaps import NONFINITE_RGB, ColourSpec, lut, to_rgb
 from attnscope.core.tokens import Token
@@ -89,7 +89,7 @@ def test_cell_kinds_palette_and_legend():
 def test_bare_png_cells(tmp_path):
     w, masked = _map()
     c = 12
-    path = E.save_map_png(w, tmp_path / "m.png", COLOUR, size=(N * c, N * c), masked=masked)
+    path = data_writers.save_map_png(w, tmp_path / "m.png", COLOUR, size=(N * c, N * c), masked=masked)
     a = np.asarray(Image.open(path).convert("RGB"))
     _check_cells(lambda i, j: a[i * c : (i + 1) * c, j * c : (j + 1) * c])
 
@@ -189,7 +189,7 @@ class _Trace:
 
 
 class _FakeSession:
-    """What :func:`attnscope.core.io.export.decode_frames` reads of a session: the map of the last
+    """What :func:`attnscope.core.io.animation.decode_frames` reads of a session: the map of the last
     step (``N`` tokens, 3 of them generated)."""
 
     def __init__(self, w):
@@ -204,10 +204,12 @@ def test_bare_gif_frames_cells(tmp_path):
     w, masked = _map()
     s = _FakeSession(w)
     cap = 18
-    gif = E.save_animation(E.decode_frames(s, 0, 0, colour=COLOUR, max_size=N * 20), tmp_path / "a.gif")
+    gif = animation.save_animation(
+        animation.decode_frames(s, 0, 0, colour=COLOUR, max_size=N * 20), tmp_path / "a.gif"
+    )
     im = Image.open(gif)
     assert im.n_frames == 4
-    pal = E.frame_palette("magma")
+    pal = animation.frame_palette("magma")
     for step in range(4):
         im.seek(step)
         a = np.asarray(im.convert("RGB"))
@@ -216,7 +218,7 @@ def test_bare_gif_frames_cells(tmp_path):
         for i in blank:  # rows not generated yet: white, and said in the legend strip
             assert (a[cap + i * 20 : cap + (i + 1) * 20, : N * 20] == 255).all()
         # cells of the generated rows; a weight is its frame-palette step (250 steps of the map)
-        want = pal[np.round(COLOUR.normalize(w) * (E.N_FRAME_LEVELS - 1)).astype(int)]
+        want = pal[np.round(COLOUR.normalize(w) * (animation.N_FRAME_LEVELS - 1)).astype(int)]
         for i in range(n):
             for j in range(N):
                 blk = a[cap + i * 20 + 1 : cap + (i + 1) * 20 - 1, j * 20 + 1 : (j + 1) * 20 - 1]
@@ -239,7 +241,7 @@ def test_figure_gif_frames_cells(tmp_path):
     frames = [
         figure_frame(w, n, tokens=_tokens(), title=f"n {n}", colour=COLOUR, masked=masked) for n in (4, N)
     ]
-    gif = E.save_animation(frames, tmp_path / "f.gif")
+    gif = animation.save_animation(frames, tmp_path / "f.gif")
     im = Image.open(gif)
     rect, cell = _figure_rect(FRAME_SIZE, FRAME_DPI)
     for k, n in enumerate((4, N)):

@@ -166,10 +166,10 @@ def test_a_long_prompt_keeps_the_scale_the_session_saved(qtbot, tiny_folders, tm
     """Beyond the sample: on a prompt at or above the long-map length (lowered to 8 tokens for the
     tiny model) the default is log; linear chosen and saved reopens linear in a new window (it
     reopened log), and a session saved on the default saves the log it showed and reopens log."""
-    from attnscope.core.io import export_long
+    from attnscope.core.io import colour_scale
     from gui_helpers import ran_window
 
-    monkeypatch.setattr(export_long, "LONG_MAP", 8)
+    monkeypatch.setattr(colour_scale, "LONG_MAP", 8)
     win = ran_window(qtbot, tiny_folders["a"], PROMPT)
     try:
         hm = win.heatmap
@@ -195,7 +195,7 @@ def test_a_long_prompt_keeps_the_scale_the_session_saved(qtbot, tiny_folders, tm
 def test_the_windows_own_view_put_back_keeps_the_scale_following_the_length(qtbot, tiny_folders, monkeypatch):
     """A backend switch puts the window's own view back (restore_view with as_choice=False): a scale
     the user never chose still follows the next map's length; a reopened view's scale is a choice."""
-    from attnscope.core.io import export_long
+    from attnscope.core.io import colour_scale
     from gui_helpers import ran_window
 
     win = ran_window(qtbot, tiny_folders["a"], PROMPT)
@@ -204,7 +204,7 @@ def test_the_windows_own_view_put_back_keeps_the_scale_following_the_length(qtbo
         assert hm.scale == "linear" and not hm.scale_chosen
         win.sessions.restore_view(win.state.to_view_dict(), as_choice=False)
         assert not hm.scale_chosen
-        monkeypatch.setattr(export_long, "LONG_MAP", 8)  # the next map is "long": log by length
+        monkeypatch.setattr(colour_scale, "LONG_MAP", 8)  # the next map is "long": log by length
         win.prompt_edit.setPlainText(PROMPT + " again")
         win.run_prompt()
         assert win.engine.wait_idle(60) and win.last_error is None

@@ -109,7 +109,7 @@ def test_control_prompt_labels(smol_ran):  # on the default model
 
 
 @pytest.mark.slow
-def test_control_prompt_svg_parses(tmp_path):  # the command line, verbatim
+def test_control_prompt_svg_parses(tmp_path):  # a control-character prompt on the command line, verbatim
     from test_cli import attnscope as _run
 
     out = tmp_path / "map.svg"
@@ -195,7 +195,7 @@ def test_gemma_labels_are_decoded_pieces(gemma_gguf):
     for t in s.tokens:
         assert t.text == _expected(s.tokenizer, t.id), (t.raw, t.text)
     assert all("<0x" not in t.text for t in s.tokens)
-    from attnscope.core.io.export import session_metadata
+    from attnscope.core.io.provenance import session_metadata
 
     assert session_metadata(s)["token_texts"] == [t.text for t in s.tokens]
 

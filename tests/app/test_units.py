@@ -2,7 +2,7 @@
 
 import pytest
 from attnscope.core import kv_formula as kv
-from attnscope.core.bench import overhead as bench
+from attnscope.core.bench import overhead_report
 from attnscope.core.loading import fit
 from attnscope.core.units import format_bytes
 
@@ -50,8 +50,8 @@ def test_formatters_share_the_one_module():
         one = format_bytes(n)
         assert fit.human_bytes(n) == one
         assert kv.format_bytes(n) == one
-        assert bench._fmt_b(n) == one
-    assert fit.human_bytes(None) == "?" and bench._fmt_b(None) == "—"
+        assert overhead_report._fmt_b(n) == one
+    assert fit.human_bytes(None) == "?" and overhead_report._fmt_b(None) == "—"
     assert format_bytes(335_544_320, digits=2) == "340 MB"
 
 

@@ -94,7 +94,7 @@ def test_session_tokens_text_and_next_tokens(ran):
 
 
 def test_sidecar_says_why_once(ran):
-    from attnscope.core.io.export import session_metadata
+    from attnscope.core.io.provenance import session_metadata
 
     meta = session_metadata(ran)
     assert meta["token_texts"][-2:] == [f"<id {i}>" for i in ran.ids[-2:]]
@@ -103,7 +103,7 @@ def test_sidecar_says_why_once(ran):
 
 
 def test_sidecar_without_unknown_ids_has_no_note(padded_folder):
-    from attnscope.core.io.export import session_metadata
+    from attnscope.core.io.provenance import session_metadata
     from attnscope.core.session import Session
 
     s = Session.load(str(padded_folder))

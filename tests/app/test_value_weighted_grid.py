@@ -135,7 +135,7 @@ def test_data_export_writes_and_records_the_scale_shown(qtbot, tiny_folders, tmp
     import sys
 
     from attnscope.core.analysis.value_weighted import value_weighted_tile
-    from attnscope.core.io.export import sidecar_path
+    from attnscope.core.io.provenance import sidecar_path
     from gui_helpers import ran_window
 
     w = ran_window(qtbot, tiny_folders["llama"], PROMPT)

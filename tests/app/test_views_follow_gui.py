@@ -249,13 +249,13 @@ def test_gqa_groups_take_the_log_default_at_long_lengths(win, monkeypatch):
     """The trial: at 3,031 tokens the GQA maps stayed linear [0, 1] and almost flat while the heatmap
     and the head grid switched to log over [1e-6, 1]. The long-map length is lowered to 40 tokens
     here (the tiny model's run is 83), as the head grid's tests do."""
-    from attnscope.core.io import export_long
+    from attnscope.core.io import colour_scale
     from attnscope.core.io.colormaps import normalize
 
     s = win.engine.session
     view = _show(win, "gqa")
     assert view.scale == "linear" and "linear colours" in view.header.text()
-    monkeypatch.setattr(export_long, "LONG_MAP", 40)
+    monkeypatch.setattr(colour_scale, "LONG_MAP", 40)
     win.select(1, 2)
     _idle(win)
     r = view.report

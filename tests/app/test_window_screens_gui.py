@@ -258,8 +258,8 @@ def test_an_unsupported_folders_size_is_not_zero_bytes(qtbot, tmp_path, monkeypa
 
 
 # -- the window's default colour scale ---------------------------------------------------------------------
-def test_the_windows_default_scale_follows_the_maps_weights(win, qtbot):
-    from attnscope.core.io.export_long import scale_for_map
+def test_the_windows_default_colour_scale_follows_the_maps_weights(win, qtbot):
+    from attnscope.core.io.colour_scale import scale_for_map
 
     win.show_view("heatmap")
     _idle(win)

@@ -67,7 +67,9 @@ def test_reference_default_scale_is_inverse_sqrt_head_dim():
     default = reference.attention(q, k, v).out
     assert np.allclose(default, reference.attention(q, k, v, scale=0.25).out)
     assert not np.allclose(default, reference.attention(q, k, v, scale=1.0).out)
-    assert reference.default_scale(128) == pytest.approx(0.0884, abs=1e-4)  # seed 002: "about 0.088"
+    assert reference.default_scale(128) == pytest.approx(
+        0.0884, abs=1e-4
+    )  # 1/√128 ≈ 0.088 (Vaswani et al. 2017)
 
 
 def test_fully_masked_row_gives_zero_output_and_minus_inf_lse_everywhere():
@@ -106,7 +108,7 @@ def test_decode_row_with_causal_mask_sees_every_cached_key():
     causal = reference.attention(q, k, v, mask="causal", return_weights=True)
     assert np.allclose(causal.out, reference.attention(q, k, v).out)
     assert (causal.weights > 0).all()
-    # the top-left mask (handbook §9 pitfall) would let it see key 0 only
+    # the top-left mask (the decode bug of docs/tabs/experiments.md) would let it see key 0 only
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
     got, _ = sdpa_with_lse(tq, tk, tv, causal=True)
     assert_close(got.numpy(), causal.out, "float32", "decode out")

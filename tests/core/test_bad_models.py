@@ -12,7 +12,7 @@ import shutil
 import gguf
 import pytest
 from attnscope.core.errors import ModelLoadError, UnsupportedModelError
-from attnscope.core.loading.catalog import describe_path
+from attnscope.core.loading.describe_model import describe_path
 from tiny_models import save_tiny, set_tensor_type, tiny_model, write_llama_gguf
 
 

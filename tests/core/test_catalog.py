@@ -14,7 +14,7 @@ import shutil
 import gguf
 import numpy as np
 import pytest
-from attnscope.core.loading import catalog
+from attnscope.core.loading import catalog, describe_model
 from attnscope.core.loading.fit import (
     FITS,
     NO_FIT,
@@ -258,7 +258,7 @@ def test_user_library_folder_is_scanned_two_levels(stores, tmp_path):
     shutil.copyfile(
         stores["f32"], lib / "pub" / "repo" / "m-00002-of-00003.gguf"
     )  # a later split part: skipped
-    names = sorted(e.name for e in catalog.describe_path(lib))
+    names = sorted(e.name for e in describe_model.describe_path(lib))
     assert names == ["gpt2-tiny", "pub/repo/m-Q8_0"]
 
 

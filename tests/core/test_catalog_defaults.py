@@ -1,7 +1,7 @@
 """Attnscope.core.loading.catalog.config_geometry reads configs with transformers' own defaults."""
 
 import pytest
-from attnscope.core.loading.catalog import config_geometry, transformers_config
+from attnscope.core.loading.describe_model import config_geometry, transformers_config
 
 QWEN2 = dict(
     model_type="qwen2",

@@ -14,7 +14,7 @@ from attnscope.core.io.colormaps import (
     normalize,
     to_rgb,
 )
-from attnscope.core.io.export_long import colour_for_length
+from attnscope.core.io.colour_scale import colour_for_length
 
 
 def test_defaults_and_frozen():

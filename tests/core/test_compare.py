@@ -1,4 +1,4 @@
-"""Compare two runs (attnscope.core.analysis.compare) and the value-weighted scale (attnscope.core.analysis.value_weighted).
+"""Compare two runs (attnscope.core.analysis.compare_runs) and the value-weighted scale (attnscope.core.analysis.value_weighted).
 
 A tiny llama and a copy with one head's q_proj rows perturbed: that head ranks first, and every
 head the perturbation cannot reach (same layer, earlier layers) has distance 0; the value norms
@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from attnscope.core.analysis.compare import align, compare_sessions, logits_divergence
+from attnscope.core.analysis.compare_runs import align, compare_sessions, logits_divergence
 from attnscope.core.analysis.value_weighted import (
     apply_norms,
     value_norms,
@@ -422,7 +422,7 @@ def test_smollm2_float32_vs_bfloat16_table(smol_a):
 
 
 def test_run_pair_low_memory_gives_the_same_table(tiny):
-    from attnscope.core.analysis.compare import release_model, run_pair
+    from attnscope.core.analysis.compare_runs import release_model, run_pair
 
     kw = dict(prompt=PROMPT, chat_template=False, device="cpu", weighting="value-weighted")
     full = run_pair(str(tiny["base"]), str(tiny["last"]), **kw)

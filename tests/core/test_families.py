@@ -33,7 +33,7 @@ def language_model(ref, family: str):
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_family_matches_eager(family, tmp_path):
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
     from attnscope.core.session import Session
 
     folder = tmp_path / family

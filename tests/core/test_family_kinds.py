@@ -71,9 +71,9 @@ def run(request, tmp_path_factory):
 
 
 def test_sinks_compare_export_run(run, tmp_path):
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.sinks import session_sink_report
-    from attnscope.core.io.export import export_head
+    from attnscope.core.io.head_export import export_head
     from attnscope.core.session import Session
 
     family, s, ref, folder = run
@@ -134,7 +134,7 @@ def test_mla_geometry_and_latent_cache(tmp_path):
     + the 8-wide RoPE key per token and layer, which the KV figures count."""
     from attnscope.core.analysis.kv_live import kv_live
     from attnscope.core.kv_formula import mla_cache_bytes
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
     from attnscope.core.session import Session
 
     save_tiny("deepseek_v3", tmp_path / "m")
@@ -159,7 +159,7 @@ def test_mla_geometry_and_latent_cache(tmp_path):
 
 def test_moe_fit_counts_every_expert(tmp_path):
     """The fit and the picker's size count all experts (a token runs through 2 of 4)."""
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
     from attnscope.core.loading.fit import estimate_entry
 
     ref = save_tiny("qwen3_moe", tmp_path / "m")
@@ -177,7 +177,7 @@ def test_moe_fit_counts_every_expert(tmp_path):
 
 
 def test_multimodal_fit_counts_the_language_model(tmp_path):
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
 
     ref = save_tiny("qwen2_5_vl", tmp_path / "vl")
     e = describe_hf_folder(tmp_path / "vl")

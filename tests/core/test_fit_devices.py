@@ -170,7 +170,7 @@ def test_estimate_is_the_map_the_load_makes(tiny, tmp_path, monkeypatch, cpu_byt
     """The estimate for a catalog entry equals the ``hf_device_map`` of the real load, with the memory
     the load measures itself, and with ``max_memory`` that sends the second layer to disk."""
     from attnscope.core.backends.torch_backend import TorchBackend
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
     from attnscope.core.loading.device_map import placement
     from attnscope.core.loading.fit_devices import device_fit_entry, placement_name
 
@@ -238,7 +238,7 @@ def test_gguf_entry_uses_the_config_transformers_derives(tmp_path, monkeypatch):
     """A GGUF's per-device fit comes from the config transformers reads out of its metadata, and is
     the map the real load of that GGUF (converted, then dispatched by accelerate) makes."""
     from attnscope.core.backends.torch_backend import TorchBackend
-    from attnscope.core.loading.catalog import describe_gguf
+    from attnscope.core.loading.describe_model import describe_gguf
     from attnscope.core.loading.device_map import placement
     from attnscope.core.loading.fit_devices import device_fit_entry, entry_config
     from tiny_models import tiny_model, write_llama_gguf

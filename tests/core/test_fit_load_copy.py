@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="module")
 def bf16_entry(tmp_path_factory):
     import torch
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
     from tiny_models import tiny_model, tiny_tokenizer
 
     folder = tmp_path_factory.mktemp("bf16") / "llama"

@@ -72,7 +72,7 @@ def test_runtime_is_counted_once_per_backend():
 
 
 def _entry(path, fmt, n_params, **kw):
-    from attnscope.core.loading.catalog import CatalogEntry
+    from attnscope.core.loading.catalog_entry import CatalogEntry
 
     base = dict(
         source="user",

@@ -138,7 +138,7 @@ def test_hybrid_family_matches_eager(family, folders, monkeypatch):
         np.testing.assert_array_equal(w, weights[layer])
     assert not be.notices  # restored, nothing re-run
     if family in HYBRID_MULTIMODAL:  # the language model alone is loaded, said and counted
-        from attnscope.core.loading.catalog import describe_hf_folder
+        from attnscope.core.loading.describe_model import describe_hf_folder
 
         assert "vision tower not loaded: text prompts only" in s.info.load_note
         assert not any("visual" in n or "vision" in n for n, _ in be.model.named_parameters())
@@ -263,9 +263,9 @@ def test_kv_numbers_count_states_apart(folders):
 def test_analyses_follow_the_attention_layers(folders):
     """Compare, roles, GQA, thumbnails, exports and experiments on a hybrid model: exact on the attention
     layers, NaN (or left out) on the others, or refused in one line."""
-    from attnscope.core.analysis import aggregate, compare, experiments, gqa, roles
+    from attnscope.core.analysis import aggregate, compare_runs, experiments, gqa, roles
     from attnscope.core.analysis.sinks import session_sink_report
-    from attnscope.core.io import export as E
+    from attnscope.core.io import batch_export
     from attnscope.core.session import Session
 
     folder = str(folders["qwen3_next"][0])
@@ -274,7 +274,7 @@ def test_analyses_follow_the_attention_layers(folders):
     b.prefill("The dog sat on the mat.", chat_template=False, all_logits=True)
     with pytest.raises(NoAttentionMap, match="^layer 0: linear attention, no map$"):
         a.weights(0, 0)
-    res = compare.compare_sessions(a, b)
+    res = compare_runs.compare_sessions(a, b)
     assert np.isnan(res.js_mean[[0, 2]]).all() and np.isfinite(res.js_mean[[1, 3]]).all()
     assert {d.layer for d in res.ranked()} == {1, 3}
     table = roles.role_table(a, induction=False)
@@ -285,9 +285,11 @@ def test_analyses_follow_the_attention_layers(folders):
     thumbs = aggregate.thumbnails(a, size=8)
     assert np.isnan(thumbs[[0, 2]]).all() and np.isfinite(thumbs[[1, 3]]).all()
     assert aggregate.heads_in(a.info, 1, 0, "all") == [(la, h) for la in (1, 3) for h in range(4)]
-    assert E.heads_in_scope(4, 4, None, a.info.arch) == [(la, h) for la in (1, 3) for h in range(4)]
+    assert batch_export.heads_in_scope(4, 4, None, a.info.arch) == [
+        (la, h) for la in (1, 3) for h in range(4)
+    ]
     with pytest.raises(NoAttentionMap, match="^layer 2: linear attention, no map$"):
-        E.heads_in_scope(4, 4, 2, a.info.arch)
+        batch_export.heads_in_scope(4, 4, 2, a.info.arch)
     with pytest.raises(UnsupportedModelError, match="layer 0 is linear attention") as e:
         experiments.run_experiments(a, [experiments.Experiment("evict_first", k=2)])
     assert "\n" not in str(e.value)
@@ -325,7 +327,7 @@ def test_a_model_with_no_attention_layer_is_refused(tmp_path):
 
 
 def test_catalog_reads_a_hybrid_folder(folders):
-    from attnscope.core.loading.catalog import describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_hf_folder
 
     for fam in (*HYBRID_FAMILIES, *HYBRID_MULTIMODAL):
         folder, ref = folders[fam]

@@ -24,7 +24,7 @@ LLAMA70B = KVConfig(n_layers=80, n_kv_heads=8, head_dim=128, n_heads=64, dtype="
 
 
 def test_handbook_70b_table():
-    # handbook §7: L = 80, d_h = 128, 8192 tokens, bf16: 2 × 80 × H_kv × 128 × 8192 × 2 bytes
+    # the Llama-2-70B preset (docs/tabs/kv.md): L = 80, d_h = 128, 8192 tokens, bf16: 2 × 80 × H_kv × 128 × 8192 × 2 bytes
     assert kv_cache_bytes(80, 64, 128, 8192, "bf16") == 21_474_836_480  # "21.5 GB"
     assert kv_cache_bytes(80, 8, 128, 8192, "bf16") == 2_684_354_560  # "2.7 GB"
     assert kv_cache_bytes(80, 1, 128, 8192, "bf16") == 335_544_320  # "0.34 GB"
@@ -36,10 +36,14 @@ def test_handbook_70b_table():
     assert [r.is_given for r in rows] == [False, True, False]
 
 
-def test_memory_figures_of_both_seeds():
-    assert attention_matrix_bytes(8192, dtype="fp32") == 256 * 2**20  # seed 002: 256 MB per head
+def test_attention_matrix_memory_figures():
+    assert (
+        attention_matrix_bytes(8192, dtype="fp32") == 256 * 2**20
+    )  # 8192² × 4 B: 256 MiB per head (worked_examples)
     assert attention_matrix_bytes(8192, n_heads=64, dtype="fp32") == 16 * 2**30  # 16 GB for 64 heads
-    wall = attention_matrix_bytes(8192, n_heads=32, batch=8, dtype="bf16")  # handbook §5
+    wall = attention_matrix_bytes(
+        8192, n_heads=32, batch=8, dtype="bf16"
+    )  # the memory wall (worked_examples)
     assert wall == 34_359_738_368 and format_bytes(wall) == "34.4 GB" and wall > 0
     assert format_bytes(attention_matrix_bytes(8192), binary=True) == "256 MiB"
     assert attention_matrix_bytes(1, 8192, n_heads=9) == 9 * 8192 * 4  # a decode row: linear
@@ -51,7 +55,7 @@ def test_memory_figures_of_both_seeds():
 )
 def test_config_agrees_with_the_formula(n_layers, n_kv, n_heads, head_dim, seq, dtype, batch):
     cfg = KVConfig(n_layers, n_kv, head_dim, n_heads=n_heads, dtype=dtype, batch=batch)
-    total = 2 * n_layers * n_kv * head_dim * seq * batch * dtype_bytes(dtype)  # DESIGN.md
+    total = 2 * n_layers * n_kv * head_dim * seq * batch * dtype_bytes(dtype)  # docs/tabs/kv.md
     assert cfg.total_bytes(seq) == total == kv_cache_bytes(n_layers, n_kv, head_dim, seq, dtype, batch)
     assert cfg.bytes_per_layer(seq) * n_layers == total
     assert cfg.bytes_per_token * seq == total

@@ -190,9 +190,9 @@ def test_value_weighted_sink_slot_moves_nothing(gpt_oss):
 
 
 def test_compare_counts_the_sink_slot_and_export_records_it(gpt_oss, tmp_path):
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.gqa import js_distance
-    from attnscope.core.io import export as E
+    from attnscope.core.io import head_export, provenance
 
     p = np.array([0.2, 0.3])  # sink 0.5
     q = np.array([0.5, 0.3])  # sink 0.2
@@ -205,7 +205,7 @@ def test_compare_counts_the_sink_slot_and_export_records_it(gpt_oss, tmp_path):
     b.prefill(prompt_of(20)[:10] + "Z" + prompt_of(20)[11:], chat_template=False)
     b.feed(s.ids[20:])
     assert compare_sessions(s, b).js_mean.max() > 0.01
-    meta = E.head_metadata(s, 0, 3)
+    meta = provenance.head_metadata(s, 0, 3)
     sink = float(s.trace.learned_sinks(0)[3])
     assert meta["softmax"] == {
         "softcap": None,
@@ -215,7 +215,7 @@ def test_compare_counts_the_sink_slot_and_export_records_it(gpt_oss, tmp_path):
     }
     assert meta["model"]["learned_sinks"] is True
     path = tmp_path / "map.npy"
-    E.export_head(s, 0, 3, path)
+    head_export.export_head(s, 0, 3, path)
     np.testing.assert_array_equal(np.load(path), s.weights(0, 3))
     snap = s.snapshot()
     assert snap.learned_sinks and snap.softcap is None

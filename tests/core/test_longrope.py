@@ -34,7 +34,7 @@ def _save(folder, model_type, seed=0, **kw):
 
 
 def _phi3_longrope(folder):
-    # the config: 2 layers, 4 heads, 2 KV heads, head_dim 16, theta 1e4, switch past 32 tokens
+    # a tiny Phi-3 LongRoPE config: 2 layers, 4 heads, 2 KV heads, head_dim 16, theta 1e4, switch past 32 tokens
     return _save(
         folder,
         "phi3",

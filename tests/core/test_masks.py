@@ -17,8 +17,8 @@ from attnscope.core.attention.masks import (
 )
 
 
-def test_seed_000_causal_mask_for_four_tokens():
-    # seed 000 §3: token i attends 0..i
+def test_causal_mask_for_four_tokens():
+    # token i attends keys 0..i (docs/how-it-works.md, core/attention/masks.py)
     expect = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], bool)
     assert np.array_equal(Mask(causal=True).structural(4, 4), expect)
     assert np.array_equal(np.isneginf(CAUSAL.additive(4, 4)), ~expect)
@@ -27,13 +27,13 @@ def test_seed_000_causal_mask_for_four_tokens():
 @pytest.mark.parametrize("L, S", [(1, 1), (1, 7), (3, 7), (7, 7), (5, 2)])
 def test_causal_is_bottom_right_aligned(L, S):
     got = Mask(causal=True).structural(L, S)
-    assert np.array_equal(got, np.tril(np.ones((L, S), bool), k=S - L))  # seed 000: tril(k=S-L)
+    assert np.array_equal(got, np.tril(np.ones((L, S), bool), k=S - L))  # bottom-right aligned: tril(k=S-L)
     if L == 1:
         assert got.all()  # a decode step sees every cached key
     if L > S:
         assert not got[: L - S].any() and got[L - S :].any()  # rows before key 0: nothing
     if L < S and L > 1:
-        assert not np.array_equal(got, top_left_causal_mask(L, S))  # the handbook §9 pitfall differs
+        assert not np.array_equal(got, top_left_causal_mask(L, S))  # the top-left decode bug differs
 
 
 def test_window_keeps_the_query_and_the_w_minus_1_keys_before_it():

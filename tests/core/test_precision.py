@@ -156,7 +156,7 @@ def test_catalog_entry_precision_and_fit_at_the_load_dtype(tmp_path, monkeypatch
     import dataclasses
 
     import gguf
-    from attnscope.core.loading.catalog import describe_gguf, describe_hf_folder
+    from attnscope.core.loading.describe_model import describe_gguf, describe_hf_folder
     from attnscope.core.loading.fit import estimate_entry
     from gguf_families import write_family_gguf
     from tiny_models import save_tiny

@@ -1,8 +1,8 @@
-"""§2, §6: exact weights at large |LSE|, reduced-precision LSEs, V head size != Q head
+"""Exact weights at large |LSE|, reduced-precision LSEs, V head size != Q head
 size, and the MLX fused path's rounding of bf16/fp16 scores.
 
-Right values come from the float64 reference (attnscope.core.attention.reference) or, for the issue's sample, from
-the closed form: W = softmax([30000, 29999, 29990]) = [0.7310343, 0.2689325, 0.0000332].
+Right values come from the float64 reference (attnscope.core.attention.reference) or, for a sample
+at |LSE| ≈ 30000, from the closed form: W = softmax([30000, 29999, 29990]) = [0.7310343, 0.2689325, 0.0000332].
 """
 
 from __future__ import annotations

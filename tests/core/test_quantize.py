@@ -197,7 +197,7 @@ def test_mlx_folder_refused_on_torch_names_mlx_backend(qfolder, tmp_path):
 @pytest.mark.slow
 def test_session_round_trip_restores_quantisation(qfolder, tmp_path):
     from attnscope.core.io import sessionfile as SF
-    from attnscope.core.io.export import head_metadata
+    from attnscope.core.io.provenance import head_metadata
     from attnscope.core.session import Session
 
     s = Session.load(str(qfolder), dtype="bfloat16", quantize="int8")

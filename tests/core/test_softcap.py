@@ -195,9 +195,9 @@ def test_mask_report_shows_raw_and_capped_scores(gemma2):
 
 
 def test_sinks_compare_export_and_snapshot_run_on_gemma2(gemma2, tmp_path):
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.sinks import session_sink_report
-    from attnscope.core.io import export as E
+    from attnscope.core.io import provenance
 
     folder, eager = gemma2
     s = run_session(folder, 20, 3)
@@ -213,7 +213,7 @@ def test_sinks_compare_export_and_snapshot_run_on_gemma2(gemma2, tmp_path):
     b.feed(s.ids[20:])  # same length, one token edited: rows from 10 on move
     moved = compare_sessions(s, b, weighting="value-weighted")
     assert moved.js_mean.max() > 10 * same.js_mean.max()
-    meta = E.head_metadata(s, 1, 2)
+    meta = provenance.head_metadata(s, 1, 2)
     assert meta["softmax"] == {
         "softcap": CAP,
         "learned_sinks": False,

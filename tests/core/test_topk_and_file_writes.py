@@ -10,7 +10,7 @@ import stat
 import numpy as np
 import pytest
 from attnscope.core.io import sessionfile as SF
-from attnscope.core.io.export import write_data
+from attnscope.core.io.data_writers import write_data
 from attnscope.core.sampling import Sampling, filtered_probs
 
 

@@ -18,7 +18,7 @@ from attnscope.core.analysis.worked_examples import (
 from attnscope.core.attention.fused import sdpa_with_lse
 from attnscope.core.attention.rope import apply_rope, rope_frequencies, rope_score, rotation_matrix
 
-# ---------------------------------------------------------------- seed 004 §2: the trace -------
+# ------------------------------------------------ the 3-token trace (worked_examples.TRACE_*) -------
 
 
 def test_trace_reconstruction_gives_the_agreed_projections():
@@ -60,7 +60,7 @@ def test_trace_through_the_apps_fused_torch_path():
     assert np.allclose(lse[0, 0].numpy(), ex.step("log-sum-exp per row").value, atol=1e-6)
 
 
-# ------------------------------------------------------- seed 004 §3, §10; seeds' figures ------
+# ----------------------------------- saturation, exercises, memory and KV figures (worked_examples) ------
 
 
 def test_exercise_1():

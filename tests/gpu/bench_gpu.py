@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device: skipped")
         return 0
-    from attnscope.core.bench.overhead import BenchOptions, format_table, run_bench
+    from attnscope.core.bench.overhead import BenchOptions, run_bench
+    from attnscope.core.bench.overhead_report import format_table
 
     total = torch.cuda.get_device_properties(0).total_memory
     opts = BenchOptions(

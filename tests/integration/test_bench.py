@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from attnscope.core.bench import overhead as bench
+from attnscope.core.bench import peak_memory
 
 SMOL = dict(
     name="SmolLM2",
@@ -48,7 +49,7 @@ def test_prefill_flops_by_hand():
 
 def test_eager_fit_8192_skipped_2048_runs(monkeypatch):
     monkeypatch.setattr(
-        bench, "_available", lambda device: 100 * 10**9
+        bench, "available_bytes", lambda device: 100 * 10**9
     )  # plenty available: the 24 GB limit decides
     assert bench.eager_attention_bytes(SMOL, 8192) == 30 * 9 * 8192 * 8192 * 4  # 72.5 GB
     ok, why = bench.eager_fit(SMOL, 8192, 24 * 10**9)
@@ -56,7 +57,7 @@ def test_eager_fit_8192_skipped_2048_runs(monkeypatch):
     ok, why = bench.eager_fit(SMOL, 2048, 24 * 10**9)
     assert ok and why == ""
     monkeypatch.setattr(
-        bench, "_available", lambda device: 3 * 10**9
+        bench, "available_bytes", lambda device: 3 * 10**9
     )  # 4.5 GB of attentions > 3 GB available
     ok, why = bench.eager_fit(SMOL, 2048, 24 * 10**9)
     assert not ok and "available" in why
@@ -68,7 +69,7 @@ def test_peak_rss_sees_a_100_mb_allocation():
     # after a model test, so its RSS growth depends on test order; it read 0 after test_exactness.)
     import mmap
 
-    peak = bench.PeakRSS()
+    peak = peak_memory.PeakRSS()
     before = peak.start()
     buf = mmap.mmap(-1, 100 * 10**6)
     np.frombuffer(buf, dtype=np.uint8)[:: mmap.PAGESIZE] = 1

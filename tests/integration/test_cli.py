@@ -67,7 +67,7 @@ def test_export_npy_csv_png(tmp_path, smol_session):
         str(tmp_path / "w.csv"),
     )
     assert r.returncode == 0, r.stderr
-    from attnscope.core.io.export import read_map_csv
+    from attnscope.core.io.data_writers import read_map_csv
 
     got, rows, cols = read_map_csv(tmp_path / "w.csv")  # a header row and a label column name the tokens
     np.testing.assert_allclose(got, w, atol=1e-7)

@@ -398,7 +398,7 @@ def test_list_cache_tells_conversions_from_quantised_weights(tmp_path, monkeypat
 
 def test_bench_table_names_its_statistics():
     """The table's × are ratios of medians, the summary's of the fastest runs: both say so."""
-    from attnscope.core.bench.overhead import format_table
+    from attnscope.core.bench.overhead_report import format_table
 
     cfg = {"prefill_median_s": 4.99, "decode_step_median_s": 0.05, "achieved_flops": 1e9}
     cfg.update(fraction_of_peak=0.1, cpu_per_wall=1.9)

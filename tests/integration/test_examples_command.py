@@ -16,7 +16,7 @@ def test_every_example_matches_its_seed_and_the_command_exits_0(capsys):
     for key in E.EXAMPLES:
         assert f"[{key};" in out
     assert "MISMATCH" not in out
-    # the handbook §2 trace, row 1 of the weights: 0.045, 0.768, 0.187
+    # the 3-token trace (worked_examples.TRACE_*), row 1 of the weights: 0.045, 0.768, 0.187
     assert "[0.045388, 0.767918, 0.186694]" in out
 
 

@@ -1,7 +1,7 @@
 """The import contract: every module under core/ imports with Qt, pyqtgraph and app/ made unimportable.
 
 core/ (installed as ``attnscope.core``) is the headless engine the CLI, notebooks and a remote server
-drive; it must never pull in the GUI (DESIGN.md, "Layout"). The check runs in a fresh interpreter in
+drive; it must never pull in the GUI (docs/development.md, "Layout"). The check runs in a fresh interpreter in
 which a meta-path finder refuses PySide6, pyqtgraph, superqt and ``attnscope.app``, and walks the
 whole core package, so a new module is covered the day it is added. The namespace itself is checked
 too: pyproject lists every package folder, and no module imports the bare names ``core``/``app``.

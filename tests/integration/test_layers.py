@@ -2,7 +2,7 @@
 imports inside functions included, plus "core never imports the app or Qt" and no import cycles.
 
 import-linter builds its graph with grimp, which reads every import statement of every module (a
-function-level ``from attnscope.core.io.export import x`` counts like a top-level one), so an
+function-level ``from attnscope.core.io.head_export import x`` counts like a top-level one), so an
 analysis that reaches up into ``core/io`` or a loader that reaches into a backend fails here with the
 importing line named. The contract's exceptions are listed in pyproject, each saying why.
 """

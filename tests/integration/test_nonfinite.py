@@ -89,7 +89,7 @@ def test_watch_names_inf_and_nan_with_one_reduction_per_tensor():
 
 @pytest.mark.slow
 def test_float16_overflow_in_layer_1_is_named_and_maps_are_nan(overflowing, tmp_path):
-    from attnscope.core.io import export as E
+    from attnscope.core.io import head_export, provenance
     from attnscope.core.session import Session
 
     folder, amax = overflowing
@@ -129,8 +129,8 @@ def test_float16_overflow_in_layer_1_is_named_and_maps_are_nan(overflowing, tmp_
     assert [str(n) for n in s.notices] == notes
 
     # the sidecar records every non-finite tensor and the map's own non-finite cells
-    paths = E.export_head(s, 2, 0, tmp_path / "l2.npy")
-    meta = json.loads(E.sidecar_path(paths[0]).read_text())
+    paths = head_export.export_head(s, 2, 0, tmp_path / "l2.npy")
+    meta = json.loads(provenance.sidecar_path(paths[0]).read_text())
     assert meta["nonfinite"][0] == {
         "layer": 1,
         "what": "hidden states",
@@ -139,7 +139,9 @@ def test_float16_overflow_in_layer_1_is_named_and_maps_are_nan(overflowing, tmp_
         "positions": [0, T - 1],
     }
     assert meta["nonfinite_cells"] == int(np.tril(np.ones((T + 1, T + 1))).sum())
-    ok = json.loads(E.sidecar_path(E.export_head(ref, 2, 0, tmp_path / "ok.npy")[0]).read_text())
+    ok = json.loads(
+        provenance.sidecar_path(head_export.export_head(ref, 2, 0, tmp_path / "ok.npy")[0]).read_text()
+    )
     assert ok["nonfinite"] == [] and ok["nonfinite_cells"] == 0
 
 
@@ -275,7 +277,7 @@ def test_mlx_watch_reads_its_reductions_at_once():
 def test_mlx_float16_overflow_is_named_and_recorded(overflowing, tmp_path):
     """The same sample on the MLX backend: the same line, the same sidecar records."""
     pytest.importorskip("mlx.core")
-    from attnscope.core.io import export as E
+    from attnscope.core.io import head_export, provenance
     from attnscope.core.session import Session
 
     folder, _ = overflowing
@@ -300,7 +302,9 @@ def test_mlx_float16_overflow_is_named_and_recorded(overflowing, tmp_path):
     assert np.isnan(s.logits).all()
     s.step(1)
     assert [str(n) for n in s.notices] == notes  # said once
-    meta = json.loads(E.sidecar_path(E.export_head(s, 2, 0, tmp_path / "l2.npy")[0]).read_text())
+    meta = json.loads(
+        provenance.sidecar_path(head_export.export_head(s, 2, 0, tmp_path / "l2.npy")[0]).read_text()
+    )
     assert meta["nonfinite"][0] == {
         "layer": 1,
         "what": "hidden states",
@@ -313,7 +317,9 @@ def test_mlx_float16_overflow_is_named_and_recorded(overflowing, tmp_path):
     ok = Session.load(str(folder), dtype="float32", backend="mlx")
     ok.prefill(PROMPT)
     assert ok.notices == []
-    meta = json.loads(E.sidecar_path(E.export_head(ok, 2, 0, tmp_path / "ok.npy")[0]).read_text())
+    meta = json.loads(
+        provenance.sidecar_path(head_export.export_head(ok, 2, 0, tmp_path / "ok.npy")[0]).read_text()
+    )
     assert meta["nonfinite"] == [] and meta["nonfinite_cells"] == 0
 
 
@@ -322,7 +328,7 @@ def test_mlx_float16_overflow_is_named_and_recorded(overflowing, tmp_path):
 def test_remote_engine_carries_the_records_to_the_sidecar(overflowing, tmp_path):
     """The engine's line reaches the client's notices and its records the client's sidecar."""
     pytest.importorskip("zmq")
-    from attnscope.core.io import export as E
+    from attnscope.core.io import head_export, provenance
     from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
     from test_remote import TOKEN, serving
@@ -338,7 +344,9 @@ def test_remote_engine_carries_the_records_to_the_sidecar(overflowing, tmp_path)
             assert len(notes) == 1 and notes[0].startswith(
                 "non-finite forward: hidden states of layer 1 reach inf at float16"
             )
-            meta = json.loads(E.sidecar_path(E.export_head(r, 2, 0, tmp_path / "r.npy")[0]).read_text())
+            meta = json.loads(
+                provenance.sidecar_path(head_export.export_head(r, 2, 0, tmp_path / "r.npy")[0]).read_text()
+            )
             assert meta["nonfinite"] == engine.backend.trace.finite.records()
             assert meta["nonfinite"][0] == {
                 "layer": 1,
@@ -349,6 +357,6 @@ def test_remote_engine_carries_the_records_to_the_sidecar(overflowing, tmp_path)
             }
             assert len(meta["nonfinite"]) == 6
             r.clear()  # a new sequence: the engine's watch forgets them, and so does the sidecar
-            assert E.nonfinite_records(r) == []
+            assert provenance.nonfinite_records(r) == []
         finally:
             r.close()

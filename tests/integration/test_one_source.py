@@ -114,7 +114,7 @@ def test_every_remotable_function_is_served():
     from attnscope.core.analysis.remotable import served
 
     marked = _remotable_functions()
-    assert len(marked) >= 20  # aggregate, value_weighted, compare_b, gqa, roles, sinks, ...
+    assert len(marked) >= 20  # aggregate, value_weighted, compare_run_b, gqa, roles, sinks, ...
     assert sorted(served()) == marked
 
 
@@ -190,8 +190,7 @@ def test_export_formats_come_from_one_table():
     import argparse
 
     from attnscope.core.cli.commands import export as cli_export
-    from attnscope.core.io import export as writers
-    from attnscope.core.io import formats
+    from attnscope.core.io import data_writers, formats
 
     assert formats.DATA_FORMATS == ("npy", "csv", "safetensors")
     assert formats.BATCH_FORMATS == ("png", "svg", "pdf", "npy", "csv", "safetensors")
@@ -201,7 +200,7 @@ def test_export_formats_come_from_one_table():
     cli_export.add_arguments(p)
     fmt = next(a for a in p._actions if a.dest == "format")
     assert tuple(fmt.choices) == formats.BATCH_FORMATS
-    assert writers.DATA_FORMATS is formats.DATA_FORMATS
+    assert data_writers.DATA_FORMATS is formats.DATA_FORMATS
     assert formats.listing("data", last=" or ") == ".npy, .csv or .safetensors"
     assert formats.file_filter("image") == "PNG image (*.png);;SVG vector image (*.svg);;PDF document (*.pdf)"
 

@@ -50,7 +50,7 @@ def test_public_names_are_the_engine_objects():
     from attnscope.core.analysis.methods import AnalysisMethods
     from attnscope.core.analysis.methods import Session as PublicSession
     from attnscope.core.errors import AttnScopeError
-    from attnscope.core.io.export import export_head
+    from attnscope.core.io.head_export import export_head
     from attnscope.core.session import Session
 
     # the engine's Session with the analyses as methods (tests/integration/test_session_methods.py)

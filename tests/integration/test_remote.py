@@ -673,7 +673,8 @@ def test_ray_engine_actor(tmp_path):
 
 def test_session_file_records_the_engine_and_model_hash(remote_qwen3, tmp_path):
     from attnscope.core.io import sessionfile
-    from attnscope.core.io.export import model_sha256, session_metadata
+    from attnscope.core.io.provenance import session_metadata
+    from attnscope.core.loading.model_hash import model_sha256
 
     local, r, server = remote_qwen3
     r.prefill("save me", chat_template=False)

@@ -1,5 +1,5 @@
 """Compare over a remote engine: run B is loaded, run and compared on the engine
-(``attnscope.core.analysis.compare_b``, ``@remotable``), held there for the maps, tiles and rows, and
+(``attnscope.core.analysis.compare_run_b``, ``@remotable``), held there for the maps, tiles and rows, and
 everything arrives identical to in-process, bit for bit; a B the engine cannot hold is one line and
 the engine keeps serving."""
 
@@ -86,7 +86,7 @@ def test_compare_b_is_offered_by_the_engine():
 
     REGISTRY = served()
     for fn in ("run_b", "b_maps", "b_overview", "kept_all_logits"):
-        assert f"attnscope.core.analysis.compare_b.{fn}" in REGISTRY
+        assert f"attnscope.core.analysis.compare_run_b.{fn}" in REGISTRY
 
 
 @pytest.mark.slow
@@ -100,7 +100,7 @@ def test_compare_b_is_offered_by_the_engine():
 )
 def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting, prompt_b):
     from attnscope.core.analysis import compare_b
-    from attnscope.core.analysis.compare_b import b_maps, b_overview, held, kept_all_logits, run_b
+    from attnscope.core.analysis.compare_run_b import b_maps, b_overview, held, kept_all_logits, run_b
 
     local, r, engine, server = sessions
     model = str(folders["last"]) if kind == "model" else None
@@ -158,7 +158,7 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
     sessions, folders, tmp_path, monkeypatch
 ):
     from attnscope.core.analysis import compare_b
-    from attnscope.core.analysis.compare_b import b_maps, held, run_b
+    from attnscope.core.analysis.compare_run_b import b_maps, held, run_b
     from attnscope.core.errors import ModelLoadError, SessionError
     from attnscope.core.loading import fit
 
@@ -238,7 +238,7 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
 @pytest.mark.slow
 def test_loading_another_model_on_the_engine_drops_run_b(folders):
     from attnscope.core.analysis import compare_b
-    from attnscope.core.analysis.compare_b import run_b
+    from attnscope.core.analysis.compare_run_b import run_b
     from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
 
@@ -260,7 +260,7 @@ def test_compare_tab_on_a_remote_engine_shows_the_in_process_comparison(qtbot, f
     pytest.importorskip("pytestqt")
     from attnscope.app import model_picker
     from attnscope.app.views import compare_jobs
-    from attnscope.core.analysis.compare_b import b_maps, b_overview, run_b
+    from attnscope.core.analysis.compare_run_b import b_maps, b_overview, run_b
     from attnscope.core.loading import catalog
     from attnscope.core.session import Session
     from remote_window import remote_window

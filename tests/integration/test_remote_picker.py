@@ -19,14 +19,16 @@ def test_open_model_while_connected_lists_and_loads_the_engines_models(qtbot, tm
     from attnscope.app import model_picker
     from attnscope.app.connect import install
     from attnscope.app.main_window import MainWindow
-    from attnscope.core.loading import catalog
+    from attnscope.core.loading import catalog, describe_model
     from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
 
     first, second = tmp_path / "engine-qwen3", tmp_path / "engine-llama"
     save_tiny("qwen3", first, seed=5)
     save_tiny("llama", second, seed=7)
-    engine_entries = catalog.describe_path(second, "user") + catalog.describe_path(first, "user")
+    engine_entries = describe_model.describe_path(second, "user") + describe_model.describe_path(
+        first, "user"
+    )
     assert [e.supported for e in engine_entries] == [True, True]
 
     def local_scan():  # the picker must not list this machine's models while connected
@@ -97,12 +99,12 @@ def test_open_model_while_connected_lists_and_loads_the_engines_models(qtbot, tm
 
 def test_engine_scanner_lists_the_engines_models_and_says_a_lost_engine_in_one_line(tmp_path):
     from attnscope.app.remote_picker import engine_scanner
-    from attnscope.core.loading import catalog
+    from attnscope.core.loading import describe_model
     from attnscope.core.remote.client import EngineLost, RemoteSession
 
     folder = tmp_path / "m"
     save_tiny("qwen3", folder, seed=1)
-    entries = catalog.describe_path(folder, "user")
+    entries = describe_model.describe_path(folder, "user")
     with serving(None) as server:
         server.op_models = lambda: entries
         s = RemoteSession.connect(f"127.0.0.1:{server.port}", token=TOKEN)
@@ -128,12 +130,12 @@ def test_engine_scanner_waits_while_the_engine_runs_the_windows_long_request(tmp
     import time
 
     from attnscope.app.remote_picker import engine_scanner
-    from attnscope.core.loading import catalog
+    from attnscope.core.loading import describe_model
     from attnscope.core.remote.client import Busy, RemoteSession
 
     folder = tmp_path / "m"
     save_tiny("qwen3", folder, seed=1)
-    entries = catalog.describe_path(folder, "user")
+    entries = describe_model.describe_path(folder, "user")
     with serving(None) as server:
         server.op_models = lambda: entries
         busy_answers = []

@@ -13,7 +13,7 @@ def _warn(category, module: str) -> None:
 
 
 @pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning, UserWarning, RuntimeWarning])
-@pytest.mark.parametrize("module", ["attnscope", "attnscope.core.io.export", "attnscope.app.figure"])
+@pytest.mark.parametrize("module", ["attnscope", "attnscope.core.io.head_export", "attnscope.app.figure"])
 def test_a_warning_from_our_code_is_an_error(category, module):
     with pytest.raises(category, match="going away"):
         _warn(category, module)

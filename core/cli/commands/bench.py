@@ -1,7 +1,7 @@
 """``attnscope bench``: prefill, decode, memory and map timings of AttnScope against transformers.
 
 Prints a table (stdout; progress on stderr) and, with ``--json FILE``, writes the raw figures,
-the ratios, the issue's targets (met or not) and the machine's description. See
+the ratios, the targets of docs/benchmarks.md (met or not) and the machine's description. See
 :mod:`attnscope.core.bench.overhead` for what is measured and how.
 """
 
@@ -173,7 +173,8 @@ def options_from_args(args):
 
 
 def run(args) -> int:
-    from attnscope.core.bench.overhead import format_table, run_bench
+    from attnscope.core.bench.overhead import run_bench
+    from attnscope.core.bench.overhead_report import format_table
     from attnscope.core.io.paths import check_output
 
     out = check_output(args.json, "--json", stdout=True) if args.json else None

@@ -2,9 +2,9 @@
 
 Run A is ``--model/--backend/--dtype`` on ``--prompt``; run B takes each of those from A unless
 ``--model-b``, ``--backend-b``, ``--dtype-b`` (``--quantize-b`` where the models support it) or
-``--prompt-b`` says otherwise. The JSON (:meth:`attnscope.core.analysis.compare.CompareResult.to_json`) holds
+``--prompt-b`` says otherwise. The JSON (:meth:`attnscope.core.analysis.compare_runs.CompareResult.to_json`) holds
 ``heads``: ``{"layer", "head", "js_mean", "js_max"}`` sorted by ``js_mean``, most changed first
-(base-2 Jensen–Shannon distance over the aligned query rows, :mod:`attnscope.core.analysis.compare`); ``logits``:
+(base-2 Jensen–Shannon distance over the aligned query rows, :mod:`attnscope.core.analysis.compare_runs`); ``logits``:
 per position ``KL(A‖B)`` in bits and top-1 agreement; ``alignment``: token-aligned or by the shared
 prefix; ``run_a``/``run_b``: model, sha256, dtype, backend, prompt, ids.
 """
@@ -61,9 +61,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from attnscope.core.analysis.compare import run_pair
+    from attnscope.core.analysis.compare_runs import run_pair
     from attnscope.core.errors import SessionError
-    from attnscope.core.io.export import write_compare_csv
+    from attnscope.core.io.data_writers import write_compare_csv
     from attnscope.core.io.paths import check_output, shown, write_json
 
     out = check_output(args.json, "--json", stdout=True)  # None: standard output

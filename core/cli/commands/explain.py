@@ -67,7 +67,7 @@ def payload(s, e, share: float, short_tokens: float) -> dict:
     """The JSON of ``attnscope explain``: the session's export provenance, the cell and the split."""
     import hashlib
 
-    from attnscope.core.io.export import session_metadata
+    from attnscope.core.io.provenance import session_metadata
 
     meta = session_metadata(s)
     ids = meta["token_ids"]

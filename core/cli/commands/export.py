@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnscope.core.cli.options import add_model_arguments, add_prompt_arguments
-from attnscope.core.io import export_long, formats
+from attnscope.core.io import colour_scale, formats
 from attnscope.core.io.colormaps import ColourSpec
 from attnscope.core.io.paths import check_output, probe_folder
 from attnscope.core.io.render import PILLOW, Renderers
@@ -169,7 +169,7 @@ def _needs_figure(args) -> bool:
 def _check_args(args) -> None:
     from attnscope.core.errors import SessionError
     from attnscope.core.io.colormaps import COLORMAPS
-    from attnscope.core.io.export import parse_size
+    from attnscope.core.io.data_writers import parse_size
 
     if args.session and args.prompt is not None:
         raise SessionError("give either --prompt or --session, not both")
@@ -223,7 +223,7 @@ def _check_args(args) -> None:
             )
         check_output(fr, "--frames")
         if fr.suffix.lower() == ".mp4":
-            from attnscope.core.io.export import mp4_unavailable
+            from attnscope.core.io.animation import mp4_unavailable
 
             why = mp4_unavailable()
             if why:  # before the model loads, not after
@@ -389,18 +389,18 @@ def _session_overrides(sf, args):
 
 def _animation_colour(s, layer: int, head: int, asked, settled):
     """The one colour scale of an animation's frames: the user's, or chosen from the last frame's
-    map (the whole sequence: :func:`attnscope.core.io.export_long.scale_for_map`), by length from
+    map (the whole sequence: :func:`attnscope.core.io.colour_scale.scale_for_map`), by length from
     2,048 tokens (``settled``)."""
-    if asked.scale is not None or s.seq_len >= export_long.LONG_MAP:
+    if asked.scale is not None or s.seq_len >= colour_scale.LONG_MAP:
         return settled
-    return export_long.colour_for_map(asked, s.weights(layer, head))[0]
+    return colour_scale.colour_for_map(asked, s.weights(layer, head))[0]
 
 
 def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     """Run ``attnscope export``. ``renderers``: a loader of the figure/frame renderers (the app's
     entry point passes Qt's, loaded only when called); None: Pillow only (plain PNG maps, bare
     frames; figures refused with one line)."""
-    from attnscope.core.io import export as E
+    from attnscope.core.io import animation, batch_export, data_writers, head_export
 
     _check_args(args)
     load = renderers if renderers is not None else (lambda: PILLOW)  # called only when a figure is drawn
@@ -416,14 +416,14 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     # what the user asked for (scale None: by the map's length), and with the scale settled for the
     # whole sequence (batches, animations, the saved session)
     asked = ColourSpec(cmap=cmap, scale=scale_choice, gamma=gamma, range_mode=range_mode)
-    colour = export_long.colour_for_length(asked, s.seq_len)
+    colour = colour_scale.colour_for_length(asked, s.seq_len)
     if args.gamma is not None and colour.scale != "power":
         print(
             f"attnscope: note: --gamma applies to the power scale; this map uses the {colour.scale} "
             f"scale, so --gamma {args.gamma:g} has no effect (add --scale power)",
             file=sys.stderr,
         )
-    size = E.parse_size(args.size)
+    size = data_writers.parse_size(args.size)
     info = s.info
     layer = args.layer if args.layer is not None else view.get("layer")
     head = args.head if args.head is not None else view.get("head")
@@ -452,14 +452,14 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
     if args.all_heads:
         if args.layer is not None and not 0 <= args.layer < info.n_layers:
             raise IndexError(f"layer {args.layer} out of range 0..{info.n_layers - 1}")
-        pairs = E.heads_in_scope(info.n_layers, info.n_heads, args.layer, info.arch)
+        pairs = batch_export.heads_in_scope(info.n_layers, info.n_heads, args.layer, info.arch)
         t0 = time.monotonic()
-        written = E.export_batch(
+        written = batch_export.export_batch(
             s,
             args.out,
             args.format,
             pairs,
-            colour=asked,  # a scale not given: each map's own (export_long.scale_for_map), recorded
+            colour=asked,  # a scale not given: each map's own (colour_scale.scale_for_map), recorded
             size=size,
             dpi=args.dpi,
             figure=args.figure,
@@ -480,7 +480,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
             raise IndexError(f"head {head} out of range 0..{info.n_heads - 1}")
         if args.out:
             out = Path(args.out)
-            files = E.export_head(
+            files = head_export.export_head(
                 s,
                 layer,
                 head,
@@ -495,7 +495,7 @@ def run(args, renderers: Callable[[], Renderers] | None = None) -> int:
             )
             print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
         if args.frames:
-            files = E.export_animation(
+            files = animation.export_animation(
                 s,
                 layer,
                 head,

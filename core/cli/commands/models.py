@@ -205,12 +205,12 @@ def _check_addable(path: str) -> None:
     Raises:
         ValueError: nothing readable there (the catalog's reason in the message).
     """
-    from attnscope.core.loading import catalog
+    from attnscope.core.loading import describe_model
 
     p = Path(path).expanduser()
     if not p.exists():
         return  # add_user_path says so
-    entries = catalog.describe_path(p)
+    entries = describe_model.describe_path(p)
     only = entries[0] if len(entries) == 1 else None  # the path itself, not a model inside a library
     if only and not only.supported and not only.architecture and Path(only.path).absolute() == p.absolute():
         raise ValueError(f"cannot add {p}: {only.reason}")

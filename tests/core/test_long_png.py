@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from attnscope.core.analysis import aggregate
 from attnscope.core.analysis.pooling import max_pool
-from attnscope.core.io import export as E
-from attnscope.core.io import export_long as XL
+from attnscope.core.io import colour_scale, data_writers, head_export, long_png
 from attnscope.core.io.colormaps import ColourSpec, to_rgb
 from PIL import Image
 from tiny_models import save_tiny
@@ -35,11 +34,13 @@ def _pixels(path):
 def test_streamed_png_equals_pillow(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.random((37, 53)).astype(np.float32) ** 4
-    E.save_map_png(w, tmp_path / "pil.png", ColourSpec(cmap="magma", scale="log", vmax=0.8), size=(53, 37))
+    data_writers.save_map_png(
+        w, tmp_path / "pil.png", ColourSpec(cmap="magma", scale="log", vmax=0.8), size=(53, 37)
+    )
     bands = [
         to_rgb(w[a : a + 5], "magma", 0.0, 0.8, "log") for a in range(0, 37, 5)
     ]  # 8 bands, last of 2 rows
-    XL.write_png_rows(tmp_path / "stream.png", 53, 37, bands, metadata={"a": 1, "é": "ü"}, dpi=300)
+    long_png.write_png_rows(tmp_path / "stream.png", 53, 37, bands, metadata={"a": 1, "é": "ü"}, dpi=300)
     a, _ = _pixels(tmp_path / "pil.png")
     b, info = _pixels(tmp_path / "stream.png")
     np.testing.assert_array_equal(a, b)
@@ -49,9 +50,9 @@ def test_streamed_png_equals_pillow(tmp_path):
 
 def test_bands_must_add_up(tmp_path):
     with pytest.raises(ValueError, match="rows"):
-        XL.write_png_rows(tmp_path / "x.png", 4, 5, [np.zeros((3, 4, 3), np.uint8)])
+        long_png.write_png_rows(tmp_path / "x.png", 4, 5, [np.zeros((3, 4, 3), np.uint8)])
     with pytest.raises(ValueError, match="band of shape"):
-        XL.write_png_rows(tmp_path / "x.png", 4, 3, [np.zeros((3, 5, 3), np.uint8)])
+        long_png.write_png_rows(tmp_path / "x.png", 4, 3, [np.zeros((3, 5, 3), np.uint8)])
     assert not (tmp_path / "x.png").exists() and not list(tmp_path.glob("*.partial"))
 
 
@@ -62,9 +63,9 @@ def test_full_size_stream_equals_the_in_memory_map(sess, tmp_path, mode):
     w = aggregate.map_at(s, 1, 1, mode)
     # the streamed bands draw the cells as every image does (masked ones hatched, the hatch continuing
     # across bands): the in-memory PNG of the same mask
-    masked = E.map_mask(s, 1, n, mode)
-    E.save_map_png(w, tmp_path / "mem.png", ColourSpec(scale="log"), size=(n, n), masked=masked)
-    XL.export_long_png(
+    masked = head_export.map_mask(s, 1, n, mode)
+    data_writers.save_map_png(w, tmp_path / "mem.png", ColourSpec(scale="log"), size=(n, n), masked=masked)
+    long_png.export_long_png(
         s, 1, 1, tmp_path / "st.png", n=n, mode=mode, full_size=True, colour=ColourSpec(scale="log")
     )
     a, _ = _pixels(tmp_path / "mem.png")
@@ -77,7 +78,9 @@ def test_full_size_stream_equals_the_in_memory_map(sess, tmp_path, mode):
 def test_overview_is_max_pooled_and_says_so(sess, tmp_path):
     s = sess
     n = s.seq_len
-    XL.export_long_png(s, 0, 2, tmp_path / "ov.png", n=n, size=(9, 6), colour=ColourSpec(), metadata={"x": 1})
+    long_png.export_long_png(
+        s, 0, 2, tmp_path / "ov.png", n=n, size=(9, 6), colour=ColourSpec(), metadata={"x": 1}
+    )
     img, info = _pixels(tmp_path / "ov.png")
     assert img.shape == (6, 9, 3)
     np.testing.assert_array_equal(img, _overview(s.weights(0, 2), 6, 9, ColourSpec()))
@@ -85,7 +88,7 @@ def test_overview_is_max_pooled_and_says_so(sess, tmp_path):
     assert meta["x"] == 1 and meta["pooling"]["kind"] == "max" and meta["pooling"]["image_size"] == [9, 6]
     assert meta["pooling"]["map_size"] == [n, n]
     with pytest.raises(ValueError, match="larger than"):
-        XL.export_long_png(s, 0, 2, tmp_path / "big.png", n=n, size=(n + 1, 4))
+        long_png.export_long_png(s, 0, 2, tmp_path / "big.png", n=n, size=(n + 1, 4))
 
 
 def _overview(w, rows, cols, colour):
@@ -108,25 +111,28 @@ def _overview(w, rows, cols, colour):
 def test_full_size_above_the_limit_needs_the_flag(sess, tmp_path, monkeypatch):
     s = sess
     n = s.seq_len
-    monkeypatch.setattr(XL, "FULL_SIZE_LIMIT", n - 1)
+    monkeypatch.setattr(long_png, "FULL_SIZE_LIMIT", n - 1)
     with pytest.raises(ValueError, match="--full-size"):
-        XL.export_long_png(s, 0, 0, tmp_path / "f.png", n=n, size=(n, n))
-    XL.export_long_png(s, 0, 0, tmp_path / "f.png", n=n, full_size=True)
+        long_png.export_long_png(s, 0, 0, tmp_path / "f.png", n=n, size=(n, n))
+    long_png.export_long_png(s, 0, 0, tmp_path / "f.png", n=n, full_size=True)
     assert _pixels(tmp_path / "f.png")[0].shape == (n, n, 3)
 
 
 def test_colours_by_length():
-    assert XL.default_colour_scale(2047) == "linear" and XL.default_colour_scale(2048) == "log"
-    assert XL.scale_note(4096, "log", True) == "log colours (chosen for 4,096 tokens)"
+    assert (
+        colour_scale.default_colour_scale(2047) == "linear"
+        and colour_scale.default_colour_scale(2048) == "log"
+    )
+    assert colour_scale.scale_note(4096, "log", True) == "log colours (chosen for 4,096 tokens)"
 
 
 def test_export_head_routes_long_maps(sess, tmp_path, monkeypatch):
     """A bare PNG from LONG_MAP tokens: overview by default, log colours chosen by length, all recorded."""
     s = sess
     n = s.seq_len
-    monkeypatch.setattr(XL, "LONG_MAP", 8)
-    monkeypatch.setattr(XL, "OVERVIEW_SIDE", 8)
-    (out,) = E.export_head(s, 1, 0, tmp_path / "long.png")
+    monkeypatch.setattr(colour_scale, "LONG_MAP", 8)
+    monkeypatch.setattr(long_png, "OVERVIEW_SIDE", 8)
+    (out,) = head_export.export_head(s, 1, 0, tmp_path / "long.png")
     img, info = _pixels(out)
     meta = json.loads(info["attnscope"])
     assert img.shape == (8, 8, 3)
@@ -134,7 +140,7 @@ def test_export_head_routes_long_maps(sess, tmp_path, monkeypatch):
     assert meta["pooling"]["kind"] == "max"
     np.testing.assert_array_equal(img, _overview(s.weights(1, 0), 8, 8, ColourSpec(scale="log")))
     # the user's choice wins and is said
-    (out,) = E.export_head(s, 1, 0, tmp_path / "lin.png", colour=ColourSpec(), full_size=True)
+    (out,) = head_export.export_head(s, 1, 0, tmp_path / "lin.png", colour=ColourSpec(), full_size=True)
     img, info = _pixels(out)
     assert img.shape == (n, n, 3)
     assert json.loads(info["attnscope"])["colour"]["scale_chosen"] == "by the user"

@@ -57,7 +57,7 @@ def pooled_pair(
     cancelled: Callable[[], bool] | None = None,
 ) -> PairOverview:
     """Overview of A, B and A − B, ``out × out`` blocks at most, from ``maps(rows) -> (wa, wb)``
-    (each ``len(rows) × n`` float32, e.g. :func:`attnscope.core.analysis.compare.head_maps`), in bands of whole row
+    (each ``len(rows) × n`` float32, e.g. :func:`attnscope.core.analysis.compare_runs.head_maps`), in bands of whole row
     blocks of about :data:`BAND_CELLS` cells: never a whole ``n × n`` map.
 
     Equals ``max_pool(A)``, ``max_pool(B)`` and ``signed_absmax_pool(A - B)`` of the whole maps.

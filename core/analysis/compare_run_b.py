@@ -7,13 +7,13 @@ touches B is a ``@remotable`` function of A's session (:mod:`attnscope.core.anal
 
 * :func:`run_b` loads B (another model sharing A's tokenizer, the same model at another dtype, on
   another backend, or with another prompt), prefills it with every position's logits, feeds it A's
-  generated ids and returns :func:`attnscope.core.analysis.compare.compare_sessions` of the two,
+  generated ids and returns :func:`attnscope.core.analysis.compare_runs.compare_sessions` of the two,
   with the token labels of both runs. Over a remote engine the
-  :class:`~attnscope.core.analysis.compare.CompareResult` travels as JSON fields plus raw arrays
+  :class:`~attnscope.core.analysis.compare_runs.CompareResult` travels as JSON fields plus raw arrays
   (:mod:`attnscope.core.remote.wire`), bit-identical to in-process.
 * :func:`b_maps` (A's and B's maps of one head, or a tile or a row of them) and
   :func:`b_overview` (a long head's pooled overview,
-  :func:`attnscope.core.analysis.compare_pool.pooled_pair`) compute from the B held for A.
+  :func:`attnscope.core.analysis.compare_overview.pooled_pair`) compute from the B held for A.
 
 Holding: at most one B per A session (a weak-keyed table: B goes when A's session goes), replaced
 by the next :func:`run_b` (the old B is dropped and collected *before* the new one loads, so A + B
@@ -91,10 +91,10 @@ def _is_oom(e: BaseException) -> bool:
 def _check_fits(ref, backend: str, device: str, dtype: str, context: int) -> None:
     """Refuse (SessionError) a B whose fit estimate says it does not fit in the free memory now
     (A is loaded, so it is counted already). An estimate that cannot be made refuses nothing."""
-    from attnscope.core.loading import catalog, fit
+    from attnscope.core.loading import catalog, describe_model, fit
 
     try:
-        entries = catalog.scan_embedded() if ref is None else catalog.describe_path(ref)
+        entries = catalog.scan_embedded() if ref is None else describe_model.describe_path(ref)
         if not entries:
             return
         est = fit.estimate_entry(entries[0], max(context, 1), backend=backend, device=device, dtype=dtype)
@@ -141,7 +141,7 @@ def run_b(
         kind: "model" (``model`` is B's checkpoint, a path where A's model runs), "dtype",
             "backend" or "prompt" (B is A's model).
         backend, dtype: B's backend and precision. prompt: B's prompt (A's chat-template setting).
-        weighting: "attention" or "value-weighted" (:func:`~attnscope.core.analysis.compare.compare_sessions`).
+        weighting: "attention" or "value-weighted" (:func:`~attnscope.core.analysis.compare_runs.compare_sessions`).
         progress: ``progress(message, fraction)``. cancelled: checked between stages and heads.
 
     Returns:
@@ -153,7 +153,7 @@ def run_b(
             layouts differ. ModelLoadError: B's model cannot be loaded. ValueError: a bad kind or
             weighting. Cancelled.
     """
-    from attnscope.core.analysis.compare import compare_sessions
+    from attnscope.core.analysis.compare_runs import compare_sessions
     from attnscope.core.analysis.value_weighted import check_weighting
     from attnscope.core.loading.resolve import is_default_source
     from attnscope.core.session import Session
@@ -214,12 +214,12 @@ def b_maps(
     weighting: str = "attention",
 ) -> tuple[np.ndarray, np.ndarray]:
     """A's and B's maps of one head over the aligned ``n × n`` (or its ``rows × cols`` tile), float32:
-    :func:`attnscope.core.analysis.compare.head_maps` with the B held for ``session``.
+    :func:`attnscope.core.analysis.compare_runs.head_maps` with the B held for ``session``.
 
     Raises:
         SessionError: no B held (run B first). IndexError: layer, head or rows out of range.
     """
-    from attnscope.core.analysis.compare import head_maps
+    from attnscope.core.analysis.compare_runs import head_maps
 
     return head_maps(session, held(session), layer, head, n, rows=rows, cols=cols, weighting=weighting)
 
@@ -235,13 +235,13 @@ def b_overview(
     cancelled: Callable[[], bool] | None = None,
 ):
     """A long head's overview of A, B and A − B, ``out × out`` blocks at most
-    (:class:`attnscope.core.analysis.compare_pool.PairOverview`), computed where both runs are.
+    (:class:`attnscope.core.analysis.compare_overview.PairOverview`), computed where both runs are.
 
     Raises:
         SessionError: no B held. Cancelled: between bands.
     """
-    from attnscope.core.analysis.compare import head_maps
-    from attnscope.core.analysis.compare_pool import pooled_pair
+    from attnscope.core.analysis.compare_overview import pooled_pair
+    from attnscope.core.analysis.compare_runs import head_maps
 
     sb = held(session)
     return pooled_pair(
