@@ -120,7 +120,10 @@ class MapPanel:
         canvas = self.grid.canvas
         canvas.cmap = spec.cmap
         canvas.follow, canvas.gamma = spec.scale, spec.gamma  # the grid shows the heatmap's Scale
-        canvas.range_mode, canvas.fixed_range = hm.range_mode, tuple(hm.levels)  # ... and its Range
+        canvas.range_mode, canvas.fixed_range = (
+            hm.range_mode,
+            (float(hm.levels[0]), float(hm.levels[1])),
+        )  # ... and its Range
         if canvas.thumbs is not None:
             canvas.set_thumbnails(canvas.thumbs, canvas.group_size)
             self.grid.show_scale()
