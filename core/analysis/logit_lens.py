@@ -226,7 +226,8 @@ def _frozen_layer(keys, values, index, worst: dict):
 
     class Frozen(DynamicLayer):
         def update(self, key_states, value_states, *args, **kwargs):
-            ref = self.keys.index_select(-2, index.to(self.keys.device))
+            cached: Any = self.keys
+            ref = cached.index_select(-2, index.to(cached.device))
             if ref.shape == key_states.shape:
                 diff = float((key_states.float() - ref.float()).abs().max())
                 scale = float(ref.float().abs().max()) or 1.0
@@ -340,14 +341,11 @@ def project(
     import torch
 
     R = x.shape[0]
-    weight = getattr(head, "weight", None)
+    weight: Any = getattr(head, "weight", None)
     plain = isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] == x.shape[1]
     if plain and not isinstance(head, torch.nn.Linear | torch.nn.Embedding):
         plain = type(head).forward is torch.nn.Linear.forward
-    bias = getattr(head, "bias", None) if plain else None
-    if plain:
-        x = x.to(weight.device)
-        V = weight.shape[0]
+    bias: Any = getattr(head, "bias", None) if plain else None
     fid = None if final_ids is None else torch.as_tensor(final_ids, dtype=torch.int64)
     if not plain:  # a head that is not a plain matrix: its own call, on groups of rows
         step = max(1, block // 64)
@@ -367,6 +365,8 @@ def project(
                 for n in names
             )
         )
+    x = x.to(weight.device)
+    V = weight.shape[0]
     state = _Running(R, k, x.device, fid)
     if fid is not None:
         wf = weight.index_select(0, fid.to(weight.device)).float()
@@ -404,9 +404,9 @@ class _Running:
         self.top_i = torch.empty((R, 0), dtype=torch.int64, device=device)
         self.m = torch.full((R,), -float("inf"), dtype=torch.float32, device=device)
         self.s = torch.zeros(R, dtype=torch.float64, device=device)
-        self.fid = None if fid is None else fid.to(device)
-        self.zf = torch.zeros(R, dtype=torch.float32, device=device) if fid is not None else None
-        self.rank = torch.zeros(R, dtype=torch.int64, device=device) if fid is not None else None
+        self.fid: Any = None if fid is None else fid.to(device)
+        self.zf: Any = torch.zeros(R, dtype=torch.float32, device=device) if fid is not None else None
+        self.rank: Any = torch.zeros(R, dtype=torch.int64, device=device) if fid is not None else None
 
     def add(self, z, a: int) -> None:
         """Fold ``z`` (``(R, nb)`` float32 logits of vocabulary ids ``a .. a + nb``) in; ``z`` is overwritten."""
