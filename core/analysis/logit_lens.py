@@ -407,6 +407,7 @@ class _Running:
         self.fid: Any = None if fid is None else fid.to(device)
         self.zf: Any = torch.zeros(R, dtype=torch.float32, device=device) if fid is not None else None
         self.rank: Any = torch.zeros(R, dtype=torch.int64, device=device) if fid is not None else None
+        self.gt: Any = None  # the comparison's buffer, reused by every block
 
     def add(self, z, a: int) -> None:
         """Fold ``z`` (``(R, nb)`` float32 logits of vocabulary ids ``a .. a + nb``) in; ``z`` is overwritten."""
@@ -422,16 +423,21 @@ class _Running:
             ti = ti.gather(1, j)
         self.top_v, self.top_i = tv, ti
         if self.fid is not None:
-            gt = z > self.zf[:, None]
+            if self.gt is None or self.gt.shape[1] < nb:
+                self.gt = torch.empty(z.shape, dtype=torch.bool, device=z.device)
+            gt = torch.gt(z, self.zf[:, None], out=self.gt[:, :nb])
             own = self.fid - a
             inside = (own >= 0) & (own < nb)
             if bool(inside.any()):  # the final token is not above itself
                 r = torch.nonzero(inside)[:, 0]
                 gt[r, own[r]] = False
-            self.rank += gt.sum(1)
+            # a sum of bytes: several times faster than of booleans on the CPU (exact while nb < 2**15)
+            count_dtype = torch.int16 if nb < 2**15 else torch.int64
+            self.rank += gt.view(torch.uint8).sum(1, dtype=count_dtype)
         m_new = torch.maximum(self.m, bv[:, 0])
         scale = torch.exp((self.m - m_new).double())
-        self.s = self.s * scale + z.sub_(m_new[:, None]).exp_().sum(1, dtype=torch.float64)
+        # each block's terms are <= 1 and summed in float32 (relative error ~1e-7); blocks add in float64
+        self.s = self.s * scale + z.sub_(m_new[:, None]).exp_().sum(1).double()
         self.m = m_new
 
     def result(self) -> Projection:

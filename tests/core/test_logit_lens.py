@@ -185,3 +185,19 @@ def test_bad_input_is_one_line(tmp_path):
     big = logit_lens(s, positions=[3], k=10_000)  # more than the vocabulary: all of it, ranked
     assert big.top_ids.shape == (s.info.n_layers, 1, s.info.vocab_size)
     np.testing.assert_allclose(big.top_probs.sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_hybrid_model_takes_the_forward(tmp_path):
+    """qwen3_next's linear-attention layers keep recurrent states, not a K/V cache of every position: the
+    residuals come from the prefix's forward, and the lens still ends at the model's own logits."""
+    from attnscope.core.analysis import logit_lens as LL
+    from attnscope.core.analysis.head_effects import _parts
+
+    s, ref = _load("qwen3_next", tmp_path)
+    assert LL._cached_residuals(s, _parts(s), POS) is None
+    lens = LL.logit_lens(s, POS, k=3)
+    with torch.no_grad():
+        logits = ref(torch.tensor([IDS])).logits[0, POS].double().numpy()
+    np.testing.assert_array_equal(lens.top_ids[-1], np.argsort(-logits, axis=-1, kind="stable")[:, :3])
+    assert lens.final_rank[-1].tolist() == [0] * len(POS)
