@@ -89,8 +89,8 @@ def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int 
     projections in blocks (:func:`project`).
 
     Raises:
-        SessionError: no prompt has run. OutOfRange: a position outside the sequence. BadArgument: ``k``
-        below 1. UnsupportedModelError: not the torch backend.
+        SessionError: no prompt has run. OutOfRange: a position outside the sequence. BadArgument: no
+        position, or ``k`` below 1. UnsupportedModelError: not the torch backend.
     """
     import torch
 
@@ -102,6 +102,8 @@ def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int 
         if positions is None
         else [int(x) + T if int(x) < 0 else int(x) for x in positions]
     )
+    if not pos:
+        raise BadArgument("give at least one position to read")
     for x in pos:
         if not 0 <= x < T:
             raise OutOfRange(f"position {x} is outside the sequence 0..{T - 1}")

@@ -179,6 +179,8 @@ def test_bad_input_is_one_line(tmp_path):
         logit_lens(s, positions=[40])
     with pytest.raises(OutOfRange, match="position -1 is outside"):
         logit_lens(s, positions=[-13])
+    with pytest.raises(BadArgument, match="at least one position"):
+        logit_lens(s, positions=[])
     for k in (0, -2, 1.5):
         with pytest.raises(BadArgument, match="k must be a whole number >= 1"):
             logit_lens(s, positions=[3], k=k)  # type: ignore[arg-type]
