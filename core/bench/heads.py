@@ -253,6 +253,7 @@ def _ratios(rows: dict) -> dict:
 
 def format_heads_table(result: dict) -> str:
     rows, ratios, rc = result["rows"], result["ratios"], result["ratios_cpu"]
+    cpu = result["cpu_s"]
     lines = [
         f"Which heads matter: {result['model']}, T = {result['seq_len']}, {result['units']} units "
         f"(query heads, GQA groups, K/V sides), {result['torch_threads']} threads",
@@ -265,7 +266,8 @@ def format_heads_table(result: dict) -> str:
         f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
         f"(both directions {rows['attribution_both_s']:.3f} s)",
         f"  logit lens, {result['lens_positions']} positions        {rows['lens_s']:9.3f} s "
-        f"(unembedding matmul alone {rows.get('lens_matmul_s', float('nan')):.3f} s: the floor)",
+        f"(the unembedding matmul alone, its floor: {rows['lens_matmul_s']:.3f} s; lens / matmul "
+        f"{rows['lens_s'] / rows['lens_matmul_s']:.2f}, CPU {cpu['lens_s'] / cpu['lens_matmul_s']:.2f})",
         f"  peak RSS after prefill / sweeps      {result['peak_rss_bytes']['prefill'] / 2**30:6.2f} / "
         f"{result['peak_rss_bytes']['sweeps'] / 2**30:.2f} GiB",
         "",

@@ -518,6 +518,7 @@ def test_heads_bench_runs_and_its_loop_measures_the_same_effect(tmp_path):
     assert res["units"] == 2 * (4 + 2 + 2) and res["everywhere_units"] == 4 + 2
     assert set(res["ratios"]) >= set(res["targets"]) and all(v > 0 for v in res["ratios"].values())
     assert "per-head loop" in format_heads_table(res)
+    assert res["rows"]["lens_matmul_s"] > 0 and "unembedding matmul alone" in format_heads_table(res)
     assert sample_layers(30, 5) == [3, 9, 15, 21, 27] and sample_layers(2, 1) == [1]
 
 
