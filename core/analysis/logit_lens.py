@@ -167,17 +167,22 @@ def residuals(session: Session, positions: Sequence[int], parts: Any = None) -> 
 
 
 def _forward_residuals(session: Session, parts, pos: list[int]) -> list:
-    """:func:`residuals` by a forward of ``ids[:max(pos) + 1]`` with the layers' outputs hooked."""
+    """:func:`residuals` by a forward of ``ids[:max(pos) + 1]`` with the layers' outputs hooked (the
+    backend runs it in chunks: each layer's calls are counted off to find the asked positions)."""
     import torch
 
     L = len(parts.layers)
     sel = torch.tensor(pos)
-    resid: list = [None] * L
+    seen = [0] * L  # positions each layer has output so far
+    rows: list[dict] = [{} for _ in range(L)]
 
     def keep(i):
         def hook(_m, _args, out):
             o = out[0] if isinstance(out, tuple) else out
-            resid[i] = o[0, sel.to(o.device)].detach()
+            a, n = seen[i], o.shape[1]
+            for j in torch.nonzero((sel >= a) & (sel < a + n))[:, 0].tolist():
+                rows[i][j] = o[0, pos[j] - a].detach()
+            seen[i] = a + n
 
         return hook
 
@@ -187,7 +192,7 @@ def _forward_residuals(session: Session, parts, pos: list[int]) -> list:
         _hooks([(m, keep(i)) for i, m in enumerate(parts.layers)], "post"),
     ):
         be.forward(session.ids[: max(pos) + 1])
-    return resid
+    return [torch.stack([r[j] for j in range(len(pos))]) for r in rows]
 
 
 class _Rows:

@@ -116,7 +116,9 @@ def test_lens_equals_a_full_softmax(family, tmp_path):
 
 def test_fallback_forward_gives_the_same_lens(tmp_path, monkeypatch):
     """Where the re-derived keys do not match the cache (here: a tolerance no float meets) the residuals
-    come from a forward of the prefix instead, with the same numbers."""
+    come from a forward of the prefix instead, with the same numbers, also when that forward runs in
+    several chunks (here of 5 tokens) and the positions lie in different ones."""
+    import attnscope.core.backends.torch_backend as tb
     from attnscope.core.analysis import logit_lens as LL
 
     s, _ = _load("mistral", tmp_path)
@@ -124,6 +126,7 @@ def test_fallback_forward_gives_the_same_lens(tmp_path, monkeypatch):
     called = []
     real = LL._forward_residuals
     monkeypatch.setattr(LL, "KEY_TOL", {"float32": -1.0})
+    monkeypatch.setattr(tb, "PREFILL_CHUNK", 5)
     monkeypatch.setattr(LL, "_forward_residuals", lambda *a: called.append(1) or real(*a))
     slow = LL.logit_lens(s, POS, k=3)
     assert called
