@@ -11,7 +11,8 @@ Two parts, each exact for the model that runs (docs/heads.md "Logit lens"):
   cache is not changed: the cost of a ``|P|``-token chunk, not of a prefill. Each attention layer derives
   the keys of ``P`` again from the residuals it is given; they must equal the cached ones (to 1e-4 of
   their largest magnitude in float32, 5e-2 in half precision), which checks positions, RoPE and every
-  layer's input on the way. Where that check fails, and for the families this cannot serve (a hybrid
+  layer's input on the way, and every attention layer must attend through AttnScope's attention function
+  (which applies the per-query mask). Where that check fails, and for the families this cannot serve (a hybrid
   model: its recurrent / convolution states are not a K/V cache of every position; a length-dependent
   RoPE, whose cached keys may have been rotated for another length), the residuals come from a forward
   of ``ids[:max(P) + 1]`` in a scratch backend instead: the same numbers, at the cost of that prefill.
@@ -202,12 +203,14 @@ class _Rows:
     def __init__(self, pos: list[int]):
         self.pos = np.asarray(pos)
         self.masks: dict = {}
+        self.layers: set[int] = set()  # the layers that attended through here
 
     def attend(self, module, query, key, value, scaling, window, softcap=None, sinks=None):
         import torch
         from attnscope.core.attention.fused import sdpa_with_lse
         from attnscope.core.attention.masks import causal_allowed
 
+        self.layers.add(int(getattr(module, "layer_idx", -1)))
         S = key.shape[-2]
         got = self.masks.get((S, window, query.device))
         if got is None:
@@ -278,6 +281,7 @@ def _cached_residuals(session: Session, parts, pos: list[int]) -> list | None:
         return hook
 
     worst: dict = {}
+    attention = set(session.info.arch.attention_layers)
     for a in range(0, len(pos), QUERY_CHUNK):
         chunk = pos[a : a + QUERY_CHUNK]
         index = torch.tensor(chunk)
@@ -287,8 +291,9 @@ def _cached_residuals(session: Session, parts, pos: list[int]) -> list | None:
         ]
         cache.layer_class_to_replicate = None
         ids = torch.tensor([[session.ids[p] for p in chunk]], device=be.device)
+        rows = _Rows(chunk)
         with (
-            be.fork(overrides=_Rows(chunk), capture=False) as scratch,
+            be.fork(overrides=rows, capture=False) as scratch,
             torch.inference_mode(),
             _hooks([(m, keep(i)) for i, m in enumerate(parts.layers)], "post"),
         ):
@@ -299,6 +304,8 @@ def _cached_residuals(session: Session, parts, pos: list[int]) -> list | None:
                 logits_to_keep=1,
                 **{be._cache_kw: cache},
             )
+        if rows.layers != attention:  # a layer attended some other way: its mask is not known to be right
+            return None
     if not worst or worst["err"] > tol or any(len(o) != len(out[0]) for o in out):
         return None
     return [torch.cat(o) for o in out]
