@@ -154,6 +154,7 @@ def run_heads_bench(
     _, rows["lens_s"] = _timed(lambda: logit_lens(s, positions=list(range(T - P, T)), k=5))
     cpu["lens_s"] = CPU["last"]
     out["lens_positions"] = P
+    out["lens_layers"] = info.n_layers
     rows["lens_matmul_s"], cpu["lens_matmul_s"] = _unembedding_matmul(s, info.n_layers * P)
     log(
         f"heads: logit lens, {P} positions x {info.n_layers} layers {rows['lens_s']:.3f} s "
@@ -265,9 +266,11 @@ def format_heads_table(result: dict) -> str:
         f"{rows['everywhere_s']:.3f} s (loop: {rows['everywhere_loop_s']:.1f} s)",
         f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
         f"(both directions {rows['attribution_both_s']:.3f} s)",
-        f"  logit lens, {result['lens_positions']} positions        {rows['lens_s']:9.3f} s "
-        f"(the unembedding matmul alone, its floor: {rows['lens_matmul_s']:.3f} s; lens / matmul "
-        f"{rows['lens_s'] / rows['lens_matmul_s']:.2f}, CPU {cpu['lens_s'] / cpu['lens_matmul_s']:.2f})",
+        f"  logit lens, {result['lens_positions']} positions x {result.get('lens_layers', '?')} layers "
+        f"{rows['lens_s']:9.3f} s = {rows['lens_s'] / TARGETS['lens_s'][0]:.1f} x the "
+        f"{TARGETS['lens_s'][0]:g} s target (the unembedding matmul alone, its floor: "
+        f"{rows['lens_matmul_s']:.3f} s; lens / matmul {rows['lens_s'] / rows['lens_matmul_s']:.2f}, "
+        f"CPU {cpu['lens_s'] / cpu['lens_matmul_s']:.2f})",
         f"  peak RSS after prefill / sweeps      {result['peak_rss_bytes']['prefill'] / 2**30:6.2f} / "
         f"{result['peak_rss_bytes']['sweeps'] / 2**30:.2f} GiB",
         "",
