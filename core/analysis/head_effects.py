@@ -1,4 +1,5 @@
-"""Which heads matter: head ablation, activation patching, direct logit attribution and the logit lens.
+"""Which heads matter: head ablation, activation patching and direct logit attribution (the logit lens is
+:mod:`attnscope.core.analysis.logit_lens`).
 
 Every number here is exact for the forward that runs (no gradient estimate): an effect is the change in
 a :class:`Target` when a head's output — its slice of the attention output projection's input,
@@ -24,8 +25,7 @@ centring), the norm is linear, so the target logit splits exactly into those par
 and unembedding's biases). A family whose residual stream is not that sum (post-norm sublayers) is
 refused in one line.
 
-Logit lens (nostalgebraist 2020): the residual after each layer, through the final norm and the
-unembedding, for the positions asked for only.
+The logit lens is :mod:`attnscope.core.analysis.logit_lens`.
 
 On the MLX backend (its own llama/mistral/qwen2/qwen3 models) every public function here runs in
 :mod:`attnscope.core.analysis.mlx_heads` instead, through the models' intervention seams rather than hooks
@@ -1421,105 +1421,3 @@ def logit_attribution(session: Session, target: Target | None = None) -> LogitAt
             f"(parts sum to {result.total:.4f}, the logit is {logit:.4f}): direct logit attribution is not defined for it"
         )
     return result
-
-
-# -- logit lens ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LogitLens:
-    """Each layer's residual stream read through the final norm and the unembedding.
-
-    Attributes:
-        positions: ``(P,)`` the positions read.
-        top_ids, top_probs: ``(n_layers, P, k)``: the top tokens after each layer and their probabilities.
-        final_rank: ``(n_layers, P)`` int: the rank (0 = top) of the model's final prediction at each
-            position after each layer; ``final_prob`` its probability; ``final_ids`` ``(P,)`` that token.
-    """
-
-    positions: np.ndarray
-    top_ids: np.ndarray
-    top_probs: np.ndarray
-    final_ids: np.ndarray
-    final_rank: np.ndarray
-    final_prob: np.ndarray
-
-    def to_json(self) -> dict:
-        return {
-            "positions": self.positions.tolist(),
-            "top_ids": self.top_ids.tolist(),
-            "top_probs": np.round(self.top_probs, 7).tolist(),
-            "final_ids": self.final_ids.tolist(),
-            "final_rank": self.final_rank.tolist(),
-            "final_prob": np.round(self.final_prob, 7).tolist(),
-        }
-
-
-@remotable
-def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int = 5) -> LogitLens:
-    """The logit lens at ``positions`` (default: the last 16), ``k`` top tokens per layer and position.
-
-    Cost: one forward of ``ids[:max(positions) + 1]`` and ``n_layers × P`` vocabulary projections: only the
-    positions asked for are projected.
-
-    Raises:
-        OutOfRange: a position outside the sequence. BadArgument: ``k`` below 1.
-        UnsupportedModelError: not the torch backend.
-    """
-    if (impl := _backend_impl(session, "logit_lens")) is not None:
-        return impl(session, positions, k)
-    import torch
-
-    T = session.seq_len
-    if not T:
-        raise SessionError("run a prompt first: there is no sequence to read")
-    pos = (
-        list(range(max(0, T - 16), T))
-        if positions is None
-        else [int(x) + T if int(x) < 0 else int(x) for x in positions]
-    )
-    for x in pos:
-        if not 0 <= x < T:
-            raise OutOfRange(f"position {x} is outside the sequence 0..{T - 1}")
-    if not isinstance(k, int) or k < 1:
-        raise BadArgument(f"k must be a whole number >= 1, got {k!r}")
-    parts = _parts(session)
-    L = session.info.n_layers
-    sel = torch.tensor(pos)
-    resid: list = [None] * L
-
-    def keep(i):
-        def hook(_m, _args, out):
-            o = out[0] if isinstance(out, tuple) else out
-            resid[i] = o[0, sel.to(o.device)].detach()
-
-        return hook
-
-    with (
-        _scratch(session) as be,
-        torch.inference_mode(),
-        _hooks([(m, keep(i)) for i, m in enumerate(parts.layers)], "post"),
-    ):
-        final = be.forward(session.ids[: max(pos) + 1], all_logits=True)[pos]
-    final_ids = np.argmax(final, axis=-1)
-    tops, probs, ranks, fprob = [], [], [], []
-    with torch.inference_mode():
-        for i in range(L):
-            h = resid[i]
-            # the last layer's output is the final norm's input only before the norm: the lens applies it
-            z = parts.lm_head(parts.norm(h[None])[0]).float()
-            if parts.final_softcap:
-                z = torch.tanh(z / parts.final_softcap) * parts.final_softcap
-            pr = torch.softmax(z, dim=-1).cpu().numpy().astype(np.float64)
-            order = np.argsort(-pr, axis=-1)
-            tops.append(order[:, :k])
-            probs.append(np.take_along_axis(pr, order[:, :k], -1))
-            fp = pr[np.arange(len(pos)), final_ids]
-            fprob.append(fp)
-            ranks.append((pr > fp[:, None]).sum(-1))
-    return LogitLens(
-        np.asarray(pos),
-        np.asarray(tops),
-        np.asarray(probs),
-        final_ids.astype(np.int64),
-        np.asarray(ranks),
-        np.asarray(fprob),
-    )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from attnscope.core.analysis import explain as _why
 from attnscope.core.analysis import head_effects as _heads
+from attnscope.core.analysis import logit_lens as _lens
 from attnscope.core.analysis import qk_sources as _sources
 from attnscope.core.analysis.explain import SHORT_TOKENS
 from attnscope.core.session import Session as _CoreSession
@@ -29,10 +30,10 @@ if TYPE_CHECKING:
     from attnscope.core.analysis.head_effects import (
         HeadEffects,
         LogitAttribution,
-        LogitLens,
         PatchResult,
         Target,
     )
+    from attnscope.core.analysis.logit_lens import LogitLens
     from attnscope.core.analysis.qk_sources import SourceSplit
 
 
@@ -141,12 +142,12 @@ class AnalysisMethods:
 
     def logit_lens(self, positions: Sequence[int] | None = None, k: int = 5) -> LogitLens:
         """The ``k`` top tokens of every layer's residual stream at ``positions`` (default: the last 16):
-        :func:`attnscope.core.analysis.head_effects.logit_lens`.
+        :func:`attnscope.core.analysis.logit_lens.logit_lens`.
 
         Raises:
             as the function (OutOfRange: a position outside the sequence).
         """
-        return _heads.logit_lens(self, positions, k)
+        return _lens.logit_lens(self, positions, k)
 
     # -- why a head attends (attnscope.core.analysis.explain, .qk_sources) ------------------------------
     def explain(

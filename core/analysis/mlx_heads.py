@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis import head_effects as he
+from attnscope.core.analysis.logit_lens import LogitLens
 from attnscope.core.backends.head_sites import HeadRunner, HeadSites, RowEdit
 from attnscope.core.errors import BadArgument, OutOfRange, SessionError, UnsupportedModelError
 
@@ -320,7 +321,7 @@ def logit_attribution(session: Session, target=None):
 
 # -- logit lens ---------------------------------------------------------------------------------------------
 def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int = 5):
-    """:func:`attnscope.core.analysis.head_effects.logit_lens` on the MLX backend."""
+    """:func:`attnscope.core.analysis.logit_lens.logit_lens` on the MLX backend."""
     T = session.seq_len
     if not T:
         raise SessionError("run a prompt first: there is no sequence to read")
@@ -346,7 +347,7 @@ def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int 
         fp = pr[np.arange(len(pos)), final_ids]
         fprob.append(fp)
         ranks.append((pr > fp[:, None]).sum(-1))
-    return he.LogitLens(
+    return LogitLens(
         np.asarray(pos),
         np.asarray(tops),
         np.asarray(probs),

@@ -19,7 +19,9 @@ apart, so a busy machine slows both sides alike):
 * ``attribution``: attribution patching (one forward with gradients and one backward per direction,
   :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions;
 * ``lens``: the logit lens of the last 64 positions at every layer
-  (:func:`attnscope.core.analysis.head_effects.logit_lens`), in seconds;
+  (:func:`attnscope.core.analysis.logit_lens.logit_lens`), in seconds, beside its floor measured in the same
+  run: the unembedding matmul alone (``(n_layers·64 × d_model) @ (d_model × vocab)`` in float32, in the
+  lens's vocabulary blocks);
 * ``peak``: the process's peak resident memory after all the sweeps above over its peak after the
   prefill (both include the weights; the loop's plain model is loaded after this is read).
 
@@ -87,9 +89,9 @@ def run_heads_bench(
     from attnscope.core.analysis.head_effects import (
         attribution_patching,
         head_effects,
-        logit_lens,
         make_target,
     )
+    from attnscope.core.analysis.logit_lens import logit_lens
     from attnscope.core.bench.overhead import HFRunner
     from attnscope.core.bench.views import long_text
     from attnscope.core.loading.resolve import resolve
@@ -152,7 +154,12 @@ def run_heads_bench(
     _, rows["lens_s"] = _timed(lambda: logit_lens(s, positions=list(range(T - P, T)), k=5))
     cpu["lens_s"] = CPU["last"]
     out["lens_positions"] = P
-    log(f"heads: logit lens, {P} positions x {info.n_layers} layers {rows['lens_s']:.3f} s")
+    out["lens_layers"] = info.n_layers
+    rows["lens_matmul_s"], cpu["lens_matmul_s"] = _unembedding_matmul(s, info.n_layers * P)
+    log(
+        f"heads: logit lens, {P} positions x {info.n_layers} layers {rows['lens_s']:.3f} s "
+        f"(the unembedding matmul alone {rows['lens_matmul_s']:.3f} s)"
+    )
     # the process's resident peak (the weights included) after the sweeps, before the plain model the
     # loop needs is loaded: how far the sweeps raised it above the prefill's own
     out["peak_rss_bytes"] = {"prefill": peak_prefill, "sweeps": _peak_rss()}
@@ -209,6 +216,24 @@ def run_heads_bench(
     return out
 
 
+def _unembedding_matmul(s, rows: int) -> tuple[float, float]:
+    """Wall and CPU seconds of the logit lens's floor: ``rows`` float32 residuals through the unembedding,
+    in the lens's vocabulary blocks (:data:`attnscope.core.analysis.logit_lens.VOCAB_BLOCK`), nothing else."""
+    import torch
+    from attnscope.core.analysis.logit_lens import VOCAB_BLOCK
+
+    w = s.backend.model.get_output_embeddings().weight
+    x = torch.randn(rows, w.shape[1], device=w.device)
+
+    def run():
+        with torch.inference_mode():
+            for a in range(0, w.shape[0], VOCAB_BLOCK):
+                _ = x @ w[a : a + VOCAB_BLOCK].float().T
+
+    _, wall = _timed(run)
+    return wall, CPU["last"]
+
+
 def _peak_rss() -> int:
     """The process's peak resident set so far, bytes (``getrusage``; Linux counts KiB, macOS bytes)."""
     import resource
@@ -229,6 +254,7 @@ def _ratios(rows: dict) -> dict:
 
 def format_heads_table(result: dict) -> str:
     rows, ratios, rc = result["rows"], result["ratios"], result["ratios_cpu"]
+    cpu = result["cpu_s"]
     lines = [
         f"Which heads matter: {result['model']}, T = {result['seq_len']}, {result['units']} units "
         f"(query heads, GQA groups, K/V sides), {result['torch_threads']} threads",
@@ -240,7 +266,11 @@ def format_heads_table(result: dict) -> str:
         f"{rows['everywhere_s']:.3f} s (loop: {rows['everywhere_loop_s']:.1f} s)",
         f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
         f"(both directions {rows['attribution_both_s']:.3f} s)",
-        f"  logit lens, {result['lens_positions']} positions        {rows['lens_s']:9.3f} s",
+        f"  logit lens, {result['lens_positions']} positions x {result.get('lens_layers', '?')} layers "
+        f"{rows['lens_s']:9.3f} s = {rows['lens_s'] / TARGETS['lens_s'][0]:.1f} x the "
+        f"{TARGETS['lens_s'][0]:g} s target (the unembedding matmul alone, its floor: "
+        f"{rows['lens_matmul_s']:.3f} s; lens / matmul {rows['lens_s'] / rows['lens_matmul_s']:.2f}, "
+        f"CPU {cpu['lens_s'] / cpu['lens_matmul_s']:.2f})",
         f"  peak RSS after prefill / sweeps      {result['peak_rss_bytes']['prefill'] / 2**30:6.2f} / "
         f"{result['peak_rss_bytes']['sweeps'] / 2**30:.2f} GiB",
         "",

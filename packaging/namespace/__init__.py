@@ -48,7 +48,7 @@ _PUBLIC = {
     "patch_heads": "attnscope.core.analysis.head_effects",
     "attribution_patching": "attnscope.core.analysis.head_effects",
     "logit_attribution": "attnscope.core.analysis.head_effects",
-    "logit_lens": "attnscope.core.analysis.head_effects",
+    "logit_lens": "attnscope.core.analysis.logit_lens",
     # why a head attends (docs "Why a head attends")
     "explain": "attnscope.core.analysis.explain",
     "head_positional_share": "attnscope.core.analysis.explain",

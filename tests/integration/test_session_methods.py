@@ -39,6 +39,7 @@ def _calls(s):
     """``name -> (method call, function call)`` of every analysis method on session ``s``."""
     from attnscope.core.analysis import explain as E
     from attnscope.core.analysis import head_effects as H
+    from attnscope.core.analysis import logit_lens as LL
     from attnscope.core.analysis import qk_sources as Q
 
     t = H.make_target(s, "logit_diff", token=9, other=14)
@@ -54,7 +55,7 @@ def _calls(s):
             lambda: H.attribution_patching(s, CORRUPT, t),
         ),
         "logit_attribution": (lambda: s.logit_attribution(t), lambda: H.logit_attribution(s, t)),
-        "logit_lens": (lambda: s.logit_lens([3, -1], k=3), lambda: H.logit_lens(s, [3, -1], k=3)),
+        "logit_lens": (lambda: s.logit_lens([3, -1], k=3), lambda: LL.logit_lens(s, [3, -1], k=3)),
         "explain": (
             lambda: s.explain(1, 2, 10, 4, sources=True, top=5),
             lambda: E.explain(s, 1, 2, 10, 4, sources=True, top=5),

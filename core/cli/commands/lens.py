@@ -1,5 +1,5 @@
 """``attnscope lens``: the logit lens — each layer's residual stream through the final norm and the
-unembedding, at the positions asked for only (:func:`attnscope.core.analysis.head_effects.logit_lens`)."""
+unembedding, at the positions asked for only (:func:`attnscope.core.analysis.logit_lens.logit_lens`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from attnscope.core.analysis.head_effects import logit_lens
+    from attnscope.core.analysis.logit_lens import logit_lens
     from attnscope.core.io.paths import check_output, shown, write_json
 
     if args.json is None and args.csv is None:
