@@ -20,10 +20,10 @@ from attnscope.core.analysis.head_effects import (  # noqa: E402
     attribution_patching,
     head_effects,
     logit_attribution,
-    logit_lens,
     make_target,
     patch_heads,
 )
+from attnscope.core.analysis.logit_lens import logit_lens  # noqa: E402
 from attnscope.core.errors import BadArgument, OutOfRange, UnsupportedModelError  # noqa: E402
 
 IDS = [5, 9, 14, 20, 9, 14, 33, 41, 7, 14, 20, 9]  # 12 tokens, with repeats
