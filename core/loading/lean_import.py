@@ -229,11 +229,13 @@ _MISSING = object()
 
 
 def _real_dynamo():
-    """``torch._dynamo`` itself (imported now if need be; a stand-in in its place is dropped first)."""
+    """``torch._dynamo`` itself, imported now if need be; the stand-ins in its place (and in its
+    modules' places, :data:`DYNAMO_STUBS`) are dropped first, so dynamo imports its own modules."""
     module = sys.modules.get(_DYNAMO)
     if isinstance(module, _DynamoStandIn):
-        if sys.modules.get(_DYNAMO) is module:
-            del sys.modules[_DYNAMO]
+        for name in (_DYNAMO, *DYNAMO_STUBS):
+            if isinstance(sys.modules.get(name), _DynamoStandIn | _DeferredNames):
+                del sys.modules[name]
         torch = sys.modules.get("torch")
         if torch is not None and vars(torch).get("_dynamo") is module:
             delattr(torch, "_dynamo")
@@ -296,9 +298,9 @@ class _DynamoStandIn(types.ModuleType):
     disable = staticmethod(_disable)
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):  # __file__, __path__, … (inspect walks sys.modules): not imported for
+        if name.startswith("__") and name != "__path__":  # __file__, … (inspect walks sys.modules)
             raise AttributeError(name)
-        return getattr(_real_dynamo(), name)
+        return getattr(_real_dynamo(), name)  # __path__: a module of dynamo is being imported
 
 
 class _DeferredNames(types.ModuleType):

@@ -301,3 +301,28 @@ def test_torchs_compiler_is_imported_only_when_used_and_the_model_is_the_same(tm
     out = _run(COMPILER_LATER, args=[str(tmp_path)])
     assert "compiler later ok" in out.stdout, out.stdout[-2000:]
     assert "fullgraph refused" in out.stdout, out.stdout[-2000:]
+
+
+DYNAMO_WITHIN = """
+import sys
+from attnscope.core.loading.lean_import import Deferred, compiler_deferred, prepare
+assert prepare()
+import torch
+import transformers.masking_utils as mu
+assert isinstance(mu.TransformGetItemToIndex, Deferred) and "torch._dynamo" not in sys.modules
+with compiler_deferred():  # a module of dynamo imported within: the real dynamo, its own modules
+    import torch._dynamo.config as config
+    assert hasattr(config, "cache_size_limit")
+    assert type(sys.modules["torch._dynamo"]) is type(sys) and torch._dynamo is sys.modules["torch._dynamo"]
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    assert isinstance(TransformGetItemToIndex, type)
+with compiler_deferred():  # dynamo already imported: nothing stands in
+    from torch._dynamo import config as again
+    assert again is config
+assert mu.TransformGetItemToIndex.resolve() is TransformGetItemToIndex
+print("within ok")
+"""
+
+
+def test_a_module_of_dynamo_imported_within_the_stand_ins_is_the_real_one():
+    assert "within ok" in _run(DYNAMO_WITHIN).stdout
