@@ -17,7 +17,8 @@ changes three things of that import, none of what transformers does when a featu
   ``from … import …`` (and no ``else``) is answered False; each name that block would have imported
   becomes a :class:`Deferred`, which imports the library when called or read. A torchao-quantised
   checkpoint or a ``device_map`` load imports the library then, as before
-  (tests/integration/test_startup_imports.py).
+  (tests/integration/test_startup_imports.py). Which blocks qualify is read from the module's source
+  once per install and kept in the cache folder (:class:`_BlockCache`).
 
 * **torch's compiler when used.** A few transformers modules mark functions for ``torch.compile``
   as they are defined (``@torch._dynamo.allow_in_graph``, ``@torch._dynamo.assume_constant_result``,
@@ -59,29 +60,94 @@ _prepared: list[bool] = []
 _pending: dict[str, list[tuple[str, str, str]]] = {}
 
 
-@functools.cache
-def _module_ast(path: str) -> ast.Module:
-    with open(path, encoding="utf-8") as f:
-        return ast.parse(f.read())
+#: a module-level ``if <check>(…):``'s imports: ``(level, module, ((name, as_name or None), …))`` per
+#: ``from … import …``, or None when the block holds anything else (or has an ``else``)
+Imports = tuple[tuple[int, str, tuple[tuple[str, str | None], ...]], ...] | None
 
 
-def deferrable_block(tree: ast.Module, line: int, check: str) -> list[ast.ImportFrom] | None:
-    """The ``from … import …`` statements of the module-level ``if <check>(…):`` of ``tree`` whose
-    test is on ``line``, when that block holds nothing else and has no ``else``; None otherwise
-    (the check then answers as it would)."""
+def block_table(tree: ast.Module) -> dict[int, tuple[str, Imports]]:
+    """Each line of the test of a module-level ``if name(…):`` of ``tree`` -> ``(name, its imports)``
+    (:data:`Imports`; None unless the block is only ``from … import …`` with no ``else``)."""
+    table: dict[int, tuple[str, Imports]] = {}
     for node in tree.body:
-        if not isinstance(node, ast.If) or not (
-            node.test.lineno <= line <= (node.test.end_lineno or node.test.lineno)
-        ):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Call)):
             continue
-        test = node.test
-        if not (isinstance(test, ast.Call) and getattr(test.func, "id", None) == check) or node.orelse:
-            return None
-        imports = [stmt for stmt in node.body if isinstance(stmt, ast.ImportFrom)]
-        if len(imports) == len(node.body):
-            return imports
-        return None
-    return None
+        func = node.test.func
+        name = func.id if isinstance(func, ast.Name) else ""
+        imports: Imports = None
+        if not node.orelse and all(isinstance(stmt, ast.ImportFrom) for stmt in node.body):
+            imports = tuple(
+                (stmt.level, stmt.module or "", tuple((a.name, a.asname) for a in stmt.names))
+                for stmt in node.body
+                if isinstance(stmt, ast.ImportFrom)
+            )
+        for line in range(node.test.lineno, (node.test.end_lineno or node.test.lineno) + 1):
+            table.setdefault(line, (name, imports))
+    return table
+
+
+def deferrable_block(tree: ast.Module, line: int, check: str) -> Imports:
+    """The imports (:data:`Imports`) of the module-level ``if <check>(…):`` of ``tree`` whose test is
+    on ``line``, when that block holds nothing but ``from … import …`` and has no ``else``; None
+    otherwise (the check then answers as it would)."""
+    name, imports = block_table(tree).get(line, ("", None))
+    return imports if name == check else None
+
+
+BLOCKS_FILE = "transformers_deferrable_blocks.marshal"
+
+
+class _BlockCache:
+    """:func:`block_table` of each transformers file a check is called from, kept in the cache folder
+    (:data:`BLOCKS_FILE`, marshal) per file while its size and time are unchanged: parsing
+    ``modeling_utils.py``, ``generation/utils.py`` and the others took about 0.25 s of each start.
+    Any failure to read or write the file only means the files are parsed."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, tuple[int, int, dict]] = {}
+        self.read = False
+
+    def _file(self) -> str:
+        from attnscope.core.loading.cache_folder import cache_root
+
+        return os.path.join(cache_root(), BLOCKS_FILE)
+
+    def _load(self) -> None:
+        self.read = True
+        try:
+            with open(self._file(), "rb") as f:
+                version, tables = marshal.load(f)
+            if version == sys.version and isinstance(tables, dict):
+                self.tables = tables
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+
+    def get(self, path: str) -> dict[int, tuple[str, Imports]]:
+        if not self.read:
+            self._load()
+        st = os.stat(path)
+        hit = self.tables.get(path)
+        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+            return hit[2]
+        with open(path, encoding="utf-8") as f:
+            table = block_table(ast.parse(f.read()))
+        self.tables[path] = (st.st_mtime_ns, st.st_size, table)
+        self._save()
+        return table
+
+    def _save(self) -> None:
+        try:
+            target = self._file()
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            tmp = f"{target}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                marshal.dump((sys.version, self.tables), f)
+            os.replace(tmp, target)
+        except (OSError, ValueError):
+            pass
+
+
+_blocks = _BlockCache()
 
 
 def _deferred_check(real, name: str):
@@ -98,16 +164,17 @@ def _deferred_check(real, name: str):
         if not real(*args, **kwargs):
             return False
         try:
-            block = deferrable_block(_module_ast(path), caller.f_lineno, name)
+            found, block = _blocks.get(path).get(caller.f_lineno, ("", None))
+            block = block if found == name else None
         except (OSError, SyntaxError, ValueError):
             block = None
         if block is None:
             return True
         package = caller.f_globals.get("__package__") or module.rpartition(".")[0]
         names = _pending.setdefault(module, [])
-        for stmt in block:
-            source = importlib.util.resolve_name("." * stmt.level + (stmt.module or ""), package)
-            names += [(source, a.name, a.asname or a.name) for a in stmt.names]
+        for level, from_module, imported in block:
+            source = importlib.util.resolve_name("." * level + from_module, package)
+            names += [(source, attr, as_name or attr) for attr, as_name in imported]
         return False
 
     check.deferred = True  # type: ignore[attr-defined]  # marks the wrapper: prepare() runs once

@@ -158,13 +158,34 @@ def test_deferrable_block_takes_only_import_only_ifs():
     """
     tree = _tree(src)
     block = deferrable_block(tree, 2, "is_x_available")
-    assert [(s.module, [(a.name, a.asname) for a in s.names]) for s in block] == [
-        ("a.b", [("c", "d"), ("e", None)])
-    ]
+    assert block == ((0, "a.b", (("c", "d"), ("e", None))),)
     assert deferrable_block(tree, 4, "is_x_available") is None  # an else branch would run
     assert deferrable_block(tree, 8, "is_x_available") is None  # a module, not a name
     assert deferrable_block(tree, 10, "is_x_available") is None  # another check
     assert deferrable_block(tree, 3, "is_x_available") is None  # not the test's line
+
+
+BLOCKS = """
+import json
+from attnscope.core.loading import lean_import
+parsed = []
+table = lean_import.block_table
+lean_import.block_table = lambda tree: parsed.append(1) or table(tree)
+assert lean_import.prepare()
+import transformers.modeling_utils as mu
+print(json.dumps({"parsed": len(parsed), "deferred": repr(mu.add_hook_to_module)}))
+"""
+
+
+def test_deferrable_blocks_are_read_once_per_install(tmp_path):
+    """The first start parses the transformers files whose module-level checks are deferred and keeps
+    what it found; the next start reads that and defers the same names."""
+    pytest.importorskip("accelerate")
+    first = json.loads(_run(BLOCKS, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert first["parsed"] >= 2 and (tmp_path / "transformers_deferrable_blocks.marshal").is_file()
+    second = json.loads(_run(BLOCKS, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert second["parsed"] == 0
+    assert first["deferred"] == second["deferred"] == "<deferred accelerate.hooks.add_hook_to_module>"
 
 
 def _write_gguf(path, value: int) -> None:
