@@ -207,6 +207,24 @@ class EngineWorker(QObject):
 
 
 _GC_GUARD = None
+#: the label of the job that loads a model (attnscope.app.commands): the GUI's collector pauses meanwhile
+LOAD_LABEL = "loading model"
+
+
+def _pause_collector(pause: bool) -> None:
+    """Stop (or restart) the GUI thread's collection timer while a model loads on the engine thread.
+
+    The imports and the load allocate millions of long-lived objects, and each timed collection
+    walks them only to find them alive, on the GUI thread, holding the GIL the load needs
+    (docs/benchmarks.md, "Start-up"; :meth:`attnscope.core.session.Session.load` pauses the
+    collector the same way on the main thread). The first check after the load collects."""
+    timer = getattr(_GC_GUARD, "timer", None)
+    if timer is None:
+        return
+    if pause:
+        timer.stop()
+    else:
+        timer.start()
 
 
 def collect_garbage_on_gui_thread():
@@ -448,4 +466,6 @@ class Engine(QObject):
 
     @Slot(bool, str)
     def _on_busy(self, on: bool, label: str) -> None:
+        if label == LOAD_LABEL:
+            _pause_collector(on)
         self.busy.emit(on, label)

@@ -132,6 +132,8 @@ class Session:
         quiet_imports()  # before any backend imports transformers (and with it torchao)
         prepare()  # transformers' import without a second model-zoo scan, torchao, accelerate
         spec = get(backend)  # SessionError: unknown backend
+        if progress is not None:  # its imports (torch, transformers) take most of a start: said, bar still
+            progress(f"Loading the {backend} backend…", 0.0)
         # the imports and the load allocate millions of long-lived objects: the collector's passes
         # over them would only find them alive (docs/benchmarks.md, start-up). Only the main thread
         # pauses it: a load on another thread (the window's engine) leaves the collector as the

@@ -1,6 +1,6 @@
 """Start-up (docs/benchmarks.md, "Start-up"): the window's path imports neither the remote
-stack nor torchao nor accelerate, a load parses the GGUF header once, and what transformers' import
-defers (core/loading/lean_import.py) is still there when used."""
+stack nor torchao nor accelerate nor torch's compiler, a load parses the GGUF header once, and what
+transformers' import defers (core/loading/lean_import.py) is still there when used."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from attnscope.core.loading.lean_import import deferrable_block
 
 #: imported only when used: the quantiser library, the device-map library, the remote stack
 NOT_AT_START = ("torchao", "accelerate", "ray")
+#: torch's compiler (dynamo and inductor): imported only when something compiles
+COMPILER = ("torch._dynamo", "torch._inductor")
 REMOTE = (
     "attnscope.core.remote.client",
     "attnscope.core.remote.server",
@@ -44,10 +46,16 @@ rc = main([])
 """
 
 
-def _run(script: str, timeout: float = 300, **env_vars: str) -> subprocess.CompletedProcess:
+def _run(
+    script: str, timeout: float = 300, args: list[str] | None = None, **env_vars: str
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **env_vars)
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-c", script, *(args or [])],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -62,6 +70,7 @@ def test_window_start_up_loads_the_model_without_the_heavy_stack(tmp_path):
     assert "transformers" in modules and "attnscope.core.session" in modules  # it did load
     loaded = sorted(m for m in modules if m.split(".")[0] in NOT_AT_START or m in REMOTE)
     assert loaded == []
+    assert sorted(m for m in modules if m.startswith(COMPILER)) == []
     # the embedded model is a GGUF: its checks, precision and quantisation share one parse
     assert len(report["parses"]) == 1, report["parses"]
     assert report["parses"][0].endswith(".gguf")
@@ -149,13 +158,34 @@ def test_deferrable_block_takes_only_import_only_ifs():
     """
     tree = _tree(src)
     block = deferrable_block(tree, 2, "is_x_available")
-    assert [(s.module, [(a.name, a.asname) for a in s.names]) for s in block] == [
-        ("a.b", [("c", "d"), ("e", None)])
-    ]
+    assert block == ((0, "a.b", (("c", "d"), ("e", None))),)
     assert deferrable_block(tree, 4, "is_x_available") is None  # an else branch would run
     assert deferrable_block(tree, 8, "is_x_available") is None  # a module, not a name
     assert deferrable_block(tree, 10, "is_x_available") is None  # another check
     assert deferrable_block(tree, 3, "is_x_available") is None  # not the test's line
+
+
+BLOCKS = """
+import json
+from attnscope.core.loading import lean_import
+parsed = []
+table = lean_import.block_table
+lean_import.block_table = lambda tree: parsed.append(1) or table(tree)
+assert lean_import.prepare()
+import transformers.modeling_utils as mu
+print(json.dumps({"parsed": len(parsed), "deferred": repr(mu.add_hook_to_module)}))
+"""
+
+
+def test_deferrable_blocks_are_read_once_per_install(tmp_path):
+    """The first start parses the transformers files whose module-level checks are deferred and keeps
+    what it found; the next start reads that and defers the same names."""
+    pytest.importorskip("accelerate")
+    first = json.loads(_run(BLOCKS, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert first["parsed"] >= 2 and (tmp_path / "transformers_deferrable_blocks.marshal").is_file()
+    second = json.loads(_run(BLOCKS, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
+    assert second["parsed"] == 0
+    assert first["deferred"] == second["deferred"] == "<deferred accelerate.hooks.add_hook_to_module>"
 
 
 def _write_gguf(path, value: int) -> None:
@@ -215,3 +245,105 @@ def test_model_zoo_scan_is_kept_for_the_next_start(tmp_path):
     (tmp_path / "transformers_import_structure.marshal").write_bytes(b"not marshal")  # damaged: scanned
     third = json.loads(_run(SCAN, ATTNSCOPE_CACHE_DIR=str(tmp_path)).stdout.splitlines()[-1])
     assert third["loaded"] is False and third["llama_same"]
+
+
+TINY_LLAMA = """
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+torch.manual_seed(0)
+LlamaForCausalLM(cfg).save_pretrained(sys.argv[1])  # (saving imports dynamo: its own process)
+"""
+
+COMPILER_LATER = """
+import sys
+from attnscope.core.loading.lean_import import compiler_deferred, prepare
+assert prepare()
+import torch
+from transformers import AutoModelForCausalLM
+from transformers import masking_utils
+from transformers.integrations import deepgemm, finegrained_fp8
+from transformers.generation.continuous_batching import cache as cb_cache
+if True:
+    d = sys.argv[1]
+    assert "torch._dynamo" not in sys.modules, "imported by transformers' import"
+    with compiler_deferred():  # as load_torch builds the model (on the meta device)
+        lean = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    assert "torch._dynamo" not in sys.modules, "imported by the meta-device build"
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.no_grad():
+        lean_logits = lean(ids).logits
+    assert "torch._dynamo" not in sys.modules, "imported by a forward"
+    assert deepgemm.is_sm100._dynamo_marked_constant  # assume_constant_result, as torch sets it
+    with compiler_deferred():  # a disable asked for before dynamo is imported
+        def double(x):
+            return x * 2
+        disabled = torch.compiler.disable(double)
+    assert disabled(torch.ones(2)).tolist() == [2.0, 2.0] and "torch._dynamo" not in sys.modules
+    # the vmap'd mask uses TransformGetItemToIndex: dynamo's, imported now
+    mask = masking_utils.sdpa_mask(batch_size=1, q_length=4, kv_length=4, allow_is_causal_skip=False,
+                                   use_vmap=True)
+    assert mask[0, 0].tolist() == torch.ones(4, 4, dtype=torch.bool).tril().tolist()
+    assert "torch._dynamo" in sys.modules
+    import torch._dynamo
+    from torch._dynamo import trace_rules
+    # allow_in_graph registered once dynamo came: deepgemm's, the fp8 one, modeling_utils' property
+    from transformers.modeling_utils import PreTrainedModel
+    for fn in (deepgemm._load_deepgemm_kernel, finegrained_fp8._load_finegrained_fp8_kernel,
+               PreTrainedModel.can_record_outputs.fget):
+        assert id(fn) in trace_rules._allowed_callable_ids, fn
+    assert type(torch._dynamo) is type(sys) and torch._dynamo is sys.modules["torch._dynamo"]
+    real = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()  # built with dynamo
+    with torch.no_grad():
+        real_logits = real(ids).logits
+    lean_sd, real_sd = lean.state_dict(), real.state_dict()
+    assert lean_sd.keys() == real_sd.keys()
+    assert all(torch.equal(lean_sd[k], real_sd[k]) for k in lean_sd)
+    assert torch.equal(lean_logits, real_logits)
+    assert cb_cache.PagedAttentionCache.update.__wrapped__.__name__ == "update"
+    # the disable taken before dynamo came is dynamo's now: a full graph cannot go through it
+    assert torch.compile(lambda x: disabled(x) + 1, backend="eager")(torch.ones(2)).tolist() == [3.0, 3.0]
+    try:
+        torch.compile(lambda x: disabled(x) + 1, backend="eager", fullgraph=True)(torch.ones(2))
+        print("fullgraph went through a disabled function")
+    except Exception as e:
+        print("fullgraph refused:", type(e).__name__)
+print("compiler later ok")
+"""
+
+
+@pytest.mark.slow
+def test_torchs_compiler_is_imported_only_when_used_and_the_model_is_the_same(tmp_path):
+    """transformers' module-level compiler marks and the meta-device build do not import dynamo;
+    dynamo imported later gets the registrations, and the model built before equals one built after
+    (weights and logits), as the vmap'd mask does (its ``TransformGetItemToIndex`` imported then)."""
+    _run(TINY_LLAMA, args=[str(tmp_path)])
+    out = _run(COMPILER_LATER, args=[str(tmp_path)])
+    assert "compiler later ok" in out.stdout, out.stdout[-2000:]
+    assert "fullgraph refused" in out.stdout, out.stdout[-2000:]
+
+
+DYNAMO_WITHIN = """
+import sys
+from attnscope.core.loading.lean_import import Deferred, compiler_deferred, prepare
+assert prepare()
+import torch
+import transformers.masking_utils as mu
+assert isinstance(mu.TransformGetItemToIndex, Deferred) and "torch._dynamo" not in sys.modules
+with compiler_deferred():  # a module of dynamo imported within: the real dynamo, its own modules
+    import torch._dynamo.config as config
+    assert hasattr(config, "cache_size_limit")
+    assert type(sys.modules["torch._dynamo"]) is type(sys) and torch._dynamo is sys.modules["torch._dynamo"]
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    assert isinstance(TransformGetItemToIndex, type)
+with compiler_deferred():  # dynamo already imported: nothing stands in
+    from torch._dynamo import config as again
+    assert again is config
+assert mu.TransformGetItemToIndex.resolve() is TransformGetItemToIndex
+print("within ok")
+"""
+
+
+def test_a_module_of_dynamo_imported_within_the_stand_ins_is_the_real_one():
+    assert "within ok" in _run(DYNAMO_WITHIN).stdout
