@@ -439,9 +439,12 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             self._error("patch", str(e))
             return
         self.corrupt_edit.setText(text)
-        self.engine.submit(
-            "heads_length", length_job(snap.n_prompt, text), lambda msg: msg and self._error("patch", msg)
-        )
+        self.engine.submit("heads_length", length_job(snap.n_prompt, text), self._on_length)
+
+    def _on_length(self, message: str | None) -> None:
+        """The swap's token count checked (engine thread's answer): a different length is one line."""
+        if message:
+            self._error("patch", message)
 
     def cancel(self) -> None:
         self.engine.cancel()
@@ -614,25 +617,28 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             return per_head(eff.kv_side, H), f"{eff.method} ablation of the KV head's keys and values"
         return eff.query, f"{eff.method} ablation effect"
 
-    def kv_values(self) -> tuple[np.ndarray | None, list[str]]:
-        """The KV-head columns for the Colour by choice: ablation: each GQA group's effect (G) and its
-        K/V side's (K/V); patching: each group's (or, site kv, each KV head's) fraction."""
+    def kv_values(self) -> tuple[np.ndarray | None, list[str], str]:
+        """The KV-head columns for the Colour by choice, their labels and their axis title: ablation: each
+        GQA group's effect, then each KV head's K/V side's; patching: each group's (or, site kv, each KV
+        head's) fraction."""
         key = self.show_combo.currentData()
         if key in ("denoise", "noise"):
             _q, kv, pr = self._patch_arrays(key)
             if kv is None:
-                return None, []
-            lab = "K/V" if pr.site == "kv" else "G"
-            return kv, [f"{lab}{k}" for k in range(kv.shape[1])]
+                return None, [], ""
+            title = "KV head (keys and values)" if pr.site == "kv" else "GQA group"
+            return kv, [str(k) for k in range(kv.shape[1])], title
         if self.result is None or key == "dla":
-            return None, []
+            return None, [], ""
         eff = self.result[0]
         n = eff.kv.shape[1]
         if eff.kv_side is None:
-            return eff.kv, [f"G{k}" for k in range(n)]
-        return np.concatenate([eff.kv, eff.kv_side], axis=1), [f"G{k}" for k in range(n)] + [
-            f"K/V{k}" for k in range(n)
-        ]
+            return eff.kv, [str(k) for k in range(n)], "GQA group"
+        return (
+            np.concatenate([eff.kv, eff.kv_side], axis=1),
+            [str(k) for k in range(n)] * 2,
+            "group | K/V side",
+        )
 
     def _draw(self) -> None:
         """The tab's grid, KV columns (and the Head grid's frames) for the results and "Colour by"."""
@@ -849,7 +855,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             arr(ap, "denoise_kv", True),
             arr(ap, "noise_kv", True),
         ]
-        layers = eff.layers if eff is not None else (ex or ap).layers
+        layers = eff.layers if eff is not None else self._patch_arrays()[2].layers
         rows = [(layer, h, h // g, [c[layer, h] for c in heads_cols]) for layer in layers for h in range(H)]
         rows += [(layer, -1, k, [c[layer, k] for c in kv_cols]) for layer in layers for k in range(n_kv)]
         self.table.setSortingEnabled(False)

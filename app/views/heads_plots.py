@@ -62,6 +62,7 @@ class EffectPlots(pg.GraphicsLayoutWidget):
         self.ci.layout.setColumnStretchFactor(1, 2)
         self.ci.layout.setColumnStretchFactor(2, 3)
         self._lines: list = []
+        self._kv_line = None
         self.legend = self.bars.addLegend(offset=(-4, 4), labelTextSize="8pt")
         self.bar_values: dict | None = None  # what the bars show (:func:`dla_bars`)
 
@@ -88,8 +89,13 @@ class EffectPlots(pg.GraphicsLayoutWidget):
         self.grid.setXRange(-0.5, H - 0.5, padding=0)
         self.grid.setYRange(-0.5, L - 0.5, padding=0)
 
-    def show_kv(self, values: np.ndarray | None, labels: list[str]) -> None:
-        """The KV-head columns: ``values`` (L, m) with a label per column (empty: nothing to show)."""
+    def show_kv(self, values: np.ndarray | None, labels: list[str], blocks: str = "KV head") -> None:
+        """The KV-head columns: ``values`` (L, m) with a label per column (empty: nothing to show);
+        ``blocks`` names them under the axis; a line parts two blocks of ``m / 2`` columns when ``blocks``
+        names two (``"group | K/V side"``)."""
+        if self._kv_line is not None:
+            self.kv.removeItem(self._kv_line)
+            self._kv_line = None
         if values is None or not values.size:
             self.kv_image.clear()
             self.kv.getAxis("bottom").setTicks([[]])
@@ -98,6 +104,10 @@ class EffectPlots(pg.GraphicsLayoutWidget):
         self.kv_image.setImage(np.nan_to_num(values), levels=_levels(values))
         self.kv_image.setRect(-0.5, -0.5, m, L)
         self.kv.getAxis("bottom").setTicks([list(enumerate(labels))])
+        self.kv.setLabel("bottom", blocks)
+        if "|" in blocks:
+            self._kv_line = pg.InfiniteLine(pos=m / 2 - 0.5, angle=90, pen=pg.mkPen("#444", width=1))
+            self.kv.addItem(self._kv_line)
         self.kv.setXRange(-0.5, m - 0.5, padding=0)
 
     def show_bars(self, dla) -> None:
