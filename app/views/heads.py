@@ -18,6 +18,7 @@ import numpy as np
 from attnscope.app.engine import CancelledMessage, Request
 from attnscope.app.tabs import PageLayout
 from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
+from attnscope.app.views.heads_export import csv_text, lens_from_json, result_from_json, same_json
 from attnscope.app.views.heads_lens import LensPanel, lens_job, parse_positions
 from attnscope.app.views.heads_patch import (
     PatchForm,
@@ -701,44 +702,11 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         if not str(path).lower().endswith(".csv"):
             Path(path).write_text(json.dumps(data, indent=1, allow_nan=True), encoding="utf-8")
             return
-        import csv
-        import io
-
         shape = self._shape()
         if shape is None:
             raise ValueError("nothing to export as CSV: the logit lens exports as JSON")
-        L, H, n_kv = shape
-        g = H // max(1, n_kv)
-        buf = io.StringIO()
-        head = data if self.result is not None else data.get("patching", {})
-        for k in ("model", "prompt", "target", "target_text", "other_text", "method", "scope"):
-            if k in head:
-                buf.write(f"# {k}: {json.dumps(head[k], ensure_ascii=False)}\n")
-        if self.patch is not None:
-            pp = data["patching"]
-            for k in ("corrupt_prompt", "corrupt_ids", "site", "method", "scope"):
-                if k in pp:
-                    buf.write(f"# patching {k}: {json.dumps(pp[k], ensure_ascii=False)}\n")
-        cols: list[tuple[str, np.ndarray | None, np.ndarray | None]] = []  # name, per head, per group
-        if self.result is not None:
-            eff, dla = self.result[0], self.result[1]
-            cols.append(("effect", eff.query, eff.kv))
-            cols.append(("direct_logit_attribution", None if dla is None else dla.heads, None))
-        if self.patch is not None:
-            for name, pr in (("patch", self.patch["exact"]), ("attribution", self.patch["attribution"])):
-                if pr is not None:
-                    cols.append((f"{name}_denoise", pr.denoise, pr.denoise_kv))
-                    cols.append((f"{name}_noise", pr.noise, pr.noise_kv))
-        w = csv.writer(buf)
-        w.writerow(["layer", "head", "kv_head", *(c[0] for c in cols)])
-        fmt = lambda a, i, j: "" if a is None or not np.isfinite(a[i, j]) else f"{a[i, j]:.7g}"  # noqa: E731
         layers = self.result[0].layers if self.result is not None else self._patch_arrays()[2].layers
-        for layer in layers:
-            for h in range(H):
-                w.writerow([layer, h, h // g, *(fmt(q, layer, h) for _n, q, _kv in cols)])
-            for kv in range(n_kv):
-                w.writerow([layer, "group", kv, *(fmt(k, layer, kv) for _n, _q, k in cols)])
-        Path(path).write_text(buf.getvalue(), encoding="utf-8")
+        Path(path).write_text(csv_text(data, self.result, self.patch, shape, layers), encoding="utf-8")
 
     def _export_dialog(self) -> None:
         from PySide6.QtWidgets import QFileDialog
@@ -786,7 +754,9 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         if not isinstance(state, dict):
             return
         saved = state.get("result")
-        if isinstance(saved, dict) and not (self.result is not None and _same(self._ablation_json(), saved)):
+        if isinstance(saved, dict) and not (
+            self.result is not None and same_json(self._ablation_json(), saved)
+        ):
             try:
                 result = result_from_json(saved)
             except (KeyError, TypeError, ValueError):
@@ -800,7 +770,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
                     )
         saved = state.get("patch")
         if isinstance(saved, dict) and not (
-            self.patch is not None and _same(patch_to_json(self.patch), saved)
+            self.patch is not None and same_json(patch_to_json(self.patch), saved)
         ):
             try:
                 patch = patch_from_json(saved)
@@ -812,7 +782,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
                 if key is None:
                     self.patch_summary.setText("Patching from the session file, for another sequence.")
         saved = state.get("lens")
-        if isinstance(saved, dict) and not (self.lens is not None and _same(self._lens_json(), saved)):
+        if isinstance(saved, dict) and not (self.lens is not None and same_json(self._lens_json(), saved)):
             try:
                 lens = lens_from_json(saved)
             except (KeyError, TypeError, ValueError):
@@ -889,90 +859,6 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             self.state.select(layer, head)
             if ev.double():
                 self.state.tab = "heatmap"
-
-
-def _same(a: dict, b: dict) -> bool:
-    """Whether two results' JSON are the same (NaN equal to NaN, as JSON writes both)."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def result_from_json(data: dict) -> tuple:
-    """The tab's result tuple rebuilt from :meth:`HeadsView.export_data` (a session file's copy).
-
-    Raises:
-        KeyError, TypeError, ValueError: a dict that is not such an export."""
-    from attnscope.core.analysis.head_effects import HeadEffects, LogitAttribution, Target
-
-    t = Target(**{k: data["target"][k] for k in ("kind", "position", "token", "other")})
-    arr = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
-    eff = HeadEffects(
-        arr(data["query_heads"]),
-        arr(data["kv_heads"]),
-        float(data["clean"]),
-        t,
-        str(data["method"]),
-        str(data["scope"]),
-        tuple(int(i) for i in data["layers"]),
-        kv_side=arr(data["kv_side"]) if data.get("kv_side") is not None else None,
-    )
-    d = data.get("direct_logit_attribution")
-    dla = None
-    if isinstance(d, dict):
-        dla = LogitAttribution(
-            arr(d["heads"]),
-            arr(d["attn_bias"]),
-            arr(d["mlp"]),
-            float(d["embedding"]),
-            float(d["constant"]),
-            float(d["logit"]),
-            t,
-            0.0,
-        )
-    prov = {
-        k: v
-        for k, v in data.items()
-        if k not in ("query_heads", "kv_heads", "kv_side", "direct_logit_attribution")
-    }
-    return (
-        eff,
-        dla,
-        str(data.get("direct_logit_attribution_note", "")),
-        data.get("target_text") or "",
-        data.get("other_text") or "",
-        prov,
-    )
-
-
-def lens_from_json(data: dict) -> tuple:
-    """The tab's logit-lens tuple rebuilt from its saved JSON (:meth:`HeadsView.view_state`'s ``"lens"``).
-
-    Raises:
-        KeyError, TypeError, ValueError: a dict that is not such a copy."""
-    from attnscope.core.analysis.head_effects import LogitLens
-
-    lens = LogitLens(
-        np.asarray(data["positions"], dtype=np.int64),
-        np.asarray(data["top_ids"], dtype=np.int64),
-        np.asarray(data["top_probs"], dtype=np.float64),
-        np.asarray(data["final_ids"], dtype=np.int64),
-        np.asarray(data["final_rank"], dtype=np.int64),
-        np.asarray(data["final_prob"], dtype=np.float64),
-    )
-    if lens.top_ids.ndim != 3 or lens.top_ids.shape[1] != len(lens.positions):
-        raise ValueError("not a logit lens")
-    texts = {int(k): str(v) for k, v in dict(data["texts"]).items()}
-    keys = (
-        "positions",
-        "top_ids",
-        "top_probs",
-        "final_ids",
-        "final_rank",
-        "final_prob",
-        "texts",
-        "position_texts",
-    )
-    prov = {k: v for k, v in data.items() if k not in keys}
-    return lens, texts, [str(x) for x in data["position_texts"]], prov
 
 
 def install_view(window) -> HeadsView:
