@@ -448,9 +448,16 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             self._error("patch", message)
 
     def cancel(self) -> None:
+        """Stop what runs (Esc does the same through the engine); each result shown stays."""
+        busy = set(self._busy)
         self.engine.cancel()
         self._done()
-        self.summary.setText("Stopped: press Run to start again.")
+        if "heads" in busy or not busy:
+            self.summary.setText("Stopped: press Run to start again.")
+        if "patch" in busy:
+            self.patch_summary.setText("Patching stopped: press Patch to start again.")
+        if "lens" in busy:
+            self.lens_panel.caption.setText("Stopped: press Lens to start again.")
 
     def _done(self, what: str | None = None) -> None:
         self._busy = set() if what is None else self._busy - {what}
