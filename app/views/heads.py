@@ -251,9 +251,9 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(20)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        for col in (0, 1, 2):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        # every number whole (a narrow window scrolls the table sideways, never elides "+0.3…")
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
         self.table.setSortingEnabled(True)
 
         self.lens_panel = LensPanel()
