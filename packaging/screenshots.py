@@ -134,12 +134,24 @@ def compare(sh: Shots, path: Path) -> None:
 
 
 def which_heads_matter(sh: Shots, path: Path) -> None:
-    """The Which heads matter tab on the IOI prompt: logit(" Mary") − logit(" John")."""
+    """The Which heads matter tab on the IOI prompt: logit(" Mary") − logit(" John") with every head
+    zero-ablated, patched against the Mary ⇄ John swap (attribution patching), and the logit lens at the
+    last positions; the grid coloured by the ablation effects."""
     sh.run(IOI)
     view = sh.tab("heads")
     view.target_edit.setText(" Mary")
     view.other_edit.setText(" John")
     view.run()
+    sh.wait()
+    view.swap_a.setText("Mary")
+    view.swap_b.setText("John")
+    view.swap()
+    view.patch_method_combo.setCurrentIndex(view.patch_method_combo.findData("attribution"))
+    view.run_patch()
+    sh.wait()
+    view.run_lens()
+    sh.wait()
+    view.show_combo.setCurrentIndex(view.show_combo.findData("query"))
     sh.grab(path)
 
 
