@@ -109,7 +109,7 @@ def lens_from_json(data: dict) -> tuple:
 
     Raises:
         KeyError, TypeError, ValueError: a dict that is not such a copy."""
-    from attnscope.core.analysis.head_effects import LogitLens
+    from attnscope.core.analysis.logit_lens import LogitLens
 
     lens = LogitLens(
         np.asarray(data["positions"], dtype=np.int64),

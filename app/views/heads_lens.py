@@ -66,7 +66,7 @@ def lens_job(ids: tuple, positions: list[int], k: int):
     changed."""
 
     def job(ctx):
-        from attnscope.core.analysis.head_effects import logit_lens
+        from attnscope.core.analysis.logit_lens import logit_lens
 
         s = ctx.require()
         if tuple(getattr(s, "ids", ids)) != ids:

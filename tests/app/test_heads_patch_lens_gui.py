@@ -124,7 +124,8 @@ def test_patching_numbers_are_patch_heads_and_colour_the_head_grid(win, tmp_path
 
 def test_lens_grid_cells_are_logit_lens_and_dla_bars_sum_to_the_logit(win):
     from attnscope.app.views.heads_lens import shown
-    from attnscope.core.analysis.head_effects import logit_attribution, logit_lens, make_target
+    from attnscope.core.analysis.head_effects import logit_attribution, make_target
+    from attnscope.core.analysis.logit_lens import logit_lens
 
     view = win.views["heads"]
     view.positions_edit.setText("2-5")
