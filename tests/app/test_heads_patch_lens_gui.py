@@ -209,7 +209,7 @@ def test_session_keeps_the_controls_and_results(win, tmp_path):
     view.run_lens()
     assert win.engine.wait_idle(60) and win.last_error is None
     patch, lens = view.patch, view.lens
-    win.exports.save_session(tmp_path / "h.attnscope")
+    win.sessions.save_session(tmp_path / "h.attnscope")
     assert win.engine.wait_idle(60)
     saved = json.loads((tmp_path / "h.attnscope").read_text())["view"]["views"]["heads"]
     assert saved["corrupt_edit"] == SWAPPED and saved["k_spin"] == 7 and saved["positions_edit"] == "1-4"
@@ -219,7 +219,7 @@ def test_session_keeps_the_controls_and_results(win, tmp_path):
     view.positions_edit.setText("")
     view.k_spin.setValue(2)
     view.patch = view.lens = None
-    win.exports.open_session(tmp_path / "h.attnscope")
+    win.sessions.open_session(tmp_path / "h.attnscope")
     assert win.engine.wait_idle(300) and win.last_error is None
     assert view.corrupt_edit.text() == SWAPPED and (view.swap_a.text(), view.swap_b.text()) == ("a", "b")
     assert view.site_combo.currentData() == "query" and view.patch_method_combo.currentData() == "attribution"
