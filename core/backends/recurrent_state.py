@@ -5,10 +5,12 @@ softmax-attention layers, whose KV cache grows by one row per token and is cut b
 with layers that fold the whole past into a fixed-size state: a Gated DeltaNet's ``(heads, d_k, d_v)``
 matrix and a short convolution's last ``kernel − 1`` inputs (linear attention), a Mamba-2 mixer's SSM
 state and convolution window, LFM2's convolution window. transformers keeps those in the cache's
-``LinearAttentionLayer`` objects (``conv_states`` / ``recurrent_states``, updated in place). Such a state
-cannot be truncated: the state after ``n`` tokens is not a slice of the state after ``n + 1``.
+``LinearAttentionLayer`` objects (``conv_states`` / ``recurrent_states``, updated in place, next to the
+layer's own token count and flags). Such a state cannot be truncated: the state after ``n`` tokens is not a
+slice of the state after ``n + 1``.
 
-So the torch backend keeps a copy of every such state after each forward (:class:`StateSnapshots`,
+So the torch backend keeps a copy of every such layer's state (all its attributes but the K/V tensors)
+after each forward (:class:`StateSnapshots`,
 one per sequence length reached: the end of a prefill, each decode step), and step back to a length it
 holds restores that copy: the same tensors the model had, so the steps that follow give the same
 logits and weights bit for bit. Copies are kept within :data:`SNAPSHOT_BUDGET_BYTES`, the oldest
@@ -22,18 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 # Bytes of state copies kept for step back (Qwen3.5-9B, float32 states: ~50 MB per copy, so ~5 steps;
 # the tiny test models: thousands)
 SNAPSHOT_BUDGET_BYTES = 256 << 20
 
 _STATE_FIELDS = ("conv_states", "recurrent_states")
-_FLAG_FIELDS = (
-    "is_conv_states_initialized",
-    "is_recurrent_states_initialized",
-    "has_previous_state",
-    "conv_kernel_size",
-)
+# A hybrid attention + state layer's K/V tensors: cut back by slicing (TorchBackend._crop), never copied
+_KV_FIELDS = frozenset({"keys", "values"})
 
 
 def is_state_layer(layer: Any) -> bool:
@@ -62,25 +61,33 @@ def state_layer_bytes(cache: Any, n_layers: int) -> np.ndarray:
     return out
 
 
+def _dup(value: Any) -> Any:
+    """``value`` with every tensor in it cloned (through dicts, lists and tuples); other values as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _dup(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_dup(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_dup(v) for v in value)
+    return value
+
+
 def _copy(layer: Any) -> dict:
-    snap: dict = {
-        f: {i: (None if t is None else t.clone()) for i, t in getattr(layer, f).items()}
-        for f in _STATE_FIELDS
-    }
-    for f in _FLAG_FIELDS:
-        snap[f] = dict(getattr(layer, f))
-    snap["device"], snap["dtype"] = layer.device, layer.dtype
-    return snap
+    # Every attribute of the layer but its K/V tensors, not a list of known names: besides the conv and
+    # recurrent states, transformers keeps the layer's own token count (``cumulative_length_linear``, a
+    # tensor added in place by each forward, which the cache's ``get_seq_length`` and so the model's
+    # positions read since 5.25), the init flags, the kernel sizes and a recurrent-state history; a
+    # field missed here leaves the step back inexact (tests/core/test_hybrid.py).
+    return {name: _dup(v) for name, v in vars(layer).items() if name not in _KV_FIELDS}
 
 
 def _put(layer: Any, snap: dict) -> None:
-    # clones again: the model updates these tensors in place (causal_conv1d_update, copy_), and the copy
-    # must stay as it was for a later step back to the same length
-    for f in _STATE_FIELDS:
-        setattr(layer, f, {i: (None if t is None else t.clone()) for i, t in snap[f].items()})
-    for f in _FLAG_FIELDS:
-        setattr(layer, f, dict(snap[f]))
-    layer.device, layer.dtype = snap["device"], snap["dtype"]
+    # clones again: the model updates these tensors in place (causal_conv1d_update, copy_, add_), and the
+    # copy must stay as it was for a later step back to the same length
+    for name, v in snap.items():
+        setattr(layer, name, _dup(v))
 
 
 @dataclass(frozen=True)

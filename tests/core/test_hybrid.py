@@ -204,6 +204,44 @@ def test_step_back_without_a_copy_re_runs_and_says_so(folders):
     assert be.snapshots.lengths[-1] == len(IDS)
 
 
+def test_a_copy_keeps_every_layer_field_but_kv():
+    """A state copy is every attribute of the cache layer, not a list of known names: a field the
+    library adds later (transformers 5.25's per-layer token count ``cumulative_length_linear``, updated
+    in place, read by ``get_seq_length``) comes back as it was; the K/V tensors are left to the crop."""
+    import torch
+    from attnscope.core.backends.recurrent_state import StateSnapshots
+
+    class Layer:
+        def __init__(self):
+            self.conv_states = {0: torch.ones(2, 3)}
+            self.recurrent_states = {0: torch.full((2, 2), 5.0)}
+            self.has_previous_state = {0: True}
+            self.cumulative_length_linear = torch.tensor(7)
+            self.history = [torch.zeros(2)]
+            self.keys = torch.arange(4.0)
+            self.values = torch.arange(4.0)
+
+    layer = Layer()
+    cache = type("Cache", (), {"layers": [layer]})()
+    snaps = StateSnapshots()
+    snaps.take(7, cache)
+    layer.conv_states[0].add_(1)  # in place, as the model does
+    layer.recurrent_states[0].mul_(2)
+    layer.cumulative_length_linear.add_(3)
+    layer.history[0].fill_(9)
+    layer.has_previous_state[0] = False
+    layer.keys = torch.arange(10.0)
+    for _ in range(2):  # a second step back to the same length finds the copy unchanged
+        snaps.restore(7, cache)
+        assert int(layer.cumulative_length_linear) == 7
+        assert layer.conv_states[0].tolist() == [[1.0] * 3] * 2
+        assert layer.recurrent_states[0].tolist() == [[5.0] * 2] * 2
+        assert layer.history[0].tolist() == [0.0, 0.0] and layer.has_previous_state == {0: True}
+        assert layer.keys.shape == (10,)  # K/V untouched: TorchBackend._crop slices them
+        layer.cumulative_length_linear.add_(1)
+        layer.conv_states[0].add_(1)
+
+
 def test_cancelled_prefill_restores_the_states(folders):
     """A prefill cancelled after its first chunk rolls the KV cache, the trace AND the recurrent/conv
     states back: the same prefill afterwards gives the same logits."""
