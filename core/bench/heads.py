@@ -220,9 +220,10 @@ def _unembedding_matmul(s, rows: int) -> tuple[float, float]:
     """Wall and CPU seconds of the logit lens's floor: ``rows`` float32 residuals through the unembedding,
     in the lens's vocabulary blocks (:data:`attnscope.core.analysis.logit_lens.VOCAB_BLOCK`), nothing else."""
     import torch
+    from attnscope.core.analysis.head_effects import _parts
     from attnscope.core.analysis.logit_lens import VOCAB_BLOCK
 
-    w = s.backend.model.get_output_embeddings().weight
+    w = _parts(s).lm_head.weight  # the unembedding the lens projects through
     x = torch.randn(rows, w.shape[1], device=w.device)
 
     def run():
