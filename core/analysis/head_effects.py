@@ -12,9 +12,10 @@ Scopes (Wang et al. 2022, "Interpretability in the Wild" for the IOI task; Heime
 "How to use and interpret activation patching"):
 
 * ``"readout"``: the head's output is replaced only at the read-out position ``p``. Positions before
-  ``p`` are unchanged in every layer, so the clean KV cache of ``ids[:p]`` is kept and each head costs
-  one decode step over it.
-* ``"everywhere"``: replaced at every position ``0..p``; one forward of ``ids[:p + 1]`` per head.
+  ``p`` are unchanged in every layer, so the session's own KV cache of ``ids[:p]`` is read (never
+  written) and the heads of a layer cost one decode step from that layer on, together.
+* ``"everywhere"``: replaced at every position ``0..p``; the layers from the head's own up re-run over
+  ``ids[:p + 1]`` (the layers below are reused).
 
 Direct logit attribution (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"):
 the residual stream entering the final norm at ``p`` is the sum of the embedding, every head's output
@@ -36,7 +37,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
@@ -460,17 +461,17 @@ def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z"
     projection's input, ``"q"``/``"k"``/``"v"`` the projections' outputs (where the layer has them)."""
     import torch
 
-    got: dict = {}
+    got: dict = {}  # (key, layer) -> one (L_chunk, width) piece per forward chunk
 
     def keep_in(i):
         def hook(_m, args):
-            got[("z", i)] = args[0][0].detach().float()
+            got.setdefault(("z", i), []).append(args[0][0].detach().float())
 
         return hook
 
     def keep_out(key, i):
         def hook(_m, _args, out):
-            got[(key, i)] = out[0].detach().float()
+            got.setdefault((key, i), []).append(out[0].detach().float())
 
         return hook
 
@@ -485,7 +486,8 @@ def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z"
     with torch.inference_mode(), _apply(hooks):
         be.forward(list(ids))
     be.reset()
-    return got
+    # the backend runs a long sequence in chunks: each hook fired once per chunk
+    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in got.items()}
 
 
 # -- re-running from a layer -----------------------------------------------------------------------------
@@ -732,9 +734,8 @@ def _view_layer_class():
             def update(self, key_states, value_states, *args, **kwargs):
                 if not self.is_initialized:
                     return key_states, value_states
-                return torch.cat([self.keys, key_states], dim=-2), torch.cat(
-                    [self.values, value_states], dim=-2
-                )
+                keys, values = cast(Any, self.keys), cast(Any, self.values)
+                return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
         _VIEW_LAYER.append(_ViewLayer)
     return _VIEW_LAYER[0]
@@ -1139,12 +1140,18 @@ def head_effects(
         kv_side: also the K/V side of each KV head (:attr:`HeadEffects.kv_side`), where the layers
             have separate k/v projections.
 
-    Cost: one forward of ``ids[:p]`` and a recording decode step (readout) or forward (everywhere),
-    then per head the layers from its own on (:class:`_Runner`). Readout: every unit of a layer (its
-    query heads, GQA groups and K/V sides) in one batched decode step from that layer on, over the
-    prefix's KV cache shared as a view (:meth:`_Runner.batch`): one step per layer, not per head.
-    Everywhere: at most one forward of ``ids[:p + 1]`` per head (on average about half of one).
-    Memory: one extra KV cache of the prefix, plus every layer's input hidden states (everywhere).
+    Cost, readout: no forward of the prefix: the session's own KV cache holds ``ids[:p]`` and is read
+    through views, never written (:class:`_SessionReadout`); one recording decode step of ``ids[p]``,
+    then every unit of a layer (its query heads, GQA groups and K/V sides) in ONE step from that layer
+    on, the units laid along the positions and each attending to the shared prefix and itself: one step
+    per layer, not per head. Everywhere: ``ids[:p + 1]`` goes through each layer in one call without a
+    KV cache (:class:`_Everywhere`): the layers below each head are walked once for the whole sweep,
+    and a head costs the layers from its own up (on average about half a forward).
+    Memory: readout, one layer's keys/values for the step (the prefix is shared, not copied per unit);
+    everywhere, one layer's input ``(p + 1, hidden)`` and one layer's working set. ``mean`` and
+    ``resample`` add one forward of ``ids[:p + 1]`` (or the source) to capture what is put in.
+    Where this cannot be trusted (a hybrid model's recurrent states; a check step that does not give
+    the model's own logits) every head runs a whole forward instead (:attr:`HeadEffects.reused` False).
 
     Raises:
         BadArgument: unknown method/scope, resample without a source or with one too short.
@@ -1419,9 +1426,12 @@ def patch_heads(
                 if progress is not None:
                     progress(min(done[0], total), total)
 
+            def whole(run_ids: list[int] = run_ids) -> _Runner:
+                return _Runner(be, parts, run_ids, scope, reuse=False)
+
             _evaluate(
                 run,
-                lambda run_ids=run_ids: _Runner(be, parts, run_ids, scope, reuse=False),
+                whole,
                 parts,
                 units,
                 D,
@@ -1478,7 +1488,15 @@ def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Seque
     for key, mods in (("q", parts.q_proj), ("k", parts.k_proj), ("v", parts.v_proj)):
         if key in keys:
             hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
-    with torch.inference_mode(False), torch.enable_grad(), _apply(hooks):
+    # plain fused attention (its backward keeps no score matrix; nothing is recorded), and a
+    # length-dependent RoPE at the session's frequencies (TorchBackend.rope_floor)
+    with (
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        _apply(hooks),
+        _attending(be, _PlainAttend()),
+        _rope_at(be, len(ids)),
+    ):
         res = be.model(
             input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
         )

@@ -149,9 +149,14 @@ def test_zero_ablation_equals_hooked_forward(family, scope, tmp_path):
     assert eff.reused  # layers below each head's were reused, not re-run
 
 
-def test_mean_and_resample_ablation_and_kl(tmp_path):
+@pytest.mark.parametrize("chunk", [512, 5])
+def test_mean_and_resample_ablation_and_kl(chunk, tmp_path, monkeypatch):
+    """Mean and resample ablation; with 5-token forward chunks the captured outputs are every chunk's
+    (the mean is over positions 0..p, not over the last chunk)."""
+    import attnscope.core.backends.torch_backend as tb
     from attnscope.core.analysis.head_effects import head_effects, make_target
 
+    monkeypatch.setattr(tb, "PREFILL_CHUNK", chunk)
     s, ref = _load("llama", tmp_path)
     D, p = s.info.head_dim, len(IDS) - 1
     captured = {}
