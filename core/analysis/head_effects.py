@@ -456,7 +456,9 @@ def _capture_inputs(be, parts: _Parts, ids: list[int]) -> list:
     return [got.get(("z", i)) for i in range(len(parts.out_proj))]
 
 
-def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v")) -> dict:
+def _capture_sites(
+    be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v"), logits: list | None = None
+) -> dict:
     """``{(key, layer): (L, width) float32}`` for ``ids`` from an empty cache: ``"z"`` the output
     projection's input, ``"q"``/``"k"``/``"v"`` the projections' outputs (where the layer has them)."""
     import torch
@@ -484,7 +486,9 @@ def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z"
             hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
     be.reset()
     with torch.inference_mode(), _apply(hooks):
-        be.forward(list(ids))
+        lg = be.forward(list(ids))
+    if logits is not None:  # the forward's logits at the last position, ``(vocab,)``
+        logits.append(lg)
     be.reset()
     # the backend runs a long sequence in chunks: each hook fired once per chunk
     return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in got.items()}
@@ -1456,31 +1460,77 @@ def _metric(target: Target, x):
     return torch.log_softmax(x.double(), dim=-1)[target.token]
 
 
-def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Sequence[str]):
-    """One forward with gradients and one backward: ``(target value, {(key, layer): activation (L, width)},
-    {(key, layer): ∂target/∂activation (L, width)})``, float32 (``keys`` as :func:`_capture_sites`).
+def _grad_run(
+    be,
+    parts: _Parts,
+    ids: Sequence[int],
+    target: Target,
+    keys: Sequence[str],
+    src: dict,
+    rows: slice,
+    D: int,
+    keep: bool = False,
+):
+    """One forward with gradients and one backward: ``(target value, {(key, layer): Σ over ``rows`` of
+    (src − activation) · ∂target/∂activation, per head of the projection (float64)}, the activations'
+    ``rows`` (float32, ``keep`` only, else None))``. ``src``: ``{(key, layer): rows (R, width)}`` of the
+    other run (:func:`_capture_sites`, ``keys`` as there); its entries are dropped as they are used.
 
-    Gradients flow into the activations only (``torch.autograd.grad``; no weight gradients are formed)."""
+    Gradients flow into the activations only (no weight gradients are formed), and each activation's
+    product is taken by a hook on it as its gradient arrives: no activation or gradient of the whole
+    sequence is kept beyond its layer. Each decoder layer is checkpointed (``torch.utils.checkpoint``,
+    non-reentrant): the forward keeps only each layer's input and the backward re-runs one layer at a
+    time, so a long prompt's backward holds one layer's graph, not every layer's (one more forward's
+    time)."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
-    acts: dict = {}
+    per: dict = {}
+    got: dict | None = {} if keep else None
+    seen: set = set()  # a checkpoint's re-run fires the forward hooks again: ignored
+    width: dict = {}  # heads of each activation's projection
+    start: dict = {}
+
+    def on_act(k, a):
+        if k in seen:
+            return
+        seen.add(k)
+        width[k] = a.shape[-1] // D
+        here = a[0, rows].detach().float()
+        if got is not None:
+            got[k] = here.clone()
+        delta = src.pop(k) - here
+
+        def hook(g):
+            per[k] = (delta * g[0, rows].float()).sum(0).double().reshape(-1, D).sum(-1).cpu().numpy()
+
+        a.register_hook(hook)
 
     def keep_in(i):
         def hook(_m, args):
-            acts[("z", i)] = args[0]
+            on_act(("z", i), args[0])
 
         return hook
 
     def keep_out(key, i):
         def hook(_m, _args, out):
-            acts[(key, i)] = out
+            on_act((key, i), out)
 
         return hook
 
     def needs_grad(_m, _args, out):
         if not out.requires_grad:  # frozen weights: the graph starts at the embeddings' output
             out.requires_grad_(True)
+        start.setdefault("x", out)
         return out
+
+    def checkpointed(layer):
+        run = layer.forward
+
+        def forward(*args, **kwargs):
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+        return forward
 
     hooks: list = [(be.model.get_input_embeddings(), needs_grad, "post")]
     if "z" in keys:
@@ -1497,19 +1547,21 @@ def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Seque
         _attending(be, _PlainAttend()),
         _rope_at(be, len(ids)),
     ):
-        res = be.model(
-            input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
-        )
-        x = res.logits[0, -1].float()
-        m = _metric(target, x)
-        names = list(acts)
-        grads = torch.autograd.grad(m, [acts[k] for k in names], allow_unused=True)
-    g = {
-        k: (torch.zeros_like(acts[k]) if gr is None else gr)[0].detach().float()
-        for k, gr in zip(names, grads, strict=True)
-    }
-    a = {k: acts[k][0].detach().float() for k in names}
-    return float(m.detach()), a, g
+        for layer in parts.layers:
+            layer.forward = checkpointed(layer)
+        try:
+            res = be.model(
+                input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
+            )
+            m = _metric(target, res.logits[0, -1].float())
+            # the gradient into the embeddings' output: every activation's hook fires on the way
+            torch.autograd.grad(m, [start["x"]], allow_unused=True)
+        finally:
+            for layer in parts.layers:
+                layer.__dict__.pop("forward", None)
+    for k in seen:  # an activation the target does not depend on
+        per.setdefault(k, np.zeros(width[k]))
+    return float(m.detach()), per, got
 
 
 @remotable
@@ -1559,36 +1611,40 @@ def attribution_patching(
     _need_site(parts, site, sweep, info.architecture)
     keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
     runs = {"denoise": ("corrupt", "clean"), "noise": ("clean", "corrupt")}
-    acts: dict = {}
-    grads: dict = {}
+    ids_of = {"clean": clean_ids, "corrupt": bad}
+    rows = slice(-1, None) if scope == "readout" else slice(None)
+    acts: dict = {}  # run -> {(key, layer): its rows (R, width)}
+    products: dict = {}  # direction -> {(key, layer): per head}
     t: dict = {}
     with _scratch(session) as be:
-        for d in directions:
-            into, _src = runs[d]
-            t[into], acts[into], grads[into] = _grad_run(
-                be, parts, bad if into == "corrupt" else clean_ids, target, keys
-            )
-        for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
-            if name not in acts:
+        for i, d in enumerate(directions):
+            into, src = runs[d]
+            if src not in acts:  # the other run's activations, and its target, from one plain forward
                 with torch.inference_mode():
-                    acts[name] = _capture_sites(be, parts, run_ids, keys)
-                    t[name] = target.value(be.forward(run_ids))
+                    lg: list = []
+                    got = _capture_sites(be, parts, ids_of[src], keys, lg)
+                    acts[src] = {k: v[rows].clone() for k, v in got.items()}
+                    del got
+                    t[src] = target.value(lg[0])
+            later = any(runs[e][1] == into for e in directions[i + 1 :])
+            t[into], products[d], kept = _grad_run(
+                be, parts, ids_of[into], target, keys, acts.pop(src), rows, D, keep=later
+            )
+            if kept is not None:
+                acts[into] = kept
+        for name in ("clean", "corrupt"):
+            if name not in t:
+                with torch.inference_mode():
+                    t[name] = target.value(be.forward(ids_of[name]))
                     be.reset()
     diff = t["clean"] - t["corrupt"]
-    rows = slice(-1, None) if scope == "readout" else slice(None)
     out = {
         k: np.full((info.n_layers, n), np.nan)
         for k, n in (("denoise", H), ("noise", H), ("denoise_kv", Hkv), ("noise_kv", Hkv))
     }
     groups = _groups(session)
     for d in directions:
-        into, src = runs[d]
-        per = {}
-        for key in keys:
-            for layer in sweep:
-                delta = (acts[src][(key, layer)] - acts[into][(key, layer)])[rows]
-                prod = (delta * grads[into][(key, layer)][rows]).sum(0).double()  # (width,)
-                per[(key, layer)] = prod.reshape(-1, D).sum(-1).cpu().numpy()  # per head of the projection
+        per = products[d]
         sign = 1.0 if d == "denoise" else -1.0
         for layer in sweep:
             if site == "kv":
