@@ -1647,7 +1647,7 @@ def attribution_patching(
                 with torch.inference_mode():
                     lg: list = []
                     got = _capture_sites(be, parts, ids_of[src], keys, lg)
-                    acts[src] = {k: v[rows].clone() for k, v in got.items()}
+                    acts[src] = {k: v if scope == "everywhere" else v[rows].clone() for k, v in got.items()}
                     del got
                     t[src] = target.value(lg[0])
             later = any(runs[e][1] == into for e in directions[i + 1 :])
