@@ -13,9 +13,10 @@ Scopes (Wang et al. 2022, "Interpretability in the Wild" for the IOI task; Heime
 "How to use and interpret activation patching"):
 
 * ``"readout"``: the head's output is replaced only at the read-out position ``p``. Positions before
-  ``p`` are unchanged in every layer, so the clean KV cache of ``ids[:p]`` is kept and each head costs
-  one decode step over it.
-* ``"everywhere"``: replaced at every position ``0..p``; one forward of ``ids[:p + 1]`` per head.
+  ``p`` are unchanged in every layer, so the session's own KV cache of ``ids[:p]`` is read (never
+  written) and the heads of a layer cost one decode step from that layer on, together.
+* ``"everywhere"``: replaced at every position ``0..p``; the layers from the head's own up re-run over
+  ``ids[:p + 1]`` (the layers below are reused).
 
 Direct logit attribution (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"):
 the residual stream entering the final norm at ``p`` is the sum of the embedding, every head's output
@@ -38,7 +39,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from attnscope.core.analysis.remotable import remotable
@@ -319,6 +320,19 @@ def _clean_logits(session: Session, position: int) -> np.ndarray:
         return be.forward(session.ids[: position + 1])
 
 
+def _model_logits(session: Session, be, ids: Sequence[int], own: bool = True) -> np.ndarray:
+    """The model's ``(vocab,)`` logits after ``ids`` (a prefix of the session's sequence, or another
+    prompt): with ``own``, the session's own where it computed them; else a forward in the scratch
+    backend ``be``."""
+    n, p = session.n_prompt, len(ids) - 1
+    if own and p >= n - 1 and list(session.ids[: p + 1]) == list(ids):
+        return session.logits_at(p - (n - 1))
+    be.reset()
+    out = be.forward(list(ids))
+    be.reset()
+    return out
+
+
 @contextlib.contextmanager
 def _scratch(session: Session) -> Iterator[Any]:
     """A backend on the session's model with its own cache, recording nothing."""
@@ -454,22 +468,24 @@ def _capture_inputs(be, parts: _Parts, ids: list[int]) -> list:
     return [got.get(("z", i)) for i in range(len(parts.out_proj))]
 
 
-def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v")) -> dict:
+def _capture_sites(
+    be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v"), logits: list | None = None
+) -> dict:
     """``{(key, layer): (L, width) float32}`` for ``ids`` from an empty cache: ``"z"`` the output
     projection's input, ``"q"``/``"k"``/``"v"`` the projections' outputs (where the layer has them)."""
     import torch
 
-    got: dict = {}
+    got: dict = {}  # (key, layer) -> one (L_chunk, width) piece per forward chunk
 
     def keep_in(i):
         def hook(_m, args):
-            got[("z", i)] = args[0][0].detach().float()
+            got.setdefault(("z", i), []).append(args[0][0].detach().float())
 
         return hook
 
     def keep_out(key, i):
         def hook(_m, _args, out):
-            got[(key, i)] = out[0].detach().float()
+            got.setdefault((key, i), []).append(out[0].detach().float())
 
         return hook
 
@@ -482,15 +498,20 @@ def _capture_sites(be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z"
             hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
     be.reset()
     with torch.inference_mode(), _apply(hooks):
-        be.forward(list(ids))
+        lg = be.forward(list(ids))
+    if logits is not None:  # the forward's logits at the last position, ``(vocab,)``
+        logits.append(lg)
     be.reset()
-    return got
+    # the backend runs a long sequence in chunks: each hook fired once per chunk
+    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in got.items()}
 
 
 # -- re-running from a layer -----------------------------------------------------------------------------
 class _Runner:
-    """The logits at the read-out position of ``ids`` with some hooks in place, reusing what they cannot
-    change.
+    """The logits at the read-out position of ``ids`` with some hooks in place, in a scratch backend ``be``
+    with its own KV cache: the fallback where the session's own cache cannot be read
+    (:class:`_SessionReadout`: the corrupted prompt of a read-out patch, a hybrid model) or the whole
+    sequence cannot be re-run from a layer (:class:`_Everywhere`: a hybrid model).
 
     Layers below a unit's layer see the same inputs with or without its hooks, so their outputs are
     reused: one recording forward keeps every decoder layer's call (its input hidden states and the
@@ -505,16 +526,18 @@ class _Runner:
 
     Where the re-run cannot be trusted (a hybrid model's recurrent states, a length-dependent RoPE, or a
     check re-run from layer 0 that does not give the model's own logits: a logit scale after the
-    unembedding) every unit runs a whole forward instead (:attr:`reuse` False): slower, the same numbers.
+    unembedding), or ``reuse=False``, every unit runs a whole forward instead (:attr:`reuse` False):
+    slower, the same numbers.
     """
 
-    def __init__(self, be, parts: _Parts, ids: Sequence[int], scope: str):
+    def __init__(self, be, parts: _Parts, ids: Sequence[int], scope: str, reuse: bool = True):
         import torch
 
         self.be, self.parts, self.ids, self.scope = be, parts, list(ids), scope
         self.p = len(self.ids) - 1
         n = len(parts.layers)
         chunks: list[list] = []
+        reuse = reuse and not (getattr(be, "hybrid", False) or getattr(be.rope, "active", False))
 
         def keep(i):
             def hook(_m, args, kwargs):
@@ -525,9 +548,14 @@ class _Runner:
             return hook
 
         be.reset()
-        handles = [
-            layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(parts.layers)
-        ]
+        handles = (
+            [
+                layer.register_forward_pre_hook(keep(i), with_kwargs=True)
+                for i, layer in enumerate(parts.layers)
+            ]
+            if reuse
+            else []
+        )
         try:
             with torch.inference_mode():
                 if scope == "readout":
@@ -542,12 +570,13 @@ class _Runner:
                 h.remove()
         self.chunks = chunks
         self._restore()
-        self.reuse = bool(chunks) and not (getattr(be, "hybrid", False) or getattr(be.rope, "active", False))
-        self.reuse = self.reuse and all(c is not None for chunk in chunks for c in chunk)
+        self.reuse = reuse and bool(chunks) and all(c is not None for chunk in chunks for c in chunk)
         if self.reuse:
             again = self._from(0)
             scale = 1.0 + float(np.max(np.abs(self.clean)))
             self.reuse = bool(np.max(np.abs(again - self.clean)) <= 1e-5 * scale)
+        if not self.reuse:
+            self.chunks = []  # nothing recorded is kept where it is not used
 
     def _restore(self) -> None:
         if self.scope == "readout":
@@ -569,54 +598,20 @@ class _Runner:
             self._restore()
             return out
 
-    def batch(self, layer: int, hooks: Sequence[tuple[Any, Callable, str]], n: int) -> np.ndarray:
-        """``(n, vocab)`` float32 logits at the read-out position: one decode step of ``n`` rows from
-        layer ``layer`` on, row ``b`` changed by the hooks that touch batch row ``b`` (:func:`_row_hooks`).
-
-        Readout scope with :attr:`reuse` only. Every row attends to the same cached prefix: each layer's
-        keys and values are the prefix's, expanded to ``n`` rows as a view (no copy kept), with the row's
-        own position ``p`` appended for that call only (:class:`_SharedPrefix`); the cache is not changed.
-        """
-        import torch
-
-        assert self.scope == "readout" and self.reuse
-        with torch.inference_mode(), _apply(hooks):
-            return self._from(layer, n)
-
-    def _from(self, layer: int, n: int = 0) -> np.ndarray:
+    def _from(self, layer: int) -> np.ndarray:
         import torch
 
         be, parts = self.be, self.parts
-        if n:
-            cache: Any = _SharedPrefix(be._cache_layers(), n)
-        else:
-            cache = be.cache if self.scope == "readout" else be._new_cache()
+        cache = be.cache if self.scope == "readout" else be._new_cache()
         h = None
         with torch.inference_mode():
             for chunk in self.chunks:
                 args, kw = chunk[layer]
                 h = args[0] if args else kw["hidden_states"]
-                if n:
-                    h = h.expand(n, *h.shape[1:])
                 for i in range(layer, len(parts.layers)):
-                    args, kw = chunk[i]
-                    kw = dict(kw)
-                    for name in ("cache", "past_key_values"):
-                        if name in kw:
-                            kw[name] = cache
-                    if args:
-                        out = parts.layers[i](h, *args[1:], **kw)
-                    else:
-                        kw["hidden_states"] = h
-                        out = parts.layers[i](**kw)
-                    h = out[0] if isinstance(out, tuple) else out
+                    h = _call_layer(parts.layers[i], h, chunk[i], cache)
             assert h is not None
-            x = parts.lm_head(parts.norm(h[:, -1:]))[:, -1].float()
-            if parts.final_softcap:
-                x = torch.tanh(x / parts.final_softcap) * parts.final_softcap
-        if n:
-            return x.cpu().numpy()
-        x = x[0]
+            x = _read_out(parts, h)[-1]
         if self.scope == "readout":  # drop position p from the layers the re-run appended it to
             for cl in be._cache_layers():
                 if getattr(cl, "keys", None) is not None and cl.keys.numel() and cl.keys.shape[-2] > self.p:
@@ -625,35 +620,363 @@ class _Runner:
         return x.cpu().numpy()
 
 
-class _SharedPrefix:
-    """A stand-in for the KV cache in a batched read-out decode step (:meth:`_Runner.batch`).
+def _call_layer(layer, h, call: tuple, cache: Any, widen: int = 0):
+    """One decoder layer on ``h`` with a recorded call's other arguments (``(args, kwargs)``), the KV cache
+    argument set to ``cache`` and, with ``widen``, the per-position arguments of a one-position call
+    (position embeddings, position ids) repeated for ``widen`` positions (:func:`_widen`)."""
+    args, kw = call
+    kw = dict(kw)
+    for name in ("cache", "past_key_values"):
+        if name in kw:
+            kw[name] = cache
+    if widen:
+        kw = {
+            k: (v if k in ("attention_mask", "cache", "past_key_values") else _widen(k, v, widen))
+            for k, v in kw.items()
+        }
+        args = tuple(_widen("", a, widen) for a in args[1:])
+    else:
+        args = tuple(args[1:])
+    if call[0]:
+        out = layer(h, *args, **kw)
+    else:
+        kw["hidden_states"] = h
+        out = layer(**kw)
+    return out[0] if isinstance(out, tuple) else out
 
-    ``update`` returns each layer's cached prefix keys/values (``(1, n_kv_heads, p, D)``), expanded to the
-    batch's rows without a copy, followed by the batch's own new keys/values for position ``p``; it stores
-    nothing, so the prefix cache stays as it was and the step needs no cropping.
-    """
 
-    def __init__(self, layers: list, n: int):
-        self.layers, self.n = layers, n
+def _widen(name: str, x, n: int):
+    """A one-position argument repeated for ``n`` positions as a view: ``(1, 1, …)`` tensors (position
+    embeddings' cos/sin, position ids) become ``(1, n, …)``, a ``cache_position`` of one ``(n,)``."""
+    import torch
 
-    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+    if isinstance(x, tuple | list):
+        return type(x)(_widen(name, v, n) for v in x)
+    if isinstance(x, torch.Tensor):
+        if x.dim() >= 2 and x.shape[0] == 1 and x.shape[1] == 1:
+            return x.expand(1, n, *x.shape[2:])
+        if name == "cache_position" and x.dim() == 1 and x.shape[0] == 1:
+            return x.expand(n)
+    return x
+
+
+def _read_out(parts: _Parts, h):
+    """``(L, vocab)`` float32 logits of ``h`` (``(1, L, hidden)``): final norm, unembedding, soft-cap."""
+    import torch
+
+    x = parts.lm_head(parts.norm(h))[0].float()
+    if parts.final_softcap:
+        x = torch.tanh(x / parts.final_softcap) * parts.final_softcap
+    return x
+
+
+@contextlib.contextmanager
+def _attending(be, how) -> Iterator[None]:
+    """``be``'s attention modules call ``how.attend`` (the Trace's overrides seam,
+    :func:`attnscope.core.backends.hf_attention.attnscope_attention`) inside the block."""
+    saved = be.trace.overrides
+    be.trace.overrides = how
+    try:
+        yield
+    finally:
+        be.trace.overrides = saved
+
+
+@contextlib.contextmanager
+def _rope_at(be, length: int) -> Iterator[None]:
+    """A length-dependent RoPE held at the frequencies of ``max(length, be.rope_floor)`` positions (the
+    session's sequence, in a fork) for a model call made outside :meth:`TorchBackend.forward`."""
+    rope = getattr(be, "rope", None)
+    if rope is None or not rope.active:
+        yield
+        return
+    saved = rope.target
+    rope.target = max(length, int(getattr(be, "rope_floor", 0) or 0))
+    try:
+        yield
+    finally:
+        rope.target = saved
+
+
+def _record_calls(parts: _Parts, run: Callable[[], Any], skip: bool = False) -> tuple[list, Any]:
+    """Every decoder layer's call ``(args, kwargs)`` during ``run()``, and ``run()``'s result. ``skip``:
+    the layers do nothing (each returns its input), so only the embedding, the arguments the model builds
+    for its layers (position embeddings, masks) and the read-out run."""
+    calls: list = [None] * len(parts.layers)
+
+    def keep(i):
+        def hook(_m, args, kwargs):
+            calls[i] = (args, dict(kwargs))
+
+        return hook
+
+    def passthrough(*args, **kwargs):
+        return args[0] if args else kwargs["hidden_states"]
+
+    handles = [
+        layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(parts.layers)
+    ]
+    if skip:
+        for layer in parts.layers:
+            layer.forward = passthrough
+    try:
+        out = run()
+    finally:
+        for h in handles:
+            h.remove()
+        if skip:
+            for layer in parts.layers:
+                layer.__dict__.pop("forward", None)
+    return calls, out
+
+
+_LIBC: list = []
+
+
+def _release_memory() -> None:
+    """Hand freed heap memory back to the system (glibc's ``malloc_trim``). A sweep's many large
+    temporaries of the same sizes otherwise stay resident as freed-but-kept heap, and the process's
+    resident memory grows by tens of MB per head at 2,048 tokens (``attnscope bench --heads``, peak
+    memory); trimmed after each head it stays at one head's working set. A no-op without glibc."""
+    if not _LIBC:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(libc.malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    scale = 1.0 + float(np.max(np.abs(b)))
+    return bool(np.max(np.abs(np.asarray(a) - np.asarray(b))) <= 1e-5 * scale)
+
+
+# -- the read-out scope over the session's own KV cache ----------------------------------------------------
+_VIEW_LAYER: list = []
+
+
+def _view_layer_class():
+    """A transformers ``DynamicLayer`` that hands out its keys/values followed by the new ones and keeps
+    nothing: a read-only view of a prefix of another cache."""
+    if not _VIEW_LAYER:
+        import torch
+        from transformers.cache_utils import DynamicLayer
+
+        class _ViewLayer(DynamicLayer):
+            def update(self, key_states, value_states, *args, **kwargs):
+                if not self.is_initialized:
+                    return key_states, value_states
+                keys, values = cast(Any, self.keys), cast(Any, self.values)
+                return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+
+        _VIEW_LAYER.append(_ViewLayer)
+    return _VIEW_LAYER[0]
+
+
+def _prefix_view(sb, p: int):
+    """A cache whose layers read the first ``p`` positions of backend ``sb``'s KV cache as views (no copy)
+    and store nothing: the session's cache is never written, and nothing needs cropping after a step."""
+    view = _view_layer_class()
+    cache = sb._DynamicCache()
+    layers = []
+    for cl in sb._cache_layers():
+        v = view()
+        keys = getattr(cl, "keys", None)
+        if keys is not None and keys.numel():
+            v.keys, v.values = keys[..., :p, :], cl.values[..., :p, :]
+            v.device, v.is_initialized = keys.device, True
+        layers.append(v)
+    cache.layers = layers
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+def _holds_prefix(sb, ids: Sequence[int]) -> bool:
+    """Whether backend ``sb``'s KV cache holds ``ids[:-1]`` (a non-hybrid torch cache)."""
+    p = len(ids) - 1
+    held = getattr(sb, "_ids", None)
+    return (
+        held is not None
+        and not getattr(sb, "hybrid", False)
+        and hasattr(sb, "_cache_layers")
+        and getattr(sb, "seq_len", 0) >= p
+        and list(held[:p]) == list(ids[:p])
+    )
+
+
+class _TreeAttend:
+    """Attention for a batched read-out step laid out along the positions: ``n`` query rows, all at
+    position ``p``, over keys ``0 .. p − 1`` (the prefix, shared: read once, never expanded or copied per
+    row) followed by the ``n`` rows' own keys ``p .. p + n − 1``; row ``b`` sees the prefix and its own key
+    ``p + b`` only, so each row is the decode step of position ``p`` with its own patch. The layer's
+    window, soft-cap and learned sinks apply as in
+    :func:`attnscope.core.attention.fused.sdpa_with_lse`; accumulated in float32."""
+
+    def attend(self, module, query, key, value, scaling, window, softcap=None, sinks=None):
         import torch
 
-        cl = self.layers[layer_idx]
-        keys = getattr(cl, "keys", None)
-        if keys is None or not keys.numel():
-            return key_states, value_states
-        shape = (self.n, *keys.shape[1:])
-        return (
-            torch.cat([keys.expand(shape), key_states], dim=-2),
-            torch.cat([cl.values.expand(shape), value_states], dim=-2),
+        _, H, n, D = query.shape
+        Hkv, S = key.shape[1], key.shape[2]
+        G, p = H // Hkv, S - n
+        scale = float(scaling) if scaling is not None else D**-0.5
+        q = query[0].float().reshape(Hkv, G * n, D)
+        k, v = key[0].float(), value[0].float()  # (Hkv, S, D)
+        s_pre = torch.matmul(q, k[:, :p].transpose(-1, -2)) * scale  # (Hkv, G·n, p)
+        q4 = q.reshape(Hkv, G, n, D)
+        s_own = (q4 * k[:, None, p:]).sum(-1).reshape(Hkv, G * n, 1) * scale  # row b · its own key
+        if softcap:
+            s_pre = softcap * torch.tanh(s_pre / softcap)
+            s_own = softcap * torch.tanh(s_own / softcap)
+        if window is not None and p - window + 1 > 0:  # keys j <= p - window are outside the window
+            s_pre[..., : p - window + 1] = float("-inf")
+        parts = [s_pre, s_own]
+        if sinks is not None:
+            sk = sinks.float().reshape(Hkv, G, 1, 1).expand(Hkv, G, n, 1).reshape(Hkv, G * n, 1)
+            parts.append(sk)
+        w = torch.softmax(torch.cat(parts, dim=-1), dim=-1)
+        own_v = v[:, None, p:].expand(Hkv, G, n, v.shape[-1]).reshape(Hkv, G * n, v.shape[-1])
+        out = torch.matmul(w[..., :p], v[:, :p]) + w[..., p : p + 1] * own_v
+        return out.reshape(1, H, n, v.shape[-1]).to(query.dtype), None
+
+
+class _SessionReadout:
+    """The read-out scope over the session's own KV cache: no prefix forward, no second cache.
+
+    The prefix ``ids[:p]`` is in the session backend ``sb``'s cache already (its prefill); a cache of
+    views onto its first ``p`` positions (:func:`_prefix_view`) serves every step and is never written,
+    so the session's cache, logits and Trace stay exactly as they were. One recording decode step of
+    ``ids[p]`` on the model (its attention modules pointed at the scratch backend ``be``'s Trace, which
+    records nothing) keeps every decoder layer's call; then every unit of a layer runs in ONE step from
+    that layer on (:meth:`batch`): ``n`` rows laid along the positions, each attending to the shared
+    prefix and its own position ``p`` (:class:`_TreeAttend`). A check step of one unpatched row from
+    layer 0 must give the recorded logits (:attr:`reuse`; else the caller falls back to :class:`_Runner`).
+    """
+
+    def __init__(self, sb, be, parts: _Parts, ids: Sequence[int]):
+        import torch
+
+        self.be, self.parts = be, parts
+        self.p = p = len(ids) - 1
+        self.cache = _prefix_view(sb, p)
+        x = torch.tensor([[int(ids[p])]], device=be.device)
+        kw = {be._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1}
+        with torch.inference_mode(), _rope_at(be, p + 1):
+            self.calls, res = _record_calls(parts, lambda: be.model(input_ids=x, **kw))
+        self.clean = res.logits[0, -1].float().cpu().numpy()
+        self.reuse = all(c is not None for c in self.calls)
+        if self.reuse:
+            self.reuse = _close(self.batch(0, [], 1)[0], self.clean)
+
+    def batch(self, layer: int, hooks: Sequence[tuple[Any, Callable, str]], n: int) -> np.ndarray:
+        """``(n, vocab)`` float32 logits at the read-out position: one step of ``n`` rows from layer
+        ``layer`` on, row ``b`` changed by the hooks that touch position ``b`` of the step
+        (:func:`_row_hooks`)."""
+        import torch
+
+        h = self.calls[layer][0][0] if self.calls[layer][0] else self.calls[layer][1]["hidden_states"]
+        h = h[:, -1:].expand(1, n, h.shape[-1])
+        with torch.inference_mode(), _apply(hooks), _attending(self.be, _TreeAttend()):
+            for i in range(layer, len(self.parts.layers)):
+                h = _call_layer(self.parts.layers[i], h, self.calls[i], self.cache, widen=n)
+            return _read_out(self.parts, h).cpu().numpy()
+
+    def logits(self, layer: int, hooks: Sequence[tuple[Any, Callable, str]]) -> np.ndarray:
+        """``(vocab,)``: :meth:`batch` of one row (hooks at the step's one position)."""
+        return self.batch(layer, hooks, 1)[0]
+
+
+# -- the everywhere scope: one pass over the sequence, layers below each unit reused -----------------------
+class _PlainAttend:
+    """Causal attention without the LSE (nothing is recorded in a sweep): PyTorch's fused
+    ``scaled_dot_product_attention`` for a full causal square without window, cap or sinks; else
+    :func:`attnscope.core.attention.fused.sdpa_with_lse`."""
+
+    def attend(self, module, query, key, value, scaling, window, softcap=None, sinks=None):
+        import torch
+        from attnscope.core.attention.fused import sdpa_with_lse
+
+        causal = getattr(module, "is_causal", True)
+        if window is None and softcap is None and sinks is None and query.shape[2] == key.shape[2]:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, is_causal=causal, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+            )
+            return out, None
+        return sdpa_with_lse(
+            query,
+            key,
+            value,
+            scale=scaling,
+            causal=causal,
+            sliding_window=window,
+            exact_half=False,
+            softcap=softcap,
+            sinks=sinks,
         )
 
 
+class _Everywhere:
+    """The everywhere scope without a KV cache: the whole of ``ids`` runs through each layer in one call.
+
+    A recording model call in which the layers do nothing keeps each layer's arguments (position
+    embeddings, masks) and layer 0's input; :meth:`layers` then walks up the layers once, keeping only
+    the current layer's input ``(1, len(ids), hidden)``, and at each layer asked for hands out a function
+    that re-runs the layers from there with a unit's hooks and reads the logits at the last position. At
+    the end of the walk the unpatched logits must equal ``clean`` (the model's own, e.g. the session's):
+    :attr:`reuse`, else the caller recomputes with whole forwards (:class:`_Runner`).
+    """
+
+    def __init__(self, be, parts: _Parts, ids: Sequence[int], clean: np.ndarray):
+        import torch
+
+        self.be, self.parts, self.ids, self.clean = be, parts, list(ids), clean
+        x = torch.tensor([self.ids], device=be.device)
+        try:
+            with torch.inference_mode(), _rope_at(be, len(self.ids)):
+                self.calls, _ = _record_calls(
+                    parts, lambda: be.model(input_ids=x, use_cache=False, logits_to_keep=1), skip=True
+                )
+        except Exception:  # a layer whose caller needs its real output: whole forwards instead
+            self.calls = [None]
+        self.reuse = all(c is not None for c in self.calls)
+
+    def _run(self, h, start: int, stop: int):
+        for i in range(start, stop):
+            h = _call_layer(self.parts.layers[i], h, self.calls[i], None)
+        return h
+
+    def layers(self, wanted: Sequence[int]) -> Iterator[tuple[int, Callable]]:
+        """``(layer, from_here)`` for each of ``wanted`` (ascending); ``from_here(hooks)`` gives the
+        ``(vocab,)`` float32 logits at the last position with ``hooks`` on that layer. Sets
+        :attr:`reuse` after the last."""
+        import torch
+
+        n = len(self.parts.layers)
+        first = self.calls[0]
+        h = first[0][0] if first[0] else first[1]["hidden_states"]
+        cur = 0
+        with torch.inference_mode(), _attending(self.be, _PlainAttend()):
+            for layer in sorted(wanted):
+                h = self._run(h, cur, layer)
+                cur = layer
+
+                def from_here(hooks, h=h, layer=layer):
+                    with torch.inference_mode(), _apply(hooks), _attending(self.be, _PlainAttend()):
+                        return _read_out(self.parts, self._run(h, layer, n)[:, -1:])[-1].cpu().numpy()
+
+                yield layer, from_here
+            last = _read_out(self.parts, self._run(h, cur, n)[:, -1:])[-1].cpu().numpy()
+        self.reuse = _close(last, self.clean)
+
+
 def _row_hooks(parts: _Parts, units: Sequence[_Unit], D: int, values: dict | None) -> list:
-    """Hooks for a batched read-out step: batch row ``b`` has unit ``units[b]`` replaced at its (only,
-    last) position, by ``values[(key, layer)]``'s last row or zeros: what :func:`_unit_hooks` does to a
-    batch of one, row by row."""
+    """Hooks for a batched read-out step (:meth:`_SessionReadout.batch`): the step's position ``b`` has
+    unit ``units[b]`` replaced, by ``values[(key, layer)]``'s last row or zeros: what :func:`_unit_hooks`
+    does to a step of one position, position by position."""
     by_mod: dict[int, tuple[Any, str, list]] = {}
     for b, u in enumerate(units):
         for mod, kind, key, cols in _site_modules(parts, u, D):
@@ -664,7 +987,7 @@ def _row_hooks(parts: _Parts, units: Sequence[_Unit], D: int, values: dict | Non
         x = x.clone()
         for b, cols, v in rows:
             for sl in cols:
-                x[b, -1, sl] = 0 if v is None else v[-1, sl].to(x.dtype)
+                x[:, b, sl] = 0 if v is None else v[-1, sl].to(x.dtype)
         return x
 
     hooks: list = []
@@ -682,6 +1005,70 @@ def _row_hooks(parts: _Parts, units: Sequence[_Unit], D: int, values: dict | Non
 
             hooks.append((mod, post, "post"))
     return hooks
+
+
+def _runner(session: Session, be, parts: _Parts, ids: Sequence[int], scope: str, clean=None):
+    """The cheapest exact runner for ``ids`` (the read-out position last): the read-out scope over the
+    session's own KV cache where it holds the prefix (:class:`_SessionReadout`), the everywhere scope in
+    one pass (:class:`_Everywhere`, ``clean`` = the model's logits at the last position), else
+    :class:`_Runner` in the scratch backend ``be``."""
+    sb = session.backend
+    if not getattr(be, "hybrid", False):
+        if scope == "readout" and _holds_prefix(sb, ids):
+            run: Any = _SessionReadout(sb, be, parts, ids)
+            if run.reuse:
+                return run
+        elif scope == "everywhere" and clean is not None:
+            run = _Everywhere(be, parts, ids, clean)
+            if run.reuse:
+                return run
+    return _Runner(be, parts, ids, scope)
+
+
+def _evaluate(
+    run,
+    make_runner: Callable[[], Any],
+    parts: _Parts,
+    units: Sequence[_Unit],
+    D: int,
+    values: dict | None,
+    scope: str,
+    check: Callable[[], None],
+    step: Callable[[_Unit, np.ndarray], None],
+) -> bool:
+    """Every unit's logits at the read-out position, handed to ``step(unit, logits)`` as they come;
+    ``check()`` (cancel) before each unit or batched step. Returns whether layers below each unit were
+    reused. ``values``: what a unit
+    puts in (:func:`_unit_hooks`), None for zeros. ``make_runner()`` gives whole forwards where an
+    :class:`_Everywhere` pass did not check out (then every unit is handed over again)."""
+    per_layer: dict[int, list[_Unit]] = {}
+    for u in units:
+        per_layer.setdefault(u.layer, []).append(u)
+    if isinstance(run, _SessionReadout):
+        for layer in sorted(per_layer):
+            us = per_layer[layer]
+            check()
+            batch = run.batch(layer, _row_hooks(parts, us, D, values), len(us))
+            _release_memory()
+            for u, row in zip(us, batch, strict=True):
+                check()  # per unit, as the unbatched paths: a cancel stops where it is asked
+                step(u, row)
+        return True
+    if isinstance(run, _Everywhere):
+        for layer, from_here in run.layers(list(per_layer)):
+            for u in per_layer[layer]:
+                check()
+                step(u, from_here(_unit_hooks(parts, u, D, values, slice(None))))
+                _release_memory()
+        if run.reuse:
+            return True
+        run = make_runner()
+    pos = slice(-1, None) if scope == "readout" else slice(None)
+    for u in units:
+        check()
+        step(u, run.logits(u.layer, _unit_hooks(parts, u, D, values, pos)))
+        _release_memory()
+    return bool(run.reuse)
 
 
 # -- ablation -------------------------------------------------------------------------------------------
@@ -793,12 +1180,18 @@ def head_effects(
         kv_side: also the K/V side of each KV head (:attr:`HeadEffects.kv_side`), where the layers
             have separate k/v projections.
 
-    Cost: one forward of ``ids[:p]`` and a recording decode step (readout) or forward (everywhere),
-    then per head the layers from its own on (:class:`_Runner`). Readout: every unit of a layer (its
-    query heads, GQA groups and K/V sides) in one batched decode step from that layer on, over the
-    prefix's KV cache shared as a view (:meth:`_Runner.batch`): one step per layer, not per head.
-    Everywhere: at most one forward of ``ids[:p + 1]`` per head (on average about half of one).
-    Memory: one extra KV cache of the prefix, plus every layer's input hidden states (everywhere).
+    Cost, readout: no forward of the prefix: the session's own KV cache holds ``ids[:p]`` and is read
+    through views, never written (:class:`_SessionReadout`); one recording decode step of ``ids[p]``,
+    then every unit of a layer (its query heads, GQA groups and K/V sides) in ONE step from that layer
+    on, the units laid along the positions and each attending to the shared prefix and itself: one step
+    per layer, not per head. Everywhere: ``ids[:p + 1]`` goes through each layer in one call without a
+    KV cache (:class:`_Everywhere`): the layers below each head are walked once for the whole sweep,
+    and a head costs the layers from its own up (on average about half a forward).
+    Memory: readout, one layer's keys/values for the step (the prefix is shared, not copied per unit);
+    everywhere, one layer's input ``(p + 1, hidden)`` and one layer's working set. ``mean`` and
+    ``resample`` add one forward of ``ids[:p + 1]`` (or the source) to capture what is put in.
+    Where this cannot be trusted (a hybrid model's recurrent states; a check step that does not give
+    the model's own logits) every head runs a whole forward instead (:attr:`HeadEffects.reused` False).
 
     Raises:
         BadArgument: unknown method/scope, resample without a source or with one too short.
@@ -838,29 +1231,33 @@ def head_effects(
             values = _capture_sites(be, parts, src[: p + 1], ("z", "k", "v") if side else ("z",))
             if scope == "readout":
                 values = {key: r[-1:] for key, r in values.items()}
-        run = _Runner(be, parts, ids, scope)
+        clean_in = _model_logits(session, be, ids) if scope == "everywhere" else None
+        run = _runner(session, be, parts, ids, scope, clean_in)
         clean_logits = run.clean
         clean = target.value(clean_logits, clean_logits)
-        pos = slice(-1, None) if scope == "readout" else slice(None)
-        batched = scope == "readout" and run.reuse
-        per_layer: dict[int, list[_Unit]] = {}
-        for u in units:
-            per_layer.setdefault(u.layer, []).append(u)
-        rows: dict[_Unit, np.ndarray] = {}
-        for done, u in enumerate(units):
-            _check(cancelled, done, total)
-            if batched:  # every unit of the layer in one decode step, the first time the layer is reached
-                if u not in rows:
-                    us = per_layer[u.layer]
-                    batch = run.batch(u.layer, _row_hooks(parts, us, D, values), len(us))
-                    rows = dict(zip(us, batch, strict=True))
-                logits = rows[u]
-            else:
-                logits = run.logits(u.layer, _unit_hooks(parts, u, D, values, pos))
+        done = [0]
+
+        def check() -> None:
+            _check(cancelled, min(done[0], total), total)
+
+        def step(u: _Unit, logits: np.ndarray) -> None:
             effect = target.value(logits, clean_logits)
             out[u.row][u.layer, u.col] = effect if target.kind == "kl" else effect - clean
+            done[0] += 1
             if progress is not None:
-                progress(done + 1, total)
+                progress(min(done[0], total), total)
+
+        reused = _evaluate(
+            run,
+            lambda: _Runner(be, parts, ids, scope, reuse=False),
+            parts,
+            units,
+            D,
+            values,
+            scope,
+            check,
+            step,
+        )
     return HeadEffects(
         out["query"],
         out["kv"],
@@ -870,7 +1267,7 @@ def head_effects(
         scope,
         sweep,
         kv_side=out["kv_side"] if side else None,
-        reused=run.reuse,
+        reused=reused,
     )
 
 
@@ -1041,7 +1438,6 @@ def patch_heads(
         for k, n in (("dn", H), ("ns", H), ("dkv", info.n_kv_heads), ("nkv", info.n_kv_heads))
     }
     keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
-    pos = slice(-1, None) if scope == "readout" else slice(None)
     with _scratch(session) as be, torch.inference_mode():
         rows = {
             "clean": _capture_sites(be, parts, clean_ids, keys),
@@ -1049,25 +1445,45 @@ def patch_heads(
         }
         if scope == "readout":
             rows = {name: {k: r[-1:] for k, r in got.items()} for name, got in rows.items()}
-        t = {}
+        t, logits = {}, {}
         for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
-            t[name] = target.value(be.forward(run_ids))
-            be.reset()
+            logits[name] = _model_logits(session, be, run_ids, own=False)
+            t[name] = target.value(logits[name])
         diff = t["clean"] - t["corrupt"]
-        done = 0
+        done = [0]
+
+        def check() -> None:
+            _check(cancelled, min(done[0], total), total)
+
         for into, src, key in (("corrupt", "clean", "d"), ("clean", "corrupt", "n")):
-            run = _Runner(be, parts, bad if into == "corrupt" else clean_ids, scope)
-            for u in units:
-                _check(cancelled, done, total)
-                tv = target.value(run.logits(u.layer, _unit_hooks(parts, u, D, rows[src], pos)))
+            run_ids = bad if into == "corrupt" else clean_ids
+            run = _runner(session, be, parts, run_ids, scope, logits[into] if scope == "everywhere" else None)
+
+            def step(u: _Unit, lg: np.ndarray, key=key) -> None:
+                tv = target.value(lg)
                 frac = ((tv - t["corrupt"]) if key == "d" else (t["clean"] - tv)) / diff if diff else np.nan
                 name = (
                     ("dn" if key == "d" else "ns") if u.row == "query" else ("dkv" if key == "d" else "nkv")
                 )
                 out[name][u.layer, u.col] = frac
-                done += 1
+                done[0] += 1
                 if progress is not None:
-                    progress(done, total)
+                    progress(min(done[0], total), total)
+
+            def whole(run_ids: list[int] = run_ids) -> _Runner:
+                return _Runner(be, parts, run_ids, scope, reuse=False)
+
+            _evaluate(
+                run,
+                whole,
+                parts,
+                units,
+                D,
+                rows[src],
+                scope,
+                check,
+                step,
+            )
             be.reset()
     return PatchResult(
         out["dn"], out["ns"], out["dkv"], out["nkv"], t["clean"], t["corrupt"], target, scope, sweep, site
@@ -1084,31 +1500,77 @@ def _metric(target: Target, x):
     return torch.log_softmax(x.double(), dim=-1)[target.token]
 
 
-def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Sequence[str]):
-    """One forward with gradients and one backward: ``(target value, {(key, layer): activation (L, width)},
-    {(key, layer): ∂target/∂activation (L, width)})``, float32 (``keys`` as :func:`_capture_sites`).
+def _grad_run(
+    be,
+    parts: _Parts,
+    ids: Sequence[int],
+    target: Target,
+    keys: Sequence[str],
+    src: dict,
+    rows: slice,
+    D: int,
+    keep: bool = False,
+):
+    """One forward with gradients and one backward: ``(target value, {(key, layer): Σ over ``rows`` of
+    (src − activation) · ∂target/∂activation, per head of the projection (float64)}, the activations'
+    ``rows`` (float32, ``keep`` only, else None))``. ``src``: ``{(key, layer): rows (R, width)}`` of the
+    other run (:func:`_capture_sites`, ``keys`` as there); its entries are dropped as they are used.
 
-    Gradients flow into the activations only (``torch.autograd.grad``; no weight gradients are formed)."""
+    Gradients flow into the activations only (no weight gradients are formed), and each activation's
+    product is taken by a hook on it as its gradient arrives: no activation or gradient of the whole
+    sequence is kept beyond its layer. Each decoder layer is checkpointed (``torch.utils.checkpoint``,
+    non-reentrant): the forward keeps only each layer's input and the backward re-runs one layer at a
+    time (one more forward's time). At 2,048 tokens the measured peak is still about twice the
+    prefill's (``attnscope bench --heads``): what holds it is not found yet."""
     import torch
+    from torch.utils.checkpoint import checkpoint
 
-    acts: dict = {}
+    per: dict = {}
+    got: dict | None = {} if keep else None
+    seen: set = set()  # a checkpoint's re-run fires the forward hooks again: ignored
+    width: dict = {}  # heads of each activation's projection
+    start: dict = {}
+
+    def on_act(k, a):
+        if k in seen:
+            return
+        seen.add(k)
+        width[k] = a.shape[-1] // D
+        here = a[0, rows].detach().float()
+        if got is not None:
+            got[k] = here.clone()
+        delta = src.pop(k) - here
+
+        def hook(g):
+            per[k] = (delta * g[0, rows].float()).sum(0).double().reshape(-1, D).sum(-1).cpu().numpy()
+
+        a.register_hook(hook)
 
     def keep_in(i):
         def hook(_m, args):
-            acts[("z", i)] = args[0]
+            on_act(("z", i), args[0])
 
         return hook
 
     def keep_out(key, i):
         def hook(_m, _args, out):
-            acts[(key, i)] = out
+            on_act((key, i), out)
 
         return hook
 
     def needs_grad(_m, _args, out):
         if not out.requires_grad:  # frozen weights: the graph starts at the embeddings' output
             out.requires_grad_(True)
+        start.setdefault("x", out)
         return out
+
+    def checkpointed(layer):
+        run = layer.forward
+
+        def forward(*args, **kwargs):
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+        return forward
 
     hooks: list = [(be.model.get_input_embeddings(), needs_grad, "post")]
     if "z" in keys:
@@ -1116,20 +1578,30 @@ def _grad_run(be, parts: _Parts, ids: Sequence[int], target: Target, keys: Seque
     for key, mods in (("q", parts.q_proj), ("k", parts.k_proj), ("v", parts.v_proj)):
         if key in keys:
             hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
-    with torch.inference_mode(False), torch.enable_grad(), _apply(hooks):
-        res = be.model(
-            input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
-        )
-        x = res.logits[0, -1].float()
-        m = _metric(target, x)
-        names = list(acts)
-        grads = torch.autograd.grad(m, [acts[k] for k in names], allow_unused=True)
-    g = {
-        k: (torch.zeros_like(acts[k]) if gr is None else gr)[0].detach().float()
-        for k, gr in zip(names, grads, strict=True)
-    }
-    a = {k: acts[k][0].detach().float() for k in names}
-    return float(m.detach()), a, g
+    # plain fused attention (its backward keeps no score matrix; nothing is recorded), and a
+    # length-dependent RoPE at the session's frequencies (TorchBackend.rope_floor)
+    with (
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        _apply(hooks),
+        _attending(be, _PlainAttend()),
+        _rope_at(be, len(ids)),
+    ):
+        for layer in parts.layers:
+            layer.forward = checkpointed(layer)
+        try:
+            res = be.model(
+                input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
+            )
+            m = _metric(target, res.logits[0, -1].float())
+            # the gradient into the embeddings' output: every activation's hook fires on the way
+            torch.autograd.grad(m, [start["x"]], allow_unused=True)
+        finally:
+            for layer in parts.layers:
+                layer.__dict__.pop("forward", None)
+    for k in seen:  # an activation the target does not depend on
+        per.setdefault(k, np.zeros(width[k]))
+    return float(m.detach()), per, got
 
 
 @remotable
@@ -1181,36 +1653,41 @@ def attribution_patching(
     _need_site(parts, site, sweep, info.architecture)
     keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
     runs = {"denoise": ("corrupt", "clean"), "noise": ("clean", "corrupt")}
-    acts: dict = {}
-    grads: dict = {}
+    ids_of = {"clean": clean_ids, "corrupt": bad}
+    rows = slice(-1, None) if scope == "readout" else slice(None)
+    acts: dict = {}  # run -> {(key, layer): its rows (R, width)}
+    products: dict = {}  # direction -> {(key, layer): per head}
     t: dict = {}
     with _scratch(session) as be:
-        for d in directions:
-            into, _src = runs[d]
-            t[into], acts[into], grads[into] = _grad_run(
-                be, parts, bad if into == "corrupt" else clean_ids, target, keys
-            )
-        for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
-            if name not in acts:
+        for i, d in enumerate(directions):
+            into, src = runs[d]
+            if src not in acts:  # the other run's activations, and its target, from one plain forward
                 with torch.inference_mode():
-                    acts[name] = _capture_sites(be, parts, run_ids, keys)
-                    t[name] = target.value(be.forward(run_ids))
+                    lg: list = []
+                    got = _capture_sites(be, parts, ids_of[src], keys, lg)
+                    acts[src] = {k: v if scope == "everywhere" else v[rows].clone() for k, v in got.items()}
+                    del got
+                    t[src] = target.value(lg[0])
+            later = any(runs[e][1] == into for e in directions[i + 1 :])
+            t[into], products[d], kept = _grad_run(
+                be, parts, ids_of[into], target, keys, acts.pop(src), rows, D, keep=later
+            )
+            if kept is not None:
+                acts[into] = kept
+            _release_memory()
+        for name in ("clean", "corrupt"):
+            if name not in t:
+                with torch.inference_mode():
+                    t[name] = target.value(be.forward(ids_of[name]))
                     be.reset()
     diff = t["clean"] - t["corrupt"]
-    rows = slice(-1, None) if scope == "readout" else slice(None)
     out = {
         k: np.full((info.n_layers, n), np.nan)
         for k, n in (("denoise", H), ("noise", H), ("denoise_kv", Hkv), ("noise_kv", Hkv))
     }
     groups = _groups(session)
     for d in directions:
-        into, src = runs[d]
-        per = {}
-        for key in keys:
-            for layer in sweep:
-                delta = (acts[src][(key, layer)] - acts[into][(key, layer)])[rows]
-                prod = (delta * grads[into][(key, layer)][rows]).sum(0).double()  # (width,)
-                per[(key, layer)] = prod.reshape(-1, D).sum(-1).cpu().numpy()  # per head of the projection
+        per = products[d]
         sign = 1.0 if d == "denoise" else -1.0
         for layer in sweep:
             if site == "kv":

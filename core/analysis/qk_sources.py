@@ -343,9 +343,9 @@ def _capture(session: Session, lay: dict, layer: int, ids: list[int], positions:
     try:
         with _scratch(session) as be, torch.inference_mode(), _hooks(pre), _hooks(post, "post"):
             with contextlib.suppress(_Stop):
-                # a length-dependent RoPE (LongRoPE) at the whole sequence's frequencies, as the stored
-                # scores were rotated (tests/core/test_explain_longrope.py)
-                be.forward(list(ids), rope_length=session.seq_len)
+                # a length-dependent RoPE (LongRoPE) runs at the whole sequence's frequencies, as the
+                # stored scores were rotated: the fork's default (tests/core/test_explain_longrope.py)
+                be.forward(list(ids))
     finally:
         for h in handles:
             h.remove()

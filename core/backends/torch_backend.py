@@ -111,6 +111,10 @@ class TorchBackend:
         finite.watch_layers(model)  # hidden states checked as they happen (attnscope.core.trace.finite)
         # RoPE whose frequencies depend on the length (LongRoPE, dynamic NTK): see attnscope.core.attention.rope_length
         self.rope = LengthDependentRope(model)
+        # The sequence length whose length-dependent RoPE frequencies every forward uses, at least: 0 for
+        # a session's own backend; a fork's is the length of the backend it was forked from, so that a
+        # prefix re-run there is rotated as that sequence was (fork, forward)
+        self.rope_floor = 0
         self.notices: list[RopeRecompute | StateRecompute] = []  # KV-cache recomputes of the current sequence
         # Chunked attention (Llama 4: layer_types "chunked_attention", attention_chunk_size): its mask
         # equals the causal one up to one chunk, and our attention function applies only causal +
@@ -244,8 +248,10 @@ class TorchBackend:
         cache was built with, the whole sequence is re-run from position 0 and a
         :class:`attnscope.core.attention.rope_length.RopeRecompute` is appended to :attr:`notices`.
         ``rope_length`` (at least the length reached) holds those frequencies at that many positions
-        instead: a prefix rotated as the forward of a longer sequence rotated it (the source split of
-        a score, :mod:`attnscope.core.analysis.qk_sources`, re-runs the prefix of its query).
+        instead: a prefix rotated as the forward of a longer sequence rotated it. Its default is
+        :attr:`rope_floor`: on a :meth:`fork`, the length of the sequence it was forked from, so that an
+        analysis re-running a prefix there (the source split of a score, head effects) gets the
+        frequencies the session's own forward used without passing anything.
 
         Raises:
             ValueError: ``ids`` is not one flat sequence of ints (a batch is refused).
@@ -261,7 +267,7 @@ class TorchBackend:
             )
         if not self.rope.active:
             return self._run(ids, progress, cancelled, all_logits)
-        total = max(start + len(ids), int(rope_length or 0))
+        total = max(start + len(ids), int(rope_length or self.rope_floor or 0))
         key = self.rope.key(total, self.device)
         if start and key != self._rope_key:  # the cached keys were rotated with other frequencies
             old = list(self._ids)
@@ -290,8 +296,9 @@ class TorchBackend:
         """Run ``ids`` from an empty cache (after a failed or needed recompute); empty on failure."""
         self._clear()
         if ids:
+            total = max(len(ids), self.rope_floor)
             try:
-                self._run_at(ids, len(ids), self.rope.key(len(ids), self.device), None, None, False)
+                self._run_at(ids, total, self.rope.key(total, self.device), None, None, False)
             except BaseException:
                 self._clear()
                 raise
@@ -350,7 +357,7 @@ class TorchBackend:
         if n <= 0:
             self.reset()
             return
-        if self.rope.active and self.rope.key(n, self.device) != self._rope_key:
+        if self.rope.active and self.rope.key(max(n, self.rope_floor), self.device) != self._rope_key:
             before = self.seq_len
             self._rebuild(self._ids[:n])
             self.notices.append(self.rope.notice(before, n))
@@ -489,12 +496,16 @@ class TorchBackend:
         the block and restored afterwards (also on error); ``overrides`` (an object with
         ``attend(...)``, :class:`attnscope.core.analysis.experiments.Overrides`) is set on that Trace and
         changes every layer's attention; ``capture=False`` records nothing (experiments need logits only).
+        The fork's :attr:`rope_floor` is this backend's length: a length-dependent RoPE (LongRoPE) rotates
+        whatever the fork runs with the frequencies this sequence was run with.
         """
         saved = [(m, m._attnscope_trace) for m in self.model.modules() if hasattr(m, "_attnscope_trace")]
         try:
             scratch = TorchBackend(self.model, self.tokenizer, self.info, self.device)
             scratch.trace.overrides = overrides
             scratch.trace.enabled = capture
+            # a length-dependent RoPE keeps this sequence's frequencies in the fork (forward)
+            scratch.rope_floor = max(self.seq_len, self.rope_floor)
             yield scratch
         finally:
             for m, t in saved:

@@ -22,8 +22,10 @@ apart, so a busy machine slows both sides alike):
   (:func:`attnscope.core.analysis.logit_lens.logit_lens`), in seconds, beside its floor measured in the same
   run: the unembedding matmul alone (``(n_layers·64 × d_model) @ (d_model × vocab)`` in float32, in the
   lens's vocabulary blocks);
-* ``peak``: the process's peak resident memory after all the sweeps above over its peak after the
-  prefill (both include the weights; the loop's plain model is loaded after this is read).
+* ``peak``: the process's peak resident memory during each sweep above over its peak during the prefill
+  the sweeps run on (both include the weights; the loop's plain model is loaded after these are read).
+  Linux resets the peak before each (``/proc/self/clear_refs``, read back as ``VmHWM``), so each sweep
+  has its own figure; elsewhere the process's peak so far (``getrusage``) after each.
 
 Targets (the ratios' floors): read-out sweep ≤ 5 × prefill and ≥ 30 × faster than the loop; everywhere ≤
 0.6 × the loop; attribution (one direction) ≤ 3 × prefill; logit lens ≤ 0.5 s; peak ≤ 1.1 × the
@@ -51,7 +53,7 @@ LABELS = {
     "everywhere_over_loop": "everywhere sweep (layers below reused) / per-head loop",
     "attribution_over_prefill": "attribution patching (one direction, all heads) / prefill",
     "lens_s": "logit lens, 64 positions x every layer (seconds)",
-    "peak_over_prefill_peak": "peak memory after every sweep / after the prefill (RSS)",
+    "peak_over_prefill_peak": "peak memory of any sweep / of the prefill (RSS)",
 }
 
 
@@ -101,10 +103,11 @@ def run_heads_bench(
     text = long_text(s, seq_len)
     times, cpus = [], []
     for _ in range(max(1, repeats)):
+        _reset_peak()
         _, t = _timed(lambda: s.prefill(text, chat_template=False))
         times.append(t)
         cpus.append(CPU["last"])
-    peak_prefill = _peak_rss()
+    peaks = {"prefill": _peak_rss()}  # the prefill the sweeps run on
     ids = list(s.ids)
     T = len(ids)
     info = s.info
@@ -118,7 +121,9 @@ def run_heads_bench(
     rows, cpu = out["rows"], out["cpu_s"]
     log(f"heads: prefill of {T} tokens {rows['prefill_s']:.2f} s")
     t = make_target(s, "logprob")
+    _reset_peak()
     eff, rows["readout_s"] = _timed(lambda: head_effects(s, t, "zero", "readout"))
+    peaks["readout"] = _peak_rss()
     cpu["readout_s"] = CPU["last"]
     units = int(np.isfinite(eff.query).sum() + np.isfinite(eff.kv).sum())
     if eff.kv_side is not None:
@@ -129,9 +134,11 @@ def run_heads_bench(
 
     layers = list(info.arch.attention_layers)
     sample = [layers[i] for i in sample_layers(len(layers), everywhere_layers)]
+    _reset_peak()
     ev, rows["everywhere_s"] = _timed(
         lambda: head_effects(s, t, "zero", "everywhere", layers=sample, kv_side=False)
     )
+    peaks["everywhere"] = _peak_rss()
     cpu["everywhere_s"] = CPU["last"]
     ev_units = int(np.isfinite(ev.query).sum() + np.isfinite(ev.kv).sum())
     out["everywhere_layers"] = sample
@@ -140,19 +147,28 @@ def run_heads_bench(
 
     bad = list(ids)
     bad[len(bad) // 2] = ids[len(ids) // 2 - 1]  # one token changed: same length
+    _reset_peak()
     _, rows["attribution_one_s"] = _timed(
         lambda: attribution_patching(s, bad, t, "everywhere", directions=("denoise",))
     )
     cpu["attribution_one_s"] = CPU["last"]
     _, rows["attribution_both_s"] = _timed(lambda: attribution_patching(s, bad, t, "everywhere"))
+    peaks["attribution"] = _peak_rss()
     cpu["attribution_both_s"] = CPU["last"]
     log(
         f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions {rows['attribution_both_s']:.2f} s)"
     )
 
     P = min(64, T)
-    _, rows["lens_s"] = _timed(lambda: logit_lens(s, positions=list(range(T - P, T)), k=5))
-    cpu["lens_s"] = CPU["last"]
+    _reset_peak()
+    try:
+        _, rows["lens_s"] = _timed(lambda: logit_lens(s, positions=list(range(T - P, T)), k=5))
+        cpu["lens_s"] = CPU["last"]
+    except Exception as e:  # the other rows still stand; the table says the lens failed
+        rows["lens_s"] = cpu["lens_s"] = float("nan")
+        out["lens_error"] = f"{type(e).__name__}: {e}"
+        log(f"heads: logit lens failed: {out['lens_error']}")
+    peaks["lens"] = _peak_rss()
     out["lens_positions"] = P
     out["lens_layers"] = info.n_layers
     rows["lens_matmul_s"], cpu["lens_matmul_s"] = _unembedding_matmul(s, info.n_layers * P)
@@ -160,9 +176,10 @@ def run_heads_bench(
         f"heads: logit lens, {P} positions x {info.n_layers} layers {rows['lens_s']:.3f} s "
         f"(the unembedding matmul alone {rows['lens_matmul_s']:.3f} s)"
     )
-    # the process's resident peak (the weights included) after the sweeps, before the plain model the
-    # loop needs is loaded: how far the sweeps raised it above the prefill's own
-    out["peak_rss_bytes"] = {"prefill": peak_prefill, "sweeps": _peak_rss()}
+    # the process's resident peak (the weights included) during each sweep, before the plain model the
+    # loop needs is loaded: how far each sweep raised it above the prefill's own
+    peaks["sweeps"] = max(peaks[k] for k in ("readout", "everywhere", "attribution", "lens"))
+    out["peak_rss_bytes"] = peaks
 
     folder, _ = resolve(model)
     ref = HFRunner(folder, "sdpa", s.backend.device).model
@@ -209,6 +226,8 @@ def run_heads_bench(
     ratios["peak_over_prefill_peak"] = out["peak_rss_bytes"]["sweeps"] / out["peak_rss_bytes"]["prefill"]
     out["ratios_cpu"]["lens_s"] = cpu["lens_s"]
     out["ratios_cpu"]["peak_over_prefill_peak"] = ratios["peak_over_prefill_peak"]
+    for k in ("readout", "everywhere", "attribution", "lens"):  # each sweep's own
+        ratios[f"peak_{k}_over_prefill_peak"] = out["peak_rss_bytes"][k] / out["peak_rss_bytes"]["prefill"]
     out["targets"] = {
         k: {"limit": lim, "kind": kind, "met": ratios[k] <= lim if kind == "max" else ratios[k] >= lim}
         for k, (lim, kind) in TARGETS.items()
@@ -235,9 +254,29 @@ def _unembedding_matmul(s, rows: int) -> tuple[float, float]:
     return wall, CPU["last"]
 
 
+def _reset_peak() -> bool:
+    """Reset the process's peak resident set (Linux: ``5`` into ``/proc/self/clear_refs``); False where
+    it cannot be (then :func:`_peak_rss` is the peak since the start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_rss() -> int:
-    """The process's peak resident set so far, bytes (``getrusage``; Linux counts KiB, macOS bytes)."""
+    """The process's peak resident set since the last :func:`_reset_peak`, bytes (``VmHWM``); where
+    there is no ``/proc``, the peak so far (``getrusage``; Linux counts KiB, macOS bytes)."""
     import resource
+
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
@@ -272,8 +311,12 @@ def format_heads_table(result: dict) -> str:
         f"{TARGETS['lens_s'][0]:g} s target (the unembedding matmul alone, its floor: "
         f"{rows['lens_matmul_s']:.3f} s; lens / matmul {rows['lens_s'] / rows['lens_matmul_s']:.2f}, "
         f"CPU {cpu['lens_s'] / cpu['lens_matmul_s']:.2f})",
-        f"  peak RSS after prefill / sweeps      {result['peak_rss_bytes']['prefill'] / 2**30:6.2f} / "
-        f"{result['peak_rss_bytes']['sweeps'] / 2**30:.2f} GiB",
+        "  peak RSS, GiB: prefill {:.3f}, read-out {:.3f}, everywhere {:.3f}, attribution {:.3f}, lens {:.3f}".format(
+            *(
+                result["peak_rss_bytes"][k] / 2**30
+                for k in ("prefill", "readout", "everywhere", "attribution", "lens")
+            )
+        ),
         "",
     ]
     for k, label in LABELS.items():
@@ -286,6 +329,13 @@ def format_heads_table(result: dict) -> str:
     lines.append(
         f"  {'attribution patching, both directions / prefill':58s} {ratios['attribution_both_over_prefill']:8.2f}"
         f" (CPU {rc['attribution_both_over_prefill']:.2f})"
+    )
+    lines.append(
+        "  peak memory / the prefill's, per sweep: "
+        + ", ".join(
+            f"{k} {ratios[f'peak_{k}_over_prefill_peak']:.2f}"
+            for k in ("readout", "everywhere", "attribution", "lens")
+        )
     )
     return "\n".join(lines)
 

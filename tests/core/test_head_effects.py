@@ -149,9 +149,14 @@ def test_zero_ablation_equals_hooked_forward(family, scope, tmp_path):
     assert eff.reused  # layers below each head's were reused, not re-run
 
 
-def test_mean_and_resample_ablation_and_kl(tmp_path):
+@pytest.mark.parametrize("chunk", [512, 5])
+def test_mean_and_resample_ablation_and_kl(chunk, tmp_path, monkeypatch):
+    """Mean and resample ablation; with 5-token forward chunks the captured outputs are every chunk's
+    (the mean is over positions 0..p, not over the last chunk)."""
+    import attnscope.core.backends.torch_backend as tb
     from attnscope.core.analysis.head_effects import head_effects, make_target
 
+    monkeypatch.setattr(tb, "PREFILL_CHUNK", chunk)
     s, ref = _load("llama", tmp_path)
     D, p = s.info.head_dim, len(IDS) - 1
     captured = {}
@@ -553,3 +558,106 @@ def test_smollm2_readout_sweep_equals_hooked_forwards():
     lg = _hooked_logits(ref, ids, layer, group, D, positions=slice(p, p + 1))[p]
     assert abs(eff.kv[layer, 1] - (lg[t.token] - lg[t.other] - clean)) < 5e-5
     assert abs(eff.query[layer, 3] - (-2.93)) < 0.01  # the docs' name mover
+
+
+def test_readout_sweep_reads_the_session_cache_and_leaves_it_untouched(tmp_path, monkeypatch):
+    """The read-out sweep starts from the session's own KV cache: no prefix forward (one token goes
+    through the embedding: the recording decode step of the read-out position; the backend's forward is
+    never called), and the session's cache tensors, logits and Trace are bit-identical afterwards."""
+    import attnscope.core.backends.torch_backend as tb
+    from attnscope.core.analysis.head_effects import head_effects, make_target
+
+    s, ref = _load("llama", tmp_path)
+    be = s.backend
+    before = [(cl.keys.clone(), cl.values.clone(), cl.keys.data_ptr()) for cl in be._cache_layers()]
+    logits, weights, seq = s.logits.copy(), s.weights(1, 2).copy(), be.seq_len
+    calls, tokens = [], []
+    real = tb.TorchBackend.forward
+    monkeypatch.setattr(
+        tb.TorchBackend,
+        "forward",
+        lambda self, ids, *a, **k: calls.append(len(ids)) or real(self, ids, *a, **k),
+    )
+    emb = be.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, args: tokens.append(args[0].numel())
+    )
+    try:
+        for p in (9, len(IDS) - 1):
+            eff = head_effects(s, make_target(s, "logprob", position=p), "zero", "readout")
+            assert eff.reused
+    finally:
+        emb.remove()
+    assert calls == [] and tokens == [1, 1]  # one recording step per sweep, no prefix re-run
+    after = be._cache_layers()
+    for (k, v, ptr), cl in zip(before, after, strict=True):
+        assert torch.equal(cl.keys, k) and torch.equal(cl.values, v) and cl.keys.data_ptr() == ptr
+    assert be.seq_len == seq and s.ids == IDS
+    np.testing.assert_array_equal(s.logits, logits)
+    np.testing.assert_array_equal(s.weights(1, 2), weights)
+    # and the effects are the hooked forwards' (the last position, one head)
+    D, p = s.info.head_dim, len(IDS) - 1
+    clean = _logprob(_hooked_logits(ref, IDS, 0, [], D)[p], eff.target.token)
+    want = _logprob(_hooked_logits(ref, IDS, 1, [2], D, positions=slice(p, p + 1))[p], eff.target.token)
+    assert abs(eff.query[1, 2] - (want - clean)) < 1e-5
+
+
+@pytest.mark.parametrize("scope", ["readout", pytest.param("everywhere", marks=pytest.mark.slow)])
+def test_longrope_head_effects_equal_hooked_forwards_of_the_whole_sequence(scope, tmp_path):
+    """Phi-3 LongRoPE past original_max_position_embeddings (32): the session's 40 tokens run with the
+    long factors. A read-out position inside the first 32 (p = 20) is measured as the whole sequence's
+    forward computes it: head effects (and the mean ablation's prefix capture) need no rope_length, the
+    backend's fork keeps the session's frequencies (TorchBackend.rope_floor)."""
+    from attnscope.core.analysis.head_effects import head_effects, make_target
+    from attnscope.core.session import Session
+    from tiny_models import COMMON, tiny_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "phi3",
+        **dict(
+            COMMON,
+            rope_theta=1e4,
+            original_max_position_embeddings=32,
+            max_position_embeddings=256,
+            rope_scaling={
+                "type": "longrope",
+                "short_factor": [1.0] * 8,
+                "long_factor": [float(x) for x in np.geomspace(1, 40, 8)],
+            },
+        ),
+    )
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ref.save_pretrained(tmp_path / "phi3")
+    tiny_tokenizer().save_pretrained(tmp_path / "phi3")
+    s = Session.load(str(tmp_path / "phi3"))
+    ids = [(7 * i + 3) % 200 + 5 for i in range(40)]
+    s.prefill(ids)
+    p, D = 20, s.info.head_dim
+    t = make_target(s, "logprob", position=p)
+    clean = _logprob(_hooked_logits(ref, ids, 0, [], D)[p], t.token)
+    short = _logprob(_hooked_logits(ref, ids[: p + 1], 0, [], D)[p], t.token)
+    assert abs(clean - short) > 1e-3  # the prefix alone (short factors) would give another answer
+    pos = slice(p, p + 1) if scope == "readout" else slice(None)
+    eff = head_effects(s, t, "zero", scope)
+    assert abs(eff.clean - clean) < 1e-5 and eff.reused
+    for layer in range(s.info.n_layers):
+        for h in range(s.info.n_heads):
+            want = _logprob(_hooked_logits(ref, ids, layer, [h], D, positions=pos)[p], t.token) - clean
+            assert abs(eff.query[layer, h] - want) < 1e-5, (scope, layer, h)
+        for k in range(s.info.n_kv_heads):
+            group = list(s.info.group(k))
+            want = _logprob(_hooked_logits(ref, ids, layer, group, D, positions=pos)[p], t.token) - clean
+            assert abs(eff.kv[layer, k] - want) < 1e-5, (scope, layer, k)
+    # mean ablation: the mean of the head's output over 0..p of the whole sequence's forward
+    mean = head_effects(s, t, "mean", scope, layers=[1], kv_side=False)
+    z = {}
+    hk = ref.model.layers[1].self_attn.o_proj.register_forward_pre_hook(
+        lambda _m, a: z.setdefault("z", a[0][0].clone())
+    )
+    with torch.no_grad():
+        ref(torch.tensor([ids]))
+    hk.remove()
+    avg = z["z"][: p + 1].mean(0)
+    want = _logprob(_hooked_logits(ref, ids, 1, [3], D, value=avg, positions=pos)[p], t.token) - clean
+    assert abs(mean.query[1, 3] - want) < 1e-5
