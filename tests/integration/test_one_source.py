@@ -48,6 +48,10 @@ def _scan_text(src: str, rel: str, names: set[str]) -> list[str]:
             name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
             if name in _MODULE_CALLS:
                 allowed.update(id(a) for a in node.args)
+            elif (
+                name == "get" and isinstance(fn, ast.Attribute) and getattr(fn.value, "attr", "") == "modules"
+            ):
+                allowed.update(id(a) for a in node.args[:1])  # sys.modules.get("torch")
         elif isinstance(node, ast.Compare) and any(
             isinstance(c, ast.Attribute) and c.attr == "modules" for c in node.comparators
         ):
@@ -79,15 +83,16 @@ def test_backend_names_are_typed_only_in_the_registry():
 
 def test_the_name_scan_finds_a_typed_name():
     """The scan must be able to fail: a default, a comparison and a tuple of names are found; a
-    module name handed to find_spec, ``in sys.modules`` and a docstring that mentions torch are not."""
+    module name handed to find_spec, ``in sys.modules``, ``sys.modules.get`` and a docstring that mentions
+    torch are not."""
     src = (
         '"""Runs on torch."""\nimport importlib.util\nimport sys\n\n\n'
         'def f(backend="torch"):\n'
         '    return backend == "mlx" or ("torch", "mlx") or importlib.util.find_spec("torch")\n'
-        '\n\nLOADED = "mlx" in sys.modules\n'
+        '\n\nLOADED = "mlx" in sys.modules\nTORCH = sys.modules.get("torch")\nX = other.get("mlx")\n'
     )
     hits = _scan_text(src, "core/x.py", {"torch", "mlx"})
-    assert [h.split(":")[1] for h in hits] == ["6", "7", "7", "7"], hits
+    assert [h.split(":")[1] for h in hits] == ["6", "7", "7", "7", "12"], hits
 
 
 # -- remote analyses ------------------------------------------------------------------------------------
