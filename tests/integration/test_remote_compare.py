@@ -99,7 +99,7 @@ def test_compare_b_is_offered_by_the_engine():
     ],
 )
 def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting, prompt_b):
-    from attnscope.core.analysis import compare_b
+    from attnscope.core.analysis import compare_run_b as compare_b
     from attnscope.core.analysis.compare_run_b import b_maps, b_overview, held, kept_all_logits, run_b
 
     local, r, engine, server = sessions
@@ -157,7 +157,7 @@ def test_remote_compare_is_the_in_process_one(sessions, folders, kind, weighting
 def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
     sessions, folders, tmp_path, monkeypatch
 ):
-    from attnscope.core.analysis import compare_b
+    from attnscope.core.analysis import compare_run_b as compare_b
     from attnscope.core.analysis.compare_run_b import b_maps, held, run_b
     from attnscope.core.errors import ModelLoadError, SessionError
     from attnscope.core.loading import fit
@@ -237,7 +237,7 @@ def test_remote_run_b_refusals_are_one_line_and_the_engine_keeps_serving(
 
 @pytest.mark.slow
 def test_loading_another_model_on_the_engine_drops_run_b(folders):
-    from attnscope.core.analysis import compare_b
+    from attnscope.core.analysis import compare_run_b as compare_b
     from attnscope.core.analysis.compare_run_b import run_b
     from attnscope.core.remote.client import RemoteSession
     from attnscope.core.session import Session
