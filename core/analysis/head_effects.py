@@ -1520,29 +1520,39 @@ def _grad_run(
     product is taken by a hook on it as its gradient arrives: no activation or gradient of the whole
     sequence is kept beyond its layer. Each decoder layer is checkpointed (``torch.utils.checkpoint``,
     non-reentrant): the forward keeps only each layer's input and the backward re-runs one layer at a
-    time (one more forward's time). At 2,048 tokens the measured peak is still about twice the
-    prefill's (``attnscope bench --heads``): what holds it is not found yet."""
+    time (one more forward's time). With ``keep``, each activation is copied as the backward re-runs its
+    layer (the same values as the forward's; a copy taken in the forward would be one more tensor a
+    layer held through the whole forward). What remains beyond the session's own memory is each layer's
+    checkpointed input and its products' ``rows`` of ``src − activation`` (two ``(T, width)`` float32
+    tensors a layer) and one layer's recomputed graph. The freed heap is handed back to the system after
+    each layer's forward and each product (:func:`_release_memory`): glibc otherwise keeps every layer's
+    freed temporaries as heap between those long-lived tensors, which held most of the peak
+    (``attnscope bench --heads``, peak memory)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     per: dict = {}
     got: dict | None = {} if keep else None
-    seen: set = set()  # a checkpoint's re-run fires the forward hooks again: ignored
+    seen: set = set()  # a checkpoint's re-run fires the forward hooks again (kept with ``keep``)
     width: dict = {}  # heads of each activation's projection
     start: dict = {}
 
     def on_act(k, a):
         if k in seen:
+            # the layer's re-run in the backward: the same activation, kept from here on (a copy taken in
+            # the forward would be held beside every layer's operands; this one replaces them layer by
+            # layer as the backward frees them)
+            if got is not None and k not in got:
+                got[k] = a[0, rows].detach().float().clone()
             return
         seen.add(k)
         width[k] = a.shape[-1] // D
         here = a[0, rows].detach().float()
-        if got is not None:
-            got[k] = here.clone()
         delta = src.pop(k) - here
 
         def hook(g):
             per[k] = (delta * g[0, rows].float()).sum(0).double().reshape(-1, D).sum(-1).cpu().numpy()
+            _release_memory()  # the layer's backward temporaries, freed but kept as heap (as in the forward)
 
         a.register_hook(hook)
 
@@ -1568,7 +1578,12 @@ def _grad_run(
         run = layer.forward
 
         def forward(*args, **kwargs):
-            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+            out = checkpoint(run, *args, use_reentrant=False, **kwargs)
+            # the layer's temporaries are freed, but glibc keeps them as heap between the long-lived
+            # tensors each layer leaves (its checkpointed input, its products' operands): trimmed per
+            # layer, or the forward's resident memory grows by about 4 KiB per token per layer
+            _release_memory()
+            return out
 
         return forward
 
@@ -1601,6 +1616,11 @@ def _grad_run(
                 layer.__dict__.pop("forward", None)
     for k in seen:  # an activation the target does not depend on
         per.setdefault(k, np.zeros(width[k]))
+    if got is not None and (missing := seen - got.keys()):  # a layer the backward did not re-run
+        raise SessionError(
+            f"attribution patching: no backward through layer {min(i for _k, i in missing)}; "
+            "run one direction at a time (directions=('denoise',) or ('noise',))"
+        )
     return float(m.detach()), per, got
 
 

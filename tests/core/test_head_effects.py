@@ -327,6 +327,45 @@ def test_attribution_patching_is_exact_where_linear_and_close_to_exact_patching(
     assert np.isnan(one.noise).all()
 
 
+def test_attribution_patching_forms_no_weight_gradient_and_one_row_of_logits(tmp_path, monkeypatch):
+    """Attribution patching's gradients flow into the activations only: no parameter gets a ``.grad``, and
+    the unembedding reads the read-out position alone (never the logits of every position), in the
+    forwards with gradients as in the plain ones. The freed heap is handed back after every layer of the
+    forward with gradients and of its backward (what otherwise held most of its peak memory)."""
+    from attnscope.core.analysis import head_effects
+    from attnscope.core.analysis.head_effects import _parts, attribution_patching, make_target
+
+    s, _ref = _load("llama", tmp_path)
+    corrupt = list(IDS)
+    corrupt[3] = 44
+    t = make_target(s, "logit_diff", token=9, other=14)
+    model = s.backend.model
+    rows: list = []
+
+    def count(_m, args):
+        rows.append((args[0].shape[-2], torch.is_grad_enabled()))
+
+    trims = [0]
+    trim = head_effects._release_memory
+
+    def counted() -> None:
+        trims[0] += 1
+        trim()
+
+    monkeypatch.setattr(head_effects, "_release_memory", counted)
+    handle = _parts(s).lm_head.register_forward_pre_hook(count)
+    try:
+        est = attribution_patching(s, corrupt, t, "everywhere")
+    finally:
+        handle.remove()
+    # per direction: each layer's forward and each layer's products in the backward
+    assert trims[0] >= 2 * 2 * s.info.n_layers
+    assert np.isfinite(est.denoise).all() and np.isfinite(est.noise).all()
+    assert all(p.grad is None for p in model.parameters())
+    assert [r for r, grad in rows if grad] == [1, 1]  # one forward with gradients per direction
+    assert max(r for r, _ in rows) == 1
+
+
 def test_dla_refuses_post_norm_family(tmp_path):
     from attnscope.core.analysis.head_effects import logit_attribution
     from attnscope.core.errors import UnsupportedModelError
