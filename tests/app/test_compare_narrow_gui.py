@@ -64,6 +64,11 @@ def test_compare_titles_and_hover_are_not_cut_at_1000_px(qtbot, tmp_path):
         assert not _cut_map_items(view), (w, _cut_map_items(view))
         titles = [p.titleLabel.text for p in view.plots]
         assert titles[2].startswith("A − B")
+        rp = view.row_plot.getPlotItem()  # the row plot's hint is whole too
+        assert rp.titleLabel.item.boundingRect().width() <= rp.sceneBoundingRect().width() + 0.5, (
+            w,
+            rp.titleLabel.text,
+        )
         if w == 1400:  # room for the whole titles
             assert tuple(titles) == full
         else:  # shortened; the whole title is the tooltip

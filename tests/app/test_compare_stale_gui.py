@@ -125,7 +125,7 @@ def test_run_a_changing_marks_the_comparison_out_of_date(win, folder):
 
 def test_a_new_comparison_replaces_maps_row_plot_and_hover(win):
     """The trial's fault: after a bf16 comparison, a new one (edited prompt) listed a new rank 1 but
-    the three maps, the "Query row N" plot and the hover line stayed the old comparison's."""
+    the three maps, the "Row N" plot and the hover line stayed the old comparison's."""
     win.show_view("compare")
     view = win.views["compare"]
     _compare(win, view)
@@ -135,7 +135,7 @@ def test_a_new_comparison_replaces_maps_row_plot_and_hover(win):
     view._on_hover(view.plots[0].vb.mapViewToScene(QPointF(1.5, 5.5)))
     assert view.hover.text().startswith("query 5")
     view.set_rows((5, wa[5], wb[5]))
-    assert len(view.row_a.getData()[0]) == 6 and "Query row 5" in view.row_plot.getPlotItem().titleLabel.text
+    assert len(view.row_a.getData()[0]) == 6 and "Row 5" in view.row_plot.getPlotItem().titleLabel.text
     # the trial's bf16 result had its rank 1 selected already; a new comparison must still draw its own
     view.table.selectRow(0)
     edited = "The dog sat on the mat. The cat"  # same token count: token-aligned, differs from position 4
@@ -148,8 +148,8 @@ def test_a_new_comparison_replaces_maps_row_plot_and_hover(win):
     np.testing.assert_allclose(view.maps[0], s.weights(top.layer, top.head), atol=1e-7)
     assert view.plots[0].titleLabel.text.startswith(f"A · L{top.layer} H{top.head}")
     x, _ = view.row_a.getData()
-    assert x is None or len(x) == 0  # the old "Query row 5" plot went
-    assert view.row_plot.getPlotItem().titleLabel.text.startswith("Click a row")
+    assert x is None or len(x) == 0  # the old "Row 5" plot went
+    assert view.row_plot.getPlotItem().titleLabel.text.startswith("Click a map's row")
     assert view.hover.text().startswith("Hover a map")
     # beyond the sample: same model, edit at position 4: rows 0..3 are the same by construction
     assert res.same_by_construction() == 4
