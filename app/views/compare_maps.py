@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from attnscope.core.analysis.compare_runs import CompareResult
 
 HOVER_HINT = "Hover a map to read A's and B's weights; click a row to plot both rows."
-ROW_HINT = "Click a map's row to plot A and B"  # short: the plot is ~250 px wide in a 1000 px window
+ROW_HINT = "Click a map row to plot it"  # short: the plot is ~250 px wide in a 1000 px window
 
 
 def diverging_lut() -> np.ndarray:
@@ -466,9 +466,7 @@ class CompareMapsMixin:
         rp = self.row_plot.getPlotItem()
         rp.setXRange(0, max(row, 1), padding=0.02)
         rp.setYRange(0, top, padding=0.05)
-        self.row_plot.getPlotItem().setTitle(
-            f"Row {row}: A (blue), B (orange, dashed)", color="#222", size="9pt"
-        )
+        self.row_plot.getPlotItem().setTitle(f"Row {row} (A blue, B dashed)", color="#222", size="9pt")
 
 
 def _short_title(title: str, level: int) -> str:

@@ -149,7 +149,7 @@ def test_a_new_comparison_replaces_maps_row_plot_and_hover(win):
     assert view.plots[0].titleLabel.text.startswith(f"A · L{top.layer} H{top.head}")
     x, _ = view.row_a.getData()
     assert x is None or len(x) == 0  # the old "Row 5" plot went
-    assert view.row_plot.getPlotItem().titleLabel.text.startswith("Click a map's row")
+    assert view.row_plot.getPlotItem().titleLabel.text.startswith("Click a map row")
     assert view.hover.text().startswith("Hover a map")
     # beyond the sample: same model, edit at position 4: rows 0..3 are the same by construction
     assert res.same_by_construction() == 4
