@@ -363,7 +363,9 @@ class SinksView(QWidget, SavedControls):
         super().restore_view_state(state)
         step = state.get("step_spin") if isinstance(state, dict) else None
         self._restored_step = step if isinstance(step, int) and step >= 2 else None
-        if self._restored_step is not None and self.current and self.report is not None:
+        if self.current and self.report is not None:
+            # the report shown stays (the same sequence): apply the step to it now. A step below 2 is
+            # "now" (saved before the tab had a report), which the box would otherwise keep clamped at 2.
             self.set_report(self.report, self.report_key)
 
     def set_report(self, report: SinkReport, key: tuple | None = None) -> None:
