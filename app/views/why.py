@@ -36,7 +36,17 @@ from attnscope.app.engine import Request
 from attnscope.app.views.source_bars import draw_hbars
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import QDockWidget, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
 if TYPE_CHECKING:
     from attnscope.app.views.source_bars import SourceBars
@@ -228,9 +238,16 @@ class WhyPanel(QWidget):
         if "step" in names and "snapshot" not in names:
             self.request()
 
+    def _dock(self) -> QDockWidget | None:
+        """The dock the panel sits in (through the scroll area that holds it), or None."""
+        w = self.parentWidget()
+        while w is not None and not isinstance(w, QDockWidget):
+            w = w.parentWidget()
+        return w
+
     def _save(self) -> None:
         q, k = self.cell if self.cell is not None else (None, None)
-        dock = self.parent()
+        dock = self._dock()
         visible = bool(dock.isVisible()) if isinstance(dock, QDockWidget) else self.isVisible()
         entry = {"visible": visible, "query": q, "key": k}
         if self.state.settings.get(SETTINGS_KEY) != entry:
@@ -250,7 +267,7 @@ class WhyPanel(QWidget):
             and not isinstance(k, bool)
             else None
         )
-        dock = self.parent()
+        dock = self._dock()
         if isinstance(dock, QDockWidget) and isinstance(entry.get("visible"), bool):
             if dock.isVisible() != entry["visible"]:
                 dock.setVisible(entry["visible"])
@@ -428,7 +445,14 @@ def install(window) -> WhyPanel:
     panel = WhyPanel(window.state, window.engine)
     dock = QDockWidget("Why this score", window)
     dock.setObjectName("why_dock")
-    dock.setWidget(panel)
+    # the panel scrolls inside the dock: docked at its own minimum height it grew the window past the
+    # screen (1400x900 became 1400x967, the status bar off a 900-px screen)
+    scroll = QScrollArea()
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.Shape.NoFrame)
+    scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    scroll.setWidget(panel)
+    dock.setWidget(scroll)
     area = Qt.DockWidgetArea
     dock.setAllowedAreas(area.RightDockWidgetArea | area.LeftDockWidgetArea | area.BottomDockWidgetArea)
     window.addDockWidget(area.RightDockWidgetArea, dock)
