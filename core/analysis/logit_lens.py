@@ -78,6 +78,32 @@ class LogitLens:
         }
 
 
+def lens_positions(session: Session, positions: Sequence[int] | None, k: int) -> list[int]:
+    """The positions a lens reads (default: the last 16; negative ones count from the end), checked, and
+    ``k`` checked: the one rule every backend's lens applies.
+
+    Raises:
+        SessionError: no prompt has run. BadArgument: no position, or ``k`` below 1. OutOfRange: a
+        position outside the sequence.
+    """
+    T = session.seq_len
+    if not T:
+        raise SessionError("run a prompt first: there is no sequence to read")
+    pos = (
+        list(range(max(0, T - 16), T))
+        if positions is None
+        else [int(x) + T if int(x) < 0 else int(x) for x in positions]
+    )
+    if not pos:
+        raise BadArgument("give at least one position to read")
+    for x in pos:
+        if not 0 <= x < T:
+            raise OutOfRange(f"position {x} is outside the sequence 0..{T - 1}")
+    if not isinstance(k, int) or k < 1:
+        raise BadArgument(f"k must be a whole number >= 1, got {k!r}")
+    return pos
+
+
 @remotable
 def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int = 5) -> LogitLens:
     """The logit lens at ``positions`` (default: the last 16), ``k`` top tokens per layer and position.
@@ -98,21 +124,7 @@ def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int 
         return impl(session, positions, k)
     import torch
 
-    T = session.seq_len
-    if not T:
-        raise SessionError("run a prompt first: there is no sequence to read")
-    pos = (
-        list(range(max(0, T - 16), T))
-        if positions is None
-        else [int(x) + T if int(x) < 0 else int(x) for x in positions]
-    )
-    if not pos:
-        raise BadArgument("give at least one position to read")
-    for x in pos:
-        if not 0 <= x < T:
-            raise OutOfRange(f"position {x} is outside the sequence 0..{T - 1}")
-    if not isinstance(k, int) or k < 1:
-        raise BadArgument(f"k must be a whole number >= 1, got {k!r}")
+    pos = lens_positions(session, positions, k)
     parts = _parts(session)
     resid = residuals(session, pos, parts)
     L, P = len(resid), len(pos)

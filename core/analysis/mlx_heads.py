@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis import head_effects as he
-from attnscope.core.analysis.logit_lens import LogitLens
+from attnscope.core.analysis.logit_lens import LogitLens, lens_positions
 from attnscope.core.backends.head_sites import HeadRunner, HeadSites, RowEdit
-from attnscope.core.errors import BadArgument, OutOfRange, SessionError, UnsupportedModelError
+from attnscope.core.errors import BadArgument, UnsupportedModelError
 
 if TYPE_CHECKING:
     from attnscope.core.session import Session
@@ -322,19 +322,7 @@ def logit_attribution(session: Session, target=None):
 # -- logit lens ---------------------------------------------------------------------------------------------
 def logit_lens(session: Session, positions: Sequence[int] | None = None, k: int = 5):
     """:func:`attnscope.core.analysis.logit_lens.logit_lens` on the MLX backend."""
-    T = session.seq_len
-    if not T:
-        raise SessionError("run a prompt first: there is no sequence to read")
-    pos = (
-        list(range(max(0, T - 16), T))
-        if positions is None
-        else [int(x) + T if int(x) < 0 else int(x) for x in positions]
-    )
-    for x in pos:
-        if not 0 <= x < T:
-            raise OutOfRange(f"position {x} is outside the sequence 0..{T - 1}")
-    if not isinstance(k, int) or k < 1:
-        raise BadArgument(f"k must be a whole number >= 1, got {k!r}")
+    pos = lens_positions(session, positions, k)
     sites = _sites(session)
     final, resid = sites.lens(session.ids[: max(pos) + 1], pos)
     final_ids = np.argmax(final, axis=-1)
