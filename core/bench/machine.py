@@ -12,16 +12,22 @@ import platform
 import time
 
 
-def meminfo(key: str) -> int | None:
-    """A field of ``/proc/meminfo`` in bytes (None off Linux)."""
+def proc_bytes(path: str, key: str) -> int | None:
+    """A ``key: N kB`` field of a ``/proc`` file (``/proc/meminfo``, ``/proc/self/status``) in bytes; None
+    off Linux or where the field is absent."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def meminfo(key: str) -> int | None:
+    """A field of ``/proc/meminfo`` in bytes (None off Linux)."""
+    return proc_bytes("/proc/meminfo", key)
 
 
 def _cpu_model() -> str:

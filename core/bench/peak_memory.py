@@ -10,17 +10,12 @@ from __future__ import annotations
 import threading
 import time
 
+from attnscope.core.bench.machine import proc_bytes
+
 
 def status_bytes(key: str) -> int | None:
     """A field of ``/proc/self/status`` in bytes (``VmRSS``, ``VmHWM``); None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return proc_bytes("/proc/self/status", key)
 
 
 def rss_now() -> int:
