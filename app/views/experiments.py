@@ -20,7 +20,14 @@ from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import WrappedLabel, style_plot
 from attnscope.core import backend_registry as registry
-from attnscope.core.analysis.experiments import KINDS, Experiment, ExperimentResult, default_experiments
+from attnscope.core.analysis.experiments import (
+    KINDS,
+    Experiment,
+    ExperimentResult,
+    default_experiments,
+    default_params,
+    param_fits,
+)
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
@@ -54,6 +61,10 @@ SHORT = {
     "decode_top_left": "Top-left mask (decode bug)",
     "no_scale": "No 1/√d scaling",
 }
+RUN_ALL_TIP = (
+    "Run one of each experiment with the k, window and decode from shown (fitted to each new sequence)"
+)
+TITLE_ROW = 20  # px for the plot's one-line 9 pt title (pyqtgraph gives it 30, of a ~160 px plot)
 AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequences up to this long
 #: wall time of one experiment run of the sequence over the prefill of the same tokens, lowest and
 #: highest seen on SmolLM2-135M, torch on 2 shared CPU cores: 1,483 tokens, prefill 31.2 s, Run all's
@@ -78,8 +89,15 @@ class ExperimentsRun:
     tokens_fed: int
 
 
-def _experiments_job(experiments: list[Experiment] | None, ids: tuple[int, ...], stop: Callable[[], bool]):
-    """Run ``experiments`` (None: one of each kind) on the sequence ``ids`` they were asked for.
+def _experiments_job(
+    experiments: list[Experiment] | None,
+    ids: tuple[int, ...],
+    stop: Callable[[], bool],
+    params: dict | None = None,
+):
+    """Run ``experiments`` (None: one of each kind, with ``params``, the ``k``, ``window`` and
+    ``decode_from`` of :func:`attnscope.core.analysis.experiments.default_experiments`) on the
+    sequence ``ids`` they were asked for.
 
     Returns None, at once, when the session holds another sequence by then (a prefill or step queued
     before it ran): nothing of the old sequence is run on the new one. Between forwards it serves the
@@ -103,7 +121,11 @@ def _experiments_job(experiments: list[Experiment] | None, ids: tuple[int, ...],
                     served[0] += time.perf_counter() - t
             return ctx.cancelled() or stop()
 
-        exps = experiments if experiments is not None else default_experiments(len(ids), s.info.arch)
+        exps = (
+            experiments
+            if experiments is not None
+            else default_experiments(len(ids), s.info.arch, **(params or {}))
+        )
         t0 = time.perf_counter()
         results = run_experiments(s, exps, progress=ctx.progress, cancelled=cancelled)
         runs = len({r.experiment.decode_from for r in results}) + len(results)
@@ -145,6 +167,28 @@ def _tok(t: tuple[int, str, float]) -> str:
     return f"{text!r} {t[2]:.2f}"
 
 
+class SideLegend(pg.LegendItem):
+    """A legend in a cell of its plot item's layout, right of the view box: never over the curves (in
+    the view box of a 1000 x 650 window's ~90 px tall plot it covered half of them). Not draggable."""
+
+    def updateSize(self) -> None:  # noqa: N802 (pyqtgraph's name)
+        """Ask the plot's layout for the room the entries need, spacing included (pyqtgraph's own
+        sets its geometry to its entries' widths plus 3 px, which a layout cell then overrides)."""
+        self.layout.invalidate()
+        size = self.layout.effectiveSizeHint(Qt.SizeHint.PreferredSize)
+        self.setMinimumSize(size)
+        self.setMaximumSize(size)
+        self.updateGeometry()
+
+    def mouseDragEvent(self, ev) -> None:  # noqa: N802 (Qt's name)
+        ev.ignore()
+
+
+def legend_name(ex: Experiment) -> str:
+    """The experiment's legend entry: its short name, its parameters on a second line."""
+    return SHORT[ex.kind] + (f"<br>{ex.params}" if ex.params else "")
+
+
 class ExperimentsView(QWidget, SavedControls):
     """The Experiments tab."""
 
@@ -163,6 +207,7 @@ class ExperimentsView(QWidget, SavedControls):
         self._prefill_rate: tuple[int, float] | None = None  # (tokens, tokens/s) of the last prefill
         self._run_rate: tuple[int, float] | None = None  # (seq_len, tokens/s) of the last experiments
         self._stop = lambda: False  # the running job's stop token (a new Run makes it true)
+        self._fitted_for: int | None = None  # the seq_len the k and window boxes were last fitted to
         engine.busy.connect(self._on_busy)
 
         top = QHBoxLayout()
@@ -185,6 +230,9 @@ class ExperimentsView(QWidget, SavedControls):
         self.window_spin.setRange(1, 1_000_000)
         self.window_spin.setValue(16)
         self.window_spin.setToolTip("Most recent tokens kept in the cache (the row's own token included)")
+        # what the app last put in the boxes (default_params of the sequence): a box that differs
+        # holds the user's own value, kept while it fits the sequence
+        self._fitted = {"k": self.k_spin.value(), "window": self.window_spin.value()}
         self.from_spin = QSpinBox()
         self.from_spin.setRange(0, 1_000_000)
         self.from_spin.setSpecialValueText("auto")
@@ -205,7 +253,7 @@ class ExperimentsView(QWidget, SavedControls):
         self.run_button = QPushButton("Run")
         self.run_button.setToolTip("Run the chosen experiment against the unmodified run of this sequence")
         self.run_all_button = QPushButton("Run all")
-        self.run_all_button.setToolTip("Run one of each experiment with default parameters")
+        self.run_all_button.setToolTip(RUN_ALL_TIP)
         self.clear_button = QPushButton("Clear")
         top.addStretch(1)
 
@@ -249,10 +297,15 @@ class ExperimentsView(QWidget, SavedControls):
         self.plot = pg.PlotWidget(background="w")
         style_plot(self.plot)
         pi = self.plot.getPlotItem()
-        pi.setLabel("bottom", "position of the predicted token")
-        pi.setLabel("left", "−log p(actual token)  (nats)")
+        # short axis titles: the view box of a 1000 x 650 window is ~90 px tall, and a rotated title
+        # longer than its axis is cut at both ends (the tooltip and the title say the rest)
+        pi.setLabel("bottom", "predicted position")
+        pi.setLabel("left", "−log p (nats)")
+        pi.getAxis("left").setToolTip("−log p(actual next token) of each position, in nats")
         pi.showGrid(x=True, y=True, alpha=0.25)
-        pi.addLegend(offset=(60, 10), labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 200))
+        pi.legend = SideLegend(labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 200))
+        pi.layout.addItem(pi.legend, 2, 3)  # right of the view box (column 2 is the right axis)
+        pi.layout.setAlignment(pi.legend, Qt.AlignmentFlag.AlignTop)
         self.base_curve = pi.plot(
             [],
             [],
@@ -303,7 +356,7 @@ class ExperimentsView(QWidget, SavedControls):
 
         self.kind_combo.currentIndexChanged.connect(lambda _i: self._sync_params())
         self.run_button.clicked.connect(self.run_selected)
-        self.run_all_button.clicked.connect(lambda: self.run(None))
+        self.run_all_button.clicked.connect(self.run_all)
         self.clear_button.clicked.connect(self.clear)
         self.table.currentCellChanged.connect(lambda row, *_: self._show_result(row))
         self._sync_params()
@@ -332,6 +385,33 @@ class ExperimentsView(QWidget, SavedControls):
             f"Opening this tab runs all five on sequences up to {AUTO_RUN_MAX_TOKENS} tokens."
         )
 
+    def fit_params(self, seq_len: int) -> None:
+        """A new sequence length: the k and window boxes take the values that fit it
+        (:func:`attnscope.core.analysis.experiments.default_params`), except a value the user typed
+        that still fits (:func:`attnscope.core.analysis.experiments.param_fits`); a decode-from past
+        the sequence goes back to auto. Run all and the tab's own run read the boxes, so the rows
+        show what the boxes show."""
+        if seq_len < 2 or seq_len == self._fitted_for:
+            return
+        self._fitted_for = seq_len
+        k, window = default_params(seq_len)
+        for name, spin, fitted in (("k", self.k_spin, k), ("window", self.window_spin, window)):
+            own = spin.value() != self._fitted[name]
+            if not (own and param_fits(spin.value(), seq_len)):
+                spin.setValue(fitted)
+            self._fitted[name] = fitted
+        if self.from_spin.value() >= seq_len:
+            self.from_spin.setValue(0)
+
+    def all_params(self) -> dict:
+        """Run all's parameters: the boxes' ``k``, ``window`` and ``decode_from`` (None: auto)."""
+        f = self.from_spin.value()
+        return {
+            "k": self.k_spin.value(),
+            "window": self.window_spin.value(),
+            "decode_from": f if f > 0 else None,
+        }
+
     def experiment(self) -> Experiment:
         """The experiment described by the controls."""
         f = self.from_spin.value()
@@ -350,6 +430,7 @@ class ExperimentsView(QWidget, SavedControls):
         if key != self._run_key:
             self._run_key = key
             self.clear()
+        self.fit_params(snap.seq_len)
         enabled = snap.seq_len >= 2 and self._torch(snap)
         for b in (self.run_button, self.run_all_button):
             b.setEnabled(enabled)
@@ -380,7 +461,7 @@ class ExperimentsView(QWidget, SavedControls):
             and not self._has_results_for(snap.seq_len)
         ):
             self._auto_done_for = key
-            self.run(None)
+            self.run_all()
 
     def _has_results_for(self, seq_len: int) -> bool:
         return any(r.seq_len == seq_len for r in self.results)
@@ -394,20 +475,33 @@ class ExperimentsView(QWidget, SavedControls):
             return
         self.run([ex])
 
+    def run_all(self) -> None:
+        """Run one experiment of each kind with the parameters the boxes show (:meth:`all_params`),
+        fitted to the sequence on screen first (:meth:`fit_params`)."""
+        snap = self.state.snapshot
+        if snap is not None:
+            self.fit_params(snap.seq_len)
+        self.run(None)
+
     def run(self, experiments: list[Experiment] | None) -> None:
-        """Queue ``experiments`` (None: one of each kind with defaults) on the engine, for the sequence
-        on screen; a new Run (:meth:`attnscope.app.engine.Engine.cancel_views`) or Cancel stops them."""
+        """Queue ``experiments`` (None: one of each kind with the boxes' parameters, :meth:`all_params`)
+        on the engine, for the sequence on screen; a new Run
+        (:meth:`attnscope.app.engine.Engine.cancel_views`) or Cancel stops them."""
         snap = self.state.snapshot
         if snap is None or snap.seq_len < 2:
             self.state.fail("Run a prompt of at least 2 tokens before an experiment.")
             return
+        params = self.all_params() if experiments is None else None
         self._running = True
         self.run_button.setEnabled(False)
         self.run_all_button.setEnabled(False)
         self._stop = self.engine.cancel_token("experiments")
         ids = tuple(t.id for t in snap.tokens)
         self.engine.enqueue(
-            _experiments_job(experiments, ids, self._stop), self._on_run, self._on_error, label="experiments"
+            _experiments_job(experiments, ids, self._stop, params),
+            self._on_run,
+            self._on_error,
+            label="experiments",
         )
 
     def _on_run(self, run: ExperimentsRun | None) -> None:
@@ -475,7 +569,7 @@ class ExperimentsView(QWidget, SavedControls):
         if not long:
             self.long_note.hide()
             self.run_all_button.setText("Run all")
-            self.run_all_button.setToolTip("Run one of each experiment with default parameters")
+            self.run_all_button.setToolTip(RUN_ALL_TIP)
             return
         T = snap.seq_len
         est = self.estimate_seconds(T)
@@ -572,13 +666,12 @@ class ExperimentsView(QWidget, SavedControls):
         pi = self.plot.getPlotItem()
         pi.legend.clear()
         pi.legend.addItem(self.base_curve, "unmodified")
-        pi.legend.addItem(
-            self.exp_curve, r.experiment.title + (f" ({r.experiment.params})" if r.experiment.params else "")
-        )
+        pi.legend.addItem(self.exp_curve, legend_name(r.experiment))
         # short (a longer title was cut at both ends in a 1000 px window): the y axis says what is plotted
         pi.setTitle(
             f"{r.experiment.title} · prompt = positions 1..{r.n_prompt - 1}", color="#222", size="9pt"
         )
+        pi.layout.setRowFixedHeight(0, TITLE_ROW)
         assert r.experiment.decode_from is not None  # run_experiments() fills it in
         self.decode_line.setValue(r.experiment.decode_from + 0.5)  # predicted by decode rows to the right
         self.decode_line.show()

@@ -472,16 +472,39 @@ def run_experiments(
     return out
 
 
-def default_experiments(seq_len: int, arch=None) -> list[Experiment]:
-    """One experiment of each kind with parameters that fit a sequence of ``seq_len`` tokens; with
-    ``arch`` (:class:`attnscope.core.arch.ArchConfig`) those a hybrid model refuses
-    (:func:`hybrid_refusal`) are left out."""
-    w = max(1, min(16, seq_len // 2))
+def default_params(seq_len: int) -> tuple[int, int]:
+    """The ``(k, window)`` that fit a sequence of ``seq_len`` tokens: ``k = min(4, max(1, seq_len // 4))``
+    (tokens evicted by ``evict_first``, sink tokens kept by ``sinks_window``: at most a quarter of the
+    sequence) and ``window = max(1, min(16, seq_len // 2))`` (half of it at most, so that the window
+    drops keys). On 14 tokens: ``(3, 7)``; from 32 tokens on: ``(4, 16)``."""
+    return min(4, max(1, seq_len // 4)), max(1, min(16, seq_len // 2))
+
+
+def param_fits(value: int, seq_len: int) -> bool:
+    """True when a ``k`` or ``window`` of ``value`` still changes something on ``seq_len`` tokens:
+    ``value < seq_len`` (evicting or keeping every token, or a window as long as the sequence, is the
+    unmodified run)."""
+    return value < seq_len
+
+
+def default_experiments(
+    seq_len: int, arch=None, k: int | None = None, window: int | None = None, decode_from: int | None = None
+) -> list[Experiment]:
+    """One experiment of each kind on a sequence of ``seq_len`` tokens: ``k`` and ``window`` (None:
+    :func:`default_params`) for the two cache policies, ``decode_from`` for all (None: the default of
+    :func:`run_experiments`); with ``arch`` (:class:`attnscope.core.arch.ArchConfig`) those a hybrid
+    model refuses (:func:`hybrid_refusal`) are left out.
+
+    Raises:
+        ValueError: ``k < 0``, ``window < 1`` or ``decode_from < 1`` (:class:`Experiment`)."""
+    fit_k, fit_w = default_params(seq_len)
+    k = fit_k if k is None else k
+    w = fit_w if window is None else window
     exps = [
-        Experiment("evict_first", k=min(4, max(1, seq_len // 4))),
-        Experiment("sinks_window", k=4, window=w),
-        Experiment("no_causal_prefill"),
-        Experiment("decode_top_left"),
-        Experiment("no_scale"),
+        Experiment("evict_first", k=k, decode_from=decode_from),
+        Experiment("sinks_window", k=k, window=w, decode_from=decode_from),
+        Experiment("no_causal_prefill", decode_from=decode_from),
+        Experiment("decode_top_left", decode_from=decode_from),
+        Experiment("no_scale", decode_from=decode_from),
     ]
     return [e for e in exps if arch is None or not hybrid_refusal(arch, e.kind)]
