@@ -50,3 +50,27 @@ def choose_export_format(dialog, fmt: str, figure: bool = False) -> None:
             combo.setCurrentIndex(i)
             return
     raise ValueError(f"format {fmt!r} not offered for this scope")
+
+
+def axis_title_rect(plot_widget, side: str):
+    """The text of ``plot_widget``'s ``side`` axis title (its label item less the document margin),
+    as a QRectF in the plot widget's viewport coordinates."""
+    label = plot_widget.getPlotItem().getAxis(side).label
+    m = label.document().documentMargin()
+    scene = label.mapRectToScene(label.boundingRect()).adjusted(m, m, -m, -m)
+    return plot_widget.mapFromScene(scene).boundingRect().toRectF()
+
+
+def tick_label_rects(plot_widget, side: str) -> list:
+    """``(text, QRectF)`` of each tick label ``plot_widget``'s ``side`` axis draws now (pyqtgraph's
+    own draw specs, in the axis item's coordinates), in drawing order."""
+    from PySide6.QtGui import QImage, QPainter
+
+    axis = plot_widget.getPlotItem().getAxis(side)
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _axis, _ticks, texts = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [(text, rect) for rect, _flags, text in texts]

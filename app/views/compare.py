@@ -36,7 +36,7 @@ from attnscope.app.views.compare_jobs import run_a_key, run_b_job
 from attnscope.app.views.compare_maps import CompareMapsMixin
 from attnscope.app.views.compare_table import CompareTableMixin
 from attnscope.app.views.saved_controls import SavedControls
-from attnscope.app.views.sinks import style_plot
+from attnscope.app.views.sinks import SpacedTicksAxis, set_short_title, style_plot
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -88,14 +88,15 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         mapbox = self._build_maps()  # attnscope.app.views.compare_maps: A, B, A − B, hover, rows
 
         # -- plots: logits
-        self.logit_plot = pg.PlotWidget(background="w")
+        # labelled ticks never crowded: the plot is ~40 px tall in a 1000 x 650 window
+        self.logit_plot = pg.PlotWidget(background="w", axisItems={"left": SpacedTicksAxis("left")})
         style_plot(self.logit_plot)
         lp = self.logit_plot.getPlotItem()
-        lp.setLabel("bottom", "position")
+        # no bottom axis title ("per position" is in the title): its room goes to the ticks
         lp.setLabel("left", "KL, bits")  # short: the title says KL(A‖B)
         lp.getAxis("left").enableAutoSIPrefix(False)
         # no legend: in a plot this narrow it covered the curve; the title says what the marks are
-        lp.setTitle("KL(A‖B) of the logits per position · × top-1 differs", color="#222", size="9pt")
+        set_short_title(lp, "KL(A‖B) of the logits per position · × top-1 differs")
         self.kl_curve = lp.plot(
             [],
             [],

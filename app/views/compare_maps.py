@@ -18,7 +18,7 @@ import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.views import compare_jobs as jobs
 from attnscope.app.views.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
-from attnscope.app.views.sinks import style_plot
+from attnscope.app.views.sinks import SpacedTicksAxis, set_short_title, style_plot
 from attnscope.core.io.colormaps import lut as colormap_lut
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
@@ -117,10 +117,10 @@ class CompareMapsMixin:
         self.maps_widget.scene().sigMouseClicked.connect(self._on_click)
 
         # -- plots: rows, logits
-        self.row_plot = pg.PlotWidget(background="w")
+        self.row_plot = pg.PlotWidget(background="w", axisItems={"left": SpacedTicksAxis("left")})
         style_plot(self.row_plot)
         rp = self.row_plot.getPlotItem()
-        rp.setTitle(ROW_HINT, color="#222", size="9pt")
+        set_short_title(rp, ROW_HINT)
         rp.setLabel("bottom", "key position")
         rp.setLabel("left", "weight")
         # no "(x0.001)" SI suffix: it made the label longer than the plot is high (clipped, and a stray
@@ -149,7 +149,7 @@ class CompareMapsMixin:
         self._show_titles(titles)
         self.row_a.setData([], [])
         self.row_b.setData([], [])
-        self.row_plot.getPlotItem().setTitle(ROW_HINT, color="#222", size="9pt")
+        set_short_title(self.row_plot.getPlotItem(), ROW_HINT)
         self.hover.setText(HOVER_HINT)
         self.bar.setLevels((-1.0, 1.0))
         self.row_plot.getPlotItem().enableAutoRange()
@@ -466,7 +466,7 @@ class CompareMapsMixin:
         rp = self.row_plot.getPlotItem()
         rp.setXRange(0, max(row, 1), padding=0.02)
         rp.setYRange(0, top, padding=0.05)
-        self.row_plot.getPlotItem().setTitle(f"Row {row} (A blue, B dashed)", color="#222", size="9pt")
+        set_short_title(self.row_plot.getPlotItem(), f"Row {row} (A blue, B dashed)")
 
 
 def _short_title(title: str, level: int) -> str:

@@ -18,7 +18,7 @@ import pyqtgraph as pg
 from attnscope.app.engine import CancelledMessage
 from attnscope.app.tabs import PageLayout
 from attnscope.app.views.saved_controls import SavedControls
-from attnscope.app.views.sinks import WrappedLabel, style_plot
+from attnscope.app.views.sinks import WrappedLabel, set_short_title, style_plot
 from attnscope.core import backend_registry as registry
 from attnscope.core.analysis.experiments import (
     KINDS,
@@ -64,7 +64,6 @@ SHORT = {
 RUN_ALL_TIP = (
     "Run one of each experiment with the k, window and decode from shown (fitted to each new sequence)"
 )
-TITLE_ROW = 20  # px for the plot's one-line 9 pt title (pyqtgraph gives it 30, of a ~160 px plot)
 AUTO_RUN_MAX_TOKENS = 512  # the tab runs every experiment by itself for sequences up to this long
 #: wall time of one experiment run of the sequence over the prefill of the same tokens, lowest and
 #: highest seen on SmolLM2-135M, torch on 2 shared CPU cores: 1,483 tokens, prefill 31.2 s, Run all's
@@ -668,10 +667,7 @@ class ExperimentsView(QWidget, SavedControls):
         pi.legend.addItem(self.base_curve, "unmodified")
         pi.legend.addItem(self.exp_curve, legend_name(r.experiment))
         # short (a longer title was cut at both ends in a 1000 px window): the y axis says what is plotted
-        pi.setTitle(
-            f"{r.experiment.title} · prompt = positions 1..{r.n_prompt - 1}", color="#222", size="9pt"
-        )
-        pi.layout.setRowFixedHeight(0, TITLE_ROW)
+        set_short_title(pi, f"{r.experiment.title} · prompt = positions 1..{r.n_prompt - 1}")
         assert r.experiment.decode_from is not None  # run_experiments() fills it in
         self.decode_line.setValue(r.experiment.decode_from + 0.5)  # predicted by decode rows to the right
         self.decode_line.show()

@@ -450,14 +450,14 @@ class HeadGridView(QScrollArea):
     """Scrollable :class:`HeadGridCanvas` under a bar: the "Weights" combo (attention or value-weighted;
     ``weightingChanged(str)`` when the user changes it) and a title naming the scale shown."""
 
-    BAR = 42  # room for a title of two lines (scale, legend, partial note)
+    BAR = 42  # the bar's least height: a title of two lines (scale, legend, partial note); more lines grow it
     weightingChanged = Signal(str)
     colourByChanged = Signal(str)  # "maps" or "share" (the positional share per head)
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.bar = QWidget(self)
-        lay = QHBoxLayout(self.bar)
+        self._bar_layout = lay = QHBoxLayout(self.bar)
         lay.setContentsMargins(8, 2, 8, 2)
         lay.addWidget(QLabel("Weights"))
         self.weighting_combo = QComboBox()
@@ -480,6 +480,7 @@ class HeadGridView(QScrollArea):
         self.title = QLabel()
         self.title.setWordWrap(True)  # a long title wraps rather than losing its end
         lay.addWidget(self.title, 1)
+        self._bar_height = self.BAR
         self.setViewportMargins(0, self.BAR, 0, 0)
         self.weighting_combo.currentIndexChanged.connect(
             lambda _i: self.weightingChanged.emit(self.weighting)
@@ -517,6 +518,7 @@ class HeadGridView(QScrollArea):
         if self.canvas.colour_by == "share":
             got = self.canvas._showing_shares()
             self.title.setText(f"Showing: {SHARE_TITLE}" + ("" if got else " · computing…"))
+            self._fit_bar()
             return
         shown = SCALE_TITLES.get(self.canvas.weighting, self.canvas.weighting)
         text = f"Showing: {shown}"
@@ -537,6 +539,7 @@ class HeadGridView(QScrollArea):
         if self.canvas.thumbs is not None and self.weighting != self.canvas.weighting:
             text += f" · computing {self.weighting}…"
         self.title.setText(text)
+        self._fit_bar()
 
     def set_effects(self, values: np.ndarray | None, label: str = "") -> None:
         """The canvas's effect frames (:meth:`HeadGridCanvas.set_effects`), named in the title."""
@@ -553,5 +556,19 @@ class HeadGridView(QScrollArea):
 
     def resizeEvent(self, e) -> None:
         super().resizeEvent(e)
+        self._fit_bar()
+
+    def _fit_bar(self) -> None:
+        """The bar above the thumbnails as tall as its title's wrapped lines need at the bar's width
+        (:data:`BAR` at least): in a 1000 px window the title takes three lines, and a bar of two cut
+        the third."""
         r = self.contentsRect()
-        self.bar.setGeometry(r.left(), r.top(), r.width(), self.BAR)
+        self.bar.setGeometry(r.left(), r.top(), r.width(), self._bar_height)
+        lay = self._bar_layout
+        lay.activate()
+        m = lay.contentsMargins()
+        need = max(self.BAR, self.title.heightForWidth(self.title.width()) + m.top() + m.bottom())
+        if need != self._bar_height:
+            self._bar_height = need
+            self.setViewportMargins(0, need, 0, 0)
+            self.bar.setGeometry(r.left(), r.top(), r.width(), need)

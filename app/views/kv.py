@@ -372,7 +372,12 @@ class KVView(QWidget, SavedControls):
         self.calc_table.verticalHeader().hide()
         cl.addWidget(self.calc_table)
 
-        plots = QHBoxLayout()
+        # the plots fill the tab page's visible height (PLOTS_MIN_HEIGHT at least), the tables and the
+        # calculator below are reached by scrolling: at 1000 x 650 the plots were 611 px tall in a 361 px
+        # page, their axis titles below its edge (:meth:`fit_plots_to_page`)
+        self.plots_box = QWidget()
+        plots = QHBoxLayout(self.plots_box)
+        plots.setContentsMargins(0, 0, 0, 0)
         plots.addWidget(live_box, 2)
         plots.addWidget(self.growth_plot, 3)
         plots.addWidget(self.proj_plot, 3)
@@ -396,10 +401,11 @@ class KVView(QWidget, SavedControls):
         bottom = QHBoxLayout()
         bottom.addWidget(schemes, 1)
         bottom.addWidget(calc, 1)
-        lay = QVBoxLayout(self)
+        self._layout = lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
-        lay.addLayout(plots, 1)
+        lay.addWidget(self.plots_box, 1)
         lay.addLayout(bottom)
+        self._page_viewport: QWidget | None = None
 
         self.preset_combo.currentIndexChanged.connect(self._on_preset)
         for w in (
@@ -416,6 +422,33 @@ class KVView(QWidget, SavedControls):
         self.calc_sliding.currentTextChanged.connect(lambda _t: self.recalculate())
         self.preset_combo.setCurrentIndex(1)  # the handbook's table, until a model is loaded
         self._on_preset()
+
+    PLOTS_MIN_HEIGHT = 240  # px: room for a plot's title, curves, ticks and axis titles
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        """Follow the height of the scrolling tab page holding this view (its viewport's resizes)."""
+        super().showEvent(event)
+        viewport = self.parentWidget()
+        if viewport is not self._page_viewport and isinstance(viewport, QWidget):
+            self._page_viewport = viewport
+            viewport.installEventFilter(self)
+        self.fit_plots_to_page()
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
+        if obj is self._page_viewport and event.type() == QEvent.Type.Resize:
+            self.fit_plots_to_page()
+        return False
+
+    def fit_plots_to_page(self) -> None:
+        """The plots' row as tall as the page's visible height (less the margins), at least
+        :data:`PLOTS_MIN_HEIGHT`: their axis titles are on screen without scrolling."""
+        viewport = self._page_viewport
+        if viewport is None:
+            return
+        m = self._layout.contentsMargins()
+        h = max(self.PLOTS_MIN_HEIGHT, viewport.height() - m.top() - m.bottom())
+        if self.plots_box.height() != h or self.plots_box.minimumHeight() != h:
+            self.plots_box.setFixedHeight(h)
 
     @staticmethod
     def _spin(lo: int, hi: int, value: int, tip: str) -> QSpinBox:

@@ -1,5 +1,6 @@
 """The Compare tab in a narrow window: the three maps' titles (A − B's too) and the hover line are shown
-whole, at 1000 × 650 as at 1400 × 900 (pytest-qt, offscreen)."""
+whole, and the KL and row plots' y tick labels are apart, at 1000 × 650 as at 1400 × 900 (pytest-qt,
+offscreen)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ def _hover_cut(view) -> bool:
     return need.width() > r.width() or need.height() > r.height()
 
 
+def _crowded_ticks(plot_widget) -> list[str]:
+    """The left axis's tick labels closer than half a label's height to the next one (or fewer than
+    two labels: an axis without a scale)."""
+    from gui_helpers import tick_label_rects
+
+    ticks = sorted(tick_label_rects(plot_widget, "left"), key=lambda t: t[1].top())
+    if len(ticks) < 2:
+        return [f"only {[t for t, _r in ticks]}"]
+    return [
+        f"{a!r} {ra.top():.1f}..{ra.bottom():.1f} and {b!r} {rb.top():.1f}..{rb.bottom():.1f}"
+        for (a, ra), (b, rb) in zip(ticks, ticks[1:], strict=False)
+        if rb.top() - ra.bottom() < 0.5 * ra.height()
+    ]
+
+
 def test_compare_titles_and_hover_are_not_cut_at_1000_px(qtbot, tmp_path):
     save_tiny("llama", tmp_path)
     win = ran_window(qtbot, tmp_path, PROMPT, size=(1400, 900))
@@ -70,6 +86,9 @@ def test_compare_titles_and_hover_are_not_cut_at_1000_px(qtbot, tmp_path):
             w,
             rp.titleLabel.text,
         )
+        # the KL and row plots' y tick labels apart, not on top of each other (~40 px tall plots)
+        for pw in (view.logit_plot, view.row_plot):
+            assert _crowded_ticks(pw) == [], (w, _crowded_ticks(pw))
         if w == 1400:  # room for the whole titles
             assert tuple(titles) == full
         else:  # shortened; the whole title is the tooltip

@@ -1,13 +1,16 @@
-"""In a 1000 px window (and at 1400 × 900) the Experiments tab's plot title is shown whole above a plot
-with room for its curves, and the Sinks tab's summary runs across the tab under its controls, not
-wrapped into a narrow column beside them (pytest-qt, offscreen, a tiny random llama)."""
+"""In a 1000 px window (and at 1400 × 900) the Experiments tab's plot title and axis titles are shown
+whole above a plot with room for its curves, its legend beside them; the KV tab's plots and their axis
+titles fit the visible page; the head grid's caption is whole; and the Sinks tab's summary runs across
+the tab under its controls, not wrapped into a narrow column beside them (pytest-qt, offscreen, a tiny
+random llama)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-from PySide6.QtCore import QPoint, QRect
+from gui_helpers import axis_title_rect
+from PySide6.QtCore import QPoint, QPointF, QRect, QRectF
 from PySide6.QtWidgets import QApplication
 
 SHOTS = "/work/notes/shots"
@@ -70,6 +73,23 @@ def test_experiments_plot_title_is_whole_above_a_readable_plot(win, size):
     )
     assert _shown_whole(v.plot, page)
     assert pi.getViewBox().sceneBoundingRect().height() >= 90  # room for the curves, not a sliver
+    # both axis titles whole inside the plot (the rotated y title was longer than its axis, cut at
+    # both ends; the x title fell off the plot's bottom)
+    plot_rect = QRectF(v.plot.viewport().rect())
+    for side in ("left", "bottom"):
+        assert plot_rect.contains(axis_title_rect(v.plot, side)), (
+            side,
+            axis_title_rect(v.plot, side),
+            plot_rect,
+        )
+    # the legend names both curves and lies beside the view box, never over the curves
+    vb = pi.getViewBox().sceneBoundingRect()
+    legend = pi.legend.sceneBoundingRect()
+    assert [label.text.split("<br>")[0] for _i, label in pi.legend.items] == ["unmodified", "Evict first k"]
+    assert legend.left() >= vb.right() - 1, (legend, vb)  # right of the view box (they share an edge)
+    assert not legend.intersects(v.exp_curve.sceneBoundingRect()) and legend.right() <= plot_rect.right() + 1
+    for _sample, label in pi.legend.items:  # each entry whole inside the legend (not cut by the plot's edge)
+        assert legend.contains(label.sceneBoundingRect().adjusted(1, 1, -1, -1)), label.text
     # the table still shows its header and at least two rows; every header whole in its column
     t = v.table
     assert t.viewport().height() >= 2 * t.rowHeight(0)
@@ -164,6 +184,39 @@ def test_kv_plots_titles_and_legends_fit_their_plots(win, size):
         assert pi.titleLabel.item.boundingRect().width() <= vb.width(), (pi.titleLabel.text, vb.width())
         legend = pi.legend.sceneBoundingRect()
         assert legend.right() <= vb.right() + 1 and legend.left() >= vb.left() - 1, (legend, vb)
+    # the plots fit the page's visible height: their axis titles are on screen without scrolling (at
+    # 1000 x 650 the plots were 611 px tall in a 361 px page, the x titles below its edge)
+    visible = QRectF(page.viewport().rect())
+    for pw in (v.layer_plot, v.growth_plot, v.proj_plot):
+        plot_rect = QRectF(pw.viewport().rect())
+        for side in ("left", "bottom"):
+            title = axis_title_rect(pw, side)
+            assert plot_rect.contains(title), (side, title, plot_rect)
+            on_page = title.translated(QPointF(pw.mapTo(page.viewport(), QPoint(0, 0))))
+            assert visible.contains(on_page), (pw.getPlotItem().getAxis(side).labelText, on_page, visible)
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_head_grid_caption_is_whole(win, size):
+    """The grid's caption (scale, colours, range, legend) wraps onto as many lines as it needs, and
+    the bar above the thumbnails is as tall as they are (at 1000 px its third line was cut)."""
+    from PySide6.QtCore import Qt
+
+    win.tabs.setCurrentWidget(win.grid)
+    win.resize(*size)
+    _idle(win)
+    grid = win.grid
+    _shot(win, f"grid_{size[0]}x{size[1]}")
+    title = grid.title
+    assert title.text().startswith("Showing: attention weights") and "masked" in title.text()
+    r = title.contentsRect()
+    need = title.fontMetrics().boundingRect(
+        QRect(0, 0, r.width(), 10_000), int(Qt.TextFlag.TextWordWrap), title.text()
+    )
+    assert need.width() <= r.width() and need.height() <= r.height(), (need, r)
+    # the label lies inside the bar, and the bar above the thumbnails' viewport
+    assert grid.bar.rect().contains(title.geometry()), (title.geometry(), grid.bar.rect())
+    assert grid.bar.geometry().bottom() < grid.viewport().geometry().top()
 
 
 def test_the_edited_hint_never_widens_a_1000_px_window(win):
