@@ -206,17 +206,20 @@ def test_head_grid_caption_is_whole(win, size):
     win.resize(*size)
     _idle(win)
     grid = win.grid
-    _shot(win, f"grid_{size[0]}x{size[1]}")
     title = grid.title
-    assert title.text().startswith("Showing: attention weights") and "masked" in title.text()
-    r = title.contentsRect()
-    need = title.fontMetrics().boundingRect(
-        QRect(0, 0, r.width(), 10_000), int(Qt.TextFlag.TextWordWrap), title.text()
-    )
-    assert need.width() <= r.width() and need.height() <= r.height(), (need, r)
-    # the label lies inside the bar, and the bar above the thumbnails' viewport
-    assert grid.bar.rect().contains(title.geometry()), (title.geometry(), grid.bar.rect())
-    assert grid.bar.geometry().bottom() < grid.viewport().geometry().top()
+    for weighting in ("attention", "value-weighted"):  # the value-weighted caption is the longer
+        grid.weighting_combo.setCurrentIndex(grid.weighting_combo.findData(weighting))
+        _idle(win)
+        _shot(win, f"grid_{weighting}_{size[0]}x{size[1]}")
+        assert title.text().startswith(f"Showing: {weighting}") and "masked" in title.text()
+        r = title.contentsRect()
+        need = title.fontMetrics().boundingRect(
+            QRect(0, 0, r.width(), 10_000), int(Qt.TextFlag.TextWordWrap), title.text()
+        )
+        assert need.width() <= r.width() and need.height() <= r.height(), (weighting, need, r)
+        # the label lies inside the bar, and the bar above the thumbnails' viewport
+        assert grid.bar.rect().contains(title.geometry()), (title.geometry(), grid.bar.rect())
+        assert grid.bar.geometry().bottom() < grid.viewport().geometry().top()
 
 
 def test_the_edited_hint_never_widens_a_1000_px_window(win):
