@@ -337,8 +337,10 @@ class ExperimentsView(QWidget, SavedControls):
         # the table shows its header and two rows (above its sideways scroll bar), the plot room for
         # its curves: a 1000 x 650 window holds both without scrolling (the splitter moves the rest)
         bar = self.table.horizontalScrollBar().sizeHint().height()
-        self.table.setMinimumHeight(self.table.horizontalHeader().sizeHint().height() + 2 * 22 + bar + 6)
-        self.plot.setMinimumHeight(160)
+        self.table.setMinimumHeight(self.table.horizontalHeader().sizeHint().height() + 2 * 22 + bar + 2)
+        # with these minimums a 1000 x 650 page holds the tab with a help line to spare: with 1 px to
+        # spare, one transient scroll bar narrowed the help to five lines, whose height kept it for good
+        self.plot.setMinimumHeight(150)
         split = QSplitter(Qt.Orientation.Vertical)
         split.setChildrenCollapsible(False)
         split.addWidget(self.table)
