@@ -312,3 +312,16 @@ def test_smollm2_experiments(smol_session, smol_folder):
     assert by["decode_top_left"].ppl_exp == pytest.approx(base.ppl_base, rel=1e-4)  # prefill rows untouched
     assert by["no_scale"].kl_next > 0.5 and by["no_scale"].ppl_exp > base.ppl_base
     assert by["evict_first"].ppl_exp > base.ppl_base  # losing the sink hurts
+
+
+def test_default_params_fit_the_sequence_and_default_experiments_take_given_ones():
+    from attnscope.core.analysis.experiments import default_params, param_fits
+
+    assert default_params(14) == (3, 7) and default_params(32) == (4, 16) and default_params(2) == (1, 1)
+    assert all(param_fits(v, n) for n in range(2, 40) for v in default_params(n))
+    assert param_fits(13, 14) and not param_fits(14, 14)
+    one_k = {e.kind: e for e in default_experiments(14)}
+    assert one_k["evict_first"].k == one_k["sinks_window"].k == 3 and one_k["sinks_window"].window == 7
+    given = {e.kind: e for e in default_experiments(14, k=2, window=5, decode_from=9)}
+    assert (given["evict_first"].k, given["sinks_window"].k, given["sinks_window"].window) == (2, 2, 5)
+    assert {e.decode_from for e in given.values()} == {9}
