@@ -96,6 +96,15 @@ class BandBars(pg.PlotWidget):
         self.setYRange(-0.6, len(rows) - 0.4, padding=0)
         self.setTitle(title or self.plot_title, color="#222", size="9pt")
 
+    def clear_split(self) -> None:
+        """No bars (the panel explains no cell)."""
+        if self.bars is not None:
+            self.removeItem(self.bars)
+            self.bars = None
+        self.rows = []
+        self.getAxis("left").setTicks([[]])
+        self.setTitle(self.plot_title, color="#222", size="9pt")
+
     def total(self) -> float:
         """The sum of the bars shown (the split's total)."""
         return float(sum(r[1] for r in self.rows))
@@ -180,6 +189,7 @@ class WhyPanel(QWidget):
         lay.addWidget(self.sources_box)
         lay.addWidget(self.note)
         self.setMinimumWidth(340)
+        self._show_plots(False)  # until a cell is explained: the hint alone, no empty axes
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         esc.activated.connect(self.cancel)
 
@@ -200,7 +210,13 @@ class WhyPanel(QWidget):
         self.request()
 
     def request(self) -> None:
-        if self.cell is None or not self.state.has_sequence:
+        if self.cell is None:  # no cell (a reopened session without one): nothing of an old one stays
+            if self.explanation is not None or self.shown_for is not None:
+                self.engine.cancel_token("why")
+                self.engine.cancel_token("why-sources")
+            self.clear(HINT)
+            return
+        if not self.state.has_sequence:
             return
         q, k = self.cell
         if not (0 <= q < self.state.visible_len and 0 <= k < self.state.visible_len):
@@ -253,6 +269,14 @@ class WhyPanel(QWidget):
         if self.state.settings.get(SETTINGS_KEY) != entry:
             self.state.set_tab_settings(SETTINGS_KEY, entry)
 
+    def forget_cell(self) -> None:
+        """Drop the clicked cell and what the panel shows for it (File → Open session, before the
+        session's own view, with its cell if it has one, is restored): a reopened session never shows
+        the cell of the run it replaced."""
+        self.cell = None
+        self._save()
+        self.request()
+
     def _on_settings(self, settings) -> None:
         """A reopened session's panel: its cell and visibility."""
         entry = (settings or {}).get(SETTINGS_KEY)
@@ -277,12 +301,24 @@ class WhyPanel(QWidget):
 
     # -- drawing ----------------------------------------------------------------------------------
     def clear(self, text: str = HINT) -> None:
+        """No explanation: ``text`` in the header, empty bars, rows and by-source box."""
         self.explanation, self.share, self.shown_for = None, None, None
         self.provenance, self.sources_split = {}, None
         self.export_button.setEnabled(False)
         self.header.setText(text)
         self.score_label.setText("")
         self.summary.setText("")
+        for bars in (self.cell_bars, self.row_bars):
+            bars.clear_split()
+        self.actual_curve.setData([], [])
+        self.norope_curve.setData([], [])
+        self.sources_box.hide()
+        self._show_plots(False)
+
+    def _show_plots(self, on: bool) -> None:
+        """The bars, the row plot and the note (hidden while no cell is explained)."""
+        for w in (self.cell_bars, self.row_bars, self.rows_plot, self.note):
+            w.setVisible(on)
 
     def show_explanation(self, result) -> None:
         """Show an ``explain_job`` result ``(cell, Explanation, share[, provenance])`` (GUI thread)."""
@@ -291,6 +327,7 @@ class WhyPanel(QWidget):
         self.provenance = dict(result[3]) if len(result) > 3 else {}
         self.sources_split = None
         self.export_button.setEnabled(True)
+        self._show_plots(True)
         snap = self.state.snapshot
         toks = list(snap.tokens) if snap is not None else []
 
