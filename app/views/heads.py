@@ -29,7 +29,7 @@ from attnscope.app.views.heads_patch import (
     patch_to_json,
     swap_words,
 )
-from attnscope.app.views.heads_plots import EffectPlots
+from attnscope.app.views.heads_plots import EMPTY_BARS, EMPTY_GRID, EMPTY_KV, EffectPlots
 from attnscope.app.views.saved_controls import SavedControls
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -494,7 +494,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             return
         self.result, self.result_key = result, self.state.sequence_key if key is None else key
         eff, dla, note, tok, other = result[:5]
-        self.plots.show_bars(dla)
+        self.plots.show_bars(dla, f"No direct logit attribution: {note}" if note else EMPTY_BARS)
         self._draw()
         self._fill()
         self.export_button.setEnabled(True)
@@ -657,8 +657,10 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         q, label = self.shown_values()
         if q is None:
             q = np.full((L, H), np.nan)
-        self.plots.show_heads(q, n_kv)
-        self.plots.show_kv(*self.kv_values())
+        self.plots.show_heads(q, n_kv, f"Nothing to show yet: {label}" if label else EMPTY_GRID)
+        kv, labels, blocks = self.kv_values()
+        dla = self.show_combo.currentData() == "dla"
+        self.plots.show_kv(kv, labels, blocks, "No KV-head columns for this choice" if dla else EMPTY_KV)
         if self.on_effects is not None:
             self.on_effects(q if np.isfinite(q).any() else None, label)
 

@@ -128,7 +128,7 @@ class LensPanel(QWidget):
             "Read each layer's residual stream through the final norm and the unembedding"
         )
         row.addWidget(self.lens_button)
-        self.caption = QLabel("")
+        self.caption = QLabel("Press Lens to see each layer's top token at these positions.")
         self.caption.setStyleSheet("color:#555;")
         self.caption.setWordWrap(True)  # (a long line must not widen the tab)
         row.addWidget(self.caption, 1)
