@@ -34,7 +34,7 @@ import pyqtgraph as pg
 from attnscope.app import jobs
 from attnscope.app.engine import Request
 from attnscope.app.views.source_bars import draw_hbars
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -55,6 +55,11 @@ FAST_BRUSH = (230, 126, 34)  # bands shorter than the positional cut (orange)
 SLOW_BRUSH = (52, 101, 164)  # the slower ones (blue)
 FLAT_BRUSH = (150, 150, 150)  # dimensions the rotation leaves alone
 SETTINGS_KEY = "why"
+#: the dock's width when it opens: DOCK_SHARE of the window's, at least DOCK_OPEN_WIDTH px where the
+#: window has room, at most DOCK_MAX_SHARE of it (a 504 px dock left the tabs of a 1400 px window too
+#: narrow for the heatmap's and the heads tab's controls: tests/app/test_why_dock_layout_gui.py); it is
+#: never narrower than DOCK_MIN_WIDTH (a 1000 px window squeezed it to 111 px, its text cut)
+DOCK_SHARE, DOCK_MAX_SHARE, DOCK_OPEN_WIDTH, DOCK_MIN_WIDTH = 0.3, 0.45, 320, 250
 HINT = "Click a cell of the heatmap to see why this head gives it its score."
 
 
@@ -70,8 +75,41 @@ def bar_rows(split, short_tokens: float = 64.0) -> list[tuple[str, float, tuple]
     return rows
 
 
+def _title_takes_no_width(plot) -> None:
+    """Let ``plot``'s title (a pyqtgraph LabelItem, maybe two lines) overhang its column instead of
+    widening the plot: its one-line minimum width made the plot wider than a narrow dock, its right
+    side cut. The title row is as high as the text (pyqtgraph fixes it at 30 px, one line)."""
+    item = plot.getPlotItem() if hasattr(plot, "getPlotItem") else plot
+    label = item.titleLabel
+
+    def update_min() -> None:  # pyqtgraph's LabelItem.updateMin (each setText and resize), width 0
+        h = label.itemRect().height()
+        label.setMinimumWidth(0)
+        label.setMinimumHeight(h)
+        label._sizeHint = {
+            Qt.SizeHint.MinimumSize: (0, h),
+            Qt.SizeHint.PreferredSize: (0, h),
+            Qt.SizeHint.MaximumSize: (-1, -1),
+            Qt.SizeHint.MinimumDescent: (0, 0),
+        }
+        label.updateGeometry()
+
+    label.updateMin = update_min
+    label.opts["justify"] = "right"  # a title wider than its column overhangs the axis side, not the edge
+    update_min()
+    label.resizeEvent(None)
+    if label.isVisible():
+        h = label.itemRect().height()
+        label.setMaximumHeight(h)
+        item.layout.setRowFixedHeight(0, h)
+
+
 class BandBars(pg.PlotWidget):
     """Horizontal bars of one band split, band names on the left axis, a zero line."""
+
+    def setTitle(self, *args, **kw) -> None:  # noqa: N802 (pyqtgraph's name)
+        self.getPlotItem().setTitle(*args, **kw)
+        _title_takes_no_width(self)
 
     def __init__(self, title: str, parent=None):
         super().__init__(parent, background="w")
@@ -135,12 +173,14 @@ class WhyPanel(QWidget):
             "every 64 tokens: near 1 the head looks by position (previous-token, local), near 0 by content "
             "(induction)"
         )
-        self.cell_bars = BandBars("This cell: score by rotary band")
-        self.row_bars = BandBars("This row: Σ weight × score, by band")
+        self.cell_bars = BandBars("This cell: score<br>by rotary band")
+        self.row_bars = BandBars("This row: Σ weight × score,<br>by band")
         self.rows_plot = pg.PlotWidget(background="w")
         self.rows_plot.setMenuEnabled(False)
         self.rows_plot.setMinimumHeight(130)
-        self.rows_plot.setTitle("Row weights: actual vs rotation removed", color="#222", size="9pt")
+        # two-line titles: one line set the plot's minimum width past a 260 px dock (its right side cut)
+        self.rows_plot.setTitle("Row weights:<br>actual vs rotation removed", color="#222", size="9pt")
+        _title_takes_no_width(self.rows_plot)
         self.rows_plot.addLegend(
             offset=(45, 5), labelTextSize="8pt", labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 220)
         )
@@ -188,7 +228,7 @@ class WhyPanel(QWidget):
         lay.addWidget(self.rows_plot, 2)
         lay.addWidget(self.sources_box)
         lay.addWidget(self.note)
-        self.setMinimumWidth(340)
+        self.setMinimumWidth(DOCK_MIN_WIDTH - 20)  # (the scroll area's vertical bar takes the rest)
         self._show_plots(False)  # until a cell is explained: the hint alone, no empty axes
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         esc.activated.connect(self.cancel)
@@ -344,9 +384,9 @@ class WhyPanel(QWidget):
             self.summary.setText("positional ↔ content: —")
         else:
             self.summary.setText(f"positional ↔ content: {share:.2f} positional")
-        self.cell_bars.show_split(e.bands, f"This cell: score {e.score:+.3f} by rotary band")
+        self.cell_bars.show_split(e.bands, f"This cell: score {e.score:+.3f}<br>by rotary band")
         self.row_bars.show_split(
-            e.row_bands, f"This row: Σ weight × score = {e.row_bands.total:+.3f}, by band"
+            e.row_bands, f"This row: Σ weight × score<br>= {e.row_bands.total:+.3f}, by band"
         )
         x = np.arange(len(e.row))
         self.actual_curve.setData(x, e.row)
@@ -476,6 +516,23 @@ def _wire_grid_shares(window) -> None:
     st.events.snapshot.connect(ask)
 
 
+def dock_width(window_width: int) -> int:
+    """The Why dock's width in px when it opens beside a ``window_width`` px window (:data:`DOCK_SHARE`)."""
+    share = max(DOCK_OPEN_WIDTH, DOCK_SHARE * window_width)
+    return int(min(share, max(DOCK_MIN_WIDTH, DOCK_MAX_SHARE * window_width)))
+
+
+def _fit_dock(window, dock: QDockWidget) -> None:
+    """Give the dock its opening width (:func:`dock_width`) when it sits beside the tabs."""
+    if dock.isFloating() or not dock.isVisible():
+        return
+    if window.dockWidgetArea(dock) in (
+        Qt.DockWidgetArea.LeftDockWidgetArea,
+        Qt.DockWidgetArea.RightDockWidgetArea,
+    ):
+        window.resizeDocks([dock], [dock_width(window.width())], Qt.Orientation.Horizontal)
+
+
 def install(window) -> WhyPanel:
     """Put the Why panel in a dock on the window's right (hidden until a heatmap cell is clicked, or
     View → Why this score), and wire the heatmap's cell clicks to it."""
@@ -489,12 +546,17 @@ def install(window) -> WhyPanel:
     scroll.setFrameShape(QFrame.Shape.NoFrame)
     scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     scroll.setWidget(panel)
+    scroll.setMinimumWidth(DOCK_MIN_WIDTH)  # the panel whole, never squeezed under its own minimum
     dock.setWidget(scroll)
     area = Qt.DockWidgetArea
     dock.setAllowedAreas(area.RightDockWidgetArea | area.LeftDockWidgetArea | area.BottomDockWidgetArea)
     window.addDockWidget(area.RightDockWidgetArea, dock)
     dock.hide()
     dock.visibilityChanged.connect(lambda _v: panel._save() if window.isVisible() else None)
+    # opened (a click, View → Why this score, a session): its share of the window, once it is laid out
+    dock.visibilityChanged.connect(
+        lambda v: QTimer.singleShot(0, lambda: _fit_dock(window, dock)) if v else None
+    )
     window.why_panel, window.why_dock = panel, dock
 
     def on_cell(row: int, col: int) -> None:
