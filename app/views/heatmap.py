@@ -36,7 +36,7 @@ from attnscope.core.analysis.aggregate import MODE_LABELS, MODES, PooledMap
 from attnscope.core.attention.masks import hidden_blocks, hidden_cells
 from attnscope.core.io.colormaps import NONFINITE_RGB, RANGE_MODES, SCALES, normalize
 from attnscope.core.tokens import Token
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFontMetrics, QTextOption
 from PySide6.QtWidgets import (
     QComboBox,
@@ -208,6 +208,23 @@ class MaskedBackdrop(pg.QtWidgets.QGraphicsRectItem):
         painter.fillRect(self.rect(), self._hatch)
 
 
+class ReadoutLabel(QLabel):
+    """The hover readout under the map: it wraps where the map is narrow (its one-line hint set the
+    map's minimum width at 457 px, the Why dock beside it left less), yet asks for its one-line width,
+    so a window laid out at its natural size (never shown: tests/app/test_window_screens_gui.py) is as
+    wide as before."""
+
+    def __init__(self):
+        super().__init__()
+        self.setWordWrap(True)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        hint = super().sizeHint()
+        m = self.contentsMargins()
+        one_line = self.fontMetrics().horizontalAdvance(self.text()) + m.left() + m.right() + 2
+        return QSize(max(hint.width(), one_line), hint.height())
+
+
 class HeatmapView(QWidget):
     """Shows a ``(n_query, n_key)`` matrix with token labels; emits ``hovered(text)``.
 
@@ -291,6 +308,10 @@ class HeatmapView(QWidget):
 
         # -- plot
         self.glw = pg.GraphicsLayoutWidget()
+        # the map keeps room when the option bar and the readout wrap (a narrow window, the Why dock
+        # beside it): a never-shown window laid out at its natural size exports it whole
+        # (tests/app/test_window_screens_gui.py)
+        self.glw.setMinimumHeight(220)
         self.glw.setBackground("w")
         self.plot = self.glw.addPlot()
         _wrap_title_at_words(self.plot.titleLabel)
@@ -374,8 +395,7 @@ class HeatmapView(QWidget):
         )
         self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
         self.mask_legend = self.glw.addLabel("", row=1, col=0, color="#555", size="8pt")
-        self.readout = QLabel()
-        self.readout.setWordWrap(True)  # (its hint, one long line, set the map's minimum width: 457 px)
+        self.readout = ReadoutLabel()
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
