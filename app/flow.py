@@ -29,6 +29,7 @@ class FlowLayout(QLayout):
         super().__init__(parent)
         self._units: list[list[QLayoutItem]] = []
         self._gap, self._line_gap, self._inner = spacing, line_spacing, inner
+        self._height = 0  # the height the last layout used (its lines at its width): the minimum's
         self.setContentsMargins(0, 0, 0, 0)
 
     # -- building ---------------------------------------------------------------------------------
@@ -100,16 +101,24 @@ class FlowLayout(QLayout):
         return QSize(width + m.left() + m.right(), height + m.top() + m.bottom())
 
     def minimumSize(self) -> QSize:  # noqa: N802 (Qt's name)
-        """The widest unit (each unit is shown whole), one line high (height-for-width gives the rest)."""
+        """The widest unit (each unit is shown whole); as high as the lines of the last layout (at
+        least one), so that what holds the flow counts its wrapped lines in its own minimum height
+        (a page then scrolls instead of squeezing the widgets under the flow below their minimum)."""
         units = self._unit_sizes()
         m = self.contentsMargins()
         width = max((u[1] for u in units), default=0)
-        height = max((u[2] for u in units), default=0)
-        return QSize(width + m.left() + m.right(), height + m.top() + m.bottom())
+        height = max((u[2] for u in units), default=0) + m.top() + m.bottom()
+        return QSize(width + m.left() + m.right(), max(height, self._height))
 
     def setGeometry(self, rect: QRect) -> None:  # noqa: N802 (Qt's name)
         super().setGeometry(rect)
-        self._place(rect, apply=True)
+        height = self._place(rect, apply=True)
+        if height != self._height:  # more or fewer lines: the minimum height changed
+            self._height = height
+            self.invalidate()
+            parent = self.parentWidget()
+            if parent is not None:
+                parent.updateGeometry()
 
     def _place(self, rect: QRect, apply: bool) -> int:
         """Lay the units out in ``rect`` (``apply``: move the widgets); returns the height used."""

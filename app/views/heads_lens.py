@@ -136,7 +136,7 @@ class LensPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setDefaultSectionSize(18)
         self.table.horizontalHeader().setDefaultSectionSize(64)
-        self.table.setMinimumHeight(110)
+        self.table.setMinimumHeight(90)  # (the header and two rows: the plots above keep their 230 px)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(row)

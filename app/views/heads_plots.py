@@ -77,12 +77,15 @@ class EffectPlots(pg.GraphicsLayoutWidget):
             p.invertY(True)
             p.setMouseEnabled(x=False, y=False)
         self.grid.setLabel("left", "layer")
-        self.grid.setLabel("bottom", "query head (under its KV head)")
+        # short axis titles: the three plots share a narrow tab (the Why dock beside it) and a longer
+        # title ran into its neighbour's; the KV heads are named along the top
+        self.grid.setLabel("bottom", "query head")
         self.grid.showAxis("top")
         self.kv.setLabel("bottom", "KV head")
         self.kv.getAxis("left").setStyle(showValues=False)
         self.kv.setYLink(self.grid)
-        self.bars.setLabel("bottom", "direct logit attribution")
+        self.bars.setLabel("bottom", "DLA (logit)")
+        self.bars.getAxis("bottom").enableAutoSIPrefix(False)  # (no "(x0.001)" after it)
         self.image = pg.ImageItem(axisOrder="row-major")  # rows = layers, columns = heads
         self.grid.addItem(self.image)
         self.kv_image = pg.ImageItem(axisOrder="row-major")
