@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.views.source_bars import title_overhangs
 from PySide6.QtGui import QColor, QTextOption
 from PySide6.QtWidgets import QGraphicsTextItem
 
@@ -100,6 +101,7 @@ class EffectPlots(pg.GraphicsLayoutWidget):
         self._kv_line = None
         # the legend is the title above the bars (a legend inside the plot covered the top bars)
         self.bars.setTitle(BARS_LEGEND, size="8pt", color="#222")
+        title_overhangs(self.bars)  # (a narrow tab: the legend runs over the axis side, not off the edge)
         self.legend = self.bars.titleLabel
         self.bar_values: dict | None = None  # what the bars show (:func:`dla_bars`)
         self._axes = {

@@ -33,7 +33,7 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app import jobs
 from attnscope.app.engine import Request
-from attnscope.app.views.source_bars import draw_hbars
+from attnscope.app.views.source_bars import draw_hbars, title_overhangs
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
@@ -75,41 +75,12 @@ def bar_rows(split, short_tokens: float = 64.0) -> list[tuple[str, float, tuple]
     return rows
 
 
-def _title_takes_no_width(plot) -> None:
-    """Let ``plot``'s title (a pyqtgraph LabelItem, maybe two lines) overhang its column instead of
-    widening the plot: its one-line minimum width made the plot wider than a narrow dock, its right
-    side cut. The title row is as high as the text (pyqtgraph fixes it at 30 px, one line)."""
-    item = plot.getPlotItem() if hasattr(plot, "getPlotItem") else plot
-    label = item.titleLabel
-
-    def update_min() -> None:  # pyqtgraph's LabelItem.updateMin (each setText and resize), width 0
-        h = label.itemRect().height()
-        label.setMinimumWidth(0)
-        label.setMinimumHeight(h)
-        label._sizeHint = {
-            Qt.SizeHint.MinimumSize: (0, h),
-            Qt.SizeHint.PreferredSize: (0, h),
-            Qt.SizeHint.MaximumSize: (-1, -1),
-            Qt.SizeHint.MinimumDescent: (0, 0),
-        }
-        label.updateGeometry()
-
-    label.updateMin = update_min
-    label.opts["justify"] = "right"  # a title wider than its column overhangs the axis side, not the edge
-    update_min()
-    label.resizeEvent(None)
-    if label.isVisible():
-        h = label.itemRect().height()
-        label.setMaximumHeight(h)
-        item.layout.setRowFixedHeight(0, h)
-
-
 class BandBars(pg.PlotWidget):
     """Horizontal bars of one band split, band names on the left axis, a zero line."""
 
     def setTitle(self, *args, **kw) -> None:  # noqa: N802 (pyqtgraph's name)
         self.getPlotItem().setTitle(*args, **kw)
-        _title_takes_no_width(self)
+        title_overhangs(self)
 
     def __init__(self, title: str, parent=None):
         super().__init__(parent, background="w")
@@ -180,7 +151,7 @@ class WhyPanel(QWidget):
         self.rows_plot.setMinimumHeight(130)
         # two-line titles: one line set the plot's minimum width past a 260 px dock (its right side cut)
         self.rows_plot.setTitle("Row weights:<br>actual vs rotation removed", color="#222", size="9pt")
-        _title_takes_no_width(self.rows_plot)
+        title_overhangs(self.rows_plot)
         self.rows_plot.addLegend(
             offset=(45, 5), labelTextSize="8pt", labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 220)
         )
