@@ -199,6 +199,7 @@ class WhyPanel(QWidget):
         lay.addWidget(self.rows_plot, 2)
         lay.addWidget(self.sources_box)
         lay.addWidget(self.note)
+        lay.addStretch(0)  # (no cell explained, the plots hidden: the hint stays at the top)
         self.setMinimumWidth(DOCK_MIN_WIDTH - 20)  # (the scroll area's vertical bar takes the rest)
         self._show_plots(False)  # until a cell is explained: the hint alone, no empty axes
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
