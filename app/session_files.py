@@ -151,6 +151,9 @@ class SessionFiles:
             win.prompt_edit.setPlainText(sf.prompt)
             win.chat_check.setChecked(sf.chat_template)
             win.decode_panel.set_sampling(sf.sampling)  # what the replayed session samples with
+            why = getattr(win, "why_panel", None)
+            if why is not None:  # the old run's cell goes; the session's own (if it has one) comes back
+                why.forget_cell()  # with its view (restore_view)
             win.commands.ran(snap)
             self.restore_view(sf.view)
             self.last_warnings = list(warnings)

@@ -16,6 +16,7 @@ import json
 
 import numpy as np
 from attnscope.app.engine import CancelledMessage, Request
+from attnscope.app.flow import FlowLayout
 from attnscope.app.tabs import PageLayout
 from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
 from attnscope.app.views.heads_export import csv_text, lens_from_json, result_from_json, same_json
@@ -29,13 +30,12 @@ from attnscope.app.views.heads_patch import (
     patch_to_json,
     swap_words,
 )
-from attnscope.app.views.heads_plots import EffectPlots
+from attnscope.app.views.heads_plots import EMPTY_BARS, EMPTY_GRID, EMPTY_KV, EffectPlots
 from attnscope.app.views.saved_controls import SavedControls
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
@@ -144,8 +144,6 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self._running = False
         self.on_effects = None  # callback(values (L, H) | None, label): the Head grid's effect frames
 
-        top = QHBoxLayout()
-        top.addWidget(QLabel("Target"))
         self.target_edit = QLineEdit()
         self.target_edit.setMaximumWidth(120)
         self.target_edit.setPlaceholderText("next token")
@@ -153,18 +151,13 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             "The token whose prediction is measured: a text that is one token (' Mary') or an id. "
             "Empty: the token the sequence holds next, or the model's top token after the last position."
         )
-        top.addWidget(self.target_edit)
-        top.addWidget(QLabel("vs"))
         self.other_edit = QLineEdit()
         self.other_edit.setMaximumWidth(120)
         self.other_edit.setPlaceholderText("(none)")
         self.other_edit.setToolTip("A second token: the target becomes logit(target) − logit(other)")
-        top.addWidget(self.other_edit)
         self.metric_combo = QComboBox()
         for label, key in METRICS:
             self.metric_combo.addItem(label, key)
-        top.addWidget(self.metric_combo)
-        top.addWidget(QLabel("Ablate"))
         self.method_combo = QComboBox()
         for label, key in METHODS:
             self.method_combo.addItem(label, key)
@@ -172,7 +165,6 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             "Zero; the head's mean over this prompt's positions; or its output on the corrupted prompt "
             "(resample ablation: type or Swap it below)"
         )
-        top.addWidget(self.method_combo)
         self.scope_combo = QComboBox()
         for label, key in SCOPES:
             self.scope_combo.addItem(label, key)
@@ -180,15 +172,22 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             "Read-out position: the head's output is removed (or patched) only where the target is read (the "
             "prefix's KV cache is reused: one decode step per head). Every position: one forward per head."
         )
-        top.addWidget(self.scope_combo)
         self.run_button = QPushButton("Run")
         self.run_button.setToolTip("Ablate every head and every GQA group at the last position")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setToolTip("Stop the sweep running (Esc)")
         self.cancel_button.setEnabled(False)
-        top.addWidget(self.run_button)
-        top.addWidget(self.cancel_button)
-        top.addStretch(1)
+
+        # the target row wraps (a label stays with its control) instead of cutting its combos when the
+        # tab is narrow (the Why panel docked beside it): tests/app/test_why_dock_layout_gui.py
+        self.target_row = QWidget()
+        top = FlowLayout(self.target_row)
+        top.add_unit(QLabel("Target"), self.target_edit)
+        top.add_unit(QLabel("vs"), self.other_edit)
+        top.add_unit(self.metric_combo)
+        top.add_unit(QLabel("Ablate"), self.method_combo)
+        top.add_unit(self.scope_combo)
+        top.add_unit(self.run_button, self.cancel_button)
 
         self.patch_form = PatchForm()
         form = self.patch_form
@@ -197,8 +196,6 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.patch_method_combo, self.patch_button = form.patch_method_combo, form.patch_button
 
         second = form.controls  # the patching row goes on with what the grid shows and the export
-        second.addSpacing(12)
-        second.addWidget(QLabel("Colour by"))
         self.show_combo = QComboBox()
         for label, key in SHOWS:
             self.show_combo.addItem(label, key)
@@ -206,15 +203,14 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             "What the grid here, and the frames around the Head grid's thumbnails, are coloured by (a GQA "
             "group's or KV head's value is given to each query head of the group)"
         )
-        second.addWidget(self.show_combo)
         self.export_button = QPushButton("Export…")
         self.export_button.setToolTip(
             "Write the effects, the patching fractions and the logit lens (JSON; CSV: one row per head) with "
             "what they were computed on: model, both prompts and their ids, target, method, scope and site"
         )
         self.export_button.setEnabled(False)
-        second.addWidget(self.export_button)
-        second.addStretch(1)
+        second.add_unit(QLabel("Colour by"), self.show_combo)
+        second.add_unit(self.export_button)
         self.patch_summary = QLabel("")
         self.patch_summary.setStyleSheet("color:#335;")
         self.patch_summary.setWordWrap(True)
@@ -280,7 +276,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         lay = PageLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.setSpacing(3)
-        lay.addLayout(top)
+        lay.addWidget(self.target_row)
         lay.addWidget(self.patch_form)
         lay.addWidget(self.summary)
         lay.addWidget(self.patch_summary)
@@ -494,7 +490,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             return
         self.result, self.result_key = result, self.state.sequence_key if key is None else key
         eff, dla, note, tok, other = result[:5]
-        self.plots.show_bars(dla)
+        self.plots.show_bars(dla, f"No direct logit attribution: {note}" if note else EMPTY_BARS)
         self._draw()
         self._fill()
         self.export_button.setEnabled(True)
@@ -657,8 +653,10 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         q, label = self.shown_values()
         if q is None:
             q = np.full((L, H), np.nan)
-        self.plots.show_heads(q, n_kv)
-        self.plots.show_kv(*self.kv_values())
+        self.plots.show_heads(q, n_kv, f"Nothing to show yet: {label}" if label else EMPTY_GRID)
+        kv, labels, blocks = self.kv_values()
+        dla = self.show_combo.currentData() == "dla"
+        self.plots.show_kv(kv, labels, blocks, "No KV-head columns for this choice" if dla else EMPTY_KV)
         if self.on_effects is not None:
             self.on_effects(q if np.isfinite(q).any() else None, label)
 

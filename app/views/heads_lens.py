@@ -128,7 +128,7 @@ class LensPanel(QWidget):
             "Read each layer's residual stream through the final norm and the unembedding"
         )
         row.addWidget(self.lens_button)
-        self.caption = QLabel("")
+        self.caption = QLabel("Press Lens to see each layer's top token at these positions.")
         self.caption.setStyleSheet("color:#555;")
         self.caption.setWordWrap(True)  # (a long line must not widen the tab)
         row.addWidget(self.caption, 1)
@@ -136,7 +136,7 @@ class LensPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().setDefaultSectionSize(18)
         self.table.horizontalHeader().setDefaultSectionSize(64)
-        self.table.setMinimumHeight(110)
+        self.table.setMinimumHeight(90)  # (the header and two rows: the plots above keep their 230 px)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(row)

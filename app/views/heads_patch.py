@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from attnscope.app.flow import FlowLayout
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
 #: where a head is patched: label, :data:`attnscope.core.analysis.head_effects.SITES` key
@@ -210,9 +211,10 @@ class PatchForm(QWidget):
             "(the indirect-object swap: Mary ⇄ John)"
         )
         row.addWidget(self.swap_button)
-        self.controls = row = QHBoxLayout()
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(QLabel("Patch"))
+        # the patching row wraps instead of cutting its combos in a narrow tab; the tab adds its own
+        # units to it (add_unit)
+        controls = QWidget()
+        self.controls = flow = FlowLayout(controls)
         self.site_combo = QComboBox()
         for label, key in SITES:
             self.site_combo.addItem(label, key)
@@ -220,7 +222,6 @@ class PatchForm(QWidget):
             "What is patched per head: its output (and each GQA group's outputs together), its query "
             "projection, or its KV head's keys and values"
         )
-        row.addWidget(self.site_combo)
         self.patch_method_combo = QComboBox()
         for label, key in PATCH_METHODS:
             self.patch_method_combo.addItem(label, key)
@@ -229,15 +230,16 @@ class PatchForm(QWidget):
             "direction, the first-order estimate of every patch. Both: the estimate, the exact sweep, and "
             "how well they agree"
         )
-        row.addWidget(self.patch_method_combo)
         self.patch_button = QPushButton("Patch")
         self.patch_button.setToolTip(
             "Patch every head between the clean and the corrupted prompt: the fraction of the target "
             "difference each restores (denoise) and breaks (noise)"
         )
-        row.addWidget(self.patch_button)
+        flow.add_unit(QLabel("Patch"), self.site_combo)
+        flow.add_unit(self.patch_method_combo)
+        flow.add_unit(self.patch_button)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(3)
         lay.addLayout(first)
-        lay.addLayout(row)
+        lay.addWidget(controls)

@@ -31,11 +31,12 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.figure import token_label
+from attnscope.app.flow import FlowLayout
 from attnscope.core.analysis.aggregate import MODE_LABELS, MODES, PooledMap
 from attnscope.core.attention.masks import hidden_blocks, hidden_cells
 from attnscope.core.io.colormaps import NONFINITE_RGB, RANGE_MODES, SCALES, normalize
 from attnscope.core.tokens import Token
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFontMetrics, QTextOption
 from PySide6.QtWidgets import (
     QComboBox,
@@ -207,6 +208,23 @@ class MaskedBackdrop(pg.QtWidgets.QGraphicsRectItem):
         painter.fillRect(self.rect(), self._hatch)
 
 
+class ReadoutLabel(QLabel):
+    """The hover readout under the map: it wraps where the map is narrow (its one-line hint set the
+    map's minimum width at 457 px, the Why dock beside it left less), yet asks for its one-line width,
+    so a window laid out at its natural size (never shown: tests/app/test_window_screens_gui.py) is as
+    wide as before."""
+
+    def __init__(self):
+        super().__init__()
+        self.setWordWrap(True)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        hint = super().sizeHint()
+        m = self.contentsMargins()
+        one_line = self.fontMetrics().horizontalAdvance(self.text()) + m.left() + m.right() + 2
+        return QSize(max(hint.width(), one_line), hint.height())
+
+
 class HeatmapView(QWidget):
     """Shows a ``(n_query, n_key)`` matrix with token labels; emits ``hovered(text)``.
 
@@ -260,6 +278,11 @@ class HeatmapView(QWidget):
             "Attention: the weights α_ij. Value-weighted: α_ij·‖v_j W_O^h‖ (the size of what key j moves "
             "into head h's output; Kobayashi et al. 2020), row-normalised. Maps up to 1024 tokens."
         )
+        # the options wrap onto a second line (a label stays with its control) where the bar is too
+        # narrow for them, never cutting a combo's text (the Why panel docked beside the map left
+        # "Single he"): tests/app/test_why_dock_layout_gui.py
+        self.options = QWidget()
+        flow = FlowLayout(self.options, spacing=12)
         for label, w in (
             ("Show", self.aggregate_combo),
             ("Weights", self.weighting_combo),
@@ -267,9 +290,8 @@ class HeatmapView(QWidget):
             ("γ", self.gamma_spin),
             ("Range", self.range_combo),
         ):
-            bar.addWidget(QLabel(label))
-            bar.addWidget(w)
-            bar.addSpacing(8)
+            flow.add_unit(QLabel(label), w)
+        bar.addWidget(self.options)
         self.mode_label = QLabel("")
         self.mode_label.setStyleSheet("color:#555;")
         self.mode_label.setSizePolicy(
@@ -279,9 +301,6 @@ class HeatmapView(QWidget):
             combo.setSizeAdjustPolicy(
                 QComboBox.SizeAdjustPolicy.AdjustToContents
             )  # as wide as the longest item, no wider
-            # ...when there is room: an explicit minimum lets a narrow window shrink (elide) the combos
-            # instead of the option bar forcing the whole window wider than asked (1000 px → 1101 px)
-            combo.setMinimumWidth(72)
         bar.addWidget(self.mode_label, 1)
         # takes the bar's spare width only while the note is on its own line (_place_note): the
         # option widgets stay packed at the left, not spread over the bar
@@ -289,6 +308,10 @@ class HeatmapView(QWidget):
 
         # -- plot
         self.glw = pg.GraphicsLayoutWidget()
+        # the map keeps room when the option bar and the readout wrap (a narrow window, the Why dock
+        # beside it): a never-shown window laid out at its natural size exports it whole
+        # (tests/app/test_window_screens_gui.py)
+        self.glw.setMinimumHeight(220)
         self.glw.setBackground("w")
         self.plot = self.glw.addPlot()
         _wrap_title_at_words(self.plot.titleLabel)
@@ -372,7 +395,7 @@ class HeatmapView(QWidget):
         )
         self.colorbar.setImageItem([self.image, self.tile_image], insert_in=self.plot)
         self.mask_legend = self.glw.addLabel("", row=1, col=0, color="#555", size="8pt")
-        self.readout = QLabel()
+        self.readout = ReadoutLabel()
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 POSITIVE = (70, 120, 200)
@@ -82,6 +83,36 @@ class SourceBars(QWidget):
     def total(self) -> float:
         """The sum of the bars shown (the score, up to round-off)."""
         return float(sum(r[1] for r in self.rows))
+
+
+def title_overhangs(plot) -> None:
+    """Let ``plot``'s title (a PlotItem's or PlotWidget's pyqtgraph LabelItem, maybe two lines) overhang
+    its column on the axis side instead of widening the plot: its one-line minimum width made a plot
+    wider than a narrow Why dock, its right side cut (tests/app/test_why_dock_layout_gui.py). The title
+    row is as high as the text (pyqtgraph fixes it at 30 px, one line). Call it again after setTitle."""
+    item = plot.getPlotItem() if hasattr(plot, "getPlotItem") else plot
+    label = item.titleLabel
+
+    def update_min() -> None:  # pyqtgraph's LabelItem.updateMin (each setText and resize), width 0
+        h = label.itemRect().height()
+        label.setMinimumWidth(0)
+        label.setMinimumHeight(h)
+        label._sizeHint = {
+            Qt.SizeHint.MinimumSize: (0, h),
+            Qt.SizeHint.PreferredSize: (0, h),
+            Qt.SizeHint.MaximumSize: (-1, -1),
+            Qt.SizeHint.MinimumDescent: (0, 0),
+        }
+        label.updateGeometry()
+
+    label.updateMin = update_min
+    label.opts["justify"] = "right"  # a title wider than its column overhangs the axis side, not the edge
+    update_min()
+    label.resizeEvent(None)
+    if label.isVisible():
+        h = label.itemRect().height()
+        label.setMaximumHeight(h)
+        item.layout.setRowFixedHeight(0, h)
 
 
 def draw_hbars(plot, old, rows) -> tuple[pg.BarGraphItem, np.ndarray]:

@@ -33,8 +33,8 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app import jobs
 from attnscope.app.engine import Request
-from attnscope.app.views.source_bars import draw_hbars
-from PySide6.QtCore import Qt
+from attnscope.app.views.source_bars import draw_hbars, title_overhangs
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -55,6 +55,11 @@ FAST_BRUSH = (230, 126, 34)  # bands shorter than the positional cut (orange)
 SLOW_BRUSH = (52, 101, 164)  # the slower ones (blue)
 FLAT_BRUSH = (150, 150, 150)  # dimensions the rotation leaves alone
 SETTINGS_KEY = "why"
+#: the dock's width when it opens: DOCK_SHARE of the window's, at least DOCK_OPEN_WIDTH px where the
+#: window has room, at most DOCK_MAX_SHARE of it (a 504 px dock left the tabs of a 1400 px window too
+#: narrow for the heatmap's and the heads tab's controls: tests/app/test_why_dock_layout_gui.py); it is
+#: never narrower than DOCK_MIN_WIDTH (a 1000 px window squeezed it to 111 px, its text cut)
+DOCK_SHARE, DOCK_MAX_SHARE, DOCK_OPEN_WIDTH, DOCK_MIN_WIDTH = 0.3, 0.45, 320, 250
 HINT = "Click a cell of the heatmap to see why this head gives it its score."
 
 
@@ -72,6 +77,10 @@ def bar_rows(split, short_tokens: float = 64.0) -> list[tuple[str, float, tuple]
 
 class BandBars(pg.PlotWidget):
     """Horizontal bars of one band split, band names on the left axis, a zero line."""
+
+    def setTitle(self, *args, **kw) -> None:  # noqa: N802 (pyqtgraph's name)
+        self.getPlotItem().setTitle(*args, **kw)
+        title_overhangs(self)
 
     def __init__(self, title: str, parent=None):
         super().__init__(parent, background="w")
@@ -95,6 +104,15 @@ class BandBars(pg.PlotWidget):
         self.setXRange(-lim * 1.05 if (parts < 0).any() else 0.0, lim * 1.05 if (parts > 0).any() else 0.0)
         self.setYRange(-0.6, len(rows) - 0.4, padding=0)
         self.setTitle(title or self.plot_title, color="#222", size="9pt")
+
+    def clear_split(self) -> None:
+        """No bars (the panel explains no cell)."""
+        if self.bars is not None:
+            self.removeItem(self.bars)
+            self.bars = None
+        self.rows = []
+        self.getAxis("left").setTicks([[]])
+        self.setTitle(self.plot_title, color="#222", size="9pt")
 
     def total(self) -> float:
         """The sum of the bars shown (the split's total)."""
@@ -126,12 +144,14 @@ class WhyPanel(QWidget):
             "every 64 tokens: near 1 the head looks by position (previous-token, local), near 0 by content "
             "(induction)"
         )
-        self.cell_bars = BandBars("This cell: score by rotary band")
-        self.row_bars = BandBars("This row: Σ weight × score, by band")
+        self.cell_bars = BandBars("This cell: score<br>by rotary band")
+        self.row_bars = BandBars("This row: Σ weight × score,<br>by band")
         self.rows_plot = pg.PlotWidget(background="w")
         self.rows_plot.setMenuEnabled(False)
         self.rows_plot.setMinimumHeight(130)
-        self.rows_plot.setTitle("Row weights: actual vs rotation removed", color="#222", size="9pt")
+        # two-line titles: one line set the plot's minimum width past a 260 px dock (its right side cut)
+        self.rows_plot.setTitle("Row weights:<br>actual vs rotation removed", color="#222", size="9pt")
+        title_overhangs(self.rows_plot)
         self.rows_plot.addLegend(
             offset=(45, 5), labelTextSize="8pt", labelTextColor="#222", brush=pg.mkBrush(255, 255, 255, 220)
         )
@@ -179,7 +199,9 @@ class WhyPanel(QWidget):
         lay.addWidget(self.rows_plot, 2)
         lay.addWidget(self.sources_box)
         lay.addWidget(self.note)
-        self.setMinimumWidth(340)
+        lay.addStretch(0)  # (no cell explained, the plots hidden: the hint stays at the top)
+        self.setMinimumWidth(DOCK_MIN_WIDTH - 20)  # (the scroll area's vertical bar takes the rest)
+        self._show_plots(False)  # until a cell is explained: the hint alone, no empty axes
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         esc.activated.connect(self.cancel)
 
@@ -200,7 +222,13 @@ class WhyPanel(QWidget):
         self.request()
 
     def request(self) -> None:
-        if self.cell is None or not self.state.has_sequence:
+        if self.cell is None:  # no cell (a reopened session without one): nothing of an old one stays
+            if self.explanation is not None or self.shown_for is not None:
+                self.engine.cancel_token("why")
+                self.engine.cancel_token("why-sources")
+            self.clear(HINT)
+            return
+        if not self.state.has_sequence:
             return
         q, k = self.cell
         if not (0 <= q < self.state.visible_len and 0 <= k < self.state.visible_len):
@@ -253,6 +281,14 @@ class WhyPanel(QWidget):
         if self.state.settings.get(SETTINGS_KEY) != entry:
             self.state.set_tab_settings(SETTINGS_KEY, entry)
 
+    def forget_cell(self) -> None:
+        """Drop the clicked cell and what the panel shows for it (File → Open session, before the
+        session's own view, with its cell if it has one, is restored): a reopened session never shows
+        the cell of the run it replaced."""
+        self.cell = None
+        self._save()
+        self.request()
+
     def _on_settings(self, settings) -> None:
         """A reopened session's panel: its cell and visibility."""
         entry = (settings or {}).get(SETTINGS_KEY)
@@ -277,12 +313,24 @@ class WhyPanel(QWidget):
 
     # -- drawing ----------------------------------------------------------------------------------
     def clear(self, text: str = HINT) -> None:
+        """No explanation: ``text`` in the header, empty bars, rows and by-source box."""
         self.explanation, self.share, self.shown_for = None, None, None
         self.provenance, self.sources_split = {}, None
         self.export_button.setEnabled(False)
         self.header.setText(text)
         self.score_label.setText("")
         self.summary.setText("")
+        for bars in (self.cell_bars, self.row_bars):
+            bars.clear_split()
+        self.actual_curve.setData([], [])
+        self.norope_curve.setData([], [])
+        self.sources_box.hide()
+        self._show_plots(False)
+
+    def _show_plots(self, on: bool) -> None:
+        """The bars, the row plot and the note (hidden while no cell is explained)."""
+        for w in (self.cell_bars, self.row_bars, self.rows_plot, self.note):
+            w.setVisible(on)
 
     def show_explanation(self, result) -> None:
         """Show an ``explain_job`` result ``(cell, Explanation, share[, provenance])`` (GUI thread)."""
@@ -291,6 +339,7 @@ class WhyPanel(QWidget):
         self.provenance = dict(result[3]) if len(result) > 3 else {}
         self.sources_split = None
         self.export_button.setEnabled(True)
+        self._show_plots(True)
         snap = self.state.snapshot
         toks = list(snap.tokens) if snap is not None else []
 
@@ -307,9 +356,9 @@ class WhyPanel(QWidget):
             self.summary.setText("positional ↔ content: —")
         else:
             self.summary.setText(f"positional ↔ content: {share:.2f} positional")
-        self.cell_bars.show_split(e.bands, f"This cell: score {e.score:+.3f} by rotary band")
+        self.cell_bars.show_split(e.bands, f"This cell: score {e.score:+.3f}<br>by rotary band")
         self.row_bars.show_split(
-            e.row_bands, f"This row: Σ weight × score = {e.row_bands.total:+.3f}, by band"
+            e.row_bands, f"This row: Σ weight × score<br>= {e.row_bands.total:+.3f}, by band"
         )
         x = np.arange(len(e.row))
         self.actual_curve.setData(x, e.row)
@@ -439,6 +488,23 @@ def _wire_grid_shares(window) -> None:
     st.events.snapshot.connect(ask)
 
 
+def dock_width(window_width: int) -> int:
+    """The Why dock's width in px when it opens beside a ``window_width`` px window (:data:`DOCK_SHARE`)."""
+    share = max(DOCK_OPEN_WIDTH, DOCK_SHARE * window_width)
+    return int(min(share, max(DOCK_MIN_WIDTH, DOCK_MAX_SHARE * window_width)))
+
+
+def _fit_dock(window, dock: QDockWidget) -> None:
+    """Give the dock its opening width (:func:`dock_width`) when it sits beside the tabs."""
+    if dock.isFloating() or not dock.isVisible():
+        return
+    if window.dockWidgetArea(dock) in (
+        Qt.DockWidgetArea.LeftDockWidgetArea,
+        Qt.DockWidgetArea.RightDockWidgetArea,
+    ):
+        window.resizeDocks([dock], [dock_width(window.width())], Qt.Orientation.Horizontal)
+
+
 def install(window) -> WhyPanel:
     """Put the Why panel in a dock on the window's right (hidden until a heatmap cell is clicked, or
     View → Why this score), and wire the heatmap's cell clicks to it."""
@@ -452,12 +518,17 @@ def install(window) -> WhyPanel:
     scroll.setFrameShape(QFrame.Shape.NoFrame)
     scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     scroll.setWidget(panel)
+    scroll.setMinimumWidth(DOCK_MIN_WIDTH)  # the panel whole, never squeezed under its own minimum
     dock.setWidget(scroll)
     area = Qt.DockWidgetArea
     dock.setAllowedAreas(area.RightDockWidgetArea | area.LeftDockWidgetArea | area.BottomDockWidgetArea)
     window.addDockWidget(area.RightDockWidgetArea, dock)
     dock.hide()
     dock.visibilityChanged.connect(lambda _v: panel._save() if window.isVisible() else None)
+    # opened (a click, View → Why this score, a session): its share of the window, once it is laid out
+    dock.visibilityChanged.connect(
+        lambda v: QTimer.singleShot(0, lambda: _fit_dock(window, dock)) if v else None
+    )
     window.why_panel, window.why_dock = panel, dock
 
     def on_cell(row: int, col: int) -> None:

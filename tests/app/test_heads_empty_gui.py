@@ -1,0 +1,83 @@
+"""The "Which heads matter" tab's plots before and after a sweep (pytest-qt, offscreen, a tiny random
+llama): before the first Run each plot (effect grid, KV-head columns, direct logit attribution bars)
+shows a centred line saying what fills it, not empty 0..1 axes; after Run the axes come back and the
+placeholders go; the bars' legend (attention, MLP) lies outside the bars' view box, so it covers no bar."""
+
+from __future__ import annotations
+
+import pytest
+from gui_helpers import run_in
+from tiny_models import save_tiny
+
+PROMPT = "The cat sat on the mat. The dog sat on the log."
+
+
+def _settle(win) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    for _ in range(5):
+        QApplication.processEvents()
+
+
+def _legend_text(legend) -> str:
+    """What the bars' legend says: a LabelItem's text, or a LegendItem's labels."""
+    if hasattr(legend, "items"):
+        return " ".join(label.text for _sample, label in legend.items)
+    return getattr(legend, "text", "")
+
+
+@pytest.fixture()
+def win(make_window, tmp_path, monkeypatch):
+    """The window after Run of :data:`PROMPT`, on the heads tab (no sweep yet)."""
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    w = make_window(model=tmp_path / "m")
+    run_in(w, PROMPT)
+    w.show_view("heads")
+    _settle(w)
+    return w
+
+
+def _sweep(win):
+    view = win.views["heads"]
+    view.run()
+    assert win.engine.wait_idle(120) and win.last_error is None and view.result is not None
+    _settle(win)
+    return view
+
+
+def test_plots_show_a_placeholder_until_the_sweep(win, tmp_path):
+    view = win.views["heads"]
+    plots = view.plots
+    named = {"grid": plots.grid, "kv": plots.kv, "bars": plots.bars}
+    for name, plot in named.items():  # before any sweep: no axes, a line instead
+        shown = [a for a in ("left", "bottom", "top") if plot.getAxis(a).isVisible()]
+        assert shown == [], (name, shown)
+        ph = getattr(plots, "placeholders", {}).get(plot)
+        assert ph is not None and ph.isVisible() and "Run" in ph.toPlainText(), name
+        # centred on its plot's view box, and whole inside it
+        vb = plot.vb.sceneBoundingRect()
+        box = ph.sceneBoundingRect()
+        assert vb.contains(box), (name, vb, box)
+        assert abs(box.center().x() - vb.center().x()) < 2, (name, box, vb)
+    assert not plots.colour_bar.isVisible()
+    win.grab().save(str(tmp_path / "heads_empty.png"))
+
+    _sweep(win)
+    for name, plot in named.items():
+        assert plot.getAxis("bottom").isVisible() and plot.getAxis("left").isVisible(), name
+        assert not plots.placeholders[plot].isVisible(), name
+    assert plots.grid.getAxis("top").isVisible() and plots.colour_bar.isVisible()
+
+
+def test_the_bars_legend_covers_no_bar(win, tmp_path):
+    plots = _sweep(win).plots
+    win.grab().save(str(tmp_path / "heads_swept.png"))
+    # the legend names both colours and sits above the bars, outside their view box
+    legend = plots.legend
+    text = _legend_text(legend)
+    assert "attention" in text and "MLP" in text, text
+    assert legend.isVisible()
+    vb = plots.bars.vb.sceneBoundingRect()
+    assert not legend.sceneBoundingRect().intersects(vb), (legend.sceneBoundingRect(), vb)
+    assert legend.sceneBoundingRect().bottom() <= vb.top() + 0.5
