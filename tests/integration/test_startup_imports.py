@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 from attnscope.core.loading import gguf_meta
-from attnscope.core.loading.lean_import import deferrable_block
+from attnscope.core.loading.lean_import import deferrable_block, registering_block
 
 #: imported only when used: the quantiser library, the device-map library, the remote stack, sympy
 NOT_AT_START = ("torchao", "accelerate", "ray", "sympy")
@@ -171,6 +171,35 @@ def test_deferrable_block_takes_only_import_only_ifs():
     assert deferrable_block(tree, 8, "is_x_available") is None  # a module, not a name
     assert deferrable_block(tree, 10, "is_x_available") is None  # another check
     assert deferrable_block(tree, 3, "is_x_available") is None  # not the test's line
+
+
+def test_registering_block_takes_only_one_registrys_register_calls():
+    src = """
+        if is_d_available():
+            STYLES.register("a", Col(layout=Shard(-1)))
+            STYLES.register("b", Row())
+        if is_d_available():
+            STYLES.register("c", Col())
+            OTHER.register("d", Row())
+        if is_d_available():
+            STYLES.register("e", Col())
+            x = 1
+        if is_d_available():
+            STYLES.register("f", Col())
+        else:
+            pass
+    """
+    tree = _tree(src)
+    registry, source, line = registering_block(tree, 2, "is_d_available")
+    assert (registry, line) == ("STYLES", 3)
+    assert source.splitlines() == [
+        "STYLES.register('a', Col(layout=Shard(-1)))",
+        "STYLES.register('b', Row())",
+    ]
+    assert registering_block(tree, 5, "is_d_available") is None  # two registries
+    assert registering_block(tree, 8, "is_d_available") is None  # something else too
+    assert registering_block(tree, 11, "is_d_available") is None  # an else branch
+    assert registering_block(tree, 2, "is_x_available") is None  # another check
 
 
 BLOCKS = """
