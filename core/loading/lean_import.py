@@ -50,7 +50,8 @@ changes these things of that import, none of what transformers does when a featu
   answered by ``builtins.__import__`` to the named callers only (:func:`_lean_import`).
 
 The default model loaded this way has the weights and logits of a plain transformers load, bit for
-bit (tests/integration/test_startup_imports.py). A transformers already imported is left as it is (:func:`prepare` returns False).
+bit (tests/integration/test_startup_imports.py). A transformers already imported is left as it is
+(:func:`prepare` returns False).
 """
 
 from __future__ import annotations
