@@ -723,8 +723,11 @@ class _LazyName(type):
         return cls.resolve()(*args, **kwargs)
 
     def __getattr__(cls, name: str):
-        if name.startswith("__") and name != "__match_args__":
+        # __wrapped__: inspect.signature (and unwrap) see the real object; __match_args__: ``case Shard(d)``
+        if name.startswith("__") and name not in ("__match_args__", "__wrapped__"):
             raise AttributeError(name)
+        if name == "__wrapped__":
+            return cls.resolve()
         return getattr(cls.resolve(), name)
 
     def __instancecheck__(cls, obj) -> bool:

@@ -454,6 +454,10 @@ assert repr(stand_in) == "<deferred torch.distributed.tensor.DTensor>"
 assert tensor_parallel.DTensor is stand_in  # one stand-in per name
 assert not isinstance(torch.zeros(2), stand_in) and not is_dtensor(torch.zeros(2))
 assert "torch.distributed.tensor" not in sys.modules
+import inspect
+shard_signature = inspect.signature(fsdp.fully_shard)  # torch's own (imported for it)
+from torch.distributed._composable.fsdp import fully_shard
+assert shard_signature == inspect.signature(fully_shard) and fsdp.fully_shard is fully_shard
 # the registry is used: the registrations run (with torch's placements, imported now)
 styles = {k: type(ALL_PARALLEL_STYLES[k]).__name__ for k in ALL_PARALLEL_STYLES}
 import torch.distributed as dist
