@@ -59,7 +59,7 @@ def load_torch(
     from attnscope.core.loading.device_map import check_device_map
     from attnscope.core.loading.device_map import info_fields as dm_record
     from attnscope.core.loading.device_map import load_kwargs as dm_kwargs
-    from attnscope.core.loading.lean_import import compiler_deferred
+    from attnscope.core.loading.lean_import import build_deferred
     from attnscope.core.loading.precision import decide
     from attnscope.core.loading.quantize import check_mode, file_quantization, load_dtype, quantize_model
     from attnscope.core.loading.stream_load import load_quantised
@@ -78,9 +78,10 @@ def load_torch(
     register_attention()
     progress(f"Loading {name}…", 0.96)
     streamed = None
-    # the model is built on the meta device, whose torch references ask dynamo to leave them alone:
-    # that need not import torch's compiler (core/loading/lean_import.py, "torch's compiler when used")
-    deferred = compiler_deferred().__enter__()
+    # the model is built on the meta device, whose torch references ask dynamo to leave them alone
+    # and check their arguments against sympy's expressions: that need not import torch's compiler
+    # nor sympy (core/loading/lean_import.py, "torch's compiler when used", "sympy when used")
+    deferred = build_deferred().__enter__()
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         full_config = AutoConfig.from_pretrained(folder)

@@ -14,12 +14,19 @@ import textwrap
 import numpy as np
 import pytest
 from attnscope.core.loading import gguf_meta
-from attnscope.core.loading.lean_import import deferrable_block
+from attnscope.core.loading.lean_import import deferrable_block, registering_block
 
-#: imported only when used: the quantiser library, the device-map library, the remote stack
-NOT_AT_START = ("torchao", "accelerate", "ray")
+#: imported only when used: the quantiser library, the device-map library, the remote stack, sympy
+NOT_AT_START = ("torchao", "accelerate", "ray", "sympy")
 #: torch's compiler (dynamo and inductor): imported only when something compiles
 COMPILER = ("torch._dynamo", "torch._inductor")
+#: torch's distributed tensors, FSDP and symbolic shapes: imported only when used
+TORCH_LATER = (
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "torch.distributed._composable.fsdp",
+    "torch.fx.experimental.symbolic_shapes",
+)
 REMOTE = (
     "attnscope.core.remote.client",
     "attnscope.core.remote.server",
@@ -71,6 +78,7 @@ def test_window_start_up_loads_the_model_without_the_heavy_stack(tmp_path):
     loaded = sorted(m for m in modules if m.split(".")[0] in NOT_AT_START or m in REMOTE)
     assert loaded == []
     assert sorted(m for m in modules if m.startswith(COMPILER)) == []
+    assert sorted(m for m in modules if m.startswith(TORCH_LATER)) == []
     # the embedded model is a GGUF: its checks, precision and quantisation share one parse
     assert len(report["parses"]) == 1, report["parses"]
     assert report["parses"][0].endswith(".gguf")
@@ -163,6 +171,35 @@ def test_deferrable_block_takes_only_import_only_ifs():
     assert deferrable_block(tree, 8, "is_x_available") is None  # a module, not a name
     assert deferrable_block(tree, 10, "is_x_available") is None  # another check
     assert deferrable_block(tree, 3, "is_x_available") is None  # not the test's line
+
+
+def test_registering_block_takes_only_one_registrys_register_calls():
+    src = """
+        if is_d_available():
+            STYLES.register("a", Col(layout=Shard(-1)))
+            STYLES.register("b", Row())
+        if is_d_available():
+            STYLES.register("c", Col())
+            OTHER.register("d", Row())
+        if is_d_available():
+            STYLES.register("e", Col())
+            x = 1
+        if is_d_available():
+            STYLES.register("f", Col())
+        else:
+            pass
+    """
+    tree = _tree(src)
+    registry, source, line = registering_block(tree, 2, "is_d_available")
+    assert (registry, line) == ("STYLES", 3)
+    assert source.splitlines() == [
+        "STYLES.register('a', Col(layout=Shard(-1)))",
+        "STYLES.register('b', Row())",
+    ]
+    assert registering_block(tree, 5, "is_d_available") is None  # two registries
+    assert registering_block(tree, 8, "is_d_available") is None  # something else too
+    assert registering_block(tree, 11, "is_d_available") is None  # an else branch
+    assert registering_block(tree, 2, "is_x_available") is None  # another check
 
 
 BLOCKS = """
@@ -258,7 +295,7 @@ LlamaForCausalLM(cfg).save_pretrained(sys.argv[1])  # (saving imports dynamo: it
 
 COMPILER_LATER = """
 import sys
-from attnscope.core.loading.lean_import import compiler_deferred, prepare
+from attnscope.core.loading.lean_import import build_deferred, compiler_deferred, prepare
 assert prepare()
 import torch
 from transformers import AutoModelForCausalLM
@@ -268,13 +305,15 @@ from transformers.generation.continuous_batching import cache as cb_cache
 if True:
     d = sys.argv[1]
     assert "torch._dynamo" not in sys.modules, "imported by transformers' import"
-    with compiler_deferred():  # as load_torch builds the model (on the meta device)
+    with build_deferred():  # as load_torch builds the model (on the meta device)
         lean = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     assert "torch._dynamo" not in sys.modules, "imported by the meta-device build"
+    assert "sympy" not in sys.modules, "imported by the meta-device build"
     ids = torch.tensor([[1, 5, 9, 3, 7]])
     with torch.no_grad():
         lean_logits = lean(ids).logits
     assert "torch._dynamo" not in sys.modules, "imported by a forward"
+    assert "sympy" not in sys.modules and "torch.distributed.tensor" not in sys.modules
     assert deepgemm.is_sm100._dynamo_marked_constant  # assume_constant_result, as torch sets it
     with compiler_deferred():  # a disable asked for before dynamo is imported
         def double(x):
@@ -347,3 +386,159 @@ print("within ok")
 
 def test_a_module_of_dynamo_imported_within_the_stand_ins_is_the_real_one():
     assert "within ok" in _run(DYNAMO_WITHIN).stdout
+
+
+LEAN_DEFAULT = """
+import sys, torch
+from attnscope.core.loading.lean_import import prepare
+assert prepare()
+from attnscope.core.backends.torch_load import load_torch
+torch.manual_seed(0)  # the RNG state after the load is compared too (the plain load seeds alike)
+m, tok, info = load_torch(None)
+later = [n for n in ("sympy", "torch.distributed.tensor", "torch.fx.experimental.symbolic_shapes") if n in sys.modules]
+ids = torch.tensor([tok("The capital of France is")["input_ids"]])
+with torch.no_grad():
+    logits = m(ids).logits
+torch.save({"sd": m.state_dict(), "logits": logits, "ids": ids, "folder": m.config._name_or_path,
+            "dtype": info.dtype, "rng": torch.get_rng_state(), "later": later}, sys.argv[1])
+"""
+
+PLAIN_DEFAULT = """
+import sys, torch
+from attnscope.core.backends.hf_attention import ATTN_NAME, register_attention
+from transformers import AutoModelForCausalLM
+lean = torch.load(sys.argv[1])
+register_attention()
+torch.manual_seed(0)
+m = AutoModelForCausalLM.from_pretrained(lean["folder"], dtype=getattr(torch, lean["dtype"]),
+                                         attn_implementation=ATTN_NAME).eval()
+assert "torch.distributed.tensor" in sys.modules  # transformers' own import: the plain path
+with torch.no_grad():
+    logits = m(lean["ids"]).logits
+sd = m.state_dict()
+assert sd.keys() == lean["sd"].keys()
+different = [k for k in sd if sd[k].dtype != lean["sd"][k].dtype or not torch.equal(sd[k], lean["sd"][k])]
+print("PLAIN", {"later": lean["later"], "different": different, "n": len(sd),
+                "logits_equal": torch.equal(logits, lean["logits"]),
+                "rng_equal": torch.equal(torch.get_rng_state(), lean["rng"])})
+"""
+
+
+@pytest.mark.slow
+def test_default_model_loaded_lean_equals_a_plain_transformers_load(tmp_path):
+    """The default model loaded as the window loads it (torch's distributed tensors, symbolic shapes,
+    sympy, compiler and torchao not imported) has the weights, logits and RNG state of a plain
+    transformers load of the same folder (one that imports them all), bit for bit."""
+    out = tmp_path / "lean.pt"
+    _run(LEAN_DEFAULT, args=[str(out)])
+    line = next(
+        ln for ln in _run(PLAIN_DEFAULT, args=[str(out)]).stdout.splitlines() if ln.startswith("PLAIN ")
+    )
+    report = ast.literal_eval(line[6:])
+    assert report["later"] == []  # none of them imported by the lean load
+    assert report["n"] > 0 and report["different"] == []
+    assert report["logits_equal"] and report["rng_equal"]
+
+
+DISTRIBUTED_LATER = """
+import sys, torch
+from attnscope.core.loading.lean_import import prepare
+assert prepare()
+import transformers.modeling_utils
+from transformers.distributed import fsdp, sharding_utils, tensor_parallel
+from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+from transformers.distributed.utils import is_dtensor
+assert "torch.distributed.tensor" not in sys.modules and "torch.distributed.fsdp" not in sys.modules
+stand_in = sharding_utils.DTensor
+assert repr(stand_in) == "<deferred torch.distributed.tensor.DTensor>"
+assert tensor_parallel.DTensor is stand_in  # one stand-in per name
+assert not isinstance(torch.zeros(2), stand_in) and not is_dtensor(torch.zeros(2))
+assert "torch.distributed.tensor" not in sys.modules
+import inspect
+shard_signature = inspect.signature(fsdp.fully_shard)  # torch's own (imported for it)
+from torch.distributed._composable.fsdp import fully_shard
+assert shard_signature == inspect.signature(fully_shard) and fsdp.fully_shard is fully_shard
+# the registry is used: the registrations run (with torch's placements, imported now)
+styles = {k: type(ALL_PARALLEL_STYLES[k]).__name__ for k in ALL_PARALLEL_STYLES}
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
+assert type(ALL_PARALLEL_STYLES["colwise"].output_layouts) is Shard
+assert ALL_PARALLEL_STYLES["grouped_gemm"].placement == Shard(0)
+# the stand-ins bound in transformers' modules are torch's own now
+assert sharding_utils.DTensor is DTensor and tensor_parallel.Replicate is Replicate
+assert fsdp.MixedPrecisionPolicy is MixedPrecisionPolicy
+assert sharding_utils._local_shard_size_and_offset(8, 2, 1) == (4, 4)
+# a real DTensor (one process): the checks that saw none before see it now
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+mesh = torch.distributed.device_mesh.DeviceMesh("cpu", [0])
+dt = DTensor.from_local(torch.ones(4), mesh, [Replicate()])
+assert is_dtensor(dt) and isinstance(dt, stand_in) and issubclass(type(dt), stand_in)
+assert not is_dtensor(torch.ones(4))
+dist.destroy_process_group()
+print("STYLES", sorted(styles.items()))
+"""
+
+PLAIN_STYLES = """
+from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+import transformers.modeling_utils
+print("STYLES", sorted((k, type(ALL_PARALLEL_STYLES[k]).__name__) for k in ALL_PARALLEL_STYLES))
+"""
+
+
+def test_torchs_distributed_tensors_are_imported_when_used():
+    """transformers' module-level imports of torch's distributed tensors and FSDP are stand-ins that
+    see no DTensor before torch's module is imported, become torch's own names when it is, and the
+    parallel styles transformers registers are all there (with torch's placements) once the registry
+    is used."""
+    lean = _run(DISTRIBUTED_LATER).stdout.splitlines()
+    plain = _run(PLAIN_STYLES).stdout.splitlines()
+    lean_styles = next(ln for ln in lean if ln.startswith("STYLES "))
+    plain_styles = next(ln for ln in plain if ln.startswith("STYLES "))
+    assert lean_styles == plain_styles and "'colwise'" in lean_styles
+
+
+SYMBOLIC = """
+import builtins, sys, torch
+from attnscope.core.loading import lean_import
+python_import = builtins.__import__
+with lean_import.build_deferred():
+    as_torch = {"__name__": "torch._prims_common"}  # a caller that gets the stand-ins
+    exec("import sympy; from torch.fx.experimental.symbolic_shapes import guard_or_false", as_torch)
+    assert "sympy" not in sys.modules and as_torch["guard_or_false"] is lean_import.SYMBOLIC_SHAPES_NAMES["guard_or_false"]
+    assert not isinstance(1, as_torch["sympy"].Basic) and "sympy" not in sys.modules
+    import torch.utils._sympy.functions as fns  # any other module: sympy itself
+    assert fns.sympy is sys.modules["sympy"] and type(fns.sympy) is type(sys)
+    exec("import sympy as again", as_torch)  # imported now: sympy itself for everyone
+    assert as_torch["again"] is sys.modules["sympy"]
+    assert isinstance(fns.sympy.Integer(2), as_torch["sympy"].Basic)  # the stand-in asks sympy's own now
+assert builtins.__import__ is python_import  # Python's own again
+import torch.fx.experimental.symbolic_shapes as real
+cases = {
+    "expect_true": [(True,), (False,), (1,)],
+    "guard_or_false": [(True,), (False,), (0,)],
+    "guard_or_true": [(True,), (False,)],
+    "statically_known_true": [(True,), (False,), (2,)],
+    "is_nested_int": [(3,), (2.5,)],
+    "sym_eq": [((1, 2), (1, 2)), ((1, 2), (1, 3)), ([1, 2], (1, 2, 3)), (torch.Size([2, 3]), (2, 3)), (1, 1), (1.0, 1.0)],
+    "sym_and": [(True,), (True, False), (True, True, True)],
+    "sym_or": [(False,), (False, True), (False, False)],
+}
+def answer(f, args):
+    try:
+        return f(*args)
+    except Exception as e:
+        return type(e).__name__
+for name, calls in cases.items():
+    for args in calls:
+        mine, theirs = answer(lean_import.SYMBOLIC_SHAPES_NAMES[name], args), answer(getattr(real, name), args)
+        assert mine == theirs and type(mine) is type(theirs), (name, args, mine, theirs)
+print("symbolic ok")
+"""
+
+
+def test_symbolic_shape_stand_ins_answer_as_torch_does():
+    """What building on the meta device asks torch's symbolic shapes, answered for plain values
+    without importing them, is what torch's own functions answer (errors included); a module that
+    imports sympy itself within the stand-ins gets sympy."""
+    assert "symbolic ok" in _run(SYMBOLIC).stdout
