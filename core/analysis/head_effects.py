@@ -1711,7 +1711,10 @@ def _grad_run(
     (src − activation) · ∂target/∂activation, per head of the projection (float64)}, the activations'
     ``rows`` (float32, ``keep`` only, else None))``. ``src(key, layer)``: that activation's ``rows``
     ``(R, width)`` in the other run, asked for once, as its gradient arrives (a dict of
-    :func:`_capture_sites` popped, or :meth:`_TraceOutputs.rows`).
+    :func:`_capture_after` popped, or :meth:`_TraceOutputs.rows`). ``first``: the run covers positions
+    ``first..`` of ``ids`` only, the positions before read from the session backend ``sb``'s KV cache
+    (:func:`_shared_prefix`: both runs share them, so their activations' differences are 0); the
+    activations' rows are those positions'.
 
     Gradients flow into the activations only (no weight gradients are formed), and each activation's
     product is taken by a hook on it as its gradient arrives: no activation or gradient of the whole
@@ -1844,8 +1847,12 @@ def attribution_patching(
     (tests/core/test_head_effects.py: the last layer of a model whose last MLP and final norm are linear);
     elsewhere :meth:`PatchResult.agreement` against :func:`patch_heads` says how close it is.
 
-    ``directions``: ``("denoise",)`` runs one forward with gradients, one backward and one plain forward of
-    the clean prompt (its activations); the default runs both directions (two of each with gradients).
+    ``directions``: ``("denoise",)`` runs one forward with gradients and one backward on the corrupted
+    prompt; the clean run's activations (``site="output"``) are rebuilt from the session's Trace and KV
+    cache (:class:`_TraceOutputs`: each layer's attention alone), else one plain forward of the clean prompt
+    gives them. The default runs both directions (two forwards with gradients). Every run starts at the
+    first position where the prompts differ (:func:`_shared_prefix`), the positions before it read from the
+    session's KV cache.
 
     Raises:
         as :func:`patch_heads`; BadArgument: an unknown direction.
