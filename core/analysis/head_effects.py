@@ -1491,6 +1491,200 @@ def patch_heads(
 
 
 # -- attribution patching ------------------------------------------------------------------------------------
+class _TraceOutputs:
+    """The clean prompt's head outputs (every layer's output-projection input ``z``) rebuilt from the
+    session's own prefill instead of one more forward: its Trace keeps each layer's post-RoPE query rows
+    and the KV cache its keys and values, so ``z`` of layer ``l`` is that layer's attention alone,
+    ``softmax(q Kᵀ·scale + mask) V`` per head (window, soft-cap and learned sinks as the layer recorded them;
+    :class:`_PlainAttend`), computed when a layer's product needs it (:meth:`rows`).
+
+    :meth:`open` checks the formula against the model itself before it is used: one decode step of the
+    read-out token over a view of the session's cache (:func:`_prefix_view`, nothing written) gives every
+    layer's ``z`` at the read-out position and the clean logits there; each layer's rebuilt row must match
+    (:func:`_close`), else None and the caller runs the plain forward (a family whose output projection
+    reads more than the attention, a hybrid or MLA cache, a length-dependent RoPE, a prefix the session
+    no longer holds)."""
+
+    def __init__(self, sb, p: int, logits: np.ndarray):
+        self.sb, self.p, self.logits = sb, p, logits
+
+    @classmethod
+    def open(cls, session: Session, be, parts: _Parts, ids: Sequence[int]) -> _TraceOutputs | None:
+        import torch
+
+        sb = session.backend
+        p = len(ids) - 1
+        trace = getattr(sb, "trace", None)
+        rope = getattr(sb, "rope", None)
+        if (
+            p < 1
+            or not _holds_prefix(sb, ids)
+            or getattr(sb, "seq_len", 0) < p + 1
+            or list(getattr(sb, "_ids", [])[: p + 1]) != list(ids)
+            or getattr(session.info, "kv_latent_dim", 0)
+            or (rope is not None and rope.active)
+            or trace is None
+            or not hasattr(trace, "layers")
+        ):
+            return None
+        layers = sb._cache_layers()
+        for i, proj in enumerate(parts.out_proj):
+            if proj is None:
+                continue
+            rec = trace.layers[i] if i < len(trace.layers) else None
+            cl = layers[i] if i < len(layers) else None
+            keys, values = getattr(cl, "keys", None), getattr(cl, "values", None)
+            if (
+                rec is None
+                or rec.store is None
+                or rec.n_rows() < p + 1
+                or keys is None
+                or values is None
+                or keys.shape[-2] < p + 1
+                or values.shape[-2] < p + 1
+            ):
+                return None
+        got: dict = {}
+
+        def keep(i):
+            def hook(_m, args):
+                got[i] = args[0][0, -1].detach()
+
+            return hook
+
+        hooks = [(m, keep(i), "pre") for i, m in enumerate(parts.out_proj) if m is not None]
+        x = torch.tensor([[int(ids[p])]], device=be.device)
+        kw = {be._cache_kw: _prefix_view(sb, p), "use_cache": True, "logits_to_keep": 1}
+        with torch.inference_mode(), _apply(hooks), _rope_at(be, p + 1):
+            logits = be.model(input_ids=x, **kw).logits[0, -1].float().cpu().numpy()
+        out = cls(sb, p, logits)
+        with torch.inference_mode():
+            for i, z in got.items():
+                mine = out.rows(i, p, slice(None))[0]
+                if mine.shape != z.shape or not _close(mine.float().cpu().numpy(), z.float().cpu().numpy()):
+                    return None
+        return out
+
+    def rows(self, layer: int, first: int, rows: slice):
+        """``(R, n_heads·D)`` in the model's dtype: layer ``layer``'s ``z`` at ``rows`` of the positions
+        ``first..p`` (``slice(None)`` all of them, ``slice(-1, None)`` the read-out position)."""
+        rec = self.sb.trace.layers[layer]
+        cl = self.sb._cache_layers()[layer]
+        n = self.p + 1
+        lo = range(first, n)[rows].start if rows.start is not None else first
+        q = rec.q()[None, :, lo:n]  # (1, n_heads, R, D)
+        k, v = cl.keys[..., :n, :], cl.values[..., :n, :]
+        out, _ = _PlainAttend().attend(
+            None, q, k, v, rec.scale, rec.sliding_window, softcap=rec.softcap, sinks=rec.sinks
+        )  # (1, n_heads, R, Dv)
+        return out[0].transpose(0, 1).reshape(out.shape[2], -1)
+
+
+def _shared_prefix(session: Session, clean: Sequence[int], bad: Sequence[int]) -> int:
+    """How many leading positions the two runs share and the session's KV cache holds (their keys and
+    values read from there, :func:`_prefix_view`); 0 where the cache cannot serve them (a hybrid model's
+    recurrent states, an MLA cache, a length-dependent RoPE, a non-causal attention layer; learned sinks,
+    whose fused kernel after a prefix has no exact gradient). At most ``len(clean) − 1``: the read-out
+    position always runs."""
+    sb = session.backend
+    trace = getattr(sb, "trace", None)
+    if any(getattr(rec, "sinks", None) is not None for rec in getattr(trace, "layers", ())):
+        return 0
+    rope = getattr(sb, "rope", None)
+    model = getattr(sb, "model", None)
+    if (
+        getattr(sb, "hybrid", True)
+        or not hasattr(sb, "_cache_layers")
+        or getattr(session.info, "kv_latent_dim", 0)
+        or (rope is not None and rope.active)
+        or model is None
+        or any(
+            getattr(m, "is_causal", True) is False for m in model.modules() if hasattr(m, "_attnscope_trace")
+        )
+    ):
+        return 0
+    f = next((i for i, (a, b) in enumerate(zip(clean, bad, strict=True)) if a != b), len(clean))
+    f = min(f, len(clean) - 1)
+    held = list(getattr(sb, "_ids", [])[:f])
+    if f < 1 or getattr(sb, "seq_len", 0) < f or held != list(clean[:f]):
+        return 0
+    layers = sb._cache_layers()
+    if any(getattr(cl, "keys", None) is not None and cl.keys.shape[-2] < f for cl in layers):
+        return 0
+    return f
+
+
+def _prefix_call(be, sb, ids: Sequence[int], first: int) -> dict:
+    """``be.model``'s keyword arguments for ``ids[first:]`` after the session backend ``sb``'s cached
+    positions ``0..first − 1`` (a view, never written; :func:`_prefix_view`), or ``ids`` whole from an
+    empty cache (``first = 0``); the read-out position's logits only."""
+    import torch
+
+    if not first:
+        return {
+            "input_ids": torch.tensor([list(ids)], device=be.device),
+            "use_cache": False,
+            "logits_to_keep": 1,
+        }
+    return {
+        "input_ids": torch.tensor([list(ids[first:])], device=be.device),
+        be._cache_kw: _prefix_view(sb, first),
+        "use_cache": True,
+        "logits_to_keep": 1,
+    }
+
+
+def _capture_after(be, sb, parts: _Parts, ids: Sequence[int], keys: Sequence[str], first: int) -> tuple:
+    """``({(key, layer): (len(ids) − first, width) float32}, (vocab,) logits)``: :func:`_capture_sites`'s
+    activations at positions ``first..`` of ``ids``, the positions before read from the session's cache."""
+    import torch
+
+    if not first:
+        lg: list = []
+        return _capture_sites(be, parts, list(ids), keys, lg), lg[0]
+    got: dict = {}
+
+    def keep_in(i):
+        def hook(_m, args):
+            got[("z", i)] = args[0][0].detach().float()
+
+        return hook
+
+    def keep_out(key, i):
+        def hook(_m, _args, out):
+            got[(key, i)] = out[0].detach().float()
+
+        return hook
+
+    hooks: list = []
+    if "z" in keys:
+        hooks += [(m, keep_in(i), "pre") for i, m in enumerate(parts.out_proj) if m is not None]
+    for key, mods in (("q", parts.q_proj), ("k", parts.k_proj), ("v", parts.v_proj)):
+        if key in keys:
+            hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
+    with torch.inference_mode(), _apply(hooks), _rope_at(be, len(ids)):
+        lg = be.model(**_prefix_call(be, sb, ids, first)).logits[0, -1].float().cpu().numpy()
+    return got, lg
+
+
+class _GradAttend(_PlainAttend):
+    """:class:`_PlainAttend` for the forwards with gradients, also when the rows follow a cached prefix
+    (fewer query rows than keys, bottom-right causal): PyTorch's fused attention with that boolean mask
+    where there is no window, cap or sinks (differentiable, no score matrix kept)."""
+
+    def attend(self, module, query, key, value, scaling, window, softcap=None, sinks=None):
+        import torch
+
+        L, S = query.shape[2], key.shape[2]
+        if window is None and softcap is None and sinks is None and L < S:
+            allowed = torch.ones(L, S, dtype=torch.bool, device=query.device).tril_(S - L)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+            )
+            return out, None
+        return super().attend(module, query, key, value, scaling, window, softcap=softcap, sinks=sinks)
+
+
 def _metric(target: Target, x):
     """The target on ``(vocab,)`` torch logits, differentiable."""
     import torch
@@ -1506,51 +1700,58 @@ def _grad_run(
     ids: Sequence[int],
     target: Target,
     keys: Sequence[str],
-    src: dict,
+    src: Callable[[tuple[str, int]], Any],
     rows: slice,
     D: int,
     keep: bool = False,
+    sb=None,
+    first: int = 0,
 ):
     """One forward with gradients and one backward: ``(target value, {(key, layer): Σ over ``rows`` of
     (src − activation) · ∂target/∂activation, per head of the projection (float64)}, the activations'
-    ``rows`` (float32, ``keep`` only, else None))``. ``src``: ``{(key, layer): rows (R, width)}`` of the
-    other run (:func:`_capture_sites`, ``keys`` as there); its entries are dropped as they are used.
+    ``rows`` (float32, ``keep`` only, else None))``. ``src(key, layer)``: that activation's ``rows``
+    ``(R, width)`` in the other run, asked for once, as its gradient arrives (a dict of
+    :func:`_capture_after` popped, or :meth:`_TraceOutputs.rows`). ``first``: the run covers positions
+    ``first..`` of ``ids`` only, the positions before read from the session backend ``sb``'s KV cache
+    (:func:`_shared_prefix`: both runs share them, so their activations' differences are 0); the
+    activations' rows are those positions'.
 
     Gradients flow into the activations only (no weight gradients are formed), and each activation's
     product is taken by a hook on it as its gradient arrives: no activation or gradient of the whole
     sequence is kept beyond its layer. Each decoder layer is checkpointed (``torch.utils.checkpoint``,
     non-reentrant): the forward keeps only each layer's input and the backward re-runs one layer at a
-    time (one more forward's time). With ``keep``, each activation is copied as the backward re-runs its
-    layer (the same values as the forward's; a copy taken in the forward would be one more tensor a
-    layer held through the whole forward). What remains beyond the session's own memory is each layer's
-    checkpointed input and its products' ``rows`` of ``src − activation`` (two ``(T, width)`` float32
-    tensors a layer) and one layer's recomputed graph. The freed heap is handed back to the system after
-    each layer's forward and each product (:func:`_release_memory`): glibc otherwise keeps every layer's
-    freed temporaries as heap between those long-lived tensors, which held most of the peak
-    (``attnscope bench --heads``, peak memory)."""
+    time (one more forward's time). The re-run fires the activations' hooks again with the same values
+    as the forward's, before the layer's backward reaches them, so the activation a product needs (and,
+    with ``keep``, the copy kept for the other direction) is taken there: nothing but the checkpointed
+    inputs is held from the forward to the backward. What remains beyond the session's own memory is
+    each layer's checkpointed input, one layer's recomputed graph and its ``src`` rows (and, with
+    ``keep``, the kept activations, which replace the inputs layer by layer as the backward frees them)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     per: dict = {}
     got: dict | None = {} if keep else None
-    seen: set = set()  # a checkpoint's re-run fires the forward hooks again (kept with ``keep``)
+    seen: set = set()  # a checkpoint's re-run fires the forward hooks again
     width: dict = {}  # heads of each activation's projection
+    here: dict = {}  # (key, layer) -> the re-run's activation rows, until its product is taken
     start: dict = {}
 
     def on_act(k, a):
         if k in seen:
-            # the layer's re-run in the backward: the same activation, kept from here on (a copy taken in
-            # the forward would be held beside every layer's operands; this one replaces them layer by
-            # layer as the backward frees them)
+            # the layer's re-run in the backward: the same activation, read by the product below
+            rows_a = a[0, rows].detach()
+            here[k] = rows_a
             if got is not None and k not in got:
-                got[k] = a[0, rows].detach().float().clone()
+                got[k] = rows_a.float().clone()
             return
         seen.add(k)
         width[k] = a.shape[-1] // D
-        here = a[0, rows].detach().float()
-        delta = src.pop(k) - here
 
         def hook(g):
+            mine = here.pop(k, None)
+            if mine is None:  # the backward reached the activation without re-running its layer
+                raise SessionError(f"attribution patching: layer {k[1]} was not re-run in the backward")
+            delta = src(k).to(device=mine.device, dtype=torch.float32) - mine.float()
             per[k] = (delta * g[0, rows].float()).sum(0).double().reshape(-1, D).sum(-1).cpu().numpy()
             _release_memory()  # the layer's backward temporaries, freed but kept as heap (as in the forward)
 
@@ -1580,8 +1781,8 @@ def _grad_run(
         def forward(*args, **kwargs):
             out = checkpoint(run, *args, use_reentrant=False, **kwargs)
             # the layer's temporaries are freed, but glibc keeps them as heap between the long-lived
-            # tensors each layer leaves (its checkpointed input, its products' operands): trimmed per
-            # layer, or the forward's resident memory grows by about 4 KiB per token per layer
+            # tensors each layer leaves (its checkpointed input): trimmed per layer, or the forward's
+            # resident memory grows by about 4 KiB per token per layer
             _release_memory()
             return out
 
@@ -1599,16 +1800,15 @@ def _grad_run(
         torch.inference_mode(False),
         torch.enable_grad(),
         _apply(hooks),
-        _attending(be, _PlainAttend()),
+        _attending(be, _GradAttend()),
         _rope_at(be, len(ids)),
     ):
         for layer in parts.layers:
             layer.forward = checkpointed(layer)
         try:
-            res = be.model(
-                input_ids=torch.tensor([list(ids)], device=be.device), use_cache=False, logits_to_keep=1
-            )
+            res = be.model(**_prefix_call(be, sb, ids, first))
             m = _metric(target, res.logits[0, -1].float())
+            del res
             # the gradient into the embeddings' output: every activation's hook fires on the way
             torch.autograd.grad(m, [start["x"]], allow_unused=True)
         finally:
@@ -1647,8 +1847,12 @@ def attribution_patching(
     (tests/core/test_head_effects.py: the last layer of a model whose last MLP and final norm are linear);
     elsewhere :meth:`PatchResult.agreement` against :func:`patch_heads` says how close it is.
 
-    ``directions``: ``("denoise",)`` runs one forward with gradients, one backward and one plain forward of
-    the clean prompt (its activations); the default runs both directions (two of each with gradients).
+    ``directions``: ``("denoise",)`` runs one forward with gradients and one backward on the corrupted
+    prompt; the clean run's activations (``site="output"``) are rebuilt from the session's Trace and KV
+    cache (:class:`_TraceOutputs`: each layer's attention alone), else one plain forward of the clean prompt
+    gives them. The default runs both directions (two forwards with gradients). Every run starts at the
+    first position where the prompts differ (:func:`_shared_prefix`), the positions before it read from the
+    session's KV cache.
 
     Raises:
         as :func:`patch_heads`; BadArgument: an unknown direction.
@@ -1678,20 +1882,32 @@ def attribution_patching(
     acts: dict = {}  # run -> {(key, layer): its rows (R, width)}
     products: dict = {}  # direction -> {(key, layer): per head}
     t: dict = {}
+    # the positions before the first changed token are the same in both runs (a causal model): their
+    # activations' differences are 0 and their keys and values are in the session's cache, so every run
+    # below starts after them
+    first = _shared_prefix(session, clean_ids, bad)
+    sb = session.backend
     with _scratch(session) as be:
+        # the clean run is the session's own: its head outputs come from its Trace and KV cache
+        traced = _TraceOutputs.open(session, be, parts, clean_ids) if site == "output" else None
+        if traced is not None:
+            t["clean"] = target.value(traced.logits)
         for i, d in enumerate(directions):
             into, src = runs[d]
-            if src not in acts:  # the other run's activations, and its target, from one plain forward
-                with torch.inference_mode():
-                    lg: list = []
-                    got = _capture_sites(be, parts, ids_of[src], keys, lg)
+            if src == "clean" and traced is not None:
+                src_of = lambda k, tr=traced: tr.rows(k[1], first, rows)  # noqa: E731
+            else:
+                if src not in acts:  # the other run's activations, and its target, from one plain forward
+                    got, lg = _capture_after(be, sb, parts, ids_of[src], keys, first)
                     acts[src] = {k: v if scope == "everywhere" else v[rows].clone() for k, v in got.items()}
                     del got
-                    t[src] = target.value(lg[0])
+                    t[src] = target.value(lg)
+                src_of = acts.pop(src).pop
             later = any(runs[e][1] == into for e in directions[i + 1 :])
             t[into], products[d], kept = _grad_run(
-                be, parts, ids_of[into], target, keys, acts.pop(src), rows, D, keep=later
+                be, parts, ids_of[into], target, keys, src_of, rows, D, keep=later, sb=sb, first=first
             )
+            del src_of
             if kept is not None:
                 acts[into] = kept
             _release_memory()

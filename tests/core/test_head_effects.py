@@ -327,6 +327,72 @@ def test_attribution_patching_is_exact_where_linear_and_close_to_exact_patching(
     assert np.isnan(one.noise).all()
 
 
+@pytest.mark.parametrize(
+    "family",
+    [
+        "llama",
+        "mistral",
+        *[pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3", "gemma3_text", "gpt_oss")],
+    ],
+)
+def test_attribution_patching_from_the_trace_equals_the_plain_forwards(family, tmp_path, monkeypatch):
+    """The clean head outputs rebuilt from the session's Trace and KV cache, and the runs started after the
+    prefix both prompts share (read from that cache), give what one plain forward of the clean prompt and
+    forwards with gradients over the whole prompts give (mistral: a sliding window; gemma3: local and
+    global layers; gpt-oss: learned sinks), at the last position and an earlier one, both scopes."""
+    from attnscope.core.analysis import head_effects
+    from attnscope.core.analysis.head_effects import attribution_patching, make_target
+
+    s, _ref = _load(family, tmp_path)
+    corrupt = list(IDS)
+    corrupt[5] = 44
+    opened: list = []
+    real_open = head_effects._TraceOutputs.open.__func__
+
+    def spy(cls, *args):
+        opened.append(real_open(cls, *args))
+        return opened[-1]
+
+    for position in (len(IDS) - 1, 8):
+        t = make_target(s, "logit_diff", token=9, other=14, position=position)
+        for scope in ("everywhere", "readout"):
+            with monkeypatch.context() as m:
+                m.setattr(head_effects._TraceOutputs, "open", classmethod(lambda cls, *a: None))
+                m.setattr(head_effects, "_shared_prefix", lambda *a: 0)
+                plain = attribution_patching(s, corrupt, t, scope)
+            with monkeypatch.context() as m:
+                m.setattr(head_effects._TraceOutputs, "open", classmethod(spy))
+                if family != "gpt_oss":  # learned sinks: the runs start at 0
+                    assert head_effects._shared_prefix(s, s.ids[: position + 1], corrupt[: position + 1]) == 5
+                got = attribution_patching(s, corrupt, t, scope)
+            assert opened[-1] is not None  # the Trace served the clean outputs
+            assert abs(got.clean - plain.clean) < 1e-5 and abs(got.corrupt - plain.corrupt) < 1e-5
+            for name in ("denoise", "noise", "denoise_kv", "noise_kv"):
+                a, b = getattr(got, name), getattr(plain, name)
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * (1 + np.abs(b).max()), err_msg=name)
+
+
+def test_attribution_patching_falls_back_to_a_plain_forward_where_the_cache_lacks_the_prompt(tmp_path):
+    """A clean prompt the session's cache no longer holds (stepped back past the read-out position) is
+    run as a plain forward: the same result as with the cache."""
+    from attnscope.core.analysis import head_effects
+    from attnscope.core.analysis.head_effects import attribution_patching, make_target
+
+    s, _ref = _load("llama", tmp_path)
+    corrupt = list(IDS)
+    corrupt[5] = 44
+    t = make_target(s, "logit_diff", token=9, other=14, position=8)
+    held = attribution_patching(s, corrupt, t, "everywhere")
+    s.backend._ids = [0] * len(s.backend._ids)  # the cache no longer matches the prompt
+    parts = head_effects._parts(s)
+    with head_effects._scratch(s) as be:
+        assert head_effects._TraceOutputs.open(s, be, parts, s.ids[:9]) is None
+    assert head_effects._shared_prefix(s, s.ids[:9], corrupt[:9]) == 0
+    plain = attribution_patching(s, corrupt, t, "everywhere")
+    np.testing.assert_allclose(held.denoise, plain.denoise, atol=1e-5 * (1 + np.abs(plain.denoise).max()))
+    np.testing.assert_allclose(held.noise, plain.noise, atol=1e-5 * (1 + np.abs(plain.noise).max()))
+
+
 def test_attribution_patching_forms_no_weight_gradient_and_one_row_of_logits(tmp_path, monkeypatch):
     """Attribution patching's gradients flow into the activations only: no parameter gets a ``.grad``, and
     the unembedding reads the read-out position alone (never the logits of every position), in the
