@@ -410,14 +410,14 @@ def project(
             zf = zf + bias.index_select(0, fid.to(bias.device)).float()
         zf = _cap(zf, softcap)
     rows = max(1, min(rows, R))
-    spans = [(r, min(R, r + rows)) for r in range(0, R, rows)]
+    spans = [(r, min(R, r + rows)) for r in range(0, R, rows)] or [(0, 0)]
     states = []
     for r0, r1 in spans:
         state = _Running(r1 - r0, k, x.device, None if fid is None else fid[r0:r1])
         if zf is not None:
             state.zf = zf[r0:r1]
         states.append(state)
-    # two tiles' storage, reused: each tile a contiguous view of its first n * nb floats
+    # a logits tile and a comparison tile, reused: each a contiguous view of its first n * nb elements
     nmax = rows * min(block, V)
     zbuf = torch.empty(nmax, dtype=torch.float32, device=x.device)
     tbuf = torch.empty(nmax, dtype=torch.bool, device=x.device) if fid is not None else None
