@@ -16,11 +16,14 @@ Two parts, each exact for the model that runs (docs/heads.md "Logit lens"):
   model: its recurrent / convolution states are not a K/V cache of every position; a length-dependent
   RoPE, whose cached keys may have been rotated for another length), the residuals come from a forward
   of ``ids[:max(P) + 1]`` in a scratch backend instead: the same numbers, at the cost of that prefill.
-* **Projection** (:func:`project`): float32, the vocabulary in blocks of :data:`VOCAB_BLOCK` rows of
-  the unembedding. Each block's logits update a running log-sum-exp, a running top-``k`` and, for each
-  row, the count of logits above the final token's (its rank): no ``(rows × vocab)`` tensor and no sort
-  of the vocabulary. The floor is the unembedding matmul itself, ``2 · n_layers · |P| · d_model · vocab``
-  FLOPs (docs/heads.md "How fast").
+* **Projection** (:func:`project`): float32, in tiles of :data:`ROW_BLOCK` residuals × :data:`VOCAB_BLOCK`
+  rows of the unembedding. Each tile's logits update a running log-sum-exp, a running top-``k`` and, for
+  each row, the count of logits above the final token's (its rank): no ``(rows × vocab)`` tensor and no
+  sort of the vocabulary. The floor is the unembedding matmul itself, ``2 · n_layers · |P| · d_model ·
+  vocab`` FLOPs (docs/heads.md "How fast"). A bfloat16 pass would be faster on CPUs with bfloat16 dot
+  products, and a bound on its error could keep the top tokens and ranks exact (the candidates recomputed
+  in float32), but not the probabilities: the log-sum-exp moves by up to that bound times the probability
+  not recomputed, most of it in an early layer's flat distribution. So the lens is float32 throughout.
 
 Torch backend only for now (:func:`residuals` needs hookable layers; :func:`project` takes torch tensors
 and nothing else of the backend).
@@ -40,8 +43,13 @@ from attnscope.core.errors import BadArgument, OutOfRange, SessionError
 if TYPE_CHECKING:
     from attnscope.core.session import Session
 
-#: rows of the unembedding projected at a time (float32 logits of ``rows × VOCAB_BLOCK`` at most)
-VOCAB_BLOCK = 8192
+#: rows of the unembedding projected at a time: one tile is ``ROW_BLOCK × VOCAB_BLOCK`` float32 logits
+#: (32 MiB at most), reused for every tile: few enough tiles that a busy 2-core machine's thread
+#: hand-offs do not dominate, small enough that the lens's peak stays near the prefill's
+VOCAB_BLOCK = 4096
+#: residuals projected at a time (64 positions × 30 layers fit one tile)
+ROW_BLOCK = 2048
+LOG2E = 1.4426950408889634
 #: query positions run through the layers at a time (the backend's prefill chunk)
 QUERY_CHUNK = 512
 #: re-derived keys of ``P`` against the cached ones: largest difference over largest magnitude
@@ -352,8 +360,10 @@ def project(
     final_ids=None,
     softcap: float | None = None,
     block: int = VOCAB_BLOCK,
+    rows: int = ROW_BLOCK,
 ) -> Projection:
-    """Logits of ``x`` through the unembedding ``head``, reduced block by block over the vocabulary.
+    """Logits of ``x`` through the unembedding ``head``, reduced tile by tile: ``rows`` rows of ``x``
+    against ``block`` rows of the unembedding at a time.
 
     Args:
         x: ``(R, d_model)`` float32 torch tensor, already through the final norm.
@@ -362,10 +372,12 @@ def project(
         k: top tokens kept per row (at most the vocabulary).
         final_ids: ``(R,)`` int token per row whose logit, probability and rank are wanted.
         softcap: final-logit soft-capping ``cap · tanh(z / cap)`` (Gemma 2/3), applied to every logit.
-        block: vocabulary rows per block.
+        block: vocabulary rows per tile.
+        rows: rows of ``x`` per tile.
 
     Returns:
-        :class:`Projection`. Peak extra memory: one ``(R, block)`` float32 block.
+        :class:`Projection`. Peak extra memory: one ``(rows, block)`` float32 tile and one boolean
+        tile (32 and 8 MiB at most at the defaults), reused by every tile.
     """
     import torch
 
@@ -386,30 +398,51 @@ def project(
             if f is not None:
                 state.zf = z.gather(1, f[:, None])[:, 0].clone()
             state.add(z, 0)
-            parts.append(state.result())
-        names = ("top_ids", "top_logits", "lse", "final_logit", "rank")
-        return Projection(
-            *(
-                None if getattr(parts[0], n) is None else torch.cat([getattr(p, n) for p in parts])
-                for n in names
-            )
-        )
+            parts.append(state)
+        return _joined(parts)
     x = x.to(weight.device)
     V = weight.shape[0]
-    state = _Running(R, k, x.device, fid)
+    zf = None
     if fid is not None:
         wf = weight.index_select(0, fid.to(weight.device)).float()
         zf = (x * wf).sum(-1)
         if bias is not None:
             zf = zf + bias.index_select(0, fid.to(bias.device)).float()
-        state.zf = _cap(zf, softcap)
-    for a in range(0, V, block):
+        zf = _cap(zf, softcap)
+    rows = max(1, min(rows, R))
+    spans = [(r, min(R, r + rows)) for r in range(0, R, rows)] or [(0, 0)]
+    states = []
+    for r0, r1 in spans:
+        state = _Running(r1 - r0, k, x.device, None if fid is None else fid[r0:r1])
+        if zf is not None:
+            state.zf = zf[r0:r1]
+        states.append(state)
+    # a logits tile and a comparison tile, reused: each a contiguous view of its first n * nb elements
+    nmax = rows * min(block, V)
+    zbuf = torch.empty(nmax, dtype=torch.float32, device=x.device)
+    tbuf = torch.empty(nmax, dtype=torch.bool, device=x.device) if fid is not None else None
+    for a in range(0, V, block):  # the vocabulary block outermost: it stays in cache for every row tile
         b = min(V, a + block)
-        z = x @ weight[a:b].float().T
-        if bias is not None:
-            z += bias[a:b].float()
-        state.add(_cap(z, softcap, inplace=True), a)
-    return state.result()
+        wT = weight[a:b].float().T
+        bb = None if bias is None else bias[a:b].float()
+        for (r0, r1), state in zip(spans, states, strict=True):
+            n, nb = r1 - r0, b - a
+            z = torch.mm(x[r0:r1], wT, out=zbuf[: n * nb].view(n, nb))
+            if bb is not None:
+                z += bb
+            state.add(_cap(z, softcap, inplace=True), a, None if tbuf is None else tbuf[: n * nb].view(n, nb))
+    return _joined(states)
+
+
+def _joined(states: list) -> Projection:
+    """One :class:`Projection` of the row tiles' :class:`_Running` states, in order."""
+    import torch
+
+    parts = [s.result() for s in states]
+    names = ("top_ids", "top_logits", "lse", "final_logit", "rank")
+    return Projection(
+        *(None if getattr(parts[0], n) is None else torch.cat([getattr(p, n) for p in parts]) for n in names)
+    )
 
 
 def _cap(z, cap: float | None, inplace: bool = False):
@@ -436,38 +469,58 @@ class _Running:
         self.fid: Any = None if fid is None else fid.to(device)
         self.zf: Any = torch.zeros(R, dtype=torch.float32, device=device) if fid is not None else None
         self.rank: Any = torch.zeros(R, dtype=torch.int64, device=device) if fid is not None else None
-        self.gt: Any = None  # the comparison's buffer, reused by every block
 
-    def add(self, z, a: int) -> None:
-        """Fold ``z`` (``(R, nb)`` float32 logits of vocabulary ids ``a .. a + nb``) in; ``z`` is overwritten."""
+    def add(self, z, a: int, scratch=None) -> None:
+        """Fold ``z`` (``(R, nb)`` float32 logits of vocabulary ids ``a .. a + nb``) in; ``z`` is
+        overwritten. ``scratch``: an ``(R, nb)`` bool tensor the rank may overwrite (else one is made)."""
         import torch
 
-        nb = z.shape[1]
-        bv, bi = z.topk(min(self.k, nb), dim=1)
-        bi += a
-        tv = torch.cat([self.top_v, bv], 1)
-        ti = torch.cat([self.top_i, bi], 1)
-        if tv.shape[1] > self.k:
-            tv, j = tv.topk(self.k, dim=1)
-            ti = ti.gather(1, j)
-        self.top_v, self.top_i = tv, ti
+        zmax = z.amax(1)
+        self._top(z, a, zmax)
         if self.fid is not None:
-            if self.gt is None or self.gt.shape[1] < nb:
-                self.gt = torch.empty(z.shape, dtype=torch.bool, device=z.device)
-            gt = torch.gt(z, self.zf[:, None], out=self.gt[:, :nb])
+            gt = torch.gt(z, self.zf[:, None], out=scratch) if scratch is not None else z > self.zf[:, None]
             own = self.fid - a
-            inside = (own >= 0) & (own < nb)
+            inside = (own >= 0) & (own < z.shape[1])
             if bool(inside.any()):  # the final token is not above itself
                 r = torch.nonzero(inside)[:, 0]
                 gt[r, own[r]] = False
             # a sum of bytes: several times faster than of booleans on the CPU (exact while nb < 2**15)
-            count_dtype = torch.int16 if nb < 2**15 else torch.int64
-            self.rank += gt.view(torch.uint8).sum(1, dtype=count_dtype)
-        m_new = torch.maximum(self.m, bv[:, 0])
+            self.rank += gt.view(torch.uint8).sum(1, dtype=torch.int16 if z.shape[1] < 2**15 else torch.int64)
+        m_new = torch.maximum(self.m, zmax)
         scale = torch.exp((self.m - m_new).double())
-        # each block's terms are <= 1 and summed in float32 (relative error ~1e-7); blocks add in float64
-        self.s = self.s * scale + z.sub_(m_new[:, None]).exp_().sum(1).double()
+        # exp(z − m) as 2^((z − m)·log2 e) (torch's exp2 is several times faster than its exp on the CPU):
+        # each term's relative error grows by |z − m| · 2^-23 at most; the terms are <= 1 and summed in
+        # float32 (relative error ~1e-7), the blocks add in float64
+        self.s = self.s * scale + z.sub_(m_new[:, None]).mul_(LOG2E).exp2_().sum(1).double()
         self.m = m_new
+
+    def _top(self, z, a: int, zmax) -> None:
+        """Merge the block's top-``k`` into the running one: only for the rows whose block holds a logit
+        above their ``k``-th best so far (an equal logit does not enter: the lower id stays first)."""
+        import torch
+
+        rows = None
+        if self.top_v.shape[1] >= self.k:
+            hit = zmax > self.top_v[:, -1]
+            rows = torch.nonzero(hit)[:, 0]
+            if rows.numel() == 0:
+                return
+            if rows.numel() == z.shape[0]:
+                rows = None
+            else:
+                z = z.index_select(0, rows)
+        bv, bi = z.topk(min(self.k, z.shape[1]), dim=1)
+        bi += a
+        tv = torch.cat([self.top_v if rows is None else self.top_v[rows], bv], 1)
+        ti = torch.cat([self.top_i if rows is None else self.top_i[rows], bi], 1)
+        # highest first, equal logits by id (a stable sort of the whole vocabulary's order); at most 2k wide
+        ti, j = ti.sort(1)
+        tv, j = tv.gather(1, j).sort(dim=1, descending=True, stable=True)
+        tv, ti = tv[:, : self.k], ti.gather(1, j[:, : self.k])
+        if rows is None:
+            self.top_v, self.top_i = tv, ti
+        else:
+            self.top_v[rows], self.top_i[rows] = tv, ti
 
     def result(self) -> Projection:
         import torch

@@ -136,11 +136,12 @@ def test_fallback_forward_gives_the_same_lens(tmp_path, monkeypatch):
     np.testing.assert_allclose(fast.final_prob, slow.final_prob, atol=1e-6)
 
 
-@pytest.mark.parametrize("block", [7, 64, 100_000])
+@pytest.mark.parametrize(("block", "rows"), [(7, 2048), (64, 2048), (100_000, 2048), (64, 4), (7, 1)])
 @pytest.mark.parametrize("cap", [None, 3.0])
-def test_project_in_blocks_equals_the_whole_vocabulary(block, cap):
-    """Blocks smaller than k, several blocks, one block; a bias, a soft-cap, a head that is not a plain
-    matrix; the final token's rank counts strictly larger logits only."""
+def test_project_in_blocks_equals_the_whole_vocabulary(block, rows, cap):
+    """Blocks smaller than k, several blocks, one block, and rows in several tiles (of 4: 4, 4, 1; of 1);
+    a bias, a soft-cap, a head that is not a plain matrix; the final token's rank counts strictly larger
+    logits only."""
     from attnscope.core.analysis.logit_lens import project
 
     g = torch.Generator().manual_seed(0)
@@ -166,12 +167,34 @@ def test_project_in_blocks_equals_the_whole_vocabulary(block, cap):
 
     for h in (head, Wrapped()):
         with torch.inference_mode():
-            got = project(x, h, k, final_ids=fid, softcap=cap, block=block)
+            got = project(x, h, k, final_ids=fid, softcap=cap, block=block, rows=rows)
         np.testing.assert_array_equal(got.top_ids.numpy(), want_i.numpy())
         np.testing.assert_allclose(got.top_logits.numpy(), want_v.numpy(), atol=1e-4)
         np.testing.assert_allclose(got.lse.numpy(), lse.numpy(), atol=1e-4)
         np.testing.assert_allclose(got.final_logit.numpy(), zf.numpy(), atol=1e-4)
         np.testing.assert_array_equal(got.rank.numpy(), rank.numpy())
+
+
+def test_project_ranks_ties_and_top_k_across_blocks():
+    """Logits equal to the final token's are not counted above it (nor is the token itself), and a later
+    block's logit equal to the k-th best so far does not displace it: the lower id stays, as in a stable
+    sort of the whole vocabulary."""
+    from attnscope.core.analysis.logit_lens import project
+
+    V, d = 12, 2
+    head = torch.nn.Linear(d, V, bias=False)
+    w = torch.zeros(V, d)
+    w[:, 0] = torch.tensor([3.0, 1, 5, 2, 5, 0, 3, 1, 5, 3, 4, 2])  # logit = w[:, 0] for x = (1, 0)
+    with torch.no_grad():
+        head.weight.copy_(w)
+    x = torch.tensor([[1.0, 0.0], [2.0, 0.0]])
+    z = x @ w.T
+    for block in (1, 3, 5, 100):
+        with torch.inference_mode():
+            got = project(x, head, 3, final_ids=torch.tensor([0, 10]), block=block)
+        assert got.top_ids.tolist() == [[2, 4, 8], [2, 4, 8]]
+        assert got.rank.tolist() == [4, 3]  # above 3: 5, 5, 5, 4; above 4: 5, 5, 5 (ties not counted)
+        np.testing.assert_allclose(got.lse.numpy(), torch.logsumexp(z.double(), -1).numpy(), rtol=1e-7)
 
 
 def test_bad_input_is_one_line(tmp_path):
@@ -190,6 +213,19 @@ def test_bad_input_is_one_line(tmp_path):
     big = logit_lens(s, positions=[3], k=10_000)  # more than the vocabulary: all of it, ranked
     assert big.top_ids.shape == (s.info.n_layers, 1, s.info.vocab_size)
     np.testing.assert_allclose(big.top_probs.sum(-1), 1.0, atol=1e-5)
+
+
+def test_lens_bench_rows(tmp_path):
+    """``attnscope bench --heads --lens-only`` on a tiny model: the lens's seconds, its floor (the
+    unembedding matmul alone), its peak over the prefill's and the two targets, and a table."""
+    from attnscope.core.bench.heads import format_lens_table, run_lens_bench
+
+    save_tiny("llama", tmp_path / "m")
+    res = run_lens_bench(str(tmp_path / "m"), seq_len=24, repeats=1)
+    assert res["lens_positions"] == 24 and res["rows"]["lens_s"] > 0 and res["rows"]["lens_matmul_s"] > 0
+    assert "lens_error" not in res and res["ratios"]["peak_over_prefill_peak"] > 0.5
+    assert set(res["targets"]) == {"lens_s", "peak_over_prefill_peak"}
+    assert "unembedding matmul alone" in format_lens_table(res)
 
 
 @pytest.mark.slow

@@ -142,6 +142,12 @@ def add_arguments(p) -> None:
         help="with --heads: layers the everywhere sweep samples, spread evenly (default 5)",
     )
     p.add_argument(
+        "--lens-only",
+        action="store_true",
+        help="with --heads: the prefill and the logit lens rows alone (the lens's time, its floor and its "
+        "peak memory)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
@@ -202,6 +208,17 @@ def run(args) -> int:
         )
         _emit(format_sources(result), result, args.json, out)
         return 0
+    if getattr(args, "heads", False) and getattr(args, "lens_only", False):
+        from attnscope.core.bench.heads import format_lens_table, run_lens_bench
+
+        result = run_lens_bench(
+            model=args.model,
+            seq_len=64 if args.quick else (_sizes(args.sizes)[-1] if args.sizes else 2048),
+            repeats=args.repeats if args.repeats is not None else (1 if args.quick else 2),
+            log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+        )
+        _emit(format_lens_table(result), result, args.json, out)
+        return 0
     if getattr(args, "heads", False):
         from attnscope.core.bench.heads import format_heads_table, run_heads_bench
 
@@ -254,6 +271,8 @@ def _check_views_options(args) -> None:
     ]
     if views_only and not getattr(args, "views", False):
         raise ValueError(f"{', '.join(views_only)} only apply to 'attnscope bench --views'")
+    if getattr(args, "lens_only", False) and not getattr(args, "heads", False):
+        raise ValueError("--lens-only only applies to 'attnscope bench --heads'")
     for name in ("synthetic", "threads"):
         v = getattr(args, name, None)
         if v is not None and v < 1:
