@@ -142,6 +142,14 @@ def add_arguments(p) -> None:
         help="with --heads: layers the everywhere sweep samples, spread evenly (default 5)",
     )
     p.add_argument(
+        "--heads-rows",
+        default=None,
+        metavar="ROWS",
+        help="with --heads: run only these rows, comma-separated, of readout, everywhere, patch, "
+        "attribution, lens, loop (the prefill always runs; loop is what readout and everywhere are "
+        "compared with; default all)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke test: T=64, 1 repeat, 4 decode steps, small matmul (for CI; figures meaningless)",
@@ -181,6 +189,8 @@ def run(args) -> int:
     if getattr(args, "engine", None):
         return _run_remote(args, out)
     _check_views_options(args)
+    if getattr(args, "heads_rows", None) is not None and not getattr(args, "heads", False):
+        raise ValueError("--heads-rows only applies to 'attnscope bench --heads'")
     if getattr(args, "startup", False):
         from attnscope.core.bench.startup import format_startup_table, run_startup_bench
 
@@ -203,8 +213,11 @@ def run(args) -> int:
         _emit(format_sources(result), result, args.json, out)
         return 0
     if getattr(args, "heads", False):
-        from attnscope.core.bench.heads import format_heads_table, run_heads_bench
+        from attnscope.core.bench.heads import check_rows, format_heads_table, run_heads_bench
 
+        heads_rows = None
+        if args.heads_rows is not None:
+            heads_rows = check_rows([r.strip() for r in args.heads_rows.split(",") if r.strip()])
         result = run_heads_bench(
             model=args.model,
             seq_len=64 if args.quick else (_sizes(args.sizes)[-1] if args.sizes else 2048),
@@ -212,6 +225,7 @@ def run(args) -> int:
             loop_heads=args.loop_heads or (2 if args.quick else 5),
             everywhere_layers=args.everywhere_layers or (1 if args.quick else 5),
             log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+            only=heads_rows,
         )
         _emit(format_heads_table(result), result, args.json, out)
         return 0
