@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -767,6 +768,43 @@ def _release_memory() -> None:
         _LIBC[0](0)
 
 
+class _HeapTrim:
+    """:func:`_release_memory` where the process's resident memory has grown by more than ``limit``
+    bytes since the last trim (read from ``/proc/self/statm``, a few microseconds): a loop of large
+    temporaries calls :meth:`step` after each iteration. A trim hands the freed pages back, and the next
+    iteration faults them in again (zero-filled): trimming only on growth keeps that cost to the
+    iterations that grew the heap. Without ``/proc`` every step trims (a no-op without glibc)."""
+
+    def __init__(self, limit: int = 16 << 20):
+        self.limit = limit
+        self.mark = _resident()
+
+    def step(self) -> None:
+        now = _resident()
+        if now is None or self.mark is None or now - self.mark > self.limit:
+            _release_memory()
+            self.mark = _resident()
+
+
+def _resident() -> int | None:
+    """The process's resident memory in bytes (``/proc/self/statm``), or None where there is none."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _page_size() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 4096
+
+
+_PAGE = _page_size()
+
+
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
     scale = 1.0 + float(np.max(np.abs(b)))
     return bool(np.max(np.abs(np.asarray(a) - np.asarray(b))) <= 1e-5 * scale)
@@ -967,14 +1005,16 @@ class _Everywhere:
         self.reuse = all(c is not None for c in self.calls)
 
     def _run(self, h, start: int, stop: int):
+        trim = _HeapTrim()
         for i in range(start, stop):
             h = _call_layer(self.parts.layers[i], h, self.calls[i], None)
             # each layer frees its whole-sequence temporaries (projections, MLP activations) around the
             # tensors that live on (the walk's input kept for the units, this layer's output), and glibc
             # keeps them as heap: untrimmed, the resident memory grows by about 4 KiB per token per layer
             # run, in the walk and in each unit's re-run alike (most of the sweep's peak above the
-            # prefill's, ``attnscope bench --heads``); trimmed, it stays at one layer's working set
-            _release_memory()
+            # prefill's, ``attnscope bench --heads``); trimmed once it has grown, it stays near one
+            # layer's working set
+            trim.step()
         return h
 
     def layers(self, wanted: Sequence[int]) -> Iterator[tuple[int, Callable]]:
