@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -468,14 +469,10 @@ def _capture_inputs(be, parts: _Parts, ids: list[int]) -> list:
     return [got.get(("z", i)) for i in range(len(parts.out_proj))]
 
 
-def _capture_sites(
-    be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v"), logits: list | None = None
-) -> dict:
-    """``{(key, layer): (L, width) float32}`` for ``ids`` from an empty cache: ``"z"`` the output
-    projection's input, ``"q"``/``"k"``/``"v"`` the projections' outputs (where the layer has them)."""
-    import torch
-
-    got: dict = {}  # (key, layer) -> one (L_chunk, width) piece per forward chunk
+def _site_hooks(parts: _Parts, keys: Sequence[str], got: dict) -> list:
+    """Hooks appending, per model call, each site's activation of the call's one sequence (``(L, width)``
+    float32) to ``got[(key, layer)]``: ``"z"`` the output projection's input, ``"q"``/``"k"``/``"v"`` the
+    projections' outputs (where the layer has them)."""
 
     def keep_in(i):
         def hook(_m, args):
@@ -496,21 +493,41 @@ def _capture_sites(
     for key, mods in (("q", parts.q_proj), ("k", parts.k_proj), ("v", parts.v_proj)):
         if key in keys:
             hooks += [(m, keep_out(key, i), "post") for i, m in enumerate(mods) if m is not None]
+    return hooks
+
+
+def _joined(got: dict) -> dict:
+    """``{(key, layer): (L, width)}`` from :func:`_site_hooks`' pieces (one per forward chunk)."""
+    import torch
+
+    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in got.items()}
+
+
+def _capture_sites(
+    be, parts: _Parts, ids: list[int], keys: Sequence[str] = ("z", "q", "k", "v"), logits: list | None = None
+) -> dict:
+    """``{(key, layer): (L, width) float32}`` for ``ids`` from an empty cache: ``"z"`` the output
+    projection's input, ``"q"``/``"k"``/``"v"`` the projections' outputs (where the layer has them).
+    ``logits``: the forward's ``(vocab,)`` logits at the last position are appended to it (the same as
+    a plain :meth:`forward` of ``ids``: the hooks only read)."""
+    import torch
+
+    got: dict = {}  # (key, layer) -> one (L_chunk, width) piece per forward chunk
     be.reset()
-    with torch.inference_mode(), _apply(hooks):
+    with torch.inference_mode(), _apply(_site_hooks(parts, keys, got)):
         lg = be.forward(list(ids))
-    if logits is not None:  # the forward's logits at the last position, ``(vocab,)``
+    if logits is not None:
         logits.append(lg)
     be.reset()
     # the backend runs a long sequence in chunks: each hook fired once per chunk
-    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in got.items()}
+    return _joined(got)
 
 
 # -- re-running from a layer -----------------------------------------------------------------------------
 class _Runner:
     """The logits at the read-out position of ``ids`` with some hooks in place, in a scratch backend ``be``
     with its own KV cache: the fallback where the session's own cache cannot be read
-    (:class:`_SessionReadout`: the corrupted prompt of a read-out patch, a hybrid model) or the whole
+    (:class:`_SessionReadout`: a hybrid model, a check step that fails) or the whole
     sequence cannot be re-run from a layer (:class:`_Everywhere`: a hybrid model).
 
     Layers below a unit's layer see the same inputs with or without its hooks, so their outputs are
@@ -751,6 +768,43 @@ def _release_memory() -> None:
         _LIBC[0](0)
 
 
+class _HeapTrim:
+    """:func:`_release_memory` where the process's resident memory has grown by more than ``limit``
+    bytes since the last trim (read from ``/proc/self/statm``, a few microseconds): a loop of large
+    temporaries calls :meth:`step` after each iteration. A trim hands the freed pages back, and the next
+    iteration faults them in again (zero-filled): trimming only on growth keeps that cost to the
+    iterations that grew the heap. Without ``/proc`` every step trims (a no-op without glibc)."""
+
+    def __init__(self, limit: int = 16 << 20):
+        self.limit = limit
+        self.mark = _resident()
+
+    def step(self) -> None:
+        now = _resident()
+        if now is None or self.mark is None or now - self.mark > self.limit:
+            _release_memory()
+            self.mark = _resident()
+
+
+def _resident() -> int | None:
+    """The process's resident memory in bytes (``/proc/self/statm``), or None where there is none."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _page_size() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 4096
+
+
+_PAGE = _page_size()
+
+
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
     scale = 1.0 + float(np.max(np.abs(b)))
     return bool(np.max(np.abs(np.asarray(a) - np.asarray(b))) <= 1e-5 * scale)
@@ -855,9 +909,13 @@ class _SessionReadout:
     that layer on (:meth:`batch`): ``n`` rows laid along the positions, each attending to the shared
     prefix and its own position ``p`` (:class:`_TreeAttend`). A check step of one unpatched row from
     layer 0 must give the recorded logits (:attr:`reuse`; else the caller falls back to :class:`_Runner`).
+
+    With ``keys``, the recording step also keeps those sites' activations at ``p`` (:func:`_site_hooks`):
+    :attr:`rows`, ``{(key, layer): (1, width) float32}`` (a read-out patch's values, without a forward of
+    the whole prompt).
     """
 
-    def __init__(self, sb, be, parts: _Parts, ids: Sequence[int]):
+    def __init__(self, sb, be, parts: _Parts, ids: Sequence[int], keys: Sequence[str] = ()):
         import torch
 
         self.be, self.parts = be, parts
@@ -865,8 +923,10 @@ class _SessionReadout:
         self.cache = _prefix_view(sb, p)
         x = torch.tensor([[int(ids[p])]], device=be.device)
         kw = {be._cache_kw: self.cache, "use_cache": True, "logits_to_keep": 1}
-        with torch.inference_mode(), _rope_at(be, p + 1):
+        got: dict = {}
+        with torch.inference_mode(), _rope_at(be, p + 1), _apply(_site_hooks(parts, keys, got)):
             self.calls, res = _record_calls(parts, lambda: be.model(input_ids=x, **kw))
+        self.rows = {k: v.clone() for k, v in _joined(got).items()}  # (1, width) each
         self.clean = res.logits[0, -1].float().cpu().numpy()
         self.reuse = all(c is not None for c in self.calls)
         if self.reuse:
@@ -945,8 +1005,16 @@ class _Everywhere:
         self.reuse = all(c is not None for c in self.calls)
 
     def _run(self, h, start: int, stop: int):
+        trim = _HeapTrim()
         for i in range(start, stop):
             h = _call_layer(self.parts.layers[i], h, self.calls[i], None)
+            # each layer frees its whole-sequence temporaries (projections, MLP activations) around the
+            # tensors that live on (the walk's input kept for the units, this layer's output), and glibc
+            # keeps them as heap: untrimmed, the resident memory grows by about 4 KiB per token per layer
+            # run, in the walk and in each unit's re-run alike (most of the sweep's peak above the
+            # prefill's, ``attnscope bench --heads``); trimmed once it has grown, it stays near one
+            # layer's working set
+            trim.step()
         return h
 
     def layers(self, wanted: Sequence[int]) -> Iterator[tuple[int, Callable]]:
@@ -1023,6 +1091,31 @@ def _runner(session: Session, be, parts: _Parts, ids: Sequence[int], scope: str,
             if run.reuse:
                 return run
     return _Runner(be, parts, ids, scope)
+
+
+def _readout_pair(
+    session: Session, be, parts: _Parts, clean_ids: list[int], bad: list[int], keys: Sequence[str]
+) -> dict | None:
+    """The read-out scope of a patch, both runs batched per layer (:class:`_SessionReadout`):
+    ``{"clean": over the session's own KV cache, "corrupt": over the scratch backend ``be``'s}``, each
+    with its read-out position's ``keys`` activations (:attr:`_SessionReadout.rows`) and logits. The
+    corrupted prompt's prefix ``bad[:p]`` runs ONCE, into ``be``'s cache (kept there until the caller's
+    ``be.reset()``); nothing else runs a whole prompt. None where this cannot serve (a hybrid model, a
+    read-out position 0, a check step that does not give the model's own logits): the caller captures
+    with whole forwards and re-runs with :class:`_Runner`."""
+    sb, p = session.backend, len(clean_ids) - 1
+    if getattr(be, "hybrid", False) or p == 0 or not _holds_prefix(sb, clean_ids):
+        return None
+    clean = _SessionReadout(sb, be, parts, clean_ids, keys)
+    if not clean.reuse:
+        return None
+    be.reset()
+    be.forward(list(bad[:p]))  # the corrupted prefix, once: every unit's step reads it from here
+    corrupt = _SessionReadout(be, be, parts, bad, keys) if _holds_prefix(be, bad) else None
+    if corrupt is None or not corrupt.reuse:
+        be.reset()
+        return None
+    return {"clean": clean, "corrupt": corrupt}
 
 
 def _evaluate(
@@ -1411,6 +1504,14 @@ def patch_heads(
     together); ``"kv"`` each KV head's keys and values (k_proj's and v_proj's output slices). Exact: a plain
     transformers forward with that slice replaced by a hook computes the same (tests/core/test_head_effects.py).
 
+    Cost, ``scope="readout"``: the corrupted prompt's prefix ``ids[:p]`` runs once, into a scratch KV
+    cache; the clean prefix is the session's own cache (read, never written). One recording decode step
+    of the read-out position per run keeps its activations there (what the other run's patches put in)
+    and its logits; then every unit of a layer runs in ONE step from that layer on, per direction
+    (:class:`_SessionReadout`, as :func:`head_effects`' read-out scope). ``"everywhere"``: one forward
+    of each prompt captures its activations and logits; each unit re-runs the layers from its own up
+    (:class:`_Everywhere`).
+
     Raises:
         BadArgument: prompts of different lengths; a target that is not a logit difference or log-prob;
             an unknown site. UnsupportedModelError: not the torch backend; a site the layers do not have
@@ -1438,17 +1539,20 @@ def patch_heads(
         for k, n in (("dn", H), ("ns", H), ("dkv", info.n_kv_heads), ("nkv", info.n_kv_heads))
     }
     keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
+    ids_of = {"clean": clean_ids, "corrupt": bad}
     with _scratch(session) as be, torch.inference_mode():
-        rows = {
-            "clean": _capture_sites(be, parts, clean_ids, keys),
-            "corrupt": _capture_sites(be, parts, bad, keys),
-        }
-        if scope == "readout":
-            rows = {name: {k: r[-1:] for k, r in got.items()} for name, got in rows.items()}
-        t, logits = {}, {}
-        for name, run_ids in (("clean", clean_ids), ("corrupt", bad)):
-            logits[name] = _model_logits(session, be, run_ids, own=False)
-            t[name] = target.value(logits[name])
+        runners = _readout_pair(session, be, parts, clean_ids, bad, keys) if scope == "readout" else None
+        rows, logits = {}, {}
+        for name, run_ids in ids_of.items():
+            if runners is not None:  # the read-out position's activations and logits, from its step
+                rows[name], logits[name] = runners[name].rows, runners[name].clean
+                continue
+            lg: list = []
+            rows[name] = _capture_sites(be, parts, run_ids, keys, lg)
+            logits[name] = lg[0]
+            if scope == "readout":
+                rows[name] = {k: r[-1:] for k, r in rows[name].items()}
+        t = {name: target.value(lg) for name, lg in logits.items()}
         diff = t["clean"] - t["corrupt"]
         done = [0]
 
@@ -1456,8 +1560,13 @@ def patch_heads(
             _check(cancelled, min(done[0], total), total)
 
         for into, src, key in (("corrupt", "clean", "d"), ("clean", "corrupt", "n")):
-            run_ids = bad if into == "corrupt" else clean_ids
-            run = _runner(session, be, parts, run_ids, scope, logits[into] if scope == "everywhere" else None)
+            run_ids = ids_of[into]
+            if runners is not None:
+                run = runners[into]
+            else:
+                run = _runner(
+                    session, be, parts, run_ids, scope, logits[into] if scope == "everywhere" else None
+                )
 
             def step(u: _Unit, lg: np.ndarray, key=key) -> None:
                 tv = target.value(lg)
@@ -1484,7 +1593,8 @@ def patch_heads(
                 check,
                 step,
             )
-            be.reset()
+            if runners is None or into == "clean":  # the scratch cache holds the corrupted prefix until then
+                be.reset()
     return PatchResult(
         out["dn"], out["ns"], out["dkv"], out["nkv"], t["clean"], t["corrupt"], target, scope, sweep, site
     )

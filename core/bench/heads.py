@@ -16,6 +16,10 @@ apart, so a busy machine slows both sides alike):
 * ``everywhere``: the same ablation at every position, with the layers below each head reused, over a
   sample of layers spread evenly (its mean layer is the model's middle; the cost of a head grows with the
   layers above it), against the loop's time for the same number of units;
+* ``patch``: exact activation patching of every query head and GQA group at the read-out position, both
+  directions (:func:`attnscope.core.analysis.head_effects.patch_heads`, ``scope="readout"``), against a
+  corrupted prompt with one token changed: the corrupted prefix runs once into a scratch KV cache, then
+  one batched step per layer and direction;
 * ``attribution``: attribution patching (one forward with gradients and one backward per direction,
   :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions;
 * ``lens``: the logit lens of the last 64 positions at every layer
@@ -28,6 +32,10 @@ apart, so a busy machine slows both sides alike):
   Linux resets the peak before each (``/proc/self/clear_refs``, read back as ``VmHWM``), so each sweep
   has its own figure; elsewhere the process's peak so far (``getrusage``) after each.
 
+``only`` (``attnscope bench --heads --heads-rows readout,everywhere``) runs only some of them (the prefill
+always; ``loop`` is what ``readout`` and ``everywhere`` are compared with); ratios and targets whose rows
+did not run are left out.
+
 Targets (the ratios' floors): read-out sweep ≤ 5 × prefill and ≥ 30 × faster than the loop; everywhere ≤
 0.6 × the loop; attribution (one direction) ≤ 3 × prefill; logit lens ≤ 0.5 s; peak ≤ 1.1 × the
 prefill's.
@@ -38,7 +46,10 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+#: the rows ``run_heads_bench(only=...)`` can pick (the prefill always runs)
+ROWS = ("readout", "everywhere", "patch", "attribution", "lens", "loop")
 
 TARGETS = {  # ratio -> (limit, "max" | "min")
     "readout_over_prefill": (5.0, "max"),
@@ -77,6 +88,16 @@ def sample_layers(n_layers: int, k: int) -> list[int]:
     return sorted({int(step * (i + 0.5)) for i in range(k)})
 
 
+def check_rows(rows: Sequence[str] | None) -> tuple[str, ...]:
+    """The rows to run (:data:`ROWS`; None: all). Raises ValueError (one line) on an unknown row."""
+    if rows is None:
+        return ROWS
+    bad = [r for r in rows if r not in ROWS]
+    if bad or not rows:
+        raise ValueError(f"heads bench rows are {', '.join(ROWS)}, got {', '.join(rows) or 'none'}")
+    return tuple(r for r in ROWS if r in rows)
+
+
 def run_heads_bench(
     model: str | None = None,
     seq_len: int = 2048,
@@ -84,21 +105,27 @@ def run_heads_bench(
     loop_heads: int = 5,
     everywhere_layers: int = 5,
     log: Callable[[str], None] = lambda _m: None,
+    only: Sequence[str] | None = None,
 ) -> dict:
-    """Run every row (see the module docstring) on ``model`` (default: the embedded SmolLM2-135M) at a
-    prompt of ``seq_len`` tokens; returns raw seconds, the ratios and the targets (JSON-ready)."""
-    import numpy as np
+    """Run the rows in ``only`` (default every one, :data:`ROWS`; see the module docstring) on ``model``
+    (default: the embedded SmolLM2-135M) at a prompt of ``seq_len`` tokens; returns raw seconds, the
+    ratios and the targets of the rows that ran (JSON-ready).
+
+    Raises:
+        ValueError: an unknown row.
+    """
     import torch
     from attnscope.core.analysis.head_effects import (
-        attribution_patching,
+        _hookable,
+        _parts,
         head_effects,
         make_target,
+        patch_heads,
     )
-    from attnscope.core.bench.overhead import HFRunner
     from attnscope.core.bench.views import long_text
-    from attnscope.core.loading.resolve import resolve
     from attnscope.core.session import Session
 
+    wanted = check_rows(only)
     s = Session.load(model)
     text = long_text(s, seq_len)
     times, cpus = [], []
@@ -117,36 +144,90 @@ def run_heads_bench(
         "torch_threads": torch.get_num_threads(),
         "rows": {"prefill_s": min(times)},
         "cpu_s": {"prefill_s": min(cpus)},
+        "bench_rows": list(wanted),
     }
     rows, cpu = out["rows"], out["cpu_s"]
     log(f"heads: prefill of {T} tokens {rows['prefill_s']:.2f} s")
     t = make_target(s, "logprob")
-    _reset_peak()
-    eff, rows["readout_s"] = _timed(lambda: head_effects(s, t, "zero", "readout"))
-    peaks["readout"] = _peak_rss()
-    cpu["readout_s"] = CPU["last"]
-    units = int(np.isfinite(eff.query).sum() + np.isfinite(eff.kv).sum())
-    if eff.kv_side is not None:
-        units += int(np.isfinite(eff.kv_side).sum())
-    out["units"] = units
-    out["reused"] = eff.reused
-    log(f"heads: read-out sweep of {units} units {rows['readout_s']:.2f} s")
-
     layers = list(info.arch.attention_layers)
-    sample = [layers[i] for i in sample_layers(len(layers), everywhere_layers)]
-    _reset_peak()
-    ev, rows["everywhere_s"] = _timed(
-        lambda: head_effects(s, t, "zero", "everywhere", layers=sample, kv_side=False)
-    )
-    peaks["everywhere"] = _peak_rss()
-    cpu["everywhere_s"] = CPU["last"]
-    ev_units = int(np.isfinite(ev.query).sum() + np.isfinite(ev.kv).sum())
-    out["everywhere_layers"] = sample
-    out["everywhere_units"] = ev_units
-    log(f"heads: everywhere, {ev_units} units in layers {sample}: {rows['everywhere_s']:.2f} s")
+    # every unit of the read-out sweep: query heads, GQA groups and (with k/v projections) K/V sides
+    side = _hookable(_parts(s), "kv", layers)
+    units = len(layers) * (info.n_heads + info.n_kv_heads * (2 if side else 1))
+    out["units"] = units
+    eff = None
+    if "readout" in wanted:
+        _reset_peak()
+        eff, rows["readout_s"] = _timed(lambda: head_effects(s, t, "zero", "readout"))
+        peaks["readout"] = _peak_rss()
+        cpu["readout_s"] = CPU["last"]
+        out["reused"] = eff.reused
+        log(f"heads: read-out sweep of {units} units {rows['readout_s']:.2f} s")
 
+    sample = [layers[i] for i in sample_layers(len(layers), everywhere_layers)]
+    out["everywhere_layers"] = sample
+    out["everywhere_units"] = ev_units = len(sample) * (info.n_heads + info.n_kv_heads)
+    if "everywhere" in wanted:
+        _reset_peak()
+        ev, rows["everywhere_s"] = _timed(
+            lambda: head_effects(s, t, "zero", "everywhere", layers=sample, kv_side=False)
+        )
+        peaks["everywhere"] = _peak_rss()
+        cpu["everywhere_s"] = CPU["last"]
+        out["everywhere_reused"] = ev.reused
+        log(f"heads: everywhere, {ev_units} units in layers {sample}: {rows['everywhere_s']:.2f} s")
+
+    # one token changed, at position 1 (same length): the two prompts share no prefix but the first
+    # token, the worst case for the sweeps that start where the prompts first differ (a word swapped
+    # throughout a prompt, as the tab's Swap does, changes it near the start)
     bad = list(ids)
-    bad[len(bad) // 2] = ids[len(ids) // 2 - 1]  # one token changed: same length
+    bad[1] = ids[2] if ids[2] != ids[1] else ids[3]
+    out["patch_units"] = 2 * len(layers) * (info.n_heads + info.n_kv_heads)  # both directions
+    if "patch" in wanted:
+        _reset_peak()
+        _, rows["patch_readout_s"] = _timed(lambda: patch_heads(s, bad, t, "readout"))
+        peaks["patch"] = _peak_rss()
+        cpu["patch_readout_s"] = CPU["last"]
+        log(
+            f"heads: read-out patching, {out['patch_units']} units (both directions) "
+            f"{rows['patch_readout_s']:.2f} s"
+        )
+    if "attribution" in wanted:
+        _attribution_rows(s, bad, t, out, peaks, log)
+    if "lens" in wanted:
+        _lens_rows(s, out, peaks, repeats, log)
+    # the process's resident peak (the weights included) during each sweep, before the plain model the
+    # loop needs is loaded: how far each sweep raised it above the prefill's own
+    swept = [k for k in ("readout", "everywhere", "patch", "attribution", "lens") if k in peaks]
+    if swept:
+        peaks["sweeps"] = max(peaks[k] for k in swept)
+    out["peak_rss_bytes"] = peaks
+
+    if "loop" in wanted:
+        _loop_rows(s, model, ids, t, eff, layers, units, ev_units, loop_heads, out, log)
+    out["ratios"] = _ratios(rows)
+    out["ratios_cpu"] = _ratios(cpu)  # the same from the process's CPU seconds (a busy machine)
+    ratios = out["ratios"]
+    if "lens_s" in rows:
+        ratios["lens_s"] = rows["lens_s"]
+        out["ratios_cpu"]["lens_s"] = cpu["lens_s"]
+    if "sweeps" in peaks:
+        ratios["peak_over_prefill_peak"] = peaks["sweeps"] / peaks["prefill"]
+        out["ratios_cpu"]["peak_over_prefill_peak"] = ratios["peak_over_prefill_peak"]
+    for k in swept:  # each sweep's own
+        ratios[f"peak_{k}_over_prefill_peak"] = peaks[k] / peaks["prefill"]
+    out["targets"] = {
+        k: {"limit": lim, "kind": kind, "met": ratios[k] <= lim if kind == "max" else ratios[k] >= lim}
+        for k, (lim, kind) in TARGETS.items()
+        if k in ratios
+    }
+    return out
+
+
+def _attribution_rows(s, bad: list[int], t, out: dict, peaks: dict, log: Callable[[str], None]) -> None:
+    """The ``attribution`` rows: attribution patching, one direction and both."""
+    from attnscope.core.analysis.head_effects import attribution_patching
+
+    rows, cpu = out["rows"], out["cpu_s"]
     _reset_peak()
     _, rows["attribution_one_s"] = _timed(
         lambda: attribution_patching(s, bad, t, "everywhere", directions=("denoise",))
@@ -159,12 +240,19 @@ def run_heads_bench(
         f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions {rows['attribution_both_s']:.2f} s)"
     )
 
-    _lens_rows(s, out, peaks, repeats, log)
-    # the process's resident peak (the weights included) during each sweep, before the plain model the
-    # loop needs is loaded: how far each sweep raised it above the prefill's own
-    peaks["sweeps"] = max(peaks[k] for k in ("readout", "everywhere", "attribution", "lens"))
-    out["peak_rss_bytes"] = peaks
 
+def _loop_rows(
+    s, model, ids, t, eff, layers, units: int, ev_units: int, loop_heads: int, out: dict, log
+) -> None:
+    """The ``loop`` rows: the per-head loop of full forwards in plain transformers, a head's median
+    time × the units of the read-out and everywhere sweeps; with ``eff`` (the read-out sweep's
+    effects), one sampled head's effect checked against it."""
+    import torch
+    from attnscope.core.bench.overhead import HFRunner
+    from attnscope.core.loading.resolve import resolve
+
+    rows, cpu = out["rows"], out["cpu_s"]
+    info = s.info
     folder, _ = resolve(model)
     ref = HFRunner(folder, "sdpa", s.backend.device).model
     D, H = info.head_dim, info.n_heads
@@ -189,7 +277,7 @@ def run_heads_bench(
             handle.remove()
         loop.append(dt)
         loop_cpu.append(CPU["last"])
-        if check is None:
+        if check is None and eff is not None:
             lp = torch.log_softmax(logits, -1)[t.token].item()
             check = abs((lp - eff.clean) - float(eff.query[layer, h]))
     rows["loop_per_head_s"] = statistics.median(loop)
@@ -202,21 +290,6 @@ def run_heads_bench(
 
     rows["everywhere_loop_s"] = rows["loop_per_head_s"] * ev_units
     cpu["everywhere_loop_s"] = cpu["loop_per_head_s"] * ev_units
-
-    out["ratios"] = _ratios(rows)
-    out["ratios_cpu"] = _ratios(cpu)  # the same from the process's CPU seconds (a busy machine)
-    ratios = out["ratios"]
-    ratios["lens_s"] = rows["lens_s"]
-    ratios["peak_over_prefill_peak"] = out["peak_rss_bytes"]["sweeps"] / out["peak_rss_bytes"]["prefill"]
-    out["ratios_cpu"]["lens_s"] = cpu["lens_s"]
-    out["ratios_cpu"]["peak_over_prefill_peak"] = ratios["peak_over_prefill_peak"]
-    for k in ("readout", "everywhere", "attribution", "lens"):  # each sweep's own
-        ratios[f"peak_{k}_over_prefill_peak"] = out["peak_rss_bytes"][k] / out["peak_rss_bytes"]["prefill"]
-    out["targets"] = {
-        k: {"limit": lim, "kind": kind, "met": ratios[k] <= lim if kind == "max" else ratios[k] >= lim}
-        for k, (lim, kind) in TARGETS.items()
-    }
-    return out
 
 
 def _lens_rows(s, out: dict, peaks: dict, repeats: int, log: Callable[[str], None]) -> None:
@@ -248,75 +321,6 @@ def _lens_rows(s, out: dict, peaks: dict, repeats: int, log: Callable[[str], Non
         f"heads: logit lens, {P} positions x {info.n_layers} layers {rows['lens_s']:.3f} s "
         f"(the unembedding matmul alone {rows['lens_matmul_s']:.3f} s)"
     )
-
-
-def run_lens_bench(
-    model: str | None = None,
-    seq_len: int = 2048,
-    repeats: int = 2,
-    log: Callable[[str], None] = lambda _m: None,
-) -> dict:
-    """The ``prefill`` and ``lens`` rows alone (``attnscope bench --heads --lens-only``): the lens's
-    seconds and its floor, and its peak memory over the prefill's; returns them JSON-ready, with the
-    two targets that concern the lens."""
-    import torch
-    from attnscope.core.bench.views import long_text
-    from attnscope.core.session import Session
-
-    s = Session.load(model)
-    text = long_text(s, seq_len)
-    times, cpus = [], []
-    for _ in range(max(1, repeats)):
-        _reset_peak()
-        _, t = _timed(lambda: s.prefill(text, chat_template=False))
-        times.append(t)
-        cpus.append(CPU["last"])
-    peaks = {"prefill": _peak_rss()}
-    out: dict = {
-        "model": s.info.name,
-        "seq_len": s.seq_len,
-        "torch_threads": torch.get_num_threads(),
-        "rows": {"prefill_s": min(times)},
-        "cpu_s": {"prefill_s": min(cpus)},
-    }
-    log(f"heads: prefill of {s.seq_len} tokens {min(times):.2f} s")
-    _lens_rows(s, out, peaks, repeats, log)
-    out["peak_rss_bytes"] = peaks
-    ratios = {
-        "lens_s": out["rows"]["lens_s"],
-        "peak_over_prefill_peak": peaks["lens"] / peaks["prefill"],
-    }
-    out["ratios"] = ratios
-    out["ratios_cpu"] = {
-        "lens_s": out["cpu_s"]["lens_s"],
-        "peak_over_prefill_peak": ratios["peak_over_prefill_peak"],
-    }
-    out["targets"] = {
-        k: {"limit": TARGETS[k][0], "kind": "max", "met": ratios[k] <= TARGETS[k][0]} for k in ratios
-    }
-    return out
-
-
-def format_lens_table(result: dict) -> str:
-    """:func:`run_lens_bench`'s result as text."""
-    rows, cpu = result["rows"], result["cpu_s"]
-    peaks = result["peak_rss_bytes"]
-    lines = [
-        f"Logit lens: {result['model']}, T = {result['seq_len']}, {result['torch_threads']} threads",
-        f"  prefill                              {rows['prefill_s']:9.3f} s",
-        _lens_line(result),
-        f"  peak RSS, GiB: prefill {peaks['prefill'] / 2**30:.3f}, lens {peaks['lens'] / 2**30:.3f}",
-        "",
-    ]
-    for k in ("lens_s", "peak_over_prefill_peak"):
-        tgt = result["targets"][k]
-        lines.append(
-            f"  {LABELS[k] if k == 'lens_s' else 'peak memory of the lens / of the prefill (RSS)':58s} "
-            f"{result['ratios'][k]:8.2f} (CPU {result['ratios_cpu'][k]:.2f})   target <= {tgt['limit']:g}  "
-            f"{'met' if tgt['met'] else 'MISSED'}"
-        )
-    lines.append(f"  (lens CPU {cpu['lens_s']:.3f} s, matmul CPU {cpu['lens_matmul_s']:.3f} s)")
-    return "\n".join(lines)
 
 
 def _lens_line(result: dict) -> str:
@@ -378,55 +382,78 @@ def _peak_rss() -> int:
 
 
 def _ratios(rows: dict) -> dict:
-    return {
-        "readout_over_prefill": rows["readout_s"] / rows["prefill_s"],
-        "loop_over_readout": rows["loop_s"] / rows["readout_s"],
-        "everywhere_over_loop": rows["everywhere_s"] / rows["everywhere_loop_s"],
-        "attribution_over_prefill": rows["attribution_one_s"] / rows["prefill_s"],
-        "attribution_both_over_prefill": rows["attribution_both_s"] / rows["prefill_s"],
+    """Each ratio whose two figures were measured (a row left out leaves its ratios out)."""
+    pairs = {
+        "readout_over_prefill": ("readout_s", "prefill_s"),
+        "loop_over_readout": ("loop_s", "readout_s"),
+        "everywhere_over_loop": ("everywhere_s", "everywhere_loop_s"),
+        "attribution_over_prefill": ("attribution_one_s", "prefill_s"),
+        "attribution_both_over_prefill": ("attribution_both_s", "prefill_s"),
+        "patch_readout_over_prefill": ("patch_readout_s", "prefill_s"),
+        "patch_readout_over_readout": ("patch_readout_s", "readout_s"),
     }
+    return {k: rows[a] / rows[b] for k, (a, b) in pairs.items() if a in rows and b in rows}
 
 
 def format_heads_table(result: dict) -> str:
+    """The bench's table: each row that ran, its ratios against their targets, the peaks."""
     rows, ratios, rc = result["rows"], result["ratios"], result["ratios_cpu"]
     lines = [
         f"Which heads matter: {result['model']}, T = {result['seq_len']}, {result['units']} units "
         f"(query heads, GQA groups, K/V sides), {result['torch_threads']} threads",
         f"  prefill                              {rows['prefill_s']:9.3f} s",
-        f"  read-out sweep, every unit           {rows['readout_s']:9.3f} s",
-        f"  per-head loop (plain transformers)   {rows['loop_per_head_s']:9.3f} s a head, "
-        f"{rows['loop_s']:9.1f} s for all (check {result['loop_check_error']:.1e})",
-        f"  everywhere, {result['everywhere_units']} units of layers {result['everywhere_layers']}: "
-        f"{rows['everywhere_s']:.3f} s (loop: {rows['everywhere_loop_s']:.1f} s)",
-        f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
-        f"(both directions {rows['attribution_both_s']:.3f} s)",
-        _lens_line(result),
-        "  peak RSS, GiB: prefill {:.3f}, read-out {:.3f}, everywhere {:.3f}, attribution {:.3f}, lens {:.3f}".format(
-            *(
-                result["peak_rss_bytes"][k] / 2**30
-                for k in ("prefill", "readout", "everywhere", "attribution", "lens")
-            )
-        ),
-        "",
     ]
+    if "readout_s" in rows:
+        lines.append(f"  read-out sweep, every unit           {rows['readout_s']:9.3f} s")
+    if "loop_s" in rows:
+        check = result.get("loop_check_error")
+        lines.append(
+            f"  per-head loop (plain transformers)   {rows['loop_per_head_s']:9.3f} s a head, "
+            f"{rows['loop_s']:9.1f} s for all" + (f" (check {check:.1e})" if check is not None else "")
+        )
+    if "everywhere_s" in rows:
+        loop = f" (loop: {rows['everywhere_loop_s']:.1f} s)" if "everywhere_loop_s" in rows else ""
+        lines.append(
+            f"  everywhere, {result['everywhere_units']} units of layers {result['everywhere_layers']}: "
+            f"{rows['everywhere_s']:.3f} s{loop}"
+        )
+    if "patch_readout_s" in rows:
+        lines.append(
+            f"  read-out patching, {result['patch_units']} units (both directions) "
+            f"{rows['patch_readout_s']:9.3f} s"
+        )
+    if "attribution_one_s" in rows:
+        lines.append(
+            f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
+            f"(both directions {rows['attribution_both_s']:.3f} s)"
+        )
+    if "lens_s" in rows:
+        lines.append(_lens_line(result))
+    peaks = result["peak_rss_bytes"]
+    swept = [k for k in ("readout", "everywhere", "patch", "attribution", "lens") if k in peaks]
+    lines.append("  peak RSS, GiB: " + ", ".join(f"{k} {peaks[k] / 2**30:.3f}" for k in ("prefill", *swept)))
+    lines.append("")
     for k, label in LABELS.items():
+        if k not in result["targets"]:
+            continue
         tgt = result["targets"][k]
         sign = "<=" if tgt["kind"] == "max" else ">="
         lines.append(
             f"  {label:58s} {ratios[k]:8.2f} (CPU {rc[k]:.2f})   target {sign} {tgt['limit']:g}  "
             f"{'met' if tgt['met'] else 'MISSED'}"
         )
-    lines.append(
-        f"  {'attribution patching, both directions / prefill':58s} {ratios['attribution_both_over_prefill']:8.2f}"
-        f" (CPU {rc['attribution_both_over_prefill']:.2f})"
-    )
-    lines.append(
-        "  peak memory / the prefill's, per sweep: "
-        + ", ".join(
-            f"{k} {ratios[f'peak_{k}_over_prefill_peak']:.2f}"
-            for k in ("readout", "everywhere", "attribution", "lens")
+    for k, label in (
+        ("attribution_both_over_prefill", "attribution patching, both directions / prefill"),
+        ("patch_readout_over_prefill", "read-out patching, both directions / prefill"),
+        ("patch_readout_over_readout", "read-out patching / read-out ablation sweep"),
+    ):
+        if k in ratios:
+            lines.append(f"  {label:58s} {ratios[k]:8.2f} (CPU {rc[k]:.2f})")
+    if swept:
+        lines.append(
+            "  peak memory / the prefill's, per sweep: "
+            + ", ".join(f"{k} {ratios[f'peak_{k}_over_prefill_peak']:.2f}" for k in swept)
         )
-    )
     return "\n".join(lines)
 
 

@@ -282,6 +282,99 @@ def test_query_side_and_kv_side_patching_equal_projection_hooks(family, scope, s
         assert np.isnan(res.denoise).all()
 
 
+@pytest.mark.parametrize(
+    "family, site",
+    [
+        ("llama", "output"),
+        ("llama", "kv"),
+        *[pytest.param(f, "output", marks=pytest.mark.slow) for f in ("qwen3", "mistral", "gemma3_text")],
+        pytest.param("qwen3", "query", marks=pytest.mark.slow),
+    ],
+)
+def test_readout_patching_runs_the_corrupted_prefix_once_and_equals_hooks(
+    family, site, tmp_path, monkeypatch
+):
+    """Read-out patching runs the corrupted prompt's prefix ONCE (into a scratch KV cache; the clean
+    prefix is the session's own cache) and every unit from one batched step per layer; its fractions equal
+    the whole-forward path (the :class:`_Runner` fallback) and plain transformers forwards with the hook
+    at the read-out position, to 1e-5. Llama, Qwen3 (QK-norm), Mistral and Gemma 3 (sliding window 4 <
+    the read-out position)."""
+    import attnscope.core.analysis.head_effects as he
+    import attnscope.core.backends.torch_backend as tb
+
+    s, ref = _load(family, tmp_path)
+    D, p = s.info.head_dim, 9
+    corrupt = list(IDS)
+    corrupt[3] = 44
+    t = he.make_target(s, "logit_diff", position=p, token=9, other=14)
+    calls, tokens = [], []
+    real = tb.TorchBackend.forward
+    monkeypatch.setattr(
+        tb.TorchBackend,
+        "forward",
+        lambda self, ids, *a, **k: calls.append(list(ids)) or real(self, ids, *a, **k),
+    )
+    emb = s.backend.model.get_input_embeddings().register_forward_pre_hook(
+        lambda _m, args: tokens.append(args[0].numel())
+    )
+    try:
+        res = he.patch_heads(s, corrupt, t, "readout", site=site)
+    finally:
+        emb.remove()
+    # one backend forward in all: the corrupted prefix; the two recording steps are one token each
+    assert calls == [corrupt[:p]] and tokens == [1, p, 1]
+    assert s.ids == IDS and s.backend.seq_len == len(IDS)
+
+    def diff(logits):
+        return float(logits[p, 9] - logits[p, 14])
+
+    clean, bad = diff(_hooked_logits(ref, IDS, 0, [], D)), diff(_hooked_logits(ref, corrupt, 0, [], D))
+    assert abs(res.clean - clean) < 1e-5 and abs(res.corrupt - bad) < 1e-5
+    # fractions of clean − corrupted compared as the patched target itself (a logit difference): 1e-5
+    scale = abs(clean - bad)
+
+    monkeypatch.setattr(he, "_readout_pair", lambda *a, **k: None)  # the whole-forward path
+    old = he.patch_heads(s, corrupt, t, "readout", site=site)
+    for name in ("denoise", "noise", "denoise_kv", "noise_kv"):
+        a, b = getattr(res, name), getattr(old, name)
+        assert np.array_equal(np.isnan(a), np.isnan(b))
+        assert np.nan_to_num(np.abs(a - b)).max() * scale < 1e-5, name
+    assert abs(res.clean - old.clean) < 1e-5 and abs(res.corrupt - old.corrupt) < 1e-5
+    at = slice(p, p + 1)
+    for layer in range(s.info.n_layers):
+        if site == "output":
+            zs: dict = {}
+
+            def keep(_m, args, zs=zs):
+                zs[len(zs)] = args[0][:, at].detach().clone()
+
+            handle = _proj(ref, layer).register_forward_pre_hook(keep)
+            with torch.no_grad():
+                for ids in (IDS, corrupt):  # zs[0]: the clean run's, zs[1]: the corrupted run's
+                    ref(torch.tensor([ids]))
+            handle.remove()
+            units = [([h], res.denoise, res.noise, h) for h in range(s.info.n_heads)]
+            units += [
+                (list(s.info.group(k)), res.denoise_kv, res.noise_kv, k) for k in range(s.info.n_kv_heads)
+            ]
+            for heads, den_arr, noi_arr, i in units:
+                den = diff(_hooked_logits(ref, corrupt, layer, heads, D, zs[0], at))
+                noi = diff(_hooked_logits(ref, IDS, layer, heads, D, zs[1], at))
+                assert abs(den_arr[layer, i] * (clean - bad) - (den - bad)) < 1e-5, (layer, heads)
+                assert abs(noi_arr[layer, i] * (clean - bad) - (clean - noi)) < 1e-5, (layer, heads)
+            continue
+        src, dst = _proj_outputs(ref, IDS, layer), _proj_outputs(ref, corrupt, layer)
+        n = s.info.n_heads if site == "query" else s.info.n_kv_heads
+        for i in range(n):
+            den = diff(_proj_hooked_logits(ref, corrupt, layer, site, i, D, src, at))
+            noi = diff(_proj_hooked_logits(ref, IDS, layer, site, i, D, dst, at))
+            got_d = res.denoise[layer, i] if site == "query" else res.denoise_kv[layer, i]
+            got_n = res.noise[layer, i] if site == "query" else res.noise_kv[layer, i]
+            assert abs(got_d * (clean - bad) - (den - bad)) < 1e-5, (layer, i)
+            assert abs(got_n * (clean - bad) - (clean - noi)) < 1e-5, (layer, i)
+    assert np.nanmax(np.abs(res.denoise_kv)) > 1e-3  # patches matter in a random model
+
+
 def _linear_tail(s):
     """Make ``s``'s model linear after its last layer's output projection: the last MLP's output zeroed
     and the final norm an identity, so that the target is linear in the last layer's head outputs."""

@@ -216,16 +216,18 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_lens_bench_rows(tmp_path):
-    """``attnscope bench --heads --lens-only`` on a tiny model: the lens's seconds, its floor (the
-    unembedding matmul alone), its peak over the prefill's and the two targets, and a table."""
-    from attnscope.core.bench.heads import format_lens_table, run_lens_bench
+    """``attnscope bench --heads --heads-rows lens`` on a tiny model: the lens's seconds (the fastest of the
+    repeats), its floor (the unembedding matmul alone), its peak over the prefill's and its two targets,
+    and the table's lens line; no other sweep runs."""
+    from attnscope.core.bench.heads import format_heads_table, run_heads_bench
 
     save_tiny("llama", tmp_path / "m")
-    res = run_lens_bench(str(tmp_path / "m"), seq_len=24, repeats=1)
+    res = run_heads_bench(str(tmp_path / "m"), seq_len=24, repeats=1, only=["lens"])
     assert res["lens_positions"] == 24 and res["rows"]["lens_s"] > 0 and res["rows"]["lens_matmul_s"] > 0
-    assert "lens_error" not in res and res["ratios"]["peak_over_prefill_peak"] > 0.5
-    assert set(res["targets"]) == {"lens_s", "peak_over_prefill_peak"}
-    assert "unembedding matmul alone" in format_lens_table(res)
+    assert "lens_error" not in res and res["ratios"]["peak_lens_over_prefill_peak"] > 0.5
+    assert {"lens_s", "peak_over_prefill_peak"} <= set(res["targets"])
+    assert "readout_s" not in res["rows"] and "attribution_one_s" not in res["rows"]
+    assert "unembedding matmul alone" in format_heads_table(res)
 
 
 @pytest.mark.slow

@@ -142,10 +142,12 @@ def add_arguments(p) -> None:
         help="with --heads: layers the everywhere sweep samples, spread evenly (default 5)",
     )
     p.add_argument(
-        "--lens-only",
-        action="store_true",
-        help="with --heads: the prefill and the logit lens rows alone (the lens's time, its floor and its "
-        "peak memory)",
+        "--heads-rows",
+        default=None,
+        metavar="ROWS",
+        help="with --heads: run only these rows, comma-separated, of readout, everywhere, patch, "
+        "attribution, lens, loop (the prefill always runs; loop is what readout and everywhere are "
+        "compared with; default all)",
     )
     p.add_argument(
         "--quick",
@@ -187,6 +189,8 @@ def run(args) -> int:
     if getattr(args, "engine", None):
         return _run_remote(args, out)
     _check_views_options(args)
+    if getattr(args, "heads_rows", None) is not None and not getattr(args, "heads", False):
+        raise ValueError("--heads-rows only applies to 'attnscope bench --heads'")
     if getattr(args, "startup", False):
         from attnscope.core.bench.startup import format_startup_table, run_startup_bench
 
@@ -208,20 +212,12 @@ def run(args) -> int:
         )
         _emit(format_sources(result), result, args.json, out)
         return 0
-    if getattr(args, "heads", False) and getattr(args, "lens_only", False):
-        from attnscope.core.bench.heads import format_lens_table, run_lens_bench
-
-        result = run_lens_bench(
-            model=args.model,
-            seq_len=64 if args.quick else (_sizes(args.sizes)[-1] if args.sizes else 2048),
-            repeats=args.repeats if args.repeats is not None else (1 if args.quick else 2),
-            log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
-        )
-        _emit(format_lens_table(result), result, args.json, out)
-        return 0
     if getattr(args, "heads", False):
-        from attnscope.core.bench.heads import format_heads_table, run_heads_bench
+        from attnscope.core.bench.heads import check_rows, format_heads_table, run_heads_bench
 
+        heads_rows = None
+        if args.heads_rows is not None:
+            heads_rows = check_rows([r.strip() for r in args.heads_rows.split(",") if r.strip()])
         result = run_heads_bench(
             model=args.model,
             seq_len=64 if args.quick else (_sizes(args.sizes)[-1] if args.sizes else 2048),
@@ -229,6 +225,7 @@ def run(args) -> int:
             loop_heads=args.loop_heads or (2 if args.quick else 5),
             everywhere_layers=args.everywhere_layers or (1 if args.quick else 5),
             log=lambda msg: print(f"bench: {msg}", file=sys.stderr, flush=True),
+            only=heads_rows,
         )
         _emit(format_heads_table(result), result, args.json, out)
         return 0
@@ -271,8 +268,6 @@ def _check_views_options(args) -> None:
     ]
     if views_only and not getattr(args, "views", False):
         raise ValueError(f"{', '.join(views_only)} only apply to 'attnscope bench --views'")
-    if getattr(args, "lens_only", False) and not getattr(args, "heads", False):
-        raise ValueError("--lens-only only applies to 'attnscope bench --heads'")
     for name in ("synthetic", "threads"):
         v = getattr(args, name, None)
         if v is not None and v < 1:
