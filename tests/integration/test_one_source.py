@@ -28,6 +28,7 @@ _MODULE_NAME_LINES = {
     ("core/remote/wire.py", 'if mod.startswith("torch"):'),
     ("core/remote/wire.py", 'if mod.startswith("mlx"):'),
     ("core/loading/quant_cache.py", '"torch": _version("torch"),'),
+    ("core/loading/lean_import.py", '("torch", "torch._prims_common", "torch._refs", "torch._prims"),'),
 }
 
 
