@@ -69,7 +69,10 @@ def test_bench_views_passes_synthetic_and_threads(monkeypatch, tmp_path, capsys)
     [
         (["--synthetic", "512"], "attnscope: error: --synthetic only apply to 'attnscope bench --views'"),
         (["--threads", "1"], "attnscope: error: --threads only apply to 'attnscope bench --views'"),
-        (["--heads-rows", "lens"], "attnscope: error: --heads-rows only applies to 'attnscope bench --heads'"),
+        (
+            ["--heads-rows", "lens"],
+            "attnscope: error: --heads-rows only applies to 'attnscope bench --heads'",
+        ),
         (["--views", "--threads", "0"], "attnscope: error: --threads must be a positive integer, got 0"),
         (
             ["--views", "--synthetic", "-5"],
