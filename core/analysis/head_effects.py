@@ -1694,8 +1694,9 @@ def _shared_prefix(session: Session, clean: Sequence[int], bad: Sequence[int]) -
     """How many leading positions the two runs share and the session's KV cache holds (their keys and
     values read from there, :func:`_prefix_view`); 0 where the cache cannot serve them (a hybrid model's
     recurrent states, an MLA cache, a length-dependent RoPE, a non-causal attention layer; learned sinks,
-    whose fused kernel after a prefix has no exact gradient). At most ``len(clean) − 1``: the read-out
-    position always runs."""
+    whose fused kernel after a prefix has no exact gradient), and where it is under a quarter of the prompt
+    (the runs from position 0 are then faster). At most ``len(clean) − 1``: the read-out position always
+    runs."""
     sb = session.backend
     trace = getattr(sb, "trace", None)
     if any(getattr(rec, "sinks", None) is not None for rec in getattr(trace, "layers", ())):
@@ -1715,6 +1716,12 @@ def _shared_prefix(session: Session, clean: Sequence[int], bad: Sequence[int]) -
         return 0
     f = next((i for i, (a, b) in enumerate(zip(clean, bad, strict=True)) if a != b), len(clean))
     f = min(f, len(clean) - 1)
+    if f < len(clean) // 4:
+        # a short shared prefix saves little and costs much: the runs after a prefix attend as a
+        # rectangle, without the fused causal kernel a whole-prompt run uses (forward and backward); at
+        # 2,048 tokens on SmolLM2 a run after a 1-token prefix took 1.25 x one from position 0
+        # (``attnscope bench --heads``, whose corrupted prompt changes position 1)
+        return 0
     held = list(getattr(sb, "_ids", [])[:f])
     if f < 1 or getattr(sb, "seq_len", 0) < f or held != list(clean[:f]):
         return 0

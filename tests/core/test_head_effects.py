@@ -482,6 +482,11 @@ def test_attribution_patching_falls_back_to_a_plain_forward_where_the_cache_lack
         assert head_effects._TraceOutputs.open(s, be, parts, s.ids[:9]) is None
     assert head_effects._shared_prefix(s, s.ids[:9], corrupt[:9]) == 0
     plain = attribution_patching(s, corrupt, t, "everywhere")
+    s.backend._ids = list(s.ids)
+    early = list(IDS)
+    early[1] = 44  # a shared prefix under a quarter of the 9 positions: the runs start at 0
+    assert head_effects._shared_prefix(s, s.ids[:9], early[:9]) == 0
+    assert head_effects._shared_prefix(s, s.ids[:9], corrupt[:9]) == 5
     np.testing.assert_allclose(held.denoise, plain.denoise, atol=1e-5 * (1 + np.abs(plain.denoise).max()))
     np.testing.assert_allclose(held.noise, plain.noise, atol=1e-5 * (1 + np.abs(plain.noise).max()))
 
