@@ -25,8 +25,7 @@ apart, so a busy machine slows both sides alike):
 * ``lens``: the logit lens of the last 64 positions at every layer
   (:func:`attnscope.core.analysis.logit_lens.logit_lens`), in seconds, the fastest of ``repeats``, beside
   its floor measured in the same run: the unembedding matmul alone (``(n_layers·64 × d_model) @ (d_model ×
-  vocab)`` in float32, in the lens's vocabulary blocks); ``--lens-only`` runs this row and the prefill alone
-  (:func:`run_lens_bench`);
+  vocab)`` in float32, in the lens's vocabulary blocks); ``--heads-rows lens`` runs this row and the prefill alone;
 * ``peak``: the process's peak resident memory during each sweep above over its peak during the prefill
   the sweeps run on (both include the weights; the loop's plain model is loaded after these are read).
   Linux resets the peak before each (``/proc/self/clear_refs``, read back as ``VmHWM``), so each sweep
