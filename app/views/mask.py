@@ -24,6 +24,7 @@ from attnscope.app.views.heatmap import qt_colormap
 from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.io.colormaps import to_rgb
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
 
 if TYPE_CHECKING:
@@ -394,11 +395,10 @@ class MaskView(QWidget):
         self.ent_plot.getAxis("bottom").setTicks(None)  # entropy in nats, not key tokens
 
     def _ticks(self, p, toks, r, decode: bool) -> None:
-        vb_w = max(200.0, p.getViewBox().width())
-        stride = max(1, math.ceil(r.S * 60 / vb_w))
-        p.getAxis("bottom").setTicks(
-            [[(j + 0.5, token_label(toks[j].text)) for j in range(0, r.S, stride)], []]
-        )
+        axis = p.getAxis("bottom")
+        labels = [token_label(toks[j].text) for j in range(r.S)]
+        stride = _label_stride(axis, labels, p.getViewBox().width(), r.S, horizontal=True)
+        axis.setTicks([[(j + 0.5, labels[j]) for j in range(0, r.S, stride)], []])
         if decode:
             left = (
                 [[(0.5, f"{r.row_start} {token_label(toks[r.row_start].text)}")], []]
@@ -412,8 +412,7 @@ class MaskView(QWidget):
     @staticmethod
     def _row_ticks(p, toks, r):
         n_rows = r.row_stop - r.row_start
-        vb_h = max(200.0, p.getViewBox().height())
-        rs = max(1, math.ceil(n_rows * 16 / vb_h))
+        rs = _label_stride(p.getAxis("left"), ["0"], p.getViewBox().height(), n_rows, horizontal=False)
         return [
             [(i + 0.5, f"{i} {token_label(toks[i].text)}") for i in range(r.row_start, r.row_stop, rs)],
             [],
@@ -449,3 +448,18 @@ class MaskView(QWidget):
                 f"{'attend' if ok else 'blocked'}, score {score}, "
                 f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats{sink}"
             )
+
+
+def _label_stride(axis, labels: list[str], px: float, n: int, horizontal: bool) -> int:
+    """Every how many of ``n`` evenly spaced cells ``axis`` (a pyqtgraph AxisItem ``px`` pixels long) can
+    label without two labels touching: the widest of ``labels`` (horizontal) or one text line (vertical)
+    plus a gap. The key axes' labels overlapped at 1000 x 650 ("trainedjumps"), the plots' width having
+    been taken as at least 200 px (tests/app/test_fixb_layout_gui.py)."""
+    if n <= 0:
+        return 1
+    fm = QFontMetrics(axis.style["tickFont"] or axis.font())
+    need = (
+        (max((fm.horizontalAdvance(t) for t in labels), default=0) + 10) if horizontal else fm.height() * 1.25
+    )
+    px = px if px > 20 else 200.0  # not laid out yet: redone on the view box's first resize
+    return max(1, math.ceil(need * n / px))

@@ -49,3 +49,47 @@ def test_heatmap_title_never_covers_the_map_with_the_why_dock_open(qtbot, tmp_pa
     assert not title.intersects(image), (title, image, hm.plot.titleLabel.text)
     win.close()
 
+
+def _show_tab(qtbot, win, key: str) -> None:
+    from PySide6.QtWidgets import QTabWidget
+
+    tabs = win.findChildren(QTabWidget)[0]
+    for i in range(tabs.count()):
+        if tabs.tabText(i).lower().startswith(key):
+            tabs.setCurrentIndex(i)
+            break
+    else:
+        raise AssertionError(f"no {key} tab")
+    _settle(qtbot, win)
+    assert win.engine.wait_idle(60) and win.last_error is None
+    _settle(qtbot, win, 10)
+
+
+def _drawn_tick_rects(axis) -> list:
+    from PySide6.QtGui import QImage, QPainter
+
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _axis, _ticks, texts = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [(text, rect) for rect, _flags, text in texts]
+
+
+def test_mask_key_axis_labels_never_overlap_at_1000(qtbot, tmp_path, monkeypatch):
+    from gui_helpers import run_in
+
+    win = _window(qtbot, tmp_path, monkeypatch, (1000, 650))
+    run_in(win, "日本語の文章です。" * 3)  # byte tokens: each key label as wide as "<0xE6>"
+    _show_tab(qtbot, win, "mask")
+    from attnscope.app.views.mask import MaskView
+
+    mask = win.findChildren(MaskView)[0]
+    assert mask.report is not None
+    for p in mask.plots:
+        rects = _drawn_tick_rects(p.getAxis("bottom"))
+        assert rects, "no key labels drawn"
+        for (ta, a), (tb, b) in zip(rects, rects[1:], strict=False):
+            assert not a.intersects(b), (ta, a, tb, b)
+    win.close()
