@@ -323,9 +323,8 @@ class SinksView(QWidget, SavedControls):
             angle=0,
             pos=DEFAULT_THRESHOLD,
             pen=pg.mkPen("#b02a2a", width=1, style=Qt.PenStyle.DashLine),
-            label="threshold {value:.2f}",
-            # left-aligned at the plot's left edge (centred there, its first letters were cut off)
-            labelOpts={"position": 0.02, "color": "#b02a2a", "anchors": [(0, 1), (0, 0)]},
+            # no label on the line: drawn in the plot it sat on the curves (a head's weights start near
+            # the threshold); the title's first line names it instead (tests/app/test_fixb_layout_gui.py)
         )
         self.decode_line = pg.InfiniteLine(
             angle=90,
@@ -610,7 +609,12 @@ class SinksView(QWidget, SavedControls):
                 f"<span style='color:#3b6fb6'>● each row's weight on {target}</span> · "
                 f"<span style='color:#d0702a'>{so_far}"
             )
-        # two lines (which head; its legend), each short enough for the plot of a 1000 px window
+        # two lines (which head and the threshold line's key; its legend), each short enough for the
+        # plot of a 1000 px window
+        head_line, legend = title.split("<br>", 1)
+        title = (
+            f"{head_line} · <span style='color:#b02a2a'>╌ threshold {self.threshold:.2f}</span><br>{legend}"
+        )
         pi.setTitle(
             title + (f" · rows 0..{n - 1}" if n < r.seq_len else ""),
             color="#222",

@@ -93,3 +93,28 @@ def test_mask_key_axis_labels_never_overlap_at_1000(qtbot, tmp_path, monkeypatch
         for (ta, a), (tb, b) in zip(rects, rects[1:], strict=False):
             assert not a.intersects(b), (ta, a, tb, b)
     win.close()
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_sinks_threshold_label_is_off_the_curves(qtbot, tmp_path, monkeypatch, size):
+    from attnscope.app.views.sinks import SinksView
+    from pyqtgraph.graphicsItems.InfiniteLine import InfLineLabel
+
+    win = _window(qtbot, tmp_path, monkeypatch, size)
+    _show_tab(qtbot, win, "sinks")
+    sinks = win.findChildren(SinksView)[0]
+    assert sinks.report is not None
+    pi = sinks.plot.getPlotItem()
+    vb = pi.getViewBox()
+    data_area = vb.mapRectToScene(vb.boundingRect())
+    # no label drawn inside the curves' area: the threshold is named in the title's first line
+    labels = [it for it in vb.allChildren() if isinstance(it, InfLineLabel) and it.isVisible()]
+    for it in labels:
+        if "threshold" in it.toPlainText():
+            assert not it.mapRectToScene(it.boundingRect()).intersects(data_area)
+    first_line = pi.titleLabel.text.split("<br>")[0]
+    assert "threshold 0.50" in first_line, pi.titleLabel.text
+    title = _text_scene_rect(pi.titleLabel.item)
+    assert not title.intersects(data_area), (title, data_area)
+    win.close()
+
