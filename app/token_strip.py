@@ -50,7 +50,7 @@ def token_html(
             f'<a href="tok:{t.position}" style="text-decoration:none; color:#000">'
             f'<span style="{";".join(style)}" title="{title}">{text}</span></a>'
         )
-        if t.text.endswith("↵"):
+        if t.text.endswith("↵") and i < len(tokens) - 1:  # no empty line after the last token
             parts.append("<br>")
     return "<div style='font-family:monospace; font-size:11pt; line-height:160%'>" + "".join(parts) + "</div>"
 
@@ -89,10 +89,49 @@ class TokenStrip(QTextBrowser):
         document is laid out again at the pane's width when it is first shown or resized, which
         moves the text under a scroll value set before: :meth:`resizeEvent` and :meth:`showEvent`
         scroll again (until the user scrolls), so the pane never opens half-scrolled."""
+        bar = self.verticalScrollBar()
+        end = self._pad_to_whole_lines()
         if self._query is not None:
             self.scrollToAnchor("query")
+            bar.setValue(round(self._line_top_at_or_above(bar.value())))
         else:
-            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+            bar.setValue(end)
+
+    def _line_tops(self) -> list[float]:
+        """The top of each laid-out line of the text, in document pixels, top to bottom."""
+        doc = self.document()
+        layout = doc.documentLayout()
+        tops = []
+        block = doc.begin()
+        while block.isValid():
+            y0 = layout.blockBoundingRect(block).top()
+            lines = block.layout()
+            tops += [y0 + lines.lineAt(i).y() for i in range(lines.lineCount())]
+            block = block.next()
+        return tops
+
+    def _line_top_at_or_above(self, y: float) -> float:
+        return max((t for t in self._line_tops() if t <= y + 0.5), default=0.0)
+
+    def _pad_to_whole_lines(self) -> int:
+        """Pad the text's bottom so that the scroll end puts a line's top at the pane's top; return
+        that scroll value. Scrolled to its end, a text of several lines (a chat-template prompt) showed
+        its top line cut in half, the pane being no whole number of lines high
+        (tests/app/test_fixb_layout_gui.py)."""
+        doc = self.document()
+        root = doc.rootFrame()
+        fmt = root.frameFormat()
+        base = doc.documentMargin()
+        if fmt.bottomMargin() != base:
+            fmt.setBottomMargin(base)
+            root.setFrameFormat(fmt)
+        end = doc.size().height() - self.viewport().height()
+        if end <= 0:
+            return 0
+        top = min((t for t in self._line_tops() if t >= end - 0.5), default=end)
+        fmt.setBottomMargin(base + max(0.0, top - end))
+        root.setFrameFormat(fmt)
+        return round(top)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

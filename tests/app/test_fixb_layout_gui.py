@@ -118,3 +118,29 @@ def test_sinks_threshold_label_is_off_the_curves(qtbot, tmp_path, monkeypatch, s
     assert not title.intersects(data_area), (title, data_area)
     win.close()
 
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_token_strip_opens_on_whole_lines(qtbot, tmp_path, monkeypatch, size):
+    from gui_helpers import run_in
+
+    win = _window(qtbot, tmp_path, monkeypatch, size)
+    # several lines, as a chat-template prompt is (each ↵ breaks the strip's line)
+    run_in(win, "system: be brief.\nuser: The cat sat on the mat.\nThe dog sat on the log.\nassistant:\n")
+    _settle(qtbot, win, 10)
+    strip = win.token_strip
+    bar = strip.verticalScrollBar()
+    assert bar.maximum() > 0, "the text fits the pane: nothing to scroll"
+    doc = strip.document()
+    tops, block = [], doc.begin()
+    while block.isValid():  # each laid-out line's top, in document pixels
+        y0 = doc.documentLayout().blockBoundingRect(block).top()
+        tops += [y0 + block.layout().lineAt(i).y() for i in range(block.layout().lineCount())]
+        block = block.next()
+    assert len(tops) >= 4
+    # the first visible line starts at the pane's top: whole, not cut in half
+    assert min(abs(bar.value() - t) for t in tops) <= 1.0, (bar.value(), tops)
+    # and the newest token's line (the last) is whole too, at the bottom
+    last = doc.lastBlock()
+    last_bottom = doc.documentLayout().blockBoundingRect(last).top() + last.layout().boundingRect().bottom()
+    assert last_bottom <= bar.value() + strip.viewport().height() + 1.0
+    win.close()
