@@ -66,6 +66,10 @@ NOTE = (
 )
 
 
+NO_SEQUENCE_HINT = "Run a prompt, then press Run to find the heads the prediction depends on."
+READY_HINT = "Press Run to find the heads the prediction of the target depends on."
+
+
 def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, scope: str, source: str = ""):
     """Engine job: target, ablation sweep and direct logit attribution for the sequence ``ids``
     (``source``: the resample prompt)."""
@@ -216,7 +220,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.patch_summary.setWordWrap(True)
         self.patch_summary.hide()
 
-        self.summary = QLabel("Run a prompt, then press Run to find the heads the prediction depends on.")
+        self.summary = QLabel(NO_SEQUENCE_HINT)
         self.summary.setWordWrap(True)
         self.summary.setStyleSheet("color:#335;")
 
@@ -293,6 +297,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.table.cellDoubleClicked.connect(self._on_activated)
         self.show_combo.currentIndexChanged.connect(lambda _i: self._draw())
         state.events.snapshot.connect(lambda _snap: self._drop_frames_if_stale())
+        state.events.snapshot.connect(lambda _snap: self._hint())
         self.export_button.clicked.connect(self._export_dialog)
 
     # -- running ------------------------------------------------------------------------------------------
@@ -309,6 +314,17 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             self.patch_summary.setText("Patching out of date: the sequence changed; press Patch again.")
         if self.lens is not None and self.lens_key != key:
             self.lens_panel.caption.setText("Out of date: the sequence changed; press Lens again.")
+
+    def _hint(self) -> None:
+        """Before the first sweep, the line above the plots says what to do now: run a prompt while no
+        sequence exists, press Run once one does (tests/app/test_heads_empty_gui.py)."""
+        if self.result is not None or self._running:
+            return
+        snap = self.state.snapshot
+        has_seq = snap is not None and bool(snap.seq_len)
+        text = self.summary.text()
+        if text in (NO_SEQUENCE_HINT, READY_HINT):
+            self.summary.setText(READY_HINT if has_seq else NO_SEQUENCE_HINT)
 
     def _drop_frames_if_stale(self) -> None:
         """A new sequence: the Head grid's effect frames go (they were this result's)."""

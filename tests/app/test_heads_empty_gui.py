@@ -81,3 +81,17 @@ def test_the_bars_legend_covers_no_bar(win, tmp_path):
     vb = plots.bars.vb.sceneBoundingRect()
     assert not legend.sceneBoundingRect().intersects(vb), (legend.sceneBoundingRect(), vb)
     assert legend.sceneBoundingRect().bottom() <= vb.top() + 0.5
+
+
+def test_hint_after_a_prompt_asks_only_for_run(make_window, tmp_path, monkeypatch):
+    """Before any prompt the hint asks to run one; once a sequence exists it asks only to press Run."""
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    w = make_window(model=tmp_path / "m")
+    view = w.views["heads"]
+    assert view.summary.text().startswith("Run a prompt")
+    run_in(w, PROMPT)
+    w.show_view("heads")
+    _settle(w)
+    text = view.summary.text()
+    assert "Run a prompt" not in text and text.startswith("Press Run"), text
