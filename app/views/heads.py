@@ -302,8 +302,8 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         state.events.snapshot.connect(lambda _snap: self._hint())
         self.export_button.clicked.connect(self._export_dialog)
         self._page_viewport: QWidget | None = None
-        for label in (self.summary, self.patch_summary):  # (a wrapped line more moves the plots down)
-            label.installEventFilter(self)
+        for wrapped in (self.summary, self.patch_summary):  # (a wrapped line more moves the plots down)
+            wrapped.installEventFilter(self)
 
     # -- fitting the page ---------------------------------------------------------------------------------
     PLOTS_MIN_HEIGHT = 230  # px: the plots' height when the page has room (1400 x 900)
