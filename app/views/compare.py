@@ -35,6 +35,7 @@ from attnscope.app.views.compare_form import RunBFormMixin
 from attnscope.app.views.compare_jobs import run_a_key, run_b_job
 from attnscope.app.views.compare_maps import CompareMapsMixin
 from attnscope.app.views.compare_table import CompareTableMixin
+from attnscope.app.views.heads_plots import Placeholder, show_placeholder
 from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import SpacedTicksAxis, set_short_title, style_plot
 from PySide6.QtCore import Qt
@@ -48,6 +49,10 @@ from PySide6.QtWidgets import (
 
 if TYPE_CHECKING:
     from attnscope.core.analysis.compare_runs import CompareResult
+
+
+#: the KL plot's placeholder until a comparison has run (hidden axes, not bare 0..1 ones)
+KL_EMPTY = "KL(A‖B) per position, after Run B & compare"
 
 
 class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, SavedControls):
@@ -117,6 +122,8 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
             symbolPen=pg.mkPen("#b02a2a"),
             name="top-1 differs",
         )
+        self.kl_placeholder = Placeholder(lp)
+        show_placeholder(lp, self.kl_placeholder, KL_EMPTY)
 
         for w, h in (
             (self.maps_widget, 160),
@@ -234,6 +241,7 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         self.kl_curve.setData([], [])
         self.disagree.setData([], [])
         self.logit_plot.getPlotItem().enableAutoRange()
+        show_placeholder(self.logit_plot.getPlotItem(), self.kl_placeholder, KL_EMPTY)
         self.clear_maps()
 
     def refresh(self) -> None:
@@ -307,6 +315,7 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         if res is None:
             return
         x = np.arange(len(res.kl)).astype(float)
+        show_placeholder(self.logit_plot.getPlotItem(), self.kl_placeholder, "")
         self.kl_curve.setData(x, res.kl)
         bad = ~res.top1_agree
         self.disagree.setData(x[bad], res.kl[bad])

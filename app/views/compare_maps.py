@@ -17,6 +17,7 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.views import compare_jobs as jobs
+from attnscope.app.views.heads_plots import Placeholder, show_placeholder
 from attnscope.app.views.heatmap import NONFINITE_LEGEND_HTML, show_nonfinite
 from attnscope.app.views.sinks import SpacedTicksAxis, set_short_title, style_plot
 from attnscope.core.io.colormaps import lut as colormap_lut
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 HOVER_HINT = "Hover a map to read A's and B's weights; click a row to plot both rows."
 ROW_HINT = "Click a map row to plot it"  # short: the plot is ~250 px wide in a 1000 px window
+#: the row plot's placeholder while no row is plotted (hidden axes, not bare 0..1 ones)
+ROW_EMPTY = "A's and B's weights along a clicked map row"
 
 
 def diverging_lut() -> np.ndarray:
@@ -128,6 +131,8 @@ class CompareMapsMixin:
         rp.getAxis("left").enableAutoSIPrefix(False)
         self.row_a = rp.plot([], [], pen=pg.mkPen("#3b6fb6", width=2), name="A")
         self.row_b = rp.plot([], [], pen=pg.mkPen("#d0702a", width=2, style=Qt.PenStyle.DashLine), name="B")
+        self.row_placeholder = Placeholder(rp)
+        show_placeholder(rp, self.row_placeholder, ROW_EMPTY)
         mapbox = QWidget()
         ml = QVBoxLayout(mapbox)
         ml.setContentsMargins(0, 0, 0, 0)
@@ -150,6 +155,7 @@ class CompareMapsMixin:
         self.row_a.setData([], [])
         self.row_b.setData([], [])
         set_short_title(self.row_plot.getPlotItem(), ROW_HINT)
+        show_placeholder(self.row_plot.getPlotItem(), self.row_placeholder, ROW_EMPTY)
         self.hover.setText(HOVER_HINT)
         self.bar.setLevels((-1.0, 1.0))
         self.row_plot.getPlotItem().enableAutoRange()
@@ -464,6 +470,7 @@ class CompareMapsMixin:
         # zoom left over: auto-range is off once the user has dragged the plot
         top = max(finite_max(np.asarray(ra[: row + 1])), finite_max(np.asarray(rb[: row + 1])), 1e-6)
         rp = self.row_plot.getPlotItem()
+        show_placeholder(rp, self.row_placeholder, "")
         rp.setXRange(0, max(row, 1), padding=0.02)
         rp.setYRange(0, top, padding=0.05)
         set_short_title(self.row_plot.getPlotItem(), f"Row {row} (A blue, B dashed)")

@@ -32,7 +32,7 @@ from attnscope.app.views.heads_patch import (
 )
 from attnscope.app.views.heads_plots import EMPTY_BARS, EMPTY_GRID, EMPTY_KV, EffectPlots
 from attnscope.app.views.saved_controls import SavedControls
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QPoint, Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -64,6 +64,10 @@ NOTE = (
     "query heads). Negative: the target falls without the head. Patching: the fraction of the clean − "
     "corrupted difference a head's patch restores (denoise) or breaks (noise)."
 )
+
+
+NO_SEQUENCE_HINT = "Run a prompt, then press Run to find the heads the prediction depends on."
+READY_HINT = "Press Run to find the heads the prediction of the target depends on."
 
 
 def _effects_job(ids: tuple, kind: str, token: str, other: str, method: str, scope: str, source: str = ""):
@@ -216,7 +220,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.patch_summary.setWordWrap(True)
         self.patch_summary.hide()
 
-        self.summary = QLabel("Run a prompt, then press Run to find the heads the prediction depends on.")
+        self.summary = QLabel(NO_SEQUENCE_HINT)
         self.summary.setWordWrap(True)
         self.summary.setStyleSheet("color:#335;")
 
@@ -266,14 +270,16 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         vsplit.setStretchFactor(0, 3)
         vsplit.setStretchFactor(1, 2)
         vsplit.setSizes([600, 330])
-        self.plots.setMinimumHeight(230)
+        self.plots.setMinimumHeight(self.PLOTS_LEAST_HEIGHT)
+        split.setMinimumHeight(self.PLOTS_MIN_HEIGHT)  # (:meth:`fit_plots_to_page` lowers it to fit)
+        self.plots_row = split
         self.splitter = vsplit
 
         self.note = QLabel(NOTE)
         self.note.setWordWrap(True)
         self.note.setStyleSheet("color:#555;")
 
-        lay = PageLayout(self)
+        self._layout = lay = PageLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.setSpacing(3)
         lay.addWidget(self.target_row)
@@ -293,7 +299,59 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         self.table.cellDoubleClicked.connect(self._on_activated)
         self.show_combo.currentIndexChanged.connect(lambda _i: self._draw())
         state.events.snapshot.connect(lambda _snap: self._drop_frames_if_stale())
+        state.events.snapshot.connect(lambda _snap: self._hint())
         self.export_button.clicked.connect(self._export_dialog)
+        self._page_viewport: QWidget | None = None
+        for wrapped in (self.summary, self.patch_summary):  # (a wrapped line more moves the plots down)
+            wrapped.installEventFilter(self)
+
+    # -- fitting the page ---------------------------------------------------------------------------------
+    PLOTS_MIN_HEIGHT = 230  # px: the plots' height when the page has room (1400 x 900)
+    PLOTS_LEAST_HEIGHT = 150  # px: never below this (ticks, axis titles and a few rows of heads)
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        """Follow the height of the scrolling tab page holding this view (its viewport's resizes)."""
+        super().showEvent(event)
+        viewport = self.parentWidget()
+        if viewport is not self._page_viewport and isinstance(viewport, QWidget):
+            self._page_viewport = viewport
+            viewport.installEventFilter(self)
+        self.fit_plots_to_page()
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
+        if event.type() == QEvent.Type.Resize and (
+            obj is self._page_viewport or obj in (self.summary, self.patch_summary)
+        ):
+            QTimer.singleShot(0, self.fit_plots_to_page)
+        return False
+
+    def fit_plots_to_page(self) -> None:
+        """The plots' least height such that, with the page scrolled to the top, they end at the
+        visible page's bottom edge: at 1000 x 650 the page is ~360 px tall and the plots (230 px
+        below ~170 px of controls) had their x tick labels and axis titles below it. Between
+        :data:`PLOTS_LEAST_HEIGHT` and :data:`PLOTS_MIN_HEIGHT`; the logit lens below is reached by
+        scrolling (tests/app/test_heads_empty_gui.py)."""
+        viewport = self._page_viewport
+        if viewport is None or not self.isVisible():
+            return
+        top = self.plots.mapTo(self, QPoint(0, 0)).y()
+        room = viewport.height() - top - self._layout.contentsMargins().bottom()
+        h = max(self.PLOTS_LEAST_HEIGHT, min(self.PLOTS_MIN_HEIGHT, room))
+        if self.plots_row.minimumHeight() != h:
+            self.plots_row.setMinimumHeight(h)
+        # the page layout's minimum counts the wrapped rows above (the target controls, the summary) at
+        # fewer lines than they take, so it squeezed the splitter below its minimum (the plots' x axes
+        # cut off): the view asks for what its rows take now
+        m, note = self._layout.contentsMargins(), self.note
+        need = (
+            self.splitter.y()
+            + self.splitter.minimumSizeHint().height()
+            + self._layout.spacing()
+            + (note.heightForWidth(note.width()) if note.isVisible() else 0)
+            + m.bottom()
+        )
+        if self.minimumHeight() != need:
+            self.setMinimumHeight(need)
 
     # -- running ------------------------------------------------------------------------------------------
     def _on_other(self, text: str) -> None:
@@ -309,6 +367,17 @@ class HeadsView(QWidget, SavedControls, HeadRows):
             self.patch_summary.setText("Patching out of date: the sequence changed; press Patch again.")
         if self.lens is not None and self.lens_key != key:
             self.lens_panel.caption.setText("Out of date: the sequence changed; press Lens again.")
+
+    def _hint(self) -> None:
+        """Before the first sweep, the line above the plots says what to do now: run a prompt while no
+        sequence exists, press Run once one does (tests/app/test_heads_empty_gui.py)."""
+        if self.result is not None or self._running:
+            return
+        snap = self.state.snapshot
+        has_seq = snap is not None and bool(snap.seq_len)
+        text = self.summary.text()
+        if text in (NO_SEQUENCE_HINT, READY_HINT):
+            self.summary.setText(READY_HINT if has_seq else NO_SEQUENCE_HINT)
 
     def _drop_frames_if_stale(self) -> None:
         """A new sequence: the Head grid's effect frames go (they were this result's)."""

@@ -45,6 +45,17 @@ class Placeholder(QGraphicsTextItem):
         self.setPos(r.center().x() - b.width() / 2, r.center().y() - b.height() / 2)
 
 
+def show_placeholder(plot: pg.PlotItem, placeholder: Placeholder, text: str, axes=("left", "bottom")) -> None:
+    """``plot`` with nothing to show when ``text`` is given: ``axes`` hidden, ``text`` centred on it
+    (bare 0..1 axes read as data); ``""``: the axes back, the text gone."""
+    empty = bool(text)
+    for name in axes:
+        plot.showAxis(name, not empty)
+    placeholder.setPlainText(text)
+    placeholder.setVisible(empty)
+    placeholder.place()
+
+
 def _levels(values: np.ndarray) -> tuple[float, float]:
     lim = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
     return (-(lim or 1.0), lim or 1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from gui_helpers import ran_window
 from PySide6.QtCore import QPointF, QRect, Qt
 from tiny_models import save_tiny
@@ -67,6 +68,8 @@ def test_compare_titles_and_hover_are_not_cut_at_1000_px(qtbot, tmp_path):
     layer, head = view.map_key
     full = view._titles
     assert full[2].startswith("A − B (±") and full[0] == f"A · L{layer} H{head}"
+    # a plotted row (an empty row plot shows a placeholder line, no axes: its ticks are checked with data)
+    view.set_rows((9, np.linspace(0.0, 0.3, 12), np.linspace(0.3, 0.0, 12)))
     shots = os.environ.get("ATTNSCOPE_SHOTS")
     for w, h in ((1400, 900), (1000, 650), (1400, 900)):
         win.resize(w, h)
@@ -97,4 +100,38 @@ def test_compare_titles_and_hover_are_not_cut_at_1000_px(qtbot, tmp_path):
                 for p, t in zip(view.plots, full, strict=True)
                 if p.titleLabel.text != t
             )
+    win.close()
+
+
+def test_compare_plots_show_a_placeholder_until_there_is_data(qtbot, tmp_path):
+    """Before Run B the KL and row plots show a centred grey line, not bare 0..1 axes; after the
+    comparison the KL plot's axes come back, and the row plot's once a row is plotted."""
+    save_tiny("llama", tmp_path)
+    win = ran_window(qtbot, tmp_path, PROMPT, size=(1400, 900))
+    win.show_view("compare")
+    view = win.views["compare"]
+    qtbot.wait(50)
+    pairs = ((view.logit_plot, view.kl_placeholder), (view.row_plot, view.row_placeholder))
+    for pw, ph in pairs:
+        pi = pw.getPlotItem()
+        assert not pi.getAxis("left").isVisible() and not pi.getAxis("bottom").isVisible()
+        assert ph.isVisible() and ph.toPlainText()
+        assert pi.vb.sceneBoundingRect().contains(ph.sceneBoundingRect()), ph.toPlainText()
+    view.kind_combo.setCurrentIndex([view.kind_combo.itemData(i) for i in range(4)].index("prompt"))
+    view.prompt_edit.setText("The dog sat on the mat. The dog")
+    assert view.run_b() is not None
+    assert win.engine.wait_idle(180) and view.result is not None, view.summary.text()
+    assert win.engine.wait_idle(60)
+    qtbot.wait(50)
+    lp = view.logit_plot.getPlotItem()
+    assert lp.getAxis("left").isVisible() and lp.getAxis("bottom").isVisible()
+    assert not view.kl_placeholder.isVisible()
+    a, b = np.full(6, 0.1), np.full(6, 0.2)
+    view.set_rows((5, a, b))
+    rp = view.row_plot.getPlotItem()
+    assert rp.getAxis("left").isVisible() and rp.getAxis("bottom").isVisible()
+    assert not view.row_placeholder.isVisible()
+    view._clear_result()  # nothing shown again: the placeholders are back
+    assert view.kl_placeholder.isVisible() and view.row_placeholder.isVisible()
+    assert not lp.getAxis("left").isVisible()
     win.close()

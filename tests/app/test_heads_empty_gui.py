@@ -81,3 +81,52 @@ def test_the_bars_legend_covers_no_bar(win, tmp_path):
     vb = plots.bars.vb.sceneBoundingRect()
     assert not legend.sceneBoundingRect().intersects(vb), (legend.sceneBoundingRect(), vb)
     assert legend.sceneBoundingRect().bottom() <= vb.top() + 0.5
+
+
+def test_hint_after_a_prompt_asks_only_for_run(make_window, tmp_path, monkeypatch):
+    """Before any prompt the hint asks to run one; once a sequence exists it asks only to press Run."""
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    w = make_window(model=tmp_path / "m")
+    view = w.views["heads"]
+    assert view.summary.text().startswith("Run a prompt")
+    run_in(w, PROMPT)
+    w.show_view("heads")
+    _settle(w)
+    text = view.summary.text()
+    assert "Run a prompt" not in text and text.startswith("Press Run"), text
+
+
+@pytest.mark.parametrize("size", [(1000, 650), (1400, 900)])
+def test_swept_plots_axis_titles_are_on_the_visible_page(make_window, tmp_path, monkeypatch, size):
+    """After a sweep each plot's x tick labels and x axis title lie inside the tab page's visible part,
+    the page scrolled to the top (at 1000 x 650 they were below its edge)."""
+    from PySide6.QtCore import QPoint, QPointF, QRectF
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    w = make_window(model=tmp_path / "m", size=size)
+    run_in(w, PROMPT)
+    w.show_view("heads")
+    _settle(w)
+    view = _sweep(w)
+    _settle(w)
+    page = w.tabs.widget(w.tabs.currentIndex())
+    page.verticalScrollBar().setValue(0)
+    _settle(w)
+    visible = QRectF(page.viewport().rect())
+    plots = view.plots
+    offset = QPointF(plots.mapTo(page.viewport(), QPoint(0, 0)))
+    for plot in (plots.grid, plots.kv, plots.bars):
+        axis = plot.getAxis("bottom")
+        for item in (axis, axis.label):
+            rect = plots.mapFromScene(item.mapRectToScene(item.boundingRect())).boundingRect().toRectF()
+            assert QRectF(plots.rect()).contains(rect), (axis.labelText, rect, plots.rect())  # not clipped
+            assert visible.contains(rect.translated(offset)), (
+                axis.labelText,
+                rect.translated(offset),
+                visible,
+            )
+    assert plots.height() >= view.PLOTS_LEAST_HEIGHT
+    if size == (1400, 900):
+        assert plots.height() >= view.PLOTS_MIN_HEIGHT
