@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from attnscope.app.views.sinks import SpacedTicksAxis
 from attnscope.app.views.source_bars import title_overhangs
 from PySide6.QtGui import QColor, QTextOption
 from PySide6.QtWidgets import QGraphicsTextItem
@@ -82,7 +83,8 @@ class EffectPlots(pg.GraphicsLayoutWidget):
         self.setBackground("w")
         self.grid = self.addPlot(row=0, col=0)
         self.kv = self.addPlot(row=0, col=1)
-        self.bars = self.addPlot(row=0, col=2)
+        # its labels spaced by their width: in a narrow tab they ran together ("0 0.10.20.3")
+        self.bars = self.addPlot(row=0, col=2, axisItems={"bottom": SpacedTicksAxis("bottom")})
         for p in (self.grid, self.kv, self.bars):
             p.setMenuEnabled(False)
             p.hideButtons()

@@ -117,20 +117,24 @@ def set_short_title(pi: pg.PlotItem, text: str, size: str = "9pt") -> None:
 
 
 class SpacedTicksAxis(pg.AxisItem):
-    """A vertical axis whose labelled ticks are at least :data:`MIN_GAP` label heights apart: in a
-    plot ~40 px tall (Compare's KL and row plots in a 1000 x 650 window) pyqtgraph's own spacing
-    put three to six labels on top of each other. A coarser 1-2-5 step when no level of pyqtgraph's
-    spacing is that wide."""
+    """An axis whose labelled ticks are at least :data:`MIN_GAP` labels apart: label heights on a
+    vertical axis (in a plot ~40 px tall, Compare's KL and row plots in a 1000 x 650 window, pyqtgraph's
+    own spacing put three to six labels on top of each other), the width of a label such as "-0.25" on a
+    horizontal one (the heads tab's DLA bars in a narrow tab read "0 0.10.20.3"). A coarser 1-2-5 step
+    when no level of pyqtgraph's spacing is that wide."""
 
-    MIN_GAP = 1.6  # label centres this many label heights apart: a gap of 0.6 of a label between them
+    MIN_GAP = 1.6  # label centres this many labels apart: a gap of 0.6 of a label between them
+    WIDE_LABEL = "-0.25"  # a horizontal axis's typical label (its width sets the gap)
 
     def tickSpacing(self, minVal, maxVal, size):  # noqa: N802, N803 (pyqtgraph's names)
         levels = super().tickSpacing(minVal, maxVal, size)
         span = abs(maxVal - minVal)
-        if self.orientation not in ("left", "right") or not levels or span == 0 or size <= 0:
+        if not levels or span == 0 or size <= 0:
             return levels
-        font = self.style["tickFont"] or self.font()
-        need = self.MIN_GAP * QFontMetrics(font).height() * span / size  # data units between labels
+        metrics = QFontMetrics(self.style["tickFont"] or self.font())
+        vertical = self.orientation in ("left", "right")
+        label = metrics.height() if vertical else metrics.horizontalAdvance(self.WIDE_LABEL)
+        need = self.MIN_GAP * label * span / size  # data units between labels
         wide = [(step, offset) for step, offset in levels if step >= need]
         if wide:
             return wide

@@ -130,3 +130,28 @@ def test_swept_plots_axis_titles_are_on_the_visible_page(make_window, tmp_path, 
     assert plots.height() >= view.PLOTS_LEAST_HEIGHT
     if size == (1400, 900):
         assert plots.height() >= view.PLOTS_MIN_HEIGHT
+
+
+def test_dla_value_labels_do_not_run_together_at_1000(make_window, tmp_path, monkeypatch):
+    """The DLA bars' value labels, drawn in a 1000 x 650 window, are apart (they read "0 0.10.20.3")."""
+    from PySide6.QtGui import QImage, QPainter
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    save_tiny("llama", tmp_path / "m")
+    w = make_window(model=tmp_path / "m", size=(1000, 650))
+    run_in(w, PROMPT)
+    w.show_view("heads")
+    _settle(w)
+    view = _sweep(w)
+    _settle(w)
+    axis = view.plots.bars.getAxis("bottom")
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _axis, _ticks, texts = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    rects = sorted((rect for rect, _flags, _text in texts), key=lambda r: r.left())
+    assert rects
+    for a, b in zip(rects, rects[1:], strict=False):
+        assert a.right() < b.left(), ([t for _r, _f, t in texts], a, b)
