@@ -64,9 +64,14 @@ def axis_title_rect(plot_widget, side: str):
 def tick_label_rects(plot_widget, side: str) -> list:
     """``(text, QRectF)`` of each tick label ``plot_widget``'s ``side`` axis draws now (pyqtgraph's
     own draw specs, in the axis item's coordinates), in drawing order."""
+    return axis_tick_rects(plot_widget.getPlotItem().getAxis(side))
+
+
+def axis_tick_rects(axis) -> list:
+    """``(text, QRectF)`` of each tick label the pyqtgraph ``axis`` item draws now (its own draw specs, in
+    the axis item's coordinates), in drawing order."""
     from PySide6.QtGui import QImage, QPainter
 
-    axis = plot_widget.getPlotItem().getAxis(side)
     image = QImage(8, 8, QImage.Format.Format_ARGB32)
     painter = QPainter(image)
     try:

@@ -5,6 +5,7 @@ label off the curves, and the token strip opening on whole lines."""
 from __future__ import annotations
 
 import pytest
+from gui_helpers import axis_tick_rects
 
 PROMPT = "The cat sat on the mat. The dog sat on the log."
 
@@ -65,18 +66,6 @@ def _show_tab(qtbot, win, key: str) -> None:
     _settle(qtbot, win, 10)
 
 
-def _drawn_tick_rects(axis) -> list:
-    from PySide6.QtGui import QImage, QPainter
-
-    image = QImage(8, 8, QImage.Format.Format_ARGB32)
-    painter = QPainter(image)
-    try:
-        _axis, _ticks, texts = axis.generateDrawSpecs(painter)
-    finally:
-        painter.end()
-    return [(text, rect) for rect, _flags, text in texts]
-
-
 def test_mask_key_axis_labels_never_overlap_at_1000(qtbot, tmp_path, monkeypatch):
     from gui_helpers import run_in
 
@@ -88,7 +77,7 @@ def test_mask_key_axis_labels_never_overlap_at_1000(qtbot, tmp_path, monkeypatch
     mask = win.findChildren(MaskView)[0]
     assert mask.report is not None
     for p in mask.plots:
-        rects = _drawn_tick_rects(p.getAxis("bottom"))
+        rects = axis_tick_rects(p.getAxis("bottom"))
         assert rects, "no key labels drawn"
         for (ta, a), (tb, b) in zip(rects, rects[1:], strict=False):
             assert not a.intersects(b), (ta, a, tb, b)
