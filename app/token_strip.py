@@ -117,7 +117,7 @@ class TokenStrip(QTextBrowser):
         """Pad the text's bottom so that the scroll end puts a line's top at the pane's top; return
         that scroll value. Scrolled to its end, a text of several lines (a chat-template prompt) showed
         its top line cut in half, the pane being no whole number of lines high
-        (tests/app/test_fixb_layout_gui.py)."""
+        (tests/app/test_map_labels_fit_gui.py)."""
         doc = self.document()
         root = doc.rootFrame()
         fmt = root.frameFormat()

@@ -880,7 +880,7 @@ class HeatmapView(QWidget):
         label._sizeHint[Qt.SizeHint.PreferredSize] = (0, h)
         # the title row as high as its wrapped lines: pyqtgraph fixes it at 30 px (one line), and a
         # title wrapped to three lines at 1000 px with the Why dock open was drawn over the map's top
-        # cells (tests/app/test_fixb_layout_gui.py)
+        # cells (tests/app/test_map_labels_fit_gui.py)
         label.setMaximumHeight(h)
         self.plot.layout.setRowFixedHeight(0, h)
         label.updateGeometry()

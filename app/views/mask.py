@@ -454,7 +454,7 @@ def _label_stride(axis, labels: list[str], px: float, n: int, horizontal: bool) 
     """Every how many of ``n`` evenly spaced cells ``axis`` (a pyqtgraph AxisItem ``px`` pixels long) can
     label without two labels touching: the widest of ``labels`` (horizontal) or one text line (vertical)
     plus a gap. The key axes' labels overlapped at 1000 x 650 ("trainedjumps"), the plots' width having
-    been taken as at least 200 px (tests/app/test_fixb_layout_gui.py)."""
+    been taken as at least 200 px (tests/app/test_map_labels_fit_gui.py)."""
     if n <= 0:
         return 1
     fm = QFontMetrics(axis.style["tickFont"] or axis.font())

@@ -328,7 +328,7 @@ class SinksView(QWidget, SavedControls):
             pos=DEFAULT_THRESHOLD,
             pen=pg.mkPen("#b02a2a", width=1, style=Qt.PenStyle.DashLine),
             # no label on the line: drawn in the plot it sat on the curves (a head's weights start near
-            # the threshold); the title's first line names it instead (tests/app/test_fixb_layout_gui.py)
+            # the threshold); the title's first line names it instead (tests/app/test_map_labels_fit_gui.py)
         )
         self.decode_line = pg.InfiniteLine(
             angle=90,
