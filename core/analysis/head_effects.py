@@ -950,6 +950,222 @@ class _SessionReadout:
         return self.batch(layer, hooks, 1)[0]
 
 
+class _KeepKV:
+    """A one-layer cache for a walk over ``n`` positions in chunks: the attention layer's ``update``
+    writes each chunk's keys and values after the ones before and hands back all of them so far
+    (:class:`_WalkReadout` reads the layer's keys and values from it, then drops it)."""
+
+    def __init__(self, n: int):
+        self.n, self.end = n, 0
+        self.keys = self.values = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self.keys is None:
+            b, h, _, _ = key_states.shape
+            self.keys = key_states.new_empty(b, h, self.n, key_states.shape[-1])
+            self.values = value_states.new_empty(b, h, self.n, value_states.shape[-1])
+        lo, self.end = self.end, self.end + key_states.shape[-2]
+        self.keys[..., lo : self.end, :] = key_states
+        self.values[..., lo : self.end, :] = value_states
+        return self.keys[..., : self.end, :], self.values[..., : self.end, :]
+
+
+def _cut_call(call: tuple, n: int, lo: int, hi: int) -> tuple:
+    """A recorded layer call over ``n`` positions cut to positions ``lo..hi − 1``: its per-position
+    arguments (position embeddings ``(1, n, …)``, position ids, a ``cache_position`` of ``n``) sliced."""
+    import torch
+
+    def cut(name: str, x):
+        if isinstance(x, tuple | list):
+            return type(x)(cut(name, v) for v in x)
+        if isinstance(x, torch.Tensor):
+            if x.dim() >= 2 and x.shape[0] == 1 and x.shape[1] == n:
+                return x[:, lo:hi]
+            if name == "cache_position" and x.dim() == 1 and x.shape[0] == n:
+                return x[lo:hi]
+        return x
+
+    args, kw = call
+    return (tuple(cut("", a) for a in args), {k: cut(k, v) for k, v in kw.items()})
+
+
+def _layer_view(be, n_layers: int, layer: int, keys, values):
+    """A cache of :func:`_view_layer_class` layers, all empty but ``layer``'s, which reads ``keys`` and
+    ``values`` (``(1, n_kv_heads, p, D)``) and stores nothing."""
+    view = _view_layer_class()
+    cache = be._DynamicCache()
+    layers = [view() for _ in range(n_layers)]
+    v = layers[layer]
+    v.keys, v.values, v.device, v.is_initialized = keys, values, keys.device, True
+    cache.layers = layers
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+class _WalkReadout:
+    """The read-out scope of a prompt the session's KV cache does not hold (a patch's corrupted prompt),
+    without a KV cache of that prompt.
+
+    One walk up the layers of the whole prompt ``ids`` (as :class:`_Everywhere`: a recording call in
+    which the layers do nothing keeps their arguments; each layer runs in chunks of positions, as a
+    prefill does) holds only the current layer's input and output and that layer's keys and values. Beside it, every unit's decode row of the read-out position ``p`` runs layer
+    by layer: at layer ``l`` the units of ``l`` join the batch as copies of the walk's row ``p`` (its
+    input to ``l``), and the batch takes layer ``l``'s step over the prompt's keys and values ``0..p − 1``
+    (:class:`_TreeAttend`), in chunks of at most ``chunk`` rows, with each unit's hooks on its own
+    layer only (:func:`_row_hooks`). The layer's keys and values are then dropped. A KV cache of the
+    prompt (``2·n_layers·n_kv_heads·head_dim`` values per token, 94 MB for SmolLM2-135M at 2,048 tokens in
+    float32) is never built: the sweep's memory stays at one layer's working set
+    (``attnscope bench --heads``, read-out patching's peak).
+
+    :attr:`rows` are the walk's activations of ``keys``' sites at ``p`` (``{(key, layer): (1, width)
+    float32}``), :attr:`clean` its ``(vocab,)`` logits there; after :meth:`sweep`, :attr:`reuse` says
+    whether one unpatched decode row, run beside the walk from layer 0, gave the walk's own logits
+    (:func:`_close`); where it did not, the caller uses a scratch KV cache (:class:`_SessionReadout`).
+    ``decode_calls``: every layer's call of a one-position step at ``p`` (the clean run's recording
+    step, :attr:`_SessionReadout.calls`: the same positions)."""
+
+    def __init__(self, be, parts: _Parts, ids: Sequence[int], decode_calls: list, keys: Sequence[str] = ()):
+        import torch
+
+        self.be, self.parts, self.ids, self.keys = be, parts, list(ids), tuple(keys)
+        self.p = len(self.ids) - 1
+        self.decode_calls = decode_calls
+        self.rows: dict = {}
+        self.clean: np.ndarray | None = None
+        self.results: list = []
+        x = torch.tensor([self.ids], device=be.device)
+        try:
+            with torch.inference_mode(), _rope_at(be, len(self.ids)):
+                self.calls, _ = _record_calls(
+                    parts, lambda: be.model(input_ids=x, use_cache=False, logits_to_keep=1), skip=True
+                )
+        except Exception:  # a layer whose caller needs its real output: the scratch cache instead
+            self.calls = [None]
+        self.reuse = all(c is not None for c in self.calls) and all(c is not None for c in decode_calls)
+        self.reuse = self.reuse and all(
+            any(k in c[1] for k in ("cache", "past_key_values")) for c in self.calls
+        )
+
+    def _walk_hooks(self, layer: int) -> list:
+        """Hooks keeping layer ``layer``'s sites at the read-out position during the walk."""
+        got = self.rows
+
+        def keep_in(key):
+            def hook(_m, args):
+                got[key] = args[0][0, -1:].detach().float().clone()
+
+            return hook
+
+        def keep_out(key):
+            def hook(_m, _args, out):
+                got[key] = out[0, -1:].detach().float().clone()
+
+            return hook
+
+        hooks: list = []
+        if "z" in self.keys and self.parts.out_proj[layer] is not None:
+            hooks.append((self.parts.out_proj[layer], keep_in(("z", layer)), "pre"))
+        for key, mods in (("q", self.parts.q_proj), ("k", self.parts.k_proj), ("v", self.parts.v_proj)):
+            if key in self.keys and layer < len(mods) and mods[layer] is not None:
+                hooks.append((mods[layer], keep_out((key, layer)), "post"))
+        return hooks
+
+    def sweep(
+        self,
+        units: Sequence[_Unit],
+        D: int,
+        values: dict | None,
+        check: Callable[[], None],
+        tick: Callable[[int, int], None] | None = None,
+        reduce: Callable[[np.ndarray], Any] = lambda row: row,
+        chunk: int = 64,
+        walk_chunk: int = 0,
+    ) -> None:
+        """Run the walk and every unit's row; :attr:`results` = ``reduce`` of each unit's ``(vocab,)``
+        float32 logits (default the logits), in ``units``' order; sets :attr:`rows`, :attr:`clean` and
+        :attr:`reuse`. ``check()`` (cancel)
+        before each layer and chunk; ``tick(layer + 1, n_layers)`` after each layer. ``walk_chunk``: the
+        walk's positions per layer call (default the prefill's chunk,
+        :data:`attnscope.core.backends.base.PREFILL_CHUNK`)."""
+        import torch
+        from attnscope.core.backends.base import PREFILL_CHUNK
+
+        walk_chunk = walk_chunk or PREFILL_CHUNK
+
+        parts, be = self.parts, self.be
+        n = len(parts.layers)
+        order = sorted(range(len(units)), key=lambda j: units[j].layer)
+        # row 0: an unpatched row from layer 0, the check that the decode rows give the walk's own logits
+        batch_units: list[_Unit | None] = [None]
+        first = self.calls[0]
+        h = first[0][0] if first[0] else first[1]["hidden_states"]
+        rows = h[:, -1:].clone()
+        trim = _HeapTrim()
+        nxt = 0
+        with torch.inference_mode(), _rope_at(be, len(self.ids)):
+            for i in range(n):
+                check()
+                joining = []
+                while nxt < len(order) and units[order[nxt]].layer == i:
+                    joining.append(order[nxt])
+                    nxt += 1
+                if joining:
+                    rows = torch.cat([rows, h[:, -1:].expand(1, len(joining), h.shape[-1])], dim=1)
+                    batch_units += [units[j] for j in joining]
+                # the walk's layer i in chunks of positions (a prefill's working set, not a whole
+                # prompt's), its keys and values written into one buffer
+                T = h.shape[1]
+                kv = _KeepKV(T)
+                out = torch.empty_like(h)
+                with _attending(be, _PlainAttend()), _apply(self._walk_hooks(i)):
+                    for lo in range(0, T, walk_chunk):
+                        hi = min(lo + walk_chunk, T)
+                        call = _cut_call(self.calls[i], T, lo, hi)
+                        out[:, lo:hi] = _call_layer(parts.layers[i], h[:, lo:hi], call, kv)
+                h = out
+                keys, vals = kv.keys, kv.values
+                del kv, out
+                if keys is None:
+                    self.reuse = False
+                    return
+                cache = _layer_view(be, n, i, keys[..., : self.p, :], vals[..., : self.p, :])
+                here = [u if u is not None and u.layer == i else None for u in batch_units]
+                outs = []
+                with _attending(be, _TreeAttend()):
+                    for lo in range(0, rows.shape[1], chunk):
+                        check()
+                        hi = min(lo + chunk, rows.shape[1])
+                        with _apply(_row_hooks(parts, here[lo:hi], D, values)):
+                            outs.append(
+                                _call_layer(
+                                    parts.layers[i],
+                                    rows[:, lo:hi],
+                                    self.decode_calls[i],
+                                    cache,
+                                    widen=hi - lo,
+                                )
+                            )
+                rows = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+                del cache, keys, vals, outs
+                trim.step()
+                if tick is not None:
+                    tick(i + 1, n)
+            self.clean = _read_out(parts, h[:, -1:])[-1].cpu().numpy()
+            del h
+            out: list = [None] * len(units)
+            # each unit's logits reduced as they come (``n_units × vocab`` floats are not kept)
+            for lo in range(0, rows.shape[1], chunk):
+                logits = _read_out(parts, rows[:, lo : lo + chunk]).cpu().numpy()
+                for b, row in enumerate(logits, start=lo):
+                    if b == 0:
+                        self.reuse = self.reuse and _close(row, self.clean)
+                        if not self.reuse:
+                            return
+                    else:
+                        out[order[b - 1]] = reduce(row)
+        self.results = out
+
+
 # -- the everywhere scope: one pass over the sequence, layers below each unit reused -----------------------
 class _PlainAttend:
     """Causal attention without the LSE (nothing is recorded in a sweep): PyTorch's fused
@@ -1041,12 +1257,14 @@ class _Everywhere:
         self.reuse = _close(last, self.clean)
 
 
-def _row_hooks(parts: _Parts, units: Sequence[_Unit], D: int, values: dict | None) -> list:
+def _row_hooks(parts: _Parts, units: Sequence[_Unit | None], D: int, values: dict | None) -> list:
     """Hooks for a batched read-out step (:meth:`_SessionReadout.batch`): the step's position ``b`` has
-    unit ``units[b]`` replaced, by ``values[(key, layer)]``'s last row or zeros: what :func:`_unit_hooks`
-    does to a step of one position, position by position."""
+    unit ``units[b]`` replaced, by ``values[(key, layer)]``'s last row or zeros (None: position ``b`` is
+    left as it is): what :func:`_unit_hooks` does to a step of one position, position by position."""
     by_mod: dict[int, tuple[Any, str, list]] = {}
     for b, u in enumerate(units):
+        if u is None:  # a row left as it is
+            continue
         for mod, kind, key, cols in _site_modules(parts, u, D):
             v = None if values is None else values.get((key, u.layer))
             by_mod.setdefault(id(mod), (mod, kind, []))[2].append((b, cols, v))
@@ -1096,26 +1314,34 @@ def _runner(session: Session, be, parts: _Parts, ids: Sequence[int], scope: str,
 def _readout_pair(
     session: Session, be, parts: _Parts, clean_ids: list[int], bad: list[int], keys: Sequence[str]
 ) -> dict | None:
-    """The read-out scope of a patch, both runs batched per layer (:class:`_SessionReadout`):
-    ``{"clean": over the session's own KV cache, "corrupt": over the scratch backend ``be``'s}``, each
-    with its read-out position's ``keys`` activations (:attr:`_SessionReadout.rows`) and logits. The
-    corrupted prompt's prefix ``bad[:p]`` runs ONCE, into ``be``'s cache (kept there until the caller's
-    ``be.reset()``); nothing else runs a whole prompt. None where this cannot serve (a hybrid model, a
-    read-out position 0, a check step that does not give the model's own logits): the caller captures
-    with whole forwards and re-runs with :class:`_Runner`."""
+    """The read-out scope of a patch, both runs batched: ``{"clean": :class:`_SessionReadout` over the
+    session's own KV cache, "corrupt": :class:`_WalkReadout` of the corrupted prompt}`` (no KV cache of
+    it; its rows and logits come with its :meth:`_WalkReadout.sweep`). None where this cannot serve (a
+    hybrid model, a read-out position 0, a check step that does not give the model's own logits): the
+    caller captures with whole forwards and re-runs with :class:`_Runner`."""
     sb, p = session.backend, len(clean_ids) - 1
     if getattr(be, "hybrid", False) or p == 0 or not _holds_prefix(sb, clean_ids):
         return None
     clean = _SessionReadout(sb, be, parts, clean_ids, keys)
     if not clean.reuse:
         return None
+    corrupt: Any = _WalkReadout(be, parts, bad, clean.calls, keys)
+    if not corrupt.reuse:
+        corrupt = _cached_readout(be, parts, bad, keys)
+    return None if corrupt is None else {"clean": clean, "corrupt": corrupt}
+
+
+def _cached_readout(be, parts: _Parts, bad: list[int], keys: Sequence[str]) -> _SessionReadout | None:
+    """:class:`_SessionReadout` of ``bad`` over the scratch backend ``be``'s KV cache, its prefix
+    ``bad[:-1]`` run into it once (kept there until the caller's ``be.reset()``): where a
+    :class:`_WalkReadout` cannot serve. None where the check step fails."""
     be.reset()
-    be.forward(list(bad[:p]))  # the corrupted prefix, once: every unit's step reads it from here
+    be.forward(list(bad[:-1]))
     corrupt = _SessionReadout(be, be, parts, bad, keys) if _holds_prefix(be, bad) else None
     if corrupt is None or not corrupt.reuse:
         be.reset()
         return None
-    return {"clean": clean, "corrupt": corrupt}
+    return corrupt
 
 
 def _evaluate(
@@ -1504,11 +1730,11 @@ def patch_heads(
     together); ``"kv"`` each KV head's keys and values (k_proj's and v_proj's output slices). Exact: a plain
     transformers forward with that slice replaced by a hook computes the same (tests/core/test_head_effects.py).
 
-    Cost, ``scope="readout"``: the corrupted prompt's prefix ``ids[:p]`` runs once, into a scratch KV
-    cache; the clean prefix is the session's own cache (read, never written). One recording decode step
-    of the read-out position per run keeps its activations there (what the other run's patches put in)
-    and its logits; then every unit of a layer runs in ONE step from that layer on, per direction
-    (:class:`_SessionReadout`, as :func:`head_effects`' read-out scope). ``"everywhere"``: one forward
+    Cost, ``scope="readout"``: the clean prefix is the session's own cache (read, never written); one
+    recording decode step of the read-out position keeps the clean run's activations there and its
+    logits, then every unit of a layer runs in ONE step from that layer on (:class:`_SessionReadout`, as
+    :func:`head_effects`' read-out scope). The corrupted prompt runs once, as one walk up the layers with
+    every denoising unit's row beside it (:class:`_WalkReadout`): no KV cache of it is built. ``"everywhere"``: one forward
     of each prompt captures its activations and logits; each unit re-runs the layers from its own up
     (:class:`_Everywhere`).
 
@@ -1540,8 +1766,27 @@ def patch_heads(
     }
     keys = {"output": ("z",), "query": ("q",), "kv": ("k", "v")}[site]
     ids_of = {"clean": clean_ids, "corrupt": bad}
+    done, shown = [0], [0]  # units done; the progress shown (the walk's ticks run ahead of its units)
+
+    def check() -> None:
+        _check(cancelled, min(done[0], total), total)
+
+    def tick(layer: int, n_layers: int) -> None:  # the corrupted prompt's walk, layer by layer
+        est = len(units) * layer // n_layers
+        if progress is not None and est > shown[0]:
+            shown[0] = est
+            progress(est, total)
+
     with _scratch(session) as be, torch.inference_mode():
         runners = _readout_pair(session, be, parts, clean_ids, bad, keys) if scope == "readout" else None
+        if runners is not None and isinstance(runners["corrupt"], _WalkReadout):
+            # the corrupted prompt's walk, with every denoising unit's row beside it (its values: the
+            # clean run's read-out activations); where its check fails, a scratch KV cache instead
+            walk = runners["corrupt"]
+            walk.sweep(units, D, runners["clean"].rows, check, tick, reduce=target.value)
+            if not walk.reuse:
+                cached = _cached_readout(be, parts, bad, keys)
+                runners = None if cached is None else {"clean": runners["clean"], "corrupt": cached}
         rows, logits = {}, {}
         for name, run_ids in ids_of.items():
             if runners is not None:  # the read-out position's activations and logits, from its step
@@ -1554,11 +1799,6 @@ def patch_heads(
                 rows[name] = {k: r[-1:] for k, r in rows[name].items()}
         t = {name: target.value(lg) for name, lg in logits.items()}
         diff = t["clean"] - t["corrupt"]
-        done = [0]
-
-        def check() -> None:
-            _check(cancelled, min(done[0], total), total)
-
         for into, src, key in (("corrupt", "clean", "d"), ("clean", "corrupt", "n")):
             run_ids = ids_of[into]
             if runners is not None:
@@ -1568,16 +1808,25 @@ def patch_heads(
                     session, be, parts, run_ids, scope, logits[into] if scope == "everywhere" else None
                 )
 
-            def step(u: _Unit, lg: np.ndarray, key=key) -> None:
-                tv = target.value(lg)
+            def record(u: _Unit, tv: float, key=key) -> None:
                 frac = ((tv - t["corrupt"]) if key == "d" else (t["clean"] - tv)) / diff if diff else np.nan
                 name = (
                     ("dn" if key == "d" else "ns") if u.row == "query" else ("dkv" if key == "d" else "nkv")
                 )
                 out[name][u.layer, u.col] = frac
                 done[0] += 1
-                if progress is not None:
+                if progress is not None and done[0] > shown[0]:
+                    shown[0] = done[0]
                     progress(min(done[0], total), total)
+
+            def step(u: _Unit, lg: np.ndarray, record=record) -> None:
+                record(u, target.value(lg))
+
+            if isinstance(run, _WalkReadout):  # every unit's target came with the walk (its sweep)
+                for u, tv in zip(units, run.results, strict=True):
+                    check()
+                    record(u, tv)
+                continue
 
             def whole(run_ids: list[int] = run_ids) -> _Runner:
                 return _Runner(be, parts, run_ids, scope, reuse=False)

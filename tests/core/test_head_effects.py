@@ -282,6 +282,16 @@ def test_query_side_and_kv_side_patching_equal_projection_hooks(family, scope, s
         assert np.isnan(res.denoise).all()
 
 
+def _failed_walk(init):
+    """:class:`_WalkReadout`'s ``__init__`` whose walk reports it cannot serve."""
+
+    def failed(self, *a, **k):
+        init(self, *a, **k)
+        self.reuse = False
+
+    return failed
+
+
 @pytest.mark.parametrize(
     "family, site",
     [
@@ -291,14 +301,15 @@ def test_query_side_and_kv_side_patching_equal_projection_hooks(family, scope, s
         pytest.param("qwen3", "query", marks=pytest.mark.slow),
     ],
 )
-def test_readout_patching_runs_the_corrupted_prefix_once_and_equals_hooks(
+def test_readout_patching_runs_the_corrupted_prompt_once_and_equals_hooks(
     family, site, tmp_path, monkeypatch
 ):
-    """Read-out patching runs the corrupted prompt's prefix ONCE (into a scratch KV cache; the clean
-    prefix is the session's own cache) and every unit from one batched step per layer; its fractions equal
-    the whole-forward path (the :class:`_Runner` fallback) and plain transformers forwards with the hook
-    at the read-out position, to 1e-5. Llama, Qwen3 (QK-norm), Mistral and Gemma 3 (sliding window 4 <
-    the read-out position)."""
+    """Read-out patching runs the corrupted prompt ONCE, as one walk up the layers with no KV cache of
+    it (the clean prefix is the session's own cache), every denoising unit's row beside the walk and every
+    noising unit from one batched step per layer; its fractions equal the whole-forward path (the
+    :class:`_Runner` fallback), the scratch-KV-cache path and plain transformers forwards with the hook at
+    the read-out position, to 1e-5. Llama, Qwen3 (QK-norm), Mistral and Gemma 3 (sliding window 4 < the
+    read-out position)."""
     import attnscope.core.analysis.head_effects as he
     import attnscope.core.backends.torch_backend as tb
 
@@ -317,13 +328,36 @@ def test_readout_patching_runs_the_corrupted_prefix_once_and_equals_hooks(
     emb = s.backend.model.get_input_embeddings().register_forward_pre_hook(
         lambda _m, args: tokens.append(args[0].numel())
     )
+    import attnscope.core.backends.base as base
+
+    monkeypatch.setattr(base, "PREFILL_CHUNK", 4)  # the walk's layers in chunks of 4 positions
+    walked = []
+    real_sweep = he._WalkReadout.sweep
+    monkeypatch.setattr(
+        he._WalkReadout, "sweep", lambda self, *a, **k: walked.append(real_sweep(self, *a, **k)) or None
+    )
+
+    def no_cache(*_a, **_k):
+        raise AssertionError("the corrupted prompt ran into a KV cache")
+
+    monkeypatch.setattr(he, "_cached_readout", no_cache)
     try:
         res = he.patch_heads(s, corrupt, t, "readout", site=site)
     finally:
         emb.remove()
-    # one backend forward in all: the corrupted prefix; the two recording steps are one token each
-    assert calls == [corrupt[:p]] and tokens == [1, p, 1]
+    # no backend forward: the clean recording step (one token) and the corrupted prompt's one walk
+    assert calls == [] and tokens == [1, p + 1] and len(walked) == 1
     assert s.ids == IDS and s.backend.seq_len == len(IDS)
+    monkeypatch.undo()
+
+    # the same through a scratch KV cache of the corrupted prefix (where the walk's check fails)
+    monkeypatch.setattr(he._WalkReadout, "__init__", _failed_walk(he._WalkReadout.__init__))
+    cached = he.patch_heads(s, corrupt, t, "readout", site=site)
+    for name in ("denoise", "noise", "denoise_kv", "noise_kv"):
+        a, b = getattr(res, name), getattr(cached, name)
+        assert np.array_equal(np.isnan(a), np.isnan(b))
+        assert np.nan_to_num(np.abs(a - b)).max() * abs(res.clean - res.corrupt) < 1e-5, name
+    monkeypatch.undo()
 
     def diff(logits):
         return float(logits[p, 9] - logits[p, 14])
