@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 #: the KL plot's placeholder until a comparison has run (hidden axes, not bare 0..1 ones)
 KL_EMPTY = "KL(A‖B) per position, after Run B & compare"
+#: the summary line before any prompt has run (run A is the window's sequence)
+HINT_NO_RUN_A = "Run a prompt (run A), choose run B, then press Run B & compare."
 
 
 class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, SavedControls):
@@ -82,7 +84,8 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
 
         top, prow = self._build_form()  # run B: attnscope.app.views.compare_form
 
-        self.summary = QLabel("Run a prompt (run A), choose run B, then press Run B & compare.")
+        self._busy = False  # run B and its comparison are running on the engine
+        self.summary = QLabel(HINT_NO_RUN_A)
         self.summary.setStyleSheet("color:#335;")
         # word-wrapped, so no line is cut at any width (its PageLayout fills the tab page: no scrolling)
         self.summary.setWordWrap(True)
@@ -160,17 +163,62 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         self.export_table_button.clicked.connect(self._export_table_dialog)
         self.export_maps_button.clicked.connect(self._export_maps_dialog)
         self._on_kind()
+        # the summary says what is left to do while no comparison is shown: it follows run B's controls
+        self.kind_combo.currentIndexChanged.connect(self.show_hint)
+        self.model_edit.textChanged.connect(self.show_hint)
+        self.dtype_combo.currentTextChanged.connect(self.show_hint)
+        self.backend_combo.currentTextChanged.connect(self.show_hint)
+        self.prompt_edit.textChanged.connect(self.show_hint)
 
     # -- state ------------------------------------------------------------------------------------
     def on_snapshot(self, snap) -> None:
         # every command that changes run A (Run, step, step back, a reopened session, another model,
         # a failed load) ends in a new snapshot: check the comparison shown against it first
         self.check_current()
-        if snap is None:
+        if snap is not None:
+            if not self.prompt_edit.text() or self.kind_combo.currentData() != "prompt":
+                self.prompt_edit.setText(snap.prompt or "")
+            self._on_kind()
+        self.show_hint()
+
+    def hint(self) -> str:
+        """What is left to do before a comparison can be shown (one or two sentences): run a prompt while
+        run A has not run; once it has, what run B is as the controls say and what B still needs."""
+        snap = self.state.snapshot
+        if snap is None or snap.seq_len == 0:
+            return HINT_NO_RUN_A
+        i = snap.info
+        a = f"Run A: {snap.seq_len} tokens on {i.name} · {i.dtype} · {snap.backend}."
+        spec = self.spec()
+        press = "press Run B & compare."
+        if spec.kind == "model":
+            if not spec.model:
+                return f"{a} Choose run B's model (a folder or .gguf sharing A's tokenizer), then {press}"
+            b = f"Run B: {spec.model} · {spec.dtype} · {spec.backend}"
+        elif spec.kind == "dtype":
+            if spec.dtype == i.dtype:
+                return f"{a} Choose run B's precision (A runs at {i.dtype}), then {press}"
+            b = f"Run B: the same model at {spec.dtype}"
+        elif spec.kind == "backend":
+            if spec.backend == snap.backend:
+                return f"{a} Choose run B's backend (A runs on {snap.backend}), then {press}"
+            b = f"Run B: the same model on {spec.backend}"
+        else:
+            if not spec.prompt.strip():
+                return f"{a} Type run B's prompt, then {press}"
+            if spec.prompt == snap.prompt:
+                return f"{a} Edit run B's prompt (it is A's now), then {press}"
+            b = "Run B: the same model on the edited prompt"
+        return f"{a} {b}: {press}"
+
+    def show_hint(self, *_) -> None:
+        """While no comparison is shown and none is running, the summary says what is left to do
+        (:meth:`hint`); a comparison's own summary, or the line of one running, is kept."""
+        if self.result is not None or self._busy:
             return
-        if not self.prompt_edit.text() or self.kind_combo.currentData() != "prompt":
-            self.prompt_edit.setText(snap.prompt or "")
-        self._on_kind()
+        self.summary.setStyleSheet("color:#335;")
+        self.summary.setText(self.hint())
+        self.summary.setToolTip("")
 
     def on_selection(self, layer: int, head: int) -> None:
         if self.result is not None and (layer, head) != self.map_key:
@@ -264,9 +312,11 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
         self.summary.setStyleSheet("color:#335;")
         self.summary.setText("Running B and comparing every head…")
         self.run_button.setEnabled(False)
+        self._busy = True
         return self.engine.enqueue(run_b_job(spec), self.set_result, self._on_failed, label="compare")
 
     def _on_failed(self, message: str) -> None:
+        self._busy = False
         self.run_button.setEnabled(True)
         self.summary.setText(f"Compare stopped: {message}")
         self.state.say(f"Compare: {message}", 8000)
@@ -274,6 +324,7 @@ class CompareView(RunBFormMixin, CompareTableMixin, CompareMapsMixin, QWidget, S
     def set_result(self, payload) -> None:
         """Show a :class:`attnscope.core.analysis.compare_runs.CompareResult` (GUI thread)."""
         res, labels = payload
+        self._busy = False
         self.run_button.setEnabled(True)
         self._clear_result()  # the maps, row plot and hover line of the previous comparison go
         a, b, al = res.run_a, res.run_b, res.alignment

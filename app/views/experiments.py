@@ -81,11 +81,21 @@ SEQUENCE_COMMANDS = frozenset(
 @dataclass(frozen=True)
 class ExperimentsRun:
     """What an experiments job sends back: the results, the forwards' wall time in seconds (the views
-    served between its chunks left out) and the tokens those forwards fed (runs × seq_len)."""
+    served between its chunks left out), the tokens those forwards fed (runs × seq_len) and the
+    sequence's token ids they ran on."""
 
     results: list
     seconds: float
     tokens_fed: int
+    ids: tuple[int, ...] = ()
+
+
+def row_key(result: ExperimentResult, ids: tuple[int, ...]) -> tuple:
+    """What makes two result rows the same row: the experiment's kind, the parameters it shows
+    (``k``/``window`` only where the kind uses them) and its ``decode_from``, on the same sequence
+    (its token ids). Running it again gives the same numbers, so the row is replaced, not repeated."""
+    ex = result.experiment
+    return ex.kind, ex.params, ex.decode_from, result.seq_len, ids
 
 
 def _experiments_job(
@@ -128,7 +138,7 @@ def _experiments_job(
         t0 = time.perf_counter()
         results = run_experiments(s, exps, progress=ctx.progress, cancelled=cancelled)
         runs = len({r.experiment.decode_from for r in results}) + len(results)
-        return ExperimentsRun(results, time.perf_counter() - t0 - served[0], runs * len(ids))
+        return ExperimentsRun(results, time.perf_counter() - t0 - served[0], runs * len(ids), ids)
 
     return job
 
@@ -199,6 +209,7 @@ class ExperimentsView(QWidget, SavedControls):
         state.events.snapshot.connect(self.on_snapshot)
         state.events.loaded.connect(lambda _snap: self.on_model_loaded())
         self.results: list[ExperimentResult] = []
+        self._row_keys: list[tuple] = []  # row_key of each row of the table, in order
         self._run_key: tuple | None = None
         self._auto_done_for: tuple | None = None
         self._running = False
@@ -514,7 +525,7 @@ class ExperimentsView(QWidget, SavedControls):
             return
         if run.seconds > 0 and run.tokens_fed and run.results:
             self._run_rate = run.results[0].seq_len, run.tokens_fed / run.seconds
-        self.add_results(run.results)
+        self.add_results(run.results, ids=run.ids)
 
     def _on_error(self, message: str) -> None:
         self._done()
@@ -600,6 +611,7 @@ class ExperimentsView(QWidget, SavedControls):
     def clear(self) -> None:
         """No rows, and nothing of the rows that were: empty curves, no title, the legend's own names."""
         self.results = []
+        self._row_keys = []
         self.table.setRowCount(0)
         self.base_curve.setData([], [])
         self.exp_curve.setData([], [])
@@ -613,15 +625,37 @@ class ExperimentsView(QWidget, SavedControls):
         self._update_long_note()
 
     # -- results ---------------------------------------------------------------------------------------------
-    def add_results(self, results: list[ExperimentResult]) -> None:
-        """Append result rows (GUI thread) and show the first new one in the plot."""
+    def add_results(self, results: list[ExperimentResult], ids: tuple[int, ...] | None = None) -> None:
+        """Show result rows (GUI thread) of the sequence ``ids`` (None: the one on screen) and plot the
+        first of them. A result of the same experiment, parameters and sequence as a row shown
+        (:func:`row_key`) replaces that row in place: Run all again, or Run all after the tab's own run,
+        gives the same table, not a doubled one; new parameters add rows of their own."""
         self._done()
-        self.state.say(f"{len(results)} experiment(s) done", 4000)
-        first = len(self.results)
-        self.results.extend(results)
+        if ids is None:
+            snap = self.state.snapshot
+            ids = tuple(t.id for t in snap.tokens) if snap is not None else ()
+        rows, replaced = [], 0
+        for r in results:
+            key = row_key(r, ids)
+            if key in self._row_keys:
+                i = self._row_keys.index(key)
+                self.results[i] = r
+                replaced += 1
+            else:
+                i = len(self.results)
+                self.results.append(r)
+                self._row_keys.append(key)
+            rows.append(i)
+        added = len(results) - replaced
+        self.state.say(
+            f"{len(results)} experiment(s) done"
+            + (f": {replaced} row(s) updated, {added} added" if replaced else ""),
+            4000,
+        )
         self._update_long_note()
         self.table.setRowCount(len(self.results))
-        for i, r in enumerate(results, start=first):
+        for i in rows:
+            r = self.results[i]
             ex = r.experiment
             changed = r.top1_changed
             cells = [
@@ -652,9 +686,9 @@ class ExperimentsView(QWidget, SavedControls):
                 if changed and c == 4:
                     it.setForeground(QBrush(QColor("#b02a2a")))
                 self.table.setItem(i, c, it)
-        if results:
-            self.table.setCurrentCell(first, 0)
-            self._show_result(first)
+        if rows:
+            self.table.setCurrentCell(rows[0], 0)
+            self._show_result(rows[0])  # (also when that row was already current: its numbers are new)
 
     def _show_result(self, row: int) -> None:
         if not 0 <= row < len(self.results):

@@ -1,6 +1,7 @@
 """The Experiments tab runs what its boxes show: Run all (and the run the tab starts by itself) uses
 the k, window and decode-from on screen, which follow each new sequence (fitted to it) unless the
-user typed a value that still fits (pytest-qt, offscreen, a tiny random llama)."""
+user typed a value that still fits; running the same experiments again replaces their rows, new
+parameters or a new sequence add rows (pytest-qt, offscreen, a tiny random llama)."""
 
 from __future__ import annotations
 
@@ -57,15 +58,40 @@ def test_run_all_runs_the_parameters_the_boxes_show(make_window, folder):
         "no_scale": start,
     }
 
-    # the user's k: Run all runs it
+    # Run all again on the same sequence and boxes: the same five rows, replaced in place, not doubled
+    before = [[v.table.item(r, c).text() for c in range(v.table.columnCount())] for r in range(5)]
+    v.run_all_button.click()
+    _idle(w)
+    assert v.table.rowCount() == 5 and len(v.results) == 5
+    assert [[v.table.item(r, c).text() for c in range(v.table.columnCount())] for r in range(5)] == before
+
+    # the user's k: Run all runs it, and adds rows only for the experiments whose parameters changed
+    # (evict first k, sinks + window); the three without k or window are the same rows, replaced
     v.k_spin.setValue(2)
     v.run_all_button.click()
     _idle(w)
-    assert v.table.rowCount() == 10
-    shown = _params_shown(v, range(5, 10))
-    assert shown["evict_first"] == f"k=2, {start}"
-    assert shown["sinks_window"] == f"sinks=2, window={window}, {start}"
+    assert v.table.rowCount() == 7 and len(v.results) == 7
+    assert _params_shown(v, range(5)) == {
+        "evict_first": f"k={k}, {start}",
+        "sinks_window": f"sinks={k}, window={window}, {start}",
+        "no_causal_prefill": start,
+        "decode_top_left": start,
+        "no_scale": start,
+    }
+    shown = _params_shown(v, range(5, 7))
+    assert shown == {"evict_first": f"k=2, {start}", "sinks_window": f"sinks=2, window={window}, {start}"}
     assert [r.experiment.k for r in v.results[5:7]] == [2, 2]
+    # one experiment run again with the boxes' parameters (Run): its row is replaced, not repeated
+    v.kind_combo.setCurrentIndex(v.kind_combo.findData("evict_first"))
+    v.run_button.click()
+    _idle(w)
+    assert v.table.rowCount() == 7 and v.table.currentRow() == 5
+    # a decode step: a new sequence (T + 1 tokens) adds its own rows
+    w.step(1)
+    _idle(w)
+    v.run_all_button.click()
+    _idle(w)
+    assert v.table.rowCount() == 12 and {r.seq_len for r in v.results[7:]} == {T + 1}
 
     # a new, longer prompt: the user's k still fits and stays; the window follows the sequence
     run_in(w, SHORT_PROMPT + " the mat. The dog sat on the log.")

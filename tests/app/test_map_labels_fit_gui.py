@@ -133,3 +133,62 @@ def test_token_strip_opens_on_whole_lines(qtbot, tmp_path, monkeypatch, size):
     last_bottom = doc.documentLayout().blockBoundingRect(last).top() + last.layout().boundingRect().bottom()
     assert last_bottom <= bar.value() + strip.viewport().height() + 1.0
     win.close()
+
+
+def _labels_inside(mask, axis) -> list:
+    """``(text, QRectF)`` of ``axis``'s drawn tick labels, each asserted whole: inside the axis item
+    and inside the Mask tab's plot area (its viewport), not cut at either edge."""
+    rects = axis_tick_rects(axis)
+    viewport = mask.glw.viewport().rect()
+    for text, r in rects:
+        assert r.left() >= -0.5 and r.right() <= axis.width() + 0.5, (text, r, axis.width())
+        shown = mask.glw.mapFromScene(axis.mapRectToScene(r)).boundingRect()
+        assert shown.left() >= 0 and shown.right() <= viewport.right() + 1, (text, shown, viewport)
+    return rects
+
+
+@pytest.mark.slow  # about 5.5 s: the embedded SmolLM2 loads, runs a chat-template prompt and one step
+def test_mask_row_labels_are_whole_at_1000_with_a_chat_template(make_window):
+    """The walk that reported "42 istant" as a clipped "42 assistant": SmolLM2's tokenizer splits
+    "assistant" into "ass" + "istant", and row 42 is "istant". Every row label is drawn whole, in an
+    axis as wide as its widest label, with the token's whole text (prefill and a decode step)."""
+    from attnscope.app.figure import token_label
+    from attnscope.app.views.mask import MaskView
+    from PySide6.QtWidgets import QApplication
+
+    win = make_window(size=(1000, 650))  # the embedded SmolLM2-135M-Instruct
+    win.prompt_edit.setPlainText("The quick brown fox jumps over the lazy dog. The quick brown fox")
+    win.chat_check.setChecked(True)
+    win.run_prompt()
+    assert win.engine.wait_idle(120) and win.last_error is None
+    win.show_view("mask")
+    for _ in range(3):
+        assert win.engine.wait_idle(60)
+        for _ in range(5):
+            QApplication.processEvents()
+    mask = win.findChildren(MaskView)[0]
+    assert mask.report is not None and mask.report.kind == "prefill"
+    toks = win.snapshot.tokens
+    assert [t.text for t in toks[-3:]] == ["ass", "istant", "↵"]  # (a newline is shown as ↵)
+    axis = mask.plots[0].getAxis("left")
+    rects = _labels_inside(mask, axis)
+    texts = [t for t, _ in rects]
+    assert "42 istant" in texts and "21 <|im_start|>" in texts, texts
+    for text in texts:
+        i, _, shown = text.partition(" ")
+        assert shown == token_label(toks[int(i)].text)  # the token's label, not cut
+    # the axis reserves its widest label's width (plus pyqtgraph's tick gap), no more
+    widest = max(r.width() for _, r in rects)
+    assert widest <= axis.width() <= widest + 12, (widest, axis.width())
+
+    win.step(1)  # a decode step: one query row, labelled on the mask and the entropy panel
+    for _ in range(3):
+        assert win.engine.wait_idle(60)
+        for _ in range(5):
+            QApplication.processEvents()
+    assert mask.report is not None and mask.report.kind == "decode"
+    toks, n = win.snapshot.tokens, win.snapshot.seq_len - 1  # the new token's row
+    assert mask.report.row_start == n
+    for p in (mask.plots[0], mask.ent_plot):
+        texts = [t for t, _ in _labels_inside(mask, p.getAxis("left"))]
+        assert texts == [f"{n} {token_label(toks[n].text)}"], texts

@@ -313,7 +313,7 @@ def test_views_are_served_while_experiments_run(win):
     w.select(1, 3)  # its map request queues behind the experiments job
     at_results = []
     real = view.add_results
-    view.add_results = lambda results: (at_results.append(w.map_key), real(results))
+    view.add_results = lambda results, **kw: (at_results.append(w.map_key), real(results, **kw))
     gate.set()
     _idle(w)
     assert view.table.rowCount() == 5

@@ -64,6 +64,19 @@ def test_readme_is_a_front_page():
     )
 
 
+def test_benchmarks_page_speaks_to_users():
+    """docs/benchmarks.md gives figures and what they mean: no load averages, dates or "measured by"
+    notes (a busy machine is said in words where it explains a figure)."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    for stale in ("load average", "measured by", "/work/", " UTC", "engineers"):
+        assert stale.lower() not in text.lower(), stale
+    # "load ~5", "at load 12", "(load ≈ 1)", "load 2–5.6)": a load average; "load 87 s" is a model's load time
+    found = re.findall(r"load\s*[~≈]\s*\d|at load \d|load \d[\d.]*(?:\s*[–-]\s*\d[\d.]*)?\)", text)
+    assert not found, found
+    assert not re.search(r"\b\d{1,2} (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* 20\d\d\b", text)
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
+
+
 def test_cli_reference_markdown_lists_the_parser():
     """The generator itself (no mkdocs needed): a section per command with each option of its parser."""
     sys.path.insert(0, str(ROOT / "packaging"))
