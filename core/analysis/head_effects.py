@@ -1008,11 +1008,12 @@ class _WalkReadout:
 
     One walk up the layers of the whole prompt ``ids`` (as :class:`_Everywhere`: a recording call in
     which the layers do nothing keeps their arguments; each layer runs in chunks of positions, as a
-    prefill does) holds only the current layer's input and output and that layer's keys and values. Beside it, every unit's decode row of the read-out position ``p`` runs layer
-    by layer: at layer ``l`` the units of ``l`` join the batch as copies of the walk's row ``p`` (its
-    input to ``l``), and the batch takes layer ``l``'s step over the prompt's keys and values ``0..p − 1``
-    (:class:`_TreeAttend`), in chunks of at most ``chunk`` rows, with each unit's hooks on its own
-    layer only (:func:`_row_hooks`). The layer's keys and values are then dropped. A KV cache of the
+    prefill does) holds only the current layer's input and output and that layer's keys and values.
+    Beside it, every unit's decode row of the read-out position ``p`` runs layer by layer: at layer ``l``
+    the units of ``l`` join the batch as copies of the walk's row ``p`` (its input to ``l``), and the
+    batch takes layer ``l``'s step over the prompt's keys and values ``0..p − 1`` (:class:`_TreeAttend`),
+    in chunks of at most ``chunk`` rows, with each unit's hooks on its own layer only
+    (:func:`_row_hooks`). The layer's keys and values are then dropped. A KV cache of the
     prompt (``2·n_layers·n_kv_heads·head_dim`` values per token, 94 MB for SmolLM2-135M at 2,048 tokens in
     float32) is never built: the sweep's memory stays at one layer's working set
     (``attnscope bench --heads``, read-out patching's peak).
@@ -1083,10 +1084,9 @@ class _WalkReadout:
     ) -> None:
         """Run the walk and every unit's row; :attr:`results` = ``reduce`` of each unit's ``(vocab,)``
         float32 logits (default the logits), in ``units``' order; sets :attr:`rows`, :attr:`clean` and
-        :attr:`reuse`. ``check()`` (cancel)
-        before each layer and chunk; ``tick(layer + 1, n_layers)`` after each layer. ``walk_chunk``: the
-        walk's positions per layer call (default the prefill's chunk,
-        :data:`attnscope.core.backends.base.PREFILL_CHUNK`)."""
+        :attr:`reuse`. ``check()`` (cancel) before each layer and chunk; ``tick(layer + 1, n_layers)``
+        after each layer. ``walk_chunk``: the walk's positions per layer call (default the prefill's
+        chunk, :data:`attnscope.core.backends.base.PREFILL_CHUNK`)."""
         import torch
         from attnscope.core.backends.base import PREFILL_CHUNK
 
@@ -1734,9 +1734,9 @@ def patch_heads(
     recording decode step of the read-out position keeps the clean run's activations there and its
     logits, then every unit of a layer runs in ONE step from that layer on (:class:`_SessionReadout`, as
     :func:`head_effects`' read-out scope). The corrupted prompt runs once, as one walk up the layers with
-    every denoising unit's row beside it (:class:`_WalkReadout`): no KV cache of it is built. ``"everywhere"``: one forward
-    of each prompt captures its activations and logits; each unit re-runs the layers from its own up
-    (:class:`_Everywhere`).
+    every denoising unit's row beside it (:class:`_WalkReadout`): no KV cache of it is built.
+    ``"everywhere"``: one forward of each prompt captures its activations and logits; each unit re-runs
+    the layers from its own up (:class:`_Everywhere`).
 
     Raises:
         BadArgument: prompts of different lengths; a target that is not a logit difference or log-prob;
