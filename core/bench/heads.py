@@ -18,8 +18,8 @@ apart, so a busy machine slows both sides alike):
   layers above it), against the loop's time for the same number of units;
 * ``patch``: exact activation patching of every query head and GQA group at the read-out position, both
   directions (:func:`attnscope.core.analysis.head_effects.patch_heads`, ``scope="readout"``), against a
-  corrupted prompt with one token changed: the corrupted prefix runs once into a scratch KV cache, then
-  one batched step per layer and direction;
+  corrupted prompt with one token changed: the corrupted prompt runs once, as one walk up the layers with
+  every denoising unit's row beside it (no KV cache of it), and the clean run one batched step per layer;
 * ``attribution``: attribution patching (one forward with gradients and one backward per direction,
   :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions;
 * ``lens``: the logit lens of the last 64 positions at every layer
