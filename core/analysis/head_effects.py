@@ -1855,17 +1855,46 @@ def _chunks(n: int, rows: int) -> list[tuple[int, int]]:
 def _chunked_mlp() -> Any:
     """A ``torch.autograd.Function`` running a position-wise MLP over ``(1, T, hidden)`` in chunks of
     :data:`_MLP_ROWS` positions: its forward keeps only the input (no ``T × intermediate`` tensor is held
-    or allocated whole), its backward re-runs each chunk with gradients and takes the gradient into that
-    chunk's input (``torch.autograd.grad``; no weight gradient). Composes with a non-reentrant checkpoint:
-    the input is what the checkpoint recomputes."""
+    or allocated whole); its backward takes the gradient into each chunk's input from that chunk re-run
+    with gradients (``torch.autograd.grad``; no weight gradient). Composes with a non-reentrant checkpoint:
+    the input is what the checkpoint recomputes.
+
+    Where the backward reaches the MLP before anything else of its layer that the checkpoint must
+    recompute (a pre-norm layer: only the residual sum follows the MLP), reading the input runs the
+    layer's re-run from inside that backward, output gradient in hand: the re-run's forward of the MLP
+    then takes each chunk's gradient as it computes the chunk (``ahead``), so the MLP runs forward twice
+    in all, as unchunked. Otherwise (a norm after the MLP, Gemma's) the backward re-runs the chunks: one
+    more forward of the MLP."""
     import torch
+
+    ahead: dict = {}  # run -> ((B, T), gradient into its output) while its backward reads its input
+    done: dict = {}  # run -> the gradient into its input, taken by the re-run's forward
+
+    def same(t):
+        return t
 
     class _Chunked(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, run, rows):
             ctx.run, ctx.rows = run, rows
             ctx.save_for_backward(x)
+            g = ahead.pop(run, None)
             out = None
+            if g is not None and g[0] == tuple(x.shape[:2]):
+                # the checkpoint's re-run, from inside this MLP's own backward: forward and backward of
+                # each chunk at once (its own graph, out of the checkpoint's saved-tensor hooks)
+                gx = torch.empty_like(x)
+                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(same, same):
+                    for i, j in _chunks(x.shape[1], rows):
+                        xi = x[:, i:j].detach().requires_grad_(True)
+                        y = run(xi)
+                        (gx[:, i:j],) = torch.autograd.grad(y, xi, g[1][:, i:j])
+                        if out is None:
+                            out = y.new_empty((x.shape[0], x.shape[1], *y.shape[2:]))
+                        out[:, i:j] = y.detach()
+                        del y
+                done[run] = gx
+                return out
             for i, j in _chunks(x.shape[1], rows):
                 y = run(x[:, i:j])
                 if out is None:
@@ -1876,7 +1905,14 @@ def _chunked_mlp() -> Any:
 
         @staticmethod
         def backward(ctx, g):
-            (x,) = ctx.saved_tensors
+            ahead[ctx.run] = (tuple(g.shape[:2]), g)
+            try:
+                (x,) = ctx.saved_tensors  # may run the layer's re-run, which takes the gradient
+            finally:
+                ahead.pop(ctx.run, None)
+            gx = done.pop(ctx.run, None)
+            if gx is not None:
+                return gx, None, None
             gx = torch.empty_like(x)
             with torch.enable_grad():
                 for i, j in _chunks(x.shape[1], ctx.rows):

@@ -728,6 +728,11 @@ def test_heads_bench_runs_and_its_loop_measures_the_same_effect(tmp_path):
     assert set(res["ratios"]) >= set(res["targets"]) and all(v > 0 for v in res["ratios"].values())
     assert "per-head loop" in format_heads_table(res)
     assert res["rows"]["lens_matmul_s"] > 0 and "unembedding matmul alone" in format_heads_table(res)
+    # attribution patching's floor beside it: time and peak over the prefill's, in the JSON and the table
+    assert res["rows"]["attribution_floor_s"] > 0 and res["ratios"]["attribution_floor_over_prefill"] > 0
+    assert res["ratios"]["peak_attribution_floor_over_prefill_peak"] > 0
+    assert res["ratios"]["peak_attribution_one_over_prefill_peak"] > 0
+    assert "its floor, plain forward + backward / prefill" in format_heads_table(res)
     assert sample_layers(30, 5) == [3, 9, 15, 21, 27] and sample_layers(2, 1) == [1]
 
 
@@ -875,7 +880,8 @@ def test_attribution_patching_chunked_mlp_equals_the_whole_mlp(family, tmp_path,
     """Attribution patching runs each position-wise MLP's recompute and backward in chunks of positions
     (``_MLP_ROWS``): the products equal those of the MLP over every position at once (within 1e-6
     relative), both directions, both sites with a product per head, the runs from position 0 and after a
-    shared prefix; the chunked path did run (every layer's MLP, forward and backward)."""
+    shared prefix; the chunked path did run (every layer's MLP, forward and backward), its forwards as
+    many as the whole MLP's where the layer has nothing after its MLP to re-run first."""
     from attnscope.core.analysis import head_effects
     from attnscope.core.analysis.head_effects import _parts, attribution_patching, make_target
 
@@ -903,6 +909,15 @@ def test_attribution_patching_chunked_mlp_equals_the_whole_mlp(family, tmp_path,
         return Counted
 
     monkeypatch.setattr(head_effects, "_chunked_mlp", spy)
+    mlp_class = type(parts.mlp[0])
+    real_forward = mlp_class.forward
+    ran = [0]  # positions through an MLP's forward
+
+    def counting(self, x):
+        ran[0] += x.shape[1]
+        return real_forward(self, x)
+
+    monkeypatch.setattr(mlp_class, "forward", counting)
     # nothing shared but the first token; a shared prefix of 4 (8 positions run). Mistral's window of 4
     # over 2 layers reaches back to position 5 only: its change is there, with the runs from position 0
     cases = ((5, False),) if family == "mistral" else ((1, True), (4, True))
@@ -913,10 +928,15 @@ def test_attribution_patching_chunked_mlp_equals_the_whole_mlp(family, tmp_path,
             monkeypatch.setattr(head_effects, "_shared_prefix", lambda *a: 0)
         for site in ("output", "kv"):
             monkeypatch.setattr(head_effects, "_MLP_ROWS", 10**9)
+            ran[0] = 0
             whole = attribution_patching(s, corrupt, t, "everywhere", site=site)
             assert calls == []
+            whole_ran, ran[0] = ran[0], 0
             monkeypatch.setattr(head_effects, "_MLP_ROWS", 4)
             chunked = attribution_patching(s, corrupt, t, "everywhere", site=site)
+            # the MLP runs forward twice in all (the forward, the re-run taking the gradients), as whole;
+            # Gemma's norm after the MLP has its layer re-run before the MLP's backward: once more there
+            assert ran[0] > whole_ran if family == "gemma3_text" else ran[0] == whole_ran
             L = s.info.n_layers
             assert [c[0] for c in calls].count("forward") >= 2 * 2 * L  # forward and re-run, per direction
             assert [c[0] for c in calls].count("backward") == 2 * L
