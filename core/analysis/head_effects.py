@@ -2060,6 +2060,147 @@ def _metric(target: Target, x):
     return torch.log_softmax(x.double(), dim=-1)[target.token]
 
 
+#: positions per chunk of a position-wise MLP's recompute and backward in attribution patching's backward
+_MLP_ROWS = 256
+
+
+def _position_wise(mlp) -> bool:
+    """Whether ``mlp`` maps each position's vector alone (a dense MLP: its children are linear maps and
+    parameter-free activations, nothing else): its output at a position depends on its input there only,
+    so it can run over the positions in chunks. A mixture of experts (a router and a list of experts, or
+    experts as bare parameters) is not taken, nor anything with a submodule of its own."""
+    import torch
+
+    linear: tuple = (torch.nn.Linear,)
+    try:
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linear map
+
+        linear += (Conv1D,)
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    if mlp is None or list(mlp.parameters(recurse=False)):
+        return False
+    kids = list(mlp.children())
+    n = 0
+    for kid in kids:
+        if isinstance(kid, linear) and not list(kid.children()):
+            n += 1
+        elif list(kid.parameters()) or list(kid.children()):
+            return False
+    return n >= 2
+
+
+def _chunks(n: int, rows: int) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` over ``0..n``: ``rows`` positions each from 0, a last chunk of under ``rows / 2``
+    joined to the one before. A chunk's matmuls then give the same bits as the whole sequence's (the BLAS
+    blocks the whole one's rows at those boundaries too; a chunk of a few rows takes a small-matrix path
+    that rounds differently): measured equal at 257 to 2,100 positions, 256 a chunk."""
+    cuts = list(range(0, n, rows)) + [n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] < rows // 2:
+        del cuts[-2]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def _chunked_mlp() -> Any:
+    """A ``torch.autograd.Function`` running a position-wise MLP over ``(1, T, hidden)`` in chunks of
+    :data:`_MLP_ROWS` positions: its forward keeps only the input (no ``T × intermediate`` tensor is held
+    or allocated whole); its backward takes the gradient into each chunk's input from that chunk re-run
+    with gradients (``torch.autograd.grad``; no weight gradient). Composes with a non-reentrant checkpoint:
+    the input is what the checkpoint recomputes.
+
+    Where the backward reaches the MLP before anything else of its layer that the checkpoint must
+    recompute (a pre-norm layer: only the residual sum follows the MLP), reading the input runs the
+    layer's re-run from inside that backward, output gradient in hand: the re-run's forward of the MLP
+    then takes each chunk's gradient as it computes the chunk (``ahead``), so the MLP runs forward twice
+    in all, as unchunked. Otherwise (a norm after the MLP, Gemma's) the backward re-runs the chunks: one
+    more forward of the MLP."""
+    import torch
+
+    ahead: dict = {}  # run -> ((B, T), gradient into its output) while its backward reads its input
+    done: dict = {}  # run -> the gradient into its input, taken by the re-run's forward
+
+    def same(t):
+        return t
+
+    class _Chunked(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, run, rows):
+            ctx.run, ctx.rows = run, rows
+            ctx.save_for_backward(x)
+            g = ahead.pop(run, None)
+            out = None
+            if g is not None and g[0] == tuple(x.shape[:2]):
+                # the checkpoint's re-run, from inside this MLP's own backward: forward and backward of
+                # each chunk at once (its own graph, out of the checkpoint's saved-tensor hooks)
+                gx = torch.empty_like(x)
+                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(same, same):
+                    for i, j in _chunks(x.shape[1], rows):
+                        xi = x[:, i:j].detach().requires_grad_(True)
+                        y = run(xi)
+                        (gx[:, i:j],) = torch.autograd.grad(y, xi, g[1][:, i:j])
+                        if out is None:
+                            out = y.new_empty((x.shape[0], x.shape[1], *y.shape[2:]))
+                        out[:, i:j] = y.detach()
+                        del y
+                done[run] = gx
+                return out
+            for i, j in _chunks(x.shape[1], rows):
+                y = run(x[:, i:j])
+                if out is None:
+                    out = y.new_empty((x.shape[0], x.shape[1], *y.shape[2:]))
+                out[:, i:j] = y
+                del y
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            ahead[ctx.run] = (tuple(g.shape[:2]), g)
+            try:
+                (x,) = ctx.saved_tensors  # may run the layer's re-run, which takes the gradient
+            finally:
+                ahead.pop(ctx.run, None)
+            gx = done.pop(ctx.run, None)
+            if gx is not None:
+                return gx, None, None
+            gx = torch.empty_like(x)
+            with torch.enable_grad():
+                for i, j in _chunks(x.shape[1], ctx.rows):
+                    xi = x[:, i:j].detach().requires_grad_(True)
+                    (gx[:, i:j],) = torch.autograd.grad(ctx.run(xi), xi, g[:, i:j])
+            return gx, None, None
+
+    return _Chunked
+
+
+@contextlib.contextmanager
+def _chunk_mlps(parts: _Parts, rows: int) -> Iterator[None]:
+    """Within: each layer's position-wise MLP (:func:`_position_wise`) called on ``(1, T, hidden)`` with
+    ``T > rows`` runs through :func:`_chunked_mlp` (``rows`` positions at a time); anything else as it is."""
+    import torch
+
+    fn = _chunked_mlp()
+    mlps = [m for m in parts.mlp if _position_wise(m)]
+
+    def wrap(mlp):
+        run = type(mlp).forward.__get__(mlp)
+
+        def forward(*args, **kwargs):
+            x = args[0] if len(args) == 1 and not kwargs else None
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[0] != 1 or x.shape[1] <= rows:
+                return run(*args, **kwargs)
+            return fn.apply(x, run, rows)
+
+        return forward
+
+    for m in mlps:
+        m.forward = wrap(m)
+    try:
+        yield
+    finally:
+        for m in mlps:
+            m.__dict__.pop("forward", None)
+
+
 def _grad_run(
     be,
     parts: _Parts,
@@ -2089,9 +2230,12 @@ def _grad_run(
     time (one more forward's time). The re-run fires the activations' hooks again with the same values
     as the forward's, before the layer's backward reaches them, so the activation a product needs (and,
     with ``keep``, the copy kept for the other direction) is taken there: nothing but the checkpointed
-    inputs is held from the forward to the backward. What remains beyond the session's own memory is
-    each layer's checkpointed input, one layer's recomputed graph and its ``src`` rows (and, with
-    ``keep``, the kept activations, which replace the inputs layer by layer as the backward frees them)."""
+    inputs is held from the forward to the backward. A position-wise MLP (:func:`_position_wise`) runs in
+    chunks of :data:`_MLP_ROWS` positions, in the forward, the re-run and its backward (:func:`_chunked_mlp`):
+    its ``T × intermediate`` tensors are never whole, and the re-run keeps only its input. What remains
+    beyond the session's own memory is each layer's checkpointed input, one layer's recomputed graph (its
+    attention's) and its ``src`` rows (and, with ``keep``, the kept activations, which replace the inputs
+    layer by layer as the backward frees them)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -2101,6 +2245,7 @@ def _grad_run(
     width: dict = {}  # heads of each activation's projection
     here: dict = {}  # (key, layer) -> the re-run's activation rows, until its product is taken
     start: dict = {}
+    trim = _HeapTrim()
 
     def on_act(k, a):
         if k in seen:
@@ -2119,7 +2264,7 @@ def _grad_run(
                 raise SessionError(f"attribution patching: layer {k[1]} was not re-run in the backward")
             delta = src(k).to(device=mine.device, dtype=torch.float32) - mine.float()
             per[k] = (delta * g[0, rows].float()).sum(0).double().reshape(-1, D).sum(-1).cpu().numpy()
-            _release_memory()  # the layer's backward temporaries, freed but kept as heap (as in the forward)
+            trim.step()  # the layer's backward temporaries, freed but kept as heap (as in the forward)
 
         a.register_hook(hook)
 
@@ -2147,9 +2292,10 @@ def _grad_run(
         def forward(*args, **kwargs):
             out = checkpoint(run, *args, use_reentrant=False, **kwargs)
             # the layer's temporaries are freed, but glibc keeps them as heap between the long-lived
-            # tensors each layer leaves (its checkpointed input): trimmed per layer, or the forward's
-            # resident memory grows by about 4 KiB per token per layer
-            _release_memory()
+            # tensors each layer leaves (its checkpointed input): handed back whenever the resident
+            # memory grew by 16 MiB (:class:`_HeapTrim`), or the forward's resident memory grows by about
+            # 4 KiB per token per layer; a trim after every layer cost 61 trims and their page faults
+            trim.step()
             return out
 
         return forward
@@ -2168,6 +2314,7 @@ def _grad_run(
         _apply(hooks),
         _attending(be, _GradAttend()),
         _rope_at(be, len(ids)),
+        _chunk_mlps(parts, _MLP_ROWS),
     ):
         for layer in parts.layers:
             layer.forward = checkpointed(layer)

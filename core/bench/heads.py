@@ -21,7 +21,10 @@ apart, so a busy machine slows both sides alike):
   corrupted prompt with one token changed: the corrupted prompt runs once, as one walk up the layers with
   every denoising unit's row beside it (no KV cache of it), and the clean run one batched step per layer;
 * ``attribution``: attribution patching (one forward with gradients and one backward per direction,
-  :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions;
+  :func:`attnscope.core.analysis.head_effects.attribution_patching`), denoising alone and both directions,
+  beside its floor measured in the same run: one plain forward and backward of the corrupted prompt with
+  every activation kept (autograd, frozen weights, the gradient into the embeddings' output, no hooks, no
+  checkpoints), its time over the prefill's and its peak memory over the prefill's;
 * ``lens``: the logit lens of the last 64 positions at every layer
   (:func:`attnscope.core.analysis.logit_lens.logit_lens`), in seconds, the fastest of ``repeats``, beside
   its floor measured in the same run: the unembedding matmul alone (``(n_layers·64 × d_model) @ (d_model ×
@@ -214,6 +217,9 @@ def run_heads_bench(
         out["ratios_cpu"]["peak_over_prefill_peak"] = ratios["peak_over_prefill_peak"]
     for k in swept:  # each sweep's own
         ratios[f"peak_{k}_over_prefill_peak"] = peaks[k] / peaks["prefill"]
+    for name in ("attribution_one", "attribution_floor"):  # one direction alone, and its floor (no sweep)
+        if name in peaks:
+            ratios[f"peak_{name}_over_prefill_peak"] = peaks[name] / peaks["prefill"]
     out["targets"] = {
         k: {"limit": lim, "kind": kind, "met": ratios[k] <= lim if kind == "max" else ratios[k] >= lim}
         for k, (lim, kind) in TARGETS.items()
@@ -223,8 +229,9 @@ def run_heads_bench(
 
 
 def _attribution_rows(s, bad: list[int], t, out: dict, peaks: dict, log: Callable[[str], None]) -> None:
-    """The ``attribution`` rows: attribution patching, one direction and both."""
-    from attnscope.core.analysis.head_effects import attribution_patching
+    """The ``attribution`` rows: attribution patching, one direction (its own peak) and both, and their
+    floor (:func:`_grad_floor`, its own peak)."""
+    from attnscope.core.analysis.head_effects import _release_memory, attribution_patching
 
     rows, cpu = out["rows"], out["cpu_s"]
     _reset_peak()
@@ -232,12 +239,60 @@ def _attribution_rows(s, bad: list[int], t, out: dict, peaks: dict, log: Callabl
         lambda: attribution_patching(s, bad, t, "everywhere", directions=("denoise",))
     )
     cpu["attribution_one_s"] = CPU["last"]
+    peaks["attribution_one"] = _peak_rss()
+    _reset_peak()
     _, rows["attribution_both_s"] = _timed(lambda: attribution_patching(s, bad, t, "everywhere"))
-    peaks["attribution"] = _peak_rss()
+    peaks["attribution"] = max(_peak_rss(), peaks["attribution_one"])
     cpu["attribution_both_s"] = CPU["last"]
+    _reset_peak()
+    _, rows["attribution_floor_s"] = _timed(lambda: _grad_floor(s, bad, t))
+    cpu["attribution_floor_s"] = CPU["last"]
+    peaks["attribution_floor"] = _peak_rss()
+    _release_memory()  # its activations' freed heap, before the rows after it reset their peak
     log(
-        f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions {rows['attribution_both_s']:.2f} s)"
+        f"heads: attribution patching {rows['attribution_one_s']:.2f} s (both directions "
+        f"{rows['attribution_both_s']:.2f} s; a plain forward and backward {rows['attribution_floor_s']:.2f} s)"
     )
+
+
+def _grad_floor(s, ids: list[int], t) -> float:
+    """Attribution patching's floor: one plain forward and backward of ``ids`` (the corrupted prompt)
+    with every activation kept (autograd, the weights frozen, the gradient into the embeddings' output;
+    no hooks, no checkpoints), the attention PyTorch's fused kernel as in attribution patching. Returns
+    the target's value."""
+    import torch
+    from attnscope.core.analysis.head_effects import (
+        _attending,
+        _GradAttend,
+        _metric,
+        _prefix_call,
+        _rope_at,
+        _scratch,
+    )
+
+    start: dict = {}
+
+    def needs_grad(_m, _args, x):
+        x.requires_grad_(True)  # the weights are frozen: the graph starts at the embeddings' output
+        start["x"] = x
+        return x
+
+    with (
+        _scratch(s) as be,
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        _attending(be, _GradAttend()),
+        _rope_at(be, len(ids)),
+    ):
+        handle = be.model.get_input_embeddings().register_forward_hook(needs_grad)
+        try:
+            res = be.model(**_prefix_call(be, None, ids, 0))
+        finally:
+            handle.remove()
+        m = _metric(t, res.logits[0, -1].float())
+        del res
+        torch.autograd.grad(m, [start["x"]])
+        return float(m.detach())
 
 
 def _loop_rows(
@@ -388,6 +443,7 @@ def _ratios(rows: dict) -> dict:
         "everywhere_over_loop": ("everywhere_s", "everywhere_loop_s"),
         "attribution_over_prefill": ("attribution_one_s", "prefill_s"),
         "attribution_both_over_prefill": ("attribution_both_s", "prefill_s"),
+        "attribution_floor_over_prefill": ("attribution_floor_s", "prefill_s"),
         "patch_readout_over_prefill": ("patch_readout_s", "prefill_s"),
         "patch_readout_over_readout": ("patch_readout_s", "readout_s"),
     }
@@ -426,6 +482,11 @@ def format_heads_table(result: dict) -> str:
             f"  attribution patching                 {rows['attribution_one_s']:9.3f} s "
             f"(both directions {rows['attribution_both_s']:.3f} s)"
         )
+        if "attribution_floor_s" in rows:
+            lines.append(
+                f"  its floor: plain forward + backward  {rows['attribution_floor_s']:9.3f} s "
+                "(every activation kept, no checkpoint)"
+            )
     if "lens_s" in rows:
         lines.append(_lens_line(result))
     peaks = result["peak_rss_bytes"]
@@ -443,6 +504,7 @@ def format_heads_table(result: dict) -> str:
         )
     for k, label in (
         ("attribution_both_over_prefill", "attribution patching, both directions / prefill"),
+        ("attribution_floor_over_prefill", "its floor, plain forward + backward / prefill"),
         ("patch_readout_over_prefill", "read-out patching, both directions / prefill"),
         ("patch_readout_over_readout", "read-out patching / read-out ablation sweep"),
     ):
@@ -452,6 +514,12 @@ def format_heads_table(result: dict) -> str:
         lines.append(
             "  peak memory / the prefill's, per sweep: "
             + ", ".join(f"{k} {ratios[f'peak_{k}_over_prefill_peak']:.2f}" for k in swept)
+        )
+    if "peak_attribution_floor_over_prefill_peak" in ratios:
+        lines.append(
+            "  peak memory / the prefill's: attribution patching, one direction "
+            f"{ratios['peak_attribution_one_over_prefill_peak']:.2f}; its floor (every activation kept) "
+            f"{ratios['peak_attribution_floor_over_prefill_peak']:.2f}"
         )
     return "\n".join(lines)
 

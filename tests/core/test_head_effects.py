@@ -528,8 +528,9 @@ def test_attribution_patching_falls_back_to_a_plain_forward_where_the_cache_lack
 def test_attribution_patching_forms_no_weight_gradient_and_one_row_of_logits(tmp_path, monkeypatch):
     """Attribution patching's gradients flow into the activations only: no parameter gets a ``.grad``, and
     the unembedding reads the read-out position alone (never the logits of every position), in the
-    forwards with gradients as in the plain ones. The freed heap is handed back after every layer of the
-    forward with gradients and of its backward (what otherwise held most of its peak memory)."""
+    forwards with gradients as in the plain ones. The heap trim is checked after every layer of the
+    forward with gradients and of its backward (``_HeapTrim``: the freed heap is handed back where the
+    resident memory grew, what otherwise held most of its peak memory)."""
     from attnscope.core.analysis import head_effects
     from attnscope.core.analysis.head_effects import _parts, attribution_patching, make_target
 
@@ -544,13 +545,13 @@ def test_attribution_patching_forms_no_weight_gradient_and_one_row_of_logits(tmp
         rows.append((args[0].shape[-2], torch.is_grad_enabled()))
 
     trims = [0]
-    trim = head_effects._release_memory
 
-    def counted() -> None:
-        trims[0] += 1
-        trim()
+    class Counted(head_effects._HeapTrim):
+        def step(self) -> None:
+            trims[0] += 1
+            super().step()
 
-    monkeypatch.setattr(head_effects, "_release_memory", counted)
+    monkeypatch.setattr(head_effects, "_HeapTrim", Counted)
     handle = _parts(s).lm_head.register_forward_pre_hook(count)
     try:
         est = attribution_patching(s, corrupt, t, "everywhere")
@@ -761,6 +762,11 @@ def test_heads_bench_runs_and_its_loop_measures_the_same_effect(tmp_path):
     assert set(res["ratios"]) >= set(res["targets"]) and all(v > 0 for v in res["ratios"].values())
     assert "per-head loop" in format_heads_table(res)
     assert res["rows"]["lens_matmul_s"] > 0 and "unembedding matmul alone" in format_heads_table(res)
+    # attribution patching's floor beside it: time and peak over the prefill's, in the JSON and the table
+    assert res["rows"]["attribution_floor_s"] > 0 and res["ratios"]["attribution_floor_over_prefill"] > 0
+    assert res["ratios"]["peak_attribution_floor_over_prefill_peak"] > 0
+    assert res["ratios"]["peak_attribution_one_over_prefill_peak"] > 0
+    assert "its floor, plain forward + backward / prefill" in format_heads_table(res)
     assert sample_layers(30, 5) == [3, 9, 15, 21, 27] and sample_layers(2, 1) == [1]
 
 
@@ -898,3 +904,103 @@ def test_longrope_head_effects_equal_hooked_forwards_of_the_whole_sequence(scope
     avg = z["z"][: p + 1].mean(0)
     want = _logprob(_hooked_logits(ref, ids, 1, [3], D, value=avg, positions=pos)[p], t.token) - clean
     assert abs(mean.query[1, 3] - want) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["llama", "qwen3", *[pytest.param(f, marks=pytest.mark.slow) for f in ("mistral", "gemma3_text")]],
+)
+def test_attribution_patching_chunked_mlp_equals_the_whole_mlp(family, tmp_path, monkeypatch):
+    """Attribution patching runs each position-wise MLP's recompute and backward in chunks of positions
+    (``_MLP_ROWS``): the products equal those of the MLP over every position at once (within 1e-6
+    relative), both directions, both sites with a product per head, the runs from position 0 and after a
+    shared prefix; the chunked path did run (every layer's MLP, forward and backward), its forwards as
+    many as the whole MLP's where the layer has nothing after its MLP to re-run first."""
+    from attnscope.core.analysis import head_effects
+    from attnscope.core.analysis.head_effects import _parts, attribution_patching, make_target
+
+    s, _ref = _load(family, tmp_path)
+    parts = _parts(s)
+    assert all(head_effects._position_wise(m) for m in parts.mlp)
+    t = make_target(s, "logit_diff", token=9, other=14)
+    real = head_effects._chunked_mlp
+    calls: list = []
+
+    def spy():
+        fn = real()
+
+        class Counted(fn):
+            @staticmethod
+            def forward(ctx, x, run, rows):
+                calls.append(("forward", x.shape[1], rows))
+                return fn.forward(ctx, x, run, rows)
+
+            @staticmethod
+            def backward(ctx, g):
+                calls.append(("backward", g.shape[1], ctx.rows))
+                return fn.backward(ctx, g)
+
+        return Counted
+
+    monkeypatch.setattr(head_effects, "_chunked_mlp", spy)
+    mlp_class = type(parts.mlp[0])
+    real_forward = mlp_class.forward
+    ran = [0]  # positions through an MLP's forward
+
+    def counting(self, x):
+        ran[0] += x.shape[1]
+        return real_forward(self, x)
+
+    monkeypatch.setattr(mlp_class, "forward", counting)
+    # nothing shared but the first token; a shared prefix of 4 (8 positions run). Mistral's window of 4
+    # over 2 layers reaches back to position 5 only: its change is there, with the runs from position 0
+    cases = ((5, False),) if family == "mistral" else ((1, True), (4, True))
+    for changed, prefix in cases:
+        corrupt = list(IDS)
+        corrupt[changed] = 44
+        if not prefix:
+            monkeypatch.setattr(head_effects, "_shared_prefix", lambda *a: 0)
+        for site in ("output", "kv"):
+            monkeypatch.setattr(head_effects, "_MLP_ROWS", 10**9)
+            ran[0] = 0
+            whole = attribution_patching(s, corrupt, t, "everywhere", site=site)
+            assert calls == []
+            whole_ran, ran[0] = ran[0], 0
+            monkeypatch.setattr(head_effects, "_MLP_ROWS", 4)
+            chunked = attribution_patching(s, corrupt, t, "everywhere", site=site)
+            # the MLP runs forward twice in all (the forward, the re-run taking the gradients), as whole;
+            # Gemma's norm after the MLP has its layer re-run before the MLP's backward: once more there
+            assert ran[0] > whole_ran if family == "gemma3_text" else ran[0] == whole_ran
+            L = s.info.n_layers
+            assert [c[0] for c in calls].count("forward") >= 2 * 2 * L  # forward and re-run, per direction
+            assert [c[0] for c in calls].count("backward") == 2 * L
+            assert all(c[2] == 4 and c[1] > 4 for c in calls)
+            calls.clear()
+            for a, b in ((chunked.clean, whole.clean), (chunked.corrupt, whole.corrupt)):
+                assert abs(a - b) <= 1e-6 * abs(b)
+            names = ("denoise_kv", "noise_kv") + (("denoise", "noise") if site == "output" else ())
+            for name in names:
+                a, b = getattr(chunked, name), getattr(whole, name)
+                assert np.isfinite(a).all(), name
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max(), err_msg=name)
+
+
+def test_position_wise_takes_dense_mlps_only():
+    """Only a dense MLP (linear maps and parameter-free activations) is chunked over positions; a mixture
+    of experts (a router and a list of experts) and a module with parameters of its own are not."""
+    from attnscope.core.analysis.head_effects import _position_wise
+
+    dense = torch.nn.Module()
+    dense.up, dense.down, dense.act = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4), torch.nn.SiLU()
+    assert _position_wise(dense)
+    moe = torch.nn.Module()
+    moe.gate = torch.nn.Linear(4, 2)
+    moe.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+    assert not _position_wise(moe)
+    fused = torch.nn.Module()
+    fused.gate = torch.nn.Linear(4, 2)
+    fused.weight = torch.nn.Parameter(torch.zeros(2, 4, 4))
+    assert not _position_wise(fused)
+    normed = torch.nn.Module()
+    normed.up, normed.down, normed.norm = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4), torch.nn.LayerNorm(8)
+    assert not _position_wise(normed) and not _position_wise(None)
