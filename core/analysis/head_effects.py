@@ -957,7 +957,8 @@ class _KeepKV:
 
     def __init__(self, n: int):
         self.n, self.end = n, 0
-        self.keys = self.values = None
+        self.keys: Any = None
+        self.values: Any = None
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.keys is None:
@@ -1116,15 +1117,15 @@ class _WalkReadout:
                 # prompt's), its keys and values written into one buffer
                 T = h.shape[1]
                 kv = _KeepKV(T)
-                out = torch.empty_like(h)
+                h_out = torch.empty_like(h)
                 with _attending(be, _PlainAttend()), _apply(self._walk_hooks(i)):
                     for lo in range(0, T, walk_chunk):
                         hi = min(lo + walk_chunk, T)
                         call = _cut_call(self.calls[i], T, lo, hi)
-                        out[:, lo:hi] = _call_layer(parts.layers[i], h[:, lo:hi], call, kv)
-                h = out
+                        h_out[:, lo:hi] = _call_layer(parts.layers[i], h[:, lo:hi], call, kv)
+                h = h_out
                 keys, vals = kv.keys, kv.values
-                del kv, out
+                del kv, h_out
                 if keys is None:
                     self.reuse = False
                     return
