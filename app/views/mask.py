@@ -50,6 +50,9 @@ TITLES = ("Mask<br>applied", "Scores<br>before softmax", "Weights<br>after softm
 BOTTOM_LABELS = ("key", "key", "key", "H = −Σ w ln w")
 TITLE_SIZE = "10pt"  # one size for every panel title (a smaller one moved that panel's rows down)
 COLUMN_STRETCH = (3, 3, 3, 2)
+#: the score bar's title: the first that fits the bar's width (the whole title ran into "weight" in a
+#: narrow window); the last, on two lines, is the narrowest (the bar's minimum width holds it whole)
+SCORE_BAR_LABELS = ("score (masked = −∞, grey)", "score (grey = −∞)", "score (grey:<br>masked, −∞)")
 GLW_MIN = (360, 260)  # the plot area's least size in pixels, whatever its panels need
 
 
@@ -133,7 +136,7 @@ class MaskView(QWidget):
             interactive=False,
             width=10,
             orientation="horizontal",
-            label="score (masked = −∞, grey)",
+            label=SCORE_BAR_LABELS[-1],  # (the narrowest: the bar's minimum width is set from it)
         )
         self.weight_bar = pg.ColorBarItem(
             values=(0, 1),
@@ -145,6 +148,9 @@ class MaskView(QWidget):
         )
         for bar in (self.score_bar, self.weight_bar):
             bar.axis.enableAutoSIPrefix(False)  # scores in their own units, no "(x0.001)"
+            label = bar.axis.label
+            m = label.document().documentMargin()
+            bar.setMinimumWidth(math.ceil(label.boundingRect().width() - 2 * m) + 4)  # its title whole
         self.glw.addItem(self.score_bar, row=1, col=1)
         self.glw.addItem(self.weight_bar, row=1, col=2)
         # decode: how many keys the query may attend, under the mask panel (beside the colour bars). Inside
@@ -456,6 +462,12 @@ class MaskView(QWidget):
         else:
             e.setTicks(self._row_ticks(self.ent_plot, toks, r))
         self.ent_plot.getAxis("bottom").setTicks(None)  # entropy in nats, not key tokens
+        fm, room = QFontMetrics(self.score_bar.axis.label.font()), self.score_bar.axis.geometry().width()
+        want = next(t for t in SCORE_BAR_LABELS if "<br>" in t or fm.horizontalAdvance(t) + 8 <= room)
+        if self.score_bar.axis.labelText != want:
+            self.score_bar.axis.setLabel(want)
+        for bar in (self.score_bar, self.weight_bar):
+            _space_bar_ticks(bar)
 
     def _ticks(self, p, toks, r, decode: bool) -> None:
         axis = p.getAxis("bottom")
@@ -511,6 +523,33 @@ class MaskView(QWidget):
                 f"{'attend' if ok else 'blocked'}, score {score}, "
                 f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats{sink}"
             )
+
+
+def _space_bar_ticks(bar) -> None:
+    """Space the tick labels of a horizontal pyqtgraph ColorBarItem ``bar`` so that no two touch: the
+    major step pyqtgraph picks, or the next 1, 2 or 5 × 10^k (in the bar's units) whose labels, as
+    pyqtgraph writes them, fit between two ticks with a gap. pyqtgraph always draws at least 2.25
+    intervals: a 160 px bar at 1000 x 650 wrote "-0.06-0.04-0.02" as one word."""
+    axis = bar.axis
+    axis.setTickSpacing()  # pyqtgraph's own choice first (where its labels fit, nothing changes)
+    lo, hi = (float(v) for v in bar.levels())
+    px = axis.geometry().width()
+    levels = axis.tickSpacing(lo, hi, px) if hi > lo and px > 20 else []
+    if not levels:  # not laid out yet: redone on the next resize
+        return
+    fm = QFontMetrics(axis.style["tickFont"] or axis.font())
+    step = levels[0][0]
+    for _ in range(12):
+        k = np.arange(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)
+        values = [float(v) for v in k * step]  # (0 is 0, not 1e-17: its label is "0")
+        texts = axis.tickStrings(values, 1.0, step) if values else []
+        widest = max((fm.horizontalAdvance(t) for t in texts), default=0)
+        if widest + 8 <= step / (hi - lo) * px:
+            break
+        p10 = 10.0 ** math.floor(math.log10(step) + 1e-9)
+        step = next(f * p10 for f in (2, 5, 10, 20) if f * p10 > step * (1 + 1e-9))
+    if step != levels[0][0]:
+        axis.setTickSpacing(levels=[(step, 0.0)])  # one level: a minor level adds labels of its own
 
 
 def _label_stride(axis, labels: list[str], px: float, n: int, horizontal: bool) -> int:

@@ -45,7 +45,7 @@ def _note_item(v):
 
 def _parts(v) -> list[tuple[str, QGraphicsItem, QRectF]]:
     """``(name, item, scene rect)`` of what the Mask tab draws: the panels, their titles, axis titles,
-    tick labels, the colour bars and the decode note."""
+    tick labels, the colour bars with their titles and tick labels, and the decode note."""
     out = []
     for p in [*v.plots, v.ent_plot]:
         name = p.titleLabel.text.replace("<br>", " ")
@@ -59,9 +59,28 @@ def _parts(v) -> list[tuple[str, QGraphicsItem, QRectF]]:
                 out.append((f"{side} tick {text!r} of {name!r}", axis, axis.mapRectToScene(r)))
     for bar in (v.score_bar, v.weight_bar):
         out.append(("colour bar", bar, bar.sceneBoundingRect()))
+        out.append((f"colour bar title {bar.axis.labelText!r}", bar.axis.label, _text_rect(bar.axis.label)))
+        for text, r in axis_tick_rects(bar.axis):
+            out.append((f"colour bar tick {text!r}", bar.axis, bar.axis.mapRectToScene(r)))
     item = _note_item(v)
     if item.toPlainText().strip():
         out.append((f"note {item.toPlainText()!r}", item, _text_rect(item)))
+    return out
+
+
+def _overlapping(v) -> list[str]:
+    """Labels of the colour bars that run into each other: two tick labels of one bar, or the two
+    bars' titles ("-0.06-0.04-0.02" read as one word at 1000x650; the score bar's one-line title ran
+    into "weight")."""
+    out = []
+    for bar in (v.score_bar, v.weight_bar):
+        rects = [(t, bar.axis.mapRectToScene(r)) for t, r in axis_tick_rects(bar.axis)]
+        for (ta, a), (tb, b) in zip(rects, rects[1:], strict=False):
+            if a.intersects(b):
+                out.append(f"{ta!r} and {tb!r} overlap")
+    titles = [_text_rect(bar.axis.label) for bar in (v.score_bar, v.weight_bar)]
+    if titles[0].intersects(titles[1]):
+        out.append(f"the bars' titles overlap: {titles}")
     return out
 
 
@@ -124,6 +143,7 @@ def test_every_mask_panel_is_whole_or_reached_by_scrolling(qtbot, folder, tmp_pa
         assert v.report is not None and v.report.kind == kind
         assert (win.width(), win.height()) == size
         assert _cut(win) == [], (kind, size, dock)
+        assert _overlapping(v) == [], (kind, size, dock)
         if size[0] >= 1000 and not dock:  # room for all of it (the note under the mask panel too)
             assert not page.horizontalScrollBar().isVisible(), kind
         # the header and the hover line wrap at the page's visible width: they read without scrolling
