@@ -109,9 +109,9 @@ class MaskView(QWidget):
         self.glw.setBackground("w")
         self.glw.setMinimumSize(*GLW_MIN)
         lay.addWidget(self.glw, 1)
-        self.readout = QLabel("Hover a cell to read its mask, score and weight.")
+        # wraps a long hover line at the page's width, with room for every line (never widens the page)
+        self.readout = WrappedLabel("Hover a cell to read its mask, score and weight.")
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.readout.setWordWrap(True)  # a long hover line wraps: it never widens the page
         lay.addWidget(self.readout)
         self._page_viewport: QWidget | None = None  # what shows this view in its tab page (fit_text_to_page)
 

@@ -146,6 +146,12 @@ def test_every_mask_panel_is_whole_or_reached_by_scrolling(qtbot, folder, tmp_pa
         assert _overlapping(v) == [], (kind, size, dock)
         if size[0] >= 1000 and not dock:  # room for all of it (the note under the mask panel too)
             assert not page.horizontalScrollBar().isVisible(), kind
+        if kind == "prefill":  # hover a cell: the long read-out line wraps, every line with its room
+            vb = v.plots[0].getViewBox()
+            v._on_mouse(0, vb.mapViewToScene(QPointF(3.5, 7.5)))
+            _settle(win, 2)
+            assert v.readout.text().startswith("query "), v.readout.text()
+            assert v.readout.height() >= v.readout.heightForWidth(v.readout.width())
         # the header and the hover line wrap at the page's visible width: they read without scrolling
         for label in (v.header, v.readout):
             left = label.mapTo(page.viewport(), QPoint(0, 0)).x()
