@@ -23,9 +23,9 @@ from attnscope.app.tabs import PageLayout
 from attnscope.app.views.heatmap import qt_colormap
 from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.io.colormaps import to_rgb
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QWidget
 
 if TYPE_CHECKING:
     from attnscope.core.analysis.maskview import MaskReport
@@ -50,6 +50,10 @@ TITLES = ("Mask<br>applied", "Scores<br>before softmax", "Weights<br>after softm
 BOTTOM_LABELS = ("key", "key", "key", "H = −Σ w ln w")
 TITLE_SIZE = "10pt"  # one size for every panel title (a smaller one moved that panel's rows down)
 COLUMN_STRETCH = (3, 3, 3, 2)
+#: the score bar's title: the first that fits the bar's width (the whole title ran into "weight" in a
+#: narrow window); the last, on two lines, is the narrowest (the bar's minimum width holds it whole)
+SCORE_BAR_LABELS = ("score (masked = −∞, grey)", "score (grey = −∞)", "score (grey:<br>masked, −∞)")
+GLW_MIN = (360, 260)  # the plot area's least size in pixels, whatever its panels need
 
 
 def _report_job(layer: int, head: int, step: int):
@@ -103,11 +107,13 @@ class MaskView(QWidget):
         # mask, the scores, the weights and the entropy bars is on the same pixel row (prefill)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.setBackground("w")
-        self.glw.setMinimumSize(360, 260)
+        self.glw.setMinimumSize(*GLW_MIN)
         lay.addWidget(self.glw, 1)
-        self.readout = QLabel("Hover a cell to read its mask, score and weight.")
+        # wraps a long hover line at the page's width, with room for every line (never widens the page)
+        self.readout = WrappedLabel("Hover a cell to read its mask, score and weight.")
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.readout)
+        self._page_viewport: QWidget | None = None  # what shows this view in its tab page (fit_text_to_page)
 
         self.plots = []
         for i, t in enumerate(TITLES):
@@ -130,7 +136,7 @@ class MaskView(QWidget):
             interactive=False,
             width=10,
             orientation="horizontal",
-            label="score (masked = −∞, grey)",
+            label=SCORE_BAR_LABELS[-1],  # (the narrowest: the bar's minimum width is set from it)
         )
         self.weight_bar = pg.ColorBarItem(
             values=(0, 1),
@@ -142,12 +148,73 @@ class MaskView(QWidget):
         )
         for bar in (self.score_bar, self.weight_bar):
             bar.axis.enableAutoSIPrefix(False)  # scores in their own units, no "(x0.001)"
+            label = bar.axis.label
+            m = label.document().documentMargin()
+            bar.setMinimumWidth(math.ceil(label.boundingRect().width() - 2 * m) + 4)  # its title whole
         self.glw.addItem(self.score_bar, row=1, col=1)
         self.glw.addItem(self.weight_bar, row=1, col=2)
+        # decode: how many keys the query may attend, under the mask panel (beside the colour bars). Inside
+        # the panel, under the strip, it was wider than a narrow panel's view box and cut at its edge
+        self.mask_note = pg.LabelItem("", color=(20, 20, 20), justify="center")
+        self.mask_note.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.glw.addItem(self.mask_note, row=1, col=0)
+        grid.setAlignment(self.mask_note, Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop)
+        grid.setRowStretchFactor(0, 1)  # the panels take the height; the bars and the note what they need
+        grid.setRowStretchFactor(1, 0)
         self.glw.scene().sigMouseMoved.connect(self._on_scene_mouse)
-        self.mask_note = pg.TextItem("", color=(20, 20, 20), anchor=(0.5, 0.5))
         for p in self.plots + [self.ent_plot]:  # labels are thinned by pixel size: redo on resize
             p.getViewBox().sigResized.connect(self._update_ticks)
+        # the panels' row is as wide as its items' minimum widths (axes sized to their tick labels as they
+        # are painted, two-line titles, the note): the plot area asks for that much, so that a narrow tab
+        # page (a 1000 px window with the Why dock, an 800 px window) scrolls sideways to it instead of
+        # cutting the right-hand panels off (tests/app/test_mask_fits_gui.py)
+        self._fit_timer = QTimer(self)
+        self._fit_timer.setSingleShot(True)
+        self._fit_timer.setInterval(0)
+        self._fit_timer.timeout.connect(self.fit_plot_area)
+        for p in self.plots + [self.ent_plot]:
+            for item in (p, p.getAxis("left"), p.getAxis("bottom"), p.titleLabel):
+                item.geometryChanged.connect(self._fit_timer.start)
+
+    def fit_plot_area(self) -> None:
+        """Give the plot area (``glw``) at least its panels' minimum size, in pixels: the narrowest the
+        four panels, their axes' labels, titles and the note get without being cut. The tab's page
+        scrolls when it is narrower than that (:class:`attnscope.app.tabs.ViewPage`)."""
+        hint = self.glw.ci.effectiveSizeHint(Qt.SizeHint.MinimumSize)
+        m = self.glw.contentsMargins()
+        w = max(GLW_MIN[0], math.ceil(hint.width()) + m.left() + m.right())
+        h = max(GLW_MIN[1], math.ceil(hint.height()) + m.top() + m.bottom())
+        if (w, h) != (self.glw.minimumWidth(), self.glw.minimumHeight()):
+            self.glw.setMinimumSize(w, h)
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        holder = self.parentWidget()  # a tab page's viewport (attnscope.app.tabs.ViewPage)
+        if holder is not self._page_viewport and holder is not None:
+            if self._page_viewport is not None:
+                self._page_viewport.removeEventFilter(self)
+            self._page_viewport = holder
+            holder.installEventFilter(self)
+        self.fit_text_to_page()
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
+        if obj is self._page_viewport and event.type() == QEvent.Type.Resize:
+            self.fit_text_to_page()
+        return False
+
+    def fit_text_to_page(self) -> None:
+        """Wrap the header and the hover line at the visible width of the tab page, in pixels: when the
+        panels' row is wider than the page (which then scrolls sideways), the text still reads without
+        scrolling."""
+        holder = self._page_viewport
+        if holder is None:
+            return
+        lay = self.layout()
+        m = lay.contentsMargins() if lay is not None else None
+        room = max(100, holder.width() - (m.left() + m.right() if m is not None else 0))
+        for label in (self.header, self.readout):
+            if label.maximumWidth() != room:
+                label.setMaximumWidth(room)
 
     @staticmethod
     def _style(p) -> None:
@@ -187,6 +254,7 @@ class MaskView(QWidget):
         """No report: empty panels and the placeholder line."""
         self.report = self.report_key = self.report_info = None
         self.report_tokens = []
+        self.mask_note.setText("")
         for p in self.plots + [self.ent_plot]:
             p.clear()
             p.getAxis("left").setTicks(None)
@@ -313,9 +381,8 @@ class MaskView(QWidget):
             self.images[0].setRect(0, 0, r.S, 1)
             self.plots[0].setRange(xRange=(0, r.S), yRange=(-0.6, 1.6), padding=0.02)
             n_ok = int(r.allowed.sum())
-            self.mask_note.setText(f"{n_ok} of {r.S} keys allowed\n(j ≤ 0 + {r.offset})")
-            self.mask_note.setPos(r.S / 2, -0.3)
-            self.plots[0].addItem(self.mask_note)
+            # (two lines no wider than the panel's own minimum: the key count, then the rule)
+            self.mask_note.setText(f"{n_ok} of {r.S} keys<br>allowed (j ≤ 0 + {r.offset})")
             x = np.arange(r.S) + 0.5
             s = np.where(finite[0], scores[0], np.nan)
             sb = to_rgb(np.nan_to_num(s, nan=lo), self.cmap, lo, hi)
@@ -342,6 +409,7 @@ class MaskView(QWidget):
             self.plots[1].setLabel("left", "score")
             self.plots[2].setLabel("left", "weight")
         else:
+            self.mask_note.setText("")
             self.plots[1].setLabel("left", "")
             self.plots[2].setLabel("left", "")
             rgb = to_rgb(np.where(finite, scores, lo), self.cmap, lo, hi)
@@ -378,6 +446,7 @@ class MaskView(QWidget):
         else:
             e.setYRange(r.row_start, r.row_stop, padding=0.02)
             e.setTitle(TITLES[3], color="k", size=TITLE_SIZE)
+        self._fit_timer.start()  # new titles and labels: the axes' widths settle as they are painted
 
     def _update_ticks(self, *_):
         r = self.report
@@ -393,6 +462,12 @@ class MaskView(QWidget):
         else:
             e.setTicks(self._row_ticks(self.ent_plot, toks, r))
         self.ent_plot.getAxis("bottom").setTicks(None)  # entropy in nats, not key tokens
+        fm, room = QFontMetrics(self.score_bar.axis.label.font()), self.score_bar.axis.geometry().width()
+        want = next(t for t in SCORE_BAR_LABELS if "<br>" in t or fm.horizontalAdvance(t) + 8 <= room)
+        if self.score_bar.axis.labelText != want:
+            self.score_bar.axis.setLabel(want)
+        for bar in (self.score_bar, self.weight_bar):
+            _space_bar_ticks(bar)
 
     def _ticks(self, p, toks, r, decode: bool) -> None:
         axis = p.getAxis("bottom")
@@ -448,6 +523,33 @@ class MaskView(QWidget):
                 f"{'attend' if ok else 'blocked'}, score {score}, "
                 f"weight {r.weights[a, j]:.4f}; row entropy {r.entropy[a]:.3f} nats{sink}"
             )
+
+
+def _space_bar_ticks(bar) -> None:
+    """Space the tick labels of a horizontal pyqtgraph ColorBarItem ``bar`` so that no two touch: the
+    major step pyqtgraph picks, or the next 1, 2 or 5 × 10^k (in the bar's units) whose labels, as
+    pyqtgraph writes them, fit between two ticks with a gap. pyqtgraph always draws at least 2.25
+    intervals: a 160 px bar at 1000 x 650 wrote "-0.06-0.04-0.02" as one word."""
+    axis = bar.axis
+    axis.setTickSpacing()  # pyqtgraph's own choice first (where its labels fit, nothing changes)
+    lo, hi = (float(v) for v in bar.levels())
+    px = axis.geometry().width()
+    levels = axis.tickSpacing(lo, hi, px) if hi > lo and px > 20 else []
+    if not levels:  # not laid out yet: redone on the next resize
+        return
+    fm = QFontMetrics(axis.style["tickFont"] or axis.font())
+    step = levels[0][0]
+    for _ in range(12):
+        k = np.arange(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)
+        values = [float(v) for v in k * step]  # (0 is 0, not 1e-17: its label is "0")
+        texts = axis.tickStrings(values, 1.0, step) if values else []
+        widest = max((fm.horizontalAdvance(t) for t in texts), default=0)
+        if widest + 8 <= step / (hi - lo) * px:
+            break
+        p10 = 10.0 ** math.floor(math.log10(step) + 1e-9)
+        step = next(f * p10 for f in (2, 5, 10, 20) if f * p10 > step * (1 + 1e-9))
+    if step != levels[0][0]:
+        axis.setTickSpacing(levels=[(step, 0.0)])  # one level: a minor level adds labels of its own
 
 
 def _label_stride(axis, labels: list[str], px: float, n: int, horizontal: bool) -> int:
