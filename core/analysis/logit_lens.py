@@ -23,7 +23,8 @@ Two parts, each exact for the model that runs (docs/heads.md "Logit lens"):
   vocab`` FLOPs (docs/heads.md "How fast"). A bfloat16 pass would be faster on CPUs with bfloat16 dot
   products, and a bound on its error could keep the top tokens and ranks exact (the candidates recomputed
   in float32), but not the probabilities: the log-sum-exp moves by up to that bound times the probability
-  not recomputed, most of it in an early layer's flat distribution. So the lens is float32 throughout.
+  not recomputed, and probabilities within 1e-6 left 38 % of SmolLM2's vocabulary to recompute for a
+  layer's 64 positions on average (docs/heads.md). So the lens is float32 throughout.
 
 Torch backend only for now (:func:`residuals` needs hookable layers; :func:`project` takes torch tensors
 and nothing else of the backend).
