@@ -23,7 +23,8 @@ Two parts, each exact for the model that runs (docs/heads.md "Logit lens"):
   vocab`` FLOPs (docs/heads.md "How fast"). A bfloat16 pass would be faster on CPUs with bfloat16 dot
   products, and a bound on its error could keep the top tokens and ranks exact (the candidates recomputed
   in float32), but not the probabilities: the log-sum-exp moves by up to that bound times the probability
-  not recomputed, most of it in an early layer's flat distribution. So the lens is float32 throughout.
+  not recomputed, and probabilities within 1e-6 left 38 % of SmolLM2's vocabulary to recompute for a
+  layer's 64 positions on average (docs/heads.md). So the lens is float32 throughout.
 
 Torch backend only for now (:func:`residuals` needs hookable layers; :func:`project` takes torch tensors
 and nothing else of the backend).
@@ -239,6 +240,14 @@ class _Rows:
         if got is None:
             got = torch.from_numpy(causal_allowed(self.pos, np.arange(S), window)).to(query.device)
             self.masks[(S, window, query.device)] = got
+        if softcap is None and sinks is None and query.device.type == "cpu" and query.shape[0] == 1:
+            # the fork records nothing (capture=False), so no LSE is wanted: torch's own call reaches the
+            # same fused CPU kernel with the same mask (equal outputs), without sdpa_with_lse's mask
+            # conversion, empty-row check and LSE refinement per layer (7 % of the residuals' time)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=got, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+            )
+            return out, None
         return sdpa_with_lse(
             query,
             key,
@@ -276,6 +285,11 @@ def _frozen_layer(keys, values, index, worst: dict):
     return layer
 
 
+class _Done(Exception):
+    """Raised by the last layer's hook to end a forward whose logits nobody reads (a ``(1, vocab)``
+    projection that reads the whole unembedding: 3 % of the residuals' time on SmolLM2)."""
+
+
 def _cached_residuals(session: Session, parts, pos: list[int]) -> list | None:
     """:func:`residuals` from the KV cache; None where the family or the check rules it out."""
     import torch
@@ -300,6 +314,8 @@ def _cached_residuals(session: Session, parts, pos: list[int]) -> list | None:
         def hook(_m, _args, o):
             o = o[0] if isinstance(o, tuple) else o
             out[i].append(o[0].detach())
+            if i == L - 1 and all(len(r) == len(out[i]) for r in out):
+                raise _Done  # every layer has run: the final norm and the unembedding are not needed
 
         return hook
 
@@ -320,13 +336,16 @@ def _cached_residuals(session: Session, parts, pos: list[int]) -> list | None:
             torch.inference_mode(),
             _hooks([(m, keep(i)) for i, m in enumerate(parts.layers)], "post"),
         ):
-            scratch.model(
-                input_ids=ids,
-                position_ids=torch.tensor([chunk], device=be.device),
-                use_cache=True,
-                logits_to_keep=1,
-                **{be._cache_kw: cache},
-            )
+            try:
+                scratch.model(
+                    input_ids=ids,
+                    position_ids=torch.tensor([chunk], device=be.device),
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{be._cache_kw: cache},
+                )
+            except _Done:
+                pass
         if rows.layers != attention:  # a layer attended some other way: its mask is not known to be right
             return None
     if not worst or worst["err"] > tol or any(len(o) != len(out[0]) for o in out):
@@ -404,18 +423,23 @@ def project(
     V = weight.shape[0]
     zf = None
     if fid is not None:
-        wf = weight.index_select(0, fid.to(weight.device)).float()
-        zf = (x * wf).sum(-1)
+        # the final tokens' logits by the same product as the tiles' (x against their rows of the
+        # unembedding: ``|P|`` distinct tokens, a sliver of the work), so that the rank compares the tile's
+        # logits with the very float the tile holds for the final token (a dot product summed in
+        # another order differs by ~1e-5 and moved ranks by one); each tile checks that float, and
+        # :func:`_recount` redoes the rows where a BLAS gave another one
+        ids, inv = torch.unique(fid, return_inverse=True)
+        zu = torch.mm(x, weight.index_select(0, ids.to(weight.device)).float().T)
         if bias is not None:
-            zf = zf + bias.index_select(0, fid.to(bias.device)).float()
-        zf = _cap(zf, softcap)
+            zu += bias.index_select(0, ids.to(bias.device)).float()
+        zf = _cap(zu, softcap, inplace=True).gather(1, inv.to(zu.device)[:, None])[:, 0]
     rows = max(1, min(rows, R))
     spans = [(r, min(R, r + rows)) for r in range(0, R, rows)] or [(0, 0)]
     states = []
     for r0, r1 in spans:
         state = _Running(r1 - r0, k, x.device, None if fid is None else fid[r0:r1])
         if zf is not None:
-            state.zf = zf[r0:r1]
+            state.zf = zf[r0:r1].clone()
         states.append(state)
     # a logits tile and a comparison tile, reused: each a contiguous view of its first n * nb elements
     nmax = rows * min(block, V)
@@ -431,7 +455,34 @@ def project(
             if bb is not None:
                 z += bb
             state.add(_cap(z, softcap, inplace=True), a, None if tbuf is None else tbuf[: n * nb].view(n, nb))
+    for (r0, r1), state in zip(spans, states, strict=True):
+        if state.redo is not None and bool(state.redo.any()):
+            _recount(state, x[r0:r1], weight, bias, softcap, block, zbuf)
     return _joined(states)
+
+
+def _recount(state, x, weight, bias, softcap, block: int, zbuf) -> None:
+    """The ranks of ``state``'s rows marked ``redo`` counted again against the final token's logit as
+    their tiles computed it (the same products as :func:`project`'s, so the same floats)."""
+    import torch
+
+    rows = torch.nonzero(state.redo)[:, 0]
+    zf, fid = state.zf[rows], state.fid[rows]
+    rank = torch.zeros(rows.numel(), dtype=torch.int64, device=x.device)
+    n = x.shape[0]
+    for a in range(0, weight.shape[0], block):
+        b = min(weight.shape[0], a + block)
+        z = torch.mm(x, weight[a:b].float().T, out=zbuf[: n * (b - a)].view(n, b - a))
+        if bias is not None:
+            z += bias[a:b].float()
+        z = _cap(z, softcap, inplace=True).index_select(0, rows)
+        gt = z > zf[:, None]
+        own = fid - a
+        inside = torch.nonzero((own >= 0) & (own < b - a))[:, 0]
+        gt[inside, own[inside]] = False
+        rank += gt.sum(1)
+    state.rank[rows] = rank
+    state.redo[rows] = False
 
 
 def _joined(states: list) -> Projection:
@@ -443,6 +494,24 @@ def _joined(states: list) -> Projection:
     return Projection(
         *(None if getattr(parts[0], n) is None else torch.cat([getattr(p, n) for p in parts]) for n in names)
     )
+
+
+def _count(gt):
+    """The number of True in each row of ``gt`` (``(R, n)`` bool, overwritten), ``(R,)`` int64.
+
+    Its bytes are added in place, the right half of the columns onto the left, while a byte cannot
+    overflow (7 halvings: at most 128 in a byte), then the few columns left are summed: no temporary of
+    the tile's size (a sum with ``dtype=`` converts the whole tile first, a fresh 2-byte tile each time),
+    and faster than a sum or ``count_nonzero`` of booleans on the CPU."""
+    import torch
+
+    u = gt.view(torch.uint8)
+    width, most = u.shape[1], 1
+    while width > 64 and most <= 64:
+        half = width // 2
+        u[:, :half] += u[:, width - half : width]  # an odd width keeps its middle column as it is
+        width, most = width - half, most * 2
+    return u[:, :width].sum(1, dtype=torch.int64)
 
 
 def _cap(z, cap: float | None, inplace: bool = False):
@@ -469,6 +538,7 @@ class _Running:
         self.fid: Any = None if fid is None else fid.to(device)
         self.zf: Any = torch.zeros(R, dtype=torch.float32, device=device) if fid is not None else None
         self.rank: Any = torch.zeros(R, dtype=torch.int64, device=device) if fid is not None else None
+        self.redo: Any = torch.zeros(R, dtype=torch.bool, device=device) if fid is not None else None
 
     def add(self, z, a: int, scratch=None) -> None:
         """Fold ``z`` (``(R, nb)`` float32 logits of vocabulary ids ``a .. a + nb``) in; ``z`` is
@@ -483,9 +553,13 @@ class _Running:
             inside = (own >= 0) & (own < z.shape[1])
             if bool(inside.any()):  # the final token is not above itself
                 r = torch.nonzero(inside)[:, 0]
+                got = z[r, own[r]]
+                other = got != self.zf[r]  # not the float compared with: the row is counted again
+                if bool(other.any()):
+                    self.redo[r[other]] = True
+                    self.zf[r[other]] = got[other]
                 gt[r, own[r]] = False
-            # a sum of bytes: several times faster than of booleans on the CPU (exact while nb < 2**15)
-            self.rank += gt.view(torch.uint8).sum(1, dtype=torch.int16 if z.shape[1] < 2**15 else torch.int64)
+            self.rank += _count(gt)
         m_new = torch.maximum(self.m, zmax)
         scale = torch.exp((self.m - m_new).double())
         # exp(z − m) as 2^((z − m)·log2 e) (torch's exp2 is several times faster than its exp on the CPU):

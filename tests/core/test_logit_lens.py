@@ -244,3 +244,100 @@ def test_hybrid_model_takes_the_forward(tmp_path):
         logits = ref(torch.tensor([IDS])).logits[0, POS].double().numpy()
     np.testing.assert_array_equal(lens.top_ids[-1], np.argsort(-logits, axis=-1, kind="stable")[:, :3])
     assert lens.final_rank[-1].tolist() == [0] * len(POS)
+
+
+def _float64_lens(session, positions, k):
+    """The lens's own residuals through the final norm and the whole unembedding in one float32 product,
+    then a float64 log-softmax and a stable sort of the whole vocabulary: ``(top_ids, top_probs,
+    final_ids, final_rank, final_prob)``."""
+    from attnscope.core.analysis import logit_lens as LL
+    from attnscope.core.analysis.head_effects import _parts
+
+    parts = _parts(session)
+    resid = LL.residuals(session, positions, parts)
+    with torch.inference_mode():
+        z = torch.stack([parts.lm_head(LL._normed(parts, h)).float() for h in resid])  # (L, P, vocab)
+        cap = parts.final_softcap
+        if cap:
+            z = torch.tanh(z / cap) * cap
+        logp = torch.log_softmax(z.double(), -1).numpy()
+    z = z.numpy()
+    order = np.argsort(-z, axis=-1, kind="stable")
+    final = order[-1, :, 0]
+    idx = np.broadcast_to(final[None, :, None], (*z.shape[:2], 1))
+    rank = (z > np.take_along_axis(z, idx, -1)).sum(-1)
+    top = order[..., :k]
+    return (
+        top,
+        np.exp(np.take_along_axis(logp, top, -1)),
+        final,
+        rank,
+        np.exp(np.take_along_axis(logp, idx, -1)[..., 0]),
+    )
+
+
+def _assert_lens_is(lens, want):
+    top, probs, final, rank, fprob = want
+    np.testing.assert_array_equal(lens.top_ids, top)
+    np.testing.assert_array_equal(lens.final_ids, final)
+    np.testing.assert_array_equal(lens.final_rank, rank)
+    np.testing.assert_allclose(lens.top_probs, probs, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(lens.final_prob, fprob, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_lens_equals_a_float64_softmax_of_its_float32_logits(family, tmp_path, monkeypatch):
+    """The tiled projection (running top-k, log-sum-exp in powers of 2, ranks counted per tile) against
+    one float32 product of the whole vocabulary and a float64 log-softmax: the same top tokens, final
+    tokens and ranks, probabilities within 1e-6; also in tiles of 3 rows x 7 vocabulary rows."""
+    from attnscope.core.analysis import logit_lens as LL
+
+    s, _ = _load(family, tmp_path)
+    want = _float64_lens(s, POS, 4)
+    _assert_lens_is(LL.logit_lens(s, POS, k=4), want)
+    monkeypatch.setattr(LL.project, "__defaults__", (None, None, 7, 3))  # final_ids, softcap, block, rows
+    _assert_lens_is(LL.logit_lens(s, POS, k=4), want)
+
+
+@pytest.mark.slow
+def test_default_model_lens_equals_a_float64_softmax():
+    """SmolLM2-135M (the default model, vocabulary 49,152 in 12 tiles of 4,096), the last 24 positions of
+    a 300-token prompt at all 30 layers: top-5, final tokens and ranks equal a float64 log-softmax of
+    the float32 logits, probabilities within 1e-6."""
+    from attnscope.core.analysis.logit_lens import logit_lens
+    from attnscope.core.bench.views import long_text
+    from attnscope.core.session import Session
+
+    s = Session.load(None)
+    s.prefill(long_text(s, 300), chat_template=False)
+    pos = list(range(s.seq_len - 24, s.seq_len))
+    want = _float64_lens(s, pos, 5)
+    lens = logit_lens(s, pos, k=5)
+    _assert_lens_is(lens, want)
+    assert lens.final_rank.max() > 100  # early layers rank the final token far down: the counts are tested
+
+
+def test_rank_is_counted_again_where_the_final_logit_differs(monkeypatch):
+    """Where the final token's logit found beforehand is not the float its tile holds (here: moved on
+    purpose), the tile notices and the row's rank is counted again against the tile's float."""
+    from attnscope.core.analysis import logit_lens as LL
+
+    g = torch.Generator().manual_seed(3)
+    V, d, R = 50, 8, 6
+    head = torch.nn.Linear(d, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, d, generator=g))
+    x = torch.randn(R, d, generator=g)
+    fid = torch.tensor([3, 3, 40, 17, 17, 49])
+    z = (x @ head.weight.detach().T).double()
+    want = (z > z.gather(1, fid[:, None])).sum(1)
+    real = LL._cap
+
+    def moved(t, cap, inplace=False):  # the final tokens' logits (4 distinct ids) made 0.5 too high
+        return real(t, cap, inplace) + 0.5 if t.shape[1] == 4 else real(t, cap, inplace)
+
+    monkeypatch.setattr(LL, "_cap", moved)
+    with torch.inference_mode():
+        got = LL.project(x, head, 3, final_ids=fid, block=16, rows=4)
+    np.testing.assert_array_equal(got.rank.numpy(), want.numpy())
+    np.testing.assert_allclose(got.final_logit.numpy(), z.gather(1, fid[:, None])[:, 0].numpy(), atol=1e-5)
