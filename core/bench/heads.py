@@ -408,8 +408,13 @@ def _unembedding_matmul(s, rows: int) -> tuple[float, float]:
 
 
 def _reset_peak() -> bool:
-    """Reset the process's peak resident set (Linux: ``5`` into ``/proc/self/clear_refs``); False where
-    it cannot be (then :func:`_peak_rss` is the peak since the start)."""
+    """Reset the process's peak resident set (Linux: ``5`` into ``/proc/self/clear_refs``), the heap the
+    row before freed handed back first (``malloc_trim``), so that each row's peak is its own and not the
+    freed-but-kept heap of the one before; False where it cannot be (then :func:`_peak_rss` is the peak
+    since the start)."""
+    from attnscope.core.analysis.head_effects import _release_memory
+
+    _release_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
