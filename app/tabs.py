@@ -21,6 +21,37 @@ class ViewPage(QScrollArea):
     """A tab page that scrolls its view when the window is smaller than the view's minimum size."""
 
 
+class FollowsPage:
+    """Mixin (before ``QWidget`` in the bases) for a view shown in a scrolling tab page
+    (:class:`ViewPage`) that fits itself to the page's visible size: :meth:`fit_to_page` runs when the
+    view is shown and whenever the page's viewport (:attr:`_page_viewport`, the view's parent once shown;
+    None before) is resized (:meth:`page_resized`)."""
+
+    _page_viewport: QWidget | None = None
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)  # type: ignore[misc]
+        holder = self.parentWidget()  # type: ignore[attr-defined]
+        if holder is not self._page_viewport and isinstance(holder, QWidget):
+            if self._page_viewport is not None:
+                self._page_viewport.removeEventFilter(self)  # type: ignore[arg-type]
+            self._page_viewport = holder
+            holder.installEventFilter(self)  # type: ignore[arg-type]
+        self.fit_to_page()
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
+        if obj is self._page_viewport and event.type() == QEvent.Type.Resize:
+            self.page_resized()
+        return False
+
+    def page_resized(self) -> None:
+        """The page's viewport was resized: fit now (a view may defer it)."""
+        self.fit_to_page()
+
+    def fit_to_page(self) -> None:
+        """Fit the view to :attr:`_page_viewport`'s size (nothing by default)."""
+
+
 class EmptyOverlay(QLabel):
     """Covers a tab page while there is no sequence (a new model, nothing run yet), so that a panel
     never shows the previous model's or prompt's results as if they were current."""

@@ -17,7 +17,7 @@ import json
 import numpy as np
 from attnscope.app.engine import CancelledMessage, Request
 from attnscope.app.flow import FlowLayout
-from attnscope.app.tabs import PageLayout
+from attnscope.app.tabs import FollowsPage, PageLayout
 from attnscope.app.views.head_rows import HEAD_ROLE, HeadRows, NumericItem
 from attnscope.app.views.heads_export import csv_text, lens_from_json, result_from_json, same_json
 from attnscope.app.views.heads_lens import LensPanel, lens_job, parse_positions
@@ -116,7 +116,7 @@ def per_head(values: np.ndarray, n_heads: int) -> np.ndarray:
     return np.repeat(values, g, axis=1)
 
 
-class HeadsView(QWidget, SavedControls, HeadRows):
+class HeadsView(FollowsPage, QWidget, SavedControls, HeadRows):
     """The "Which heads matter" tab."""
 
     STATE_CONTROLS = (
@@ -271,7 +271,7 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         vsplit.setStretchFactor(1, 2)
         vsplit.setSizes([600, 330])
         self.plots.setMinimumHeight(self.PLOTS_LEAST_HEIGHT)
-        split.setMinimumHeight(self.PLOTS_MIN_HEIGHT)  # (:meth:`fit_plots_to_page` lowers it to fit)
+        split.setMinimumHeight(self.PLOTS_MIN_HEIGHT)  # (:meth:`fit_to_page` lowers it to fit)
         self.plots_row = split
         self.splitter = vsplit
 
@@ -301,7 +301,6 @@ class HeadsView(QWidget, SavedControls, HeadRows):
         state.events.snapshot.connect(lambda _snap: self._drop_frames_if_stale())
         state.events.snapshot.connect(lambda _snap: self._hint())
         self.export_button.clicked.connect(self._export_dialog)
-        self._page_viewport: QWidget | None = None
         for wrapped in (self.summary, self.patch_summary):  # (a wrapped line more moves the plots down)
             wrapped.installEventFilter(self)
 
@@ -309,23 +308,15 @@ class HeadsView(QWidget, SavedControls, HeadRows):
     PLOTS_MIN_HEIGHT = 230  # px: the plots' height when the page has room (1400 x 900)
     PLOTS_LEAST_HEIGHT = 150  # px: never below this (ticks, axis titles and a few rows of heads)
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        """Follow the height of the scrolling tab page holding this view (its viewport's resizes)."""
-        super().showEvent(event)
-        viewport = self.parentWidget()
-        if viewport is not self._page_viewport and isinstance(viewport, QWidget):
-            self._page_viewport = viewport
-            viewport.installEventFilter(self)
-        self.fit_plots_to_page()
-
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
-        if event.type() == QEvent.Type.Resize and (
-            obj is self._page_viewport or obj in (self.summary, self.patch_summary)
-        ):
-            QTimer.singleShot(0, self.fit_plots_to_page)
-        return False
+        if event.type() == QEvent.Type.Resize and obj in (self.summary, self.patch_summary):
+            self.page_resized()  # a wrapped line more or less moves the plots
+        return super().eventFilter(obj, event)
 
-    def fit_plots_to_page(self) -> None:
+    def page_resized(self) -> None:
+        QTimer.singleShot(0, self.fit_to_page)
+
+    def fit_to_page(self) -> None:
         """The plots' least height such that, with the page scrolled to the top, they end at the
         visible page's bottom edge: at 1000 x 650 the page is ~360 px tall and the plots (230 px
         below ~170 px of controls) had their x tick labels and axis titles below it. Between

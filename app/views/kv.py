@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
+from attnscope.app.tabs import FollowsPage
 from attnscope.app.views.saved_controls import SavedControls
 from attnscope.app.views.sinks import style_plot
 from attnscope.core.analysis.kv_live import KVLive
@@ -201,7 +202,7 @@ def fill_scheme_table(
     table.setFixedHeight(26 + 22 * len(rows_now) + 4)
 
 
-class KVView(QWidget, SavedControls):
+class KVView(FollowsPage, QWidget, SavedControls):
     """The KV cache tab, built with the :class:`attnscope.app.state.ViewState` and the
     :class:`attnscope.app.engine.Engine`. ``statusChanged(text, tooltip)``: the status bar's KV figure
     (what the model needs, and what AttnScope keeps)."""
@@ -374,7 +375,7 @@ class KVView(QWidget, SavedControls):
 
         # the plots fill the tab page's visible height (PLOTS_MIN_HEIGHT at least), the tables and the
         # calculator below are reached by scrolling: at 1000 x 650 the plots were 611 px tall in a 361 px
-        # page, their axis titles below its edge (:meth:`fit_plots_to_page`)
+        # page, their axis titles below its edge (:meth:`fit_to_page`)
         self.plots_box = QWidget()
         plots = QHBoxLayout(self.plots_box)
         plots.setContentsMargins(0, 0, 0, 0)
@@ -405,7 +406,6 @@ class KVView(QWidget, SavedControls):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(self.plots_box, 1)
         lay.addLayout(bottom)
-        self._page_viewport: QWidget | None = None
 
         self.preset_combo.currentIndexChanged.connect(self._on_preset)
         for w in (
@@ -425,21 +425,7 @@ class KVView(QWidget, SavedControls):
 
     PLOTS_MIN_HEIGHT = 240  # px: room for a plot's title, curves, ticks and axis titles
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        """Follow the height of the scrolling tab page holding this view (its viewport's resizes)."""
-        super().showEvent(event)
-        viewport = self.parentWidget()
-        if viewport is not self._page_viewport and isinstance(viewport, QWidget):
-            self._page_viewport = viewport
-            viewport.installEventFilter(self)
-        self.fit_plots_to_page()
-
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
-        if obj is self._page_viewport and event.type() == QEvent.Type.Resize:
-            self.fit_plots_to_page()
-        return False
-
-    def fit_plots_to_page(self) -> None:
+    def fit_to_page(self) -> None:
         """The plots' row as tall as the page's visible height (less the margins), at least
         :data:`PLOTS_MIN_HEIGHT`: their axis titles are on screen without scrolling."""
         viewport = self._page_viewport

@@ -19,11 +19,11 @@ import numpy as np
 import pyqtgraph as pg
 from attnscope.app.engine import Request
 from attnscope.app.figure import token_label
-from attnscope.app.tabs import PageLayout
+from attnscope.app.tabs import FollowsPage, PageLayout
 from attnscope.app.views.heatmap import qt_colormap
 from attnscope.app.views.sinks import WrappedLabel
 from attnscope.core.io.colormaps import to_rgb
-from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QWidget
 
@@ -65,7 +65,7 @@ def _report_job(layer: int, head: int, step: int):
     return job
 
 
-class MaskView(QWidget):
+class MaskView(FollowsPage, QWidget):
     """The Mask tab, built with the :class:`attnscope.app.state.ViewState` (selection, step, colours)
     and the :class:`attnscope.app.engine.Engine`."""
 
@@ -113,7 +113,6 @@ class MaskView(QWidget):
         self.readout = WrappedLabel("Hover a cell to read its mask, score and weight.")
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.readout)
-        self._page_viewport: QWidget | None = None  # what shows this view in its tab page (fit_text_to_page)
 
         self.plots = []
         for i, t in enumerate(TITLES):
@@ -187,22 +186,7 @@ class MaskView(QWidget):
         if (w, h) != (self.glw.minimumWidth(), self.glw.minimumHeight()):
             self.glw.setMinimumSize(w, h)
 
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        super().showEvent(event)
-        holder = self.parentWidget()  # a tab page's viewport (attnscope.app.tabs.ViewPage)
-        if holder is not self._page_viewport and holder is not None:
-            if self._page_viewport is not None:
-                self._page_viewport.removeEventFilter(self)
-            self._page_viewport = holder
-            holder.installEventFilter(self)
-        self.fit_text_to_page()
-
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt's name)
-        if obj is self._page_viewport and event.type() == QEvent.Type.Resize:
-            self.fit_text_to_page()
-        return False
-
-    def fit_text_to_page(self) -> None:
+    def fit_to_page(self) -> None:
         """Wrap the header and the hover line at the visible width of the tab page, in pixels: when the
         panels' row is wider than the page (which then scrolls sideways), the text still reads without
         scrolling."""
