@@ -1004,3 +1004,30 @@ def test_position_wise_takes_dense_mlps_only():
     normed = torch.nn.Module()
     normed.up, normed.down, normed.norm = torch.nn.Linear(4, 8), torch.nn.Linear(8, 4), torch.nn.LayerNorm(8)
     assert not _position_wise(normed) and not _position_wise(None)
+
+
+def test_readout_patching_walk_reports_progress_and_cancels(tmp_path):
+    """Read-out patching's corrupted walk (no KV cache of that prompt) moves the progress layer by layer
+    before its units' results are counted, never backwards; a cancel during the walk stops it, and the
+    session and the next patch are as before."""
+    import attnscope.core.analysis.head_effects as he
+    from attnscope.core.errors import Cancelled
+
+    s, _ = _load("llama", tmp_path)
+    corrupt = list(IDS)
+    corrupt[3] = 44
+    t = he.make_target(s, "logit_diff", position=9, token=9, other=14)
+    seen: list = []
+    full = he.patch_heads(s, corrupt, t, "readout", progress=lambda i, n: seen.append((i, n)))
+    n = seen[-1][1]
+    units = n // 2  # both directions
+    assert seen[-1] == (n, n) and [i for i, _ in seen] == sorted({i for i, _ in seen})  # monotonic
+    # the walk's ticks (one per layer) come before any unit of the second direction is counted
+    walk = [i for i, _ in seen if i <= units]
+    assert len(walk) >= s.info.n_layers and walk[-1] == units
+    calls = []
+    with pytest.raises(Cancelled):
+        he.patch_heads(s, corrupt, t, "readout", cancelled=lambda: calls.append(1) or len(calls) > 2)
+    assert s.ids == IDS and s.backend.seq_len == len(IDS)
+    again = he.patch_heads(s, corrupt, t, "readout")
+    assert np.array_equal(again.denoise, full.denoise) and np.array_equal(again.noise, full.noise)
