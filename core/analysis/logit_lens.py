@@ -451,14 +451,25 @@ def project(
         bb = None if bias is None else bias[a:b].float()
         for (r0, r1), state in zip(spans, states, strict=True):
             n, nb = r1 - r0, b - a
-            z = torch.mm(x[r0:r1], wT, out=zbuf[: n * nb].view(n, nb))
-            if bb is not None:
-                z += bb
-            state.add(_cap(z, softcap, inplace=True), a, None if tbuf is None else tbuf[: n * nb].view(n, nb))
+            z = _tile(x[r0:r1], wT, bb, softcap, zbuf)
+            state.add(z, a, None if tbuf is None else tbuf[: n * nb].view(n, nb))
     for (r0, r1), state in zip(spans, states, strict=True):
         if state.redo is not None and bool(state.redo.any()):
             _recount(state, x[r0:r1], weight, bias, softcap, block, zbuf)
     return _joined(states)
+
+
+def _tile(x, wT, bias, softcap, buf):
+    """One tile of logits ``(rows, vocab block)`` float32 in ``buf``'s first elements: ``x @ wT`` (the
+    block's rows of the unembedding, transposed), its bias, the soft-cap. :func:`project` and
+    :func:`_recount` both call it, so a recount compares the very floats the tile held."""
+    import torch
+
+    n, nb = x.shape[0], wT.shape[1]
+    z = torch.mm(x, wT, out=buf[: n * nb].view(n, nb))
+    if bias is not None:
+        z += bias
+    return _cap(z, softcap, inplace=True)
 
 
 def _recount(state, x, weight, bias, softcap, block: int, zbuf) -> None:
@@ -469,13 +480,10 @@ def _recount(state, x, weight, bias, softcap, block: int, zbuf) -> None:
     rows = torch.nonzero(state.redo)[:, 0]
     zf, fid = state.zf[rows], state.fid[rows]
     rank = torch.zeros(rows.numel(), dtype=torch.int64, device=x.device)
-    n = x.shape[0]
     for a in range(0, weight.shape[0], block):
         b = min(weight.shape[0], a + block)
-        z = torch.mm(x, weight[a:b].float().T, out=zbuf[: n * (b - a)].view(n, b - a))
-        if bias is not None:
-            z += bias[a:b].float()
-        z = _cap(z, softcap, inplace=True).index_select(0, rows)
+        bb = None if bias is None else bias[a:b].float()
+        z = _tile(x, weight[a:b].float().T, bb, softcap, zbuf).index_select(0, rows)
         gt = z > zf[:, None]
         own = fid - a
         inside = torch.nonzero((own >= 0) & (own < b - a))[:, 0]
